@@ -1,0 +1,87 @@
+"""pytest plugin of resacct (entry point ``pytest11``): collects ``*.claims.yaml`` files.
+
+This module imports nothing from ``resacct`` at import time. jaxtyping's import hook
+(``--jaxtyping-packages=resacct,...``) refuses a package that is already imported, and pytest
+loads entry-point plugins before that hook is installed; so everything heavy is imported
+inside the hooks, after it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+import pytest
+
+CLAIM_PROPERTY = "resacct_claim"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("claims_files", "glob of claims files pytest collects", default="*.claims.yaml")
+    group = parser.getgroup("resacct", "resacct claims")
+    group.addoption("--claims-json", metavar="PATH", default=None, help="write one JSON record per claim to PATH")
+    group.addoption("--no-claims-summary", action="store_true", default=False, help="do not print the claims table")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one unless RESACCT_REQUIRE_GPU=1")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "distributed: starts torch.distributed process groups")
+    _load_hypothesis_profile()
+    config.stash[_SEEN_IDS] = {}
+    config.stash[RECORDER] = recorder = _ClaimsRecorder(config)
+    config.pluginmanager.register(recorder, "resacct-claims-recorder")
+
+
+RECORDER = pytest.StashKey["_ClaimsRecorder"]()
+
+
+def _load_hypothesis_profile() -> None:
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+    settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=quiet)
+    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True, suppress_health_check=quiet)
+    default = "ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "dev"
+    settings.load_profile(os.environ.get("RESACCT_HYPOTHESIS_PROFILE", default))
+
+
+_SEEN_IDS = pytest.StashKey[dict]()
+
+
+def pytest_collect_file(file_path, parent):  # type: ignore[no-untyped-def]
+    pattern = parent.config.getini("claims_files")
+    if fnmatch.fnmatch(file_path.name, pattern):
+        from resacct.harness.plugin import ClaimsFile
+
+        return ClaimsFile.from_parent(parent, path=file_path, seen_ids=parent.config.stash[_SEEN_IDS])
+    return None
+
+
+class _ClaimsRecorder:
+    """Collects one record per claim item (also on the xdist controller) and prints the table."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.records: list[dict] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = dict(report.user_properties).get(CLAIM_PROPERTY)
+        if record is None:
+            return
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            from resacct.harness.plugin import finish_record
+
+            self.records.append(finish_record(record, report))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
+        if not self.records:
+            return
+        from resacct.harness.report import write_claims_json, write_summary
+
+        if not self.config.getoption("no_claims_summary"):
+            write_summary(terminalreporter, self.records)
+        path = self.config.getoption("claims_json")
+        if path:
+            write_claims_json(path, self.records)
+            terminalreporter.write_line(f"claims: wrote {len(self.records)} records to {path}")

@@ -1,0 +1,175 @@
+"""Judging one claim for one set of inputs: law, prediction and measurement side by side.
+
+The statement of a claim (its law and/or expect) *holds* when it agrees with the measurement.
+A claim with ``status: holds`` passes when the statement holds; a ``refuted`` claim passes
+when it does not (and fails, saying so, the day it starts to hold). Independently, resacct's
+prediction — when the check returns one — must agree with the measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from resacct.errors import ResacctError
+from resacct.harness.loader import LoadedClaim
+from resacct.harness.registry import Outcome, get_check
+from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
+
+__all__ = ["ClaimFailure", "Verdict", "evaluate_claim", "agrees"]
+
+
+class ClaimFailure(AssertionError):
+    """A claim did not come out as its spec says; ``str()`` is the full side-by-side report."""
+
+    def __init__(self, headline: str, verdict: Verdict):
+        self.headline = headline
+        self.verdict = verdict
+        super().__init__(headline + "\n" + verdict.describe())
+
+
+@dataclass
+class Verdict:
+    claim: LoadedClaim
+    inputs: dict[str, Any]
+    measured: Any = None
+    predicted: Any = None
+    law_value: Any = None
+    raised: BaseException | None = None
+    statement_holds: bool = False
+    prediction_agrees: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return self.claim.claim.tolerance or DEFAULT_TOLERANCE
+
+    def describe(self) -> str:
+        claim = self.claim.claim
+        rows = [("says", claim.says)]
+        if self.inputs:
+            rows.append(("inputs", ", ".join(f"{key}={_short(value)}" for key, value in self.inputs.items())))
+        if claim.law is not None:
+            rows.append(("law", f"{claim.law} = {_short(self.law_value)}"))
+        if claim.expect is not None:
+            rows.append(("expect", _describe_expect(claim.expect.model_dump(exclude_none=True))))
+        rows.append(("predicted", f"{_short(self.predicted)} (resacct)" if self.predicted is not None else "— (resacct has no formula)"))
+        if self.raised is not None:
+            rows.append(("measured", f"raised {type(self.raised).__name__}: {_first_line(str(self.raised))} (torch)"))
+        else:
+            rows.append(("measured", f"{_short(self.measured)} (torch)"))
+        tolerance = self.tolerance
+        rows.append(("tolerance", f"rel={tolerance.rel:g} abs={tolerance.abs:g}"))
+        if claim.truth:
+            rows.append(("truth", claim.truth))
+        rows += [("note", note) for note in self.notes]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"  {name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _describe_expect(expect: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in expect.items())
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def agrees(expected: Any, actual: Any, tolerance: Tolerance) -> bool:
+    """True when ``actual`` equals ``expected`` within ``tolerance`` (element-wise for lists)."""
+    if isinstance(expected, (list, tuple)) or isinstance(actual, (list, tuple)):
+        if not (isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple))):
+            return False
+        return len(expected) == len(actual) and all(agrees(e, a, tolerance) for e, a in zip(expected, actual))
+    if isinstance(expected, bool) or isinstance(actual, bool) or isinstance(expected, str) or isinstance(actual, str):
+        return type(expected) is type(actual) and expected == actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        if isinstance(expected, int) and isinstance(actual, int):
+            difference = abs(expected - actual)
+            return difference == 0 or difference <= max(tolerance.rel * abs(expected), tolerance.abs)
+        if not (math.isfinite(expected) and math.isfinite(actual)):
+            return expected == actual
+        return abs(expected - actual) <= max(tolerance.rel * abs(expected), tolerance.abs)
+    return expected == actual
+
+
+def _exception_matches(error: BaseException, type_name: str, pattern: str | None) -> bool:
+    names = {cls.__name__ for cls in type(error).__mro__} | {f"{cls.__module__}.{cls.__name__}" for cls in type(error).__mro__}
+    if type_name not in names:
+        return False
+    return pattern is None or re.search(pattern, str(error)) is not None
+
+
+def evaluate_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Verdict:
+    """Run the claim's check on ``inputs`` and decide. Raises ClaimFailure when it must fail."""
+    spec = claim.claim
+    check = get_check(spec.measure)
+    verdict = Verdict(claim=claim, inputs=dict(inputs))
+    expects_raise = spec.expect is not None and spec.expect.raises is not None
+    try:
+        outcome: Outcome | None = check(**inputs)
+    except ResacctError:  # NotMeasurable included: the item turns it into a skip
+        raise
+    except Exception as error:  # torch's own errors are measurements when a claim expects them
+        if not expects_raise:
+            raise
+        outcome, verdict.raised = None, error
+    if outcome is not None:
+        verdict.measured, verdict.predicted = outcome.measured, outcome.predicted
+    verdict.statement_holds = _statement_holds(verdict, outcome)
+    if outcome is not None and outcome.predicted is not None:
+        verdict.prediction_agrees = agrees(outcome.predicted, outcome.measured, verdict.tolerance)
+
+    if spec.status == "holds" and not verdict.statement_holds:
+        raise ClaimFailure(f"claim '{spec.id}' does not hold", verdict)
+    if spec.status == "refuted" and verdict.statement_holds:
+        raise ClaimFailure(f"claim '{spec.id}' is marked refuted, but the measurement now agrees with it", verdict)
+    if verdict.prediction_agrees is False:
+        raise ClaimFailure(f"claim '{spec.id}': resacct's prediction disagrees with the measurement", verdict)
+    return verdict
+
+
+def _statement_holds(verdict: Verdict, outcome: Outcome | None) -> bool:
+    spec = verdict.claim.claim
+    tolerance = verdict.tolerance
+    holds = True
+    if spec.law is not None and outcome is not None:
+        names = {**_check_defaults(spec.measure), **verdict.inputs, **dict(outcome.quantities)}
+        verdict.law_value = verdict.claim.law.evaluate(names)  # type: ignore[union-attr]
+        holds = holds and agrees(verdict.law_value, outcome.measured, tolerance)
+    expect = spec.expect
+    if expect is None:
+        return holds
+    if expect.raises is not None:
+        return verdict.raised is not None and _exception_matches(verdict.raised, expect.raises.type, expect.raises.match)
+    measured = outcome.measured if outcome is not None else None
+    if expect.equals is not None:
+        holds = holds and agrees(expect.equals, measured, tolerance)
+    if expect.approx is not None:
+        holds = holds and agrees(expect.approx, measured, tolerance)
+    if expect.at_least is not None or expect.at_most is not None:
+        if isinstance(measured, bool) or not isinstance(measured, (int, float)) or math.isnan(measured):
+            verdict.notes.append(f"at_least/at_most need a number; the check measured {measured!r}")
+            return False
+        if expect.at_least is not None:
+            holds = holds and measured >= expect.at_least
+        if expect.at_most is not None:
+            holds = holds and measured <= expect.at_most
+    return holds
+
+
+def _check_defaults(name: str) -> dict[str, Any]:
+    import inspect
+
+    parameters = get_check(name).parameters
+    return {key: p.default for key, p in parameters.items() if p.default is not inspect.Parameter.empty}

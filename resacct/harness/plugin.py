@@ -1,0 +1,195 @@
+"""pytest items for claims: one item per claim, node id ``specs/<file>::<claim-id>``.
+
+Loaded lazily by the ``pytest_resacct`` entry point. A malformed claim becomes a failing
+:class:`SpecErrorItem` whose whole report is one line ``file:line: claim 'id': problem``;
+the other claims and files still run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from resacct.errors import ResacctError, SpecError
+from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
+from resacct.harness.loader import LoadedClaim, load_claims_file
+
+__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record"]
+
+CLAIM_PROPERTY = "resacct_claim"
+REQUIRE_GPU_VARIABLE = "RESACCT_REQUIRE_GPU"
+
+
+class ClaimsFile(pytest.File):
+    def __init__(self, *, seen_ids: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.seen_ids = seen_ids if seen_ids is not None else {}
+
+    def _display_path(self) -> str:
+        try:
+            return str(self.path.relative_to(self.config.rootpath))
+        except ValueError:
+            return str(self.path)
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        display = self._display_path()
+        loaded = load_claims_file(self.path, display_path=display)
+        area = loaded.area or self.path.name.split(".")[0]
+        for error in loaded.errors:
+            yield SpecErrorItem.from_parent(self, name=error.claim_id or "<file>", error=error, area=area)
+        for claim in loaded.claims:
+            first = self.seen_ids.get(claim.id)
+            if first is not None:
+                error = SpecError(f"duplicate claim id (first defined at {first})", path=display, line=claim.line, claim_id=claim.id)
+                yield SpecErrorItem.from_parent(self, name=f"{claim.id}@{claim.line}", error=error, area=loaded.area)
+                continue
+            self.seen_ids[claim.id] = f"{display}:{claim.line}"
+            yield ClaimItem.from_parent(self, name=claim.id, loaded=claim)
+
+
+def _base_record(area: str, path: str, line: int | None, claim_id: str) -> dict[str, Any]:
+    return {"id": claim_id, "area": area, "path": path, "line": line}
+
+
+class SpecErrorItem(pytest.Item):
+    """A claim (or file) that could not be loaded: fails with its one-line message."""
+
+    def __init__(self, *, error: SpecError, area: str = "", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.error = error
+        record = _base_record(area or "?", error.path, error.line, error.claim_id or "<file>")
+        record.update(status="invalid", says="", message=str(error))
+        self.user_properties.append((CLAIM_PROPERTY, record))
+
+    def runtest(self) -> None:
+        raise self.error
+
+    def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
+        return str(self.error)
+
+    def reportinfo(self):  # type: ignore[no-untyped-def]
+        return self.path, (self.error.line or 1) - 1, f"invalid claims spec: {self.error.claim_id or self.error.path}"
+
+
+class ClaimItem(pytest.Item):
+    def __init__(self, *, loaded: LoadedClaim, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.loaded = loaded
+        claim = loaded.claim
+        for mark in claim.marks:
+            self.add_marker(getattr(pytest.mark, mark))
+        self.record = _base_record(loaded.area, loaded.path, loaded.line, claim.id)
+        self.record.update(
+            says=claim.says,
+            source=loaded.source,
+            measure=claim.measure,
+            status=claim.status,
+            law=claim.law,
+            expect=claim.expect.model_dump(exclude_none=True) if claim.expect else None,
+            truth=claim.truth,
+            marks=list(claim.marks),
+            given=_plain(dict(claim.given)),
+            forall=dict(claim.forall),
+        )
+        self.user_properties.append((CLAIM_PROPERTY, self.record))
+
+    def setup(self) -> None:
+        if "gpu" in self.loaded.claim.marks:
+            _require_gpu()
+
+    def runtest(self) -> None:
+        from resacct.harness.registry import NotMeasurable
+
+        claim = self.loaded.claim
+        try:
+            if claim.forall:
+                self._run_forall()
+            else:
+                self._remember(evaluate_claim(self.loaded, dict(claim.given)))
+        except NotMeasurable as reason:
+            pytest.skip(f"not measurable here: {reason}")
+
+    def _run_forall(self) -> None:
+        from hypothesis import given, settings
+
+        from resacct.harness.strategies import get_strategy
+
+        claim = self.loaded.claim
+        strategies = {name: get_strategy(spec) for name, spec in claim.forall.items()}
+        examples: list[int] = [0]
+
+        def law_for_drawn_inputs(**drawn: Any) -> None:
+            examples[0] += 1
+            self._remember(evaluate_claim(self.loaded, {**claim.given, **drawn}))
+
+        # Each claim keeps its own entry in hypothesis' example database.
+        law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
+        test = given(**strategies)(law_for_drawn_inputs)
+        if claim.examples is not None:
+            test = settings(max_examples=claim.examples)(test)
+        test()
+        self.record["examples"] = examples[0]
+
+    def _remember(self, verdict: Verdict) -> None:
+        self.record.update(
+            inputs=_plain(verdict.inputs),
+            law_value=_plain(verdict.law_value),
+            predicted=_plain(verdict.predicted),
+            measured=_plain(verdict.measured if verdict.raised is None else f"raised {type(verdict.raised).__name__}: {verdict.raised}"),
+        )
+
+    def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
+        location = f"{self.loaded.path}:{self.loaded.line}: "
+        if isinstance(excinfo.value, ClaimFailure):
+            return location + str(excinfo.value)
+        if isinstance(excinfo.value, ResacctError):
+            return location + f"claim '{self.loaded.id}': {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):  # type: ignore[no-untyped-def]
+        return self.path, self.loaded.line - 1, f"claim {self.loaded.id}"
+
+
+def _require_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = f"needs a CUDA GPU; torch {torch.__version__} sees none (torch.cuda.is_available() is False)"
+    if os.environ.get(REQUIRE_GPU_VARIABLE, "") not in {"", "0"}:
+        pytest.fail(f"{REQUIRE_GPU_VARIABLE} is set, but this claim {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _plain(value: Any) -> Any:
+    """JSON- and xdist-safe copy of a value (numbers, strings, bools, lists, dicts; else repr)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(element) for element in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(element) for key, element in value.items()}
+    return repr(value)
+
+
+def finish_record(record: dict[str, Any], report: pytest.TestReport) -> dict[str, Any]:
+    """The record of a finished claim item, with its outcome: holds, refuted, skipped, failed, invalid."""
+    finished = dict(record)
+    if finished.get("status") == "invalid":
+        finished["outcome"] = "invalid"
+    elif report.skipped:
+        finished["outcome"] = "skipped"
+        longrepr = report.longrepr
+        finished["message"] = longrepr[2].removeprefix("Skipped: ") if isinstance(longrepr, tuple) else str(longrepr)
+    elif report.failed:
+        finished["outcome"] = "failed"
+        finished["message"] = str(report.longrepr)
+    else:
+        finished["outcome"] = finished.get("status", "holds")
+    return finished
+
+

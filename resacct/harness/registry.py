@@ -1,0 +1,120 @@
+"""Registered checks: small typed functions that measure a claim with torch.
+
+A check receives the claim's inputs as keyword arguments, measures with PyTorch, asks resacct
+for its prediction, and returns an :class:`Outcome`::
+
+    @check("flops.matmul")
+    def matmul(m: int, k: int, n: int) -> Outcome:
+        measured = count_flops_with_torch(...)
+        return Outcome(measured=measured, predicted=matmul_flops(m, k, n))
+
+Extra measured quantities that a law may name (``law: 6*batch*params``) are declared in
+``quantities=`` and returned in ``Outcome.quantities``. Check modules live in
+``resacct.checks``; every module there is imported on first lookup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from resacct.errors import ResacctError, UnknownNameError
+
+__all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_checks"]
+
+CHECKS_PACKAGE = "resacct.checks"
+
+
+class NotMeasurable(ResacctError):
+    """Raised by a check when this environment cannot measure the claim (e.g. the installed
+    torch lacks a dtype); the claim is skipped with this message as the reason."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a check found.
+
+    ``measured`` is PyTorch's answer (a number, bool, string or list of numbers);
+    ``predicted`` is resacct's own answer for the same thing (None when resacct has no
+    formula for it); ``quantities`` are further measured values a law may use by name.
+    """
+
+    measured: Any
+    predicted: Any = None
+    quantities: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    function: Callable[..., Outcome]
+    quantities: tuple[str, ...]
+    doc: str
+
+    @property
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        return inspect.signature(self.function).parameters
+
+    def required_inputs(self) -> set[str]:
+        return {
+            name
+            for name, parameter in self.parameters.items()
+            if parameter.default is inspect.Parameter.empty
+            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        }
+
+    def accepted_inputs(self) -> set[str]:
+        return set(self.parameters)
+
+    def __call__(self, **inputs: Any) -> Outcome:
+        outcome = self.function(**inputs)
+        if not isinstance(outcome, Outcome):
+            raise ResacctError(f"check {self.name!r} returned {type(outcome).__name__}, expected an Outcome")
+        missing = set(self.quantities) - set(outcome.quantities)
+        if missing:
+            raise ResacctError(f"check {self.name!r} did not return its declared quantities {sorted(missing)}")
+        return outcome
+
+
+_REGISTRY: dict[str, Check] = {}
+_discovered = False
+
+
+def check(name: str, *, quantities: tuple[str, ...] = ()) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+    """Register ``function`` as the check called ``name`` (``area.what``)."""
+
+    def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
+        if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
+            raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
+        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "")
+        return function
+
+    return register
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    package = importlib.import_module(CHECKS_PACKAGE)
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{CHECKS_PACKAGE}.{module.name}")
+    _discovered = True
+
+
+def get_check(name: str) -> Check:
+    _discover()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError("check", name, list(_REGISTRY)) from None
+
+
+def all_checks() -> dict[str, Check]:
+    _discover()
+    return dict(_REGISTRY)

@@ -1,0 +1,167 @@
+"""The schema of a claims file (pydantic v2; unknown keys are errors).
+
+A file is ``area`` + ``source`` + a list of ``claims``. A claim says one thing (``says``),
+names the registered check that measures it (``measure``), its inputs (``given`` fixed values
+and/or ``forall`` named hypothesis strategies) and what must be true: a ``law`` (arithmetic
+compared with the measurement) and/or an ``expect`` (equals, approx, at_least, at_most,
+raises). ``status: refuted`` with a ``truth`` records a statement of the sources that
+measurement proves false. ``python -m resacct.harness.schema`` prints the JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["Claim", "ClaimsFileHeader", "Expect", "Raises", "Tolerance", "json_schema", "KNOWN_MARKS"]
+
+CLAIM_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+KNOWN_MARKS = ("gpu", "slow", "distributed")
+
+Scalar = int | float | bool | str
+Value = Scalar | list[Scalar] | list[list[Scalar]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _finite(value: Any, key: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+class Tolerance(_Strict):
+    """|measured − expected| ≤ max(rel·|expected|, abs)."""
+
+    rel: float = Field(default=0.0, ge=0)
+    abs: float = Field(default=0.0, ge=0)
+
+    @field_validator("rel", "abs")
+    @classmethod
+    def _must_be_finite(cls, value: float, info: Any) -> float:
+        return _finite(value, info.field_name)
+
+
+DEFAULT_TOLERANCE = Tolerance(rel=1e-9, abs=0.0)
+
+
+class Raises(_Strict):
+    """The measurement must raise an exception of this type name whose message matches."""
+
+    type: str = Field(min_length=1)
+    match: str | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _must_compile(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"match {value!r} is not a valid regular expression: {error}") from None
+        return value
+
+
+class Expect(_Strict):
+    equals: Value | None = None
+    approx: float | None = None
+    at_least: float | None = None
+    at_most: float | None = None
+    raises: Raises | None = None
+
+    @field_validator("approx", "at_least", "at_most")
+    @classmethod
+    def _must_be_finite(cls, value: float | None, info: Any) -> float | None:
+        return _finite(value, f"expect.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Expect:
+        chosen = [name for name in ("equals", "approx", "at_least", "at_most", "raises") if getattr(self, name) is not None]
+        if not chosen:
+            raise ValueError("expect needs one of equals, approx, at_least, at_most, raises")
+        allowed_pairs = {frozenset({"at_least", "at_most"})}
+        if len(chosen) > 1 and frozenset(chosen) not in allowed_pairs:
+            raise ValueError(f"expect combines {', '.join(chosen)}; use one (or at_least with at_most)")
+        if self.at_least is not None and self.at_most is not None and self.at_least > self.at_most:
+            raise ValueError(f"expect.at_least {self.at_least} is above expect.at_most {self.at_most}")
+        return self
+
+
+class Claim(_Strict):
+    id: str = Field(pattern=CLAIM_ID_PATTERN, max_length=80)
+    says: str = Field(min_length=1)
+    source: str | None = None
+    measure: str = Field(min_length=1)
+    given: dict[str, Value] = Field(default_factory=dict)
+    forall: dict[str, str] = Field(default_factory=dict)
+    law: str | None = None
+    expect: Expect | None = None
+    tolerance: Tolerance | None = None
+    status: Literal["holds", "refuted"] = "holds"
+    truth: str | None = None
+    marks: list[str] = Field(default_factory=list)
+    examples: int | None = Field(default=None, ge=1, le=1000)
+
+    @field_validator("given")
+    @classmethod
+    def _finite_inputs(cls, given: dict[str, Any]) -> dict[str, Any]:
+        for key, value in given.items():
+            values = value if isinstance(value, list) else [value]
+            for element in values:
+                _finite(element, f"given.{key}")
+        return given
+
+    @field_validator("marks")
+    @classmethod
+    def _known_marks(cls, marks: list[str]) -> list[str]:
+        unknown = [mark for mark in marks if mark not in KNOWN_MARKS]
+        if unknown:
+            raise ValueError(f"unknown mark {unknown[0]!r}; allowed: {', '.join(KNOWN_MARKS)}")
+        return marks
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Claim:
+        if self.law is None and self.expect is None:
+            raise ValueError("a claim needs a law or an expect: what must be true of the measurement?")
+        if self.law is not None and self.expect is not None and self.expect.raises is not None:
+            raise ValueError("a claim that expects an exception cannot also have a law")
+        if self.expect is not None and self.expect.approx is not None and self.tolerance is None:
+            raise ValueError("expect.approx needs a 'tolerance' (rel and/or abs): how close is close enough?")
+        if self.status == "refuted" and not self.truth:
+            raise ValueError("a refuted claim needs 'truth': what measurement shows instead, and why")
+        if self.status == "holds" and self.truth:
+            raise ValueError("'truth' belongs to refuted claims; set status: refuted or remove it")
+        if self.status == "refuted" and self.forall:
+            raise ValueError("a refuted claim needs a concrete counterexample in 'given', not 'forall'")
+        both = sorted(set(self.given) & set(self.forall))
+        if both:
+            raise ValueError(f"input {both[0]!r} is in both given and forall")
+        return self
+
+
+class ClaimsFileHeader(_Strict):
+    area: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    source: str = Field(min_length=1)
+    claims: list[Any] = Field(min_length=1)
+
+
+class _ClaimsFileForEditors(ClaimsFileHeader):
+    """The whole file, for editors' JSON schema (the loader validates claims one by one)."""
+
+    claims: list[Claim] = Field(min_length=1)  # type: ignore[assignment]
+
+
+def json_schema() -> dict[str, Any]:
+    schema = _ClaimsFileForEditors.model_json_schema()
+    schema["title"] = "resacct claims file"
+    return schema
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2))
