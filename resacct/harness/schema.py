@@ -108,6 +108,15 @@ class Claim(_Strict):
     marks: list[str] = Field(default_factory=list)
     examples: int | None = Field(default=None, ge=1, le=1000)
 
+    @field_validator("law", mode="before")
+    @classmethod
+    def _number_is_a_law(cls, value: Any) -> Any:
+        """``law: 128`` means the same as ``law: "128"``."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            _finite(value, "law")
+            return repr(value)
+        return value
+
     @field_validator("given")
     @classmethod
     def _finite_inputs(cls, given: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,3 @@
+from resacct.cli import entry_point
+
+entry_point()

@@ -1,0 +1,62 @@
+"""argparse types that refuse bad values with a message saying what is allowed.
+
+>>> count("15T")
+15000000000000.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+__all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float"]
+
+_SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _number(text: str) -> float:
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    scale = 1.0
+    if cleaned and cleaned[-1] in _SUFFIXES:
+        scale, cleaned = _SUFFIXES[cleaned[-1]], cleaned[:-1]
+    try:
+        value = float(cleaned) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (examples: 70e9, 1.5B, 15T)") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not finite; a real number is needed")
+    return value
+
+
+def count(text: str) -> float:
+    """A positive amount, with optional suffix k/M/B/T/P: ``70e9``, ``70B``, ``15T``."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return count(text)
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text)
+    if value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number greater than 0")
+    return int(value)
+
+
+def fraction(text: str) -> float:
+    """A utilisation such as MFU: in (0, 1]."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1], e.g. 0.5 for 50%")
+    return value
