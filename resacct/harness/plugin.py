@@ -95,14 +95,12 @@ class ClaimItem(pytest.Item):
         )
         self.user_properties.append((CLAIM_PROPERTY, self.record))
 
-    def setup(self) -> None:
-        if "gpu" in self.loaded.claim.marks:
-            _require_gpu()
-
     def runtest(self) -> None:
         from resacct.harness.registry import NotMeasurable
 
         claim = self.loaded.claim
+        if "gpu" in claim.marks:
+            _require_gpu()
         try:
             if claim.forall:
                 self._run_forall()

@@ -24,7 +24,7 @@ def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
     by_area = count_outcomes(records)
     totals: Counter = sum(by_area.values(), Counter())
     terminal.section("resacct claims", sep="=")
-    width = max(len("area"), *(len(area) for area in by_area))
+    width = max(len("total"), *(len(area) for area in by_area))
     terminal.write_line("  ".join(["area".ljust(width)] + [name.rjust(7) for name in OUTCOMES]))
     for area, counts in by_area.items():
         terminal.write_line("  ".join([area.ljust(width)] + [str(counts[name]).rjust(7) for name in OUTCOMES]))

@@ -30,9 +30,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _finite(value: Any, key: str) -> Any:
+def _finite(value: Any, key: str = "") -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value!r}")
+        subject = f"{key} must be" if key else "must be"
+        raise ValueError(f"{subject} a finite number, got {value!r}")
     return value
 
 
@@ -45,7 +46,7 @@ class Tolerance(_Strict):
     @field_validator("rel", "abs")
     @classmethod
     def _must_be_finite(cls, value: float, info: Any) -> float:
-        return _finite(value, info.field_name)
+        return _finite(value)
 
 
 DEFAULT_TOLERANCE = Tolerance(rel=1e-9, abs=0.0)
@@ -78,7 +79,7 @@ class Expect(_Strict):
     @field_validator("approx", "at_least", "at_most")
     @classmethod
     def _must_be_finite(cls, value: float | None, info: Any) -> float | None:
-        return _finite(value, f"expect.{info.field_name}")
+        return _finite(value)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Expect:

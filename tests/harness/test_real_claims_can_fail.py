@@ -1,0 +1,118 @@
+"""No claim whose check cannot fail: change a real claim's law or expectation and it must fail."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from resacct.harness.evaluate import ClaimFailure, evaluate_claim
+from resacct.harness.laws import Law
+from resacct.harness.loader import LoadedClaim, load_claims_file
+from resacct.harness.strategies import get_strategy
+from tests.harness.test_plugin import outcomes
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+def all_claims() -> list[LoadedClaim]:
+    claims = []
+    for path in sorted(SPECS.glob("*.claims.yaml")):
+        loaded = load_claims_file(path, display_path=f"specs/{path.name}")
+        claims += loaded.claims
+    return claims
+
+
+def mutated(claim: LoadedClaim) -> LoadedClaim:
+    """The same claim with a statement that cannot agree with the same measurement."""
+    spec = claim.claim
+    update: dict = {}
+    if spec.law is not None:
+        text = f"({spec.law}) * 2 + 1" if not spec.law.strip().startswith("[") else f"{spec.law[:-1]}, 1]"
+        update["law"] = text
+    elif spec.expect is not None and spec.expect.equals is not None:
+        value = spec.expect.equals
+        update["expect"] = spec.expect.model_copy(update={"equals": (not value) if isinstance(value, bool) else f"not {value!r}"})
+    elif spec.expect is not None and (spec.expect.at_least is not None or spec.expect.at_most is not None):
+        update["expect"] = spec.expect.model_copy(
+            update={"at_least": None if spec.expect.at_most is not None else -1e300, "at_most": -1e300 if spec.expect.at_least is not None else 1e300}
+            if spec.expect.at_least is not None
+            else {"at_least": 1e300, "at_most": None}
+        )
+    elif spec.expect is not None and spec.expect.raises is not None:
+        update["expect"] = spec.expect.model_copy(update={"raises": spec.expect.raises.model_copy(update={"type": "KeyboardInterrupt"})})
+    new_spec = spec.model_copy(update=update)
+    law = Law.parse(new_spec.law) if new_spec.law is not None else None
+    return LoadedClaim(claim=new_spec, path=claim.path, line=claim.line, area=claim.area, source=claim.source, law=law)
+
+
+def cheap(claim: LoadedClaim) -> bool:
+    return not (set(claim.claim.marks) & {"gpu", "slow", "distributed"})
+
+
+CLAIMS = [claim for claim in all_claims() if cheap(claim)]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[claim.id for claim in CLAIMS])
+def test_every_claim_fails_when_its_statement_is_changed(claim):
+    """Holding claims must fail with a wrong statement; refuted ones are already false, so their
+    mutation must stay false (and the original must pass) — either way the check decides."""
+    wrong = mutated(claim)
+    inputs = dict(claim.claim.given)
+    if claim.claim.forall:
+        strategies = {name: get_strategy(spec) for name, spec in claim.claim.forall.items()}
+
+        found: list[dict] = []
+
+        @settings(max_examples=1, database=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(st.fixed_dictionaries(strategies))
+        def draw(example):
+            found.append(example)
+
+        draw()
+        inputs.update(found[0])
+    if claim.claim.status == "refuted":
+        evaluate_claim(claim, inputs)  # the original passes: the statement is false
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ClaimFailure):
+            evaluate_claim(wrong, inputs)
+
+
+def test_there_are_enough_claims_to_mean_something():
+    claims = all_claims()
+    assert len(claims) >= 40
+    assert sum(1 for claim in claims if claim.claim.forall) >= 10
+    assert any(claim.claim.status == "refuted" for claim in claims)
+
+
+@pytest.mark.parametrize(
+    ("claim_id", "wrong_law"),
+    [
+        ("bytes-numel-times-element-size", "numel * element_size + 1"),
+        ("strides-2d-row-major", "[d0, 1]"),
+        ("zeros-4x8-float32-is-128-bytes", "4 * 8 * 2"),
+    ],
+)
+def test_a_deliberately_wrong_law_makes_a_real_item_fail(pytester, claim_id, wrong_law):
+    """Through pytest: copy a real claim, break its law, watch the item fail."""
+    import yaml
+
+    for path in sorted(SPECS.glob("*.claims.yaml")):
+        document = yaml.safe_load(path.read_text())
+        for entry in document["claims"]:
+            if entry["id"] == claim_id:
+                entry["law"] = wrong_law
+                document["claims"] = [entry]
+                target = pytester.path / "specs" / path.name
+                target.parent.mkdir(exist_ok=True)
+                target.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+                result = pytester.runpytest("-q")
+                assert outcomes(result) == {"failed": 1}
+                result.stdout.fnmatch_lines([f"*claim '{claim_id}' does not hold*"])
+                return
+    pytest.fail(f"no claim {claim_id!r} in specs/")

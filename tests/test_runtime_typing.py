@@ -1,0 +1,41 @@
+"""Runtime type checking: pytest.ini installs jaxtyping's import hook with beartype on the
+``resacct`` package, so a wrong shape, dtype or type raises at the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resacct import tensors
+from resacct.models import Cruncher, TwoLayerNetwork
+
+
+def type_errors() -> tuple[type[BaseException], ...]:
+    import beartype.roar
+    import jaxtyping
+
+    return (jaxtyping.TypeCheckError, beartype.roar.BeartypeException, TypeError)
+
+
+def test_wrong_shape_is_refused():
+    model = Cruncher(dim=4, num_layers=2)
+    assert model(torch.randn(3, 4)).shape == (3, 1)
+    with pytest.raises(type_errors()) as error:
+        model(torch.randn(3, 5, 2))
+    assert "batch dim" in str(error.value) or "dim" in str(error.value)
+
+
+def test_wrong_dtype_is_refused():
+    network = TwoLayerNetwork(dim=4, outputs=2)
+    with pytest.raises(type_errors()):
+        network.forward(torch.ones(3, 4, dtype=torch.int64))
+
+
+def test_wrong_python_type_is_refused():
+    with pytest.raises(type_errors()):
+        tensors.storage_bytes([1, 2, 3])  # a list is not a tensor
+
+
+def test_the_hook_instruments_resacct_only_when_configured():
+    """The hook wraps functions at import; a plain call with the right types still works."""
+    assert tensors.storage_bytes(torch.zeros(4, 8)) == 128
