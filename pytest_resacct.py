@@ -42,8 +42,13 @@ def _load_hypothesis_profile() -> None:
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
     settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=quiet)
     settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True, suppress_health_check=quiet)
+    settings.load_profile(hypothesis_profile_name())
+
+
+def hypothesis_profile_name() -> str:
+    """``RESACCT_HYPOTHESIS_PROFILE`` if set, else ``ci`` under CI (derandomised), else ``dev``."""
     default = "ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "dev"
-    settings.load_profile(os.environ.get("RESACCT_HYPOTHESIS_PROFILE", default))
+    return os.environ.get("RESACCT_HYPOTHESIS_PROFILE", default)
 
 
 _SEEN_IDS = pytest.StashKey[dict]()

@@ -48,6 +48,6 @@ class UnknownNameError(ResacctError):
 
         close = difflib.get_close_matches(str(name), known, n=3)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        listing = ", ".join(sorted(known)) if len(known) <= 30 else f"{len(known)} known names"
+        listing = f"known: {', '.join(sorted(known))}" if len(known) <= 30 else f"one of {len(known)} known {kind} names"
         self.kind, self.name, self.known = kind, name, known
-        super().__init__(f"unknown {kind} {name!r}{hint} (known: {listing})")
+        super().__init__(f"unknown {kind} {name!r}{hint} ({listing})")

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report.json and pytest.log go (default: reports/)")
     parser.add_argument("--workers", type=int, default=0, help="run claims in N processes with pytest-xdist (default: 0, in this process)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
+                        help="run nothing: combine report.json files (e.g. one per tox env) into a claims × torch-version matrix")
     parser.set_defaults(run=run_verify)
 
 
@@ -140,7 +142,7 @@ def print_table(document: dict[str, Any], quiet: bool = False) -> dict[str, int]
         for area in areas:
             table = Table(title=f"{area}", title_justify="left", show_lines=False, expand=False)
             for column in ("claim", "says", "law", "predicted", "measured", "status"):
-                table.add_column(column, overflow="fold", max_width=48 if column == "says" else 30)
+                table.add_column(column, overflow="fold", max_width=48 if column == "says" else 30, no_wrap=column == "claim")
             for record in (r for r in records if r["area"] == area):
                 outcome = record["outcome"]
                 status = f"[{STATUS_STYLE[outcome]}]{outcome}[/]"
@@ -169,11 +171,59 @@ def _expect_text(expect: dict[str, Any] | None) -> str:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from resacct.reporting import write_report_directory
+
+    if args.merge:
+        return run_merge(args.merge, args.report_dir, quiet=args.quiet)
     files = _claim_files(args.specs or default_specs_dir(), args.area)
     if args.workers < 0:
         raise ResacctError(f"--workers must be 0 or more, got {args.workers}")
     exit_code, document = run_claims(files, args.report_dir, pattern=args.pattern, workers=args.workers,
                                      gpu_required=args.gpu_required, show_progress=not args.quiet)
     totals = print_table(document, quiet=args.quiet)
-    print(f"report: {args.report_dir / 'report.json'} (pytest output: {args.report_dir / 'pytest.log'})")
+    written = write_report_directory(document, args.report_dir)
+    roofline = _write_roofline(args.report_dir)
+    names = ", ".join(str(path) for path in [*written.values(), *([roofline] if roofline else [])])
+    print(f"report: {names} (pytest output: {args.report_dir / 'pytest.log'})")
     return 1 if totals["failed"] or totals["invalid"] or exit_code not in (0, 5) else 0
+
+
+def _write_roofline(directory: Path) -> Path | None:
+    """roofline.png of this machine, when the perf module can measure it."""
+    try:
+        from resacct import perf
+    except ImportError:
+        return None
+    plot = getattr(perf, "write_roofline_png", None)
+    if plot is None:
+        return None
+    target = directory / "roofline.png"
+    plot(target)
+    return target
+
+
+def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from resacct.reporting import load_report, merge_reports, render_matrix_markdown
+
+    matrix = merge_reports([load_report(path) for path in paths])
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "matrix.md").write_text(render_matrix_markdown(matrix), encoding="utf-8")
+    (report_dir / "matrix.json").write_text(json.dumps(matrix, indent=2) + "\n", encoding="utf-8")
+    changed = [row for row in matrix["rows"] if row["changes"]]
+    if not quiet:
+        table = Table(title="claims × environments (rows whose status changes are marked ⚠)", title_justify="left")
+        table.add_column("area")
+        table.add_column("claim")
+        for column in matrix["columns"]:
+            table.add_column(column)
+        for row in matrix["rows"]:
+            cells = [row["outcomes"].get(column, "—") for column in matrix["columns"]]
+            styled = [f"[{STATUS_STYLE.get(cell, 'dim')}]{cell}[/]" for cell in cells]
+            table.add_row(row["area"], row["id"] + (" ⚠" if row["changes"] else ""), *styled)
+        Console(width=max(Console().width, 120)).print(table)
+    print(f"{len(matrix['rows'])} claims × {len(matrix['columns'])} environments; {len(changed)} change status. "
+          f"Wrote {report_dir / 'matrix.md'} and {report_dir / 'matrix.json'}")
+    return 0

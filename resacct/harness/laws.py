@@ -91,13 +91,14 @@ class Law:
         except LawError:
             raise
         except ZeroDivisionError:
-            raise LawError(f"law {self.text!r} divides by zero for {_show(values, self.names)}") from None
+            raise LawError(f"law {self.text!r} divides by zero{_for_inputs(values, self.names)}") from None
         except (OverflowError, TypeError, ValueError, RecursionError, MemoryError) as error:
-            raise LawError(f"law {self.text!r} cannot be evaluated for {_show(values, self.names)}: {error}") from None
+            raise LawError(f"law {self.text!r} cannot be evaluated{_for_inputs(values, self.names)}: {error}") from None
 
 
-def _show(values: Mapping[str, Any], names: frozenset[str]) -> str:
-    return ", ".join(f"{name}={values[name]!r}" for name in sorted(names) if name in values) or "no inputs"
+def _for_inputs(values: Mapping[str, Any], names: frozenset[str]) -> str:
+    shown = ", ".join(f"{name}={values[name]!r}" for name in sorted(names) if name in values)
+    return f" for {shown}" if shown else ""
 
 
 def _validate(node: ast.AST, text: str, names: set[str], depth: int) -> None:

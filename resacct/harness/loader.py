@@ -48,11 +48,22 @@ class LoadedFile:
 
 _SCALARS = yaml.constructor.SafeConstructor()  # builds ints, floats, bools, strings from resolved scalar nodes
 
+_ALLOWED_TAGS = {
+    "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq",
+}
+
+
 def _to_python(node: yaml.Node, path: str) -> Any:
-    """Plain Python data from a composed node; refuses aliases and duplicate keys."""
+    """Plain Python data from a composed node; refuses aliases, duplicate keys and foreign tags."""
     line = node.start_mark.line + 1
+    if node.tag not in _ALLOWED_TAGS:
+        raise SpecError(f"YAML tag {node.tag!r} is not allowed; claims hold plain strings, numbers, lists and mappings", path=path, line=line)
     if isinstance(node, yaml.ScalarNode):
-        return _SCALARS.construct_object(node, deep=True)
+        try:
+            return _SCALARS.construct_object(node, deep=True)
+        except yaml.YAMLError as error:
+            raise SpecError(f"invalid YAML value {node.value!r}: {getattr(error, 'problem', error)}", path=path, line=line) from None
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(child, path) for child in node.value]
     if isinstance(node, yaml.MappingNode):
@@ -136,13 +147,15 @@ def load_claims_file(path: Path | str, display_path: str | None = None) -> Loade
     shown = display_path or str(path)
     loaded = LoadedFile(path=shown)
     try:
-        size_bytes = Path(path).stat().st_size
+        size_bytes = Path(path).stat().st_size  # checked before reading: a huge file is never loaded
         if size_bytes > MAX_FILE_BYTES:
             raise SpecError(f"file is {size_bytes} bytes; claims files may be at most {MAX_FILE_BYTES}", path=shown)
+        raw = Path(path).read_bytes()
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise SpecError(f"file is not UTF-8 text: {error.reason} at byte {error.start}", path=shown) from None
+            line = raw[: error.start].count(b"\n") + 1
+            raise SpecError(f"file is not UTF-8 text: {error.reason} at byte {error.start}", path=shown, line=line) from None
         if "\t" in text:
             line = text[: text.index("\t")].count("\n") + 1
             raise SpecError("tab character; YAML indentation must use spaces", path=shown, line=line)

@@ -32,15 +32,35 @@ def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
     terminal.write_line(f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}")
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment_fingerprint() -> dict[str, Any]:
+    import datetime
+    import os
+
     import torch
+    from pytest_resacct import hypothesis_profile_name
+
+    from resacct import __version__
 
     device = "cpu"
-    device_name = platform.processor() or platform.machine()
+    device_name = _cpu_name()
     if torch.cuda.is_available():
         device = "cuda"
         device_name = torch.cuda.get_device_name(0)
     return {
+        "resacct": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hypothesis_profile": hypothesis_profile_name(),
+        "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

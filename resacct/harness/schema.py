@@ -85,12 +85,12 @@ class Expect(_Strict):
     def _one_kind(self) -> Expect:
         chosen = [name for name in ("equals", "approx", "at_least", "at_most", "raises") if getattr(self, name) is not None]
         if not chosen:
-            raise ValueError("expect needs one of equals, approx, at_least, at_most, raises")
+            raise ValueError("needs one of equals, approx, at_least, at_most, raises")
         allowed_pairs = {frozenset({"at_least", "at_most"})}
         if len(chosen) > 1 and frozenset(chosen) not in allowed_pairs:
-            raise ValueError(f"expect combines {', '.join(chosen)}; use one (or at_least with at_most)")
+            raise ValueError(f"combines {', '.join(chosen)}; use one of them (or at_least with at_most)")
         if self.at_least is not None and self.at_most is not None and self.at_least > self.at_most:
-            raise ValueError(f"expect.at_least {self.at_least} is above expect.at_most {self.at_most}")
+            raise ValueError(f"at_least {self.at_least} is above at_most {self.at_most}")
         return self
 
 

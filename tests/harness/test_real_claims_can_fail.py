@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from resacct.harness.evaluate import ClaimFailure, evaluate_claim
 from resacct.harness.laws import Law
 from resacct.harness.loader import LoadedClaim, load_claims_file
+from resacct.harness.registry import NotMeasurable
 from resacct.harness.strategies import get_strategy
 from tests.harness.test_plugin import outcomes
 
@@ -74,13 +75,16 @@ def test_every_claim_fails_when_its_statement_is_changed(claim):
 
         draw()
         inputs.update(found[0])
-    if claim.claim.status == "refuted":
-        evaluate_claim(claim, inputs)  # the original passes: the statement is false
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ClaimFailure):
-            evaluate_claim(wrong, inputs)
+    try:
+        if claim.claim.status == "refuted":
+            evaluate_claim(claim, inputs)  # the original passes: the statement is false
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ClaimFailure):
+                evaluate_claim(wrong, inputs)
+    except NotMeasurable as reason:
+        pytest.skip(f"not measurable here: {reason}")
 
 
 def test_there_are_enough_claims_to_mean_something():
