@@ -101,8 +101,16 @@ _NoAliasComposer.add_implicit_resolver(
 )
 
 
+def _char(character: int | str) -> str:
+    return repr(chr(character) if isinstance(character, int) else character)
+
+
 def _compose(text: str, path: str) -> yaml.Node | None:
-    loader = _NoAliasComposer(text)
+    try:
+        loader = _NoAliasComposer(text)
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        raise SpecError(f"invalid YAML: unprintable character {_char(error.character)} at position {error.position}", path=path, line=line) from None
     try:
         return loader.get_single_node()
     except SpecError as error:
@@ -112,6 +120,9 @@ def _compose(text: str, path: str) -> yaml.Node | None:
         line = mark.line + 1 if mark is not None else None
         problem = " ".join(part for part in (error.context, error.problem) if part)
         raise SpecError(f"invalid YAML: {problem}", path=path, line=line) from None
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        raise SpecError(f"invalid YAML: unprintable character {_char(error.character)} at position {error.position}", path=path, line=line) from None
     except yaml.YAMLError as error:
         raise SpecError(f"invalid YAML: {error}", path=path) from None
     finally:

@@ -1,0 +1,110 @@
+"""Fuzzing the loader and the law evaluator: whatever the document, loading returns claims or
+one-line SpecErrors — never another exception — and every valid document loads completely."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from resacct.errors import LawError
+from resacct.harness.laws import Law
+from resacct.harness.loader import load_claims_file
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+claim_ids = st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True)
+plain_text = st.text(alphabet=string.ascii_letters + string.digits + " .,;()-×²'", min_size=1, max_size=40).filter(str.strip)
+
+
+def arithmetic(names: list[str]) -> st.SearchStrategy[str]:
+    leaves = st.one_of(st.sampled_from(names), st.integers(0, 1000).map(str), st.floats(0.5, 100, allow_nan=False).map(repr))
+    return st.recursive(
+        leaves,
+        lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        max_leaves=8,
+    )
+
+
+@st.composite
+def valid_claims(draw) -> dict:
+    claim = {"id": draw(claim_ids), "says": draw(plain_text), "measure": "testing.echo"}
+    if draw(st.booleans()):
+        claim["given"] = {"value": draw(st.integers(-10**6, 10**6))}
+    else:
+        claim["forall"] = {"value": draw(st.sampled_from(["dim", "small_dim", "integers(-5, 5)"]))}
+    if draw(st.booleans()):
+        claim["law"] = draw(arithmetic(["value", "twice"]))
+    else:
+        claim["expect"] = draw(st.sampled_from([{"at_least": -1e9}, {"at_most": 1e9}, {"equals": 1}]))
+    if draw(st.booleans()):
+        claim["tolerance"] = {"rel": draw(st.floats(0, 1)), "abs": draw(st.floats(0, 10))}
+    if draw(st.booleans()):
+        claim["marks"] = draw(st.lists(st.sampled_from(["gpu", "slow"]), unique=True))
+    return claim
+
+
+@st.composite
+def valid_documents(draw) -> dict:
+    claims = draw(st.lists(valid_claims(), min_size=1, max_size=5, unique_by=lambda claim: claim["id"]))
+    return {"area": draw(st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)), "source": draw(plain_text), "claims": claims}
+
+
+json_like = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=20,
+)
+
+
+def write(tmp_path_factory, text: str) -> Path:
+    path = tmp_path_factory.mktemp("fuzz") / "fuzz.claims.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@FUZZ
+@given(document=valid_documents())
+def test_every_valid_document_loads_completely(tmp_path_factory, document):
+    path = write(tmp_path_factory, yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
+    loaded = load_claims_file(path)
+    assert [str(error) for error in loaded.errors] == []
+    assert [claim.id for claim in loaded.claims] == [claim["id"] for claim in document["claims"]]
+
+
+@FUZZ
+@given(document=valid_documents(), key=st.sampled_from(["id", "says", "measure"]), junk=json_like)
+def test_a_broken_claim_is_reported_not_raised(tmp_path_factory, document, key, junk):
+    document["claims"][0][key] = junk
+    path = write(tmp_path_factory, yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
+    loaded = load_claims_file(path)  # never raises
+    assert len(loaded.claims) + len(loaded.errors) == len(document["claims"])
+
+
+@FUZZ
+@given(data=json_like)
+def test_arbitrary_yaml_data_never_raises(tmp_path_factory, data):
+    path = write(tmp_path_factory, yaml.safe_dump(data, allow_unicode=True))
+    loaded = load_claims_file(path)
+    assert loaded.errors or loaded.claims
+
+
+@FUZZ
+@given(text=st.text(max_size=300))
+def test_arbitrary_text_never_raises(tmp_path_factory, text):
+    path = write(tmp_path_factory, text)
+    loaded = load_claims_file(path)
+    assert all(str(error).startswith(str(path)) for error in loaded.errors)
+
+
+@FUZZ
+@given(text=arithmetic(["a", "b"]), a=st.integers(-10**6, 10**6), b=st.floats(allow_nan=False, allow_infinity=False))
+def test_generated_arithmetic_evaluates_or_raises_law_error(text, a, b):
+    law = Law.parse(text)
+    try:
+        law.evaluate({"a": a, "b": b})
+    except LawError:
+        pass
