@@ -38,6 +38,7 @@ class Verdict:
     measured: Any = None
     predicted: Any = None
     law_value: Any = None
+    quantities: dict[str, Any] = field(default_factory=dict)
     raised: BaseException | None = None
     statement_holds: bool = False
     prediction_agrees: bool | None = None
@@ -61,6 +62,8 @@ class Verdict:
             rows.append(("measured", f"raised {type(self.raised).__name__}: {_first_line(str(self.raised))} (torch)"))
         else:
             rows.append(("measured", f"{_short(self.measured)} (torch)"))
+        if self.quantities:
+            rows.append(("quantities", ", ".join(f"{key}={_short(value)}" for key, value in self.quantities.items())))
         tolerance = self.tolerance
         rows.append(("tolerance", f"rel={tolerance.rel:g} abs={tolerance.abs:g}"))
         if claim.truth:
@@ -126,6 +129,7 @@ def evaluate_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Verdict:
         outcome, verdict.raised = None, error
     if outcome is not None:
         verdict.measured, verdict.predicted = outcome.measured, outcome.predicted
+        verdict.quantities = dict(outcome.quantities)
     verdict.statement_holds = _statement_holds(verdict, outcome)
     if outcome is not None and outcome.predicted is not None:
         verdict.prediction_agrees = agrees(outcome.predicted, outcome.measured, verdict.tolerance)

@@ -134,6 +134,7 @@ class ClaimItem(pytest.Item):
         self.record.update(
             inputs=_plain(verdict.inputs),
             law_value=_plain(verdict.law_value),
+            quantities=_plain(verdict.quantities),
             predicted=_plain(verdict.predicted),
             measured=_plain(verdict.measured if verdict.raised is None else f"raised {type(verdict.raised).__name__}: {verdict.raised}"),
         )
