@@ -1,0 +1,683 @@
+"""FLOPs of matmuls, einsums, element-wise ops and whole training steps: by formula and by trace.
+
+Three numbers for every model, as everywhere in resacct:
+
+- the **law**, the lecture's rule of thumb: forward = 2·tokens·params, backward = 4·tokens·params,
+  step = 6·tokens·params (:func:`forward_flops_rule`, :func:`backward_flops_rule`, :func:`step_flops_rule`);
+- the **prediction**, an exact per-matmul formula (:func:`predict_cruncher_flops`,
+  :func:`predict_two_layer_network_flops`, :func:`predict_linear_flops`) that knows what autograd
+  really does: it never computes the gradient of an input that does not require grad, and bias
+  parameters are added, never multiplied;
+- the **measurement**, the real aten ops traced by ``torch.utils.flop_counter.FlopCounterMode``
+  (:func:`trace_flops`), forward and backward separately, with a per-op breakdown and the list of
+  ops the counter has no formula for (element-wise adds, reductions, losses: its *tracer gaps*),
+  each with a call count and resacct's own estimate where one exists.
+
+FLOPs count a multiply-accumulate as 2 (the ``2mkn`` convention FlopCounterMode uses).
+
+>>> matmul_flops((16, 32), (32, 2))
+2048
+>>> matmul_flops((4, 8, 16, 32), (4, 8, 32, 64))  # 32 batched 16×32 @ 32×64 matmuls
+2097152
+>>> einsum_flops("batch seq1 hidden, batch seq2 hidden -> batch seq1 seq2", (2, 3, 4), (2, 5, 4))
+240
+>>> prediction = predict_cruncher_flops(tokens=2, dim=4, num_layers=2)
+>>> prediction.step_flops, step_flops_rule(tokens=2, params=prediction.params)
+(368, 540)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from resacct.errors import ResacctError
+
+__all__ = [
+    "matmul_output_shape",
+    "matmul_flops",
+    "einsum_flops",
+    "elementwise_flops",
+    "MatmulTerm",
+    "PredictedFlops",
+    "predict_linear_chain_flops",
+    "predict_linear_flops",
+    "predict_cruncher_flops",
+    "predict_two_layer_network_flops",
+    "forward_flops_rule",
+    "backward_flops_rule",
+    "step_flops_rule",
+    "RuleDeviation",
+    "rule_deviation",
+    "flop_counter_counts",
+    "estimate_uncounted_flops",
+    "UncountedOp",
+    "FlopTrace",
+    "trace_flops",
+    "build_on_meta",
+]
+
+# ───────────────────────────── shapes and single operations ─────────────────────────────
+
+
+def _as_shape(shape: object, name: str) -> tuple[int, ...]:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ResacctError(f"{name} must be a sequence of dimension sizes such as (16, 32), got {shape!r}")
+    if any(isinstance(size, bool) or not isinstance(size, int) or size < 0 for size in shape):
+        raise ResacctError(f"{name} {tuple(shape)!r} must hold non-negative integer sizes")
+    return tuple(shape)
+
+
+def _broadcast_batch(a_batch: tuple[int, ...], b_batch: tuple[int, ...], a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Broadcast two batch shapes by torch's rule: align on the right; sizes equal or one of them 1."""
+    length = max(len(a_batch), len(b_batch))
+    a_padded = (1,) * (length - len(a_batch)) + a_batch
+    b_padded = (1,) * (length - len(b_batch)) + b_batch
+    result = []
+    for position, (a_size, b_size) in enumerate(zip(a_padded, b_padded)):
+        if a_size != b_size and 1 not in (a_size, b_size):
+            raise ResacctError(
+                f"matmul batch dimensions {a_batch} of a_shape {a_shape} and {b_batch} of b_shape {b_shape} "
+                f"do not broadcast: {a_size} vs {b_size} at batch position {position - length} "
+                f"(sizes must be equal or one of them 1)"
+            )
+        result.append(b_size if a_size == 1 else a_size)
+    return tuple(result)
+
+
+def _matmul_operands(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[tuple[int, ...], int, int, int, bool, bool]:
+    """(broadcast batch, m, k, n, a was 1-D, b was 1-D) following ``torch.matmul``'s rules."""
+    a, b = _as_shape(a_shape, "a_shape"), _as_shape(b_shape, "b_shape")
+    if not a or not b:
+        raise ResacctError(f"matmul needs tensors of at least 1 dimension, got a_shape {a} and b_shape {b}")
+    a_is_vector, b_is_vector = len(a) == 1, len(b) == 1
+    a_matrix = (1,) + a if a_is_vector else a  # a 1-D first operand is a row: prepend 1
+    b_matrix = b + (1,) if b_is_vector else b  # a 1-D second operand is a column: append 1
+    (m, k), (k_of_b, n) = a_matrix[-2:], b_matrix[-2:]
+    if k != k_of_b:
+        raise ResacctError(
+            f"matmul inner dimensions differ: a_shape {a} has k={k} (its last size) but b_shape {b} has "
+            f"k={k_of_b} ({'its only size' if b_is_vector else 'its second-to-last size'}); expected them equal"
+        )
+    batch = _broadcast_batch(a_matrix[:-2], b_matrix[:-2], a, b)
+    return batch, m, k, n, a_is_vector, b_is_vector
+
+
+def matmul_output_shape(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int, ...]:
+    """Shape of ``a @ b`` by ``torch.matmul``'s rules (1-D operands, broadcast batch dimensions).
+
+    >>> matmul_output_shape((4, 8, 16, 32), (32, 2))
+    (4, 8, 16, 2)
+    >>> matmul_output_shape((7, 1, 16, 32), (5, 32, 2))
+    (7, 5, 16, 2)
+    >>> matmul_output_shape((32,), (32,))
+    ()
+    """
+    batch, m, _, n, a_is_vector, b_is_vector = _matmul_operands(a_shape, b_shape)
+    return batch + ((m,) if not a_is_vector else ()) + ((n,) if not b_is_vector else ())
+
+
+def matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
+    """FLOPs of ``a @ b``: 2·batch·m·k·n, batch being the product of the broadcast batch dimensions.
+
+    Each of the m·n outputs of each batch element takes k multiply-accumulates of 2 FLOPs.
+    1-D operands follow torch: a vector first is a 1×k row, a vector second is a k×1 column.
+
+    >>> matmul_flops((16384, 32768), (32768, 8192)) == 2 * 16384 * 32768 * 8192
+    True
+    >>> matmul_flops((1, 16, 32), (5, 32, 2))  # the batch of 1 broadcasts to 5
+    10240
+    >>> matmul_flops((16, 32), (31, 2))
+    Traceback (most recent call last):
+    ...
+    resacct.errors.ResacctError: matmul inner dimensions differ: a_shape (16, 32) has k=32 (its last size) but b_shape (31, 2) has k=31 (its second-to-last size); expected them equal
+    """
+    batch, m, k, n, _, _ = _matmul_operands(a_shape, b_shape)
+    return 2 * math.prod(batch) * m * k * n
+
+
+_AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _einsum_operands(pattern: str) -> tuple[list[list[str]], list[str]]:
+    if not isinstance(pattern, str) or pattern.count("->") != 1:
+        raise ResacctError(f"einsum pattern {pattern!r} must have exactly one '->', as in 'b i k, b k j -> b i j'")
+    left, right = pattern.split("->")
+    operands = [operand.split() for operand in left.split(",")]
+    output = right.split()
+    for axes in [*operands, output]:
+        for axis in axes:
+            if axis != "..." and not _AXIS.match(axis):
+                raise ResacctError(f"einsum pattern {pattern!r}: {axis!r} is not an axis name (letters, digits, _) or '...'")
+        if axes.count("...") > 1 or len(set(axes) - {"..."}) != len([a for a in axes if a != "..."]):
+            raise ResacctError(f"einsum pattern {pattern!r}: {' '.join(axes)!r} repeats an axis or '...'")
+    return operands, output
+
+
+def _expand_ellipsis(axes: list[str], shape: tuple[int, ...], pattern: str) -> list[str]:
+    """Name the dimensions '...' stands for by their position from the right (…0 is the last)."""
+    if "..." not in axes:
+        if len(axes) != len(shape):
+            raise ResacctError(f"einsum pattern {pattern!r}: operand '{' '.join(axes)}' names {len(axes)} axes, but its shape {shape} has {len(shape)}")
+        return axes
+    named = len(axes) - 1
+    if len(shape) < named:
+        raise ResacctError(f"einsum pattern {pattern!r}: operand '{' '.join(axes)}' needs at least {named} dimensions, shape {shape} has {len(shape)}")
+    where = axes.index("...")
+    covered = len(shape) - named
+    return axes[:where] + [f"…{covered - 1 - index}" for index in range(covered)] + axes[where + 1 :]
+
+
+def _merged_axis_size(axis: str, known: int | None, size: int, pattern: str) -> int:
+    """An axis keeps one size; dimensions under '...' may broadcast (one of them 1)."""
+    if known is None or known == size:
+        return size
+    if axis.startswith("…") and 1 in (known, size):
+        return max(known, size)
+    shown = "a dimension under '...'" if axis.startswith("…") else f"axis {axis!r}"
+    raise ResacctError(f"einsum pattern {pattern!r}: {shown} is {known} in one operand and {size} in another")
+
+
+def einsum_flops(pattern: str, *shapes: Sequence[int]) -> int:
+    """FLOPs of a two-operand einsum (einops syntax): the naive loop over every distinct axis.
+
+    With a summed axis (one named in the inputs, not in the output) every point of the loop is a
+    multiply-accumulate: 2 × the product of all distinct axis sizes. With none, or when the summed
+    axes all have size 1 (an outer or element-wise product), every point is one multiply: 1 × that
+    product — torch runs those as an element-wise ``mul``, which FlopCounterMode counts as 0.
+    Dimensions under ``...`` broadcast like torch's (equal sizes or 1).
+
+    >>> einsum_flops("b s1 h, b s2 h -> b s1 s2", (2, 3, 4), (2, 5, 4))  # 2·b·s1·s2·h
+    240
+    >>> einsum_flops("... hidden1, hidden1 hidden2 -> ... hidden2", (2, 3, 2, 4), (4, 4))
+    384
+    >>> einsum_flops("b s h1, b s h2 -> b s h1 h2", (2, 3, 4), (2, 3, 4))  # no axis summed: multiplies only
+    96
+    """
+    operands, output = _einsum_operands(pattern)
+    if len(operands) != 2 or len(shapes) != 2:
+        raise ResacctError(f"einsum_flops counts two-operand einsums; pattern {pattern!r} has {len(operands)} operand(s) and {len(shapes)} shape(s) were given")
+    sizes: dict[str, int] = {}
+    for position, (axes, raw_shape) in enumerate(zip(operands, shapes)):
+        shape = _as_shape(raw_shape, f"shape of operand {position}")
+        for axis, size in zip(_expand_ellipsis(axes, shape, pattern), shape):
+            sizes[axis] = _merged_axis_size(axis, sizes.get(axis), size, pattern)
+    output_axes = {axis for axis in output if axis != "..."} | ({axis for axis in sizes if axis.startswith("…")} if "..." in output else set())
+    unknown = output_axes - set(sizes)
+    if unknown:
+        raise ResacctError(f"einsum pattern {pattern!r}: output axis {sorted(unknown)[0]!r} is in no input")
+    summed_size = math.prod(sizes[axis] for axis in set(sizes) - output_axes)
+    return (2 if summed_size > 1 else 1) * math.prod(sizes.values())
+
+
+def elementwise_flops(shape: Sequence[int], flops_per_element: int = 1) -> int:
+    """FLOPs of an element-wise op producing ``shape``: one per output element (``a + b`` on m×n: mn).
+
+    Note: FlopCounterMode counts 0 for every element-wise op; :func:`trace_flops` lists them as
+    tracer gaps with this estimate.
+
+    >>> elementwise_flops((3, 4))
+    12
+    """
+    return math.prod(_as_shape(shape, "shape")) * flops_per_element
+
+
+# ───────────────────────────── exact per-matmul model formulas ─────────────────────────────
+
+
+@dataclass(frozen=True)
+class MatmulTerm:
+    """One matmul of a training step: ``(m×k) @ (k×n)``, what it computes and whether autograd runs it."""
+
+    phase: str  # "forward", "backward", or "skipped" (a gradient autograd does not compute)
+    what: str  # e.g. "layers.0 output", "layers.0 weight gradient", "layers.1 input gradient"
+    m: int
+    k: int
+    n: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+
+@dataclass(frozen=True)
+class PredictedFlops:
+    """resacct's exact prediction for one forward and backward of a chain of linear layers.
+
+    ``forward_flops`` / ``backward_flops`` / ``step_flops`` count matmuls, as FlopCounterMode
+    does; the element-wise FLOPs of biases (add forward, sum backward) are kept apart.
+    """
+
+    tokens: int
+    params: int
+    bias_params: int
+    matmuls: tuple[MatmulTerm, ...]
+    forward_elementwise_flops: int = 0
+    backward_elementwise_flops: int = 0
+
+    def _phase_flops(self, phase: str) -> int:
+        return sum(term.flops for term in self.matmuls if term.phase == phase)
+
+    @property
+    def forward_flops(self) -> int:
+        return self._phase_flops("forward")
+
+    @property
+    def backward_flops(self) -> int:
+        return self._phase_flops("backward")
+
+    @property
+    def step_flops(self) -> int:
+        return self.forward_flops + self.backward_flops
+
+    @property
+    def skipped_flops(self) -> int:
+        """FLOPs of the input gradients autograd never computes (the input does not require grad)."""
+        return self._phase_flops("skipped")
+
+    def rule_shortfall(self) -> dict[str, int]:
+        """Why the 6·tokens·params rule over-counts this step, term by term (they sum to the gap).
+
+        >>> predict_two_layer_network_flops(tokens=8, dim=4, outputs=2).rule_shortfall()
+        {'bias params in forward': 0, 'bias params in backward': 0, 'input gradients not computed': 256}
+        """
+        return {
+            "bias params in forward": 2 * self.tokens * self.bias_params,
+            "bias params in backward": 4 * self.tokens * self.bias_params,
+            "input gradients not computed": self.skipped_flops,
+        }
+
+
+def predict_linear_chain_flops(
+    tokens: int,
+    widths: Sequence[int],
+    *,
+    biases: bool,
+    input_requires_grad: bool = False,
+    names: Sequence[str] | None = None,
+) -> PredictedFlops:
+    """Exact matmul FLOPs of ``x @ W₀ (+ b₀) @ W₁ (+ b₁) …`` with layer i mapping widths[i] → widths[i+1].
+
+    Forward: ``2·tokens·in·out`` per layer. Backward: the weight gradient ``xᵀ·dy`` (2·in·tokens·out)
+    for every layer, and the input gradient ``dy·Wᵀ`` (2·tokens·out·in) for every layer whose input
+    requires grad: all but the first, unless ``input_requires_grad``.
+
+    >>> predict_linear_chain_flops(tokens=16, widths=(32, 8), biases=False).backward_flops  # 2·B·D·K, not 4·B·D·K
+    8192
+    """
+    _as_shape(tuple(widths), "widths")
+    if len(widths) < 2:
+        raise ResacctError(f"widths {tuple(widths)} must list at least an input and an output width")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ResacctError(f"tokens must be a non-negative integer (rows of x), got {tokens!r}")
+    layer_names = list(names) if names is not None else [f"layers.{index}" for index in range(len(widths) - 1)]
+    if len(layer_names) != len(widths) - 1:
+        raise ResacctError(f"{len(layer_names)} names given for {len(widths) - 1} layers")
+    terms = [MatmulTerm("forward", f"{name} output", tokens, width_in, width_out) for name, width_in, width_out in zip(layer_names, widths[:-1], widths[1:])]
+    for index in reversed(range(len(layer_names))):
+        name, width_in, width_out = layer_names[index], widths[index], widths[index + 1]
+        terms.append(MatmulTerm("backward", f"{name} weight gradient", width_in, tokens, width_out))
+        input_gradient_phase = "backward" if index > 0 or input_requires_grad else "skipped"
+        terms.append(MatmulTerm(input_gradient_phase, f"{name} input gradient", tokens, width_out, width_in))
+    weights = sum(width_in * width_out for width_in, width_out in zip(widths[:-1], widths[1:]))
+    bias_params = sum(widths[1:]) if biases else 0
+    return PredictedFlops(
+        tokens=tokens,
+        params=weights + bias_params,
+        bias_params=bias_params,
+        matmuls=tuple(terms),
+        forward_elementwise_flops=tokens * bias_params,  # one add per output element
+        backward_elementwise_flops=max(tokens - 1, 0) * bias_params,  # bias gradient: sum over tokens
+    )
+
+
+def predict_linear_flops(tokens: int, in_features: int, out_features: int, *, bias: bool = False, input_requires_grad: bool = False) -> PredictedFlops:
+    """One :class:`resacct.models.Linear` layer: y = x @ W (+ b).
+
+    >>> predict_linear_flops(16, 32, 8).forward_flops == 2 * 16 * (32 * 8)
+    True
+    """
+    return predict_linear_chain_flops(tokens, (in_features, out_features), biases=bias, input_requires_grad=input_requires_grad, names=("linear",))
+
+
+def predict_cruncher_flops(tokens: int, dim: int, num_layers: int, *, input_requires_grad: bool = False) -> PredictedFlops:
+    """:class:`resacct.models.Cruncher`: ``num_layers`` D×D layers with biases, then a D×1 final layer.
+
+    >>> p = predict_cruncher_flops(tokens=8, dim=64, num_layers=2)
+    >>> p.forward_flops == 2 * 8 * (2 * 64 * 64 + 64), p.params == 2 * 64 * 64 + 2 * 64 + 64 + 1
+    (True, True)
+    """
+    names = [f"layers.{index}" for index in range(num_layers)] + ["final"]
+    return predict_linear_chain_flops(tokens, [dim] * (num_layers + 1) + [1], biases=True, input_requires_grad=input_requires_grad, names=names)
+
+
+def predict_two_layer_network_flops(tokens: int, dim: int, outputs: int, *, input_requires_grad: bool = False) -> PredictedFlops:
+    """:class:`resacct.models.TwoLayerNetwork`: x → w1 (D×D) → h1 → w2 (D×K) → h2, no biases.
+
+    Backward is 2·B·D·D (w1) + 2·B·D·K (w2) + 2·B·K·D (h1), not 4·B·(D·D + D·K): the gradient
+    with respect to x is not computed unless x requires grad.
+
+    >>> p = predict_two_layer_network_flops(tokens=8, dim=4, outputs=2)
+    >>> p.backward_flops, backward_flops_rule(8, p.params)
+    (512, 768)
+    """
+    return predict_linear_chain_flops(tokens, (dim, dim, outputs), biases=False, input_requires_grad=input_requires_grad, names=("w1", "w2"))
+
+
+# ───────────────────────────── the 2/4/6 rule ─────────────────────────────
+
+
+def forward_flops_rule(tokens: int, params: int) -> int:
+    """The lecture's forward pass: 2 × tokens × params.
+
+    >>> forward_flops_rule(tokens=16384, params=32768 * 8192) == 2 * 16384 * 32768 * 8192
+    True
+    """
+    return 2 * tokens * params
+
+
+def backward_flops_rule(tokens: int, params: int) -> int:
+    """The lecture's backward pass: 4 × tokens × params (a weight and an input gradient per matmul)."""
+    return 4 * tokens * params
+
+
+def step_flops_rule(tokens: int, params: int) -> int:
+    """The lecture's training step: 6 × tokens × params (``6ND``).
+
+    >>> step_flops_rule(tokens=15 * 10**12, params=70 * 10**9)
+    6300000000000000000000000
+    """
+    return 6 * tokens * params
+
+
+@dataclass(frozen=True)
+class RuleDeviation:
+    """How far an exact FLOP count is from the 2/4/6 rule."""
+
+    phase: str
+    rule_flops: int
+    actual_flops: int
+
+    @property
+    def shortfall_flops(self) -> int:
+        """rule − actual: FLOPs the rule counts that are never computed (negative if it under-counts)."""
+        return self.rule_flops - self.actual_flops
+
+    @property
+    def ratio(self) -> float:
+        """actual / rule (1.0 when the rule is exact)."""
+        return self.actual_flops / self.rule_flops if self.rule_flops else float("nan")
+
+
+_RULE_FACTORS = {"forward": 2, "backward": 4, "step": 6}
+
+
+def rule_deviation(phase: str, actual_flops: int, tokens: int, params: int) -> RuleDeviation:
+    """Compare an exact (predicted or traced) count with the 2/4/6 rule for ``phase``.
+
+    >>> deviation = rule_deviation("step", actual_flops=368, tokens=2, params=45)
+    >>> deviation.rule_flops, deviation.shortfall_flops, round(deviation.ratio, 3)
+    (540, 172, 0.681)
+    """
+    if phase not in _RULE_FACTORS:
+        raise ResacctError(f"phase {phase!r}: expected one of {', '.join(_RULE_FACTORS)}")
+    return RuleDeviation(phase=phase, rule_flops=_RULE_FACTORS[phase] * tokens * params, actual_flops=actual_flops)
+
+
+# ───────────────────────────── tracing with FlopCounterMode ─────────────────────────────
+
+# Ops that move, alias or fill memory: no arithmetic, so no FLOPs to miss.
+_NO_ARITHMETIC = frozenset(
+    "aten." + name
+    for name in (
+        "detach t view _unsafe_view reshape expand alias as_strided transpose permute unsqueeze squeeze slice select "
+        "split split_with_sizes unbind clone copy_ _to_copy contiguous lift_fresh empty empty_like empty_strided "
+        "zeros zeros_like ones ones_like full full_like fill_ zero_ new_empty new_empty_strided new_zeros new_ones "
+        "new_full scalar_tensor arange randn randn_like rand rand_like normal_ uniform_ cat stack index_select "
+        "_local_scalar_dense set_ resize_ _reshape_alias"
+    ).split()
+)
+
+
+def _packet_name(op: Any) -> str:
+    """'aten.add.Tensor' → 'aten.add' (an overload's packet); packets and plain names pass through."""
+    name = str(op)
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else name
+
+
+def flop_counter_counts(op: Any) -> bool:
+    """Whether ``FlopCounterMode`` has a FLOP formula for ``op`` (an aten op or its name).
+
+    >>> flop_counter_counts("aten.mm.default"), flop_counter_counts("aten.add.Tensor")
+    (True, False)
+    """
+    from torch.utils.flop_counter import flop_registry
+
+    return _packet_name(op) in {_packet_name(registered) for registered in flop_registry}
+
+
+def _has_tag(op: Any, tag_name: str) -> bool:
+    tag = getattr(torch.Tag, tag_name, None)
+    return tag is not None and tag in getattr(op, "tags", ())
+
+
+# resacct's estimates for ops with no FlopCounterMode formula: FLOPs per element of (input, output).
+_ESTIMATE_PER_ELEMENT: dict[str, tuple[int, int]] = {
+    "aten.mse_loss": (3, 0),  # subtract, square, accumulate each element
+    "aten.mse_loss_backward": (0, 2),  # subtract, scale by 2·grad/n each element of the gradient
+    "aten.dot": (2, 0),  # k multiply-accumulates
+    "aten.mv": (2, 0),  # m·k multiply-accumulates
+    "aten.addcmul": (0, 2),
+    "aten.addcdiv": (0, 2),
+    "aten.lerp": (0, 2),
+}
+
+
+def estimate_uncounted_flops(op: Any, input_elements: int, output_elements: int) -> int | None:
+    """resacct's estimate for one call of an op FlopCounterMode does not count (None: no estimate).
+
+    Element-wise ops (torch's ``pointwise`` tag): one FLOP per output element. Reductions: one
+    per input element folded in (``input − output``; ``mean`` adds one division per output).
+    Losses, ``dot`` and ``mv`` by their arithmetic. Ops that only move memory: 0.
+
+    >>> estimate_uncounted_flops("aten.add.Tensor", input_elements=12, output_elements=12)
+    12
+    >>> estimate_uncounted_flops("aten.sum.dim_IntList", input_elements=12, output_elements=4)
+    8
+    """
+    packet = _packet_name(op)
+    if packet in _NO_ARITHMETIC or getattr(op, "is_view", False):
+        return 0
+    if packet in _ESTIMATE_PER_ELEMENT:
+        per_input, per_output = _ESTIMATE_PER_ELEMENT[packet]
+        return per_input * input_elements + per_output * output_elements
+    resolved = _resolve_op(op)
+    if _has_tag(resolved, "pointwise"):
+        return output_elements
+    if _has_tag(resolved, "reduction") or packet in ("aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.prod"):
+        return max(input_elements - output_elements, 0) + (output_elements if packet == "aten.mean" else 0)
+    return None
+
+
+def _resolve_op(op: Any) -> Any:
+    """An OpOverload for ``op`` (given as one, or as a name such as 'aten.add.Tensor')."""
+    if not isinstance(op, str):
+        return op
+    parts = op.split(".")
+    try:
+        packet = getattr(getattr(torch.ops, parts[0]), parts[1])
+        return getattr(packet, parts[2] if len(parts) > 2 else "default")
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+
+
+@dataclass(frozen=True)
+class UncountedOp:
+    """An aten op that ran but that FlopCounterMode has no formula for (it counts it as 0)."""
+
+    phase: str
+    op: str
+    calls: int
+    input_elements: int
+    output_elements: int
+    estimated_flops: int | None  # resacct's estimate over all calls; None when it has none
+
+
+@dataclass(frozen=True)
+class FlopTrace:
+    """FLOPs of one training step, measured by FlopCounterMode, forward and backward separately.
+
+    ``forward_ops`` / ``backward_ops`` map each counted aten op (``aten.mm`` …) to its FLOPs;
+    ``uncounted_ops`` lists the arithmetic ops the counter saw but has no formula for.
+    """
+
+    forward_flops: int
+    backward_flops: int
+    forward_ops: Mapping[str, int] = field(default_factory=dict)
+    backward_ops: Mapping[str, int] = field(default_factory=dict)
+    uncounted_ops: tuple[UncountedOp, ...] = ()
+
+    @property
+    def step_flops(self) -> int:
+        return self.forward_flops + self.backward_flops
+
+    def uncounted_estimated_flops(self, phase: str | None = None) -> int:
+        """Sum of resacct's estimates for the uncounted ops (of one phase, or of both)."""
+        return sum(op.estimated_flops or 0 for op in self.uncounted_ops if phase in (None, op.phase))
+
+    def uncounted_op_names(self, phase: str | None = None) -> list[str]:
+        return [op.op for op in self.uncounted_ops if phase in (None, op.phase)]
+
+
+def _tensor_elements(value: Any) -> int:
+    if isinstance(value, torch.Tensor):  # the common case, without flattening
+        return value.numel()
+    return sum(leaf.numel() for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
+
+
+def _first_tensor_elements(args: tuple[Any, ...]) -> int:
+    for argument in args:  # tensors are almost always direct arguments
+        if isinstance(argument, torch.Tensor):
+            return argument.numel()
+    for leaf in tree_leaves(args):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.numel()
+    return 0
+
+
+class _DispatchedOps(TorchDispatchMode):
+    """Records every aten op that runs: (op, elements of its first tensor input, elements of its outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        result = func(*args, **(kwargs or {}))
+        self.calls.append((func, _first_tensor_elements(args), _tensor_elements(result)))
+        return result
+
+
+def _uncounted(phase: str, calls: list[tuple[Any, int, int]]) -> list[UncountedOp]:
+    """Group the recorded calls by op; keep the ops with arithmetic that FlopCounterMode does not count."""
+    grouped: dict[str, list[tuple[Any, int, int]]] = {}
+    for call in calls:
+        grouped.setdefault(str(call[0]), []).append(call)
+    result = []
+    for name, group in grouped.items():
+        if flop_counter_counts(group[0][0]):
+            continue
+        estimates = [estimate_uncounted_flops(op, inputs, outputs) for op, inputs, outputs in group]
+        if all(estimate == 0 for estimate in estimates):
+            continue  # moves or aliases memory: nothing to count
+        result.append(
+            UncountedOp(
+                phase=phase,
+                op=name,
+                calls=len(group),
+                input_elements=sum(inputs for _, inputs, _ in group),
+                output_elements=sum(outputs for _, _, outputs in group),
+                estimated_flops=None if None in estimates else sum(estimate or 0 for estimate in estimates),
+            )
+        )
+    return result
+
+
+def _counted_ops(counter: Any) -> dict[str, int]:
+    counts = Counter[str]()
+    for per_op in counter.get_flop_counts().get("Global", {}).items():
+        counts[_packet_name(per_op[0])] += int(per_op[1])
+    return dict(counts)
+
+
+def _loss(output: Float[torch.Tensor, "*batch outputs"], loss: str) -> Float[torch.Tensor, ""]:
+    if loss == "mse":
+        return nn.functional.mse_loss(output, torch.zeros_like(output))
+    if loss == "sum":
+        return output.sum()
+    raise ResacctError(f"loss {loss!r}: expected 'mse', 'sum' or 'none'")
+
+
+def trace_flops(model: nn.Module, inputs: Float[torch.Tensor, "*batch features"], *, loss: str = "mse") -> FlopTrace:
+    """Run one forward and backward of ``model`` on ``inputs`` and count FLOPs with FlopCounterMode.
+
+    ``loss``: ``"mse"`` (against zeros, as the lecture's training loop), ``"sum"``, or ``"none"``
+    (backward from a gradient of ones on the output). The loss belongs to the forward phase.
+    Works on the meta device (see :func:`build_on_meta`): no weights, no arithmetic, same counts.
+    The model's ``.grad`` fields (and the input's) are restored afterwards, so tracing twice gives
+    the same answer.
+
+    >>> from resacct.models import Cruncher
+    >>> model = build_on_meta(lambda: Cruncher(dim=4, num_layers=2))
+    >>> trace = trace_flops(model, torch.empty(2, 4, device="meta"))
+    >>> trace.forward_flops, trace.backward_flops, trace.forward_ops
+    (144, 224, {'aten.mm': 144})
+    >>> [(op.op, op.calls) for op in trace.uncounted_ops if op.phase == "forward"]
+    [('aten.add.Tensor', 3), ('aten.mse_loss.default', 1)]
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if loss not in ("mse", "sum", "none"):
+        raise ResacctError(f"loss {loss!r}: expected 'mse', 'sum' or 'none'")
+    holders = [*model.parameters(), *([inputs] if inputs.is_leaf else [])]
+    saved_grads = [holder.grad for holder in holders]
+    for holder in holders:
+        holder.grad = None
+    try:
+        with FlopCounterMode(display=False) as forward_counter, _DispatchedOps() as forward_calls:
+            output = model(inputs)
+            objective = output if loss == "none" else _loss(output, loss)
+        with FlopCounterMode(display=False) as backward_counter, _DispatchedOps() as backward_calls:
+            objective.backward(torch.ones_like(objective) if loss == "none" else None)
+    finally:
+        for holder, grad in zip(holders, saved_grads):
+            holder.grad = grad
+    return FlopTrace(
+        forward_flops=int(forward_counter.get_total_flops()),
+        backward_flops=int(backward_counter.get_total_flops()),
+        forward_ops=_counted_ops(forward_counter),
+        backward_ops=_counted_ops(backward_counter),
+        uncounted_ops=tuple(_uncounted("forward", forward_calls.calls) + _uncounted("backward", backward_calls.calls)),
+    )
+
+
+def build_on_meta(factory: Any) -> nn.Module:
+    """Build a model on the meta device: shapes without storage, so any size can be traced.
+
+    >>> from resacct.models import Cruncher
+    >>> build_on_meta(lambda: Cruncher(dim=32768, num_layers=1)).final.weight.device
+    device(type='meta')
+    """
+    with torch.device("meta"):
+        return factory()
