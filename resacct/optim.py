@@ -1,0 +1,488 @@
+"""Optimizers written from scratch, update rule by update rule, on ``torch.optim.Optimizer``.
+
+Each class keeps the standard API (``param_groups``, ``state``, ``step()``, ``zero_grad()``,
+``state_dict()``) and the exact update rule and defaults of its ``torch.optim`` counterpart,
+so the claims in ``specs/optim.claims.yaml`` can run both side by side:
+
+============  =====================  ======================================  ==============
+resacct       torch.optim            state per parameter (besides ``step``)   defaults
+============  =====================  ======================================  ==============
+SGD           SGD                    none; ``momentum_buffer`` if momentum   lr 1e-3
+AdaGrad       Adagrad                ``sum`` (Σ g²)                          lr 1e-2, eps 1e-10
+RMSProp       RMSprop                ``square_avg`` (+ buffers if momentum   lr 1e-2, alpha 0.99,
+                                     or centered)                            eps 1e-8
+Adam          Adam                   ``exp_avg``, ``exp_avg_sq``              lr 1e-3, betas (0.9,
+AdamW         AdamW                  ``exp_avg``, ``exp_avg_sq``              0.999), eps 1e-8;
+                                                                             AdamW wd 1e-2
+============  =====================  ======================================  ==============
+
+resacct keeps ``state["step"]`` as a Python int; torch keeps it as a float32 0-dim tensor
+(4 bytes per parameter tensor), which ``resacct.memory`` accounts for.
+
+>>> import torch
+>>> weight = torch.nn.Parameter(torch.ones(2))
+>>> optimizer = AdaGrad([weight], lr=0.5)
+>>> weight.grad = torch.tensor([1.0, -2.0])
+>>> optimizer.step()
+>>> weight.detach().tolist()  # each parameter moves by lr · g / |g| on the first step
+[0.5, 1.5]
+>>> sorted(optimizer.state[weight])
+['step', 'sum']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from resacct.errors import ResacctError
+
+__all__ = [
+    "HyperparameterError",
+    "SGD",
+    "AdaGrad",
+    "RMSProp",
+    "Adam",
+    "AdamW",
+    "OPTIMIZERS",
+    "STATE_TENSORS_PER_PARAMETER",
+    "state_tensors_per_parameter",
+    "sgd_update_",
+    "adagrad_update_",
+    "rmsprop_update_",
+    "adam_update_",
+]
+
+
+class HyperparameterError(ResacctError, ValueError):
+    """A hyper-parameter is out of range (a ``ValueError``, as torch.optim raises)."""
+
+
+Tensor = torch.Tensor
+Params = Iterable[Float[torch.Tensor, "..."]] | Iterable[dict[str, Any]]
+
+
+def _at_least_zero(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise HyperparameterError(f"{name} {value!r}: expected a finite number ≥ 0")
+    return float(value)
+
+
+def _fraction(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise HyperparameterError(f"{name} {value!r}: expected a number in [0, 1)")
+    return float(value)
+
+
+# ── update rules: one parameter tensor at a time, in place, in torch's order of operations ──
+
+
+def sgd_update_(
+    param: Float[Tensor, "*shape"],
+    grad: Float[Tensor, "*shape"],
+    momentum_buffer: Float[Tensor, "*shape"] | None,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> Float[Tensor, "*shape"] | None:
+    """p ← p − lr·d, with d = g (+ wd·p), or with momentum b ← μ·b + (1 − dampening)·d
+    (b = d on the first step) and d = b (nesterov: d + μ·b). Returns the momentum buffer.
+
+    >>> p = torch.ones(2)
+    >>> sgd_update_(p, torch.tensor([1.0, 2.0]), None, lr=0.1)
+    >>> [round(value, 6) for value in p.tolist()]
+    [0.9, 0.8]
+    """
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    if momentum != 0:
+        if momentum_buffer is None:
+            momentum_buffer = grad.detach().clone()
+        else:
+            momentum_buffer.mul_(momentum).add_(grad, alpha=1 - dampening)
+        grad = grad.add(momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+    param.add_(grad, alpha=-lr)
+    return momentum_buffer
+
+
+def adagrad_update_(
+    param: Float[Tensor, "*shape"],
+    grad: Float[Tensor, "*shape"],
+    sum_of_squares: Float[Tensor, "*shape"],
+    *,
+    step: int,
+    lr: float,
+    lr_decay: float = 0.0,
+    weight_decay: float = 0.0,
+    eps: float = 1e-10,
+) -> None:
+    """Σ ← Σ + g²; p ← p − lr_t · g / (√Σ + eps), lr_t = lr / (1 + (step − 1)·lr_decay).
+
+    eps sits outside the square root (torch's rule), not inside it.
+
+    >>> p, total = torch.zeros(1), torch.zeros(1)
+    >>> adagrad_update_(p, torch.tensor([3.0]), total, step=1, lr=1.0)
+    >>> total.item(), round(p.item(), 6)
+    (9.0, -1.0)
+    """
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    step_lr = lr / (1 + (step - 1) * lr_decay)
+    sum_of_squares.addcmul_(grad, grad, value=1)
+    std = sum_of_squares.sqrt().add_(eps)
+    param.addcdiv_(grad, std, value=-step_lr)
+
+
+def rmsprop_update_(
+    param: Float[Tensor, "*shape"],
+    grad: Float[Tensor, "*shape"],
+    square_avg: Float[Tensor, "*shape"],
+    momentum_buffer: Float[Tensor, "*shape"] | None = None,
+    grad_avg: Float[Tensor, "*shape"] | None = None,
+    *,
+    lr: float,
+    alpha: float = 0.99,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+) -> None:
+    """s ← α·s + (1 − α)·g²; p ← p − lr · g / (√s + eps) (no bias correction).
+
+    ``grad_avg`` (centered) subtracts the squared mean gradient under the root;
+    ``momentum_buffer`` b ← μ·b + g / (√s + eps), p ← p − lr·b.
+
+    >>> p, s = torch.zeros(1), torch.zeros(1)
+    >>> rmsprop_update_(p, torch.tensor([1.0]), s, lr=0.01)  # first step: lr / √(1 − α) = 10·lr
+    >>> round(p.item(), 5)
+    -0.1
+    """
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    if grad_avg is not None:
+        grad_avg.lerp_(grad, 1 - alpha)
+        avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+    else:
+        avg = square_avg.sqrt()
+    avg = avg.add_(eps)
+    if momentum_buffer is not None:
+        momentum_buffer.mul_(momentum).addcdiv_(grad, avg)
+        param.add_(momentum_buffer, alpha=-lr)
+    else:
+        param.addcdiv_(grad, avg, value=-lr)
+
+
+def adam_update_(
+    param: Float[Tensor, "*shape"],
+    grad: Float[Tensor, "*shape"],
+    exp_avg: Float[Tensor, "*shape"],
+    exp_avg_sq: Float[Tensor, "*shape"],
+    *,
+    step: int,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled_weight_decay: bool = False,
+) -> None:
+    """m ← β1·m + (1 − β1)·g; v ← β2·v + (1 − β2)·g²;
+    p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + eps).
+
+    Weight decay is L2 (g ← g + wd·p) for Adam, decoupled (p ← p·(1 − lr·wd) first) for AdamW.
+
+    >>> p, m, v = torch.zeros(1), torch.zeros(1), torch.zeros(1)
+    >>> adam_update_(p, torch.tensor([5.0]), m, v, step=1, lr=0.1)  # first step: lr · sign(g)
+    >>> round(p.item(), 6)
+    -0.1
+    """
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    step_size = lr / bias_correction1
+    denominator = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+    param.addcdiv_(exp_avg, denominator, value=-step_size)
+
+
+# ── optimizers ──────────────────────────────────────────────────────────────────────────────
+
+
+def _parameters_with_gradients(group: dict[str, Any]) -> Iterable[Float[torch.Tensor, "..."]]:
+    for param in group["params"]:
+        if param.grad is None:
+            continue
+        if param.grad.is_sparse:
+            raise ResacctError("resacct optimizers take dense gradients; got a sparse gradient")
+        yield param
+
+
+class _FromScratch(torch.optim.Optimizer):
+    """Shared step loop: run the closure, update every parameter that has a gradient."""
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Update every parameter that has a gradient; returns ``closure()``'s loss if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for group in self.param_groups:
+                for param in _parameters_with_gradients(group):
+                    self._update(param, param.grad, self.state[param], group)
+        return loss
+
+    def _update(
+        self, param: Float[Tensor, "*shape"], grad: Float[Tensor, "*shape"], state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
+        raise NotImplementedError
+
+
+class SGD(_FromScratch):
+    """Stochastic gradient descent, with optional momentum (torch.optim.SGD's rule).
+
+    >>> weight = torch.nn.Parameter(torch.zeros(1))
+    >>> optimizer = SGD([weight], lr=0.1, momentum=0.9)
+    >>> for _ in range(2):
+    ...     weight.grad = torch.ones(1)
+    ...     optimizer.step()
+    >>> round(weight.item(), 6)  # 0.1 · 1 + 0.1 · (0.9 + 1)
+    -0.29
+    """
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ):
+        defaults = dict(
+            lr=_at_least_zero("lr", lr),
+            momentum=_at_least_zero("momentum", momentum),
+            dampening=float(dampening),
+            weight_decay=_at_least_zero("weight_decay", weight_decay),
+            nesterov=nesterov,
+        )
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise HyperparameterError(f"nesterov needs momentum > 0 and dampening 0, got momentum {momentum!r}, dampening {dampening!r}")
+        super().__init__(params, defaults)
+
+    def _update(
+        self, param: Float[Tensor, "*shape"], grad: Float[Tensor, "*shape"], state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
+        buffer = sgd_update_(
+            param,
+            grad,
+            state.get("momentum_buffer"),
+            lr=group["lr"],
+            momentum=group["momentum"],
+            dampening=group["dampening"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+        )
+        if buffer is not None:
+            state["momentum_buffer"] = buffer
+
+
+class AdaGrad(_FromScratch):
+    """AdaGrad: divide each step by the root of the running sum of squared gradients
+    (torch.optim.Adagrad's rule: eps = 1e-10 outside the root)."""
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+    ):
+        defaults = dict(
+            lr=_at_least_zero("lr", lr),
+            lr_decay=_at_least_zero("lr_decay", lr_decay),
+            weight_decay=_at_least_zero("weight_decay", weight_decay),
+            initial_accumulator_value=_at_least_zero("initial_accumulator_value", initial_accumulator_value),
+            eps=_at_least_zero("eps", eps),
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:  # torch builds the sums eagerly, at construction
+            for param in group["params"]:
+                self.state[param]["step"] = 0
+                self.state[param]["sum"] = torch.full_like(param, group["initial_accumulator_value"], memory_format=torch.preserve_format)
+
+    def _update(
+        self, param: Float[Tensor, "*shape"], grad: Float[Tensor, "*shape"], state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
+        state["step"] += 1
+        adagrad_update_(
+            param,
+            grad,
+            state["sum"],
+            step=state["step"],
+            lr=group["lr"],
+            lr_decay=group["lr_decay"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+        )
+
+
+class RMSProp(_FromScratch):
+    """RMSProp: AdaGrad with an exponential average (``alpha``) of squared gradients in place
+    of their sum (torch.optim.RMSprop's rule, no bias correction)."""
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+    ):
+        defaults = dict(
+            lr=_at_least_zero("lr", lr),
+            alpha=_at_least_zero("alpha", alpha),
+            eps=_at_least_zero("eps", eps),
+            weight_decay=_at_least_zero("weight_decay", weight_decay),
+            momentum=_at_least_zero("momentum", momentum),
+            centered=centered,
+        )
+        super().__init__(params, defaults)
+
+    def _update(
+        self, param: Float[Tensor, "*shape"], grad: Float[Tensor, "*shape"], state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
+        if not state:
+            state["step"] = 0
+            state["square_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["centered"]:
+                state["grad_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["step"] += 1
+        rmsprop_update_(
+            param,
+            grad,
+            state["square_avg"],
+            state.get("momentum_buffer"),
+            state.get("grad_avg"),
+            lr=group["lr"],
+            alpha=group["alpha"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+        )
+
+
+class Adam(_FromScratch):
+    """Adam: RMSProp plus momentum, both exponential averages, with bias correction
+    (torch.optim.Adam's rule; ``weight_decay`` is L2, added to the gradient)."""
+
+    decoupled_weight_decay = False
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise HyperparameterError(f"betas {betas!r}: expected a pair (beta1, beta2)")
+        defaults = dict(
+            lr=_at_least_zero("lr", lr),
+            betas=(_fraction("beta1", betas[0]), _fraction("beta2", betas[1])),
+            eps=_at_least_zero("eps", eps),
+            weight_decay=_at_least_zero("weight_decay", weight_decay),
+        )
+        super().__init__(params, defaults)
+
+    def _update(
+        self, param: Float[Tensor, "*shape"], grad: Float[Tensor, "*shape"], state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        adam_update_(
+            param,
+            grad,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            step=state["step"],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            decoupled_weight_decay=self.decoupled_weight_decay,
+        )
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: p ← p·(1 − lr·wd) before the Adam step
+    (torch.optim.AdamW's rule; default weight_decay 1e-2)."""
+
+    decoupled_weight_decay = True
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": SGD,
+    "adagrad": AdaGrad,
+    "rmsprop": RMSProp,
+    "adam": Adam,
+    "adamw": AdamW,
+}
+
+# Tensors of the parameter's shape each optimizer keeps per parameter (the step counter aside).
+STATE_TENSORS_PER_PARAMETER: dict[str, int] = {
+    "sgd": 0,
+    "sgd_momentum": 1,  # momentum_buffer
+    "adagrad": 1,  # sum of squared gradients
+    "rmsprop": 1,  # square_avg
+    "adam": 2,  # exp_avg, exp_avg_sq
+    "adamw": 2,
+}
+
+
+def state_tensors_per_parameter(optimizer: str) -> int:
+    """How many parameter-sized tensors ``optimizer`` keeps per parameter (step counters aside).
+
+    >>> state_tensors_per_parameter("adamw")
+    2
+    """
+    try:
+        return STATE_TENSORS_PER_PARAMETER[optimizer]
+    except KeyError:
+        from resacct.errors import UnknownNameError
+
+        raise UnknownNameError("optimizer", optimizer, list(STATE_TENSORS_PER_PARAMETER)) from None
