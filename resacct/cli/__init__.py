@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("resacct: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `resacct devices --json | head`: the reader left; stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def entry_point() -> None:

@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report.json and pytest.log go (default: reports/)")
     parser.add_argument("--workers", type=int, default=0, help="run claims in N processes with pytest-xdist (default: 0, in this process)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary line")
+    parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
                         help="run nothing: combine report.json files (e.g. one per tox env) into a claims × torch-version matrix")
     parser.set_defaults(run=run_verify)
@@ -182,23 +183,27 @@ def run_verify(args: argparse.Namespace) -> int:
                                      gpu_required=args.gpu_required, show_progress=not args.quiet)
     totals = print_table(document, quiet=args.quiet)
     written = write_report_directory(document, args.report_dir)
-    roofline = _write_roofline(args.report_dir)
+    roofline = None if args.no_roofline else _write_roofline(args.report_dir)
     names = ", ".join(str(path) for path in [*written.values(), *([roofline] if roofline else [])])
     print(f"report: {names} (pytest output: {args.report_dir / 'pytest.log'})")
     return 1 if totals["failed"] or totals["invalid"] or exit_code not in (0, 5) else 0
 
 
-def _write_roofline(directory: Path) -> Path | None:
-    """roofline.png of this machine, when the perf module can measure it."""
-    try:
-        from resacct import perf
-    except ImportError:
-        return None
-    plot = getattr(perf, "write_roofline_png", None)
-    if plot is None:
-        return None
+_ROOFLINE_OPERATIONS = [("copy", 2**22), ("add", 2**22), ("relu", 2**22), ("gelu", 2**20), ("matvec", 2048), ("matmul", 64), ("matmul", 256)]
+
+
+def _write_roofline(directory: Path) -> Path:
+    """roofline.png: this machine's measured roofs with the measured ops placed on them (~1 s)."""
+    from resacct.perf import measure_ceilings, measure_operation, save_roofline_png
+
+    ceilings = measure_ceilings(matmul_size=256, copy_bytes=32 * 2**20, thread_count=1, repeats=5)
+    points = []
+    for name, size in _ROOFLINE_OPERATIONS:
+        measured = measure_operation(name, size, thread_count=1, repeats=3)
+        if measured.intensity_flops_per_byte > 0:
+            points.append((f"{name} {size}", measured.intensity_flops_per_byte, measured.achieved_flops_per_sec))
     target = directory / "roofline.png"
-    plot(target)
+    save_roofline_png(str(target), ceilings.roofline, points, title="resacct verify: this machine's measured roofline")
     return target
 
 

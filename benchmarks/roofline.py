@@ -1,0 +1,96 @@
+"""Measure this machine's roofline and where a few operations sit on it; print and plot it.
+
+    python benchmarks/roofline.py --out roofline.png            # CPU, one thread
+    python benchmarks/roofline.py --threads 2 --out roofline.png
+    python benchmarks/roofline.py --cuda --out roofline-gpu.png  # GPU 0, CUDA events
+
+The two ceilings are measured, not looked up: a large copy gives the memory roof (bytes/s,
+read + write), a large matmul the compute roof (FLOP/s). Each is the best of several samples.
+Each operation is timed 7 times: the table shows its best (what the machine can do, comparable
+with the roofs) and its median (what you get under the current load); the plot shows the best.
+Every operation's arithmetic intensity (FLOPs ÷ bytes it must move) says which roof bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+from resacct.perf import measure_ceilings, measure_operation, save_roofline_png
+
+CPU_OPERATIONS = [("copy", 2**24), ("add", 2**24), ("relu", 2**24), ("gelu", 2**24), ("matvec", 4096),
+                  ("matmul", 128), ("matmul", 512), ("matmul", 1024)]
+CUDA_OPERATIONS = [("copy", 2**28), ("add", 2**28), ("relu", 2**28), ("gelu", 2**28), ("matvec", 16384),
+                   ("matmul", 512), ("matmul", 2048), ("matmul", 8192)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="roofline.png", help="where to write the plot (default: roofline.png)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default: 1)")
+    parser.add_argument("--cuda", action="store_true", help="measure CUDA device 0")
+    parser.add_argument("--dtype", default=None, help="matmul/element dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+
+    device = "cuda" if args.cuda else "cpu"
+    if args.cuda and not torch.cuda.is_available():
+        print("roofline: --cuda given but torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    dtype = args.dtype or ("bfloat16" if args.cuda else "float32")
+    threads = None if args.cuda else args.threads
+    if args.cuda:
+        ceilings = measure_ceilings(device=device, dtype=dtype, matmul_size=8192, copy_bytes=2**30)
+        operations = CUDA_OPERATIONS
+        name = torch.cuda.get_device_name(0)
+    else:
+        ceilings = measure_ceilings(device=device, dtype=dtype, thread_count=threads)
+        operations = CPU_OPERATIONS
+        name = platform.processor() or platform.machine()
+    roofline = ceilings.roofline
+
+    print(f"machine: {name}; torch {torch.__version__}; {roofline.name}")
+    print(f"memory roof : {ceilings.bandwidth_bytes_per_sec / 1e9:8.1f} GB/s      (copy of {ceilings.copy_bytes / 2**20:.0f} MiB, "
+          f"best of {len(ceilings.copy_timing.samples_sec)}, spread {ceilings.copy_timing.spread:.2f}×)")
+    print(f"compute roof: {ceilings.peak_flops_per_sec / 1e9:8.1f} GFLOP/s  ({ceilings.matmul_size}³ {dtype} matmul, "
+          f"best of {len(ceilings.matmul_timing.samples_sec)}, spread {ceilings.matmul_timing.spread:.2f}×)")
+    print(f"ridge point : {roofline.ridge_point_flops_per_byte:8.2f} FLOP/byte\n")
+    print(f"{'operation':<16}{'FLOP/byte':>10}{'roof':>9}{'best':>9}{'median':>9}{'best/roof':>10}{'best GB/s':>10}{'median ms':>10}  bound")
+    print(f"{'':<16}{'':>10}{'GFLOP/s':>9}{'GFLOP/s':>9}{'GFLOP/s':>9}")
+
+    records, points = [], []
+    for operation, size in operations:
+        measured = measure_operation(operation, size, dtype=dtype, device=device, thread_count=threads, repeats=7)
+        intensity = measured.intensity_flops_per_byte
+        attainable = roofline.attainable_flops_per_sec(intensity) if intensity > 0 else 0.0
+        best = measured.flops / measured.timing.best_sec
+        median = measured.achieved_flops_per_sec
+        best_bytes = measured.bytes_moved / measured.timing.best_sec
+        bound = roofline.bound(intensity) if intensity > 0 else "memory"
+        share = f"{best / attainable:10.0%}" if attainable else f"{'—':>10}"
+        print(f"{operation + ' ' + str(size):<16}{intensity:>10.3g}{attainable / 1e9:>9.3g}{best / 1e9:>9.3g}{median / 1e9:>9.3g}{share}"
+              f"{best_bytes / 1e9:>10.1f}{measured.timing.median_sec * 1e3:>10.3f}  {bound}")
+        records.append({"operation": operation, "size": size, "intensity_flops_per_byte": intensity, "attainable_flops_per_sec": attainable,
+                        "best_flops_per_sec": best, "median_flops_per_sec": median, "best_bytes_per_sec": best_bytes,
+                        "median_sec": measured.timing.median_sec, "samples_sec": list(measured.timing.samples_sec), "bound": bound})
+        if intensity > 0:
+            points.append((f"{operation} {size}", intensity, best))
+
+    save_roofline_png(args.out, roofline, points, title=f"Roofline — {name}, {roofline.name}")
+    print(f"\nwrote {args.out}")
+    if args.json:
+        document = {"machine": name, "torch": torch.__version__, "roofline": {"name": roofline.name,
+                    "peak_flops_per_sec": roofline.peak_flops_per_sec, "bandwidth_bytes_per_sec": roofline.bandwidth_bytes_per_sec,
+                    "ridge_point_flops_per_byte": roofline.ridge_point_flops_per_byte}, "operations": records}
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

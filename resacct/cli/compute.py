@@ -1,0 +1,407 @@
+"""Compute commands: ``flops``, ``time``, ``fit``, ``mfu``, ``roofline``, ``devices``.
+
+Each prints text, or with ``--json`` one object whose field names carry their units.
+Bad sizes (zero, negative, NaN), an MFU outside (0, 1] and unknown devices are refused with one
+line ``resacct <command>: error: …`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from resacct.cli.arguments import count, fraction, positive_float, positive_int
+from resacct.cli.output import add_json_flag, emit
+from resacct.errors import ResacctError
+
+__all__ = ["register"]
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _add_command(subparsers: argparse._SubParsersAction, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(name, help=summary, description=summary, epilog=f"example:\n  {example}", formatter_class=_FORMATTER)
+    add_json_flag(parser)
+    return parser
+
+
+def _add_device_arguments(parser: argparse.ArgumentParser, *, default_device: str | None = "h100-sxm") -> None:
+    parser.add_argument("--device", default=default_device, metavar="NAME",
+                        help=f"accelerator name, alias or CUDA name (see 'resacct devices'; default: {default_device})")
+    parser.add_argument("--dtype", default="bf16", help="format of the peak: fp64, fp32, tf32, bf16, fp16, fp8, int8 (default: bf16)")
+    parser.add_argument("--sparse", action="store_true", help="use the 2:4 structured-sparsity peak (dense training cannot)")
+
+
+def _g(value: float) -> str:
+    return f"{value:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# flops
+
+
+def _run_flops(args: argparse.Namespace) -> int:
+    from resacct.napkin import compare_to_thresholds, training_flops
+
+    total = training_flops(args.params, args.tokens, args.flops_per_token_per_param)
+    comparisons = compare_to_thresholds(total)
+    fields = {
+        "parameters": args.params,
+        "tokens": args.tokens,
+        "flops_per_token_per_parameter": args.flops_per_token_per_param,
+        "training_flops": total,
+        "thresholds": [
+            {"name": c.threshold.name, "threshold_flops": c.threshold.threshold_flops, "ratio": c.ratio,
+             "above": c.above, "in_force": c.threshold.in_force}
+            for c in comparisons
+        ],
+    }
+    lines = [f"training FLOPs = {_g(args.flops_per_token_per_param)} × {_g(args.params)} parameters × {_g(args.tokens)} tokens = {total:.4g} FLOPs"]
+    for c in comparisons:
+        state = "in force" if c.threshold.in_force else "revoked"
+        lines.append(f"  {c.threshold.name} ({c.threshold.threshold_flops:.0e} FLOPs, {state}): {c.ratio:.3g}× — {'at or above' if c.above else 'below'}")
+    return emit(args, fields, "\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# time
+
+
+def _total_flops(args: argparse.Namespace) -> float:
+    from resacct.napkin import training_flops
+
+    if args.flops is not None:
+        if args.params is not None or args.tokens is not None:
+            raise ResacctError("give either --flops, or --params and --tokens, not both")
+        return args.flops
+    if args.params is None or args.tokens is None:
+        raise ResacctError("give --params and --tokens (training FLOPs = 6 × params × tokens), or --flops")
+    return training_flops(args.params, args.tokens)
+
+
+def _run_time(args: argparse.Namespace) -> int:
+    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
+    from resacct.napkin import training_time
+
+    board = get_accelerator(args.device)
+    peak = peak_flops_per_sec(board, args.dtype, sparse=args.sparse)
+    estimate = training_time(_total_flops(args), args.devices, peak, args.mfu)
+    fields = {
+        "training_flops": estimate.total_flops,
+        "devices": estimate.devices,
+        "device": board.name,
+        "dtype": peak_format(args.dtype),
+        "sparse": args.sparse,
+        "peak_flops_per_sec": peak,
+        "mfu": estimate.mfu,
+        "flops_per_day": estimate.flops_per_day,
+        "training_days": estimate.training_days,
+        "wall_clock_hours": estimate.training_days * 24,
+        "device_hours": estimate.device_hours,
+    }
+    mode = "sparse" if args.sparse else "dense"
+    text = (
+        f"{estimate.total_flops:.4g} FLOPs on {estimate.devices} × {board.name} ({args.dtype} {mode} peak {peak / 1e12:g} TFLOP/s) at MFU {estimate.mfu:g}\n"
+        f"  FLOPs per day: {estimate.flops_per_day:.4g}\n"
+        f"  training time: {estimate.training_days:.1f} days ({estimate.device_hours:.4g} device-hours)"
+    )
+    return emit(args, fields, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# fit
+
+
+def _run_fit(args: argparse.Namespace) -> int:
+    from resacct.hardware import get_accelerator
+    from resacct.napkin import max_parameters
+
+    if (args.memory_gb is None) == (args.device is None):
+        raise ResacctError("give exactly one of --memory-gb (per device) or --device NAME")
+    board = get_accelerator(args.device) if args.device else None
+    memory_bytes = board.memory_bytes if board else args.memory_gb * 1e9
+    largest = max_parameters(args.devices, memory_bytes, args.bytes_per_param)
+    fields = {
+        "devices": args.devices,
+        "device": board.name if board else None,
+        "memory_bytes_per_device": memory_bytes,
+        "total_memory_bytes": args.devices * memory_bytes,
+        "bytes_per_parameter": args.bytes_per_param,
+        "max_parameters": largest,
+    }
+    where = board.name if board else f"{_g(args.memory_gb)} GB"
+    text = (f"{args.devices} × {where} = {args.devices * memory_bytes / 1e9:g} GB ÷ {_g(args.bytes_per_param)} bytes/parameter "
+            f"= {largest:.4g} parameters ({largest / 1e9:.3g} B), before activations")
+    return emit(args, fields, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# mfu
+
+
+def _tokens_per_sec(args: argparse.Namespace) -> float:
+    if args.tokens_per_sec is not None:
+        if args.step_time is not None or args.tokens is not None:
+            raise ResacctError("give either --tokens-per-sec, or --step-time with --tokens (per step), not both")
+        return args.tokens_per_sec
+    if args.step_time is None or args.tokens is None:
+        raise ResacctError("give --tokens-per-sec, or --step-time SECONDS with --tokens (tokens per step)")
+    return args.tokens / args.step_time
+
+
+def _run_mfu(args: argparse.Namespace) -> int:
+    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
+    from resacct.napkin import TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER, throughput_mfu
+
+    board = get_accelerator(args.device)
+    peak = peak_flops_per_sec(board, args.dtype, sparse=args.sparse)
+    tokens_per_sec = _tokens_per_sec(args)
+    utilization = throughput_mfu(args.params, tokens_per_sec, peak, args.devices)
+    achieved = TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER * args.params * tokens_per_sec
+    fields = {
+        "parameters": args.params,
+        "tokens_per_sec": tokens_per_sec,
+        "devices": args.devices,
+        "device": board.name,
+        "dtype": peak_format(args.dtype),
+        "sparse": args.sparse,
+        "achieved_flops_per_sec": achieved,
+        "achieved_flops_per_sec_per_device": achieved / args.devices,
+        "peak_flops_per_sec": peak,
+        "mfu": utilization,
+        "above_peak": utilization > 1,
+    }
+    text = (f"{_g(tokens_per_sec)} tokens/s × 6 × {_g(args.params)} parameters = {achieved:.4g} FLOP/s "
+            f"({achieved / args.devices:.4g} per device; {board.name} {args.dtype} peak {peak:.4g})\n  MFU: {utilization:.3f}")
+    if utilization > 1:
+        text += "  — above the peak: a wrong input (tokens per step? devices? dtype?) or the sparse peak is needed"
+    return emit(args, fields, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# roofline
+
+# Element-wise operations touch at least as many bytes as the copy that measured the memory roof
+# (out of the last-level cache by default); caches are a higher roof that small sizes would hit.
+_MEASURED_OPERATIONS = {
+    False: [("copy", 2**24), ("add", 2**24), ("relu", 2**24), ("gelu", 2**24), ("matvec", 4096), ("matmul", 128), ("matmul", 512), ("matmul", 1024)],
+    True: [("copy", 2**22), ("add", 2**22), ("relu", 2**22), ("gelu", 2**20), ("matvec", 2048), ("matmul", 64), ("matmul", 256)],
+}
+# On a GPU the element-wise sizes must exceed the L2 cache (50 MB on an H100).
+_MEASURED_CUDA_OPERATIONS = {
+    False: [("copy", 2**28), ("add", 2**28), ("relu", 2**28), ("gelu", 2**28), ("matvec", 16384), ("matmul", 512), ("matmul", 2048), ("matmul", 8192)],
+    True: [("copy", 2**26), ("add", 2**26), ("relu", 2**26), ("gelu", 2**26), ("matvec", 8192), ("matmul", 256), ("matmul", 1024), ("matmul", 4096)],
+}
+_DATASHEET_OPERATIONS = [("add", 2**24), ("relu", 2**24), ("gelu", 2**24), ("matvec", 8192), ("matmul", 256), ("matmul", 1024), ("matmul", 8192)]
+
+
+def _operation_flops_and_bytes(name: str, size: int, bytes_per_element: float) -> tuple[float, float]:
+    from resacct.perf import ELEMENTWISE_OPERATIONS, matmul_bytes, matmul_flops
+
+    if name in ("matmul", "matvec"):
+        n = 1 if name == "matvec" else size
+        return float(matmul_flops(size, size, n)), matmul_bytes(size, size, n, bytes_per_element)
+    cost = ELEMENTWISE_OPERATIONS[name]
+    return cost.flops_per_element * size, cost.tensors_moved * size * bytes_per_element
+
+
+def _operation_row(name: str, size: int, flops: float, bytes_moved: float, roofline: Any, median_sec: float | None) -> dict[str, Any]:
+    intensity = flops / bytes_moved
+    return {
+        "name": name,
+        "size": size,
+        "flops": flops,
+        "bytes": bytes_moved,
+        "intensity_flops_per_byte": intensity,
+        "attainable_flops_per_sec": roofline.attainable_flops_per_sec(intensity) if intensity > 0 else 0.0,
+        "achieved_flops_per_sec": flops / median_sec if median_sec else None,
+        "achieved_bytes_per_sec": bytes_moved / median_sec if median_sec else None,
+        "median_sec": median_sec,
+        "bound": roofline.bound(intensity) if intensity > 0 else "memory",
+    }
+
+
+def _measured_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    from resacct.perf import measure_ceilings, measure_operation
+
+    device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
+    matmul_size, copy_bytes = (256, 16 * 2**20) if args.quick else (512, 64 * 2**20)
+    operations = _MEASURED_OPERATIONS[args.quick]
+    if args.cuda:
+        matmul_size, copy_bytes = (4096, 2**28) if args.quick else (8192, 2**30)
+        operations = _MEASURED_CUDA_OPERATIONS[args.quick]
+    thread_count = args.threads or 1
+    ceilings = measure_ceilings(device=device, dtype=dtype, matmul_size=matmul_size, copy_bytes=copy_bytes, thread_count=thread_count)
+    roofline = ceilings.roofline
+    rows = []
+    for name, size in operations:
+        measured = measure_operation(name, size, dtype=dtype, device=device, thread_count=thread_count)
+        rows.append(_operation_row(name, size, measured.flops, measured.bytes_moved, roofline, measured.timing.median_sec))
+    about = {"measured": True, "device": device, "threads": ceilings.threads, "matmul_size": ceilings.matmul_size, "copy_bytes": ceilings.copy_bytes}
+    return roofline, rows, about
+
+
+def _datasheet_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    from resacct.hardware import format_bytes, get_accelerator
+    from resacct.perf import Roofline
+
+    board = get_accelerator(args.device)
+    roofline = Roofline.of_accelerator(board, args.dtype, sparse=args.sparse)
+    element = format_bytes(args.dtype)
+    rows = [_operation_row(name, size, *_operation_flops_and_bytes(name, size, element), roofline, None) for name, size in _DATASHEET_OPERATIONS]
+    return roofline, rows, {"measured": False, "device": board.name, "bytes_per_element": element}
+
+
+def _run_roofline(args: argparse.Namespace) -> int:
+    if args.device is not None and (args.threads is not None or args.cuda):
+        raise ResacctError("--device shows a datasheet roofline; --threads and --cuda are for measuring this machine")
+    if args.device is None and args.sparse:
+        raise ResacctError("--sparse applies to a datasheet roofline (--device NAME)")
+    if args.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ResacctError(f"--cuda: torch {torch.__version__} sees no CUDA GPU")
+    roofline, rows, about = _datasheet_roofline(args) if args.device else _measured_roofline(args)
+    if args.png:
+        from resacct.perf import save_roofline_png
+
+        points = [(f"{row['name']} {row['size']}", row["intensity_flops_per_byte"], row["achieved_flops_per_sec"] or row["attainable_flops_per_sec"])
+                  for row in rows if row["intensity_flops_per_byte"] > 0]
+        save_roofline_png(args.png, roofline, points)
+    fields = {
+        "roofline": {"name": roofline.name, "peak_flops_per_sec": roofline.peak_flops_per_sec,
+                     "bandwidth_bytes_per_sec": roofline.bandwidth_bytes_per_sec,
+                     "ridge_point_flops_per_byte": roofline.ridge_point_flops_per_byte, **about},
+        "operations": rows,
+        "png": args.png,
+    }
+    return emit(args, fields, _roofline_text(roofline, rows, args.png))
+
+
+def _roofline_text(roofline: Any, rows: list[dict[str, Any]], png: str | None) -> str:
+    lines = [
+        f"roofline: {roofline.name}",
+        f"  compute ceiling {roofline.peak_flops_per_sec:.4g} FLOP/s, memory ceiling {roofline.bandwidth_bytes_per_sec:.4g} bytes/s, "
+        f"ridge point {roofline.ridge_point_flops_per_byte:.3g} FLOP/byte",
+        "",
+        f"  {'operation':<14}{'FLOP/byte':>11}{'attainable':>13}{'achieved':>13}{'bytes/s':>12}  bound",
+    ]
+    for row in rows:
+        achieved = f"{row['achieved_flops_per_sec']:.3g}" if row["achieved_flops_per_sec"] else "—"
+        bandwidth = f"{row['achieved_bytes_per_sec']:.3g}" if row["achieved_bytes_per_sec"] else "—"
+        lines.append(f"  {row['name'] + ' ' + str(row['size']):<14}{row['intensity_flops_per_byte']:>11.3g}"
+                     f"{row['attainable_flops_per_sec']:>13.3g}{achieved:>13}{bandwidth:>12}  {row['bound']}")
+    if png:
+        lines.append(f"\nwrote {png}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# devices
+
+
+def _device_fields(board: Any) -> dict[str, Any]:
+    return {
+        "name": board.name,
+        "display_name": board.display_name,
+        "family": board.family,
+        "memory_bytes": board.memory_bytes,
+        "memory_bandwidth_bytes_per_sec": board.memory_bandwidth_bytes_per_sec,
+        "peaks_flops_per_sec": {fmt: {"dense": peak.dense_flops_per_sec, "sparse": peak.sparse_flops_per_sec} for fmt, peak in board.peaks.items()},
+        "bf16_dense_intensity_flops_per_byte": board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else None,
+        "aliases": list(board.aliases),
+        "cuda_names": list(board.cuda_names),
+        "source": board.source,
+        "confidence": board.confidence,
+        "note": board.note,
+    }
+
+
+def _tera(board: Any, fmt: str, sparse: bool = False) -> str:
+    peak = board.peaks.get(fmt)
+    value = None if peak is None else (peak.sparse_flops_per_sec if sparse else peak.dense_flops_per_sec)
+    return "—" if value is None else f"{value / 1e12:g}"
+
+
+def _short_source(source: str) -> str:
+    """The datasheet's name, without the column and footnotes that follow it."""
+    cut = min((index for index in (source.find(mark) for mark in (",", "(", ":")) if index > 0), default=len(source))
+    return source[:cut].strip()
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    from resacct.hardware import accelerators, get_accelerator
+
+    boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
+    fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
+    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
+    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth", header]
+    for board in boards:
+        intensity = board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else float("nan")
+        flag = "" if board.confidence == "datasheet" else " [derived]"
+        lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
+                     f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp8'):>7}"
+                     f"{_tera(board, 'fp8', True):>8}{intensity:>8.0f}  {_short_source(board.source)}{flag}")
+    if args.name:
+        lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
+    return emit(args, fields, "\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the compute commands to the ``resacct`` parser."""
+    flops = _add_command(subparsers, "flops", "training FLOPs (6 × params × tokens) and how they compare with regulatory thresholds",
+                         "resacct flops --params 70e9 --tokens 15T")
+    flops.add_argument("--params", type=count, required=True, help="parameters N (70e9, 70B)")
+    flops.add_argument("--tokens", type=count, required=True, help="training tokens D (15e12, 15T)")
+    flops.add_argument("--flops-per-token-per-param", type=positive_float, default=6.0, help="6 for training (2 forward + 4 backward); 2 for inference")
+    flops.set_defaults(run=_run_flops)
+
+    time = _add_command(subparsers, "time", "training days and device-hours on a cluster at a given MFU",
+                        "resacct time --params 70B --tokens 15T --devices 1024 --device h100 --dtype bf16 --mfu 0.5")
+    time.add_argument("--params", type=count, help="parameters N")
+    time.add_argument("--tokens", type=count, help="training tokens D")
+    time.add_argument("--flops", type=count, help="total training FLOPs instead of --params/--tokens")
+    time.add_argument("--devices", type=positive_int, required=True, help="number of devices")
+    _add_device_arguments(time)
+    time.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation in (0, 1] (default: 0.5)")
+    time.set_defaults(run=_run_time)
+
+    fit = _add_command(subparsers, "fit", "the largest model whose parameters, gradients and optimizer state fit",
+                       "resacct fit --devices 8 --device h100 --bytes-per-param 16")
+    fit.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
+    fit.add_argument("--memory-gb", type=positive_float, help="memory per device in GB (10^9 bytes)")
+    fit.add_argument("--device", metavar="NAME", help="take the memory per device from the datasheet table")
+    fit.add_argument("--bytes-per-param", type=positive_float, default=16.0, help="bytes per parameter (16: AdamW with fp32 state; default 16)")
+    fit.set_defaults(run=_run_fit)
+
+    mfu = _add_command(subparsers, "mfu", "MFU of a training run from its measured step time or throughput",
+                       "resacct mfu --params 7B --tokens 4M --step-time 12.5 --devices 64 --device h100")
+    mfu.add_argument("--params", type=count, required=True, help="parameters N")
+    mfu.add_argument("--tokens", type=count, help="tokens per step (with --step-time)")
+    mfu.add_argument("--step-time", type=positive_float, metavar="SECONDS", help="measured seconds per optimizer step")
+    mfu.add_argument("--tokens-per-sec", type=count, help="measured tokens per second, all devices together")
+    mfu.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
+    _add_device_arguments(mfu)
+    mfu.set_defaults(run=_run_mfu)
+
+    roofline = _add_command(subparsers, "roofline", "this machine's measured roofline (or a datasheet's) and where common operations sit on it",
+                            "resacct roofline --png roofline.png   |   resacct roofline --device h100 --dtype bf16")
+    roofline.add_argument("--device", default=None, metavar="NAME", help="show a datasheet roofline instead of measuring this machine")
+    roofline.add_argument("--dtype", default="bf16", help="with --device: the format of the peak (default: bf16)")
+    roofline.add_argument("--sparse", action="store_true", help="with --device: the 2:4 structured-sparsity peak")
+    roofline.add_argument("--threads", type=positive_int, default=None,
+                          help="torch threads while measuring (default: 1 — steady numbers on a shared machine)")
+    roofline.add_argument("--cuda", action="store_true", help="measure CUDA device 0 instead of the CPU")
+    roofline.add_argument("--quick", action="store_true", help="smaller sizes: about a quarter of a second")
+    roofline.add_argument("--png", metavar="PATH", help="also draw the roofline to PATH (matplotlib, Agg)")
+    roofline.set_defaults(run=_run_roofline)
+
+    devices = _add_command(subparsers, "devices", "the accelerator table: peaks per format (dense and 2:4 sparse), memory, bandwidth, sources",
+                           "resacct devices   |   resacct devices h100 --json")
+    devices.add_argument("name", nargs="?", help="show one accelerator (name, alias or CUDA name)")
+    devices.set_defaults(run=_run_devices)
+

@@ -1,0 +1,268 @@
+"""Accelerator peaks, memory and bandwidth from NVIDIA's datasheets — dense and sparse kept apart.
+
+Every number lives in ``resacct/datasheets/accelerators.yaml`` with the datasheet it comes from.
+Look a board up by its name, an alias, or the string ``torch.cuda.get_device_name()`` returns:
+
+>>> h100 = get_accelerator("h100")
+>>> h100.name, peak_flops_per_sec(h100, "bf16") / 1e12
+('h100-sxm', 989.5)
+>>> peak_flops_per_sec(h100, "bf16", sparse=True) / 1e12   # 2:4 structured sparsity
+1979.0
+>>> get_accelerator("NVIDIA H200").name
+'h200-sxm'
+>>> round(accelerator_intensity_flops_per_byte(h100, "bf16"))   # FLOPs per byte moved
+295
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from resacct.errors import ResacctError, UnknownNameError
+
+__all__ = [
+    "Peak",
+    "Accelerator",
+    "PEAK_FORMATS",
+    "accelerators",
+    "accelerator_names",
+    "get_accelerator",
+    "accelerator_for_cuda_name",
+    "current_accelerator",
+    "peak_format",
+    "format_bytes",
+    "peak_flops_per_sec",
+    "accelerator_intensity_flops_per_byte",
+    "raw_accelerator_table",
+]
+
+DATA_FILE = "accelerators.yaml"
+TERA = 1e12
+
+#: Formats a peak can be listed for. fp64_tensor is the tensor-core fp64 path; fp32 is the
+#: non-tensor (CUDA-core) path that torch uses for float32 matmuls unless TF32 is allowed.
+PEAK_FORMATS = ("fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
+
+_FORMAT_ALIASES = {
+    "float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32", "tensorfloat32": "tf32",
+    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "e4m3": "fp8", "e5m2": "fp8", "float8": "fp8", "float4_e2m1": "fp4", "e2m1": "fp4", "nvfp4": "fp4",
+}
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One format's peak in operations per second: dense, and with 2:4 structured sparsity
+    (``None`` where the format has no sparse mode). The two are never mixed."""
+
+    dense_flops_per_sec: float
+    sparse_flops_per_sec: float | None = None
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One board as its datasheet describes it."""
+
+    name: str
+    display_name: str
+    family: str
+    memory_bytes: int
+    memory_bandwidth_bytes_per_sec: float
+    peaks: Mapping[str, Peak]
+    source: str
+    confidence: str
+    aliases: tuple[str, ...] = ()
+    cuda_names: tuple[str, ...] = ()
+    note: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display_name})"
+
+
+def raw_accelerator_table() -> dict[str, Any]:
+    """The data file exactly as written (peaks in TFLOP/s): for checks that must not go through
+    resacct's own lookup. A fresh copy each call (callers may not change the table)."""
+    return copy.deepcopy(_raw_table())
+
+
+@functools.cache
+def _raw_table() -> dict[str, Any]:
+    import yaml
+
+    text = importlib.resources.files("resacct").joinpath("datasheets", DATA_FILE).read_text(encoding="utf-8")
+    table = yaml.safe_load(text)
+    if not isinstance(table, dict) or not table:
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE} must map accelerator names to their datasheet entries")
+    return table
+
+
+def _positive_number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {what} is {value!r}; expected a finite number > 0")
+    return float(value)
+
+
+def _parse_peaks(name: str, raw: Any) -> dict[str, Peak]:
+    if not isinstance(raw, dict) or not raw:
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.peaks_tera_per_sec must map formats to {{dense, sparse}}")
+    peaks = {}
+    for fmt, entry in raw.items():
+        if fmt not in PEAK_FORMATS:
+            raise UnknownNameError(f"peak format in {name}", fmt, list(PEAK_FORMATS))
+        dense = _positive_number(entry.get("dense"), f"{name}.{fmt}.dense")
+        sparse = entry.get("sparse")
+        sparse_flops = None if sparse is None else _positive_number(sparse, f"{name}.{fmt}.sparse") * TERA
+        peaks[fmt] = Peak(dense_flops_per_sec=dense * TERA, sparse_flops_per_sec=sparse_flops)
+    return peaks
+
+
+def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
+    known = {"display_name", "family", "aliases", "cuda_names", "memory_bytes", "memory_bandwidth_bytes_per_sec",
+             "source", "confidence", "note", "peaks_tera_per_sec"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    if entry.get("confidence") not in ("datasheet", "derived"):
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.confidence is {entry.get('confidence')!r}; expected datasheet or derived")
+    return Accelerator(
+        name=name,
+        display_name=str(entry["display_name"]),
+        family=str(entry["family"]),
+        memory_bytes=int(_positive_number(entry["memory_bytes"], f"{name}.memory_bytes")),
+        memory_bandwidth_bytes_per_sec=_positive_number(entry["memory_bandwidth_bytes_per_sec"], f"{name}.memory_bandwidth_bytes_per_sec"),
+        peaks=_parse_peaks(name, entry.get("peaks_tera_per_sec")),
+        source=str(entry["source"]),
+        confidence=str(entry["confidence"]),
+        aliases=tuple(str(alias) for alias in entry.get("aliases", ())),
+        cuda_names=tuple(str(cuda) for cuda in entry.get("cuda_names", ())),
+        note=str(entry.get("note", "")),
+    )
+
+
+@functools.cache
+def accelerators() -> dict[str, Accelerator]:
+    """Every accelerator of the table, by canonical name, validated once."""
+    return {name: _parse_accelerator(name, entry) for name, entry in _raw_table().items()}
+
+
+def accelerator_names() -> list[str]:
+    """Canonical names, then aliases: every spelling :func:`get_accelerator` accepts."""
+    table = accelerators()
+    return list(table) + [alias for accelerator in table.values() for alias in accelerator.aliases]
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+@functools.cache
+def _spellings() -> dict[str, str]:
+    spellings: dict[str, str] = {}
+    for accelerator in accelerators().values():
+        for spelling in (accelerator.name, *accelerator.aliases, *accelerator.cuda_names, accelerator.display_name):
+            spellings.setdefault(_normalized(spelling), accelerator.name)
+    return spellings
+
+
+def accelerator_for_cuda_name(device_name: str) -> Accelerator | None:
+    """The board whose CUDA name ``device_name`` is, or starts with (MIG slices add a suffix);
+    the longest matching CUDA name wins, so "NVIDIA H200 NVL" is not read as "NVIDIA H200".
+
+    >>> accelerator_for_cuda_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb").name
+    'h100-sxm'
+    >>> accelerator_for_cuda_name("NVIDIA GeForce RTX 4090") is None
+    True
+    """
+    wanted = _normalized(device_name)
+    best: tuple[int, Accelerator] | None = None
+    for accelerator in accelerators().values():
+        for cuda_name in accelerator.cuda_names:
+            known = _normalized(cuda_name)
+            if wanted == known or wanted.startswith(known + "-"):
+                if best is None or len(known) > best[0]:
+                    best = (len(known), accelerator)
+    return best[1] if best else None
+
+
+def get_accelerator(name: str | Accelerator) -> Accelerator:
+    """The accelerator called ``name``: canonical name, alias, display name or CUDA device name
+    (case and spaces do not matter). Unknown names raise UnknownNameError with close matches.
+
+    >>> get_accelerator("NVIDIA A100-SXM4-80GB").name
+    'a100-sxm-80gb'
+    """
+    if isinstance(name, Accelerator):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise ResacctError(f"accelerator name {name!r} is empty; expected e.g. h100-sxm, a100, 'NVIDIA H200'")
+    canonical = _spellings().get(_normalized(name))
+    if canonical is not None:
+        return accelerators()[canonical]
+    by_cuda_name = accelerator_for_cuda_name(name)
+    if by_cuda_name is not None:
+        return by_cuda_name
+    raise UnknownNameError("accelerator", _normalized(name), accelerator_names())
+
+
+def current_accelerator() -> Accelerator | None:
+    """The table's entry for CUDA device 0, or None without a GPU (or for a board not in the table)."""
+    if not torch.cuda.is_available():
+        return None
+    return accelerator_for_cuda_name(torch.cuda.get_device_name(0))
+
+
+def peak_format(dtype: str | torch.dtype) -> str:
+    """The peak-table key for a dtype: ``torch.bfloat16`` → ``"bf16"``, ``"float32"`` → ``"fp32"``.
+
+    >>> peak_format(torch.float8_e4m3fn)
+    'fp8'
+    """
+    text = str(dtype).removeprefix("torch.").strip().lower()
+    key = _FORMAT_ALIASES.get(text, text)
+    if key not in PEAK_FORMATS:
+        raise UnknownNameError("peak format", dtype, list(PEAK_FORMATS) + sorted(_FORMAT_ALIASES))
+    return key
+
+
+_FORMAT_BYTES = {"fp64": 8, "fp64_tensor": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp4": 0.5}
+
+
+def format_bytes(dtype: str | torch.dtype) -> float:
+    """Bytes an operand of this peak format occupies in memory (tf32 is stored as 4-byte fp32).
+
+    >>> format_bytes("bf16"), format_bytes("tf32"), format_bytes("fp4")
+    (2, 4, 0.5)
+    """
+    return _FORMAT_BYTES[peak_format(dtype)]
+
+
+def peak_flops_per_sec(accelerator: str | Accelerator, dtype: str | torch.dtype = "bf16", *, sparse: bool = False) -> float:
+    """The datasheet peak for ``dtype``: dense by default, ``sparse=True`` for 2:4 structured
+    sparsity (twice the dense figure on tensor cores; refused where there is no sparse mode)."""
+    board = get_accelerator(accelerator)
+    fmt = peak_format(dtype)
+    peak = board.peaks.get(fmt)
+    if peak is None:
+        raise ResacctError(f"{board.name} has no {fmt} peak on its datasheet; it lists {', '.join(board.peaks)}")
+    if not sparse:
+        return peak.dense_flops_per_sec
+    if peak.sparse_flops_per_sec is None:
+        raise ResacctError(f"{board.name} {fmt} has no structured-sparsity peak; use the dense peak (sparse=False)")
+    return peak.sparse_flops_per_sec
+
+
+def accelerator_intensity_flops_per_byte(accelerator: str | Accelerator, dtype: str | torch.dtype = "bf16", *, sparse: bool = False) -> float:
+    """Peak FLOP/s ÷ memory bandwidth: how many FLOPs a kernel must do per byte it moves to
+    keep the arithmetic units busy (the roofline's ridge point). Below it, a kernel is
+    memory-bound."""
+    board = get_accelerator(accelerator)
+    return peak_flops_per_sec(board, dtype, sparse=sparse) / board.memory_bandwidth_bytes_per_sec

@@ -1,0 +1,180 @@
+"""resacct.hardware: the datasheet table, lookups by name and CUDA name, peaks, intensity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from resacct.errors import ResacctError, UnknownNameError
+from resacct.hardware import (
+    PEAK_FORMATS,
+    accelerator_for_cuda_name,
+    accelerator_intensity_flops_per_byte,
+    accelerator_names,
+    accelerators,
+    current_accelerator,
+    format_bytes,
+    get_accelerator,
+    peak_flops_per_sec,
+    peak_format,
+    raw_accelerator_table,
+)
+
+
+def test_table_has_the_boards_of_the_lecture_and_their_successors():
+    assert {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm", "h100-pcie", "h200-sxm", "b200"} <= set(accelerators())
+
+
+@pytest.mark.parametrize("name", list(accelerators()))
+def test_every_entry_is_sourced_and_positive(name):
+    board = accelerators()[name]
+    assert board.source and board.confidence in ("datasheet", "derived")
+    assert board.memory_bytes > 0 and board.memory_bandwidth_bytes_per_sec > 0
+    assert set(board.peaks) <= set(PEAK_FORMATS) and "fp32" in board.peaks and "bf16" in board.peaks
+    for peak in board.peaks.values():
+        assert peak.dense_flops_per_sec > 0 and math.isfinite(peak.dense_flops_per_sec)
+        if peak.sparse_flops_per_sec is not None:
+            assert peak.sparse_flops_per_sec == pytest.approx(2 * peak.dense_flops_per_sec)
+
+
+@pytest.mark.parametrize("name", list(accelerators()))
+def test_non_tensor_formats_have_no_sparse_peak(name):
+    board = accelerators()[name]
+    for fmt in ("fp64", "fp32"):
+        assert board.peaks[fmt].sparse_flops_per_sec is None
+
+
+def test_lecture_peaks():
+    assert peak_flops_per_sec("a100", "bf16") == 312e12
+    assert peak_flops_per_sec("h100", "bf16") == 989.5e12
+    assert peak_flops_per_sec("h100", "bf16", sparse=True) == 1979e12
+    assert peak_flops_per_sec("h100", "fp32") == 67e12
+    assert peak_flops_per_sec("h100-pcie", "fp32") == 51e12
+    assert peak_flops_per_sec("h100-pcie", "bf16") == 756.5e12
+    assert peak_flops_per_sec("h100", "fp8") == 1979e12
+    assert peak_flops_per_sec("h200", "bf16") == peak_flops_per_sec("h100", "bf16")
+
+
+def test_memory_and_bandwidth():
+    h100, h200 = get_accelerator("h100"), get_accelerator("h200")
+    assert (h100.memory_bytes, h100.memory_bandwidth_bytes_per_sec) == (80e9, 3.35e12)
+    assert (h200.memory_bytes, h200.memory_bandwidth_bytes_per_sec) == (141e9, 4.8e12)
+
+
+@pytest.mark.parametrize(
+    ("cuda_name", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", "h100-nvl"),
+        ("NVIDIA H200", "h200-sxm"),
+        ("NVIDIA H200 NVL", "h200-nvl"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "h100-sxm"),
+    ],
+)
+def test_cuda_device_names_resolve(cuda_name, expected):
+    assert get_accelerator(cuda_name).name == expected
+    assert accelerator_for_cuda_name(cuda_name).name == expected
+
+
+def test_longest_cuda_name_wins():
+    assert accelerator_for_cuda_name("NVIDIA H200 NVL").name == "h200-nvl"
+    assert accelerator_for_cuda_name("NVIDIA H200").name == "h200-sxm"
+
+
+def test_unknown_cuda_name_is_none():
+    assert accelerator_for_cuda_name("NVIDIA GeForce RTX 4090") is None
+    assert accelerator_for_cuda_name("NVIDIA H2000") is None
+
+
+@pytest.mark.parametrize("spelling", ["h100", "H100", " h100-sxm ", "h100_sxm", "H100 SXM5", "NVIDIA H100 SXM5 80GB"])
+def test_names_aliases_and_spellings(spelling):
+    assert get_accelerator(spelling).name == "h100-sxm"
+
+
+def test_accelerator_passes_through():
+    board = get_accelerator("a100")
+    assert get_accelerator(board) is board
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(UnknownNameError, match=r"unknown accelerator 'h100sxm'; did you mean 'h100-sxm'"):
+        get_accelerator("h100sxm")
+
+
+@pytest.mark.parametrize("bad", ["", "   "])
+def test_empty_name_is_refused(bad):
+    with pytest.raises(ResacctError, match="empty"):
+        get_accelerator(bad)
+
+
+def test_every_listed_name_resolves():
+    for name in accelerator_names():
+        get_accelerator(name)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "key"),
+    [(torch.bfloat16, "bf16"), ("bfloat16", "bf16"), ("float32", "fp32"), (torch.float16, "fp16"), ("half", "fp16"),
+     (torch.float8_e4m3fn, "fp8"), ("float8_e5m2", "fp8"), ("tf32", "tf32"), ("int8", "int8"), ("fp64", "fp64")],
+)
+def test_peak_format(dtype, key):
+    assert peak_format(dtype) == key
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(UnknownNameError, match="peak format"):
+        peak_format("float7")
+
+
+def test_sparse_peak_of_a_format_without_sparsity_is_refused():
+    with pytest.raises(ResacctError, match="no structured-sparsity peak"):
+        peak_flops_per_sec("h100", "fp32", sparse=True)
+
+
+def test_missing_format_is_refused_with_what_exists():
+    with pytest.raises(ResacctError, match="a100-sxm-80gb has no fp8 peak"):
+        peak_flops_per_sec("a100", "fp8")
+
+
+def test_accelerator_intensity():
+    assert accelerator_intensity_flops_per_byte("h100", "bf16") == pytest.approx(989.5e12 / 3.35e12)
+    assert round(accelerator_intensity_flops_per_byte("h100")) == 295
+    # Same arithmetic, more bandwidth: the H200 is easier to keep compute-bound.
+    assert accelerator_intensity_flops_per_byte("h200") < accelerator_intensity_flops_per_byte("h100")
+
+
+def test_format_bytes():
+    assert (format_bytes("bf16"), format_bytes("tf32"), format_bytes(torch.float8_e4m3fn), format_bytes("fp4")) == (2, 4, 1, 0.5)
+
+
+def test_raw_table_is_a_copy():
+    table = raw_accelerator_table()
+    table["h100-sxm"]["memory_bytes"] = 1
+    assert raw_accelerator_table()["h100-sxm"]["memory_bytes"] == 80_000_000_000
+
+
+def test_bad_data_entries_are_refused():
+    from resacct.hardware import _parse_accelerator
+
+    good = raw_accelerator_table()["h100-sxm"]
+    with pytest.raises(ResacctError, match="unknown key 'colour'"):
+        _parse_accelerator("x", {**good, "colour": "green"})
+    with pytest.raises(ResacctError, match="x.memory_bytes is -1"):
+        _parse_accelerator("x", {**good, "memory_bytes": -1})
+    with pytest.raises(ResacctError, match="confidence"):
+        _parse_accelerator("x", {**good, "confidence": "rumour"})
+    with pytest.raises(UnknownNameError, match="peak format"):
+        _parse_accelerator("x", {**good, "peaks_tera_per_sec": {"fp7": {"dense": 1, "sparse": None}}})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_current_accelerator_without_gpu_is_none():
+    assert current_accelerator() is None
