@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resacct.errors import ResacctError
 from resacct.harness.loader import LoadedClaim
-from resacct.harness.registry import Outcome, get_check
+from resacct.harness.registry import NotMeasurable, Outcome, get_check
 from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
 
 __all__ = ["ClaimFailure", "Verdict", "evaluate_claim", "agrees"]
@@ -121,9 +120,9 @@ def evaluate_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Verdict:
     expects_raise = spec.expect is not None and spec.expect.raises is not None
     try:
         outcome: Outcome | None = check(**inputs)
-    except ResacctError:  # NotMeasurable included: the item turns it into a skip
+    except NotMeasurable:  # the item turns it into a skip
         raise
-    except Exception as error:  # torch's own errors are measurements when a claim expects them
+    except Exception as error:  # errors are measurements when a claim expects one (resacct's own too)
         if not expects_raise:
             raise
         outcome, verdict.raised = None, error

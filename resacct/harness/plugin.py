@@ -90,6 +90,7 @@ class ClaimItem(pytest.Item):
             expect=claim.expect.model_dump(exclude_none=True) if claim.expect else None,
             truth=claim.truth,
             marks=list(claim.marks),
+            requires_torch=claim.requires_torch,
             given=_plain(dict(claim.given)),
             forall=dict(claim.forall),
         )
@@ -99,6 +100,8 @@ class ClaimItem(pytest.Item):
         from resacct.harness.registry import NotMeasurable
 
         claim = self.loaded.claim
+        if claim.requires_torch:
+            _require_torch(claim.requires_torch)
         if "gpu" in claim.marks:
             _require_gpu()
         try:
@@ -149,6 +152,16 @@ class ClaimItem(pytest.Item):
 
     def reportinfo(self):  # type: ignore[no-untyped-def]
         return self.path, self.loaded.line - 1, f"claim {self.loaded.id}"
+
+
+def _require_torch(specifier: str) -> None:
+    import torch
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    installed = Version(torch.__version__.split("+")[0])
+    if installed not in SpecifierSet(specifier):
+        pytest.skip(f"claim is about torch {specifier}; this is torch {torch.__version__}")
 
 
 def _require_gpu() -> None:

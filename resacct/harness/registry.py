@@ -24,7 +24,7 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_checks"]
+__all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_checks", "broken_check_modules"]
 
 CHECKS_PACKAGE = "resacct.checks"
 
@@ -81,6 +81,7 @@ class Check:
 
 
 _REGISTRY: dict[str, Check] = {}
+_BROKEN_MODULES: dict[str, str] = {}  # checks module → why it failed to import
 _discovered = False
 
 
@@ -103,7 +104,11 @@ def _discover() -> None:
     package = importlib.import_module(CHECKS_PACKAGE)
     for module in pkgutil.iter_modules(package.__path__):
         if not module.name.startswith("_"):
-            importlib.import_module(f"{CHECKS_PACKAGE}.{module.name}")
+            name = f"{CHECKS_PACKAGE}.{module.name}"
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # one broken module must not hide every other area's checks
+                _BROKEN_MODULES[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     _discovered = True
 
 
@@ -112,9 +117,18 @@ def get_check(name: str) -> Check:
     try:
         return _REGISTRY[name]
     except KeyError:
+        area_module = f"{CHECKS_PACKAGE}.{name.split('.')[0]}"
+        if area_module in _BROKEN_MODULES:
+            raise ResacctError(f"check {name!r} is unavailable: {area_module} failed to import ({_BROKEN_MODULES[area_module]})") from None
         raise UnknownNameError("check", name, list(_REGISTRY)) from None
 
 
 def all_checks() -> dict[str, Check]:
     _discover()
     return dict(_REGISTRY)
+
+
+def broken_check_modules() -> dict[str, str]:
+    """Check modules that failed to import, with the reason (their claims report it)."""
+    _discover()
+    return dict(_BROKEN_MODULES)

@@ -108,6 +108,19 @@ class Claim(_Strict):
     truth: str | None = None
     marks: list[str] = Field(default_factory=list)
     examples: int | None = Field(default=None, ge=1, le=1000)
+    requires_torch: str | None = None  # a version specifier such as ">=2.6"; other versions skip the claim
+
+    @field_validator("requires_torch")
+    @classmethod
+    def _valid_specifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier:
+                raise ValueError(f"{value!r} is not a version specifier; write e.g. '>=2.6' or '>=2.4,<2.8'") from None
+        return value
 
     @field_validator("law", mode="before")
     @classmethod

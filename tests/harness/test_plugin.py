@@ -308,3 +308,63 @@ def test_reportinfo_points_at_the_claims_line(pytester, write_spec):
     locations = {item.name: item.location for item in items}
     assert locations["square-law"][1] == 3  # 0-based line of "- id: square-law"
     assert locations["echo-given"][1] == 8
+
+
+def test_requires_torch_skips_other_versions(pytester, write_spec):
+    write_spec(
+        "demo.claims.yaml",
+        """
+        area: demo
+        source: test
+        claims:
+          - id: future
+            says: true from torch 99 on.
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            requires_torch: ">=99"
+          - id: present
+            says: true from torch 2 on.
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            requires_torch: ">=2"
+        """,
+    )
+    result = pytester.runpytest("-rs")
+    assert outcomes(result) == {"passed": 1, "skipped": 1}
+    result.stdout.fnmatch_lines(["*claim is about torch >=99; this is torch *"])
+
+
+def test_a_claim_may_expect_resacct_errors(pytester, write_spec):
+    import resacct.errors
+    from resacct.harness.registry import Outcome, check
+
+    @check("testing.refuses")
+    def refuses(value: int) -> Outcome:
+        raise resacct.errors.ResacctError(f"value {value} refused")
+
+    write_spec(
+        "demo.claims.yaml",
+        """
+        area: demo
+        source: test
+        claims:
+          - id: refused
+            says: resacct refuses 3.
+            measure: testing.refuses
+            given: {value: 3}
+            expect: {raises: {type: ResacctError, match: "value 3 refused"}}
+        """,
+    )
+    assert outcomes(pytester.runpytest()) == {"passed": 1}
+
+
+def test_a_broken_checks_module_only_breaks_its_own_claims(monkeypatch):
+    from resacct.errors import ResacctError
+    from resacct.harness import registry
+
+    monkeypatch.setitem(registry._BROKEN_MODULES, "resacct.checks.imaginary", "ImportError: no module named 'nowhere'")
+    with pytest.raises(ResacctError, match=r"check 'imaginary.thing' is unavailable: resacct.checks.imaginary failed to import \(ImportError"):
+        registry.get_check("imaginary.thing")
+    assert registry.get_check("dtypes.bits").name == "dtypes.bits"
