@@ -1,0 +1,323 @@
+"""Run a small program on N gloo ranks of this machine, safely: loopback only, never hanging.
+
+resacct measures sharded training (ZeRO, FSDP) on the real ``torch.distributed`` engine.
+:func:`run_on_ranks` starts ``world_size`` processes, joins them into one gloo process group,
+runs ``program(rank, world_size, *args)`` on each and returns what every rank returned::
+
+    >>> run_on_ranks(all_reduce_rank_sum, 2)   # doctest: +SKIP
+    [1.0, 1.0]
+
+What keeps it safe:
+
+* **No ports to choose.** Ranks meet through a ``FileStore`` in a fresh temporary folder;
+  gloo's own connections bind ephemeral ports on the loopback interface only
+  (``GLOO_SOCKET_IFNAME`` is set to it). Nothing listens on another interface.
+* **Timeouts everywhere.** Every collective gets ``init_process_group(timeout=...)``; the
+  launcher waits at most ``timeout_seconds`` for all ranks, then kills the stragglers and
+  raises :class:`DistributedTimeoutError`.
+* **Failures surface at once.** A rank that raises sends its traceback; the launcher kills
+  the others (they would wait in a collective) and raises :class:`DistributedRankError`.
+* **Cleanup.** Each rank destroys its process group in ``finally``; the launcher joins or
+  kills every child and removes the store folder, whatever happened.
+* The calling process never creates a process group (a pytest process stays clean).
+
+Children are forked from a ``forkserver`` that imported torch once (``spawn`` where the
+platform has no forkserver), so a launch costs a fraction of a second after the first.
+``program`` must be a module-level function whose arguments and result can be pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from resacct.errors import ResacctError
+
+__all__ = [
+    "DistributedError",
+    "DistributedUnavailableError",
+    "DistributedRankError",
+    "DistributedTimeoutError",
+    "MAX_LOCAL_WORLD_SIZE",
+    "run_on_ranks",
+    "run_isolated",
+    "gloo_process_group",
+    "loopback_interface",
+    "all_reduce_rank_sum",
+    "raise_on_rank",
+    "sleep_on_rank",
+]
+
+#: More local ranks than this is refused: each is a process importing torch.
+MAX_LOCAL_WORLD_SIZE = 16
+#: Modules the forkserver imports once, so that each rank starts warm.
+_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
+            "torch.distributed.fsdp", "resacct.distributed"]
+_GRACE_SECONDS = 5.0
+_ERROR_GATHER_SECONDS = 1.0
+
+
+class DistributedError(ResacctError):
+    """A distributed run could not start, failed on a rank, or ran out of time."""
+
+
+class DistributedUnavailableError(DistributedError):
+    """This machine or torch build cannot run a local gloo process group (the reason says why)."""
+
+
+class DistributedRankError(DistributedError):
+    """A rank raised (its traceback is in the message) or died without answering."""
+
+
+class DistributedTimeoutError(DistributedError):
+    """Not every rank answered within the time allowed; the stragglers were killed."""
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS).
+
+    >>> loopback_interface() in {"lo", "lo0"}   # doctest: +SKIP
+    True
+    """
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    raise DistributedUnavailableError(f"no loopback network interface found among {names}; gloo is kept to loopback")
+
+
+@contextlib.contextmanager
+def gloo_process_group(rank: int, world_size: int, store_path: str, collective_timeout_seconds: float) -> Iterator[None]:
+    """Join the gloo process group of ``world_size`` ranks meeting at ``store_path`` (a
+    ``FileStore``); every collective times out after ``collective_timeout_seconds``. The group
+    is destroyed on exit, also when the body raises."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=collective_timeout_seconds)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_world_size(world_size: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_LOCAL_WORLD_SIZE:
+        raise DistributedError(f"world_size {world_size!r}: expected a whole number from 1 to {MAX_LOCAL_WORLD_SIZE} local ranks")
+
+
+def _check_seconds(value: float, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DistributedError(f"{name} {value!r}: expected a finite number of seconds greater than 0")
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)  # only effective before the server first starts
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _rank_main(program: Callable[..., Any], args: tuple[Any, ...], rank: int, world_size: int, store_path: str | None,
+               collective_timeout_seconds: float, interface: str, connection: multiprocessing.connection.Connection) -> None:
+    """What each child runs: join the group (unless ``store_path`` is None), run ``program``,
+    send ("ok", result) or ("error", traceback)."""
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        if store_path is None:
+            result = program(*args)
+        else:
+            with gloo_process_group(rank, world_size, store_path, collective_timeout_seconds):
+                result = program(rank, world_size, *args)
+        connection.send(("ok", result))
+    except BaseException:  # noqa: BLE001 - everything goes back to the launcher
+        with contextlib.suppress(Exception):
+            connection.send(("error", traceback.format_exc()))
+    finally:
+        connection.close()
+
+
+def _stop(processes: Sequence[multiprocessing.process.BaseProcess], grace_seconds: float) -> None:
+    """Join every started child within ``grace_seconds`` in all; kill and reap the ones still running."""
+    started = [process for process in processes if process.pid is not None]
+    deadline = time.monotonic() + grace_seconds
+    for process in started:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in started:
+        if process.is_alive():
+            process.kill()
+    for process in started:
+        process.join(_GRACE_SECONDS)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no message)"
+
+
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+
+
+def _is_peer_failure(traceback_text: str) -> bool:
+    """True when a rank failed only because another rank went away first."""
+    return any(marker in traceback_text for marker in _PEER_FAILURE_MARKERS)
+
+
+def _rank_failure(errors: dict[int, str], program_name: str) -> DistributedRankError:
+    """One error naming the rank that failed first-hand (not one that lost its peer)."""
+    first_hand = [rank for rank, text in sorted(errors.items()) if not _is_peer_failure(text)]
+    rank = first_hand[0] if first_hand else min(errors)
+    others = [other for other in sorted(errors) if other != rank]
+    also = f" (then ranks {others} failed too)" if others else ""
+    return DistributedRankError(f"{program_name}: rank {rank} raised {_last_line(errors[rank])}{also}\n{errors[rank]}")
+
+
+def _collect(connections: dict[multiprocessing.connection.Connection, int], processes: Sequence[multiprocessing.process.BaseProcess],
+             timeout_seconds: float, program_name: str) -> list[Any]:
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_seconds
+    pending = dict(connections)
+    while pending:
+        remaining = deadline - time.monotonic()
+        ready = multiprocessing.connection.wait(list(pending), timeout=max(0.0, remaining)) if remaining > 0 else []
+        if not ready:
+            if errors:
+                break
+            missing = sorted(pending.values())
+            raise DistributedTimeoutError(
+                f"{program_name} on {len(processes)} ranks: ranks {missing} did not finish within {timeout_seconds:g} s; they were killed"
+            )
+        for connection in ready:
+            rank = pending.pop(connection)
+            try:
+                status, payload = connection.recv()
+            except EOFError:
+                processes[rank].join(1.0)
+                status, payload = "error", f"died without answering (exit code {processes[rank].exitcode})"
+            if status == "error":
+                if not errors:  # give the other ranks a moment to report, to find who failed first-hand
+                    deadline = min(deadline, time.monotonic() + _ERROR_GATHER_SECONDS)
+                errors[rank] = payload
+            else:
+                results[rank] = payload
+    if errors:
+        raise _rank_failure(errors, program_name)
+    return [results[rank] for rank in range(len(processes))]
+
+
+def run_on_ranks(program: Callable[..., Any], world_size: int, *args: Any, timeout_seconds: float = 60.0,
+                 collective_timeout_seconds: float = 20.0) -> list[Any]:
+    """Run ``program(rank, world_size, *args)`` on ``world_size`` local gloo ranks; return the
+    results in rank order.
+
+    Raises :class:`DistributedTimeoutError` when the ranks do not all finish within
+    ``timeout_seconds`` (each collective alone times out after ``collective_timeout_seconds``),
+    :class:`DistributedRankError` when a rank raises or dies; in every case all children are
+    stopped before this returns.
+
+    >>> run_on_ranks(all_reduce_rank_sum, 4)   # doctest: +SKIP
+    [6.0, 6.0, 6.0, 6.0]
+    """
+    _check_world_size(world_size)
+    _check_seconds(collective_timeout_seconds, "collective_timeout_seconds")
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        raise DistributedUnavailableError("this torch build has no torch.distributed with the gloo backend")
+    return _launch(program, args, world_size, timeout_seconds, collective_timeout_seconds, join_group=True)
+
+
+def run_isolated(program: Callable[..., Any], *args: Any, timeout_seconds: float = 60.0) -> Any:
+    """Run ``program(*args)`` in one child process (no process group is joined for it) and
+    return its result; killed after ``timeout_seconds``. For programs that set up their own
+    process-wide state, such as a fake process group, which must not touch the caller.
+
+    >>> run_isolated(math.factorial, 5)   # doctest: +SKIP
+    120
+    """
+    return _launch(program, args, 1, timeout_seconds, 1.0, join_group=False)[0]
+
+
+def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int, timeout_seconds: float,
+            collective_timeout_seconds: float, *, join_group: bool) -> list[Any]:
+    _check_seconds(timeout_seconds, "timeout_seconds")
+    interface = loopback_interface()
+    context = _context()
+    name = getattr(program, "__qualname__", repr(program))
+    processes: list[multiprocessing.process.BaseProcess] = []
+    connections: dict[multiprocessing.connection.Connection, int] = {}
+    finished = False
+    with tempfile.TemporaryDirectory(prefix="resacct-store-") as folder:
+        store_path = os.path.join(folder, "store") if join_group else None
+        try:
+            for rank in range(world_size):
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_rank_main,
+                    args=(program, args, rank, world_size, store_path, collective_timeout_seconds, interface, sender),
+                    name=f"resacct-rank-{rank}",
+                    daemon=True,
+                )
+                processes.append(process)
+                process.start()
+                sender.close()
+                connections[receiver] = rank
+            results = _collect(connections, processes, timeout_seconds, name)
+            finished = True
+            return results
+        finally:
+            # After success the ranks are exiting: give them a moment. After a failure the
+            # others may wait in a collective: kill them now.
+            _stop(processes, _GRACE_SECONDS if finished else 0.0)
+            for connection in connections:
+                connection.close()
+
+
+# Small programs for tests and examples (module-level, so they can be pickled by reference).
+
+
+def all_reduce_rank_sum(rank: int, world_size: int) -> float:
+    """Every rank contributes its rank; returns the all-reduced sum, 0 + 1 + … + (N − 1)."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)
+    return float(value.item())
+
+
+def raise_on_rank(rank: int, world_size: int, failing_rank: int) -> int:
+    """Raises ValueError on ``failing_rank``; the other ranks wait in a barrier that never completes."""
+    import torch.distributed as dist
+
+    if rank == failing_rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    dist.barrier()
+    return rank
+
+
+def sleep_on_rank(rank: int, world_size: int, sleeping_rank: int, seconds: float) -> int:
+    """``sleeping_rank`` sleeps ``seconds`` (a stuck rank); the others wait for it in a barrier."""
+    import torch.distributed as dist
+
+    if rank == sleeping_rank:
+        time.sleep(seconds)
+    dist.barrier()
+    return rank
