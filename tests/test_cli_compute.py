@@ -173,3 +173,37 @@ def test_installed_script_runs():
                            "--mfu", "0.5", "--json"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["training_days"] == pytest.approx(143.9, rel=1e-3)
+
+
+# ---- fit with ZeRO stages (sharding issue) ----------------------------------------------------
+
+def _fit_json(capsys, *arguments: str) -> dict:
+    import json
+
+    from resacct.cli import main as cli_main
+
+    assert cli_main(["fit", "--devices", "8", "--device", "h100", "--json", *arguments]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_fit_default_is_the_fully_sharded_napkin_answer(capsys):
+    assert _fit_json(capsys)["max_parameters"] == pytest.approx(40e9)
+    assert _fit_json(capsys)["zero_stage"] == 3
+
+
+def test_fit_plain_data_parallel_fits_one_device_worth(capsys):
+    assert _fit_json(capsys, "--zero", "0")["max_parameters"] == pytest.approx(5e9)
+
+
+@pytest.mark.parametrize(("stage", "expected"), [(1, 80e9 / (2 + 2 + 12 / 8)), (2, 80e9 / (2 + 14 / 8))])
+def test_fit_partial_sharding_with_a_recipe(capsys, stage, expected):
+    fields = _fit_json(capsys, "--recipe", "mixed-adam", "--zero", str(stage))
+    assert fields["max_parameters"] == pytest.approx(expected)
+    assert fields["recipe"] == "mixed-adam"
+
+
+def test_fit_partial_sharding_needs_a_recipe(capsys):
+    from resacct.cli import main as cli_main
+
+    assert cli_main(["fit", "--devices", "8", "--device", "h100", "--zero", "2"]) == 2
+    assert "give --recipe" in capsys.readouterr().err
