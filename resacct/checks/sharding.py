@@ -234,7 +234,18 @@ def _parameter_shapes(kind: str) -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=None)
+def _require_sharding_engines() -> None:
+    """Skip (never fake) when this torch lacks the engines measured here: FSDP2's public
+    ``torch.distributed.fsdp.fully_shard`` (torch ≥ 2.6) and ZeroRedundancyOptimizer."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401
+    except ImportError as error:
+        raise NotMeasurable(f"torch {torch.__version__} lacks a sharding engine measured here (public FSDP2 arrived in torch 2.6): {error}") from None
+
+
 def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...]:
+    _require_sharding_engines()
     try:
         return tuple(run_on_ranks(sharded_training_on_rank, world_size, MODEL_KINDS, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
     except DistributedUnavailableError as error:
@@ -347,6 +358,7 @@ def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int
     """Per stage, the element-wise largest [parameters, gradients, optimizer state] bytes over
     the first and the last rank (rank 0 gets the full ⌈rows/N⌉ rows and the first pick).
     The first call measures every configuration in :data:`PAPER_SCALE_CONFIGURATIONS` too."""
+    _require_sharding_engines()
     if recipe not in _PAPER_DTYPES:
         raise NotMeasurable(f"recipe {recipe!r} has no paper-scale construction (known: {sorted(_PAPER_DTYPES)})")
     wanted = (world_size, recipe)
