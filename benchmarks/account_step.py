@@ -1,0 +1,148 @@
+"""Wall time of ``resacct account``'s analyses against the bare torch measurements they wrap.
+
+    OMP_NUM_THREADS=1 python benchmarks/account_step.py                       # gpt-tiny, batch 4 × 128
+    OMP_NUM_THREADS=1 python benchmarks/account_step.py --model gpt-nano --batch 2 --seq 32 --repeats 9
+
+Each row times one analysis on the same model and batch, beside the bare measurement it wraps:
+
+- FLOPs — *bare*: one FlopCounterMode around forward + loss + backward; *resacct*:
+  :func:`resacct.account.trace_step_flops` (nested counters for the forward/backward split, the
+  per-module breakdown made exclusive, a dispatch mode listing the ops the counter misses);
+- activations — *bare*: ``saved_tensors_hooks`` keeping every saved tensor; *resacct*:
+  :func:`resacct.activations.record_saved_activations` (a module stack from forward hooks,
+  storage deduplication, parameters flagged);
+- allocator — *bare*: forward + backward with no profiler; *resacct*: the same under
+  :func:`resacct.activations.trace_allocations` (torch.profiler, ``profile_memory=True``);
+- training state — *bare*: two AdamW steps; *resacct*:
+  :func:`resacct.account.measure_training_state` (a copy of the model, the recipe, the counts);
+- the whole account — *bare*: one training step (forward, backward, AdamW); *resacct*:
+  :func:`resacct.account.account_gpt` without its own timing (``time_step=False``).
+
+Each cell is the median of ``--repeats`` runs after one warm-up, the two sides interleaved run by
+run; the FLOP and saved-byte counts of both sides must agree, or the script exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from resacct.account import account_gpt, measure_training_state, trace_step_flops  # noqa: E402
+from resacct.activations import gpt_loss, record_saved_activations, trace_allocations  # noqa: E402
+from resacct.gpt import build_gpt, get_gpt_config  # noqa: E402
+
+
+def _median_sec(function: Callable[[], object], repeats: int) -> list[float]:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt-tiny")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    config = get_gpt_config(args.model)
+    model = build_gpt(config)
+    tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+    targets = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+
+    def loss() -> torch.Tensor:
+        return gpt_loss(model, tokens, targets)
+
+    found: dict[str, int] = {}
+
+    def bare_flops() -> None:
+        model.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as counter:
+            loss().backward()
+        found["bare flops"] = int(counter.get_total_flops())
+
+    def resacct_flops() -> None:
+        found["resacct flops"] = trace_step_flops(model, loss).step_flops
+
+    def bare_saved() -> None:
+        kept: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.append(t), t)[1], lambda t: t):
+            loss()
+        parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}
+        found["bare saved"] = sum(size for pointer, size in storages.items() if pointer not in parameters)
+
+    def resacct_saved() -> None:
+        with record_saved_activations(model) as saved:
+            loss()
+        found["resacct saved"] = saved.activation_bytes
+
+    def bare_step_no_profiler() -> None:
+        model.zero_grad(set_to_none=True)
+        loss().backward()
+
+    def resacct_allocator() -> None:
+        model.zero_grad(set_to_none=True)
+        with trace_allocations():
+            loss().backward()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def bare_two_steps() -> None:
+        for _ in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            loss().backward()
+            optimizer.step()
+
+    def resacct_state() -> None:
+        measure_training_state(model, lambda module: gpt_loss(module, tokens, targets), "fp32")
+
+    def bare_one_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss().backward()
+        optimizer.step()
+
+    def resacct_account() -> None:
+        account_gpt(args.model, batch=args.batch, seq=args.seq, time_step=False)
+
+    rows = [
+        ("FLOPs: FlopCounterMode | trace_step_flops", bare_flops, resacct_flops),
+        ("activations: saved_tensors_hooks | record_saved_activations", bare_saved, resacct_saved),
+        ("allocator: fwd+bwd | under trace_allocations", bare_step_no_profiler, resacct_allocator),
+        ("state: 2 AdamW steps | measure_training_state", bare_two_steps, resacct_state),
+        ("all: 1 training step | account_gpt (no timing)", bare_one_step, resacct_account),
+    ]
+    print(f"{args.model}, batch {args.batch} × seq {args.seq}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+          f"median of {args.repeats}")
+    print(f"{'analysis: bare | resacct':<62}{'bare s':>10}{'resacct s':>12}{'ratio':>9}")
+    for name, bare, wrapped in rows:
+        bare(), wrapped()  # warm-up
+        bare_samples, wrapped_samples = [], []
+        for _ in range(args.repeats):  # interleaved, so both sides see the same machine
+            bare_samples += _median_sec(bare, 1)
+            wrapped_samples += _median_sec(wrapped, 1)
+        bare_sec, wrapped_sec = statistics.median(bare_samples), statistics.median(wrapped_samples)
+        print(f"{name:<62}{bare_sec:>10.4f}{wrapped_sec:>12.4f}{wrapped_sec / bare_sec:>9.1f}")
+    if found["bare flops"] != found["resacct flops"] or found["bare saved"] != found["resacct saved"]:
+        print(f"counts disagree: {found}", file=sys.stderr)
+        return 1
+    print(f"counts agree: {found['bare flops']:,} FLOPs, {found['bare saved']:,} saved bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""``resacct account``: what one training step of a model costs — predicted beside measured.
+
+Builds a GPT of ``--model`` (see resacct.gpt.GPT_CONFIGS), runs one step on random tokens and
+lays out, for each quantity, resacct's formula, PyTorch's measurement and their ratio:
+FLOPs (FlopCounterMode, beside the 6N and 6N + 12·L·d·s conventions), the training state of a
+real torch.optim.AdamW under ``--recipe``, the activations autograd saves (beside Korthikanti et
+al.'s per-layer formula), the allocator's peaks, activation checkpointing, gradient
+accumulation, and the step's time.
+
+Small models run for real on the CPU; large ones are built on the meta device, where shapes,
+saved tensors and optimizer state are real but nothing is computed (``--measure`` forces a real
+run, ``--no-measure`` forbids it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+from resacct.cli.arguments import count, non_negative_float, positive_int
+from resacct.cli.output import add_json_flag, emit
+from resacct.errors import ResacctError
+
+__all__ = ["register", "run_account", "format_quantity"]
+
+_EXAMPLES = """examples:
+  resacct account
+      gpt-tiny, batch 4 × 128 tokens, fp32 AdamW, measured on the CPU (a few seconds)
+  resacct account --model gpt2-small --batch 1 --seq 1024
+      GPT-2 small on the meta device: exact FLOPs, 16 B/param state, 1.43 GB of activations
+  resacct account --model gpt2-small --batch 1 --seq 64 --measure
+      the same model run for real on the CPU at a small size
+  resacct account --checkpoint-segments 2 --grad-accum 2 --per-module
+      checkpointing and accumulation measured; FLOPs and saved bytes per module
+  resacct account --recipe bf16-fp32-master --attention sdpa --json
+      mixed precision state (20 B/param at the step), fused attention, as JSON
+  resacct account --train-tokens 1B --accelerator h100-sxm
+      projects a run of 1B tokens at the measured speed; MFU against a named peak
+
+recipes: fp32, bf16-autocast, bf16, bf16-fp32-master, bf16-fp32-master-free-bf16-grads
+         (resacct.memory.STATE_RECIPES)"""
+
+
+def _whole(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        value = non_negative_float(text)
+        if value != int(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be a whole number ≥ {minimum}")
+        return int(value)
+
+    return parse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "account",
+        help="one training step of a model: FLOPs, state, activations, peak, time — predicted beside measured",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EXAMPLES,
+    )
+    parser.add_argument("--model", default="gpt-tiny", metavar="NAME", help="a resacct.gpt config: gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small … (default: gpt-tiny)")
+    parser.add_argument("--batch", type=positive_int, default=4, metavar="N", help="sequences per step (default: 4)")
+    parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the model's context length)")
+    parser.add_argument("--recipe", default="fp32", metavar="NAME", help="precision recipe of the training state (default: fp32)")
+    parser.add_argument("--attention", choices=("math", "sdpa"), default="math", help="attention as matmuls, or F.scaled_dot_product_attention (default: math)")
+    parser.add_argument("--checkpoint-segments", type=_whole(0), default=0, metavar="K", help="checkpoint the layers in K segments (default: 0, none)")
+    parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="N", help="split the batch into N accumulated micro-batches (default: 1)")
+    parser.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
+                        help="run for real on --device (default: only when a step is ≤ 2e10 FLOPs; otherwise the meta device)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where a measured step runs (default: cpu)")
+    parser.add_argument("--no-time", action="store_true", help="skip timing the step")
+    parser.add_argument("--accelerator", default=None, metavar="NAME", help="peak FLOP/s for MFU from the accelerator table, e.g. h100-sxm")
+    parser.add_argument("--peak-tflops", type=count, default=None, metavar="X", help="peak for MFU in TFLOP/s (instead of --accelerator)")
+    parser.add_argument("--train-tokens", type=count, default=None, metavar="N", help="project a run of N tokens (e.g. 15T) at the measured speed")
+    parser.add_argument("--devices", type=positive_int, default=1, metavar="N", help="devices sharing the projected run (default: 1)")
+    parser.add_argument("--per-module", action="store_true", help="also show FLOPs and saved bytes per module")
+    add_json_flag(parser)
+    parser.set_defaults(run=run_account)
+
+    def one_line_error(message: str) -> NoReturn:
+        print(f"resacct account: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+
+
+def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
+    if args.peak_tflops is not None and args.accelerator is not None:
+        raise ResacctError("give --accelerator or --peak-tflops, not both")
+    if args.peak_tflops is not None:
+        return args.peak_tflops * 1e12, f"given peak {args.peak_tflops:g} TFLOP/s"
+    if args.accelerator is None:
+        return None, None
+    from resacct.hardware import get_accelerator, peak_flops_per_sec
+
+    board = get_accelerator(args.accelerator)
+    dtype = "fp32" if args.recipe == "fp32" else "bf16"
+    return peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
+
+
+def run_account(args: argparse.Namespace) -> int:
+    from resacct.account import account_gpt
+    from resacct.gpt import get_gpt_config
+    from resacct.memory import get_state_recipe
+
+    get_gpt_config(args.model)  # unknown names: one line with close matches
+    get_state_recipe(args.recipe)
+    peak, source = _peak(args)
+    account = account_gpt(
+        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
+        checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=args.measure, device=args.device,
+        time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens, devices=args.devices,
+    )
+    fields = account.to_json()
+    if not args.per_module:
+        fields.pop("per_module")
+    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module))
+
+
+_SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def format_quantity(value: float | None, unit: str) -> str:
+    """A number for the table: 4 significant digits with an SI prefix for FLOPs and bytes.
+
+    >>> format_quantity(874944921600, "FLOPs"), format_quantity(1432915972, "bytes"), format_quantity(16.0002, "B/param")
+    ('874.9 GFLOPs', '1.433 GB', '16.0002 B/param')
+    """
+    if value is None:
+        return "—"
+    if unit in ("FLOPs", "bytes", "FLOP/s"):
+        short = {"FLOPs": "FLOPs", "bytes": "B", "FLOP/s": "FLOP/s"}[unit]
+        for scale, prefix in _SCALES:
+            if abs(value) >= scale:
+                return f"{value / scale:.4g} {prefix}{short}"
+        return f"{value:.0f} {short}"
+    if unit == "B/param":
+        return f"{value:.6g} B/param"
+    return f"{value:.4g} {unit}".rstrip()
+
+
+def _render(account: Any, *, per_module: bool) -> str:
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=150, no_color=True, highlight=False)
+    title = (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
+             f"{account.parameters:,} parameters, {account.recipe} AdamW, {account.attention} attention, on {account.device}")
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("section", "left"), ("quantity", "left"), ("predicted", "right"), ("measured", "right"), ("ratio", "right"), ("how / note", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    last = None
+    for row in account.rows():
+        ratio = "—" if row.ratio is None else f"{row.ratio:.3f}"
+        table.add_row(row.section if row.section != last else "", row.quantity, format_quantity(row.predicted, row.unit),
+                      format_quantity(row.measured, row.unit), ratio, row.note)
+        last = row.section
+    console.print(table)
+    if per_module:
+        modules = Table(title="per module (own matmuls and saved tensors, children apart)", title_justify="left")
+        for column in ("module", "fwd FLOPs predicted", "traced", "bwd FLOPs predicted", "traced", "saved predicted", "measured"):
+            modules.add_column(column, justify="left" if column == "module" else "right")
+        for m in account.per_module_rows():
+            modules.add_row(m.module, format_quantity(m.predicted_forward_flops, "FLOPs"), format_quantity(m.traced_forward_flops, "FLOPs"),
+                            format_quantity(m.predicted_backward_flops, "FLOPs"), format_quantity(m.traced_backward_flops, "FLOPs"),
+                            format_quantity(m.predicted_saved_bytes, "bytes"), format_quantity(m.measured_saved_bytes, "bytes"))
+        console.print(modules)
+    gaps = account.flops.uncounted_ops
+    if gaps:
+        listed = ", ".join(f"{op.op} ×{op.calls} ({op.phase})" for op in gaps[:8]) + (" …" if len(gaps) > 8 else "")
+        console.print(f"ops FlopCounterMode does not count (element-wise, reductions, losses): {listed}")
+    for note in account.notes:
+        console.print(f"note: {note}")
+    return buffer.getvalue()

@@ -1,0 +1,115 @@
+"""``resacct account``: the table, --json with units in the names, --per-module, and bad
+input answered with one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from resacct.cli import main
+from resacct.cli.account import format_quantity
+
+
+def _json(capsys, *argv: str) -> dict:
+    assert main(["account", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _rows(report: dict, section: str) -> dict[str, dict]:
+    return {row["quantity"]: row for row in report[section]}
+
+
+def test_default_run_prints_predicted_measured_and_ratio(capsys):
+    assert main(["account", "--no-time"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-tiny: batch 4 × seq 128 = 512 tokens, 940,800 parameters, fp32 AdamW, math attention, on cpu" in out
+    for fragment in ("predicted", "measured", "ratio", "step (exact per-matmul formula)", "3.221 GFLOPs", "1.000",
+                     "step, 6N rule (lecture)", "1.115", "Korthikanti", "AdamW step transient (foreach)", "forward + backward peak",
+                     "ops FlopCounterMode does not count"):
+        assert fragment in out, fragment
+
+
+def test_json_fields_carry_units_and_exact_numbers(capsys):
+    report = _json(capsys, "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--no-time")
+    assert report["model"] == "gpt-nano" and report["parameters"] == 120576 and report["tokens"] == 32 and report["device"] == "cpu"
+    flops = _rows(report, "flops")
+    assert flops["step (exact per-matmul formula)"] == {"quantity": "step (exact per-matmul formula)", "predicted_flops": 22806528,
+                                                        "measured_flops": 22806528, "ratio": 1.0, "note": "FlopCounterMode"}
+    state = _rows(report, "training_state")
+    assert state["bytes per parameter at step"]["measured_bytes_per_parameter"] == pytest.approx(16 + 4 * 28 / 120576)
+    assert _rows(report, "activations")["saved for backward (resacct formula)"]["measured_bytes"] == 321924
+    assert _rows(report, "peak")["AdamW step transient (foreach)"]["predicted_bytes"] == 4 * 120576
+    assert "per_module" not in report and "time" not in report
+    assert {gap["op"] for gap in report["tracer_gaps"]} >= {"aten._softmax.default", "aten.gelu.default"}
+
+
+def test_gpt2_small_runs_on_meta_by_default(capsys):
+    report = _json(capsys, "--model", "gpt2-small", "--batch", "1", "--seq", "1024")
+    assert report["device"] == "meta" and report["parameters"] == 124439808
+    assert _rows(report, "flops")["step, 6N rule (lecture)"]["ratio"] == pytest.approx(1.1444, abs=1e-4)
+    assert _rows(report, "activations")["saved for backward (resacct formula)"]["measured_bytes"] == 1432915972
+    assert "peak" not in report and any("meta device" in note for note in report["notes"])
+
+
+def test_checkpointing_accumulation_and_per_module(capsys):
+    report = _json(capsys, "--model", "gpt-nano", "--batch", "4", "--seq", "32", "--checkpoint-segments", "2", "--grad-accum", "2",
+                   "--per-module", "--no-time")
+    checkpointing = _rows(report, "checkpointing")
+    assert checkpointing["held after forward, k=2"]["ratio"] == 1.0
+    assert checkpointing["held after forward, k=2"]["measured_bytes"] < checkpointing["held after forward, no checkpointing"]["measured_bytes"]
+    assert checkpointing["recompute FLOPs, k=2"]["ratio"] == 1.0
+    assert _rows(report, "grad_accumulation")["held per micro-batch of 2 (× 2)"]["ratio"] == pytest.approx(1.0, abs=1e-4)
+    modules = {row["module"]: row for row in report["per_module"]}
+    assert modules["lm_head"]["traced_forward_flops"] == modules["lm_head"]["predicted_forward_flops"] == 2 * 128 * 64 * 256
+    assert modules["blocks.0.attention"]["measured_saved_bytes"] == modules["blocks.0.attention"]["predicted_saved_bytes"]
+
+
+def test_per_module_table_and_sdpa_note_in_text(capsys):
+    assert main(["account", "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--attention", "sdpa", "--per-module", "--no-time"]) == 0
+    out = capsys.readouterr().out
+    assert "per module" in out and "blocks.1.mlp.down" in out
+    assert "FlopCounterMode alone" in out and "_scaled_dot_product_flash_attention_for_cpu" in out
+
+
+def test_mfu_and_projection(capsys):
+    report = _json(capsys, "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--peak-tflops", "1", "--train-tokens", "1B")
+    time_rows = _rows(report, "time")
+    achieved = time_rows["achieved"]["measured_flops_per_sec"]
+    assert time_rows["MFU"]["measured_fraction"] == pytest.approx(achieved / 1e12)
+    assert time_rows["1e+09 tokens on 1 such device(s)"]["measured_days"] > 0
+
+
+def test_help_has_examples(capsys):
+    assert main(["account", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "resacct account --model gpt2-small --batch 1 --seq 1024" in out and "--checkpoint-segments" in out and "bf16-fp32-master" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--model", "gpt2-smal"], "unknown model config 'gpt2-smal'; did you mean 'gpt2-small'"),
+        (["--seq", "4096"], "seq 4096 is longer than the model's context length 128; expected seq ≤ 128"),
+        (["--batch", "0"], "argument --batch: '0' must be a whole number greater than 0"),
+        (["--batch", "-3"], "argument --batch: '-3' must be a whole number greater than 0"),
+        (["--seq", "1.5"], "argument --seq: '1.5' must be a whole number greater than 0"),
+        (["--checkpoint-segments", "-1"], "argument --checkpoint-segments: '-1' must be 0 or more"),
+        (["--checkpoint-segments", "5"], "checkpoint segments 5 exceed the 4 layers"),
+        (["--grad-accum", "3"], "batch 4 is not divisible by 3 gradient accumulation steps"),
+        (["--recipe", "fp33"], "unknown state recipe 'fp33'; did you mean 'fp32'"),
+        (["--attention", "flash"], "argument --attention: invalid choice: 'flash'"),
+        (["--accelerator", "h1000"], "unknown accelerator 'h1000'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, argv, fragment):
+    assert main(["account", *argv, "--no-time"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err
+
+
+def test_format_quantity():
+    assert format_quantity(None, "bytes") == "—"
+    assert format_quantity(512, "bytes") == "512 B"
+    assert format_quantity(3.221e9, "FLOPs") == "3.221 GFLOPs"
+    assert format_quantity(0.5, "") == "0.5"
