@@ -10,7 +10,7 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 def outcomes_by_id(pytester, *extra: str) -> dict[str, str]:
     report = pytester.path / f"report{len(extra)}.json"
-    files = [str(SPECS / name) for name in ("dtypes.claims.yaml", "storage.claims.yaml", "devices.claims.yaml")]
+    files = [str(SPECS / name) for name in ("storage.claims.yaml", "devices.claims.yaml")]
     result = pytester.runpytest_subprocess(*files, "-p", "no:cacheprovider", "--claims-json", str(report), *extra)
     assert result.ret == 0, result.stdout.str()
     return {record["id"]: record["outcome"] for record in json.loads(report.read_text())["claims"]}
