@@ -33,6 +33,16 @@ from resacct.gpt import GPTConfig, build_gpt, get_gpt_config
 from resacct.gpt_formulas import gpt_layer_saved_bytes, gpt_saved_terms
 
 
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# torch 2.4 cannot run torch.utils.checkpoint on meta tensors, and stops recomputation at a
+# different point; resacct's checkpointing predictions follow torch >= 2.6.
+NEEDS_TORCH_2_6 = pytest.mark.skipif(_torch_version() < (2, 6), reason="checkpointing behaviour predicted for torch >= 2.6")
+
+
 def _batch(config: GPTConfig, batch: int, seq: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
@@ -168,6 +178,7 @@ def test_run_in_segments_on_a_plain_chain():
     assert torch.allclose(run_in_segments(layers, x, 3), run_in_segments(layers, x, 0))
 
 
+@NEEDS_TORCH_2_6
 def test_checkpointed_gpt_holds_and_recomputes_what_resacct_predicts():
     config = GPTConfig(vocab_size=64, context_length=32, n_layers=4, n_heads=2, d_model=32)
     torch.manual_seed(0)
@@ -184,6 +195,7 @@ def test_checkpointed_gpt_holds_and_recomputes_what_resacct_predicts():
     assert points[2].held_after_forward_bytes - points[1].held_after_forward_bytes == boundary + rng_state_bytes()
 
 
+@NEEDS_TORCH_2_6
 def test_recomputation_stops_before_each_segments_last_down_projection():
     config = GPTConfig(vocab_size=64, context_length=32, n_layers=4, n_heads=2, d_model=32)
     model = build_gpt(config, device="meta")

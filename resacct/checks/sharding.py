@@ -376,6 +376,9 @@ def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int
         except DistributedError as error:
             if isinstance(error, DistributedUnavailableError) or "fake process group is not importable" in str(error):
                 raise NotMeasurable(str(error).splitlines()[0]) from None
+            if "with Meta tensors" in str(error):  # torch 2.8's fake process group cannot broadcast meta tensors
+                raise NotMeasurable(f"torch {torch.__version__} cannot run collectives on meta tensors under the fake "
+                                    f"process group: {str(error).splitlines()[0][:160]}") from None
             raise
         for size, name in missing:
             mine = [report for (s, _, n), report in zip(runs, reports) if (s, n) == (size, name)]
