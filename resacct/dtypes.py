@@ -218,6 +218,7 @@ def encode_bits(value: float, fmt: FloatFormat) -> int:
         mantissa, power = math.frexp(magnitude)  # magnitude = mantissa * 2**power, mantissa in [0.5, 1)
         exponent = power - 1 + fmt.bias
         fraction = (mantissa * 2 - 1) * 2**fmt.fraction_bits
-    if fraction != int(fraction) or exponent > _max_exponent_field(fmt):
+    # Beyond the largest finite value: a too-large exponent, or (e4m3fn) the all-ones pattern that is NaN.
+    if fraction != int(fraction) or exponent > _max_exponent_field(fmt) or magnitude > largest_normal(fmt):
         raise ResacctError(f"{value!r} is not exactly representable in {fmt.name}")
     return (sign << (fmt.bits - 1)) | (exponent << fmt.fraction_bits) | int(fraction)
