@@ -30,8 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from resacct.activations import (
     MODEL_SCOPE,
@@ -39,7 +37,6 @@ from resacct.activations import (
     CheckpointPoint,
     GradAccumulation,
     SavedActivations,
-    distinct_bytes,
     gpt_loss,
     measure_checkpointing,
     measure_grad_accumulation,
@@ -50,10 +47,10 @@ from resacct.activations import (
 )
 from resacct.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.flops import UncountedOp, estimate_uncounted_flops, flop_counter_counts
+from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
-from resacct.memory import StateRecipe, get_state_recipe, training_state_bytes
+from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
 __all__ = [
     "StepFlopTrace",
@@ -116,46 +113,6 @@ def _sdpa_backward_flops(grad_shape: Any, query_shape: Any, key_shape: Any, valu
     return int(sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape))
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Every aten op that runs: (op, elements of its first tensor input, elements of its outputs)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, int, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        result = func(*args, **(kwargs or {}))
-        first = next((leaf.numel() for leaf in tree_leaves(args) if isinstance(leaf, torch.Tensor)), 0)
-        outputs = sum(leaf.numel() for leaf in tree_leaves(result) if isinstance(leaf, torch.Tensor))
-        self.calls.append((func, first, outputs))
-        return result
-
-
-def _uncounted(phase: str, calls: list[tuple[Any, int, int]], filled: set[str]) -> list[UncountedOp]:
-    grouped: dict[str, list[tuple[Any, int, int]]] = {}
-    for call in calls:
-        grouped.setdefault(str(call[0]), []).append(call)
-    found = []
-    for name, group in grouped.items():
-        packet = str(group[0][0].overloadpacket) if hasattr(group[0][0], "overloadpacket") else name
-        if flop_counter_counts(group[0][0]) or packet in filled:
-            continue
-        estimates = [estimate_uncounted_flops(op, inputs, outputs) for op, inputs, outputs in group]
-        if all(estimate == 0 for estimate in estimates):
-            continue  # moves or aliases memory
-        found.append(
-            UncountedOp(
-                phase=phase,
-                op=name,
-                calls=len(group),
-                input_elements=sum(inputs for _, inputs, _ in group),
-                output_elements=sum(outputs for _, _, outputs in group),
-                estimated_flops=None if None in estimates else sum(e or 0 for e in estimates),
-            )
-        )
-    return found
-
-
 def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
     """Inclusive per-module counts → each module's own (minus its nearest traced descendants)."""
     exclusive = {}
@@ -195,9 +152,9 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     for parameter in model.parameters():
         parameter.grad = None
     with FlopCounterMode(display=False, custom_mapping=mapping) as step_counter:
-        with FlopCounterMode(display=False, custom_mapping=mapping) as forward_counter, _OpRecorder() as forward_ops:
+        with FlopCounterMode(display=False, custom_mapping=mapping) as forward_counter, DispatchedOps() as forward_ops:
             loss = loss_fn()
-        with _OpRecorder() as backward_ops:
+        with DispatchedOps() as backward_ops:
             loss.backward()
     for parameter in model.parameters():
         parameter.grad = None
@@ -210,7 +167,7 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
         backward_flops=int(step_counter.get_total_flops()) - forward_total,
         forward_by_module=_exclusive(forward_modules),
         backward_by_module=_exclusive(backward_modules),
-        uncounted_ops=tuple(_uncounted("forward", forward_ops.calls, filled) + _uncounted("backward", backward_ops.calls, filled)),
+        uncounted_ops=tuple(uncounted_ops("forward", forward_ops.calls, frozenset(filled)) + uncounted_ops("backward", backward_ops.calls, frozenset(filled))),
         gap_filled_flops=gap,
     )
 
@@ -293,12 +250,12 @@ def measure_training_state(model: nn.Module, loss_fn: Callable[[nn.Module], torc
     def parts() -> dict[str, int]:
         state = [value for per_param in optimizer.state.values() for value in per_param.values() if isinstance(value, torch.Tensor)]
         return {
-            "parameters": distinct_bytes(params),
-            "gradients": distinct_bytes([p.grad for p in params]),
-            "master weights": distinct_bytes(master),
-            "master gradients": distinct_bytes([m.grad for m in master]),
-            "optimizer moments": distinct_bytes([v for v in state if v.dim() > 0]),
-            "step counters": distinct_bytes([v for v in state if v.dim() == 0]),
+            "parameters": distinct_storage_bytes(params),
+            "gradients": distinct_storage_bytes([p.grad for p in params]),
+            "master weights": distinct_storage_bytes(master),
+            "master gradients": distinct_storage_bytes([m.grad for m in master]),
+            "optimizer moments": distinct_storage_bytes([v for v in state if v.dim() > 0]),
+            "step counters": distinct_storage_bytes([v for v in state if v.dim() == 0]),
         }
 
     backward()

@@ -44,9 +44,9 @@ from torch.utils.checkpoint import checkpoint
 from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, gpt_parameter_count
 from resacct.gpt_formulas import gpt_layer_saved_bytes, gpt_outside_layers_saved_bytes
+from resacct.memory import distinct_storage_bytes, storage_key
 
 __all__ = [
-    "storage_key",
     "SavedActivation",
     "SavedActivations",
     "module_stack",
@@ -58,7 +58,6 @@ __all__ = [
     "gpt_forward",
     "gpt_loss",
     "best_segment_count",
-    "distinct_bytes",
     "WRAPPED_SCALAR_BYTES",
     "rng_state_bytes",
     "predict_gpt_held_after_forward_bytes",
@@ -74,31 +73,6 @@ __all__ = [
 
 MODEL_SCOPE = "(model)"  # the root module's own forward
 OUTSIDE_SCOPE = "(loss)"  # saved outside every module's forward (the loss, usually)
-
-
-def storage_key(tensor: Shaped[torch.Tensor, "..."]) -> tuple[str, int]:
-    """An identity for the storage behind ``tensor``: (device, data pointer); on the meta device
-    (all pointers 0) the storage implementation's address. Views share their base's key.
-
-    >>> x = torch.zeros(4, 4)
-    >>> storage_key(x) == storage_key(x.t()) == storage_key(x[1:])
-    True
-    """
-    storage = tensor.untyped_storage()
-    if tensor.device.type == "meta":
-        return ("meta", storage._cdata)
-    return (str(tensor.device), storage.data_ptr())
-
-
-def distinct_bytes(tensors: Sequence[Shaped[torch.Tensor, "..."] | None]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (None skipped), meta tensors included.
-
-    >>> x = torch.zeros(4, 8, device="meta")
-    >>> distinct_bytes([x, x.t(), torch.zeros(2, device="meta"), None])
-    136
-    """
-    storages = {storage_key(t): t.untyped_storage().nbytes() for t in tensors if t is not None}
-    return sum(storages.values())
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ from torch.utils._pytree import tree_leaves
 from resacct.errors import ResacctError
 
 __all__ = [
+    "DispatchedOps",
+    "uncounted_ops",
     "matmul_output_shape",
     "matmul_flops",
     "einsum_flops",
@@ -576,8 +578,14 @@ def _first_tensor_elements(args: tuple[Any, ...]) -> int:
     return 0
 
 
-class _DispatchedOps(TorchDispatchMode):
-    """Records every aten op that runs: (op, elements of its first tensor input, elements of its outputs)."""
+class DispatchedOps(TorchDispatchMode):
+    """Records every aten op that runs: (op, elements of its first tensor input, elements of its outputs).
+
+    >>> with DispatchedOps() as recorded:
+    ...     _ = torch.ones(2, 3) + 1
+    >>> [str(op) for op, _, _ in recorded.calls][-1]
+    'aten.add.Tensor'
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -589,14 +597,16 @@ class _DispatchedOps(TorchDispatchMode):
         return result
 
 
-def _uncounted(phase: str, calls: list[tuple[Any, int, int]]) -> list[UncountedOp]:
-    """Group the recorded calls by op; keep the ops with arithmetic that FlopCounterMode does not count."""
+def uncounted_ops(phase: str, calls: list[tuple[Any, int, int]], filled: frozenset[str] = frozenset()) -> list[UncountedOp]:
+    """Group recorded calls by op; keep the ops with arithmetic that FlopCounterMode does not
+    count (``filled``: op packets a custom mapping already counts, e.g. ``aten._scaled_dot_product_flash_attention_for_cpu``)."""
     grouped: dict[str, list[tuple[Any, int, int]]] = {}
     for call in calls:
         grouped.setdefault(str(call[0]), []).append(call)
     result = []
     for name, group in grouped.items():
-        if flop_counter_counts(group[0][0]):
+        packet = str(getattr(group[0][0], "overloadpacket", name))
+        if flop_counter_counts(group[0][0]) or packet in filled:
             continue
         estimates = [estimate_uncounted_flops(op, inputs, outputs) for op, inputs, outputs in group]
         if all(estimate == 0 for estimate in estimates):
@@ -655,10 +665,10 @@ def trace_flops(model: nn.Module, inputs: Float[torch.Tensor, "*batch features"]
     for holder in holders:
         holder.grad = None
     try:
-        with FlopCounterMode(display=False) as forward_counter, _DispatchedOps() as forward_calls:
+        with FlopCounterMode(display=False) as forward_counter, DispatchedOps() as forward_calls:
             output = model(inputs)
             objective = output if loss == "none" else _loss(output, loss)
-        with FlopCounterMode(display=False) as backward_counter, _DispatchedOps() as backward_calls:
+        with FlopCounterMode(display=False) as backward_counter, DispatchedOps() as backward_calls:
             objective.backward(torch.ones_like(objective) if loss == "none" else None)
     finally:
         for holder, grad in zip(holders, saved_grads):
@@ -668,7 +678,7 @@ def trace_flops(model: nn.Module, inputs: Float[torch.Tensor, "*batch features"]
         backward_flops=int(backward_counter.get_total_flops()),
         forward_ops=_counted_ops(forward_counter),
         backward_ops=_counted_ops(backward_counter),
-        uncounted_ops=tuple(_uncounted("forward", forward_calls.calls) + _uncounted("backward", backward_calls.calls)),
+        uncounted_ops=tuple(uncounted_ops("forward", forward_calls.calls) + uncounted_ops("backward", backward_calls.calls)),
     )
 
 

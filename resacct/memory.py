@@ -48,6 +48,7 @@ __all__ = [
     "lecture_training_memory_bytes",
     "cruncher_training_memory_bytes",
     "distinct_storage_bytes",
+    "storage_key",
     "optimizer_state_tensors",
     "SavedTensors",
     "record_saved_tensors",
@@ -254,20 +255,38 @@ def cruncher_training_memory_bytes(batch: int, dim: int, num_layers: int, optimi
 # ── measuring real tensors ─────────────────────────────────────────────────────────────────
 
 
+def storage_key(tensor: Shaped[torch.Tensor, "..."]) -> tuple[str, int]:
+    """An identity for the storage behind ``tensor``: (device, data pointer); on the meta device,
+    where every pointer is 0, the storage implementation's address. Views share their base's key.
+
+    >>> x = torch.zeros(4, 4)
+    >>> storage_key(x) == storage_key(x.t()) == storage_key(x[1:])
+    True
+    """
+    storage = tensor.untyped_storage()
+    if tensor.device.type == "meta":
+        return ("meta", int(storage._cdata))
+    return (str(tensor.device), storage.data_ptr())
+
+
 def distinct_storage_bytes(tensors: Iterable[Shaped[torch.Tensor, "..."] | None]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views and repeats counted once;
-    None skipped). Keep the tensors alive while calling: a freed storage's address is reused.
+    None skipped; a DTensor counts its local shard; meta tensors count by storage identity).
+    Keep the tensors alive while calling: a freed storage's address is reused.
 
     >>> x = torch.zeros(4, 8)
     >>> distinct_storage_bytes([x, x.t(), x[0], None])
     128
+    >>> m = torch.zeros(4, 8, device="meta")
+    >>> distinct_storage_bytes([m, m.t(), torch.zeros(2, device="meta")])
+    136
     """
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
         if tensor is None:
             continue
-        storage = tensor.untyped_storage()
-        storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        storages[storage_key(local)] = local.untyped_storage().nbytes()
     return sum(storages.values())
 
 

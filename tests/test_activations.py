@@ -12,7 +12,6 @@ from resacct.activations import (
     MODEL_SCOPE,
     OUTSIDE_SCOPE,
     best_segment_count,
-    distinct_bytes,
     gpt_forward,
     gpt_loss,
     measure_checkpointing,
@@ -25,9 +24,9 @@ from resacct.activations import (
     rng_state_bytes,
     run_in_segments,
     segment_bounds,
-    storage_key,
     trace_allocations,
 )
+from resacct.memory import distinct_storage_bytes, storage_key
 from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config
 from resacct.gpt_formulas import gpt_layer_saved_bytes, gpt_saved_terms
@@ -61,9 +60,9 @@ def test_storage_key_tells_views_from_copies_on_cpu_and_meta():
     assert storage_key(a) != storage_key(b) and storage_key(a) == storage_key(a.view(3, 1))
 
 
-def test_distinct_bytes_counts_each_storage_once():
+def test_distinct_storage_bytes_counts_each_storage_once():
     x = torch.zeros(10)  # 40 bytes
-    assert distinct_bytes([x, x[:5], x.view(2, 5), None, torch.zeros(2, dtype=torch.float64)]) == 40 + 16
+    assert distinct_storage_bytes([x, x[:5], x.view(2, 5), None, torch.zeros(2, dtype=torch.float64)]) == 40 + 16
 
 
 # ── saved tensors ────────────────────────────────────────────────────────────────────────

@@ -29,6 +29,7 @@ from jaxtyping import Float, Shaped
 from torch import nn
 
 from resacct.distributed import DistributedError, DistributedUnavailableError, run_isolated, run_on_ranks
+from resacct.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.sharding import (
     adam_state_bytes,
@@ -41,7 +42,6 @@ from resacct.sharding import (
 )
 
 __all__ = [
-    "distinct_storage_bytes",
     "sharded_training_on_rank",
     "paper_scale_state_on_fake_ranks",
     "small_scale_measurements",
@@ -63,32 +63,6 @@ _LAUNCH_TIMEOUT_SECONDS = 90.0
 
 
 # --- what a rank holds -------------------------------------------------------------------
-
-
-def _storage_identity(tensor: Shaped[torch.Tensor, "..."]) -> tuple[str, int]:
-    storage = tensor.untyped_storage()
-    # ``_cdata`` identifies the storage object itself, also on the meta device where every
-    # data_ptr() is 0; views of one storage share it.
-    return tensor.device.type, int(getattr(storage, "_cdata", 0) or storage.data_ptr())
-
-
-def _local(tensor: Shaped[torch.Tensor, "..."]) -> Shaped[torch.Tensor, "..."]:
-    """The local shard of a DTensor; a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def distinct_storage_bytes(tensors: Sequence[Shaped[torch.Tensor, "..."]]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views of one storage count once;
-    a DTensor counts its local shard's storage, padding included).
-
-    >>> distinct_storage_bytes([torch.zeros(4, 8), torch.zeros(2)])
-    136
-    """
-    sizes: dict[tuple[str, int], int] = {}
-    for tensor in tensors:
-        local = _local(tensor)
-        sizes[_storage_identity(local)] = local.untyped_storage().nbytes()
-    return sum(sizes.values())
 
 
 def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Shaped[torch.Tensor, "..."]]:
@@ -191,7 +165,7 @@ def _fsdp2(kind: str, rank: int, world_size: int, reference: Sequence[Float[torc
         "parameters_bytes": distinct_storage_bytes(parameters),
         "gradients_bytes": distinct_storage_bytes(gradients),
         "optimizer_state_bytes": distinct_storage_bytes(_optimizer_state_tensors(optimizer)),
-        "local_parameter_numels": [_local(p).numel() for p in parameters],
+        "local_parameter_numels": [(p.to_local() if hasattr(p, "to_local") else p).numel() for p in parameters],
         "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in parameters + gradients}),
     }
     if reference is not None:
