@@ -187,6 +187,24 @@ class AllocationTrace:
 
 
 @contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the block (C++ logging bypasses sys.stderr)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def trace_allocations() -> Iterator[AllocationTrace]:
     """Trace every CPU allocation and free in the block with ``torch.profiler``
     (``profile_memory=True``): the allocator reports each one; their running sum is what the
@@ -201,8 +219,14 @@ def trace_allocations() -> Iterator[AllocationTrace]:
     from torch.profiler import ProfilerActivity, profile
 
     trace = AllocationTrace()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():  # kineto prints "profiler_start"/"profiler_stop" lines to fd 2
+        profiler.start()
+    try:
         yield trace
+    finally:
+        with _native_stderr_silenced():
+            profiler.stop()
     events = [event for event in profiler.profiler.kineto_results.events() if event.name() == "[memory]"]
     events = [event for event in events if event.device_type() == torch.autograd.DeviceType.CPU]
     events.sort(key=lambda event: event.start_ns())
