@@ -507,7 +507,7 @@ def estimate_uncounted_flops(op: Any, input_elements: int, output_elements: int)
     resolved = _resolve_op(op)
     if _has_tag(resolved, "pointwise"):
         return output_elements
-    if _has_tag(resolved, "reduction") or packet in ("aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.prod"):
+    if _has_tag(resolved, "reduction") or packet in ("aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.prod", "aten.logsumexp"):
         return max(input_elements - output_elements, 0) + (output_elements if packet == "aten.mean" else 0)
     return None
 
