@@ -11,6 +11,7 @@ import multiprocessing
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from resacct.checks.sharding import (
