@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/account_step.py                       # gpt-tiny, batch 4 × 128
     OMP_NUM_THREADS=1 python benchmarks/account_step.py --model gpt-nano --batch 2 --seq 32 --repeats 9
+    OMP_NUM_THREADS=1 python benchmarks/account_step.py --cli-bar        # the bar: gpt2-small 1 × 1024 on meta < 20 s
 
 Each row times one analysis on the same model and batch, beside the bare measurement it wraps:
 
@@ -56,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cli-bar", action="store_true",
+                        help="time `resacct account --model gpt2-small --batch 1 --seq 1024 --json` end to end (a fresh process, imports included)")
     args = parser.parse_args(argv)
+    if args.cli_bar:
+        return _cli_bar(args.repeats)
 
     torch.manual_seed(0)
     config = get_gpt_config(args.model)
@@ -142,6 +147,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"counts agree: {found['bare flops']:,} FLOPs, {found['bare saved']:,} saved bytes")
     return 0
+
+
+def _cli_bar(repeats: int, limit_sec: float = 20.0) -> int:
+    """Wall time of the whole command in a fresh process (median of ``repeats``); fails above the bar."""
+    import json
+    import subprocess
+
+    command = [sys.executable, "-m", "resacct", "account", "--model", "gpt2-small", "--batch", "1", "--seq", "1024", "--json"]
+    samples, device = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+        samples.append(time.perf_counter() - started)
+        device = json.loads(done.stdout)["device"]
+    median = statistics.median(samples)
+    print(f"resacct account --model gpt2-small --batch 1 --seq 1024 (on {device}): median {median:.2f} s of {repeats} "
+          f"(min {min(samples):.2f}, max {max(samples):.2f}); bar {limit_sec:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    return 0 if median < limit_sec else 1
 
 
 if __name__ == "__main__":

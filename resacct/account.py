@@ -50,6 +50,7 @@ from resacct.errors import ResacctError
 from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
+from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
 __all__ = [
@@ -183,8 +184,9 @@ def _gap_flops(counter: Any, mapping: Mapping[Any, Any]) -> int:
 
 @dataclass(frozen=True)
 class TrainingStateMeasurement:
-    """Bytes of distinct storages a real AdamW run holds under ``recipe``, beside resacct's
-    prediction (:func:`resacct.memory.training_state_bytes`, step counters included).
+    """Bytes of distinct storages a real optimizer (``optimizer``: adamw, adam, sgd, sgd-momentum,
+    adagrad, rmsprop) holds under ``recipe``, beside resacct's prediction
+    (:func:`resacct.memory.training_state_bytes`, step counters included).
 
     ``after_backward_bytes``: what is kept between steps (parameters, their gradients, master
     weights, optimizer state). ``at_step_bytes``: when ``optimizer.step()`` runs (a master
@@ -198,6 +200,7 @@ class TrainingStateMeasurement:
     parts_bytes: Mapping[str, int]
     predicted_after_backward_bytes: int
     predicted_at_step_bytes: int
+    optimizer: str = "adamw"
 
     @property
     def step_counter_bytes(self) -> int:
@@ -212,9 +215,12 @@ def _autocast(recipe: StateRecipe, device_type: str) -> Any:
     return torch.autocast(device_type, dtype=parse_dtype(recipe.compute_dtype))
 
 
-def measure_training_state(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], recipe: str | StateRecipe = "fp32") -> TrainingStateMeasurement:
-    """Train a copy of ``model`` for real under ``recipe`` with ``torch.optim.AdamW`` and count
-    what it holds. Recipes with a master (``bf16-fp32-master``…) are built for real: a bf16 copy
+def measure_training_state(
+    model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], recipe: str | StateRecipe = "fp32", optimizer: str = "adamw",
+) -> TrainingStateMeasurement:
+    """Train a copy of ``model`` for real under ``recipe`` with the ``torch.optim`` optimizer
+    ``optimizer`` (:data:`resacct.account_optimizers.OPTIMIZER_NAMES`: adamw, adam, sgd,
+    sgd-momentum, adagrad, rmsprop) and count what it holds. Recipes with a master (``bf16-fp32-master``…) are built for real: a bf16 copy
     of the model runs forward and backward; fp32 master parameters carry the AdamW state; each
     step hands the bf16 gradients to the masters (as fp32 gradients), steps, and copies back.
 
@@ -222,11 +228,15 @@ def measure_training_state(model: nn.Module, loss_fn: Callable[[nn.Module], torc
     device (storages have sizes but no memory). ``loss_fn(model)`` returns a scalar loss.
     """
     chosen = get_state_recipe(recipe)
+    memory_name = memory_optimizer_name(optimizer)
     work = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
     params = list(work.parameters())
+    if not params:
+        raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
     device_type = params[0].device.type
     master = [nn.Parameter(p.detach().to(parse_dtype(chosen.master_dtype))) for p in params] if chosen.master_dtype else []
-    optimizer = torch.optim.AdamW(master or params, lr=1e-3)
+    optimizer_name, optimizer = optimizer, build_optimizer(optimizer, master or params)
+    state_part = "optimizer moments" if optimizer_name in ("adam", "adamw") else "optimizer state"
 
     def backward() -> None:
         with _autocast(chosen, device_type):
@@ -254,7 +264,7 @@ def measure_training_state(model: nn.Module, loss_fn: Callable[[nn.Module], torc
             "gradients": distinct_storage_bytes([p.grad for p in params]),
             "master weights": distinct_storage_bytes(master),
             "master gradients": distinct_storage_bytes([m.grad for m in master]),
-            "optimizer moments": distinct_storage_bytes([v for v in state if v.dim() > 0]),
+            state_part: distinct_storage_bytes([v for v in state if v.dim() > 0]),
             "step counters": distinct_storage_bytes([v for v in state if v.dim() == 0]),
         }
 
@@ -268,13 +278,14 @@ def measure_training_state(model: nn.Module, loss_fn: Callable[[nn.Module], torc
     numbers, tensors = parameter_count(work), len(params)
     return TrainingStateMeasurement(
         recipe=chosen.name,
+        optimizer=optimizer_name,
         parameters=numbers,
         parameter_tensors=tensors,
         after_backward_bytes=after_backward,
         at_step_bytes=sum(at_step.values()),
         parts_bytes={name: value for name, value in at_step.items() if value},
-        predicted_after_backward_bytes=training_state_bytes(numbers, tensors, chosen, "adamw", "after_backward"),
-        predicted_at_step_bytes=training_state_bytes(numbers, tensors, chosen, "adamw", "at_step"),
+        predicted_after_backward_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "after_backward"),
+        predicted_at_step_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "at_step"),
     )
 
 
@@ -340,7 +351,15 @@ class StepTiming:
 
 @dataclass
 class StepAccount:
-    """Everything :func:`account_gpt` found; :meth:`rows` lays it out predicted | measured."""
+    """Everything :func:`account_gpt` found (the typed result of the GPT path); :meth:`rows`
+    lays it out predicted | measured, :meth:`to_dict` as plain JSON-ready values.
+
+    >>> account = account_gpt("gpt-nano", batch=1, seq=8, measure=False)
+    >>> account.flops.step_flops == account.predicted_flops.step_flops, account.saved.activation_bytes == account.predicted_saved_bytes
+    (True, True)
+    >>> [row.quantity for row in account.rows()][:2]
+    ['forward (exact per-matmul formula)', 'backward (exact per-matmul formula)']
+    """
 
     model: str
     config: GPTConfig
@@ -385,6 +404,10 @@ class StepAccount:
         """Named fields with units in the names, for ``--json``."""
         return _to_json(self)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
+        return _to_json(self)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -406,10 +429,12 @@ class Row:
 
 @dataclass(frozen=True)
 class ModuleRow:
+    """FLOPs and saved bytes of one module (its own, children apart); predicted None: no formula."""
+
     module: str
-    predicted_forward_flops: int
+    predicted_forward_flops: int | None
     traced_forward_flops: int
-    predicted_backward_flops: int
+    predicted_backward_flops: int | None
     traced_backward_flops: int
     predicted_saved_bytes: int | None
     measured_saved_bytes: int
@@ -448,6 +473,7 @@ def account_gpt(
     train_tokens: float | None = None,
     devices: int = 1,
     seed: int = 0,
+    optimizer: str = "adamw",
 ) -> StepAccount:
     """Account one training step of a :mod:`resacct.gpt` model on (batch, seq) random tokens.
 
@@ -455,13 +481,22 @@ def account_gpt(
     and the saved tensors are real (meta) tensors with sizes but no memory — any size, in well
     under a second. ``measure=True`` runs on ``device`` (``cpu`` or ``cuda``) for real and adds
     the allocator's peaks, checkpointing, gradient accumulation and time. ``None``: measure when
-    a step is at most :data:`AUTO_MEASURE_MAX_STEP_FLOPS`.
+    a step is at most :data:`AUTO_MEASURE_MAX_STEP_FLOPS`. ``optimizer`` (adamw, adam, sgd,
+    sgd-momentum, adagrad, rmsprop) is the real ``torch.optim`` optimizer whose state is counted;
+    the peaks and the timed step use AdamW.
+
+    >>> account = account_gpt("gpt-nano", batch=1, seq=8, measure=False, optimizer="sgd-momentum")
+    >>> account.state.at_step_bytes == account.state.predicted_at_step_bytes == 12 * account.parameters
+    True
+    >>> sorted(account.to_dict())[:3]
+    ['activations', 'attention', 'batch']
     """
     config = get_gpt_config(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else "custom"
     seq = config.context_length if seq is None else seq
     _check_sizes(config, batch, seq, checkpoint_segments, grad_accum)
     chosen = get_state_recipe(recipe)
+    memory_optimizer_name(optimizer)  # unknown optimizers: one line with close matches
     if measure is None:
         measure = predict_gpt_step_flops(config, batch, seq).step_flops <= AUTO_MEASURE_MAX_STEP_FLOPS
     where = device if measure else "meta"
@@ -500,7 +535,7 @@ def account_gpt(
             predicted_by_module[term.module] = predicted_by_module.get(term.module, 0) + term.bytes
     else:
         notes.append("no activation formula for this case (autocast's mixed dtypes, or sdpa off CPU): measured only")
-    state = measure_training_state(net, loss_of, chosen)
+    state = measure_training_state(net, loss_of, chosen, optimizer)
     account = StepAccount(
         model=name, config=config, batch=batch, seq=seq, device=where, recipe=chosen.name, attention=attention, parameters=parameter_count(net),
         predicted_flops=predicted, flops=flops, state=state, saved=saved, predicted_saved_bytes=predicted_saved,
@@ -611,8 +646,8 @@ def _rows(a: StepAccount) -> list[Row]:
         rows.append(Row("FLOPs", "FlopCounterMode alone (fused attention = 0)", p.step_flops, f.step_flops - f.gap_filled_flops, "FLOPs", "tracer gap"))
     s = a.state
     rows += [
-        Row("training state", f"after backward ({s.recipe}, AdamW)", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
-        Row("training state", f"at optimizer step ({s.recipe}, AdamW)", s.predicted_at_step_bytes, s.at_step_bytes, "bytes", "step counters included"),
+        Row("training state", f"after backward ({s.recipe}, {optimizer_display_name(s.optimizer)})", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
+        Row("training state", f"at optimizer step ({s.recipe}, {optimizer_display_name(s.optimizer)})", s.predicted_at_step_bytes, s.at_step_bytes, "bytes", "step counters included"),
         Row("training state", "bytes per parameter at step", s.predicted_at_step_bytes / n, s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
     ]
     rows += [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
@@ -715,7 +750,8 @@ def _to_json(a: StepAccount) -> dict[str, Any]:
         "config": {"vocab_size": a.config.vocab_size, "context_length": a.config.context_length, "n_layers": a.config.n_layers,
                    "n_heads": a.config.n_heads, "d_model": a.config.d_model, "mlp_ratio": a.config.mlp_ratio},
         "attention": a.attention,
-        "batch": a.batch, "seq": a.seq, "tokens": a.tokens, "device": a.device, "recipe": a.recipe, "parameters": a.parameters,
+        "batch": a.batch, "seq": a.seq, "tokens": a.tokens, "device": a.device, "recipe": a.recipe, "optimizer": a.state.optimizer,
+        "parameters": a.parameters,
         "checkpoint_segments": a.checkpoint_segments,
         **sections,
         "per_module": [vars(row) for row in a.per_module_rows()],
@@ -724,3 +760,16 @@ def _to_json(a: StepAccount) -> dict[str, Any]:
         ],
         "notes": a.notes,
     }
+
+
+_GENERIC = ("ModelAccount", "account_model", "account_module")
+
+
+def __getattr__(name: str) -> Any:
+    """The generic path (:mod:`resacct.account_generic`) is importable from here too, lazily
+    (it builds on this module): ``from resacct.account import account_model``."""
+    if name in _GENERIC:
+        import resacct.account_generic as generic
+
+        return getattr(generic, name)
+    raise AttributeError(f"module 'resacct.account' has no attribute {name!r}")

@@ -217,3 +217,88 @@ def test_named_configs_account_on_meta():
         assert name in GPT_CONFIGS
         account = account_gpt(name, batch=1, seq=8, measure=False)
         assert account.flops.step_flops == account.predicted_flops.step_flops
+
+
+# ── any nn.Module: optimizers, the generic account ──────────────────────────────────────
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"])
+@pytest.mark.parametrize("recipe", ["fp32", "bf16-fp32-master"])
+def test_every_optimizers_real_state_equals_the_prediction(optimizer, recipe):
+    from resacct.models import Cruncher
+
+    model, x = Cruncher(dim=8, num_layers=2), torch.randn(3, 8)
+    state = measure_training_state(model, lambda m: m(x.to(next(m.parameters()).dtype)).float().mean(), recipe, optimizer)
+    per_param = {"sgd": 0, "sgd-momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2}[optimizer]
+    steps = 4 * 6 if optimizer in ("adagrad", "rmsprop", "adam", "adamw") else 0
+    assert state.optimizer == optimizer and state.step_counter_bytes == steps
+    assert (state.after_backward_bytes, state.at_step_bytes) == (state.predicted_after_backward_bytes, state.predicted_at_step_bytes)
+    if recipe == "fp32":
+        assert state.at_step_bytes == (8 + 4 * per_param) * model.parameter_count() + steps
+
+
+def test_gpt_account_takes_the_optimizer_and_returns_a_dict():
+    account = account_gpt("gpt-nano", batch=1, seq=8, measure=False, optimizer="rmsprop")
+    assert account.state.at_step_bytes == account.state.predicted_at_step_bytes == 12 * account.parameters + 4 * account.state.parameter_tensors
+    data = account.to_dict()
+    assert data["optimizer"] == "rmsprop" and json_roundtrips(data)
+    with pytest.raises(UnknownNameError, match="unknown optimizer 'adamx'"):
+        account_gpt("gpt-nano", batch=1, seq=8, measure=False, optimizer="adamx")
+
+
+def json_roundtrips(data) -> bool:
+    import json
+
+    return json.loads(json.dumps(data)) == data
+
+
+def test_generic_account_of_an_mlp_is_predicted_exactly():
+    from resacct.account_generic import account_model
+
+    account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16, "depth": 2, "activation": "relu"}, batch=3, loss="mse")
+    p = account.predicted
+    assert (account.flops.forward_flops, account.flops.backward_flops) == (p.forward_flops, p.backward_flops)
+    assert dict(account.flops.forward_by_module) == p.forward_by_module and dict(account.flops.backward_by_module) == p.backward_by_module
+    assert account.saved.by_module() == p.saved_by_module and account.saved.activation_bytes == 4 * 3 * (8 + 16 * 2) + 2 * 4 * 3 * 8
+    assert account.step_peak_bytes > 0 and account.optimizer_transient.peak_bytes >= account.predicted_optimizer_transient_bytes
+    assert all(row.ratio in (None, 1.0) for row in account.rows() if row.section != "peak")
+    assert json_roundtrips(account.to_dict())
+
+
+def test_generic_account_without_a_formula_shows_measurements_only():
+    from resacct.account_generic import account_model
+
+    account = account_model("tests.fixtures_user_model:build_conv", batch=2, optimizer="sgd")
+    assert account.predicted is None and account.flops.forward_flops > 0 and account.saved.activation_bytes > 0
+    assert {row.quantity: row.predicted for row in account.rows()}["forward"] is None
+    assert account.state.at_step_bytes == account.state.predicted_at_step_bytes == 8 * account.parameters
+    assert all(row.predicted_forward_flops is None for row in account.per_module_rows())
+
+
+def test_generic_account_on_meta_and_with_a_factory_example():
+    from resacct.account_generic import account_model
+
+    meta = account_model("resacct.models:Cruncher", model_args={"dim": 16, "num_layers": 3}, batch=4, measure=False, recipe="bf16")
+    assert meta.device == "meta" and meta.step_peak_bytes is None
+    assert meta.saved.activation_bytes == meta.predicted.saved_bytes == 2 * 4 * 16 * 4
+    given = account_model("tests.fixtures_user_model:build_with_example", model_args={"width": 6})
+    assert given.input_shape == (5, 6) and given.saved.activation_bytes == given.predicted.saved_bytes
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "match"),
+    [
+        ("no_such_module_xyz:build", {}, "cannot import 'no_such_module_xyz'"),
+        ("resacct.models:Nope", {}, "has no attribute 'Nope'"),
+        ("resacct.models", {}, "expected module:factory"),
+        ("tests.fixtures_user_model:not_a_module", {}, "returned a str; expected an nn.Module"),
+        ("tests.fixtures_user_model:NOT_CALLABLE", {}, "not callable"),
+        ("resacct.models:Cruncher", {"width": 3}, "refused the model arguments"),
+        ("tests.fixtures_user_model:build_embedding", {}, "cannot tell the input"),
+    ],
+)
+def test_generic_account_refuses_bad_factories(spec, args, match):
+    from resacct.account_generic import account_model
+
+    with pytest.raises(ResacctError, match=match):
+        account_model(spec, model_args=args, measure=True)

@@ -249,3 +249,41 @@ def test_accumulation_steps_must_divide_the_batch():
     tokens, targets = _batch(config, 4, 8)
     with pytest.raises(ResacctError, match="dividing the batch of 4"):
         measure_grad_accumulation(build_gpt(config), tokens, targets, 3)
+
+
+# ── resacct's formulas for Linear / activation stacks ───────────────────────────────────
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "sigmoid", "silu"])
+@pytest.mark.parametrize("loss", ["mean", "sum", "mse", "cross-entropy"])
+def test_stack_formula_matches_what_autograd_saves(activation, loss):
+    from resacct.account_formulas import mlp_saved_bytes, predict_stack_step
+    from resacct.account_generic import _loss, mlp
+
+    model, x = mlp(dim=6, hidden=10, depth=2, outputs=5, activation=activation), torch.randn(3, 6)
+    with record_saved_activations(model) as saved:
+        _loss(model(x), loss)
+    predicted = predict_stack_step(model, (3, 6), element_bytes=4, loss=loss)
+    assert saved.by_module() == predicted.saved_by_module
+    if loss == "mean":
+        assert saved.activation_bytes == mlp_saved_bytes(3, 6, 10, 2, activation=activation)
+
+
+def test_stack_formula_for_the_cruncher_is_b_d_layers_plus_input():
+    from resacct.account_formulas import predict_stack_step
+    from resacct.models import Cruncher
+
+    model, x = Cruncher(dim=8, num_layers=5), torch.randn(4, 8)
+    with record_saved_activations(model) as saved:
+        model(x).mean()
+    assert saved.activation_bytes == predict_stack_step(model, (4, 8), element_bytes=4).saved_bytes == 4 * 4 * 8 * (5 + 1)
+
+
+def test_stack_formula_declines_what_it_does_not_know():
+    from resacct.account_formulas import predict_stack_step
+
+    assert predict_stack_step(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()), (2, 3), element_bytes=4) is None
+    frozen = torch.nn.Linear(3, 3).requires_grad_(False)
+    assert predict_stack_step(frozen, (2, 3), element_bytes=4) is None
+    with pytest.raises(ResacctError, match="loss 'hinge'"):
+        predict_stack_step(frozen, (2, 3), element_bytes=4, loss="hinge")

@@ -113,3 +113,64 @@ def test_format_quantity():
     assert format_quantity(512, "bytes") == "512 B"
     assert format_quantity(3.221e9, "FLOPs") == "3.221 GFLOPs"
     assert format_quantity(0.5, "") == "0.5"
+
+
+# ── --optimizer, and any nn.Module through --model module:factory ───────────────────────
+
+
+def test_optimizer_flag_changes_the_state(capsys):
+    sgd = _rows(_json(capsys, "--model", "gpt-nano", "--batch", "1", "--seq", "8", "--no-measure", "--optimizer", "sgd"), "training_state")
+    adamw = _rows(_json(capsys, "--model", "gpt-nano", "--batch", "1", "--seq", "8", "--no-measure"), "training_state")
+    assert sgd["bytes per parameter at step"]["measured_bytes_per_parameter"] == 8.0
+    assert sgd["at optimizer step (fp32, SGD)"]["ratio"] == 1.0 and "at optimizer step (fp32, AdamW)" in adamw
+
+
+def test_model_factory_with_model_args_and_per_module(capsys):
+    small = _json(capsys, "--model", "resacct.account_generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "3",
+                  "--per-module", "--optimizer", "adagrad")
+    wide = _json(capsys, "--model", "resacct.account_generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=32", "--batch", "3")
+    saved = _rows(small, "activations")["saved for backward"]
+    assert saved["predicted_bytes"] == saved["measured_bytes"] == 4 * 3 * (8 + 2 * 16)
+    assert _rows(wide, "activations")["saved for backward"]["measured_bytes"] == 4 * 3 * (8 + 2 * 32)
+    assert small["optimizer"] == "adagrad" and small["input_shape"] == [3, 8]
+    modules = {row["module"]: row for row in small["per_module"]}
+    assert modules["0"]["traced_forward_flops"] == modules["0"]["predicted_forward_flops"] == 2 * 3 * 8 * 16
+
+
+def test_model_factory_text_shows_dashes_without_a_formula(capsys):
+    assert main(["account", "--model", "tests.fixtures_user_model:build_conv", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tests.fixtures_user_model:build_conv (TinyConv)" in out and "—" in out and "no FLOP or activation formula" in out
+
+
+def test_input_shape_dtype_and_loss_flags(capsys):
+    base = ["--model", "tests.fixtures_user_model:build_embedding", "--input-shape", "2,3", "--input-dtype", "int64"]
+    mean = _json(capsys, *base)
+    cross = _json(capsys, *base, "--loss", "cross-entropy")
+    assert mean["input_shape"] == [2, 3] and mean["input_dtype"] == "int64"
+    saved = lambda report: _rows(report, "activations")["saved for backward"]["measured_bytes"]
+    assert saved(cross) > saved(mean)
+    cruncher = ["--model", "resacct.models:Cruncher", "--model-arg", "dim=4", "--model-arg", "num_layers=2"]
+    assert _json(capsys, *cruncher, "--input-shape", "5,4")["input_shape"] == [5, 4]
+    assert _json(capsys, *cruncher, "--no-measure")["device"] == "meta"
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--model", "no_such_module_xyz:build"], "cannot import 'no_such_module_xyz'"),
+        (["--model", "resacct.models:Nope"], "module 'resacct.models' has no attribute 'Nope'"),
+        (["--model", "tests.fixtures_user_model:not_a_module"], "returned a str; expected an nn.Module"),
+        (["--model", "resacct.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
+        (["--model", "resacct.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
+        (["--model", "resacct.account_generic:mlp", "--seq", "8"], "--seq apply to the resacct.gpt models"),
+        (["--input-shape", "2,3"], "--input-shape apply to --model module:factory"),
+        (["--model", "resacct.account_generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),
+        (["--optimizer", "adamx"], "argument --optimizer: invalid choice: 'adamx'"),
+        (["--model", "resacct.account_generic:mlp", "--loss", "hinge"], "argument --loss: invalid choice: 'hinge'"),
+    ],
+)
+def test_bad_factory_input_exits_2_with_one_line(capsys, argv, fragment):
+    assert main(["account", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err

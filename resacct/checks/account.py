@@ -373,3 +373,30 @@ def gpu_step_peak(model: str, batch: int, seq: int) -> Outcome:
     return Outcome(measured=peak, predicted=predict_gpt_step_peak_bytes(config, batch, seq, 0, rng_bytes=0),
                    quantities={"params": parameter_count(net), "saved_bytes": saved.activation_bytes,
                                "logit_gradient_bytes": 2 * batch * seq * config.vocab_size * 4})
+
+
+# ── Linear / activation stacks (Cruncher, MLP): resacct's formula against saved_tensors_hooks ──
+
+
+@check("account.stack_saved_activations", quantities=("params",))
+def stack_saved_activations(model: str, batch: int, dim: int, layers: int, hidden: int = 0, activation: str = "gelu") -> Outcome:
+    """Bytes autograd saves for backward (``saved_tensors_hooks``, distinct storages, parameters
+    left out) in one float32 forward + mean loss of a Cruncher (``layers`` D×D layers) or an MLP
+    (``layers`` hidden layers of ``hidden``, ``activation``) on a (batch, dim) batch; predicted
+    by :func:`resacct.account_formulas.predict_stack_step`."""
+    from resacct.account_formulas import predict_stack_step
+    from resacct.account_generic import cruncher, mlp
+
+    if model == "cruncher":
+        net = cruncher(dim=dim, layers=layers)
+    elif model == "mlp":
+        net = mlp(dim=dim, hidden=hidden, depth=layers, activation=activation)
+    else:
+        raise ResacctError(f"model {model!r}: expected cruncher or mlp")
+    x = torch.randn(batch, dim)
+    with record_saved_activations(net) as saved:
+        loss = net(x).mean()
+    del loss
+    predicted = predict_stack_step(net, (batch, dim), element_bytes=4)
+    return Outcome(measured=saved.activation_bytes, predicted=None if predicted is None else predicted.saved_bytes,
+                   quantities={"params": sum(p.numel() for p in net.parameters())})

@@ -10,6 +10,14 @@ accumulation, and the step's time.
 Small models run for real on the CPU; large ones are built on the meta device, where shapes,
 saved tensors and optimizer state are real but nothing is computed (``--measure`` forces a real
 run, ``--no-measure`` forbids it).
+
+Your own model: ``--model my_pkg.models:build`` imports ``build`` (the current directory is on the
+path) and calls it with the ``--model-arg key=value`` pairs; it returns an nn.Module or
+(nn.Module, example_input). The input is that example, else ``--input-shape``/``--input-dtype``,
+else ``module.example_input(batch)``, else (batch, in_features) when the first module is a
+Linear. The loss is ``--loss`` (mean of the output by default). Predictions appear where resacct
+has a formula (training state always; FLOPs and activations for Linear/activation stacks such
+as the Cruncher and MLPs), "—" elsewhere.
 """
 
 from __future__ import annotations
@@ -37,7 +45,14 @@ _EXAMPLES = """examples:
       mixed precision state (20 B/param at the step), fused attention, as JSON
   resacct account --train-tokens 1B --accelerator h100-sxm
       projects a run of 1B tokens at the measured speed; MFU against a named peak
+  resacct account --model resacct.account_generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
+      any nn.Module from a factory (module:factory): traced FLOPs, real optimizer state, saved bytes
+  resacct account --model resacct.models:Cruncher --model-arg dim=64 --model-arg num_layers=4 --optimizer sgd-momentum
+      the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
+  resacct account --model my_pkg.models:build --input-shape 8,64 --input-dtype float32 --loss sum
+      your own model on an input of that shape
 
+optimizers: adamw (default), adam, sgd, sgd-momentum, adagrad, rmsprop (torch.optim)
 recipes: fp32, bf16-autocast, bf16, bf16-fp32-master, bf16-fp32-master-free-bf16-grads
          (resacct.memory.STATE_RECIPES)"""
 
@@ -52,6 +67,16 @@ def _whole(minimum: int) -> Any:
     return parse
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(size < 1 for size in shape):
+        raise argparse.ArgumentTypeError(f"{text!r} must be sizes ≥ 1 separated by commas, e.g. 8,64")
+    return shape
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "account",
@@ -60,7 +85,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_EXAMPLES,
     )
-    parser.add_argument("--model", default="gpt-tiny", metavar="NAME", help="a resacct.gpt config: gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small … (default: gpt-tiny)")
+    parser.add_argument("--model", default="gpt-tiny", metavar="NAME",
+                        help="a resacct.gpt config (gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small …; default: gpt-tiny) or module:factory for any nn.Module")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the module:factory (repeatable)")
+    parser.add_argument("--input-shape", type=_shape, default=None, metavar="N,N,…", help="input of a module:factory model, batch first (e.g. 8,64)")
+    parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
+    parser.add_argument("--loss", choices=("mean", "sum", "mse", "cross-entropy"), default="mean",
+                        help="loss of a module:factory model's output (default: mean; mse against zeros; cross-entropy against class 0)")
+    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"), default="adamw",
+                        help="the torch.optim optimizer whose state is measured (default: adamw)")
     parser.add_argument("--batch", type=positive_int, default=4, metavar="N", help="sequences per step (default: 4)")
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the model's context length)")
     parser.add_argument("--recipe", default="fp32", metavar="NAME", help="precision recipe of the training state (default: fp32)")
@@ -100,18 +133,49 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
     return peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
 
 
+def _run_generic(args: argparse.Namespace) -> int:
+    import os
+
+    from resacct.account_generic import account_model, parse_model_arg
+
+    gpt_only = [flag for flag, used in (("--seq", args.seq is not None), ("--attention", args.attention != "math"),
+                                        ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
+                                        ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator), ("--peak-tflops", args.peak_tflops),
+                                        ("--train-tokens", args.train_tokens)) if used]
+    if gpt_only:
+        raise ResacctError(f"{', '.join(gpt_only)} apply to the resacct.gpt models; expected none of them with --model {args.model}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
+    model_args = dict(parse_model_arg(text) for text in args.model_arg)
+    account = account_model(args.model, model_args=model_args, batch=args.batch, input_shape=args.input_shape, input_dtype=args.input_dtype,
+                            loss=args.loss, recipe=args.recipe, optimizer=args.optimizer, measure=args.measure)
+    fields = account.to_dict()
+    if not args.per_module:
+        fields.pop("per_module")
+    title = (f"{account.model} ({account.model_class}): input {tuple(account.input_shape)} {account.input_dtype}, {account.loss} loss, "
+             f"{account.parameters:,} parameters, {account.recipe} {account.optimizer}, on {account.device}")
+    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module, title=title))
+
+
 def run_account(args: argparse.Namespace) -> int:
     from resacct.account import account_gpt
     from resacct.gpt import get_gpt_config
     from resacct.memory import get_state_recipe
 
-    get_gpt_config(args.model)  # unknown names: one line with close matches
     get_state_recipe(args.recipe)
+    if ":" in args.model:
+        return _run_generic(args)
+    generic_only = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
+                                            ("--input-dtype", args.input_dtype != "float32"), ("--loss", args.loss != "mean")) if used]
+    if generic_only:
+        raise ResacctError(f"{', '.join(generic_only)} apply to --model module:factory; expected none of them with the GPT config {args.model!r}")
+    get_gpt_config(args.model)  # unknown names: one line with close matches
     peak, source = _peak(args)
     account = account_gpt(
         args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
         checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=args.measure, device=args.device,
         time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens, devices=args.devices,
+        optimizer=args.optimizer,
     )
     fields = account.to_json()
     if not args.per_module:
@@ -141,7 +205,7 @@ def format_quantity(value: float | None, unit: str) -> str:
     return f"{value:.4g} {unit}".rstrip()
 
 
-def _render(account: Any, *, per_module: bool) -> str:
+def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
     import io
 
     from rich.console import Console
@@ -149,8 +213,10 @@ def _render(account: Any, *, per_module: bool) -> str:
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=150, no_color=True, highlight=False)
-    title = (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
-             f"{account.parameters:,} parameters, {account.recipe} AdamW, {account.attention} attention, on {account.device}")
+    from resacct.account_optimizers import optimizer_display_name
+
+    title = title or (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
+             f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.state.optimizer)}, {account.attention} attention, on {account.device}")
     table = Table(title=title, title_justify="left")
     for column, justify in (("section", "left"), ("quantity", "left"), ("predicted", "right"), ("measured", "right"), ("ratio", "right"), ("how / note", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]

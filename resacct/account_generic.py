@@ -1,0 +1,371 @@
+"""Account one training step of **any** ``nn.Module``: ``resacct account --model module:factory``.
+
+The contract of a factory (``--model my_pkg.models:build --model-arg width=128``):
+
+- ``factory(**model_args)`` returns an ``nn.Module``, or ``(module, example_input)``;
+- the input of the step is, in this order: the returned ``example_input``; a random tensor of
+  ``input_shape`` and ``input_dtype`` (floats ~ N(0, 1), integers 0: a valid index for any
+  embedding); ``module.example_input(batch)`` if the module has such a method; ``(batch,
+  in_features)`` floats when the first module run is a Linear. Otherwise resacct asks for
+  ``--input-shape``;
+- the output must be a tensor; the loss is ``mean`` of it (default), ``sum``, ``mse`` against
+  zeros, or ``cross-entropy`` against class 0 (the last axis is the classes).
+
+For every module resacct measures: FlopCounterMode's FLOPs forward and backward, per module
+(exclusive), and the ops it does not count; the training state of the real ``torch.optim``
+optimizer after a step, by storage; the bytes autograd saves for backward per module
+(``saved_tensors_hooks``, by storage); on a measured CPU run the allocator's forward + backward
+peak and the optimizer step's scratch. Predictions come where resacct has a formula: the state
+always (:func:`resacct.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
+Linear layers and activation functions (:mod:`resacct.account_formulas`: Cruncher, MLPs); the
+AdamW step's scratch. Elsewhere the table shows "—".
+
+>>> account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
+>>> account.saved.activation_bytes == account.predicted.saved_bytes == 4 * 3 * (8 + 2 * 16)
+True
+>>> account.state.at_step_bytes == account.state.predicted_at_step_bytes
+True
+>>> account.to_dict()["model"]
+'resacct.account_generic:mlp'
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float, Shaped
+from torch import nn
+
+from resacct.account import (
+    AUTO_MEASURE_MAX_STEP_FLOPS,
+    ModuleRow,
+    Row,
+    StepFlopTrace,
+    TrainingStateMeasurement,
+    _autocast,
+    _key,
+    _UNIT_SUFFIX,
+    measure_training_state,
+    predict_optimizer_step_transient_bytes,
+    trace_step_flops,
+)
+from resacct.account_formulas import LOSSES, StackPrediction, _leaves, _linear_widths, _NoFormula, predict_stack_step
+from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
+from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
+from resacct.dtypes import parse_dtype
+from resacct.errors import ResacctError
+from resacct.memory import get_state_recipe
+from resacct.models import Cruncher
+
+__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]
+
+_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU}
+
+
+def cruncher(dim: int = 64, layers: int = 4) -> nn.Module:
+    """The lecture's deep linear model (:class:`resacct.models.Cruncher`) as a factory.
+
+    >>> cruncher(dim=4, layers=2).parameter_count()
+    45
+    """
+    return Cruncher(dim=dim, num_layers=layers)
+
+
+def mlp(dim: int = 64, hidden: int = 256, depth: int = 1, outputs: int | None = None, activation: str = "gelu", bias: bool = True) -> nn.Module:
+    """Linear(dim → hidden) → act → (Linear(hidden → hidden) → act) × (depth − 1) → Linear(hidden → outputs).
+
+    >>> mlp(dim=8, hidden=16, depth=2, activation="relu")
+    Sequential(
+      (0): Linear(in_features=8, out_features=16, bias=True)
+      (1): ReLU()
+      (2): Linear(in_features=16, out_features=16, bias=True)
+      (3): ReLU()
+      (4): Linear(in_features=16, out_features=8, bias=True)
+    )
+    """
+    if activation not in _ACTIVATIONS:
+        raise ResacctError(f"activation {activation!r}: expected one of {', '.join(_ACTIVATIONS)}")
+    for name, value in (("dim", dim), ("hidden", hidden), ("depth", depth), ("outputs", dim if outputs is None else outputs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ResacctError(f"{name} {value!r}: expected a whole number ≥ 1")
+    widths = [dim] + [hidden] * depth
+    modules: list[nn.Module] = []
+    for width_in, width_out in zip(widths[:-1], widths[1:]):
+        modules += [nn.Linear(width_in, width_out, bias=bias), _ACTIVATIONS[activation]()]
+    return nn.Sequential(*modules, nn.Linear(hidden, dim if outputs is None else outputs, bias=bias))
+
+
+def parse_model_arg(text: str) -> tuple[str, Any]:
+    """``key=value`` → (key, value): whole numbers, then decimals, ``true``/``false``/``none``, else text.
+
+    >>> parse_model_arg("dim=64"), parse_model_arg("scale=0.5"), parse_model_arg("bias=false"), parse_model_arg("act=gelu")
+    (('dim', 64), ('scale', 0.5), ('bias', False), ('act', 'gelu'))
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise ResacctError(f"model argument {text!r}: expected key=value, e.g. dim=64")
+    words = {"true": True, "false": False, "none": None}
+    if raw.lower() in words:
+        return key.strip(), words[raw.lower()]
+    for kind in (int, float):
+        try:
+            return key.strip(), kind(raw)
+        except ValueError:
+            pass
+    return key.strip(), raw
+
+
+def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[nn.Module, Shaped[torch.Tensor, "..."] | None]:
+    """Import ``module:factory`` (the factory may be dotted: ``pkg.mod:Class.build``), call it
+    with ``model_args`` and return (model, example input or None).
+
+    >>> model, example = load_model("resacct.models:Cruncher", {"dim": 4, "num_layers": 1})
+    >>> type(model).__name__, example
+    ('Cruncher', None)
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ResacctError(f"model {spec!r}: expected module:factory (e.g. my_pkg.models:build) or a resacct.gpt config name")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or whatever the module raises while importing
+        raise ResacctError(f"cannot import {module_name!r} for --model {spec!r}: {type(error).__name__}: {error}") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ResacctError(f"module {module_name!r} has no attribute {attribute!r}; expected module:factory, a callable returning an nn.Module")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ResacctError(f"{spec!r} is a {type(target).__name__}, not callable; expected a factory returning an nn.Module")
+    try:
+        built = target(**dict(model_args or {}))
+    except TypeError as error:
+        raise ResacctError(f"factory {spec!r} refused the model arguments {dict(model_args or {})!r}: {error}") from None
+    example = None
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[1], torch.Tensor):
+        built, example = built
+    if not isinstance(built, nn.Module):
+        raise ResacctError(f"factory {spec!r} returned a {type(built).__name__}; expected an nn.Module or (nn.Module, example input tensor)")
+    return built, example
+
+
+def _default_input(model: nn.Module, batch: int, input_shape: tuple[int, ...] | None, input_dtype: str) -> Shaped[torch.Tensor, "..."]:
+    device = next(model.parameters()).device
+    if input_shape is not None:
+        dtype = parse_dtype(input_dtype)
+        if dtype.is_floating_point:
+            return torch.randn(input_shape, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
+        return torch.zeros(input_shape, dtype=dtype, device=device)
+    if callable(getattr(model, "example_input", None)):
+        return model.example_input(batch).to(device)
+    try:
+        first = next(iter(_leaves(model, "")))[1]
+        width = _linear_widths(first)[0]
+    except (_NoFormula, StopIteration, AttributeError, IndexError):
+        raise ResacctError(f"cannot tell the input of {type(model).__name__}; expected --input-shape (e.g. 8,64), an example_input(batch) "
+                           "method, or a factory returning (model, example_input)") from None
+    return torch.randn(batch, width, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _loss(output: Any, loss: str) -> Float[torch.Tensor, ""]:
+    if not isinstance(output, torch.Tensor):
+        raise ResacctError(f"the model returned a {type(output).__name__}; expected a tensor (the loss is {loss} of it)")
+    if loss == "mean":
+        return output.float().mean()
+    if loss == "sum":
+        return output.float().sum()
+    if loss == "mse":
+        return nn.functional.mse_loss(output, torch.zeros_like(output)).float()
+    classes = output.reshape(-1, output.shape[-1])
+    return nn.functional.cross_entropy(classes, torch.zeros(classes.shape[0], dtype=torch.long, device=output.device)).float()
+
+
+@dataclass
+class ModelAccount:
+    """Everything :func:`account_module` found for one step of any ``nn.Module`` (the typed
+    result of the generic path). ``predicted`` is None where resacct has no FLOP/activation
+    formula for the architecture; :meth:`rows` lays it out, :meth:`to_dict` gives JSON values."""
+
+    model: str
+    model_class: str
+    input_shape: tuple[int, ...]
+    input_dtype: str
+    loss: str
+    device: str
+    recipe: str
+    optimizer: str
+    parameters: int
+    flops: StepFlopTrace
+    state: TrainingStateMeasurement
+    saved: SavedActivations
+    predicted: StackPrediction | None
+    step_peak_bytes: int | None = None
+    optimizer_transient: AllocationTrace | None = None
+    predicted_optimizer_transient_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[Row]:
+        """(section, quantity, predicted, measured, unit, note) rows; predicted None → "—"."""
+        p, f, s, n = self.predicted, self.flops, self.state, self.parameters
+        how = "FlopCounterMode (matmuls)"
+        rows = [
+            Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", how),
+            Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", how),
+            Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", how),
+        ]
+        label = f"{s.recipe}, {optimizer_display_name(s.optimizer)}"
+        rows += [
+            Row("training state", f"after backward ({label})", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
+            Row("training state", f"at optimizer step ({label})", s.predicted_at_step_bytes, s.at_step_bytes, "bytes", "step counters included"),
+            Row("training state", "bytes per parameter at step", s.predicted_at_step_bytes / n, s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
+        ]
+        rows += [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
+        rows += [
+            Row("activations", "saved for backward", None if p is None else p.saved_bytes, self.saved.activation_bytes, "bytes",
+                "saved_tensors_hooks, by storage"),
+            Row("activations", "saved weights (parameters, not activations)", None, self.saved.parameter_bytes, "bytes", "no extra memory"),
+        ]
+        if self.optimizer_transient is not None:
+            rows.append(Row("peak", f"{optimizer_display_name(self.optimizer)} step transient (foreach)", self.predicted_optimizer_transient_bytes,
+                            self.optimizer_transient.peak_bytes, "bytes", "allocator, above the state"))
+        if self.step_peak_bytes is not None:
+            rows.append(Row("peak", "forward + backward peak", None, self.step_peak_bytes, "bytes", "allocator, above params"))
+        return rows
+
+    def per_module_rows(self) -> list[ModuleRow]:
+        """Traced FLOPs and saved bytes per module (exclusive), beside resacct's where it has them."""
+        p, measured = self.predicted, self.saved.by_module()
+        names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *measured,
+                                    *([] if p is None else p.saved_by_module)]))
+        return [
+            ModuleRow(
+                module=name,
+                predicted_forward_flops=None if p is None else p.forward_by_module.get(name, 0),
+                traced_forward_flops=self.flops.forward_by_module.get(name, 0),
+                predicted_backward_flops=None if p is None else p.backward_by_module.get(name, 0),
+                traced_backward_flops=self.flops.backward_by_module.get(name, 0),
+                predicted_saved_bytes=None if p is None else p.saved_by_module.get(name, 0),
+                measured_saved_bytes=measured.get(name, 0),
+            )
+            for name in names
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for JSON: the rows by section (units in the field names), per module, gaps."""
+        sections: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows():
+            unit = _UNIT_SUFFIX.get(row.unit, _key(row.unit))
+            sections.setdefault(_key(row.section), []).append(
+                {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
+        return {
+            "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
+            "loss": self.loss, "device": self.device, "recipe": self.recipe, "optimizer": self.optimizer, "parameters": self.parameters,
+            **sections,
+            "per_module": [vars(row) for row in self.per_module_rows()],
+            "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
+            "notes": self.notes,
+        }
+
+    to_json = to_dict
+
+
+def account_module(
+    model: nn.Module, example_input: Shaped[torch.Tensor, "batch *features"], *, name: str | None = None, loss: str = "mean", recipe: str = "fp32",
+    optimizer: str = "adamw", measure_peaks: bool = True,
+) -> ModelAccount:
+    """Account one step of ``model`` on ``example_input`` where both already are (CPU or meta).
+
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> account = account_module(model, torch.randn(5, 4), optimizer="sgd", measure_peaks=False)
+    >>> account.flops.forward_flops, account.state.at_step_bytes, account.saved.activation_bytes   # 2·5·(32+16); 8·58; 4·5·(4+8)
+    (480, 464, 240)
+    """
+    if loss not in LOSSES:
+        raise ResacctError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
+    chosen = get_state_recipe(recipe)
+    memory_optimizer_name(optimizer)
+    parameters = list(model.parameters())
+    if not parameters:
+        raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
+    where = parameters[0].device.type
+
+    def loss_of(module: nn.Module) -> torch.Tensor:
+        dtype = next(module.parameters()).dtype
+        inputs = example_input.to(dtype) if example_input.is_floating_point() else example_input
+        return _loss(module(inputs), loss)
+
+    flops = trace_step_flops(model, lambda: loss_of(model))
+    state = measure_training_state(model, loss_of, chosen, optimizer)
+    activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
+    with record_saved_activations(activation_model) as saved, _autocast(chosen, where):
+        output = loss_of(activation_model)
+    del output, activation_model
+    element = parse_dtype(chosen.parameter_dtype).itemsize
+    predictable = chosen.compute_dtype is None and example_input.is_floating_point()
+    predicted = predict_stack_step(model, tuple(example_input.shape), element_bytes=element, loss=loss) if predictable else None
+    notes = [] if predicted is not None else [f"resacct has no FLOP or activation formula for {type(model).__name__} (or autocast): measured only"]
+    account = ModelAccount(
+        model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(example_input.shape),
+        input_dtype=str(example_input.dtype).removeprefix("torch."), loss=loss, device=where, recipe=chosen.name, optimizer=optimizer,
+        parameters=sum(p.numel() for p in parameters), flops=flops, state=state, saved=saved, predicted=predicted, notes=notes,
+    )
+    if measure_peaks and where == "cpu":
+        model.zero_grad(set_to_none=True)
+        with trace_allocations() as trace:
+            loss_of(model).backward()
+        model.zero_grad(set_to_none=True)
+        account.step_peak_bytes = trace.peak_bytes
+        work = copy.deepcopy(model)
+        step = build_optimizer(optimizer, work.parameters(), foreach=True)
+        try:
+            for _ in range(2):
+                loss_of(work).backward()
+                with trace_allocations() as transient:
+                    step.step()
+            account.optimizer_transient = transient
+        except ResacctError:  # the profiler saw no allocation at all (plain SGD updates in place)
+            account.notes.append(f"the {optimizer_display_name(optimizer)} step allocated nothing the CPU allocator recorded: no scratch")
+        if optimizer == "adamw":
+            account.predicted_optimizer_transient_bytes = predict_optimizer_step_transient_bytes([p.numel() for p in parameters], foreach=True)
+    elif where == "meta":
+        account.notes.append("built on the meta device: sizes measured, no arithmetic, no allocator peaks")
+    return account
+
+
+def account_model(
+    spec: str, *, model_args: Mapping[str, Any] | None = None, batch: int = 4, input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32", loss: str = "mean", recipe: str = "fp32", optimizer: str = "adamw", measure: bool | None = None,
+) -> ModelAccount:
+    """Build ``spec`` (``module:factory``) with ``model_args`` and account one step of it.
+
+    ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``);
+    ``True`` on the CPU; ``None``: the CPU when a step is at most
+    :data:`resacct.account.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ResacctError(f"batch {batch!r}: expected a whole number ≥ 1")
+    if input_shape is not None and (not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape)):
+        raise ResacctError(f"input shape {input_shape!r}: expected whole numbers ≥ 1, e.g. 8,64")
+    parse_dtype(input_dtype)
+
+    def build(device: str) -> tuple[nn.Module, torch.Tensor]:
+        with torch.device(device):
+            model, example = load_model(spec, model_args)
+        if not list(model.parameters()):
+            raise ResacctError(f"the model {type(model).__name__} from {spec!r} has no parameters; expected a model with something to train")
+        model.train()
+        example = _default_input(model, batch, input_shape, input_dtype) if example is None else example.to(device)
+        return model, example
+
+    if measure is None:
+        model, example = build("meta")
+        traced = trace_step_flops(model, lambda: _loss(model(example), loss))
+        measure = traced.step_flops <= AUTO_MEASURE_MAX_STEP_FLOPS
+        if not measure:
+            return account_module(model, example, name=spec, loss=loss, recipe=recipe, optimizer=optimizer)
+    model, example = build("cpu" if measure else "meta")
+    return account_module(model, example, name=spec, loss=loss, recipe=recipe, optimizer=optimizer)
