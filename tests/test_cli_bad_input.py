@@ -46,6 +46,15 @@ CASES = [
     (["verify", "--area", "flopz"], "unknown area 'flopz'; did you mean 'flops'?"),
     (["verify", "--merge", "/no/such/report.json"], "report '/no/such/report.json' does not exist"),
     (["verify", "--workers", "-2"], "--workers must be 0 or more, got -2"),
+    (["account", "--model", "gpt2-smal"], "unknown model config 'gpt2-smal'"),
+    (["account", "--batch", "0"], "'0' must be a whole number greater than 0"),
+    (["account", "--batch", "-4"], "must be a whole number greater than 0"),
+    (["account", "--seq", "100000"], "seq 100000 is longer than the model's context length 128"),
+    (["account", "--model", "no.such.module:build"], "cannot import 'no.such.module'"),
+    (["account", "--model", "resacct.models:Nope"], "module 'resacct.models' has no attribute 'Nope'"),
+    (["account", "--optimizer", "lion"], "invalid choice: 'lion'"),
+    (["account", "--recipe", "fp3"], "unknown state recipe 'fp3'; did you mean 'fp32'?"),
+    (["account", "--model", "resacct.models:Cruncher", "--model-arg", "dim"], "expected key=value"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
 ]
 
@@ -75,7 +84,7 @@ def test_absurd_but_valid_values_are_answered_not_crashed(capsys):
     assert absurd["device_hours"] == pytest.approx(sane["device_hours"])
 
 
-@pytest.mark.parametrize("command", ["flops", "time", "fit", "mfu", "roofline", "devices", "memory", "verify"])
+@pytest.mark.parametrize("command", ["flops", "time", "fit", "mfu", "roofline", "devices", "memory", "verify", "account"])
 def test_every_command_has_help_with_an_example(command, capsys):
     assert main([command, "--help"]) == 0
     assert "example" in capsys.readouterr().out.lower()
