@@ -164,8 +164,9 @@ def _sharding_claims():
 def test_every_sharding_claim_fails_when_its_statement_is_changed(claim):
     """The harness's mutation test skips distributed claims; the cached measurements make it cheap here."""
     from resacct.harness.evaluate import ClaimFailure, evaluate_claim
-    from tests.harness.test_real_claims_can_fail import mutated
+    from tests.harness.test_real_claims_can_fail import mutated, skip_unless_for_this_torch
 
+    skip_unless_for_this_torch(claim)
     inputs = dict(claim.claim.given)
     if claim.claim.status == "refuted":
         evaluate_claim(claim, inputs)  # the statement is false, and the claim says so

@@ -52,6 +52,17 @@ def mutated(claim: LoadedClaim) -> LoadedClaim:
     return LoadedClaim(claim=new_spec, path=claim.path, line=claim.line, area=claim.area, source=claim.source, law=law)
 
 
+def skip_unless_for_this_torch(claim: LoadedClaim) -> None:
+    """Skip, as the plugin does, a claim whose ``requires_torch`` excludes the installed torch."""
+    if claim.claim.requires_torch:
+        import torch
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        if Version(torch.__version__.split("+")[0]) not in SpecifierSet(claim.claim.requires_torch):
+            pytest.skip(f"claim is about torch {claim.claim.requires_torch}")
+
+
 def cheap(claim: LoadedClaim) -> bool:
     return not (set(claim.claim.marks) & {"gpu", "slow", "distributed"})
 
@@ -77,14 +88,7 @@ def test_every_claim_fails_when_its_statement_is_changed(claim):
 
         draw()
         inputs.update(found[0])
-    if claim.claim.requires_torch:
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
-
-        import torch
-
-        if Version(torch.__version__.split("+")[0]) not in SpecifierSet(claim.claim.requires_torch):
-            pytest.skip(f"claim is about torch {claim.claim.requires_torch}")
+    skip_unless_for_this_torch(claim)
     try:
         if claim.claim.status == "refuted":
             evaluate_claim(claim, inputs)  # the original passes: the statement is false
