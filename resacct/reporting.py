@@ -125,8 +125,11 @@ _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 2rem auto; max-width: 1400px; color: #1f2328; }
 h1 { margin-bottom: .2rem } .env { color: #57606a; margin-bottom: 1rem }
 .summary span { display: inline-block; margin-right: .6rem; padding: .15rem .6rem; border-radius: 1rem; color: white; font-weight: 600 }
-table { border-collapse: collapse; width: 100%; margin: .5rem 0 1.5rem } th, td { border: 1px solid #d0d7de; padding: .3rem .5rem; vertical-align: top; text-align: left }
-th { background: #f6f8fa } td.id { font-family: ui-monospace, monospace; white-space: nowrap } td.num { font-family: ui-monospace, monospace }
+table { border-collapse: collapse; width: 100%; margin: .5rem 0 1.5rem; table-layout: fixed }
+th, td { border: 1px solid #d0d7de; padding: .3rem .5rem; vertical-align: top; text-align: left; overflow-wrap: anywhere }
+th { background: #f6f8fa } td.id, td.num { font-family: ui-monospace, monospace; font-size: 12px }
+table.claims th:nth-child(1) { width: 18% } table.claims th:nth-child(2) { width: 30% } table.claims th:nth-child(3) { width: 18% }
+table.claims th:nth-child(4), table.claims th:nth-child(5) { width: 9% } table.claims th:nth-child(6) { width: 16% }
 .badge { color: white; border-radius: .3rem; padding: 0 .4rem; font-weight: 600 } .note { color: #57606a; font-size: 12px }
 nav a { margin-right: .8rem }
 """

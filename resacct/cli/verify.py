@@ -143,7 +143,7 @@ def print_table(document: dict[str, Any], quiet: bool = False) -> dict[str, int]
         for area in areas:
             table = Table(title=f"{area}", title_justify="left", show_lines=False, expand=False)
             for column in ("claim", "says", "law", "predicted", "measured", "status"):
-                table.add_column(column, overflow="fold", max_width=48 if column == "says" else 30, no_wrap=column == "claim")
+                table.add_column(column, overflow="fold", max_width={"says": 48, "claim": 44}.get(column, 30))
             for record in (r for r in records if r["area"] == area):
                 outcome = record["outcome"]
                 status = f"[{STATUS_STYLE[outcome]}]{outcome}[/]"
