@@ -133,7 +133,7 @@ def print_table(document: dict[str, Any], quiet: bool = False) -> dict[str, int]
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 140))
+    console = Console(width=max(Console().width, 170))
     records = document["claims"]
     totals = {name: 0 for name in STATUS_STYLE}
     for record in records:
@@ -142,8 +142,10 @@ def print_table(document: dict[str, Any], quiet: bool = False) -> dict[str, int]
         areas = sorted({record["area"] for record in records})
         for area in areas:
             table = Table(title=f"{area}", title_justify="left", show_lines=False, expand=False)
-            for column in ("claim", "says", "law", "predicted", "measured", "status"):
-                table.add_column(column, overflow="fold", max_width={"says": 48, "claim": 44}.get(column, 30))
+            longest_id = max(len(record["id"]) for record in records if record["area"] == area)
+            table.add_column("claim", no_wrap=True, min_width=longest_id)  # ids are never broken: they are what people grep for
+            for column in ("says", "law", "predicted", "measured", "status"):
+                table.add_column(column, overflow="fold", max_width=48 if column == "says" else 30)
             for record in (r for r in records if r["area"] == area):
                 outcome = record["outcome"]
                 status = f"[{STATUS_STYLE[outcome]}]{outcome}[/]"
