@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct import flops
+from resacct import flop_tracing, flops
 from resacct.errors import ResacctError
 from resacct.models import Cruncher, TwoLayerNetwork
 
@@ -173,9 +173,9 @@ def test_trace_of_a_non_leaf_input_leaves_its_grad_alone():
 
 def test_tensor_element_helpers_count_tensors_inside_containers():
     a, b = torch.empty(2, 3), torch.empty(5)
-    assert flops._first_tensor_elements(([a, b], 7)) == a.numel()
-    assert flops._first_tensor_elements((1, 2.0)) == 0
-    assert flops._tensor_elements((a, [b])) == a.numel() + b.numel()
+    assert flop_tracing._first_tensor_elements(([a, b], 7)) == a.numel()
+    assert flop_tracing._first_tensor_elements((1, 2.0)) == 0
+    assert flop_tracing._tensor_elements((a, [b])) == a.numel() + b.numel()
 
 
 # ── predictions ────────────────────────────────────────────────────────────────────────────
