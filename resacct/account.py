@@ -1,6 +1,8 @@
 """Account one training step of a model: FLOPs, training-state memory, activations, peak and
 time — each formula's prediction beside PyTorch's measurement, per module.
 
+The measuring half (re-exported here) lives in :mod:`resacct.step_measurements`:
+
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
   module tracking), with the ops it has no formula for; ``fill_tracer_gaps=True`` counts the
   fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``, which
@@ -24,7 +26,7 @@ True
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,6 @@ import torch
 from torch import nn
 
 from resacct.activations import (
-    MODEL_SCOPE,
     AllocationTrace,
     CheckpointPoint,
     GradAccumulation,
@@ -47,11 +48,10 @@ from resacct.activations import (
 )
 from resacct.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
-from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
-from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
+from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
+from resacct.memory import StateRecipe, get_state_recipe
 
 __all__ = [
     "StepFlopTrace",
@@ -67,258 +67,16 @@ __all__ = [
 ]
 
 
-# ───────────────────────────── FLOPs, traced per module ─────────────────────────────
-
-
-@dataclass(frozen=True)
-class StepFlopTrace:
-    """FLOPs FlopCounterMode traced in one forward + backward, in total and per module.
-
-    Per-module counts are *exclusive*: the matmuls a module runs itself, its children's apart
-    (FlopCounterMode's own breakdown is inclusive). ``gap_filled_flops`` is what resacct added
-    for ops the counter has no formula for (zero unless ``fill_tracer_gaps``)."""
-
-    forward_flops: int
-    backward_flops: int
-    forward_by_module: Mapping[str, int]
-    backward_by_module: Mapping[str, int]
-    uncounted_ops: tuple[UncountedOp, ...] = ()
-    gap_filled_flops: int = 0
-
-    @property
-    def step_flops(self) -> int:
-        return self.forward_flops + self.backward_flops
-
-
-def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
-    """FlopCounterMode ``custom_mapping`` entries for the fused CPU attention kernels, which it
-    counts as 0: torch's own ``sdpa_flop`` / ``sdpa_backward_flop`` (the math path's matmuls,
-    causal or not)."""
-    aten = torch.ops.aten
-    mapping: dict[Any, Callable[..., int]] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_forward_flops
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_backward_flops
-    return mapping
-
-
-def _sdpa_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
-
-
-def _sdpa_backward_flops(grad_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return int(sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape))
-
-
-def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
-    """Inclusive per-module counts → each module's own (minus its nearest traced descendants)."""
-    exclusive = {}
-    for name, total in inclusive.items():
-        descendants = [other for other in inclusive if other != name and (name == MODEL_SCOPE or other.startswith(name + "."))]
-        nearest = [other for other in descendants if not any(other.startswith(middle + ".") for middle in descendants)]
-        own = total - sum(inclusive[other] for other in nearest)
-        if own:
-            exclusive[name] = own
-    return exclusive
-
-
-def _module_counts(counter: Any) -> dict[str, int]:
-    """FlopCounterMode's per-module totals, the root's class-name prefix turned into paths."""
-    counts: dict[str, int] = {}
-    for name, per_op in counter.get_flop_counts().items():
-        if name == "Global":
-            continue
-        path = name.split(".", 1)[1] if "." in name else MODEL_SCOPE
-        counts[path] = int(sum(per_op.values()))
-    return counts
-
-
-def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, fill_tracer_gaps: bool = False) -> StepFlopTrace:
-    """One forward (``loss_fn()``, returning a scalar loss) and its backward under FlopCounterMode.
-
-    >>> model = build_gpt("gpt-nano", device="meta")
-    >>> tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
-    >>> trace = trace_step_flops(model, lambda: gpt_loss(model, tokens, tokens))
-    >>> trace.forward_flops, trace.backward_flops, trace.forward_by_module["lm_head"]
-    (7602176, 15204352, 1048576)
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mapping = sdpa_gap_formulas() if fill_tracer_gaps else {}
-    filled = {str(op) for op in mapping}
-    for parameter in model.parameters():
-        parameter.grad = None
-    with FlopCounterMode(display=False, custom_mapping=mapping) as step_counter:
-        with FlopCounterMode(display=False, custom_mapping=mapping) as forward_counter, DispatchedOps() as forward_ops:
-            loss = loss_fn()
-        with DispatchedOps() as backward_ops:
-            loss.backward()
-    for parameter in model.parameters():
-        parameter.grad = None
-    step_modules, forward_modules = _module_counts(step_counter), _module_counts(forward_counter)
-    backward_modules = {name: total - forward_modules.get(name, 0) for name, total in step_modules.items()}
-    gap = _gap_flops(step_counter, mapping) if mapping else 0
-    forward_total = int(forward_counter.get_total_flops())
-    return StepFlopTrace(
-        forward_flops=forward_total,
-        backward_flops=int(step_counter.get_total_flops()) - forward_total,
-        forward_by_module=_exclusive(forward_modules),
-        backward_by_module=_exclusive(backward_modules),
-        uncounted_ops=tuple(uncounted_ops("forward", forward_ops.calls, frozenset(filled)) + uncounted_ops("backward", backward_ops.calls, frozenset(filled))),
-        gap_filled_flops=gap,
-    )
-
-
-def _gap_flops(counter: Any, mapping: Mapping[Any, Any]) -> int:
-    """FLOPs the counter booked under the gap-filling ops."""
-    per_op = counter.get_flop_counts().get("Global", {})
-    return int(sum(flops for op, flops in per_op.items() if op in mapping))
-
-
-# ───────────────────────────── training state, measured on a real optimizer ─────────────────────────────
-
-
-@dataclass(frozen=True)
-class TrainingStateMeasurement:
-    """Bytes of distinct storages a real optimizer (``optimizer``: adamw, adam, sgd, sgd-momentum,
-    adagrad, rmsprop) holds under ``recipe``, beside resacct's prediction
-    (:func:`resacct.memory.training_state_bytes`, step counters included).
-
-    ``after_backward_bytes``: what is kept between steps (parameters, their gradients, master
-    weights, optimizer state). ``at_step_bytes``: when ``optimizer.step()`` runs (a master
-    recipe has made fp32 gradients by then). ``parts_bytes`` splits ``at_step_bytes``."""
-
-    recipe: str
-    parameters: int
-    parameter_tensors: int
-    after_backward_bytes: int
-    at_step_bytes: int
-    parts_bytes: Mapping[str, int]
-    predicted_after_backward_bytes: int
-    predicted_at_step_bytes: int
-    optimizer: str = "adamw"
-
-    @property
-    def step_counter_bytes(self) -> int:
-        return self.parts_bytes.get("step counters", 0)
-
-
-def _autocast(recipe: StateRecipe, device_type: str) -> Any:
-    import contextlib
-
-    if recipe.compute_dtype is None or device_type == "meta":
-        return contextlib.nullcontext()  # meta: no arithmetic, and no state depends on autocast
-    return torch.autocast(device_type, dtype=parse_dtype(recipe.compute_dtype))
-
-
-def measure_training_state(
-    model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], recipe: str | StateRecipe = "fp32", optimizer: str = "adamw",
-) -> TrainingStateMeasurement:
-    """Train a copy of ``model`` for real under ``recipe`` with the ``torch.optim`` optimizer
-    ``optimizer`` (:data:`resacct.account_optimizers.OPTIMIZER_NAMES`: adamw, adam, sgd,
-    sgd-momentum, adagrad, rmsprop) and count what it holds. Recipes with a master (``bf16-fp32-master``…) are built for real: a bf16 copy
-    of the model runs forward and backward; fp32 master parameters carry the AdamW state; each
-    step hands the bf16 gradients to the masters (as fp32 gradients), steps, and copies back.
-
-    Step 1 creates the optimizer state; the counts are taken during step 2. Works on the meta
-    device (storages have sizes but no memory). ``loss_fn(model)`` returns a scalar loss.
-    """
-    chosen = get_state_recipe(recipe)
-    memory_name = memory_optimizer_name(optimizer)
-    work = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-    params = list(work.parameters())
-    if not params:
-        raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
-    device_type = params[0].device.type
-    master = [nn.Parameter(p.detach().to(parse_dtype(chosen.master_dtype))) for p in params] if chosen.master_dtype else []
-    optimizer_name, optimizer = optimizer, build_optimizer(optimizer, master or params)
-    state_part = "optimizer moments" if optimizer_name in ("adam", "adamw") else "optimizer state"
-
-    def backward() -> None:
-        with _autocast(chosen, device_type):
-            loss = loss_fn(work)
-        loss.float().backward()
-
-    def hand_gradients_to_master() -> None:
-        for master_param, param in zip(master, params):
-            master_param.grad = param.grad.to(master_param.dtype)
-            if chosen.frees_model_gradients:
-                param.grad = None
-
-    def step() -> None:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for master_param, param in zip(master, params):
-                param.copy_(master_param)
-        work.zero_grad(set_to_none=True)
-
-    def parts() -> dict[str, int]:
-        state = [value for per_param in optimizer.state.values() for value in per_param.values() if isinstance(value, torch.Tensor)]
-        return {
-            "parameters": distinct_storage_bytes(params),
-            "gradients": distinct_storage_bytes([p.grad for p in params]),
-            "master weights": distinct_storage_bytes(master),
-            "master gradients": distinct_storage_bytes([m.grad for m in master]),
-            state_part: distinct_storage_bytes([v for v in state if v.dim() > 0]),
-            "step counters": distinct_storage_bytes([v for v in state if v.dim() == 0]),
-        }
-
-    backward()
-    hand_gradients_to_master()
-    step()
-    backward()
-    after_backward = sum(parts().values())
-    hand_gradients_to_master()
-    at_step = parts()
-    numbers, tensors = parameter_count(work), len(params)
-    return TrainingStateMeasurement(
-        recipe=chosen.name,
-        optimizer=optimizer_name,
-        parameters=numbers,
-        parameter_tensors=tensors,
-        after_backward_bytes=after_backward,
-        at_step_bytes=sum(at_step.values()),
-        parts_bytes={name: value for name, value in at_step.items() if value},
-        predicted_after_backward_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "after_backward"),
-        predicted_at_step_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "at_step"),
-    )
-
-
-def predict_optimizer_step_transient_bytes(parameter_sizes: Sequence[int], *, foreach: bool, state_element_bytes: int = 4) -> int:
-    """Scratch memory of ``torch.optim.AdamW.step()`` above its state: the denominator
-    √v̂ + ε. The foreach implementation builds it for every tensor at once (one more copy of
-    the parameters). The for-loop one builds it a tensor at a time — ``sqrt`` and the division
-    both alive — while the previous tensor's denominator is still held by its loop variable:
-    the most of 2·size(i) + size(i−1) over the parameters in order.
-
-    >>> predict_optimizer_step_transient_bytes([100, 10], foreach=True), predict_optimizer_step_transient_bytes([10, 100], foreach=False)
-    (440, 840)
-    """
-    if not parameter_sizes:
-        return 0
-    if foreach:
-        return sum(parameter_sizes) * state_element_bytes
-    previous = [0, *parameter_sizes[:-1]]
-    return max(2 * size + before for size, before in zip(parameter_sizes, previous)) * state_element_bytes
-
-
-def measure_optimizer_step_transient(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], *, foreach: bool = True) -> AllocationTrace:
-    """The CPU allocator's peak inside the second ``AdamW.step()`` of a float32 copy of
-    ``model`` (the first creates the state), relative to just before it."""
-    work = copy.deepcopy(model)
-    if next(work.parameters()).device.type != "cpu":
-        raise ResacctError(f"the optimizer-step transient is traced on CPU; the model is on {next(work.parameters()).device}")
-    optimizer = torch.optim.AdamW(work.parameters(), lr=1e-3, foreach=foreach)
-    for _ in range(2):
-        loss_fn(work).backward()
-        with trace_allocations() as trace:
-            optimizer.step()
-    return trace
+from resacct.step_measurements import (  # noqa: E402  (re-exported: part of the account API)
+    StepFlopTrace,
+    TrainingStateMeasurement,
+    measure_optimizer_step_transient,
+    measure_training_state,
+    predict_optimizer_step_transient_bytes,
+    recipe_autocast,
+    sdpa_gap_formulas,
+    trace_step_flops,
+)
 
 
 # ───────────────────────────── the whole account ─────────────────────────────
@@ -520,7 +278,7 @@ def account_gpt(
             f"{flops.gap_filled_flops:,} with torch's own sdpa formulas"
         )
     activation_model = copy.deepcopy(net).to(parse_dtype(chosen.parameter_dtype))
-    with record_saved_activations(activation_model) as saved, _autocast(chosen, where):
+    with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
         loss = gpt_loss(activation_model, tokens, targets)
     del loss, activation_model
     element = parse_dtype(chosen.parameter_dtype).itemsize
@@ -729,19 +487,19 @@ def _module_rows(a: StepAccount) -> list[ModuleRow]:
     ]
 
 
-def _key(text: str) -> str:
+def json_key(text: str) -> str:
     cleaned = "".join(ch if ch.isalnum() else "_" for ch in text.lower())
     return "_".join(part for part in cleaned.split("_") if part)
 
 
-_UNIT_SUFFIX = {"FLOPs": "flops", "bytes": "bytes", "B/param": "bytes_per_parameter", "s": "sec", "FLOP/s": "flops_per_sec", "days": "days", "": "fraction"}
+UNIT_SUFFIX = {"FLOPs": "flops", "bytes": "bytes", "B/param": "bytes_per_parameter", "s": "sec", "FLOP/s": "flops_per_sec", "days": "days", "": "fraction"}
 
 
 def _to_json(a: StepAccount) -> dict[str, Any]:
     sections: dict[str, list[dict[str, Any]]] = {}
     for row in a.rows():
-        unit = _UNIT_SUFFIX.get(row.unit, _key(row.unit))
-        sections.setdefault(_key(row.section), []).append(
+        unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
+        sections.setdefault(json_key(row.section), []).append(
             {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured,
              "ratio": row.ratio, "note": row.note}
         )

@@ -80,26 +80,26 @@ class StackPrediction:
             table[module] = table.get(module, 0) + value
 
 
-class _NoFormula(Exception):
+class NoFormula(Exception):
     pass
 
 
-def _leaves(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
+def module_leaves(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
     """The modules a forward runs in order, for the architectures resacct has formulas for."""
     if isinstance(module, nn.Sequential):
         for name, child in module.named_children():
-            yield from _leaves(child, f"{prefix}{name}")
+            yield from module_leaves(child, f"{prefix}{name}")
     elif type(module) is Cruncher:
         for index, layer in enumerate(module.layers):
-            yield from _leaves(layer, f"{prefix}layers.{index}")
-        yield from _leaves(module.final, f"{prefix}final")
+            yield from module_leaves(layer, f"{prefix}layers.{index}")
+        yield from module_leaves(module.final, f"{prefix}final")
     elif isinstance(module, (nn.Linear, LectureLinear, nn.Identity, *SAVES_OUTPUT, *SAVES_INPUT)):
         yield prefix.rstrip(".") or "(model)", module
     else:
-        raise _NoFormula(type(module).__name__)
+        raise NoFormula(type(module).__name__)
 
 
-def _linear_widths(module: nn.Module) -> tuple[int, int]:
+def linear_widths(module: nn.Module) -> tuple[int, int]:
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
     return module.weight.shape[0], module.weight.shape[1]  # resacct's Linear stores (in, out)
@@ -121,15 +121,15 @@ def predict_stack_step(model: nn.Module, input_shape: tuple[int, ...], *, elemen
     if any(not parameter.requires_grad for parameter in model.parameters()):
         return None
     try:
-        leaves = list(_leaves(model, ""))
-    except _NoFormula:
+        leaves = list(module_leaves(model, ""))
+    except NoFormula:
         return None
     prediction = StackPrediction()
     shape, needs_grad, already_saved = tuple(input_shape), False, False
     for name, module in leaves:
         elements = math.prod(shape)
         if isinstance(module, (nn.Linear, LectureLinear)):
-            width_in, width_out = _linear_widths(module)
+            width_in, width_out = linear_widths(module)
             if not shape or shape[-1] != width_in:
                 return None
             rows = elements // width_in

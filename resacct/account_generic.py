@@ -47,14 +47,14 @@ from resacct.account import (
     Row,
     StepFlopTrace,
     TrainingStateMeasurement,
-    _autocast,
-    _key,
-    _UNIT_SUFFIX,
+    recipe_autocast,
+    json_key,
+    UNIT_SUFFIX,
     measure_training_state,
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account_formulas import LOSSES, StackPrediction, _leaves, _linear_widths, _NoFormula, predict_stack_step
+from resacct.account_formulas import LOSSES, StackPrediction, module_leaves, linear_widths, NoFormula, predict_stack_step
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.dtypes import parse_dtype
@@ -163,9 +163,9 @@ def _default_input(model: nn.Module, batch: int, input_shape: tuple[int, ...] | 
     if callable(getattr(model, "example_input", None)):
         return model.example_input(batch).to(device)
     try:
-        first = next(iter(_leaves(model, "")))[1]
-        width = _linear_widths(first)[0]
-    except (_NoFormula, StopIteration, AttributeError, IndexError):
+        first = next(iter(module_leaves(model, "")))[1]
+        width = linear_widths(first)[0]
+    except (NoFormula, StopIteration, AttributeError, IndexError):
         raise ResacctError(f"cannot tell the input of {type(model).__name__}; expected --input-shape (e.g. 8,64), an example_input(batch) "
                            "method, or a factory returning (model, example_input)") from None
     return torch.randn(batch, width, generator=torch.Generator().manual_seed(0)).to(device)
@@ -258,8 +258,8 @@ class ModelAccount:
         """Plain values for JSON: the rows by section (units in the field names), per module, gaps."""
         sections: dict[str, list[dict[str, Any]]] = {}
         for row in self.rows():
-            unit = _UNIT_SUFFIX.get(row.unit, _key(row.unit))
-            sections.setdefault(_key(row.section), []).append(
+            unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
+            sections.setdefault(json_key(row.section), []).append(
                 {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
         return {
             "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
@@ -301,7 +301,7 @@ def account_module(
     flops = trace_step_flops(model, lambda: loss_of(model))
     state = measure_training_state(model, loss_of, chosen, optimizer)
     activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-    with record_saved_activations(activation_model) as saved, _autocast(chosen, where):
+    with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
         output = loss_of(activation_model)
     del output, activation_model
     element = parse_dtype(chosen.parameter_dtype).itemsize
