@@ -51,16 +51,11 @@ from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
 from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
+from resacct import step_measurements
 from resacct.memory import StateRecipe, get_state_recipe
 
 __all__ = [
-    "StepFlopTrace",
-    "sdpa_gap_formulas",
-    "trace_step_flops",
-    "TrainingStateMeasurement",
-    "measure_training_state",
-    "predict_optimizer_step_transient_bytes",
-    "measure_optimizer_step_transient",
+    *step_measurements.__all__,  # re-exported below: the measuring half of the account API
     "StepTiming",
     "StepAccount",
     "account_gpt",

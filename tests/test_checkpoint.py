@@ -27,10 +27,10 @@ from resacct.checkpoint import (
     load_checkpoint,
     missing_resume_state,
     read_checkpoint,
-    restore_rng_states,
     save_checkpoint,
     write_atomically,
 )
+from resacct.seeding import preserved_global_rng
 from resacct.data import TokenBatchSampler
 from resacct.errors import ResacctError
 from resacct.models import Cruncher
@@ -38,15 +38,6 @@ from resacct.models import Cruncher
 from tests import resume_worker
 
 WORKER = Path(resume_worker.__file__)
-
-
-@contextlib.contextmanager
-def rng_left_as_found() -> Iterator[None]:
-    states = capture_rng_states()
-    try:
-        yield
-    finally:
-        restore_rng_states(states)
 
 
 @contextlib.contextmanager
@@ -61,7 +52,7 @@ def single_thread() -> Iterator[None]:
 
 def trained(seed: int = 0, steps: int = 2) -> tuple[Cruncher, torch.optim.Optimizer]:
     generator = torch.Generator().manual_seed(seed)
-    with rng_left_as_found():
+    with preserved_global_rng():
         torch.manual_seed(seed)
         model = Cruncher(dim=4, num_layers=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -89,7 +80,7 @@ def test_round_trip_restores_model_optimizer_and_step(tmp_path: Path):
 
 def test_every_global_generator_is_restored(tmp_path: Path):
     model, optimizer = trained()
-    with rng_left_as_found():
+    with preserved_global_rng():
         path = save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=optimizer, step=1)
         expected = (random.random(), float(np.random.standard_normal()), float(torch.rand(1)))
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
@@ -99,7 +90,7 @@ def test_every_global_generator_is_restored(tmp_path: Path):
 
 def test_restore_rng_false_leaves_generators_alone(tmp_path: Path):
     model, optimizer = trained()
-    with rng_left_as_found():
+    with preserved_global_rng():
         path = save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=optimizer, step=1)
         saved_next = float(torch.rand(1))
         torch.manual_seed(5)
@@ -112,7 +103,7 @@ def test_restore_rng_false_leaves_generators_alone(tmp_path: Path):
 
 def test_numpy_cached_gaussian_survives(tmp_path: Path):
     model, optimizer = trained()
-    with rng_left_as_found():
+    with preserved_global_rng():
         np.random.seed(7)
         np.random.standard_normal()  # legacy Box–Muller caches the second value
         assert np.random.get_state()[3] == 1
@@ -130,7 +121,7 @@ def test_data_position_is_restored(tmp_path: Path):
     path = save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=optimizer, step=1, data=sampler)
     expected = sampler()[0]
     restarted = TokenBatchSampler(np.arange(200, dtype=np.uint16), batch_size=2, context_length=4, seed=3)
-    with rng_left_as_found():
+    with preserved_global_rng():
         load_checkpoint(path, model=model, data=restarted)
     assert restarted.batches_drawn == 1
     assert torch.equal(restarted()[0], expected)
@@ -379,7 +370,7 @@ def crashed_run(tmp_path: Path, steps: int = 6, every: int = 3, crash_after: int
 
 
 def test_in_process_crash_then_resume_is_bit_identical(tmp_path: Path):
-    with single_thread(), rng_left_as_found():
+    with single_thread(), preserved_global_rng():
         checkpoint = crashed_run(tmp_path)
         resumed = resume_worker.run(checkpoint, 6, 3, resume=True)
         uninterrupted = resume_worker.run(tmp_path / "reference.pt", 6, 3)
@@ -389,7 +380,7 @@ def test_in_process_crash_then_resume_is_bit_identical(tmp_path: Path):
 def fresh_start_state(part: str) -> object:
     """What ``part`` of a checkpoint would hold if it had not been saved: the state right after
     the worker's own seeding."""
-    with rng_left_as_found():
+    with preserved_global_rng():
         random.seed(0), np.random.seed(0), torch.manual_seed(0)
         if part in ("python", "numpy", "torch"):
             return capture_rng_states()[part]
@@ -406,7 +397,7 @@ def fresh_start_state(part: str) -> object:
 def test_resume_needs_every_part_of_the_checkpoint(tmp_path: Path, part: str):
     """The control for the resume tests: replace one part of the checkpoint by what a restarted
     process would have without it, and the resumed run no longer matches — every part counts."""
-    with single_thread(), rng_left_as_found():
+    with single_thread(), preserved_global_rng():
         checkpoint = crashed_run(tmp_path)
         content = torch.load(checkpoint, weights_only=True)
         if part in ("python", "numpy", "torch"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import random
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,14 @@ import torch.nn.functional as F
 
 from resacct.checkpoint import (
     RESUME_STATE_PARTS,
-    capture_rng_states,
     load_checkpoint,
     missing_resume_state,
     read_checkpoint,
-    restore_rng_states,
     save_checkpoint,
 )
 from resacct.harness.registry import Outcome, check
 from resacct.models import Cruncher
+from resacct.seeding import preserved_global_rng
 
 __all__: list[str] = []
 
@@ -42,16 +40,6 @@ SAVED_PARTS: dict[str, set[str]] = {
 }
 # Which random number generator each sampler draws batch indices from.
 SAMPLER_NEEDS = {"global-torch": "torch_rng", "own-generator": "data", "numpy": "numpy_rng", "python": "python_rng"}
-
-
-@contextlib.contextmanager
-def _rng_left_as_found() -> Iterator[None]:
-    """The checks seed the global generators like a training script; put them back after."""
-    states = capture_rng_states()
-    try:
-        yield
-    finally:
-        restore_rng_states(states)
 
 
 class _IndexSampler:
@@ -135,7 +123,7 @@ def resume_is_exact(saved_as: str, sampler: str, steps_before: int = 3, steps_af
     and optimizer), load and train ``steps_after`` more. Measures whether every parameter is
     bit-identical (``torch.equal``) to an uninterrupted run. resacct predicts it from what the
     checkpoint saves and which generator the sampler uses."""
-    with _rng_left_as_found(), tempfile.TemporaryDirectory() as directory:
+    with preserved_global_rng(), tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "checkpoint.pt"
         model, optimizer, batches = _start_process(sampler)
         _train_steps(model, optimizer, batches, steps_before + steps_after)
@@ -153,7 +141,7 @@ def resume_is_exact(saved_as: str, sampler: str, steps_before: int = 3, steps_af
 
 
 def _trained_model_and_optimizer() -> tuple[Cruncher, torch.optim.Optimizer]:
-    with _rng_left_as_found():
+    with preserved_global_rng():
         model, optimizer, batches = _start_process("own-generator")
         _train_steps(model, optimizer, batches, 1)
     return model, optimizer
