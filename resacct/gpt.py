@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import nn
 
 from resacct.errors import ResacctError, UnknownNameError
+from resacct.models import count_parameters
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "GPT", "build_gpt", "get_gpt_config", "parameter_count", "gpt_parameter_count"]
 
@@ -152,9 +153,8 @@ def build_gpt(config: GPTConfig | str, *, device: str | torch.device = "cpu", at
         return GPT(resolved)
 
 
-def parameter_count(model: nn.Module) -> int:
-    """Parameters of ``model``, each shared tensor counted once (``model.parameters()`` dedupes ties)."""
-    return sum(parameter.numel() for parameter in model.parameters())
+#: Parameters of a model, each shared tensor (the tied LM head) counted once.
+parameter_count = count_parameters
 
 
 def gpt_parameter_count(config: GPTConfig) -> int:

@@ -216,8 +216,11 @@ def mfu(achieved_flops_per_sec: Number, peak_flops_per_sec: Number) -> float:
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
-    """2mkn: one multiply and one add per (i, k, j) triple of an (m×k) @ (k×n) product."""
-    return 2 * _whole("m", m) * _whole("k", k) * _whole("n", n)
+    """2mkn of an (m×k) @ (k×n) product: :func:`resacct.flops.matmul_flops` for the sizes the
+    roofline speaks in."""
+    from resacct.flops import matmul_flops as matmul_flops_of_shapes
+
+    return matmul_flops_of_shapes((_whole("m", m), _whole("k", k)), (k, _whole("n", n)))
 
 
 def matmul_bytes(m: int, k: int, n: int, bytes_per_element: Number) -> float:
