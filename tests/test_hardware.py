@@ -116,8 +116,11 @@ def test_empty_name_is_refused(bad):
 
 
 def test_every_listed_name_resolves():
+    canonical = set(accelerators())
     for name in accelerator_names():
-        get_accelerator(name)
+        resolved = get_accelerator(name)
+        assert resolved.name in canonical
+        assert name == resolved.name or name in resolved.aliases
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,10 @@ def test_same_seed_same_draws_different_seed_different_draws():
 def test_seed_range_edges_are_accepted(seed):
     with preserved_global_rng():
         seed_everything(seed)
+        first = (random.random(), float(np.random.rand()), torch.rand(3))
+        seed_everything(seed)
+        again = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
 
 
 @pytest.mark.parametrize("seed", [-1, MAX_SEED + 1, 2**64])
