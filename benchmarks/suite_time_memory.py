@@ -1,7 +1,7 @@
 """Wall time and peak memory of the CPU test suite under the CI hypothesis profile.
 
     python benchmarks/suite_time_memory.py            # the whole suite (pytest, as in the README)
-    python benchmarks/suite_time_memory.py specs      # the claims only
+    python benchmarks/suite_time_memory.py resacct/specs      # the claims only
 
 Runs pytest in a child process (CI=true selects the derandomised ``ci`` profile) and reads the
 child's peak resident memory from ``getrusage(RUSAGE_CHILDREN)``. The bars from the harness issue

@@ -1,7 +1,7 @@
 """resacct — resource accounting for PyTorch training, verified.
 
 Can this run? How much memory? How many FLOPs? How long? Where is the bottleneck?
-Every answer here is backed by a claim in ``specs/`` that is checked against PyTorch.
+Every answer here is backed by a claim in ``resacct/specs/`` that is checked against PyTorch.
 
 Import the area you need (``resacct.dtypes``, ``resacct.tensors`` …); this package imports
 nothing heavy by itself.

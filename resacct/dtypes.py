@@ -1,7 +1,7 @@
 """Number formats: bits, bytes, layouts (sign/exponent/fraction), ranges and rounding.
 
 Everything here is derived from the bit layout alone, so that the claims in
-``specs/dtypes.claims.yaml`` can compare it with what torch actually stores.
+``resacct/specs/dtypes.claims.yaml`` can compare it with what torch actually stores.
 
 >>> FORMATS["bfloat16"].exponent_bits, FORMATS["bfloat16"].fraction_bits
 (8, 7)

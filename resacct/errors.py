@@ -16,7 +16,7 @@ class ResacctError(Exception):
 class SpecError(ResacctError):
     """A claims file or one claim in it is malformed.
 
-    ``str(error)`` reads ``specs/x.claims.yaml:12: claim 'id': what is wrong``.
+    ``str(error)`` reads ``resacct/specs/x.claims.yaml:12: claim 'id': what is wrong``.
     """
 
     def __init__(self, problem: str, *, path: str = "", line: int | None = None, claim_id: str | None = None):

@@ -2,7 +2,7 @@
 
 The formulas follow the model matmul by matmul and saved tensor by saved tensor, so that they
 equal what PyTorch measures — FlopCounterMode for FLOPs, ``saved_tensors_hooks`` for activations
-(checked in ``specs/account.claims.yaml``). Beside them, the conventions people quote:
+(checked in ``resacct/specs/account.claims.yaml``). Beside them, the conventions people quote:
 
 - **6N** FLOPs per token (the lecture's rule, :func:`six_n_step_flops`);
 - **6N + 12·L·d·T** per token (PaLM appendix B; nanoGPT's ``estimate_mfu``, N without the

@@ -2,7 +2,7 @@
 
 Each class keeps the standard API (``param_groups``, ``state``, ``step()``, ``zero_grad()``,
 ``state_dict()``) and the exact update rule and defaults of its ``torch.optim`` counterpart,
-so the claims in ``specs/optim.claims.yaml`` can run both side by side:
+so the claims in ``resacct/specs/optim.claims.yaml`` can run both side by side:
 
 ============  =====================  ======================================  ==============
 resacct       torch.optim            state per parameter (besides ``step``)   defaults

@@ -3,7 +3,7 @@
 A recipe names the dtype of the parameters, of the compute (matmul outputs, activations and
 their gradients in forward and backward), of the parameter gradients, of an optional master
 copy of the weights, and of the optimizer states, and whether the loss is scaled. From that,
-resacct predicts what torch will hold (checked in ``specs/train.claims.yaml``) and the
+resacct predicts what torch will hold (checked in ``resacct/specs/train.claims.yaml``) and the
 persistent bytes per parameter.
 
 >>> RECIPES["bf16-autocast"].compute_dtype, RECIPES["bf16-autocast"].parameter_dtype

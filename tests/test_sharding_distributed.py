@@ -156,7 +156,7 @@ def _sharding_claims():
 
     from resacct.harness.loader import load_claims_file
 
-    path = Path(__file__).resolve().parents[1] / "specs" / "sharding.claims.yaml"
+    path = Path(__file__).resolve().parents[1] / "resacct" / "specs" / "sharding.claims.yaml"
     return load_claims_file(path, display_path="specs/sharding.claims.yaml").claims
 
 

@@ -12,7 +12,7 @@ import pytest
 from resacct.cli import main
 from resacct.reporting import load_report, merge_reports, render_html, render_matrix_markdown
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
+SPECS = Path(__file__).resolve().parents[1] / "resacct" / "specs"
 
 
 @pytest.fixture

@@ -1,2 +1,2 @@
 """How each claim is measured against torch: one module per area, mirroring ``resacct/<area>.py``
-and ``specs/<area>.claims.yaml``. Every module here is imported by the registry on first use."""
+and ``resacct/specs/<area>.claims.yaml``. Every module here is imported by the registry on first use."""

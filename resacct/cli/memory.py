@@ -5,7 +5,7 @@ trained with ``--recipe`` (bytes per parameter of each) over ``--devices`` data-
 ranks at ZeRO ``--zero`` stage 0–3. With ``--device`` or ``--device-memory-gb`` it also says
 whether that fits and the largest model that would. Activations, temporary buffers,
 communication buckets and fragmentation are not counted. The sharding arithmetic is checked
-against torch's ZeroRedundancyOptimizer and FSDP in ``specs/sharding.claims.yaml``.
+against torch's ZeroRedundancyOptimizer and FSDP in ``resacct/specs/sharding.claims.yaml``.
 """
 
 from __future__ import annotations

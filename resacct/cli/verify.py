@@ -24,9 +24,8 @@ STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "fa
 
 
 def default_specs_dir() -> Path:
-    """``specs/`` beside the package (a source checkout or editable install), else ``./specs``."""
-    beside_package = Path(__file__).resolve().parents[2] / "specs"
-    return beside_package if beside_package.is_dir() else Path.cwd() / "specs"
+    """The claims shipped inside the package: ``resacct/specs/`` (a wheel, an editable install or a checkout)."""
+    return Path(__file__).resolve().parents[1] / "specs"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  resacct verify\n  resacct verify --area dtypes --area storage\n  resacct verify -k gpt3 --report-dir reports/",
     )
-    parser.add_argument("--specs", type=Path, default=None, help="folder of *.claims.yaml files (default: the repository's specs/)")
+    parser.add_argument("--specs", type=Path, default=None, help="folder of *.claims.yaml files (default: the claims shipped with resacct)")
     parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes")
     parser.add_argument("-k", dest="pattern", default=None, help="only claims whose id matches this pytest -k expression")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")

@@ -1,4 +1,4 @@
-"""pytest items for claims: one item per claim, node id ``specs/<file>::<claim-id>``.
+"""pytest items for claims: one item per claim, node id ``resacct/specs/<file>::<claim-id>``.
 
 Loaded lazily by the ``pytest_resacct`` entry point. A malformed claim becomes a failing
 :class:`SpecErrorItem` whose whole report is one line ``file:line: claim 'id': problem``;

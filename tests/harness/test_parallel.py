@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SPECS = Path(__file__).resolve().parents[2] / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "resacct" / "specs"
 
 
 def outcomes_by_id(pytester, *extra: str) -> dict[str, str]:

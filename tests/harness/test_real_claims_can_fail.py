@@ -16,7 +16,7 @@ from resacct.harness.registry import NotMeasurable
 from resacct.harness.strategies import get_strategy
 from tests.harness.test_plugin import outcomes
 
-SPECS = Path(__file__).resolve().parents[2] / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "resacct" / "specs"
 
 
 def all_claims() -> list[LoadedClaim]:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from resacct.harness.schema import Claim, json_schema
 
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "specs" / "claims.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "resacct" / "specs" / "claims.schema.json"
 
 
 def test_committed_json_schema_is_current():

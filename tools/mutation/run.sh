@@ -6,7 +6,7 @@
 # MODULE is one of the names in tools/mutation/modules.txt (dtypes tensors flops napkin memory optim
 # sharding). The script
 #   1. installs mutmut (pinned below) into the project venv if it is missing;
-#   2. copies the project (resacct/, tests/, specs/, pytest.ini, conftest.py, pytest_resacct.py) into
+#   2. copies the project (resacct/ with its specs/, tests/, pytest.ini, conftest.py, pytest_resacct.py) into
 #      a scratch directory, $RESACCT_MUTATION_WORKDIR/MODULE (default /tmp/resacct-mutation/MODULE),
 #      and writes a setup.cfg [mutmut] section there: the project's pyproject.toml is not touched
 #      and mutmut's mutants/ folder never appears in the checkout;
@@ -49,7 +49,7 @@ if [ "${KEEP:-0}" != "1" ]; then
 fi
 mkdir -p "$WORK"
 # Fresh copy of the sources (mutmut compares these with mutants/ to decide what to re-run).
-for item in resacct tests specs; do
+for item in resacct tests; do
     rm -rf "${WORK:?}/$item"
     cp -a "$REPO/$item" "$WORK/$item"
 done
@@ -67,7 +67,7 @@ done
     echo "source_paths = resacct"
     echo "only_mutate = resacct/$MODULE.py"
     echo "also_copy ="
-    for f in specs pytest.ini conftest.py pytest_resacct.py; do echo "    $f"; done
+    for f in pytest.ini conftest.py pytest_resacct.py; do echo "    $f"; done
     echo "pytest_add_cli_args ="
     for a in -o addopts= -p no:cacheprovider --no-claims-summary; do echo "    $a"; done
     echo "pytest_add_cli_args_test_selection ="
