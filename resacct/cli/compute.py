@@ -156,43 +156,10 @@ def _run_fit(args: argparse.Namespace) -> int:
 # mfu
 
 
-def _tokens_per_sec(args: argparse.Namespace) -> float:
-    if args.tokens_per_sec is not None:
-        if args.step_time is not None or args.tokens is not None:
-            raise ResacctError("give either --tokens-per-sec, or --step-time with --tokens (per step), not both")
-        return args.tokens_per_sec
-    if args.step_time is None or args.tokens is None:
-        raise ResacctError("give --tokens-per-sec, or --step-time SECONDS with --tokens (tokens per step)")
-    return args.tokens / args.step_time
-
-
 def _run_mfu(args: argparse.Namespace) -> int:
-    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
-    from resacct.napkin import TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER, throughput_mfu
+    from resacct.cli._mfu import run_mfu
 
-    board = get_accelerator(args.device)
-    peak = peak_flops_per_sec(board, args.dtype, sparse=args.sparse)
-    tokens_per_sec = _tokens_per_sec(args)
-    utilization = throughput_mfu(args.params, tokens_per_sec, peak, args.devices)
-    achieved = TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER * args.params * tokens_per_sec
-    fields = {
-        "parameters": args.params,
-        "tokens_per_sec": tokens_per_sec,
-        "devices": args.devices,
-        "device": board.name,
-        "dtype": peak_format(args.dtype),
-        "sparse": args.sparse,
-        "achieved_flops_per_sec": achieved,
-        "achieved_flops_per_sec_per_device": achieved / args.devices,
-        "peak_flops_per_sec": peak,
-        "mfu": utilization,
-        "above_peak": utilization > 1,
-    }
-    text = (f"{_g(tokens_per_sec)} tokens/s × 6 × {_g(args.params)} parameters = {achieved:.4g} FLOP/s "
-            f"({achieved / args.devices:.4g} per device; {board.name} {args.dtype} peak {peak:.4g})\n  MFU: {utilization:.3f}")
-    if utilization > 1:
-        text += "  — above the peak: a wrong input (tokens per step? devices? dtype?) or the sparse peak is needed"
-    return emit(args, fields, text)
+    return run_mfu(args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,14 +365,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="ZeRO stage: 0 = plain data parallel, 3 = everything sharded (default 3, the lecture's napkin answer)")
     fit.set_defaults(run=_run_fit)
 
-    mfu = _add_command(subparsers, "mfu", "MFU of a training run from its measured step time or throughput",
-                       "resacct mfu --params 7B --tokens 4M --step-time 12.5 --devices 64 --device h100")
-    mfu.add_argument("--params", type=count, required=True, help="parameters N")
-    mfu.add_argument("--tokens", type=count, help="tokens per step (with --step-time)")
-    mfu.add_argument("--step-time", type=positive_float, metavar="SECONDS", help="measured seconds per optimizer step")
-    mfu.add_argument("--tokens-per-sec", type=count, help="measured tokens per second, all devices together")
-    mfu.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
-    _add_device_arguments(mfu)
+    mfu = _add_command(subparsers, "mfu", "MFU (and HFU) of a training run from its step time, throughput or achieved FLOP/s per device",
+                       "resacct mfu --params 7B --tokens 4M --step-time 12.5 --devices 64 --device h100\n"
+                       "  resacct mfu --params 540.35B --tokens-per-sec 238.3k --devices 6144 --peak 275e12 --layers 118 --heads 48 --head-dim 256 --seq 2048\n"
+                       "  resacct mfu --achieved-tflops 400 --device h100")
+    from resacct.cli._mfu import add_mfu_arguments
+
+    add_mfu_arguments(mfu)
     mfu.set_defaults(run=_run_mfu)
 
     roofline = _add_command(subparsers, "roofline", "this machine's measured roofline (or a datasheet's) and where common operations sit on it",

@@ -1,0 +1,176 @@
+"""``resacct plan`` (does a TP × PP × DP × ZeRO layout fit, and the largest micro-batch) and
+``resacct optimal`` (compute-optimal model size for a FLOP budget, and device-hours).
+
+``plan``: training state (parameters split over TP × PP, sharded over DP by the ZeRO stage) plus
+activations on the first pipeline stage (Korthikanti et al. 2022, Table 2 and eq. 5–6) per GPU.
+``optimal``: Chinchilla's approach 3 (Hoffmann et al. 2022, eq. 4 with the printed constants) and
+the 20-tokens-per-parameter rule; with a device, the device-hours at an MFU and a goodput.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
+from resacct.cli.output import add_json_flag, emit
+from resacct.errors import ResacctError
+
+__all__ = ["register"]
+
+_PLAN_EXAMPLES = """examples:
+  resacct plan --params 70B --layers 80 --hidden 8192 --heads 64 --seq 4096 --tp 8 --pp 4 --dp 16 --zero 1 --sp --recompute selective --device h100
+  resacct plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 --tp 8 --pp 8 --device a100 --recompute full --json
+      (no --params: 12·L·h²·(1 + 13/(12h) + (V+s)/(12·L·h)), Narayanan et al. 2021 eq. 2)
+"""
+
+_OPTIMAL_EXAMPLES = """examples:
+  resacct optimal --flops 5.76e23
+      Gopher's budget: approach 3 and 20 tokens per parameter
+  resacct optimal --flops 3.8e25 --device h100 --devices 16384 --mfu 0.4 --goodput 0.9
+"""
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    from resacct.parallelism import ParallelLayout
+
+    return ParallelLayout(tensor=args.tp, pipeline=args.pp, data=args.dp, context=args.cp, zero_stage=args.zero,
+                          sequence_parallel=args.sp, interleaved_chunks=args.interleave)
+
+
+def _device_memory_bytes(args: argparse.Namespace) -> tuple[str | None, float]:
+    if (args.device is None) == (args.memory_gb is None):
+        raise ResacctError("give exactly one of --device NAME (memory from the datasheet table) or --memory-gb GB (per GPU)")
+    if args.device is not None:
+        from resacct.hardware import get_accelerator
+
+        board = get_accelerator(args.device)
+        return board.name, float(board.memory_bytes)
+    return None, args.memory_gb * 1e9
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from resacct.plan import megatron_parameter_count, plan_memory
+
+    if args.params is None and args.vocab is None:
+        raise ResacctError("give --params N, or --vocab V so resacct counts a GPT's parameters from its shape")
+    parameters = args.params if args.params is not None else megatron_parameter_count(args.layers, args.hidden, args.vocab, args.seq)
+    device, memory_bytes = _device_memory_bytes(args)
+    layout = _layout(args)
+    plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
+                       micro_batch=args.micro_batch, layout=layout, recipe=args.recipe, recompute=args.recompute,
+                       device_memory_bytes=memory_bytes, reserved_bytes=args.reserve_gb * 1e9)
+    fields = {
+        "parameters": parameters,
+        "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq": args.seq, "micro_batch": args.micro_batch,
+        "tensor_parallel": layout.tensor, "pipeline_parallel": layout.pipeline, "data_parallel": layout.data,
+        "context_parallel": layout.context, "world_size": layout.world_size, "zero_stage": layout.zero_stage,
+        "sequence_parallel": layout.sequence_parallel, "interleaved_chunks": layout.interleaved_chunks,
+        "recompute": args.recompute, "recipe": plan.recipe.name, "device": device,
+        "parameters_per_gpu": plan.parameters_per_gpu,
+        "parameter_bytes": plan.state.parameters_bytes, "gradient_bytes": plan.state.gradients_bytes,
+        "optimizer_state_bytes": plan.state.optimizer_state_bytes, "training_state_bytes": plan.state.total_bytes,
+        "activation_bytes": plan.activation_bytes, "activation_bytes_per_sample": plan.activation_bytes_per_sample,
+        "total_bytes": plan.total_bytes, "reserved_bytes": plan.reserved_bytes, "device_memory_bytes": plan.device_memory_bytes,
+        "fits": plan.fits, "largest_micro_batch": plan.largest_micro_batch,
+    }
+    where = device or f"{args.memory_gb:g} GB"
+    sp = " + SP" if layout.sequence_parallel else ""
+    lines = [
+        f"{parameters:.4g} parameters on {layout.world_size} × {where}: TP {layout.tensor}{sp} × PP {layout.pipeline} × CP {layout.context} × DP {layout.data}, "
+        f"ZeRO-{layout.zero_stage}, {plan.recipe.name}, recompute {args.recompute}",
+        f"  per GPU (first pipeline stage): {plan.parameters_per_gpu:.4g} parameters",
+        f"    parameters {plan.state.parameters_bytes / 1e9:9.2f} GB",
+        f"    gradients  {plan.state.gradients_bytes / 1e9:9.2f} GB",
+        f"    optimizer  {plan.state.optimizer_state_bytes / 1e9:9.2f} GB",
+        f"    activations{plan.activation_bytes / 1e9:9.2f} GB  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
+        f"{plan.activation_bytes_per_sample / 1e9:.3g} GB a sequence)",
+        f"    total      {plan.total_bytes / 1e9:9.2f} GB of {plan.device_memory_bytes / 1e9:g} GB"
+        + (f" ({plan.reserved_bytes / 1e9:g} GB reserved)" if plan.reserved_bytes else "")
+        + f" — {'fits' if plan.fits else 'does NOT fit'}",
+        f"  largest micro-batch that fits: {plan.largest_micro_batch}"
+        + ("" if plan.largest_micro_batch else " (the training state alone does not leave room for one sequence)"),
+        "  not counted: LayerNorm statistics, embedding/output-layer activations, temporaries, communication buffers, fragmentation",
+    ]
+    return emit(args, fields, "\n".join(lines))
+
+
+def _run_optimal(args: argparse.Namespace) -> int:
+    from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach3_optimum, chinchilla_loss, gpu_hours, tokens_per_parameter_optimum
+
+    n3, d3 = chinchilla_approach3_optimum(args.flops)
+    n20, d20 = tokens_per_parameter_optimum(args.flops, args.tokens_per_param)
+    fields: dict[str, Any] = {
+        "training_flops": args.flops,
+        "approach3_parameters": n3, "approach3_tokens": d3, "approach3_loss": chinchilla_loss(n3, d3),
+        "approach3_exponent_parameters": CHINCHILLA_APPROACH3.parameter_exponent,
+        "tokens_per_parameter": args.tokens_per_param,
+        "rule_parameters": n20, "rule_tokens": d20, "rule_loss": chinchilla_loss(n20, d20),
+    }
+    lines = [
+        f"compute budget {args.flops:.4g} FLOPs (C = 6·N·D)",
+        f"  Chinchilla approach 3 (E=1.69, A=406.4, B=410.7, α=0.34, β=0.28): {n3:.4g} parameters × {d3:.4g} tokens"
+        f" ({d3 / n3:.1f} tokens/parameter), fitted loss {fields['approach3_loss']:.3f}",
+        f"  {args.tokens_per_param:g} tokens per parameter: {n20:.4g} parameters × {d20:.4g} tokens, fitted loss {fields['rule_loss']:.3f}",
+    ]
+    if args.device is not None or args.peak is not None:
+        if args.device is not None and args.peak is not None:
+            raise ResacctError("give --device NAME or --peak FLOP/s, not both")
+        peak, device = _peak(args)
+        hours = gpu_hours(args.flops, peak_flops_per_sec=peak, mfu=args.mfu, goodput=args.goodput)
+        fields.update({"device": device, "peak_flops_per_sec": peak, "mfu": args.mfu, "goodput": args.goodput, "device_hours": hours,
+                       "devices": args.devices, "wall_clock_days": hours / args.devices / 24})
+        lines.append(f"  on {device or 'a custom peak'} ({peak:.4g} FLOP/s) at MFU {args.mfu:g} and goodput {args.goodput:g}: "
+                     f"{hours:.4g} device-hours = {hours / args.devices / 24:.1f} days on {args.devices} devices")
+    return emit(args, fields, "\n".join(lines))
+
+
+def _peak(args: argparse.Namespace) -> tuple[float, str | None]:
+    if args.peak is not None:
+        return args.peak, None
+    from resacct.hardware import get_accelerator, peak_flops_per_sec
+
+    board = get_accelerator(args.device)
+    return peak_flops_per_sec(board, args.dtype), board.name
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from resacct.utilization import RECOMPUTE_MODES
+
+    plan = subparsers.add_parser("plan", help="does a TP × PP × DP × ZeRO layout fit per GPU (state + activations), and the largest micro-batch",
+                                 description=__doc__, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_argument("--params", type=count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")
+    plan.add_argument("--layers", type=positive_int, required=True, help="transformer layers L")
+    plan.add_argument("--hidden", type=positive_int, required=True, help="hidden size h")
+    plan.add_argument("--heads", type=positive_int, required=True, help="attention heads a")
+    plan.add_argument("--seq", type=positive_int, required=True, help="sequence length s")
+    plan.add_argument("--vocab", type=positive_int, default=None, help="vocabulary V (only to count parameters when --params is absent)")
+    plan.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch b (default: 1)")
+    plan.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size t (default: 1)")
+    plan.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size p (default: 1)")
+    plan.add_argument("--dp", type=positive_int, default=1, help="data-parallel size d (default: 1)")
+    plan.add_argument("--cp", type=positive_int, default=1, help="context-parallel size: the sequence is split over it (default: 1)")
+    plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over the data-parallel ranks (default: 0)")
+    plan.add_argument("--sp", action="store_true", help="sequence parallelism within the tensor-parallel group (needs --tp > 1)")
+    plan.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved schedule; default: 1)")
+    plan.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation recomputation (default: none)")
+    plan.add_argument("--recipe", default="mixed-adam", metavar="NAME",
+                      help="bytes per parameter: fp32-adamw, mixed-adam (2+2+12, default), bf16-adamw, or w+g+k")
+    plan.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
+    plan.add_argument("--memory-gb", type=count, default=None, help="memory per GPU in GB instead of --device")
+    plan.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="GB per GPU to keep free (buffers, fragmentation; default: 0)")
+    add_json_flag(plan)
+    plan.set_defaults(run=_run_plan)
+
+    optimal = subparsers.add_parser("optimal", help="compute-optimal parameters and tokens for a FLOP budget (Chinchilla), and device-hours",
+                                    description=__doc__, epilog=_OPTIMAL_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    optimal.add_argument("--flops", type=count, required=True, help="training compute budget C in FLOPs (5.76e23)")
+    optimal.add_argument("--tokens-per-param", type=count, default=20.0, help="the rule of thumb's tokens per parameter (default: 20)")
+    optimal.add_argument("--device", default=None, metavar="NAME", help="accelerator for device-hours (see 'resacct devices')")
+    optimal.add_argument("--dtype", default="bf16", help="format of the peak (default: bf16)")
+    optimal.add_argument("--peak", type=count, default=None, metavar="FLOP/S", help="a custom peak per device instead of --device (275e12)")
+    optimal.add_argument("--mfu", type=fraction, default=0.4, help="model FLOPs utilization in (0, 1] (default: 0.4)")
+    optimal.add_argument("--goodput", type=fraction, default=1.0, help="fraction of reserved time that makes progress (default: 1)")
+    optimal.add_argument("--devices", type=positive_int, default=1, help="devices, for the wall-clock days (default: 1)")
+    add_json_flag(optimal)
+    optimal.set_defaults(run=_run_optimal)
