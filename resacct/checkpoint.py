@@ -1,12 +1,14 @@
-"""Checkpoints that resume exactly, written so that a crash never destroys the last good one.
+"""Checkpoints that resume exactly, written so that a crash never destroys the last good one,
+and read back only when they are intact and fit what they are loaded into.
 
 A checkpoint is one ``torch.save`` file holding a plain dict::
 
     format          "resacct-checkpoint"
-    format_version  1
+    format_version  2
     step            optimizer steps taken
     model           model.state_dict()
     optimizer       optimizer.state_dict() (or None)
+    optimizer_class the optimizer's class name, e.g. "AdamW" (or None)
     rng             python random, numpy, torch CPU and (if present) CUDA generator states
     data            the batch source's state_dict() — its data position (or None)
     grad_scaler     torch.amp.GradScaler.state_dict() (or None)
@@ -16,9 +18,11 @@ Everything in it is a tensor or a plain Python value, so it loads with
 ``torch.load(..., weights_only=True)`` — numpy's RNG state is stored as an int64 tensor, not
 as the ndarray that ``np.random.get_state()`` returns (that would need allowlisting).
 
-It is written atomically: to a temporary file in the same directory, flushed and fsynced,
-``os.replace``-d over the old file, then the directory is fsynced. A crash at any moment
-leaves either the old checkpoint or the new one, never a torn file.
+The archive's zip comment holds its SHA-256 (:mod:`resacct.checkpoint_file`); a file whose
+bytes do not match is refused before anything is unpickled. It is written atomically
+(:mod:`resacct.atomic_files`): a crash at any moment leaves the old checkpoint or the new one.
+Loading checks everything first (:mod:`resacct.checkpoint_fit`) and only then changes the
+model, optimizer, data position, scaler and generators.
 
 >>> import tempfile, os
 >>> model = torch.nn.Linear(2, 1); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -30,19 +34,20 @@ leaves either the old checkpoint or the new one, never a torn file.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
-import pickle
 import random
-import uuid
-import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
+from resacct.atomic_files import write_atomically
+from resacct.checkpoint_file import CheckpointError, load_verified, write_checkpoint_file
+from resacct.checkpoint_fit import check_model_fits, check_optimizer_fits, optimizer_class_name, validate_content
 from resacct.errors import ResacctError
 
 __all__ = [
@@ -50,9 +55,11 @@ __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "REQUIRED_KEYS",
     "RESUME_STATE_PARTS",
+    "CheckpointError",
     "missing_resume_state",
     "SupportsStateDict",
     "write_atomically",
+    "write_checkpoint_file",
     "capture_rng_states",
     "restore_rng_states",
     "save_checkpoint",
@@ -61,7 +68,7 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "resacct-checkpoint"
-CHECKPOINT_FORMAT_VERSION = 1
+CHECKPOINT_FORMAT_VERSION = 2  # 2: SHA-256 trailer, optimizer_class
 REQUIRED_KEYS = ("format", "format_version", "step", "model", "optimizer", "rng", "data")
 
 
@@ -90,48 +97,6 @@ class SupportsStateDict(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a directory; the rename is still atomic
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(file)`` on a temporary file next to ``path``, make it durable, then move it
-    over ``path`` in one ``os.replace``. If anything fails, ``path`` is untouched and the
-    temporary file is removed.
-
-    >>> import tempfile, os
-    >>> target = os.path.join(tempfile.mkdtemp(), "note.bin")
-    >>> write_atomically(target, lambda file: file.write(b"hello")).read_bytes()
-    b'hello'
-    """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise ResacctError(f"{path}: the directory {directory} does not exist")
-    temporary = directory / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(temporary, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-        raise
-    _fsync_directory(directory)
-    return path
 
 
 def _numpy_rng_state() -> dict[str, Any]:
@@ -181,6 +146,8 @@ def _state_or_none(stateful: SupportsStateDict | None) -> dict[str, Any] | None:
     return None if stateful is None else stateful.state_dict()
 
 
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     *,
@@ -192,63 +159,54 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Atomically write everything needed to resume after ``step`` optimizer steps: model,
-    optimizer, every RNG state, the data position (``data.state_dict()``) and the loss scaler."""
-    if step < 0:
-        raise ResacctError(f"step {step}: expected the number of optimizer steps taken (≥ 0)")
+    optimizer (and its class), every RNG state, the data position (``data.state_dict()``) and
+    the loss scaler, with a SHA-256 of the whole archive.
+
+    Refused in one line naming the path: a target that is a directory, FIFO or device; a name
+    longer than the file system allows; a write that fails (disk full: the previous checkpoint
+    at the path is untouched). Temporaries left by a killed earlier save are removed."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise CheckpointError(f"step {step!r}: expected the number of optimizer steps taken (an int ≥ 0)")
     checkpoint = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_FORMAT_VERSION,
         "step": int(step),
         "model": model.state_dict(),
         "optimizer": _state_or_none(optimizer),
+        "optimizer_class": None if optimizer is None else optimizer_class_name(optimizer),
         "rng": capture_rng_states(),
         "data": _state_or_none(data),
         "grad_scaler": _state_or_none(grad_scaler),
         "extra": dict(extra or {}),
     }
-    return write_atomically(path, lambda file: torch.save(checkpoint, file))
+    return write_checkpoint_file(path, checkpoint)
 
 
-def _load_weights_only(path: Path) -> Any:
-    if not zipfile.is_zipfile(path):  # reads only the end of the file, where the zip directory is
-        size = path.stat().st_size
-        kind = "an empty file" if size == 0 else f"{size} bytes that are not a torch.save archive"
-        raise ResacctError(f"{path}: not a checkpoint: {kind} (truncated, or a different kind of file)")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        first_line = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise ResacctError(
-            f"{path}: holds objects other than tensors and plain values, refused by torch.load(weights_only=True): {first_line}"
-        ) from None
-    except (RuntimeError, EOFError, ValueError) as error:
-        raise ResacctError(f"{path}: a damaged torch.save archive (truncated?): {error}") from None
-
-
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, *, require_checksum: bool = True) -> dict[str, Any]:
     """The validated contents of the checkpoint at ``path`` (loaded with ``weights_only=True``).
 
-    Refuses, naming the file: a missing file, a truncated or foreign file, objects that are not
-    tensors or plain values, a dict that is not a resacct checkpoint, missing keys, and a
-    newer format version.
+    Refuses, in one line naming the file: a missing file or one that is not a regular file; a
+    checksum mismatch; no checksum (unless ``require_checksum=False``, for an older resacct
+    checkpoint or a plain torch.save file you trust); a truncated or foreign file; objects that
+    are not tensors or plain values; a dict that is not a resacct checkpoint; missing keys; a
+    newer format version; a field of the wrong type (``step: "abc"``, a malformed RNG state).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ResacctError(f"{path}: no checkpoint there")
-    content = _load_weights_only(path)
+    content = load_verified(path, require_checksum=require_checksum)
     if not isinstance(content, dict):
-        raise ResacctError(f"{path}: not a resacct checkpoint: it holds a {type(content).__name__}, expected a dict")
+        raise CheckpointError(f"{path}: not a resacct checkpoint: it holds a {type(content).__name__}, expected a dict")
     if content.get("format") != CHECKPOINT_FORMAT:
         keys = sorted(map(str, content))[:8]
-        raise ResacctError(f"{path}: not a resacct checkpoint: 'format' is {content.get('format')!r}, expected {CHECKPOINT_FORMAT!r} (keys: {keys})")
+        raise CheckpointError(f"{path}: not a resacct checkpoint: 'format' is {content.get('format')!r}, expected {CHECKPOINT_FORMAT!r} (keys: {keys})")
     version = content.get("format_version")
-    if not isinstance(version, int) or version > CHECKPOINT_FORMAT_VERSION:
-        raise ResacctError(
-            f"{path}: checkpoint format version {version!r} is newer than this resacct reads (≤ {CHECKPOINT_FORMAT_VERSION}); upgrade resacct"
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format version {version!r} is not one this resacct reads (1..{CHECKPOINT_FORMAT_VERSION}); a newer resacct wrote it?"
         )
     missing = [key for key in REQUIRED_KEYS if key not in content]
     if missing:
-        raise ResacctError(f"{path}: checkpoint is missing {', '.join(repr(key) for key in missing)}")
+        raise CheckpointError(f"{path}: checkpoint is missing {', '.join(repr(key) for key in missing)}")
+    validate_content(path, content)
     return content
 
 
@@ -260,26 +218,47 @@ def load_checkpoint(
     data: SupportsStateDict | None = None,
     grad_scaler: SupportsStateDict | None = None,
     restore_rng: bool = True,
+    require_checksum: bool = True,
 ) -> int:
     """Restore ``model`` (and ``optimizer``, ``data``, ``grad_scaler`` when given, and every
-    global RNG when ``restore_rng``) from ``path``; returns the step to continue from."""
-    content = read_checkpoint(path)
-    _restore_part(path, "model", model, content["model"])
+    global RNG when ``restore_rng``) from ``path``; returns the step to continue from.
+
+    Everything is checked first — the file (:func:`read_checkpoint`), the model's keys and
+    shapes, the optimizer's class, param groups and state shapes, every RNG state — and only
+    then is anything changed. A refusal is one :class:`CheckpointError` line and leaves the
+    model, optimizer, data position, scaler and global generators as they were (a data source
+    or scaler whose own ``load_state_dict`` raises is put back from its earlier state)."""
+    path = Path(path)
+    content = read_checkpoint(path, require_checksum=require_checksum)
+    check_model_fits(path, model, content["model"])
+    parts: list[tuple[str, Any, Any]] = []
+    for key, target in (("optimizer", optimizer), ("data", data), ("grad_scaler", grad_scaler)):
+        if target is None:
+            continue
+        if content.get(key) is None:
+            raise CheckpointError(f"{path}: the checkpoint holds no {key} state, but a {type(target).__name__} was given to restore")
+        parts.append((key, target, content[key]))
     if optimizer is not None:
-        _restore_part(path, "optimizer", optimizer, content["optimizer"])
-    if data is not None:
-        _restore_part(path, "data", data, content["data"])
-    if grad_scaler is not None:
-        _restore_part(path, "grad_scaler", grad_scaler, content.get("grad_scaler"))
+        check_optimizer_fits(path, optimizer, content["optimizer"], content.get("optimizer_class"))
+    _restore_all(path, [*parts, ("model", model, content["model"])])
     if restore_rng:
         restore_rng_states(content["rng"])
-    return int(content["step"])
+    return content["step"]
 
 
-def _restore_part(path: str | os.PathLike, key: str, target: Any, state: Any) -> None:
-    if state is None:
-        raise ResacctError(f"{path}: the checkpoint holds no {key} state, but a {type(target).__name__} was given to restore")
-    try:
-        target.load_state_dict(state)
-    except (RuntimeError, KeyError, ValueError, TypeError) as error:
-        raise ResacctError(f"{path}: the {key} state does not fit this {type(target).__name__}: {error}") from None
+def _restore_all(path: Path, parts: list[tuple[str, Any, Any]]) -> None:
+    """Load each part; if one fails, put the ones already loaded back as they were."""
+    done: list[tuple[Any, Any]] = []
+    for key, target, state in parts:
+        before = target.state_dict() if key != "model" else None  # references, not copies: loading replaces them
+        try:
+            target.load_state_dict(state)
+        except Exception as error:
+            for loaded, earlier in reversed([*done, (target, before)]):
+                if earlier is not None:
+                    with contextlib.suppress(Exception):
+                        loaded.load_state_dict(earlier)
+            text = str(error).strip()
+            first_line = text.splitlines()[0] if text else type(error).__name__
+            raise CheckpointError(f"{path}: the {key} state does not fit this {type(target).__name__}: {first_line}") from None
+        done.append((target, before))

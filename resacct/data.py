@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from jaxtyping import Int64, Integer
 
+from resacct.atomic_files import write_atomically
 from resacct.errors import ResacctError
 
 __all__ = [
@@ -92,6 +93,12 @@ def write_tokens(
     Refuses ids that are negative, do not fit ``dtype`` (uint16 holds < 65536) or are
     ``≥ vocab_size``: a silent wrap-around would train on the wrong tokens.
 
+    The file is written to a temporary file in the same directory and ``os.replace``-d over
+    ``path`` (:func:`resacct.atomic_files.write_atomically`): a job that has the old file
+    memory-mapped keeps reading the old tokens (overwriting in place would change them under
+    it, or kill it with SIGBUS when the file shrinks), and a failed write (disk full) leaves
+    the old file whole. A ``path`` that is a directory, FIFO or device is refused.
+
     >>> import tempfile, os
     >>> write_tokens(os.path.join(tempfile.mkdtemp(), "t.bin"), [70000], "uint16")
     Traceback (most recent call last):
@@ -115,9 +122,15 @@ def write_tokens(
             )
         if vocab_size is not None and highest >= vocab_size:
             raise ResacctError(f"token id {highest} at index {int(values.argmax())} is not below vocab_size {vocab_size}")
-    with open(path, "wb") as file:
-        file.write(token_file_header(token_dtype.name, values.size))
-        values.astype(token_dtype.newbyteorder("<"), copy=False).tofile(file)
+    header = token_file_header(token_dtype.name, values.size)
+    body = np.ascontiguousarray(values.astype(token_dtype.newbyteorder("<"), copy=False))
+
+    def write(file: Any) -> None:
+        file.write(header)
+        if body.size:
+            file.write(body.view(np.uint8))
+
+    write_atomically(path, write, what="token file")
 
 
 def _read_header(path: Path, file_bytes: int) -> tuple[np.dtype, int] | None:
@@ -230,11 +243,23 @@ def get_batch(
     starts = sample_window_starts(len(tokens), batch_size, context_length, generator).numpy()
     positions = starts[:, None] + np.arange(context_length + 1)  # (batch, context + 1)
     windows = np.asarray(tokens[positions]).astype(np.int64)  # reads only these tokens
+    if np.issubdtype(tokens.dtype, np.signedinteger):
+        _refuse_negative_ids(windows, positions)
     if vocab_size is not None:
         _refuse_out_of_vocabulary(windows, positions, vocab_size)
     x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (batch, context)
     y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (batch, context)
     return _to_device(x, device, pin_memory), _to_device(y, device, pin_memory)
+
+
+def _refuse_negative_ids(windows: np.ndarray, positions: np.ndarray) -> None:
+    negative = windows < 0
+    if negative.any():
+        row, column = map(int, np.argwhere(negative)[0])
+        raise ResacctError(
+            f"token id {int(windows[row, column])} at position {int(positions[row, column])} is negative; token ids are ≥ 0 "
+            "(a signed file with bad ids, or read with the wrong dtype?)"
+        )
 
 
 def _refuse_out_of_vocabulary(windows: np.ndarray, positions: np.ndarray, vocab_size: int) -> None:
@@ -305,5 +330,22 @@ class TokenBatchSampler:
         return {"generator_state": self.generator.get_state(), "batches_drawn": self.batches_drawn}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator_state"])
-        self.batches_drawn = int(state["batches_drawn"])
+        """Restore a :meth:`state_dict`; checks it all first, so a refusal changes nothing."""
+        if not isinstance(state, dict) or not {"generator_state", "batches_drawn"} <= set(state):
+            raise ResacctError(f"sampler state {_shown(state)}: expected a dict with 'generator_state' and 'batches_drawn'")
+        generator_state, batches_drawn = state["generator_state"], state["batches_drawn"]
+        if isinstance(batches_drawn, bool) or not isinstance(batches_drawn, int) or batches_drawn < 0:
+            raise ResacctError(f"sampler state 'batches_drawn' is {batches_drawn!r}; expected an int ≥ 0")
+        try:
+            torch.Generator().set_state(generator_state)
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise ResacctError(
+                f"sampler state 'generator_state' is {_shown(generator_state)}; expected torch.Generator().get_state() ({str(error).splitlines()[0]})"
+            ) from None
+        self.generator.set_state(generator_state)
+        self.batches_drawn = batches_drawn
+
+
+def _shown(value: Any) -> str:
+    text = f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."

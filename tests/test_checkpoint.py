@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from resacct import atomic_files
 from resacct import checkpoint as checkpoint_module
 from resacct.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -29,6 +30,7 @@ from resacct.checkpoint import (
     read_checkpoint,
     save_checkpoint,
     write_atomically,
+    write_checkpoint_file,
 )
 from resacct.seeding import preserved_global_rng
 from resacct.data import TokenBatchSampler
@@ -147,6 +149,12 @@ def test_negative_step_is_refused(tmp_path: Path):
 
 
 def saved(tmp_path: Path, content: object, name: str = "foreign.pt") -> Path:
+    """``content`` written as resacct writes a checkpoint (with a valid SHA-256 trailer), so
+    that what is refused is the content, not the missing checksum."""
+    return write_checkpoint_file(tmp_path / name, content)
+
+
+def plain_torch_save(tmp_path: Path, content: object, name: str = "plain.pt") -> Path:
     path = tmp_path / name
     torch.save(content, path)
     return path
@@ -180,9 +188,11 @@ class NotATensor:
         (lambda tmp: saved(tmp, {"model": {}, "optimizer": {}}), r"foreign\.pt: not a resacct checkpoint: 'format' is None"),
         (lambda tmp: saved(tmp, {"thing": NotATensor()}), r"foreign\.pt: holds objects other than tensors and plain values"),
         (lambda tmp: saved(tmp, {k: v for k, v in valid_content().items() if k != "optimizer"}), r"foreign\.pt: checkpoint is missing 'optimizer'"),
-        (lambda tmp: saved(tmp, {**valid_content(), "format_version": CHECKPOINT_FORMAT_VERSION + 1}), r"format version 2 is newer"),
+        (lambda tmp: saved(tmp, {**valid_content(), "format_version": CHECKPOINT_FORMAT_VERSION + 1}), r"format version 3 is not one this resacct reads \(1\.\.2\)"),
+        (lambda tmp: plain_torch_save(tmp, valid_content()), r"plain\.pt: no SHA-256 trailer, so its integrity cannot be checked"),
+        (lambda tmp: tmp, r": is a directory, not a checkpoint file"),
     ],
-    ids=["missing", "empty", "random-bytes", "plain-pickle", "list", "foreign-dict", "arbitrary-object", "missing-key", "newer-version"],
+    ids=["missing", "empty", "random-bytes", "plain-pickle", "list", "foreign-dict", "arbitrary-object", "missing-key", "newer-version", "plain-torch-save", "directory"],
 )
 def test_bad_files_are_refused_by_name(tmp_path: Path, make_file, expected: str):
     path = make_file(tmp_path)
@@ -201,7 +211,7 @@ def test_truncated_checkpoint_is_refused(tmp_path: Path, keep_fraction: float):
     path = save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=optimizer, step=1)
     content = path.read_bytes()
     path.write_bytes(content[: int(len(content) * keep_fraction)])
-    with pytest.raises(ResacctError, match=r"ckpt\.pt: (not a checkpoint|a damaged torch\.save archive)"):
+    with pytest.raises(ResacctError, match=r"ckpt\.pt: (not a checkpoint|a damaged torch\.save archive|no SHA-256 trailer)"):
         read_checkpoint(path)
 
 
@@ -236,8 +246,8 @@ def test_crash_before_rename_keeps_previous_checkpoint(tmp_path: Path, monkeypat
     def crash(*args: object) -> None:
         raise OSError("simulated crash between fsync and rename")
 
-    monkeypatch.setattr(checkpoint_module.os, "replace", crash)
-    with pytest.raises(OSError, match="simulated crash"):
+    monkeypatch.setattr(atomic_files.os, "replace", crash)
+    with pytest.raises(ResacctError, match=r"ckpt\.pt: cannot write the checkpoint: simulated crash .*; the previous checkpoint at .*ckpt\.pt is untouched"):
         save_checkpoint(path, model=model, optimizer=optimizer, step=2)
     monkeypatch.undo()
     assert read_checkpoint(path)["step"] == 1
@@ -404,7 +414,7 @@ def test_resume_needs_every_part_of_the_checkpoint(tmp_path: Path, part: str):
             content["rng"][part] = fresh_start_state(part)
         else:
             content[part] = fresh_start_state(part)
-        torch.save(content, checkpoint)
+        write_checkpoint_file(checkpoint, content)
         resumed = resume_worker.run(checkpoint, 6, 3, resume=True)
         uninterrupted = resume_worker.run(tmp_path / "reference.pt", 6, 3)
     assert not all(torch.equal(resumed[name], uninterrupted[name]) for name in uninterrupted)
