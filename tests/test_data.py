@@ -270,3 +270,88 @@ def test_sampler_arguments_reach_get_batch():
         TokenBatchSampler(tokens, batch_size=3, context_length=5, seed=9, vocab_size=10)()
     first = TokenBatchSampler(tokens, 3, 5, seed=1)()[0]
     assert not torch.equal(first, TokenBatchSampler(tokens, 3, 5, seed=2)()[0])
+
+
+# --- replacing a token file that someone is reading (issue 13) ---------------------------------
+
+
+@pytest.mark.parametrize("new_length", [1000, 10, 4000], ids=["same-size", "smaller", "larger"])
+def test_a_memmap_of_the_old_file_keeps_its_tokens_after_write_tokens(tmp_path: Path, new_length: int):
+    """write_tokens used to truncate and rewrite in place: a job with the file memory-mapped
+    got SIGBUS when it shrank, or silently read the new tokens when the size matched. Now the
+    path is replaced by a new file; the old mapping keeps the old inode and its tokens."""
+    path = tmp_path / "tokens.bin"
+    write_tokens(path, np.arange(1000) % 500, "uint16")
+    running_job = read_tokens(path)
+    old = np.array(running_job)
+    write_tokens(path, np.full(new_length, 7), "uint16")
+    assert np.array_equal(np.array(running_job), old)  # no SIGBUS, no changed tokens
+    assert read_tokens(path).tolist() == [7] * new_length
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["tokens.bin"]
+
+
+def test_disk_full_while_writing_tokens_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import errno
+    import io
+
+    from resacct import atomic_files
+
+    class DiskFull(io.FileIO):
+        def __init__(self, temporary: Path):
+            super().__init__(temporary, "x")
+
+        def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "tokens.bin"
+    write_tokens(path, np.arange(100), "uint16")
+    monkeypatch.setattr(atomic_files, "_open_temporary", DiskFull)
+    with pytest.raises(ResacctError) as error:
+        write_tokens(path, np.arange(200), "uint16")
+    assert str(error.value) == f"{path}: cannot write the token file: no space left on the device (errno ENOSPC) after 0 bytes of the new token file; the previous token file at {path} is untouched"
+    monkeypatch.undo()
+    assert read_tokens(path).tolist() == list(range(100))
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["tokens.bin"]
+
+
+def test_write_tokens_refuses_a_directory_or_fifo(tmp_path: Path):
+    import os
+
+    (tmp_path / "dir.bin").mkdir()
+    with pytest.raises(ResacctError, match=r"dir\.bin: is a directory, not a regular file; refusing to replace it with a token file"):
+        write_tokens(tmp_path / "dir.bin", [1, 2], "uint16")
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.bin")
+        with pytest.raises(ResacctError, match=r"pipe\.bin: is a FIFO"):
+            write_tokens(tmp_path / "pipe.bin", [1, 2], "uint16")
+
+
+def signed_token_file(tmp_path: Path, values: list[int]) -> np.memmap:
+    """A raw int32 token file (as other tools write them): write_tokens would refuse -1."""
+    path = tmp_path / "signed.bin"
+    np.asarray(values, dtype="<i4").tofile(path)
+    return read_tokens(path, dtype="int32")
+
+
+@pytest.mark.parametrize("vocab_size", [None, 50])
+def test_negative_ids_in_a_signed_file_are_refused(tmp_path: Path, vocab_size: int | None):
+    """-1 passed the vocabulary check (it is < vocab_size) and reached the embedding."""
+    tokens = signed_token_file(tmp_path, [3] * 10 + [-1] + [3] * 10)
+    with pytest.raises(ResacctError, match=r"^token id -1 at position 10 is negative; token ids are ≥ 0") as error:
+        for seed in range(50):  # some window covers position 10
+            get_batch(tokens, batch_size=4, context_length=8, generator=seeded(seed), vocab_size=vocab_size)
+    assert "\n" not in str(error.value)
+
+
+def test_sampler_state_that_does_not_fit_changes_nothing():
+    sampler = TokenBatchSampler(np.arange(50, dtype=np.uint16), 2, 4, seed=0)
+    sampler()
+    before = sampler.state_dict()
+    for bad, expected in [
+        ({"generator_state": torch.zeros(3, dtype=torch.uint8), "batches_drawn": 5}, r"sampler state 'generator_state' is a torch\.uint8 tensor of shape \(3,\)"),
+        ({"generator_state": before["generator_state"], "batches_drawn": "many"}, r"sampler state 'batches_drawn' is 'many'; expected an int ≥ 0"),
+        ({"batches_drawn": 1}, r"sampler state \{'batches_drawn': 1\}: expected a dict with 'generator_state' and 'batches_drawn'"),
+    ]:
+        with pytest.raises(ResacctError, match=expected):
+            sampler.load_state_dict(bad)
+        assert sampler.batches_drawn == 1 and torch.equal(sampler.generator.get_state(), before["generator_state"])
