@@ -1,26 +1,31 @@
-"""``resacct verify``: run every claim against this machine's PyTorch and print the claims table.
+"""``resacct verify``: run every claim against this machine's PyTorch; print per-area counts and
+the claims that do not hold.
 
-Runs pytest in-process with the claims plugin (jaxtyping's hook is left out: the CLI has
-already imported resacct), shows a progress bar, prints one table per area and a summary
-line, writes ``report.json`` into the report directory, and exits 1 when any claim failed
-or is invalid (2 for bad arguments).
+Prints the per-area counts (holds / refuted / skipped / failed / invalid), then only the claims
+that do not hold: failed ones first, with the law's value, the prediction, the measurement, the
+inputs and the YAML file:line; then the refuted ones with their truth. --all or --status shows
+others; --json prints everything as strict JSON. The report directory (report.json, report.md,
+report.html, errata.md, roofline.png, pytest.log) is replaced only by a complete run: a run of
+--area or -k, or one stopped by Ctrl-C, goes to <report-dir>-partial/ when <report-dir> holds a
+complete report, and says it is partial in every file. Exit status 1 when a claim failed or is
+invalid, 2 for bad arguments, 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
-import os
+import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["register", "run_claims", "default_specs_dir"]
+__all__ = ["register", "run_verify", "default_specs_dir"]
 
 STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "failed": "bold red", "invalid": "bold red"}
+_OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
 
 
 def default_specs_dir() -> Path:
@@ -34,15 +39,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check every claim against PyTorch and print the claims table",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  resacct verify\n  resacct verify --area dtypes --area storage\n  resacct verify -k gpt3 --report-dir reports/",
+        epilog="examples:\n  resacct verify\n  resacct verify --area dtypes --area storage --all\n  resacct verify -k gpt3 --status holds\n"
+               "  resacct verify --json | jq '.counts'",
     )
     parser.add_argument("--specs", type=Path, default=None, help="folder of *.claims.yaml files (default: the claims shipped with resacct)")
-    parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes")
-    parser.add_argument("-k", dest="pattern", default=None, help="only claims whose id matches this pytest -k expression")
+    parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes; the report is partial")
+    parser.add_argument("-k", dest="pattern", default=None, help="only claims whose id matches this pytest -k expression; the report is partial")
+    shown = parser.add_argument_group("what is printed (the report files always hold every claim that ran)")
+    shown.add_argument("--all", action="store_true", help="list every claim, not only those that do not hold")
+    shown.add_argument("--status", action="append", choices=_OUTCOMES, default=[], metavar="STATUS",
+                       help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted")
+    shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
+    shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages, and the inputs of every listed claim")
+    shown.add_argument("--json", action="store_true",
+                       help="print one strict JSON object (counts, per-area counts, run, report files, and the claims --status selects; all by default)")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")
-    parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report.json and pytest.log go (default: reports/)")
+    parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where the report files go (default: reports/)")
     parser.add_argument("--workers", type=int, default=0, help="run claims in N processes with pytest-xdist (default: 0, in this process)")
-    parser.add_argument("--quiet", action="store_true", help="print only the summary line")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
                         help="run nothing: combine report.json files (e.g. one per tox env) into a claims × torch-version matrix")
@@ -67,127 +80,85 @@ def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
     return files
 
 
-class _Progress:
-    """pytest plugin that advances a rich progress bar as claims finish."""
+def _shown_statuses(args: argparse.Namespace) -> tuple[str, ...]:
+    from resacct.reporting.terminal import DEFAULT_STATUSES
 
-    def __init__(self, progress: Any):
-        self.progress = progress
-        self.task = None
-
-    def pytest_collection_finish(self, session: Any) -> None:
-        self.task = self.progress.add_task("verifying claims", total=len(session.items))
-
-    def pytest_runtest_logreport(self, report: Any) -> None:
-        if self.task is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
-            self.progress.advance(self.task)
-
-
-def run_claims(files: list[Path], report_dir: Path, *, pattern: str | None = None, workers: int = 0,
-               gpu_required: bool = False, show_progress: bool = True) -> tuple[int, dict[str, Any]]:
-    """Run pytest on ``files``; returns (pytest exit code, the report document)."""
-    import pytest
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    report_dir.mkdir(parents=True, exist_ok=True)
-    json_path = report_dir / "report.json"
-    json_path.unlink(missing_ok=True)
-    rootdir = files[0].parent.parent
-    args = [str(path) for path in files]
-    args += ["-o", "addopts=", "--rootdir", str(rootdir), "-p", "no:cacheprovider", "-q", "--no-claims-summary", "--claims-json", str(json_path)]
-    if pattern:
-        args += ["-k", pattern]
-    if workers:
-        args += ["-n", str(workers)]
-    previous = os.environ.get("RESACCT_REQUIRE_GPU")
-    if gpu_required:
-        os.environ["RESACCT_REQUIRE_GPU"] = "1"
-    log = io.StringIO()
-    try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=True, disable=not show_progress) as progress:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                exit_code = pytest.main(args, plugins=[_Progress(progress)])
-    finally:
-        if gpu_required:
-            if previous is None:
-                os.environ.pop("RESACCT_REQUIRE_GPU", None)
-            else:
-                os.environ["RESACCT_REQUIRE_GPU"] = previous
-    (report_dir / "pytest.log").write_text(log.getvalue(), encoding="utf-8")
-    if not json_path.exists():
-        raise ResacctError(f"pytest ran no claims (exit {int(exit_code)}); see {report_dir / 'pytest.log'}")
-    return int(exit_code), json.loads(json_path.read_text(encoding="utf-8"))
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def print_table(document: dict[str, Any], quiet: bool = False) -> dict[str, int]:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=max(Console().width, 170))
-    records = document["claims"]
-    totals = {name: 0 for name in STATUS_STYLE}
-    for record in records:
-        totals[record["outcome"]] += 1
-    if not quiet:
-        areas = sorted({record["area"] for record in records})
-        for area in areas:
-            table = Table(title=f"{area}", title_justify="left", show_lines=False, expand=False)
-            longest_id = max(len(record["id"]) for record in records if record["area"] == area)
-            table.add_column("claim", no_wrap=True, min_width=longest_id)  # ids are never broken: they are what people grep for
-            for column in ("says", "law", "predicted", "measured", "status"):
-                table.add_column(column, overflow="fold", max_width=48 if column == "says" else 30)
-            for record in (r for r in records if r["area"] == area):
-                outcome = record["outcome"]
-                status = f"[{STATUS_STYLE[outcome]}]{outcome}[/]"
-                if outcome in {"refuted"} and record.get("truth"):
-                    status += f"\n[dim]{record['truth']}[/]"
-                elif outcome in {"skipped", "failed", "invalid"} and record.get("message"):
-                    status += f"\n[dim]{_cell(record['message'].splitlines()[0])}[/]"
-                law = record.get("law") or _expect_text(record.get("expect"))
-                if record.get("forall"):
-                    law = f"{law}  (∀ {', '.join(record['forall'])}, {record.get('examples', 0)} examples)"
-                table.add_row(record["id"], record.get("says") or "", law or "—", _cell(record.get("predicted")),
-                              _cell(record.get("measured")), status)
-            console.print(table)
-    environment = document.get("environment", {})
-    console.print(
-        f"claims: {', '.join(f'{count} {name}' for name, count in totals.items())}"
-        f"  (torch {environment.get('torch', '?')}, {environment.get('device', '?')}: {environment.get('device_name', '?')})"
-    )
-    return totals
-
-
-def _expect_text(expect: dict[str, Any] | None) -> str:
-    if not expect:
-        return ""
-    return ", ".join(f"{key} {value}" for key, value in expect.items())
+    if args.all:
+        return _OUTCOMES
+    return tuple(args.status) or DEFAULT_STATUSES
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from resacct.reporting import write_report_directory
+    from resacct.harness.run import run_claims
+    from resacct.reporting import ReportStaging, write_report_files
 
     if args.merge:
         return run_merge(args.merge, args.report_dir, quiet=args.quiet)
-    files = _claim_files(args.specs or default_specs_dir(), args.area)
     if args.workers < 0:
         raise ResacctError(f"--workers must be 0 or more, got {args.workers}")
-    exit_code, document = run_claims(files, args.report_dir, pattern=args.pattern, workers=args.workers,
-                                     gpu_required=args.gpu_required, show_progress=not args.quiet)
-    totals = print_table(document, quiet=args.quiet)
-    written = write_report_directory(document, args.report_dir)
-    roofline = None if args.no_roofline else _write_roofline(args.report_dir)
-    names = ", ".join(str(path) for path in [*written.values(), *([roofline] if roofline else [])])
-    print(f"report: {names} (pytest output: {args.report_dir / 'pytest.log'})")
-    return 1 if totals["failed"] or totals["invalid"] or exit_code not in (0, 5) else 0
+    specs = args.specs or default_specs_dir()
+    files = _claim_files(specs, args.area)
+    staging = ReportStaging(args.report_dir)  # refuses a --report-dir that cannot be one before any claim runs
+    started = time.monotonic()
+    try:
+        run = run_claims(files, staging.path, pattern=args.pattern, workers=args.workers, gpu_required=args.gpu_required,
+                         show_progress=not (args.quiet or args.json))
+        document = run.document
+        document["run"] = {
+            "complete": not (args.area or args.pattern or run.interrupted),
+            "interrupted": "Ctrl-C" if run.interrupted else False,
+            "selection": {"areas": sorted(area.lower() for area in args.area), "pattern": args.pattern},
+            "specs": str(Path(specs).resolve()),
+            "rootdir": str(files[0].parent.parent.resolve()),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
+        write_report_files(document, staging.path, roofline.read_bytes() if roofline else None)
+        destination = staging.publish(complete=document["run"]["complete"])
+    except BaseException:
+        staging.discard()
+        raise
+    files_written = [name for name in ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "pytest.log")
+                     if (destination / name).exists()]
+    _print_result(args, document, destination, files_written)
+    if run.interrupted:
+        print(f"resacct verify: interrupted: the {len(document['claims'])} claims that finished are in {destination}/ (marked partial)",
+              file=sys.stderr)
+        return 130
+    failed = any(record["outcome"] in {"failed", "invalid"} for record in document["claims"])
+    return 1 if failed or run.exit_code not in (0, 1, 5) else 0
+
+
+def _print_result(args: argparse.Namespace, document: dict[str, Any], destination: Path, files_written: list[str]) -> None:
+    from resacct.reporting import counts_by_area, outcome_counts, run_notice, strict_json_text
+    from resacct.reporting.terminal import render_summary, summary_line
+
+    diverted = destination.resolve() != Path(args.report_dir).resolve()
+    moved = f"report: {destination}/ ({', '.join(files_written)})"
+    if diverted:
+        moved += f"\n  partial run: {Path(args.report_dir)}/ holds a complete report, which a partial run does not replace"
+    if args.json:
+        statuses = tuple(args.status) or _OUTCOMES
+        totals = outcome_counts(document["claims"])
+        fields = {
+            "counts": {name: totals[name] for name in _OUTCOMES},
+            "counts_by_area": {area: {name: counts[name] for name in _OUTCOMES} for area, counts in counts_by_area(document["claims"]).items()},
+            "complete": document["run"]["complete"],
+            "notice": run_notice(document),
+            "run": document["run"],
+            "environment": document["environment"],
+            "report_dir": str(destination),
+            "report_files": [str(destination / name) for name in files_written],
+            "claims": [record for record in document["claims"] if record["outcome"] in statuses],
+        }
+        sys.stdout.write(strict_json_text(fields, non_finite="string"))
+        return
+    if args.quiet:
+        print(summary_line(document))
+    else:
+        width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 100))
+        print(render_summary(document, statuses=_shown_statuses(args), width=width, verbose=args.verbose))
+    print(moved)
 
 
 _ROOFLINE_OPERATIONS = [("copy", 2**22), ("add", 2**22), ("relu", 2**22), ("gelu", 2**20), ("matvec", 2048), ("matmul", 64), ("matmul", 256)]
@@ -212,12 +183,18 @@ def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from resacct.reporting import load_report, merge_reports, render_matrix_markdown
+    from resacct.reporting import load_report, merge_reports, render_matrix_markdown, strict_json_text
 
     matrix = merge_reports([load_report(path) for path in paths])
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "matrix.md").write_text(render_matrix_markdown(matrix), encoding="utf-8")
-    (report_dir / "matrix.json").write_text(json.dumps(matrix, indent=2) + "\n", encoding="utf-8")
+    if report_dir.exists() and not report_dir.is_dir():
+        raise ResacctError(f"report directory {str(report_dir)!r} is a file; --report-dir needs a directory resacct may create and write")
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "matrix.md").write_text(render_matrix_markdown(matrix), encoding="utf-8")
+        (report_dir / "matrix.json").write_text(strict_json_text(matrix), encoding="utf-8")
+    except OSError as error:
+        raise ResacctError(f"report directory {str(report_dir)!r} cannot be written ({error.strerror or error}); "
+                           "--report-dir needs a directory resacct may create and write") from None
     changed = [row for row in matrix["rows"] if row["changes"]]
     if not quiet:
         table = Table(title="claims × environments (rows whose status changes are marked ⚠)", title_justify="left")

@@ -111,6 +111,9 @@ class ClaimItem(pytest.Item):
                 self._remember(evaluate_claim(self.loaded, dict(claim.given)))
         except NotMeasurable as reason:
             pytest.skip(f"not measurable here: {reason}")
+        except ClaimFailure as failure:  # the report shows the failing example's law, prediction and measurement
+            self._remember(failure.verdict, failing=True)
+            raise
 
     def _run_forall(self) -> None:
         from hypothesis import given, settings
@@ -133,14 +136,17 @@ class ClaimItem(pytest.Item):
         test()
         self.record["examples"] = examples[0]
 
-    def _remember(self, verdict: Verdict) -> None:
-        self.record.update(
+    def _remember(self, verdict: Verdict, *, failing: bool = False) -> None:
+        """Record the example to show: the failing one, else (forall) the one farthest from the law."""
+        from resacct.harness.report import remember_example
+
+        remember_example(self.record, dict(
             inputs=_plain(verdict.inputs),
             law_value=_plain(verdict.law_value),
             quantities=_plain(verdict.quantities),
             predicted=_plain(verdict.predicted),
             measured=_plain(verdict.measured if verdict.raised is None else f"raised {type(verdict.raised).__name__}: {verdict.raised}"),
-        )
+        ), failing=failing)
 
     def repr_failure(self, excinfo, style=None):  # type: ignore[no-untyped-def]
         location = f"{self.loaded.path}:{self.loaded.line}: "

@@ -1,14 +1,35 @@
-"""The claims table printed at the end of a pytest run, and the JSON records behind it."""
+"""The claims table printed at the end of a pytest run, and the JSON records behind it.
+
+A claim's record keeps one example: the given inputs, or for a ``forall`` claim the *worst*
+example (the largest relative deviation of the measurement from the law), or the failing one.
+
+>>> relative_deviation(100, 114)
+0.14
+>>> record = {"expect": None}
+>>> remember_example(record, {"law_value": 10, "measured": 10, "inputs": {"x": 1}}, failing=False)
+>>> remember_example(record, {"law_value": 10, "measured": 12, "inputs": {"x": 2}}, failing=False)
+>>> record["inputs"], record["deviation"]
+({'x': 2}, 0.2)
+"""
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import platform
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OUTCOMES", "write_summary", "write_claims_json", "environment_fingerprint", "count_outcomes"]
+__all__ = [
+    "OUTCOMES",
+    "write_summary",
+    "write_claims_json",
+    "environment_fingerprint",
+    "count_outcomes",
+    "relative_deviation",
+    "remember_example",
+]
 
 OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
 
@@ -70,9 +91,66 @@ def environment_fingerprint() -> dict[str, Any]:
 
 
 def write_claims_json(path: str | Path, records: list[dict[str, Any]]) -> None:
+    """Strict JSON (a NaN or an infinity is written as the string ``"nan"``/``"inf"``), written atomically."""
+    from resacct.reporting.documents import strict_json_text
+
     document = {"environment": environment_fingerprint(), "claims": sorted(records, key=lambda r: (r["area"], r["path"] or "", r["line"] or 0))}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_suffix(target.suffix + ".tmp")
-    temporary.write_text(json.dumps(document, indent=2, default=repr) + "\n", encoding="utf-8")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(strict_json_text(document, non_finite="string"), encoding="utf-8")
     temporary.replace(target)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def relative_deviation(expected: Any, measured: Any) -> float | None:
+    """``|measured − expected| / |expected|`` for finite numbers (the largest over two equally long
+    lists of them); 0 when they are equal; None when it is undefined (text, expected 0, NaN…)."""
+    if isinstance(expected, (list, tuple)) and isinstance(measured, (list, tuple)):
+        if len(expected) != len(measured) or not expected:
+            return None
+        deviations = [relative_deviation(e, m) for e, m in zip(expected, measured)]
+        return None if any(d is None for d in deviations) else max(deviations)  # type: ignore[type-var]
+    if not (_is_number(expected) and _is_number(measured)):
+        return None
+    if expected == measured:
+        return 0.0
+    if expected == 0 or not (math.isfinite(expected) and math.isfinite(measured)):
+        return None
+    return abs(measured - expected) / abs(expected)
+
+
+def expected_value(record: dict[str, Any]) -> Any:
+    """What the claim says the measurement is: the law's value, else ``expect.equals``/``approx``,
+    else resacct's prediction (for ``at_least``/``at_most`` claims); None when there is nothing."""
+    if record.get("law_value") is not None:
+        return record["law_value"]
+    expect = record.get("expect") or {}
+    for key in ("equals", "approx"):
+        if key in expect:
+            return expect[key]
+    return record.get("predicted")
+
+
+def _rank(example: dict[str, Any], expect: dict[str, Any] | None) -> float:
+    expected = expected_value({**example, "expect": expect})
+    deviation = relative_deviation(expected, example.get("measured"))
+    if deviation is not None:
+        return deviation
+    return 0.0 if expected is None or expected == example.get("measured") else math.inf
+
+
+def remember_example(record: dict[str, Any], example: dict[str, Any], *, failing: bool) -> None:
+    """Keep in ``record`` the example to show: the failing one, else the one that deviates most
+    from what the claim says (the first of equals), and its ``deviation`` (None when undefined)."""
+    kept_failing = record.get("example") == "failing"
+    if not failing and kept_failing:
+        return
+    if not failing and "measured" in record and _rank(example, record.get("expect")) <= _rank(record, record.get("expect")):
+        return
+    record.update(example)
+    record["deviation"] = relative_deviation(expected_value(record), record.get("measured"))
+    record["example"] = "failing" if failing else ("worst" if record.get("forall") else "given")

@@ -1,0 +1,107 @@
+"""Running claims files through pytest in this process and getting the report document back.
+
+pytest runs with the claims plugin (jaxtyping's hook is left out: the caller has already imported
+resacct), its own output goes to ``pytest.log``, and a rich progress bar on stderr advances as
+claims finish. Ctrl-C inside the run stops it; the claims that finished are kept and the result
+says it was interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resacct.errors import ResacctError
+
+__all__ = ["ClaimsRun", "run_claims"]
+
+
+@dataclass
+class ClaimsRun:
+    exit_code: int
+    document: dict[str, Any]
+    interrupted: bool
+
+
+class _Progress:
+    """pytest plugin that advances a rich progress bar as claims finish."""
+
+    def __init__(self, progress: Any):
+        self.progress = progress
+        self.task = None
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.task = self.progress.add_task("verifying claims", total=len(session.items))
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if self.task is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
+            self.progress.advance(self.task)
+
+
+@contextlib.contextmanager
+def _environment_variable(name: str, value: str | None):
+    previous = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
+
+
+def _pytest_error(log_text: str) -> str | None:
+    for line in log_text.splitlines():
+        if line.startswith("ERROR:"):
+            return line.removeprefix("ERROR:").strip()
+    return None
+
+
+def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 0,
+               gpu_required: bool = False, show_progress: bool = True) -> ClaimsRun:
+    """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
+    (which should be the run's own; see :class:`resacct.reporting.ReportStaging`)."""
+    import pytest
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path = directory / "report.json"
+    rootdir = files[0].parent.parent
+    args = [str(path) for path in files]
+    args += ["-o", "addopts=", "--rootdir", str(rootdir), "-p", "no:cacheprovider", "-q", "--no-claims-summary", "--claims-json", str(json_path)]
+    if pattern:
+        args += ["-k", pattern]
+    if workers:
+        args += ["-n", str(workers)]
+    log = io.StringIO()
+    with _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                exit_code = int(pytest.main(args, plugins=[_Progress(progress)]))
+    (directory / "pytest.log").write_text(log.getvalue(), encoding="utf-8")
+    interrupted = exit_code == int(pytest.ExitCode.INTERRUPTED)
+    if json_path.exists():
+        document = json.loads(json_path.read_text(encoding="utf-8"))
+    elif interrupted:
+        from resacct.harness.report import environment_fingerprint
+
+        document = {"environment": environment_fingerprint(), "claims": []}
+    else:
+        refused = _pytest_error(log.getvalue())
+        if refused:
+            raise ResacctError(f"pytest refused the run: {refused}")
+        if pattern and exit_code == int(pytest.ExitCode.NO_TESTS_COLLECTED):
+            raise ResacctError(f"no claim matches -k {pattern!r}")
+        last = [line.strip() for line in log.getvalue().splitlines() if line.strip()][-1:] or ["no output"]
+        raise ResacctError(f"pytest ran no claims (pytest exit {exit_code}): {last[0]}")
+    return ClaimsRun(exit_code, document, interrupted)

@@ -1,0 +1,254 @@
+"""The claims report as data: reading and checking a ``report.json``, strict JSON, how a value or
+a claim's statement is written, whether a report is partial, and the claims × environments matrix.
+
+>>> outcome_counts([{"outcome": "holds"}, {"outcome": "refuted"}])["holds"]
+1
+>>> statement_text({"law": "2*m*k*n", "law_value": 120})
+'2*m*k*n = 120'
+>>> strict_json_text({"x": float("inf")}, non_finite="null", indent=None)
+'{"x": null}\\n'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from resacct.errors import ResacctError
+
+__all__ = [
+    "OUTCOMES",
+    "outcome_counts",
+    "counts_by_area",
+    "json_safe",
+    "strict_json_text",
+    "load_report",
+    "format_value",
+    "statement_text",
+    "example_text",
+    "location_text",
+    "run_notice",
+    "is_complete",
+    "merge_reports",
+    "render_matrix_markdown",
+]
+
+OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
+
+
+def outcome_counts(records: list[dict[str, Any]]) -> Counter:
+    return Counter(record["outcome"] for record in records)
+
+
+def counts_by_area(records: list[dict[str, Any]]) -> dict[str, Counter]:
+    """``{area: Counter(outcome)}``, areas sorted."""
+    areas: dict[str, Counter] = {}
+    for record in records:
+        areas.setdefault(record.get("area") or "?", Counter())[record["outcome"]] += 1
+    return dict(sorted(areas.items()))
+
+
+def json_safe(value: Any, non_finite: Literal["null", "string"] = "null") -> Any:
+    """A copy of ``value`` that strict JSON can hold: a NaN or an infinity becomes ``None``
+    (``non_finite="null"``, the CLI's ``--json``) or the string ``"nan"``/``"inf"``/``"-inf"``
+    (``"string"``, a claim record, whose values may be text anyway)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if non_finite == "null" else repr(value)
+    if isinstance(value, dict):
+        return {str(key): json_safe(element, non_finite) for key, element in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(element, non_finite) for element in value]
+    return value
+
+
+def strict_json_text(value: Any, non_finite: Literal["null", "string"] = "null", indent: int | None = 2) -> str:
+    """``json.dumps`` that never writes NaN/Infinity (see :func:`json_safe`), ending in a newline."""
+    return json.dumps(json_safe(value, non_finite), indent=indent, allow_nan=False, default=repr, ensure_ascii=False) + "\n"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which strict JSON does not allow")
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A ``report.json`` written by ``resacct verify`` or ``pytest --claims-json``, checked:
+    a file that is not one says so in one line naming the file (a :class:`ResacctError`)."""
+    where = f"report {str(path)!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResacctError(f"{where} does not exist") from None
+    except IsADirectoryError:
+        raise ResacctError(f"{where} is a directory; give the report.json inside it") from None
+    except UnicodeDecodeError:
+        raise ResacctError(f"{where} is not UTF-8 text, so not a report.json") from None
+    except OSError as error:
+        raise ResacctError(f"{where} cannot be read: {error.strerror or error}") from None
+    try:
+        document = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        hint = " (truncated?)" if error.pos >= len(text.rstrip()) else ""
+        raise ResacctError(f"{where} is not valid JSON{hint}: {error.msg} at line {error.lineno} column {error.colno}") from None
+    except (ValueError, RecursionError) as error:
+        raise ResacctError(f"{where} is not valid JSON: {error}") from None
+    problem = _report_problem(document)
+    if problem:
+        raise ResacctError(f"{where} is not a resacct report: {problem}")
+    return document
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+
+
+def _report_problem(document: Any) -> str | None:
+    """What makes ``document`` not a report, or None."""
+    if not isinstance(document, dict):
+        return f"the top level is {_type_name(document)}; expected an object with keys 'environment' and 'claims'"
+    missing = [key for key in ("environment", "claims") if key not in document]
+    if missing:
+        return f"missing key {missing[0]!r} (expected keys 'environment' and 'claims')"
+    if not isinstance(document["environment"], dict):
+        return f"'environment' is {_type_name(document['environment'])}; expected an object"
+    if not isinstance(document["claims"], list):
+        return f"'claims' is {_type_name(document['claims'])}; expected a list of claim records"
+    for index, record in enumerate(document["claims"]):
+        if not isinstance(record, dict):
+            return f"claims[{index}] is {_type_name(record)}; expected an object"
+        for key in ("id", "area", "outcome"):
+            if not isinstance(record.get(key), str):
+                found = "missing" if key not in record else f"{_type_name(record[key])}"
+                return f"claims[{index}] key {key!r} is {found}; expected a string"
+        if record["outcome"] not in OUTCOMES:
+            return f"claims[{index}] ({record['id']!r}) has outcome {record['outcome']!r}; expected one of {', '.join(OUTCOMES)}"
+    return None
+
+
+def format_value(value: Any, limit: int | None = None) -> str:
+    """How a value reads in every report: ``—`` for none, 6 significant digits for a float or a
+    large integer, text as is; cut to ``limit`` characters with ``…`` when given."""
+    if value is None:
+        text = "—"
+    elif isinstance(value, bool):
+        text = str(value)
+    elif isinstance(value, int):
+        text = str(value) if abs(value) < 10**12 else f"{value:.6g}"
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(format_value(element) for element in value) + "]"
+    elif isinstance(value, dict):
+        text = ", ".join(f"{key}={format_value(element)}" for key, element in value.items())
+    else:
+        text = str(value)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def _is_literal(law: str) -> bool:
+    try:
+        float(law)
+    except ValueError:
+        return False
+    return True
+
+
+def statement_text(record: dict[str, Any]) -> str:
+    """The claim's law *with its value* (``2*m*k*n = 120``), or its expectation (``at_least 0.5``)."""
+    parts = []
+    law = record.get("law")
+    if law:
+        value = record.get("law_value")
+        parts.append(law if value is None or _is_literal(law) else f"{law} = {format_value(value)}")
+    for key, expected in (record.get("expect") or {}).items():
+        if key == "raises" and isinstance(expected, dict):
+            expected = expected.get("type", "") + (f" matching {expected['match']!r}" if expected.get("match") else "")
+        parts.append(f"{key} {format_value(expected)}")
+    return "; ".join(parts)
+
+
+def example_text(record: dict[str, Any], limit: int | None = None) -> str:
+    """Which inputs the shown values belong to: ``worst of 40 examples (+14.4% off): m=3, k=4``,
+    ``failing example: …`` or ``inputs: …``; empty when the claim has none."""
+    inputs = format_value(record.get("inputs"), limit) if record.get("inputs") else ""
+    deviation = record.get("deviation")
+    off = f", {deviation:.3g}× off" if isinstance(deviation, float) and deviation >= 10 else (
+        f", {100 * deviation:.3g}% off" if isinstance(deviation, (int, float)) and deviation > 0 else "")
+    if record.get("example") == "failing":
+        return f"failing example{off}: {inputs}" if inputs else ""
+    if record.get("forall"):
+        return f"worst of {record.get('examples', '?')} examples{off}: {inputs}"
+    return f"inputs: {inputs}" if inputs else ""
+
+
+def location_text(record: dict[str, Any]) -> str:
+    """``specs/flops.claims.yaml:12`` (the file as pytest names it, and the claim's line)."""
+    return f"{record.get('path') or '?'}:{record.get('line') or '?'}"
+
+
+def run_notice(document: dict[str, Any]) -> str | None:
+    """One sentence when the report is not of a complete run (a selection, or interrupted); else None."""
+    run = document.get("run") or {}
+    reasons = []
+    if run.get("interrupted"):
+        reasons.append(f"interrupted ({run['interrupted']})" if isinstance(run["interrupted"], str) else "interrupted")
+    selection = run.get("selection") or {}
+    if selection.get("areas"):
+        reasons.append("only area " + ", ".join(selection["areas"]))
+    if selection.get("pattern"):
+        reasons.append(f"only claims matching -k {selection['pattern']!r}")
+    if not reasons and run.get("complete", True):
+        return None
+    count = len(document.get("claims") or [])
+    return f"PARTIAL REPORT ({'; '.join(reasons) or 'not every claim ran'}): {count} claims, not the full set"
+
+
+def is_complete(document: dict[str, Any]) -> bool:
+    """True for the report of a full, uninterrupted run (one without a ``run`` entry counts as complete)."""
+    return run_notice(document) is None
+
+
+def _column_name(environment: dict[str, Any]) -> str:
+    return f"torch {environment.get('torch', '?')} · {environment.get('device', '?')}"
+
+
+def merge_reports(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Claims × environments: ``{"columns": [...], "rows": [{"id", "area", "says", "outcomes": {column: outcome}, "changes"}]}``."""
+    if not documents:
+        raise ResacctError("--merge needs at least one report.json")
+    columns: list[str] = []
+    rows: dict[str, dict[str, Any]] = {}
+    for document in documents:
+        column = _column_name(document["environment"])
+        if not is_complete(document):
+            column += " (partial)"
+        base, suffix = column, 2
+        while column in columns:
+            column = f"{base} ({suffix})"
+            suffix += 1
+        columns.append(column)
+        for record in document["claims"]:
+            row = rows.setdefault(record["id"], {"id": record["id"], "area": record["area"], "says": record.get("says", ""), "outcomes": {}})
+            row["outcomes"][column] = record["outcome"]
+    ordered = sorted(rows.values(), key=lambda row: (row["area"], row["id"]))
+    for row in ordered:
+        seen = {row["outcomes"].get(column, "absent") for column in columns}
+        row["changes"] = len(seen) > 1
+    return {"columns": columns, "rows": ordered}
+
+
+def render_matrix_markdown(matrix: dict[str, Any]) -> str:
+    columns = matrix["columns"]
+    changed = [row for row in matrix["rows"] if row["changes"]]
+    lines = ["# Claims across torch versions", "",
+             f"{len(matrix['rows'])} claims × {len(columns)} environments; {len(changed)} change status between them (marked ⚠).", "",
+             "| area | claim | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for row in matrix["rows"]:
+        marker = " ⚠" if row["changes"] else ""
+        cells = [row["outcomes"].get(column, "—") for column in columns]
+        lines.append(f"| {row['area']} | {row['id']}{marker} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

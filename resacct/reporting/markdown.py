@@ -1,0 +1,88 @@
+"""The claims report and the errata (every refuted claim, the source's words beside the measured
+truth) as Markdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resacct.reporting.documents import (
+    OUTCOMES,
+    counts_by_area,
+    example_text,
+    format_value,
+    location_text,
+    outcome_counts,
+    run_notice,
+    statement_text,
+)
+
+__all__ = ["render_markdown", "render_errata_markdown", "environment_line", "by_area", "note_text"]
+
+
+def environment_line(environment: dict[str, Any]) -> str:
+    return (f"torch {environment.get('torch', '?')} · Python {environment.get('python', '?')} · "
+            f"{environment.get('device', '?')}: {environment.get('device_name', '?')} · "
+            f"hypothesis profile {environment.get('hypothesis_profile', '?')} · {environment.get('created', '')}")
+
+
+def by_area(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    areas: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(records, key=lambda r: (r["area"], r.get("path") or "", r.get("line") or 0)):
+        areas.setdefault(record["area"], []).append(record)
+    return areas
+
+
+def note_text(record: dict[str, Any]) -> str:
+    """The truth of a refuted claim; the message of a skipped, failed or invalid one (whole)."""
+    if record["outcome"] == "refuted":
+        return record.get("truth") or ""
+    if record["outcome"] in {"skipped", "failed", "invalid"}:
+        return (record.get("message") or "").strip()
+    return ""
+
+
+def _cell(text: Any) -> str:
+    return format_value(text).replace("|", "\\|").replace("\n", "<br>")
+
+
+def _banner(document: dict[str, Any]) -> list[str]:
+    notice = run_notice(document)
+    return [f"> **{notice}**", ""] if notice else []
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    records = document["claims"]
+    counts = outcome_counts(records)
+    lines = ["# resacct claims report", "", *_banner(document), environment_line(document["environment"]), "",
+             f"**{', '.join(f'{counts[name]} {name}' for name in OUTCOMES)}**", "",
+             "| area | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
+    lines += [f"| {area} | " + " | ".join(str(area_counts[name]) for name in OUTCOMES) + " |"
+              for area, area_counts in counts_by_area(records).items()]
+    lines.append("")
+    for area, area_records in by_area(records).items():
+        lines += [f"## {area}", "", "| claim | says | law = value / expect | predicted | measured | status | note |",
+                  "|---|---|---|---|---|---|---|"]
+        for record in area_records:
+            claim = f"{record['id']}<br>`{location_text(record)}`"
+            example = example_text(record)
+            statement = statement_text(record) + (f"<br>{example}" if example else "")
+            lines.append("| " + " | ".join(_cell(cell) for cell in (
+                claim, record.get("says"), statement, record.get("predicted"), record.get("measured"),
+                record["outcome"], note_text(record))) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_errata_markdown(document: dict[str, Any]) -> str:
+    refuted = [record for record in document["claims"] if record["outcome"] == "refuted"]
+    lines = ["# Errata: what the sources get wrong, measured", "", *_banner(document),
+             f"{len(refuted)} statements of the lecture write-ups are false by measurement "
+             f"({environment_line(document['environment'])}). Each stays in the specs as a refuted claim: "
+             "if it ever became true, its item would fail.", ""]
+    for record in sorted(refuted, key=lambda r: (r.get("source") or "", r["id"])):
+        example = example_text(record)
+        lines += [f"## {record['id']}", "", f"- **Source:** {record.get('source')}", f"- **Says:** {record.get('says')}",
+                  f"- **Law / expectation:** `{statement_text(record)}`" if record.get("law") else f"- **Expectation:** {statement_text(record)}",
+                  f"- **Measured:** {format_value(record.get('measured'))}" + (f" ({example})" if example else ""),
+                  f"- **Truth:** {record.get('truth')}", f"- **Spec:** `{location_text(record)}`", ""]
+    return "\n".join(lines)

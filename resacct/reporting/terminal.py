@@ -1,0 +1,164 @@
+"""What ``resacct verify`` prints: per-area counts, then only the claims that do not hold —
+failed (and invalid) first, with the law's value, the prediction, the measurement, the inputs and
+the YAML ``file:line``; then the refuted ones with their truth — within 100 columns.
+
+>>> record = {"id": "matmul-2mkn", "area": "flops", "outcome": "refuted", "law": "2*m*k*n", "law_value": 120,
+...           "measured": 60, "truth": "torch counts half", "path": "specs/flops.claims.yaml", "line": 3}
+>>> print("\\n".join(claim_lines(record, width=60)))
+  matmul-2mkn: 2*m*k*n = 120; measured 60
+    torch counts half
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from typing import Any
+
+from resacct.reporting.documents import (
+    OUTCOMES,
+    counts_by_area,
+    example_text,
+    format_value,
+    location_text,
+    outcome_counts,
+    run_notice,
+    statement_text,
+)
+
+__all__ = ["DEFAULT_STATUSES", "render_summary", "claim_lines", "summary_line", "counts_lines"]
+
+DEFAULT_STATUSES = ("failed", "invalid", "refuted")
+_SECTION_ORDER = ("failed", "invalid", "refuted", "skipped", "holds")
+_SECTION_TITLES = {
+    "failed": "FAILED: the claim did not come out as its spec says",
+    "invalid": "INVALID: the spec could not be loaded",
+    "refuted": "REFUTED: the source says it, torch measures otherwise (the truth; whole in errata.md)",
+    "skipped": "SKIPPED",
+    "holds": "HOLDS",
+}
+
+
+def summary_line(document: dict[str, Any]) -> str:
+    totals = outcome_counts(document["claims"])
+    environment = document.get("environment", {})
+    return (f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}"
+            f"  (torch {environment.get('torch', '?')}, {environment.get('device', '?')}: {environment.get('device_name', '?')})")
+
+
+def counts_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
+    """The per-area table (holds, refuted, skipped, failed; invalid only when there are some), in
+    two columns of areas when that fits ``width``, then the total."""
+    by_area = counts_by_area(records)
+    totals = outcome_counts(records)
+    columns = [name for name in OUTCOMES if name != "invalid" or totals[name]]
+    name_width = max([len("total"), *(len(area) for area in by_area)])
+
+    def row(name: str, counts: Counter | dict[str, str]) -> str:
+        return name.ljust(name_width) + "".join(str(counts[column]).rjust(8) for column in columns)
+
+    header = row("area", {column: column for column in columns})
+    rows = [row(area, counts) for area, counts in by_area.items()]
+    total = row("total", totals)
+    if len(rows) < 6 or 2 * len(header) + 4 > width:
+        return [header, *rows, total]
+    half = (len(rows) + 1) // 2
+    left, right = rows[:half], rows[half:] + [""]
+    return [f"{header}    {header}"] + [f"{a}    {b}".rstrip() for a, b in zip(left, right)] + [total]
+
+
+def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=True) or [first or indent]
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _headline(record: dict[str, Any]) -> str:
+    """The first line of a failure's message without the ``file:line:`` the block already shows."""
+    message = (record.get("message") or "").strip()
+    first = message.splitlines()[0] if message else ""
+    return first.removeprefix(f"{location_text(record)}: ")
+
+
+def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False) -> list[str]:
+    """The lines of one claim, by its outcome: a block for a failed or invalid claim (with its
+    ``file:line``); for a refuted one, its law with the value and the measurement, then its truth
+    (cut to one line unless ``verbose``); one line or two for the others."""
+    outcome = record["outcome"]
+    location = location_text(record)
+    if outcome in {"failed", "invalid"}:
+        lines = _wrap(f"{record['id']}  {location}", width, "      ", first="  ")
+        message = (record.get("message") or "").strip()
+        lines += _wrap(_headline(record), width, "      ", first="    ")
+        if outcome == "failed" and (record.get("law") or record.get("expect") or "measured" in record):
+            for name, value in (("law", statement_text(record) or "—"), ("predicted", format_value(record.get("predicted"))),
+                                ("measured", format_value(record.get("measured")))):
+                lines += _wrap(f"{name:<10} {value}", width, " " * 15, first="    ")
+        example = example_text(record)
+        if example:
+            lines += _wrap(example, width, "      ", first="    ")
+        if verbose and len(message.splitlines()) > 1:
+            lines += ["    " + line for line in message.splitlines()[1:]]
+        return lines
+    if outcome == "skipped":
+        reason = ((record.get("message") or "").strip().splitlines() or ["skipped"])[0]
+        if verbose:
+            return _wrap(f"{record['id']}  {location}", width, "      ", first="  ") + _wrap(reason, width, "      ", first="    ")
+        return [_clip(f"  {record['id']}: {reason}", width)]
+    statement = statement_text(record)
+    measured = f"measured {format_value(record.get('measured'), None if verbose else 60)}"
+    body = f"{record['id']}: {statement}; {measured}" if statement else f"{record['id']}: {measured}"
+    if verbose or outcome != "refuted" or len(body) + 2 <= width:
+        lines = _wrap(body, width, "      ", first="  ")
+    else:  # one line: shorten the formula, never its value or the measurement
+        lines = [_clip("  " + _shortened(record, measured, width - 2), width)]
+    example = example_text(record)
+    if verbose:
+        lines += _wrap(f"at {location}" + (f"; {example}" if example else ""), width, "      ", first="    ")
+    if outcome == "refuted":
+        truth = record.get("truth") or ""
+        return lines + (_wrap(f"truth: {truth}", width, "      ", first="    ") if verbose else [_clip(f"    {truth}", width)])
+    return lines
+
+
+def _shortened(record: dict[str, Any], measured: str, room: int) -> str:
+    """``id: <formula cut> = value; measured m`` in ``room`` characters where that can be done."""
+    law, value = record.get("law"), record.get("law_value")
+    full = statement_text(record)
+    if not law or value is None or full == law:
+        return f"{record['id']}: {full}; {measured}"
+    tail = f" = {format_value(value)}; {measured}"
+    space = room - len(record["id"]) - 2 - len(tail)
+    return f"{record['id']}: {_clip(law, max(space, 12))}{tail}"
+
+
+def _skip_reasons(records: list[dict[str, Any]], width: int) -> list[str]:
+    reasons = Counter(((record.get("message") or "").strip().splitlines() or ["(no reason given)"])[0]
+                      for record in records if record["outcome"] == "skipped")
+    return [_clip(f"  {count} × {reason}", width) for reason, count in reasons.most_common()]
+
+
+def render_summary(document: dict[str, Any], *, statuses: tuple[str, ...] = DEFAULT_STATUSES, width: int = 100,
+                   verbose: bool = False) -> str:
+    """The text ``resacct verify`` prints (the report files hold everything)."""
+    records = document["claims"]
+    lines = []
+    notice = run_notice(document)
+    if notice:
+        lines += _wrap(notice, width, "  ", first="") + [""]
+    lines += counts_lines(records, width)
+    for outcome in _SECTION_ORDER:
+        chosen = [record for record in records if record["outcome"] == outcome]
+        if outcome not in statuses or not chosen:
+            continue
+        title, _, explanation = _SECTION_TITLES[outcome].partition(": ")
+        lines += ["", f"{title} ({len(chosen)})" + (f": {explanation}" if explanation else "")]
+        for record in chosen:
+            lines += claim_lines(record, width, verbose)
+    if "skipped" not in statuses and any(record["outcome"] == "skipped" for record in records):
+        lines += ["", "skipped, by reason (--status skipped lists them):", *_skip_reasons(records, width)]
+    lines += ["", summary_line(document)]
+    return "\n".join(lines)
