@@ -24,10 +24,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one unless RESACCT_REQUIRE_GPU=1")
+    config.addinivalue_line("markers", GPU_MARKER_DESCRIPTION)
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "distributed: starts torch.distributed process groups")
-    _load_hypothesis_profile()
+    hypothesis_profile_name()  # a bad RESACCT_HYPOTHESIS_PROFILE is a usage error up front
     config.stash[_SEEN_IDS] = {}
     config.stash[RECORDER] = recorder = _ClaimsRecorder(config)
     config.pluginmanager.register(recorder, "resacct-claims-recorder")
@@ -36,19 +36,41 @@ def pytest_configure(config: pytest.Config) -> None:
 RECORDER = pytest.StashKey["_ClaimsRecorder"]()
 
 
-def _load_hypothesis_profile() -> None:
-    from hypothesis import HealthCheck, settings
+GPU_MARKER_DESCRIPTION = (
+    "gpu: a resacct claim that needs a CUDA GPU; resacct skips such claims without one "
+    "(RESACCT_REQUIRE_GPU=1 makes that a failure). resacct does not skip your own tests marked gpu: "
+    "give them a skipif"
+)
 
-    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
-    settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=quiet)
-    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True, suppress_health_check=quiet)
-    settings.load_profile(hypothesis_profile_name())
+# Hypothesis settings of the claims' ``forall`` items only. They are applied per claim item,
+# on top of Hypothesis' built-in defaults: no profile is registered or loaded, so a host
+# project's own profile (and every test that is not a claim) is left exactly as it was.
+CLAIM_HYPOTHESIS_SETTINGS = {
+    "dev": {"max_examples": 40, "deadline": None},
+    "ci": {"max_examples": 25, "deadline": None, "derandomize": True, "database": None, "print_blob": True},
+}
 
 
 def hypothesis_profile_name() -> str:
-    """``RESACCT_HYPOTHESIS_PROFILE`` if set, else ``ci`` under CI (derandomised), else ``dev``."""
+    """Which claim settings apply: ``RESACCT_HYPOTHESIS_PROFILE`` (``dev`` or ``ci``) if set, else
+    ``ci`` under CI (derandomised), else ``dev``."""
     default = "ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "dev"
-    return os.environ.get("RESACCT_HYPOTHESIS_PROFILE", default)
+    name = os.environ.get("RESACCT_HYPOTHESIS_PROFILE", default)
+    if name not in CLAIM_HYPOTHESIS_SETTINGS:
+        raise pytest.UsageError(f"RESACCT_HYPOTHESIS_PROFILE={name!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)}")
+    return name
+
+
+def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]
+    """The ``hypothesis.settings`` of one claim item: Hypothesis' own ``default`` profile (never
+    the host's loaded one) with resacct's values; ``max_examples`` from the claim's ``examples``."""
+    from hypothesis import HealthCheck, settings
+
+    values = dict(CLAIM_HYPOTHESIS_SETTINGS[hypothesis_profile_name()])
+    if max_examples is not None:
+        values["max_examples"] = max_examples
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+    return settings(settings.get_profile("default"), suppress_health_check=quiet, **values)
 
 
 _SEEN_IDS = pytest.StashKey[dict]()

@@ -116,7 +116,8 @@ class ClaimItem(pytest.Item):
             raise
 
     def _run_forall(self) -> None:
-        from hypothesis import given, settings
+        from hypothesis import given
+        from pytest_resacct import claim_hypothesis_settings
 
         from resacct.harness.strategies import get_strategy
 
@@ -130,9 +131,8 @@ class ClaimItem(pytest.Item):
 
         # Each claim keeps its own entry in hypothesis' example database.
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
-        test = given(**strategies)(law_for_drawn_inputs)
-        if claim.examples is not None:
-            test = settings(max_examples=claim.examples)(test)
+        # resacct's Hypothesis settings apply to this claim only, never globally (see pytest_resacct).
+        test = claim_hypothesis_settings(claim.examples)(given(**strategies)(law_for_drawn_inputs))
         test()
         self.record["examples"] = examples[0]
 
