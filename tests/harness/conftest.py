@@ -49,7 +49,12 @@ def write_spec(pytester: pytest.Pytester):
 
 # pytester's in-process runs drop modules first imported during the inner run; torch cannot be
 # imported twice in one process, so import it (and resacct's checks) here, once, up front.
+# The same for the plugin's items and loader (and yaml): beartype caches the class a string
+# annotation such as ``yaml.nodes.Node`` names, so a yaml imported afresh by a later inner run
+# fails that check (test_plugin.py run on its own failed 26 tests that way).
 import torch  # noqa: E402,F401
+
+import resacct.harness.plugin  # noqa: E402,F401
 
 from resacct.harness.registry import all_checks  # noqa: E402
 
