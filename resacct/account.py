@@ -4,9 +4,9 @@ time — each formula's prediction beside PyTorch's measurement, per module.
 The measuring half (re-exported here) lives in :mod:`resacct.step_measurements`:
 
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
-  module tracking), with the ops it has no formula for; ``fill_tracer_gaps=True`` counts the
-  fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``, which
-  FlopCounterMode counts as 0) with torch's own SDPA formulas.
+  module tracking), with the ops it has no formula for; fused attention kernels (the CPU one,
+  which FlopCounterMode counts as 0, included) counted from the sdpa call's shapes as the
+  model's matmuls (:mod:`resacct.attention_flops`).
 - :func:`measure_training_state` — parameters, gradients, master weights and AdamW state held by
   a real ``torch.optim.AdamW`` after real steps under a precision recipe of
   :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage (the tied LM head is the
@@ -253,13 +253,11 @@ def account_gpt(
     if measure is None:
         measure = predict_gpt_step_flops(config, batch, seq).step_flops <= AUTO_MEASURE_MAX_STEP_FLOPS
     where = device if measure else "meta"
-    predicted = predict_gpt_step_flops(config, batch, seq, fused_attention=attention == "sdpa" and where != "meta")
+    predicted = predict_gpt_step_flops(config, batch, seq)  # model FLOPs: fused attention is counted as the math path
     if where == "cuda" and not torch.cuda.is_available():
         raise ResacctError("device 'cuda' was asked for, but torch sees no CUDA GPU; expected --device cpu (or a GPU machine)")
     net = build_gpt(config, device=where, attention=attention, seed=seed)  # type: ignore[arg-type]
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=generator).to(where)
-    targets = torch.randint(0, config.vocab_size, (batch, seq), generator=generator).to(where)
+    tokens, targets = _token_batch(config.vocab_size, batch, seq, where, seed)
     notes: list[str] = []
 
     def loss_of(module: nn.Module) -> torch.Tensor:
@@ -270,7 +268,7 @@ def account_gpt(
         notes.append(
             f"FlopCounterMode counts {flops.step_flops - flops.gap_filled_flops:,} FLOPs: the fused CPU attention kernel "
             f"(_scaled_dot_product_flash_attention_for_cpu) has no formula and counts 0; resacct adds "
-            f"{flops.gap_filled_flops:,} with torch's own sdpa formulas"
+            f"{flops.gap_filled_flops:,} from the sdpa calls' shapes (resacct.attention_flops)"
         )
     activation_model = copy.deepcopy(net).to(parse_dtype(chosen.parameter_dtype))
     with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
@@ -304,6 +302,19 @@ def account_gpt(
     else:
         _measure_for_real(account, net, tokens, targets, loss_of, chosen, attention, grad_accum, time_step, peak_flops_per_sec, peak_source)
     return account
+
+
+def _token_batch(vocab_size: int, batch: int, seq: int, where: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and targets, made where the model is: on meta nothing is allocated."""
+    from resacct.model_io import MAX_TENSOR_ELEMENTS
+
+    if batch * seq > MAX_TENSOR_ELEMENTS:
+        raise ResacctError(f"batch {batch} × seq {seq} = {batch * seq:.3g} tokens, more than a torch tensor can hold (2^63 − 1); expected a smaller --batch")
+    if where == "meta":
+        return torch.empty(batch, seq, dtype=torch.long, device="meta"), torch.empty(batch, seq, dtype=torch.long, device="meta")
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch, seq), generator=generator).to(where)
+    return tokens, torch.randint(0, vocab_size, (batch, seq), generator=generator).to(where)
 
 
 def _measure_for_real(
@@ -397,6 +408,10 @@ def _rows(a: StepAccount) -> list[Row]:
     ]
     if f.gap_filled_flops:
         rows.append(Row("FLOPs", "FlopCounterMode alone (fused attention = 0)", p.step_flops, f.step_flops - f.gap_filled_flops, "FLOPs", "tracer gap"))
+    if f.attention_recompute_flops:
+        fused = predict_gpt_step_flops(a.config, a.batch, a.seq, fused_attention=True)
+        rows.append(Row("FLOPs", "fused attention recomputes q·kᵀ (backward)", fused.step_flops - p.step_flops, f.attention_recompute_flops, "FLOPs",
+                        "hardware work, not model FLOPs (HFU)"))
     s = a.state
     rows += [
         Row("training state", f"after backward ({s.recipe}, {optimizer_display_name(s.optimizer)})", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
@@ -511,6 +526,7 @@ def _to_json(a: StepAccount) -> dict[str, Any]:
         "tracer_gaps": [
             {"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in a.flops.uncounted_ops
         ],
+        "warnings": a.flops.warnings,
         "notes": a.notes,
     }
 

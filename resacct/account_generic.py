@@ -3,13 +3,18 @@
 The contract of a factory (``--model my_pkg.models:build --model-arg width=128``):
 
 - ``factory(**model_args)`` returns an ``nn.Module``, or ``(module, example_input)``;
-- the input of the step is, in this order: the returned ``example_input``; a random tensor of
-  ``input_shape`` and ``input_dtype`` (floats ~ N(0, 1), integers 0: a valid index for any
-  embedding); ``module.example_input(batch)`` if the module has such a method; ``(batch,
-  in_features)`` floats when the first module run is a Linear. Otherwise resacct asks for
-  ``--input-shape``;
-- the output must be a tensor; the loss is ``mean`` of it (default), ``sum``, ``mse`` against
-  zeros, or ``cross-entropy`` against class 0 (the last axis is the classes).
+- the input of the step is, in this order: the returned ``example_input`` (a tensor, or a dict
+  of keyword tensors); a random tensor of ``input_shape`` and ``input_dtype`` (floats ~ N(0, 1),
+  integers 0: a valid index for any embedding); ``input_ids`` (and ``labels``) of (batch, seq)
+  for a model whose forward takes ``input_ids`` (``transformers`` causal LMs);
+  ``module.example_input(batch)``; ``(batch, in_features)`` (or ``(batch, seq, in_features)``)
+  floats when the first module run is a Linear — :func:`resacct.model_io.default_inputs`,
+  made where the model is (nothing allocated on meta). Otherwise resacct asks for ``--input-shape``;
+- the output is a tensor, an object with ``.loss`` / ``.logits`` (``transformers``' outputs), a
+  mapping with those keys, or a tuple (its first tensor); the loss is the model's own ``.loss``
+  when there is one (``auto``, the default), else ``mean`` of the output, ``sum``, ``mse``
+  against zeros, or ``cross-entropy`` against class 0 (the last axis is the classes);
+- whatever the factory or the model raises comes out as one line naming the user's frame.
 
 For every module resacct measures: FlopCounterMode's FLOPs forward and backward, per module
 (exclusive), and the ops it does not count; the training state of the real ``torch.optim``
@@ -32,13 +37,14 @@ True
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Float, Shaped
 from torch import nn
 
 from resacct.account import (
@@ -54,13 +60,15 @@ from resacct.account import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account_formulas import LOSSES, StackPrediction, module_leaves, linear_widths, NoFormula, predict_stack_step
+from resacct.account_formulas import StackPrediction, predict_stack_step
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.memory import get_state_recipe
+from resacct.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
 from resacct.models import Cruncher
+from resacct.user_code import calling_user_code, code_location
 
 __all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]
 
@@ -120,7 +128,7 @@ def parse_model_arg(text: str) -> tuple[str, Any]:
     return key.strip(), raw
 
 
-def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[nn.Module, Shaped[torch.Tensor, "..."] | None]:
+def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[nn.Module, StepInputs | None]:
     """Import ``module:factory`` (the factory may be dotted: ``pkg.mod:Class.build``), call it
     with ``model_args`` and return (model, example input or None).
 
@@ -141,47 +149,21 @@ def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[
         target = getattr(target, part)
     if not callable(target):
         raise ResacctError(f"{spec!r} is a {type(target).__name__}, not callable; expected a factory returning an nn.Module")
+    arguments = dict(model_args or {})
     try:
-        built = target(**dict(model_args or {}))
+        inspect.signature(target).bind(**arguments)
     except TypeError as error:
-        raise ResacctError(f"factory {spec!r} refused the model arguments {dict(model_args or {})!r}: {error}") from None
+        raise ResacctError(f"factory {spec!r} refused the model arguments {arguments!r}: {error}") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): let the call say
+    with calling_user_code(f"factory {spec!r}"):
+        built = target(**arguments)
     example = None
-    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[1], torch.Tensor):
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[1], (torch.Tensor, Mapping)):
         built, example = built
     if not isinstance(built, nn.Module):
         raise ResacctError(f"factory {spec!r} returned a {type(built).__name__}; expected an nn.Module or (nn.Module, example input tensor)")
     return built, example
-
-
-def _default_input(model: nn.Module, batch: int, input_shape: tuple[int, ...] | None, input_dtype: str) -> Shaped[torch.Tensor, "..."]:
-    device = next(model.parameters()).device
-    if input_shape is not None:
-        dtype = parse_dtype(input_dtype)
-        if dtype.is_floating_point:
-            return torch.randn(input_shape, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
-        return torch.zeros(input_shape, dtype=dtype, device=device)
-    if callable(getattr(model, "example_input", None)):
-        return model.example_input(batch).to(device)
-    try:
-        first = next(iter(module_leaves(model, "")))[1]
-        width = linear_widths(first)[0]
-    except (NoFormula, StopIteration, AttributeError, IndexError):
-        raise ResacctError(f"cannot tell the input of {type(model).__name__}; expected --input-shape (e.g. 8,64), an example_input(batch) "
-                           "method, or a factory returning (model, example_input)") from None
-    return torch.randn(batch, width, generator=torch.Generator().manual_seed(0)).to(device)
-
-
-def _loss(output: Any, loss: str) -> Float[torch.Tensor, ""]:
-    if not isinstance(output, torch.Tensor):
-        raise ResacctError(f"the model returned a {type(output).__name__}; expected a tensor (the loss is {loss} of it)")
-    if loss == "mean":
-        return output.float().mean()
-    if loss == "sum":
-        return output.float().sum()
-    if loss == "mse":
-        return nn.functional.mse_loss(output, torch.zeros_like(output)).float()
-    classes = output.reshape(-1, output.shape[-1])
-    return nn.functional.cross_entropy(classes, torch.zeros(classes.shape[0], dtype=torch.long, device=output.device)).float()
 
 
 @dataclass
@@ -267,6 +249,7 @@ class ModelAccount:
             **sections,
             "per_module": [vars(row) for row in self.per_module_rows()],
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
+            "warnings": self.flops.warnings,
             "notes": self.notes,
         }
 
@@ -274,96 +257,130 @@ class ModelAccount:
 
 
 def account_module(
-    model: nn.Module, example_input: Shaped[torch.Tensor, "batch *features"], *, name: str | None = None, loss: str = "mean", recipe: str = "fp32",
+    model: nn.Module, example_input: StepInputs, *, name: str | None = None, loss: str = "auto", recipe: str = "fp32",
     optimizer: str = "adamw", measure_peaks: bool = True,
 ) -> ModelAccount:
-    """Account one step of ``model`` on ``example_input`` where both already are (CPU or meta).
+    """Account one step of ``model`` on ``example_input`` (a tensor, or keyword tensors such as
+    ``{"input_ids": …, "labels": …}``) where both already are (CPU or meta). Whatever the model's
+    code raises (forward, loss, backward) is one line naming the user's frame
+    (:class:`resacct.user_code.UserCodeError`).
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     >>> account = account_module(model, torch.randn(5, 4), optimizer="sgd", measure_peaks=False)
     >>> account.flops.forward_flops, account.state.at_step_bytes, account.saved.activation_bytes   # 2·5·(32+16); 8·58; 4·5·(4+8)
     (480, 464, 240)
     """
-    if loss not in LOSSES:
-        raise ResacctError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
     parameters = list(model.parameters())
     if not parameters:
         raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
     where = parameters[0].device.type
+    resolved: list[str] = []
 
     def loss_of(module: nn.Module) -> torch.Tensor:
-        dtype = next(module.parameters()).dtype
-        inputs = example_input.to(dtype) if example_input.is_floating_point() else example_input
-        return _loss(module(inputs), loss)
+        output = call_model(module, cast_inputs(example_input, next(module.parameters()).dtype))
+        if not resolved:
+            resolved.append(resolve_loss(output, loss))
+        return loss_of_output(output, loss)
 
-    flops = trace_step_flops(model, lambda: loss_of(model))
-    state = measure_training_state(model, loss_of, chosen, optimizer)
-    activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-    with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
-        output = loss_of(activation_model)
-    del output, activation_model
+    user_step = functools.partial(calling_user_code, f"the step of {type(model).__name__} (forward, loss or backward)",
+                                  hint=f"; input {_describe_inputs(example_input)}", fallback=code_location(type(model).forward))
+    with user_step():
+        flops = trace_step_flops(model, lambda: loss_of(model))
+        state = measure_training_state(model, loss_of, chosen, optimizer)
+        activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
+        with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
+            output = loss_of(activation_model)
+        del output, activation_model
     element = parse_dtype(chosen.parameter_dtype).itemsize
-    predictable = chosen.compute_dtype is None and example_input.is_floating_point()
-    predicted = predict_stack_step(model, tuple(example_input.shape), element_bytes=element, loss=loss) if predictable else None
+    first = main_input(example_input)
+    resolved_loss = resolved[0]
+    predictable = chosen.compute_dtype is None and isinstance(example_input, torch.Tensor) and first.is_floating_point() and resolved_loss != "model"
+    predicted = predict_stack_step(model, tuple(first.shape), element_bytes=element, loss=resolved_loss) if predictable else None
     notes = [] if predicted is not None else [f"resacct has no FLOP or activation formula for {type(model).__name__} (or autocast): measured only"]
     account = ModelAccount(
-        model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(example_input.shape),
-        input_dtype=str(example_input.dtype).removeprefix("torch."), loss=loss, device=where, recipe=chosen.name, optimizer=optimizer,
+        model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(first.shape),
+        input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen.name, optimizer=optimizer,
         parameters=sum(p.numel() for p in parameters), flops=flops, state=state, saved=saved, predicted=predicted, notes=notes,
     )
     if measure_peaks and where == "cpu":
-        model.zero_grad(set_to_none=True)
-        with trace_allocations() as trace:
-            loss_of(model).backward()
-        model.zero_grad(set_to_none=True)
-        account.step_peak_bytes = trace.peak_bytes
-        work = copy.deepcopy(model)
-        step = build_optimizer(optimizer, work.parameters(), foreach=True)
-        try:
-            for _ in range(2):
-                loss_of(work).backward()
-                with trace_allocations() as transient:
-                    step.step()
-            account.optimizer_transient = transient
-        except ResacctError:  # the profiler saw no allocation at all (plain SGD updates in place)
-            account.notes.append(f"the {optimizer_display_name(optimizer)} step allocated nothing the CPU allocator recorded: no scratch")
-        if optimizer == "adamw":
-            account.predicted_optimizer_transient_bytes = predict_optimizer_step_transient_bytes([p.numel() for p in parameters], foreach=True)
+        with user_step():
+            _measure_peaks(account, model, loss_of, optimizer, parameters)
     elif where == "meta":
         account.notes.append("built on the meta device: sizes measured, no arithmetic, no allocator peaks")
     return account
 
 
-def account_model(
-    spec: str, *, model_args: Mapping[str, Any] | None = None, batch: int = 4, input_shape: tuple[int, ...] | None = None,
-    input_dtype: str = "float32", loss: str = "mean", recipe: str = "fp32", optimizer: str = "adamw", measure: bool | None = None,
-) -> ModelAccount:
-    """Build ``spec`` (``module:factory``) with ``model_args`` and account one step of it.
+def _describe_inputs(inputs: StepInputs) -> str:
+    if isinstance(inputs, Mapping):
+        return ", ".join(f"{name} {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}" for name, value in inputs.items())
+    return f"{tuple(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}"
 
-    ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``);
-    ``True`` on the CPU; ``None``: the CPU when a step is at most
-    :data:`resacct.account.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
+
+def _measure_peaks(account: ModelAccount, model: nn.Module, loss_of: Any, optimizer: str, parameters: list[nn.Parameter]) -> None:
+    """The allocator's forward + backward peak and the optimizer step's scratch (a CPU run)."""
+    model.zero_grad(set_to_none=True)
+    with trace_allocations() as trace:
+        loss_of(model).backward()
+    model.zero_grad(set_to_none=True)
+    account.step_peak_bytes = trace.peak_bytes
+    work = copy.deepcopy(model)
+    step = build_optimizer(optimizer, work.parameters(), foreach=True)
+    try:
+        for _ in range(2):
+            loss_of(work).backward()
+            with trace_allocations() as transient:
+                step.step()
+        account.optimizer_transient = transient
+    except ResacctError:  # the profiler saw no allocation at all (plain SGD updates in place)
+        account.notes.append(f"the {optimizer_display_name(optimizer)} step allocated nothing the CPU allocator recorded: no scratch")
+    if optimizer == "adamw":
+        account.predicted_optimizer_transient_bytes = predict_optimizer_step_transient_bytes([p.numel() for p in parameters], foreach=True)
+
+
+def account_model(
+    spec: str, *, model_args: Mapping[str, Any] | None = None, batch: int = 4, seq: int | None = None, input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32", loss: str = "auto", recipe: str = "fp32", optimizer: str = "adamw", measure: bool | None = None,
+) -> ModelAccount:
+    """Build ``spec`` (``module:factory``) with ``model_args`` and account one step of it on the
+    inputs of :func:`resacct.model_io.default_inputs` (``seq``: tokens per sequence of a token
+    model — a ``transformers`` causal LM gets ``input_ids`` and ``labels`` — or the middle axis
+    of a Linear's input).
+
+    ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``,
+    and the inputs are made there: no memory); ``True`` on the CPU; ``None``: the CPU when a step
+    is at most :data:`resacct.account.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ResacctError(f"batch {batch!r}: expected a whole number ≥ 1")
+    for label, value in (("batch", batch), ("seq", 1 if seq is None else seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ResacctError(f"{label} {value!r}: expected a whole number ≥ 1")
     if input_shape is not None and (not input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape)):
         raise ResacctError(f"input shape {input_shape!r}: expected whole numbers ≥ 1, e.g. 8,64")
     parse_dtype(input_dtype)
+    if loss not in LOSS_CHOICES:
+        raise ResacctError(f"loss {loss!r}: expected one of {', '.join(LOSS_CHOICES)}")
 
-    def build(device: str) -> tuple[nn.Module, torch.Tensor]:
+    def build(device: str) -> tuple[nn.Module, StepInputs]:
         with torch.device(device):
             model, example = load_model(spec, model_args)
         if not list(model.parameters()):
             raise ResacctError(f"the model {type(model).__name__} from {spec!r} has no parameters; expected a model with something to train")
         model.train()
-        example = _default_input(model, batch, input_shape, input_dtype) if example is None else example.to(device)
+        if example is None:
+            with calling_user_code(f"making the input of {type(model).__name__}"):
+                example = default_inputs(model, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype, device=device)
+        elif isinstance(example, Mapping):
+            example = {key: value.to(device) for key, value in example.items()}
+        else:
+            example = example.to(device)
         return model, example
 
     if measure is None:
         model, example = build("meta")
-        traced = trace_step_flops(model, lambda: _loss(model(example), loss))
+        with calling_user_code(f"the step of {type(model).__name__} (forward, loss or backward)", hint=f"; input {_describe_inputs(example)}",
+                               fallback=code_location(type(model).forward)):
+            traced = trace_step_flops(model, lambda: loss_of_output(call_model(model, example), loss))
         measure = traced.step_flops <= AUTO_MEASURE_MAX_STEP_FLOPS
         if not measure:
             return account_module(model, example, name=spec, loss=loss, recipe=recipe, optimizer=optimizer)

@@ -31,6 +31,8 @@ __all__ = [
     "flop_counter_counts",
     "estimate_uncounted_flops",
     "UncountedOp",
+    "is_matmul_class",
+    "flop_warnings",
     "FlopTrace",
     "trace_flops",
     "build_on_meta",
@@ -135,6 +137,38 @@ class UncountedOp:
     input_elements: int
     output_elements: int
     estimated_flops: int | None  # resacct's estimate over all calls; None when it has none
+
+
+_MATMUL_PACKETS = frozenset(
+    "aten." + name
+    for name in "dot vdot mv addmv outer ger addr einsum tensordot matmul linear bilinear _grouped_mm _int_mm _scaled_mm baddbmm addbmm".split()
+)
+
+
+def is_matmul_class(op: str) -> bool:
+    """Whether an op multiplies matrices (or vectors): a zero count for it is a real undercount,
+    not a rounding error — attention kernels, convolutions, ``mv``, ``dot``, grouped or quantized mm.
+
+    >>> is_matmul_class("aten.mv.default"), is_matmul_class("aten._scaled_dot_product_flash_attention_for_cpu.default"), is_matmul_class("aten.add.Tensor")
+    (True, True, False)
+    """
+    packet = _packet_name(op)
+    short = packet.split(".")[-1]
+    return packet in _MATMUL_PACKETS or "attention" in short or "conv" in short or short.endswith("_mm") or short.endswith("gemm")
+
+
+def flop_warnings(ops: tuple[UncountedOp, ...] | list[UncountedOp]) -> list[str]:
+    """One warning line per uncounted matmul-class op (FlopCounterMode counted it as 0).
+
+    >>> flop_warnings([UncountedOp("forward", "aten.mv.default", 2, 30, 6, 60)])
+    ['FlopCounterMode counted 0 FLOPs for aten.mv.default ×2 (forward), a matmul-class op: the FLOPs above miss it (resacct estimates 60)']
+    """
+    lines = []
+    for op in ops:
+        if is_matmul_class(op.op):
+            estimate = "no estimate" if op.estimated_flops is None else f"resacct estimates {op.estimated_flops:,}"
+            lines.append(f"FlopCounterMode counted 0 FLOPs for {op.op} ×{op.calls} ({op.phase}), a matmul-class op: the FLOPs above miss it ({estimate})")
+    return lines
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ state a real optimizer holds — the measurements :mod:`resacct.account` puts be
 predictions.
 
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
-  module tracking), with the ops it has no formula for; ``fill_tracer_gaps=True`` counts the
-  fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``, which
-  FlopCounterMode counts as 0) with torch's own SDPA formulas.
+  module tracking), with the ops it has no formula for; fused attention kernels (the CPU one
+  FlopCounterMode counts as 0 included) are counted from the sdpa call's shapes as the model's
+  matmuls (:mod:`resacct.attention_flops`), the fused backward's recomputation apart.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
   :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
@@ -26,7 +26,9 @@ from resacct.account_optimizers import build_optimizer, memory_optimizer_name
 from resacct.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
 from resacct.dtypes import parse_dtype
 from resacct.errors import ResacctError
+from resacct.attention_flops import FusedAttentionCount
 from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
+from resacct.flop_tracing import flop_warnings
 from resacct.gpt import parameter_count
 from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
@@ -51,7 +53,9 @@ class StepFlopTrace:
 
     Per-module counts are *exclusive*: the matmuls a module runs itself, its children's apart
     (FlopCounterMode's own breakdown is inclusive). ``gap_filled_flops`` is what resacct added
-    for ops the counter has no formula for (zero unless ``fill_tracer_gaps``)."""
+    for ops the counter has no formula for (the fused CPU attention kernel; zero unless
+    ``fill_tracer_gaps``); ``attention_recompute_flops`` the scores fused attention kernels
+    recompute in backward — hardware work, not in the model FLOPs above."""
 
     forward_flops: int
     backward_flops: int
@@ -59,6 +63,12 @@ class StepFlopTrace:
     backward_by_module: Mapping[str, int]
     uncounted_ops: tuple[UncountedOp, ...] = ()
     gap_filled_flops: int = 0
+    attention_recompute_flops: int = 0
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per uncounted matmul-class op: FLOPs the counts above miss (never silent)."""
+        return flop_warnings(self.uncounted_ops)
 
     @property
     def step_flops(self) -> int:
@@ -66,27 +76,10 @@ class StepFlopTrace:
 
 
 def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
-    """FlopCounterMode ``custom_mapping`` entries for the fused CPU attention kernels, which it
-    counts as 0: torch's own ``sdpa_flop`` / ``sdpa_backward_flop`` (the math path's matmuls,
-    causal or not)."""
-    aten = torch.ops.aten
-    mapping: dict[Any, Callable[..., int]] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_forward_flops
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_backward_flops
-    return mapping
-
-
-def _sdpa_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
-
-
-def _sdpa_backward_flops(grad_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return int(sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape))
+    """FlopCounterMode ``custom_mapping`` entries for every fused attention kernel
+    (:class:`resacct.attention_flops.FusedAttentionCount`): model FLOPs from the sdpa call's shapes,
+    forward and backward — also for the CPU kernel, which FlopCounterMode alone counts as 0."""
+    return FusedAttentionCount().custom_mapping()
 
 
 def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
@@ -112,9 +105,14 @@ def _module_counts(counter: Any) -> dict[str, int]:
     return counts
 
 
-def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, fill_tracer_gaps: bool = False) -> StepFlopTrace:
+def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, fill_tracer_gaps: bool = True) -> StepFlopTrace:
     """One forward (``loss_fn()``, returning a scalar loss) and its backward under FlopCounterMode.
 
+    ``fill_tracer_gaps`` (default): every fused attention kernel counted from its shapes as the
+    model's matmuls (:mod:`resacct.attention_flops`); False: FlopCounterMode alone.
+
+    >>> from resacct.gpt import build_gpt
+    >>> from resacct.activations import gpt_loss
     >>> model = build_gpt("gpt-nano", device="meta")
     >>> tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
     >>> trace = trace_step_flops(model, lambda: gpt_loss(model, tokens, tokens))
@@ -123,12 +121,14 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    mapping = sdpa_gap_formulas() if fill_tracer_gaps else {}
-    filled = {str(op) for op in mapping}
+    step_attention, forward_attention = FusedAttentionCount(), FusedAttentionCount()
+    mapping = step_attention.custom_mapping() if fill_tracer_gaps else {}
+    filled = {str(op) for op in mapping} | {str(getattr(op, "overloadpacket", op)) for op in mapping}
     for parameter in model.parameters():
         parameter.grad = None
     with FlopCounterMode(display=False, custom_mapping=mapping) as step_counter:
-        with FlopCounterMode(display=False, custom_mapping=mapping) as forward_counter, DispatchedOps() as forward_ops:
+        forward_mapping = forward_attention.custom_mapping() if fill_tracer_gaps else {}
+        with FlopCounterMode(display=False, custom_mapping=forward_mapping) as forward_counter, DispatchedOps() as forward_ops:
             loss = loss_fn()
         with DispatchedOps() as backward_ops:
             loss.backward()
@@ -136,7 +136,6 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
         parameter.grad = None
     step_modules, forward_modules = _module_counts(step_counter), _module_counts(forward_counter)
     backward_modules = {name: total - forward_modules.get(name, 0) for name, total in step_modules.items()}
-    gap = _gap_flops(step_counter, mapping) if mapping else 0
     forward_total = int(forward_counter.get_total_flops())
     return StepFlopTrace(
         forward_flops=forward_total,
@@ -144,14 +143,9 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
         forward_by_module=_exclusive(forward_modules),
         backward_by_module=_exclusive(backward_modules),
         uncounted_ops=tuple(uncounted_ops("forward", forward_ops.calls, frozenset(filled)) + uncounted_ops("backward", backward_ops.calls, frozenset(filled))),
-        gap_filled_flops=gap,
+        gap_filled_flops=step_attention.filled_flops,
+        attention_recompute_flops=step_attention.recompute_flops,
     )
-
-
-def _gap_flops(counter: Any, mapping: Mapping[Any, Any]) -> int:
-    """FLOPs the counter booked under the gap-filling ops."""
-    per_op = counter.get_flop_counts().get("Global", {})
-    return int(sum(flops for op, flops in per_op.items() if op in mapping))
 
 
 # ───────────────────────────── training state, measured on a real optimizer ─────────────────────────────

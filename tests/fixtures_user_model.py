@@ -43,3 +43,89 @@ def not_a_module() -> str:
 
 
 NOT_CALLABLE = 3
+
+
+# ── factories and models that fail inside the user's code: one line naming the frame ──
+
+
+def raises_in_factory(width: int = 8) -> nn.Module:
+    raise ValueError(f"width {width} must be even")
+
+
+def type_error_in_factory() -> nn.Module:
+    return nn.Linear(4, "wide")  # a TypeError inside, not a refused argument
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) * mask
+
+
+class ShapeMismatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(4, 8), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.up(x))  # 8 features into a Linear of 16
+
+
+class Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).detach()
+
+
+class ReturnsText(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> str:
+        return "done"
+
+
+class _FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        raise ArithmeticError("no gradient for you")
+
+
+class BackwardRaises(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FailingBackward.apply(self.layer(x))
+
+
+def two_inputs() -> nn.Module:
+    return TwoInputs()
+
+
+def shape_mismatch() -> nn.Module:
+    return ShapeMismatch()
+
+
+def detached() -> nn.Module:
+    return Detached()
+
+
+def returns_text() -> nn.Module:
+    return ReturnsText()
+
+
+def backward_raises() -> nn.Module:
+    return BackwardRaises()

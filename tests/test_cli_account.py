@@ -163,7 +163,8 @@ def test_input_shape_dtype_and_loss_flags(capsys):
         (["--model", "tests.fixtures_user_model:not_a_module"], "returned a str; expected an nn.Module"),
         (["--model", "resacct.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
         (["--model", "resacct.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
-        (["--model", "resacct.account_generic:mlp", "--seq", "8"], "--seq apply to the resacct.gpt models"),
+        (["--model", "resacct.account_generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.gpt models"),
+        (["--model", "resacct.account_generic:mlp", "--seq", "3", "--input-shape", "2,8"], "--seq 3 and --input-shape 2,8 both give the input"),
         (["--input-shape", "2,3"], "--input-shape apply to --model module:factory"),
         (["--model", "resacct.account_generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),
         (["--optimizer", "adamx"], "argument --optimizer: invalid choice: 'adamx'"),
@@ -174,3 +175,37 @@ def test_bad_factory_input_exits_2_with_one_line(capsys, argv, fragment):
     assert main(["account", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err
+
+
+_FIXTURES = "tests.fixtures_user_model:"
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment", "frame"),
+    [
+        ([_FIXTURES + "raises_in_factory", "--model-arg", "width=3"], "factory 'tests.fixtures_user_model:raises_in_factory' raised ValueError: width 3 must be even",
+         "fixtures_user_model.py:"),
+        ([_FIXTURES + "type_error_in_factory"], "raised TypeError: ", "fixtures_user_model.py:"),
+        ([_FIXTURES + "two_inputs", "--input-shape", "2,4"], "the step of TwoInputs (forward, loss or backward) raised TypeError: ", "fixtures_user_model.py:"),
+        ([_FIXTURES + "shape_mismatch", "--input-shape", "2,4"], "the step of ShapeMismatch (forward, loss or backward) raised RuntimeError: ", "fixtures_user_model.py:"),
+        ([_FIXTURES + "detached", "--input-shape", "2,4"], "needs no gradient (no trainable parameter reaches it)", ""),
+        ([_FIXTURES + "returns_text", "--input-shape", "2,4"], "the model returned a str; expected a tensor", ""),
+        ([_FIXTURES + "backward_raises", "--input-shape", "2,4"], "raised ArithmeticError: no gradient for you", "fixtures_user_model.py:"),
+        (["resacct.account_generic:mlp", "--batch", "1e18"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
+        (["gpt-tiny", "--batch", "1e18", "--no-time"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
+        (["resacct.account_generic:mlp", "--loss", "model"], "--loss model: the model returned a Tensor without a .loss", ""),
+    ],
+)
+def test_errors_inside_user_code_are_one_line_naming_the_frame(capsys, argv, fragment, frame):
+    """Issue 13: a factory that raises, a forward needing two inputs, a shape mismatch, a failing
+    backward, --batch 1e18 …: one line, exit 2, the user's file:line where there is one."""
+    assert main(["account", "--model", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err
+    assert frame in err and "Traceback" not in err, err
+
+
+def test_seq_with_a_factory_is_the_middle_axis_of_a_linear_input(capsys):
+    report = _json(capsys, "--model", "resacct.account_generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "2", "--seq", "3")
+    assert report["input_shape"] == [2, 3, 8] and report["loss"] == "mean"
+    assert _rows(report, "flops")["forward"]["measured_flops"] == 2 * 6 * (8 * 16 + 16 * 8)

@@ -66,15 +66,15 @@ _FLOP_QUANTITIES = ("params", "tokens", "matmul_params", "nanogpt_params", "n_la
 
 
 @functools.lru_cache(maxsize=16)
-def _traced_step(model: str, batch: int, seq: int, attention: str, device: str, fill_tracer_gaps: bool) -> tuple[int, int, int]:
-    """(forward, backward, parameters) FlopCounterMode traces for one GPT step, once per input."""
+def _traced_step(model: str, batch: int, seq: int, attention: str, device: str, fill_tracer_gaps: bool) -> tuple[int, int, int, int]:
+    """(forward, backward, parameters, recomputed attention) FlopCounterMode traces for one GPT step, once per input."""
     config = get_gpt_config(model)
     if seq > config.context_length:
         raise ResacctError(f"seq {seq} is longer than {model}'s context {config.context_length}")
     net = build_gpt(config, device=device, attention=attention)  # type: ignore[arg-type]
     tokens, targets = _tokens(config, batch, seq, device)
     trace = trace_step_flops(net, lambda: gpt_loss(net, tokens, targets), fill_tracer_gaps=fill_tracer_gaps)
-    return trace.forward_flops, trace.backward_flops, parameter_count(net)
+    return trace.forward_flops, trace.backward_flops, parameter_count(net), trace.attention_recompute_flops
 
 
 @check("account.gpt_step_flops", quantities=_FLOP_QUANTITIES)
@@ -82,23 +82,26 @@ def gpt_step_flops(model: str, batch: int, seq: int, phase: str = "step", attent
                    fill_tracer_gaps: bool = False) -> Outcome:
     """FLOPs FlopCounterMode traces in one forward (+ cross-entropy) and backward of a GPT on
     (batch, seq) tokens: the ``forward``, ``backward`` or whole ``step``; with
-    ``fill_tracer_gaps``, the fused CPU attention kernel counted with torch's sdpa formulas."""
+    ``fill_tracer_gaps``, the fused CPU attention kernel counted from its shapes (resacct.attention_flops).
+    ``phase: recompute``: the scores the fused backward recomputes (apart from the model FLOPs)."""
     config = get_gpt_config(model)
-    forward, backward, params = _traced_step(model, batch, seq, attention, device, fill_tracer_gaps)
+    forward, backward, params, recompute = _traced_step(model, batch, seq, attention, device, fill_tracer_gaps)
     fused = attention == "sdpa" and device != "meta"
-    predicted = predict_gpt_step_flops(config, batch, seq, fused_attention=fused)
+    predicted = predict_gpt_step_flops(config, batch, seq)  # model FLOPs: what the math path computes
     predicted_phase = {}
     for name in ("forward", "backward"):
         counted = [m for m in predicted.matmuls if m.term.phase == name]
         if fused and not fill_tracer_gaps:  # FlopCounterMode has no formula for the CPU kernel: resacct predicts the gap
             counted = [m for m in counted if not m.module.endswith(".attention")]
         predicted_phase[name] = sum(m.flops for m in counted)
-    measured = {"forward": forward, "backward": backward, "step": forward + backward}
+    measured = {"forward": forward, "backward": backward, "step": forward + backward, "recompute": recompute}
     if phase not in measured:
-        raise ResacctError(f"phase {phase!r}: expected forward, backward or step")
+        raise ResacctError(f"phase {phase!r}: expected forward, backward, step or recompute")
+    predicted_phase["step"] = predicted_phase["forward"] + predicted_phase["backward"]
+    predicted_phase["recompute"] = predict_gpt_step_flops(config, batch, seq, fused_attention=True).step_flops - predicted.step_flops if fused else 0
     return Outcome(
         measured=measured[phase],
-        predicted=predicted_phase["forward"] + predicted_phase["backward"] if phase == "step" else predicted_phase[phase],
+        predicted=predicted_phase[phase],
         quantities={"params": params, "tokens": batch * seq, "matmul_params": gpt_matmul_parameter_count(config),
                     "nanogpt_params": nanogpt_parameter_count(params, config), "n_layers": config.n_layers,
                     "d_model": config.d_model, "forward_flops": forward},

@@ -51,6 +51,8 @@ _EXAMPLES = """examples:
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
   resacct account --model my_pkg.models:build --input-shape 8,64 --input-dtype float32 --loss sum
       your own model on an input of that shape
+  resacct account --model my_pkg.hf:build_llama --batch 2 --seq 128
+      a transformers causal LM (LlamaForCausalLM …): input_ids and labels of 2 × 128, its own loss
 
 optimizers: adamw (default), adam, sgd, sgd-momentum, adagrad, rmsprop (torch.optim)
 recipes: fp32, bf16-autocast, bf16, bf16-fp32-master, bf16-fp32-master-free-bf16-grads
@@ -90,12 +92,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the module:factory (repeatable)")
     parser.add_argument("--input-shape", type=_shape, default=None, metavar="N,N,…", help="input of a module:factory model, batch first (e.g. 8,64)")
     parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
-    parser.add_argument("--loss", choices=("mean", "sum", "mse", "cross-entropy"), default="mean",
-                        help="loss of a module:factory model's output (default: mean; mse against zeros; cross-entropy against class 0)")
+    parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
+                        help="loss of a module:factory model's output (default auto: the model's own .loss when it has one, e.g. a "
+                             "transformers causal LM given labels, else mean; mse against zeros; cross-entropy against class 0)")
     parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"), default="adamw",
                         help="the torch.optim optimizer whose state is measured (default: adamw)")
     parser.add_argument("--batch", type=positive_int, default=4, metavar="N", help="sequences per step (default: 4)")
-    parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the model's context length)")
+    parser.add_argument("--seq", type=positive_int, default=None, metavar="N",
+                        help="tokens per sequence (default: the model's context length); with module:factory, the input_ids' length "
+                             "of a token model or the middle axis of a Linear's input")
     parser.add_argument("--recipe", default="fp32", metavar="NAME", help="precision recipe of the training state (default: fp32)")
     parser.add_argument("--attention", choices=("math", "sdpa"), default="math", help="attention as matmuls, or F.scaled_dot_product_attention (default: math)")
     parser.add_argument("--checkpoint-segments", type=_whole(0), default=0, metavar="K", help="checkpoint the layers in K segments (default: 0, none)")
@@ -138,7 +143,7 @@ def _run_generic(args: argparse.Namespace) -> int:
 
     from resacct.account_generic import account_model, parse_model_arg
 
-    gpt_only = [flag for flag, used in (("--seq", args.seq is not None), ("--attention", args.attention != "math"),
+    gpt_only = [flag for flag, used in (("--attention", args.attention != "math"),
                                         ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
                                         ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator), ("--peak-tflops", args.peak_tflops),
                                         ("--train-tokens", args.train_tokens)) if used]
@@ -147,7 +152,7 @@ def _run_generic(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
     model_args = dict(parse_model_arg(text) for text in args.model_arg)
-    account = account_model(args.model, model_args=model_args, batch=args.batch, input_shape=args.input_shape, input_dtype=args.input_dtype,
+    account = account_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape, input_dtype=args.input_dtype,
                             loss=args.loss, recipe=args.recipe, optimizer=args.optimizer, measure=args.measure)
     fields = account.to_dict()
     if not args.per_module:
@@ -166,7 +171,7 @@ def run_account(args: argparse.Namespace) -> int:
     if ":" in args.model:
         return _run_generic(args)
     generic_only = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
-                                            ("--input-dtype", args.input_dtype != "float32"), ("--loss", args.loss != "mean")) if used]
+                                            ("--input-dtype", args.input_dtype != "float32"), ("--loss", args.loss != "auto")) if used]
     if generic_only:
         raise ResacctError(f"{', '.join(generic_only)} apply to --model module:factory; expected none of them with the GPT config {args.model!r}")
     get_gpt_config(args.model)  # unknown names: one line with close matches
@@ -236,9 +241,13 @@ def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
                             format_quantity(m.predicted_backward_flops, "FLOPs"), format_quantity(m.traced_backward_flops, "FLOPs"),
                             format_quantity(m.predicted_saved_bytes, "bytes"), format_quantity(m.measured_saved_bytes, "bytes"))
         console.print(modules)
-    gaps = account.flops.uncounted_ops
+    from resacct.flop_tracing import is_matmul_class
+
+    for warning in account.flops.warnings:  # every one, never cut off
+        console.print(f"warning: {warning}")
+    gaps = [op for op in account.flops.uncounted_ops if not is_matmul_class(op.op)]
     if gaps:
-        listed = ", ".join(f"{op.op} ×{op.calls} ({op.phase})" for op in gaps[:8]) + (" …" if len(gaps) > 8 else "")
+        listed = ", ".join(f"{op.op} ×{op.calls} ({op.phase})" for op in gaps[:8]) + (f" … ({len(gaps) - 8} more in --json)" if len(gaps) > 8 else "")
         console.print(f"ops FlopCounterMode does not count (element-wise, reductions, losses): {listed}")
     for note in account.notes:
         console.print(f"note: {note}")
