@@ -40,6 +40,7 @@ __all__ = [
     "pipeline_activation_factor",
     "first_stage_activation_bytes",
     "selective_recompute_memory_saving",
+    "torch_layer_saved_bytes",
     "ParallelLayout",
 ]
 
@@ -90,6 +91,30 @@ def selective_recompute_memory_saving(seq: int, hidden: int, heads: int) -> floa
     (Korthikanti et al. 2022 §5: 70% for GPT-3, 65% for MT-NLG)."""
     keep = activation_bytes_per_layer(seq, 1, hidden, heads, recompute="selective")
     return 1 - keep / activation_bytes_per_layer(seq, 1, hidden, heads)
+
+
+def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int, *, recompute: str = "none",
+                            dropout_mask_bytes: int = 1, layernorm_statistic_bytes: int = 0, causal_mask_bytes: int = 0) -> float:
+    """What an eager PyTorch GPT layer (16-bit activations, dropout on, no tensor parallelism)
+    saves for backward: Korthikanti's terms with the three dropout masks at
+    ``dropout_mask_bytes`` an element (Korthikanti: 1; PyTorch's CPU dropout keeps its mask in
+    the input's dtype: 2 for bf16), the two LayerNorms' mean and reciprocal std (2 × 2·s·b
+    values at ``layernorm_statistic_bytes``; Korthikanti leaves them out) and a causal mask of
+    s² elements kept by ``masked_fill`` (``causal_mask_bytes`` each; none in a fused kernel).
+    With ``recompute="selective"`` the attention core is not kept (nor its dropout mask and
+    causal mask). With the defaults this is Table 2's first row (or sbh·34 when selective).
+
+    >>> torch_layer_saved_bytes(64, 2, 128, 4, dropout_mask_bytes=2, layernorm_statistic_bytes=2, causal_mask_bytes=1)
+    791552.0
+    """
+    s, b, h, a = (_whole(name, value) for name, value in (("seq", seq), ("micro_batch", micro_batch), ("hidden", hidden), ("heads", heads)))
+    if recompute not in ("none", "selective"):
+        raise ResacctError(f"recompute is {recompute!r}; a single eager layer is measured with none or selective")
+    sbh = s * b * h
+    kept = sbh * (32 + 2 * dropout_mask_bytes) + 4 * s * b * layernorm_statistic_bytes
+    if recompute == "none":
+        kept += a * s * s * b * (4 + dropout_mask_bytes) + s * s * causal_mask_bytes
+    return float(kept)
 
 
 @dataclass(frozen=True)

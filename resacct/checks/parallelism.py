@@ -1,0 +1,76 @@
+"""Measuring activation memory of a transformer layer against Korthikanti et al. 2022.
+
+The layer is Megatron's (Korthikanti et al. 2022, Figure 2): LayerNorm → QKV → QKᵀ → causal
+mask → softmax → dropout → ·V → projection → dropout → residual → LayerNorm → h→4h → GELU →
+4h→h → dropout → residual, in bfloat16 with dropout on, activations laid out (s, b, h). What
+autograd saves for its backward is recorded with ``torch.autograd.graph.saved_tensors_hooks``
+(:func:`resacct.activations.record_saved_activations`, one count per storage, parameters
+apart). "Selective" wraps the attention core in ``torch.utils.checkpoint`` (non-reentrant), as
+Megatron's selective recomputation does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from resacct.activations import record_saved_activations
+from resacct.harness.registry import Outcome, check
+from resacct.parallelism import torch_layer_saved_bytes
+from resacct.seeding import preserved_global_rng
+
+
+class MegatronLayer(nn.Module):
+    """One GPT layer as Korthikanti et al. count it, inputs (seq, batch, hidden)."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float, selective: bool):
+        super().__init__()
+        self.heads, self.dropout, self.selective = heads, dropout, selective
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        seq = q.shape[1]
+        scores = torch.bmm(q, k.transpose(1, 2)) * q.shape[-1] ** -0.5  # (b·a, s, s)
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        probs = F.dropout(torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1), self.dropout, self.training)
+        return torch.bmm(probs, v)  # (b·a, s, d)
+
+    def forward(self, x: Float[torch.Tensor, "seq batch hidden"]) -> Float[torch.Tensor, "seq batch hidden"]:
+        seq, batch, hidden = x.shape
+        width = hidden // self.heads
+        q, k, v = (t.reshape(seq, batch * self.heads, width).transpose(0, 1) for t in self.qkv(self.ln1(x)).split(hidden, dim=-1))
+        core = checkpoint(self._core, q, k, v, use_reentrant=False) if self.selective else self._core(q, k, v)
+        context = core.transpose(0, 1).reshape(seq, batch, hidden)
+        x = x + F.dropout(self.proj(context), self.dropout, self.training)
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.dropout, self.training)
+
+
+def saved_activation_bytes(seq: int, batch: int, hidden: int, heads: int, recompute: str) -> tuple[int, int, int]:
+    """(activation bytes, LayerNorm-statistics bytes, causal-mask bytes) autograd saved in one
+    forward of a bfloat16 MegatronLayer on the CPU."""
+    with preserved_global_rng():
+        torch.manual_seed(0)
+        layer = MegatronLayer(hidden, heads, dropout=0.1, selective=recompute == "selective").to(torch.bfloat16)
+        x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
+        with record_saved_activations(layer) as saved:
+            layer(x)
+    activations = [entry for entry in saved.entries if not entry.is_parameter]
+    statistics = sum(entry.bytes for entry in activations if entry.module in ("ln1", "ln2") and entry.shape[-1] == 1)
+    mask = sum(entry.bytes for entry in activations if entry.dtype == "bool")
+    return saved.activation_bytes, statistics, mask
+
+
+@check("parallelism.layer_saved_bytes", quantities=("layernorm_statistics_bytes", "causal_mask_bytes"))
+def layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, recompute: str = "none") -> Outcome:
+    """Bytes a bfloat16 Megatron-style layer saves for backward (saved-tensor hooks, CPU);
+    resacct predicts it with Korthikanti's terms plus what eager PyTorch adds (2-byte dropout
+    masks on the CPU, LayerNorm statistics, the causal mask)."""
+    measured, statistics, mask = saved_activation_bytes(seq, batch, hidden, heads, recompute)
+    predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, recompute=recompute, dropout_mask_bytes=2,
+                                        layernorm_statistic_bytes=2, causal_mask_bytes=1)
+    return Outcome(measured=measured, predicted=predicted, quantities={"layernorm_statistics_bytes": statistics, "causal_mask_bytes": mask})
