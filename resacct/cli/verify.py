@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n  resacct verify\n  resacct verify --area dtypes --area storage --all\n  resacct verify -k gpt3 --status holds\n"
                "  resacct verify --json | jq '.counts'",
     )
-    parser.add_argument("--specs", type=Path, default=None, help="folder of *.claims.yaml files (default: the claims shipped with resacct)")
+    parser.add_argument("--specs", type=Path, default=None, help="a folder of *.claims.yaml files, or one such file (default: the claims shipped with resacct)")
     parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes; the report is partial")
     parser.add_argument("-k", dest="pattern", default=None, help="only claims whose id matches this pytest -k expression; the report is partial")
     shown = parser.add_argument_group("what is printed (the report files always hold every claim that ran)")
@@ -63,9 +63,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
-    if not specs.is_dir():
-        raise ResacctError(f"specs folder {str(specs)!r} does not exist; pass --specs PATH to a folder of *.claims.yaml files")
-    files = sorted(specs.glob("*.claims.yaml"))
+    if specs.is_file() and specs.name.endswith(".claims.yaml"):
+        files = [specs]
+    elif specs.is_dir():
+        files = sorted(specs.glob("*.claims.yaml"))
+    elif specs.exists():
+        raise ResacctError(f"--specs {str(specs)!r} is not a *.claims.yaml file; pass a folder of them or one such file")
+    else:
+        raise ResacctError(f"specs folder {str(specs)!r} does not exist; pass --specs PATH to a folder of *.claims.yaml files or to one such file")
     if areas:
         wanted = {area.lower() for area in areas}
         known = sorted(path.name.removesuffix(".claims.yaml") for path in files)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install resacct from a wheel into a fresh venv outside the repository, then run the packaged
+# claims from an empty directory: what a user who runs `pip install resacct` gets.
+#
+#   bash tools/fresh_venv_install.sh [WORKDIR]      (default: a new mktemp -d; removed unless KEEP=1)
+#
+# Prints the wheel's size, the install time, `resacct verify`'s claim counts and
+# `pytest --pyargs resacct.specs`' summary line. Uses constraints/ci.txt (the CPU build of torch).
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+WORK="${1:-$(mktemp -d)}"
+mkdir -p "$WORK/wheel" "$WORK/run"
+[ "${KEEP:-0}" = 1 ] || [ -n "${1:-}" ] || trap 'rm -rf "$WORK"' EXIT
+
+echo "== building the wheel"
+"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$WORK/wheel" "$REPO" 2>/dev/null \
+  || "$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/wheel" "$REPO"
+WHEEL="$(ls "$WORK"/wheel/resacct-*.whl)"
+ls -l "$WHEEL"
+
+echo "== fresh venv + install (timed)"
+"$PYTHON" -m venv "$WORK/venv"
+start=$(date +%s.%N)
+"$WORK/venv/bin/python" -m pip install --quiet -c "$REPO/constraints/ci.txt" "$WHEEL"
+end=$(date +%s.%N)
+printf '== install took %.1f s: %s -m pip install -c constraints/ci.txt %s\n' "$(echo "$end - $start" | bc)" "$WORK/venv/bin/python" "$(basename "$WHEEL")"
+"$WORK/venv/bin/python" -c 'import resacct, torch; print("== resacct from", resacct.__file__, "| torch", torch.__version__)'
+
+cd "$WORK/run"
+echo "== resacct verify (from $PWD, no specs here)"
+set +e
+"$WORK/venv/bin/resacct" verify --report-dir "$WORK/run/reports" -q > verify.out 2>&1
+status=$?
+set -e
+tail -n 15 verify.out
+echo "== resacct verify exit status: $status"
+echo "== pytest --pyargs resacct.specs"
+set +e
+"$WORK/venv/bin/python" -m pytest --pyargs resacct.specs -q -p no:cacheprovider --no-claims-summary > pyargs.out 2>&1
+pyargs_status=$?
+set -e
+tail -n 3 pyargs.out
+echo "== pytest --pyargs exit status: $pyargs_status"
+[ "$status" -eq 0 ] && [ "$pyargs_status" -eq 0 ]
