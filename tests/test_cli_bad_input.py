@@ -3,6 +3,8 @@ says what was wrong — never a traceback. One row per (command, bad input)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from resacct.cli import main
@@ -88,3 +90,105 @@ def test_absurd_but_valid_values_are_answered_not_crashed(capsys):
 def test_every_command_has_help_with_an_example(command, capsys):
     assert main([command, "--help"]) == 0
     assert "example" in capsys.readouterr().out.lower()
+
+
+def _strict_json(text: str):
+    def refuse(name: str):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+_BAD_DIR = "; --report-dir needs a directory resacct may create and write"
+_NOT_A_REPORT = "resacct verify: error: report '{tmp}/r.json' is not a resacct report: "
+
+# (arguments, files to create first as {name: text}, the exact line on stderr); {tmp} is a fresh folder.
+EXACT_CASES = [
+    (["flops", "--params", "1,5T", "--tokens", "1e12"], {},
+     "resacct flops: error: argument --params: '1,5T': a comma may only separate groups of three digits (1,500,000); "
+     "for a fraction write a point, e.g. '1.5T' (see 'resacct flops --help')"),
+    (["time", "--params", "70B", "--tokens", "15,00T", "--device", "h100"], {},
+     "resacct time: error: argument --tokens: '15,00T': a comma may only separate groups of three digits (1,500,000); "
+     "for a fraction write a point, e.g. '15.00T' (see 'resacct time --help')"),
+    (["verify", "--report-dir", "{tmp}/a-file"], {"a-file": "x"},
+     "resacct verify: error: report directory '{tmp}/a-file' is a file" + _BAD_DIR),
+    (["verify", "--report-dir", "{tmp}/a-file/reports"], {"a-file": "x"},
+     "resacct verify: error: report directory '{tmp}/a-file/reports' cannot be created ('{tmp}/a-file' is a file)" + _BAD_DIR),
+    (["verify", "--report-dir", "/proc/version/reports"], {},
+     "resacct verify: error: report directory '/proc/version/reports' cannot be created ('/proc/version' is a file)" + _BAD_DIR),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": "hello"},
+     "resacct verify: error: report '{tmp}/r.json' is not valid JSON: Expecting value (line 1, column 1)"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {"torch": "2.4"}, "claims": [{"id": "a", "ar'},
+     "resacct verify: error: report '{tmp}/r.json' is not valid JSON (cut short?): Unterminated string starting at (line 1, column 58)"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": "[1, 2]"},
+     _NOT_A_REPORT + "the top level is a list; expected an object with keys 'environment' and 'claims'"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"claims": []}'},
+     _NOT_A_REPORT + "missing key 'environment' (expected keys 'environment' and 'claims')"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": "all of them"}'},
+     _NOT_A_REPORT + "'claims' is a string; expected a list of claim records"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": 7, "area": "x", "outcome": "holds"}]}'},
+     _NOT_A_REPORT + "claims[0] key 'id' is a number; expected a string"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": "a", "area": "x", "outcome": "great"}]}'},
+     _NOT_A_REPORT + "claims[0] ('a') has outcome 'great'; expected one of holds, refuted, skipped, failed, invalid"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {"torch": NaN}, "claims": []}'},
+     "resacct verify: error: report '{tmp}/r.json' is not valid JSON: it holds NaN, which strict JSON does not allow"),
+    (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": "a", "area": "x", "outcome": "holds", "measured": -Infinity}]}'},
+     "resacct verify: error: report '{tmp}/r.json' is not valid JSON: it holds -Infinity, which strict JSON does not allow"),
+    (["verify", "--merge", "{tmp}"], {},
+     "resacct verify: error: report '{tmp}' is a directory; give the report.json inside it"),
+    (["verify", "--merge", "{tmp}/r.json", "--report-dir", "{tmp}/a-file"],
+     {"r.json": '{"environment": {}, "claims": []}', "a-file": "x"},
+     "resacct verify: error: report directory '{tmp}/a-file' is a file" + _BAD_DIR),
+    (["roofline", "--png", "/missing/dir/x.png"], {},
+     "resacct roofline: error: --png '/missing/dir/x.png': folder '/missing/dir' does not exist; create it first or give another path"),
+    (["roofline", "--device", "h100", "--png", "{tmp}"], {},
+     "resacct roofline: error: --png '{tmp}' is a directory; give a file name such as '{tmp}/roofline.png'"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "files", "line"), EXACT_CASES, ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+def test_bad_input_exits_2_with_exactly_this_line(arguments, files, line, tmp_path, capsys):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert main([argument.replace("{tmp}", str(tmp_path)) for argument in arguments]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [line.replace("{tmp}", str(tmp_path))]
+    assert "Traceback" not in captured.out
+
+
+def test_thousands_groups_are_still_numbers():
+    from resacct.cli.arguments import count
+
+    assert count("1,500,000") == 1_500_000 and count("1,500T") == 1.5e15 and count("12,345.5") == 12345.5
+
+
+EXTREMES = [
+    ["flops", "--params", "1e300", "--tokens", "1e-300"],
+    ["time", "--flops", "1e300", "--devices", "1", "--device", "h100", "--mfu", "1e-300"],
+    ["time", "--flops", "1e-300", "--devices", "1e300", "--device", "h100"],
+    ["fit", "--devices", "1e300", "--memory-gb", "1e300"],
+    ["fit", "--devices", "1", "--memory-gb", "1e-300"],
+    ["mfu", "--params", "1e300", "--tokens-per-sec", "1e300", "--device", "h100"],
+    ["mfu", "--params", "1e-300", "--tokens-per-sec", "1e-300", "--device", "h100"],
+    ["memory", "--params", "1e300"],
+    ["memory", "--params", "1e300", "--devices", "1e300", "--zero", "3"],
+    ["optimal", "--flops", "1e300", "--device", "h100", "--devices", "1e300"],
+    ["optimal", "--flops", "1e-300", "--device", "h100"],
+]
+
+
+@pytest.mark.parametrize("arguments", EXTREMES, ids=" ".join)
+def test_json_is_strict_and_text_names_no_inf_or_zero_days_at_extremes(arguments, capsys):
+    """1e300 and 1e-300 overflow and underflow floats: --json writes null for what a float cannot
+    hold (never Infinity or NaN, which strict parsers refuse); text says it in words."""
+    code = main([*arguments, "--json"])
+    captured = capsys.readouterr()
+    if code == 2:  # refused with one line (an input the command cannot use) is fine too
+        assert len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+        return
+    assert code == 0, captured.err
+    _strict_json(captured.out)
+    assert main(arguments) == 0
+    text = capsys.readouterr().out
+    for wrong in ("inf days", "0.0 days", " inf ", "nan", "Infinity"):
+        assert wrong not in text, (wrong, text)

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from resacct.cli.arguments import count, positive_float, positive_int
-from resacct.cli.output import emit
+from resacct.cli.output import amount_text, emit, ratio_text
 from resacct.errors import ResacctError
 
 __all__ = ["add_mfu_arguments", "run_mfu"]
@@ -112,10 +112,11 @@ def run_mfu(args: argparse.Namespace) -> int:
         "peak_flops_per_sec": peak, "mfu": utilization, "hfu": hfu, "above_peak": hfu > 1,
     }
     terms = "6 × N" + (" + 12·L·H·Q·T" if attention else "")
-    text = (f"{tokens_per_sec:.4g} tokens/s × ({terms} = {model:.4g} FLOPs/token) = {achieved:.4g} FLOP/s "
-            f"({achieved / args.devices:.4g} per device; {device + ' ' + (dtype or '') if device else 'custom'} peak {peak:.4g})\n  MFU: {utilization:.3f}")
+    text = (f"{tokens_per_sec:.4g} tokens/s × ({terms} = {model:.4g} FLOPs/token) = {amount_text(achieved, 'FLOP/s')} "
+            f"({amount_text(achieved / args.devices, 'per device')}; {device + ' ' + (dtype or '') if device else 'custom'} peak {peak:.4g})"
+            f"\n  MFU: {ratio_text(utilization)}")
     if args.recompute != "none":
-        text += f"\n  HFU: {hfu:.3f} (recompute {args.recompute}: {hardware:.4g} hardware FLOPs/token)"
+        text += f"\n  HFU: {ratio_text(hfu)} (recompute {args.recompute}: {hardware:.4g} hardware FLOPs/token)"
     if hfu > 1:
         text += "  — above the peak: a wrong input (tokens per step? devices? dtype?) or the sparse peak is needed"
     return emit(args, fields, text)

@@ -1,24 +1,35 @@
 """argparse types that refuse bad values with a message saying what is allowed.
 
->>> count("15T")
-15000000000000.0
+>>> count("15T"), count("1,500,000"), count("1.5k")
+(15000000000000.0, 1500000.0, 1500.0)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 
 __all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float"]
 
 _SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
+# Commas only as thousands separators: 1,500,000 or 1,500.5 — never 1,5 (a decimal comma) or 15,00.
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][-+]?\d+)?")
+
+
 def _number(text: str) -> float:
-    cleaned = text.strip().replace("_", "").replace(",", "")
+    cleaned = text.strip().replace("_", "")
     scale = 1.0
     if cleaned and cleaned[-1] in _SUFFIXES:
         scale, cleaned = _SUFFIXES[cleaned[-1]], cleaned[:-1]
+    if "," in cleaned:
+        if not _THOUSANDS.fullmatch(cleaned):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: a comma may only separate groups of three digits (1,500,000); for a fraction write a point, "
+                f"e.g. {text.strip().replace(',', '.')!r}")
+        cleaned = cleaned.replace(",", "")
     try:
         value = float(cleaned) * scale
     except ValueError:

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from resacct.cli.arguments import count, fraction, positive_float, positive_int
-from resacct.cli.output import add_json_flag, emit
+from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit
 from resacct.errors import ResacctError
 
 __all__ = ["register"]
@@ -101,9 +101,9 @@ def _run_time(args: argparse.Namespace) -> int:
     }
     mode = "sparse" if args.sparse else "dense"
     text = (
-        f"{estimate.total_flops:.4g} FLOPs on {estimate.devices} × {board.name} ({args.dtype} {mode} peak {peak / 1e12:g} TFLOP/s) at MFU {estimate.mfu:g}\n"
-        f"  FLOPs per day: {estimate.flops_per_day:.4g}\n"
-        f"  training time: {estimate.training_days:.1f} days ({estimate.device_hours:.4g} device-hours)"
+        f"{estimate.total_flops:.4g} FLOPs on {count_text(estimate.devices)} × {board.name} ({args.dtype} {mode} peak {peak / 1e12:g} TFLOP/s) at MFU {estimate.mfu:g}\n"
+        f"  FLOPs per day: {amount_text(estimate.flops_per_day, 'FLOPs')}\n"
+        f"  training time: {days_text(estimate.training_days)} ({amount_text(estimate.device_hours, 'device-hours')})"
     )
     return emit(args, fields, text)
 
@@ -147,8 +147,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     where = board.name if board else f"{_g(args.memory_gb)} GB"
     sharing = {0: "no sharding: every device holds everything", 1: "optimizer state sharded", 2: "optimizer state and gradients sharded",
                3: "everything sharded across the devices"}[args.zero]
-    text = (f"{args.devices} × {where}, {_g(bytes_per_param)} bytes/parameter, ZeRO-{args.zero} ({sharing}): "
-            f"{largest:.4g} parameters ({largest / 1e9:.3g} B), before activations")
+    text = (f"{count_text(args.devices)} × {where}, {_g(bytes_per_param)} bytes/parameter, ZeRO-{args.zero} ({sharing}): "
+            f"{amount_text(largest, 'parameters')} ({amount_text(largest / 1e9, 'billion', 3)}), before activations")
     return emit(args, fields, text)
 
 
@@ -246,13 +246,18 @@ def _run_roofline(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ResacctError(f"--cuda: torch {torch.__version__} sees no CUDA GPU")
+    if args.png:
+        _check_png_target(args.png)  # before measuring, not after
     roofline, rows, about = _datasheet_roofline(args) if args.device else _measured_roofline(args)
     if args.png:
         from resacct.perf import save_roofline_png
 
         points = [(f"{row['name']} {row['size']}", row["intensity_flops_per_byte"], row["achieved_flops_per_sec"] or row["attainable_flops_per_sec"])
                   for row in rows if row["intensity_flops_per_byte"] > 0]
-        save_roofline_png(args.png, roofline, points)
+        try:
+            save_roofline_png(args.png, roofline, points)
+        except OSError as error:
+            raise ResacctError(f"--png {args.png!r} cannot be written: {error.strerror or error}") from None
     fields = {
         "roofline": {"name": roofline.name, "peak_flops_per_sec": roofline.peak_flops_per_sec,
                      "bandwidth_bytes_per_sec": roofline.bandwidth_bytes_per_sec,
@@ -261,6 +266,17 @@ def _run_roofline(args: argparse.Namespace) -> int:
         "png": args.png,
     }
     return emit(args, fields, _roofline_text(roofline, rows, args.png))
+
+
+def _check_png_target(path: str) -> None:
+    from pathlib import Path
+
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ResacctError(f"--png {path!r} is a directory; give a file name such as {str(target / 'roofline.png')!r}")
+    if not folder.is_dir():
+        raise ResacctError(f"--png {path!r}: folder {str(folder)!r} does not exist; create it first or give another path")
 
 
 def _roofline_text(roofline: Any, rows: list[dict[str, Any]], png: str | None) -> str:

@@ -1,24 +1,82 @@
-"""Output helpers shared by commands: ``--json`` (named fields with units in the names) or text."""
+"""Output helpers shared by commands: ``--json`` (named fields with units in the names) or text.
+
+``--json`` is strict JSON (RFC 8259): a quantity that overflows a float (``inf``) or is undefined
+(``nan``) is written as ``null``, never as ``Infinity``/``NaN``, which JSON parsers refuse; the
+text output says in words what happened instead.
+
+>>> days_text(143.9)
+'143.9 days'
+>>> days_text(0.5), days_text(2.3e-7), days_text(2.3e280)
+('12 hours', '0.0199 seconds', '2.3e+280 days')
+>>> days_text(float("inf")), days_text(0.0)
+('more than 1.8e+308 days', 'less than 1e-308 days')
+>>> amount_text(float("inf"), "parameters"), count_text(10**300)
+('more than 1.8e+308 parameters', '1e+300')
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from typing import Any
 
-__all__ = ["add_json_flag", "emit"]
+__all__ = ["add_json_flag", "emit", "days_text", "amount_text", "count_text", "ratio_text"]
+
+_FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"  # 1.8e+308
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object with named fields (units in the names)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object with named fields (units in the names); a value beyond a float is null")
 
 
 def emit(args: argparse.Namespace, fields: dict[str, Any], text: str) -> int:
-    """Print ``fields`` as JSON when ``--json`` was given, else the human-readable ``text``."""
+    """Print ``fields`` as strict JSON when ``--json`` was given, else the human-readable ``text``."""
+    from resacct.reporting.documents import strict_json_text
+
     if getattr(args, "json", False):
-        json.dump(fields, sys.stdout, indent=2, sort_keys=False)
-        sys.stdout.write("\n")
+        sys.stdout.write(strict_json_text(fields, non_finite="null"))
     else:
         sys.stdout.write(text.rstrip("\n") + "\n")
     return 0
+
+
+def amount_text(value: float, unit: str, digits: int = 4) -> str:
+    """``value unit`` with ``digits`` significant digits; words where a float ran out of range."""
+    if math.isnan(value):
+        return f"an undefined number of {unit} (0/0 or ∞/∞ in the inputs)"
+    if math.isinf(value):
+        return f"more than {_FLOAT_MAX_TEXT} {unit}" if value > 0 else f"less than -{_FLOAT_MAX_TEXT} {unit}"
+    if value == 0:
+        return f"less than 1e-308 {unit}"
+    return f"{value:.{digits}g} {unit}"
+
+
+def ratio_text(value: float) -> str:
+    """A utilization such as MFU: three decimals where that shows it (0.001 to 1000), else
+    scientific; words past a float (``more than 1.8e+308``)."""
+    if not math.isfinite(value):
+        return amount_text(value, "").rstrip()
+    return f"{value:.3f}" if 0.001 <= abs(value) < 1000 else f"{value:.3g}"
+
+
+def count_text(value: float) -> str:
+    """A count such as devices: in full up to 10^15, else scientific (``1e+300``)."""
+    if isinstance(value, int) and abs(value) < 10**15:
+        return str(value)
+    return f"{value:.4g}"
+
+
+def days_text(days: float) -> str:
+    """A duration that never reads ``0.0 days`` or ``inf days``: days (one decimal) from a day up,
+    hours below a day, seconds below an hour, scientific notation far from 1, words past a float."""
+    if not math.isfinite(days) or days <= 0:
+        return amount_text(days, "days")
+    if days >= 1e6:
+        return f"{days:.3g} days"
+    if days >= 1:
+        return f"{days:.1f} days"
+    if days >= 1 / 24:
+        return f"{days * 24:.3g} hours"
+    return f"{days * 86400:.3g} seconds"

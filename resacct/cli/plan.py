@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
-from resacct.cli.output import add_json_flag, emit
+from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit
 from resacct.errors import ResacctError
 
 __all__ = ["register"]
@@ -121,7 +121,7 @@ def _run_optimal(args: argparse.Namespace) -> int:
         fields.update({"device": device, "peak_flops_per_sec": peak, "mfu": args.mfu, "goodput": args.goodput, "device_hours": hours,
                        "devices": args.devices, "wall_clock_days": hours / args.devices / 24})
         lines.append(f"  on {device or 'a custom peak'} ({peak:.4g} FLOP/s) at MFU {args.mfu:g} and goodput {args.goodput:g}: "
-                     f"{hours:.4g} device-hours = {hours / args.devices / 24:.1f} days on {args.devices} devices")
+                     f"{amount_text(hours, 'device-hours')} = {days_text(hours / args.devices / 24)} on {count_text(args.devices)} devices")
     return emit(args, fields, "\n".join(lines))
 
 

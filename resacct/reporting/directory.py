@@ -75,7 +75,7 @@ class ReportStaging:
             _remove_stale_temporaries(parent, self.target.name)
             self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.{os.getpid()}.", suffix=_TEMPORARY_SUFFIX, dir=parent))
         except OSError as error:
-            raise _unusable(target, f"cannot be created ({error.strerror or error})") from None
+            raise _unusable(target, f"cannot be created ({_why_not(self.target, error)})") from None
 
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -102,6 +102,14 @@ class ReportStaging:
             finally:
                 self.discard()
         return destination
+
+
+def _why_not(target: Path, error: OSError) -> str:
+    """The reason a directory cannot be made: a file where a folder should be, else the OS's words."""
+    for ancestor in target.parents:
+        if ancestor.exists():
+            return f"{str(ancestor)!r} is a file" if not ancestor.is_dir() else (error.strerror or str(error))
+    return error.strerror or str(error)
 
 
 def _remove_stale_temporaries(parent: Path, name: str) -> None:

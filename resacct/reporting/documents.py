@@ -90,8 +90,10 @@ def load_report(path: str | Path) -> dict[str, Any]:
     try:
         document = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
-        hint = " (truncated?)" if error.pos >= len(text.rstrip()) else ""
-        raise ResacctError(f"{where} is not valid JSON{hint}: {error.msg} at line {error.lineno} column {error.colno}") from None
+        stripped = text.strip()
+        cut_short = stripped[:1] in {"{", "["} and stripped[-1:] not in {"}", "]"}
+        hint = " (cut short?)" if cut_short else ""
+        raise ResacctError(f"{where} is not valid JSON{hint}: {error.msg} (line {error.lineno}, column {error.colno})") from None
     except (ValueError, RecursionError) as error:
         raise ResacctError(f"{where} is not valid JSON: {error}") from None
     problem = _report_problem(document)
