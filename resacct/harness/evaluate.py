@@ -8,6 +8,7 @@ prediction — when the check returns one — must agree with the measurement.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import NotMeasurable, Outcome, get_check
 from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
 
-__all__ = ["ClaimFailure", "Verdict", "evaluate_claim", "agrees"]
+__all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements"]
 
 
 class ClaimFailure(AssertionError):
@@ -112,20 +113,65 @@ def _exception_matches(error: BaseException, type_name: str, pattern: str | None
     return pattern is None or re.search(pattern, str(error)) is not None
 
 
-def evaluate_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Verdict:
-    """Run the claim's check on ``inputs`` and decide. Raises ClaimFailure when it must fail."""
+@dataclass(frozen=True)
+class Measurement:
+    """What a check returned (or raised) for one set of inputs: the half of a verdict that costs
+    time. Judging a different statement against it (the mutation meta-test) needs no re-run."""
+
+    inputs: dict[str, Any]
+    outcome: Outcome | None
+    raised: BaseException | None = None
+
+
+# One measurement per claim (its first) in this process, keyed by (id, measure, given): the
+# plugin fills it, the mutation meta-test reads it instead of measuring the same thing again.
+_SESSION_MEASUREMENTS: dict[str, Measurement] = {}
+
+
+def _claim_key(claim: LoadedClaim) -> str:
+    spec = claim.claim
+    return json.dumps([spec.id, spec.measure, dict(spec.given)], sort_keys=True, default=repr)
+
+
+def remembered_measurement(claim: LoadedClaim) -> Measurement | None:
+    """The first measurement :func:`evaluate_claim` made for this claim (same id, check and
+    ``given``) in this process with ``remember=True``, or None."""
+    return _SESSION_MEASUREMENTS.get(_claim_key(claim))
+
+
+def forget_measurements() -> None:
+    """Empty the session's remembered measurements."""
+    _SESSION_MEASUREMENTS.clear()
+
+
+def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
     spec = claim.claim
     check = get_check(spec.measure)
-    verdict = Verdict(claim=claim, inputs=dict(inputs))
     expects_raise = spec.expect is not None and spec.expect.raises is not None
     try:
-        outcome: Outcome | None = check(**inputs)
+        return Measurement(inputs=dict(inputs), outcome=check(**inputs))
     except NotMeasurable:  # the item turns it into a skip
         raise
     except Exception as error:  # errors are measurements when a claim expects one (resacct's own too)
         if not expects_raise:
             raise
-        outcome, verdict.raised = None, error
+        return Measurement(inputs=dict(inputs), outcome=None, raised=error)
+
+
+def evaluate_claim(claim: LoadedClaim, inputs: Mapping[str, Any], *, measurement: Measurement | None = None,
+                   remember: bool = False) -> Verdict:
+    """Run the claim's check on ``inputs`` and decide. Raises ClaimFailure when it must fail.
+
+    ``measurement``: judge this earlier measurement (its inputs replace ``inputs``) instead of
+    running the check. ``remember``: keep the first measurement of this claim for
+    :func:`remembered_measurement`."""
+    if measurement is None:
+        measurement = _measure(claim, inputs)
+        if remember:
+            _SESSION_MEASUREMENTS.setdefault(_claim_key(claim), measurement)
+    spec = claim.claim
+    verdict = Verdict(claim=claim, inputs=dict(measurement.inputs))
+    outcome, verdict.raised = measurement.outcome, measurement.raised
     if outcome is not None:
         verdict.measured, verdict.predicted = outcome.measured, outcome.predicted
         verdict.quantities = dict(outcome.quantities)

@@ -108,7 +108,7 @@ class ClaimItem(pytest.Item):
             if claim.forall:
                 self._run_forall()
             else:
-                self._remember(evaluate_claim(self.loaded, dict(claim.given)))
+                self._remember(evaluate_claim(self.loaded, dict(claim.given), remember=True))
         except NotMeasurable as reason:
             pytest.skip(f"not measurable here: {reason}")
         except ClaimFailure as failure:  # the report shows the failing example's law, prediction and measurement
@@ -127,7 +127,7 @@ class ClaimItem(pytest.Item):
 
         def law_for_drawn_inputs(**drawn: Any) -> None:
             examples[0] += 1
-            self._remember(evaluate_claim(self.loaded, {**claim.given, **drawn}))
+            self._remember(evaluate_claim(self.loaded, {**claim.given, **drawn}, remember=True))
 
         # Each claim keeps its own entry in hypothesis' example database.
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]

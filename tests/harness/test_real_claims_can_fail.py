@@ -1,15 +1,29 @@
-"""No claim whose check cannot fail: change a real claim's law or expectation and it must fail."""
+"""No claim whose check cannot fail: change a real claim's law or expectation and it must fail.
+
+Cost: a mutated claim is judged against the measurement its claim item already made in this
+session (``resacct.harness.evaluate.remembered_measurement``): in the README's ``pytest`` the
+claims run first, so the sweep covers every claim at almost no cost. A claim with no remembered
+measurement (this file run on its own, or under xdist on another worker) is measured again only
+when it is in today's sample — about a quarter of the claims, chosen by a hash of the id and the
+UTC date (``RESACCT_META_SEED`` overrides the date) — or in a spec file changed against ``main``;
+the others skip, saying so. ``RESACCT_FULL_META=1`` (as ``.ci/run`` sets) measures every claim.
+"""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import os
+import subprocess
 import warnings
+from functools import cache
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resacct.harness.evaluate import ClaimFailure, evaluate_claim
+from resacct.harness.evaluate import ClaimFailure, evaluate_claim, remembered_measurement
 from resacct.harness.laws import Law
 from resacct.harness.loader import LoadedClaim, load_claims_file
 from resacct.harness.registry import NotMeasurable
@@ -17,6 +31,40 @@ from resacct.harness.strategies import get_strategy
 from tests.harness.test_plugin import outcomes
 
 SPECS = Path(__file__).resolve().parents[2] / "resacct" / "specs"
+FULL_SWEEP_VARIABLE = "RESACCT_FULL_META"
+SEED_VARIABLE = "RESACCT_META_SEED"
+SAMPLE_ONE_IN = 4
+
+
+def full_sweep() -> bool:
+    return os.environ.get(FULL_SWEEP_VARIABLE, "") not in {"", "0"}
+
+
+def sample_seed() -> str:
+    return os.environ.get(SEED_VARIABLE) or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
+def in_todays_sample(claim_id: str, seed: str) -> bool:
+    """About one claim in SAMPLE_ONE_IN, a different set each seed (a date), the same within it."""
+    digest = hashlib.sha256(f"{seed}:{claim_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % SAMPLE_ONE_IN == 0
+
+
+@cache
+def changed_spec_files() -> frozenset[str]:
+    """Names of spec files that differ from ``main`` (committed on this branch, or not yet
+    committed); empty when git or ``main`` is not at hand."""
+    root = SPECS.parents[1]
+    names: set[str] = set()
+    for command in (["git", "diff", "--name-only", "main", "--", "resacct/specs"],
+                    ["git", "ls-files", "--others", "--exclude-standard", "--", "resacct/specs"]):
+        try:
+            done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            names |= {Path(line).name for line in done.stdout.splitlines() if line.strip()}
+    return frozenset(names)
 
 
 def all_claims() -> list[LoadedClaim]:
@@ -70,11 +118,8 @@ def cheap(claim: LoadedClaim) -> bool:
 CLAIMS = [claim for claim in all_claims() if cheap(claim)]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=[claim.id for claim in CLAIMS])
-def test_every_claim_fails_when_its_statement_is_changed(claim):
-    """Holding claims must fail with a wrong statement; refuted ones are already false, so their
-    mutation must stay false (and the original must pass) — either way the check decides."""
-    wrong = mutated(claim)
+def first_example(claim: LoadedClaim) -> dict:
+    """The claim's ``given`` inputs, with one (derandomised) draw of its ``forall`` inputs."""
     inputs = dict(claim.claim.given)
     if claim.claim.forall:
         strategies = {name: get_strategy(spec) for name, spec in claim.claim.forall.items()}
@@ -88,17 +133,38 @@ def test_every_claim_fails_when_its_statement_is_changed(claim):
 
         draw()
         inputs.update(found[0])
+    return inputs
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[claim.id for claim in CLAIMS])
+def test_every_claim_fails_when_its_statement_is_changed(claim):
+    """Holding claims must fail with a wrong statement; refuted ones are already false, so their
+    mutation must stay false (and the original must pass) — either way the check decides."""
     skip_unless_for_this_torch(claim)
+    measurement = remembered_measurement(claim)  # the claim's own item measured it earlier in this session
+    if measurement is None and not (full_sweep() or in_todays_sample(claim.id, sample_seed())
+                                    or Path(claim.path).name in changed_spec_files()):
+        pytest.skip(f"not measured in this session and not in the sample of {sample_seed()}; {FULL_SWEEP_VARIABLE}=1 checks every claim")
+    inputs = first_example(claim) if measurement is None else measurement.inputs
     try:
         if claim.claim.status == "refuted":
-            evaluate_claim(claim, inputs)  # the original passes: the statement is false
+            evaluate_claim(claim, inputs, measurement=measurement)  # the original passes: the statement is false
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with pytest.raises(ClaimFailure):
-                evaluate_claim(wrong, inputs)
+                evaluate_claim(mutated(claim), inputs, measurement=measurement)
     except NotMeasurable as reason:
         pytest.skip(f"not measurable here: {reason}")
+
+
+def test_the_sample_rotates_and_covers_about_a_quarter():
+    ids = [claim.id for claim in CLAIMS]
+    monday = {claim_id for claim_id in ids if in_todays_sample(claim_id, "2026-11-23")}
+    tuesday = {claim_id for claim_id in ids if in_todays_sample(claim_id, "2026-11-24")}
+    assert monday != tuesday
+    assert monday == {claim_id for claim_id in ids if in_todays_sample(claim_id, "2026-11-23")}
+    assert len(ids) / (2 * SAMPLE_ONE_IN) < len(monday) < 2 * len(ids) / SAMPLE_ONE_IN
 
 
 def test_there_are_enough_claims_to_mean_something():
