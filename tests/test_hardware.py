@@ -33,8 +33,9 @@ def test_every_entry_is_sourced_and_positive(name):
     assert board.source and board.confidence in ("datasheet", "derived")
     assert board.memory_bytes > 0 and board.memory_bandwidth_bytes_per_sec > 0
     assert set(board.peaks) <= set(PEAK_FORMATS) and "bf16" in board.peaks
-    # GPU datasheets print a CUDA-core fp32 peak; Google's TPU pages list only bf16 (and int8)
-    assert "fp32" in board.peaks or board.family == "tpu"
+    # NVIDIA datasheets print a CUDA-core fp32 peak; Google's TPU pages and Intel's Gaudi 3 table
+    # list only their matrix formats
+    assert "fp32" in board.peaks or board.family in ("tpu", "gaudi")
     for peak in board.peaks.values():
         assert peak.dense_flops_per_sec > 0 and math.isfinite(peak.dense_flops_per_sec)
         if peak.sparse_flops_per_sec is not None:
@@ -45,7 +46,7 @@ def test_every_entry_is_sourced_and_positive(name):
 def test_non_tensor_formats_have_no_sparse_peak(name):
     board = accelerators()[name]
     for fmt in ("fp64", "fp32"):
-        if fmt in board.peaks or board.family != "tpu":
+        if fmt in board.peaks or board.family not in ("tpu", "gaudi"):
             assert board.peaks[fmt].sparse_flops_per_sec is None
 
 
