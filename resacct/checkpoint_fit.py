@@ -156,13 +156,16 @@ def check_model_fits(path: Path, model: nn.Module, state: Mapping[str, Any]) -> 
     if missing or unexpected:
         parts = ([f"missing {_names(missing)}"] if missing else []) + ([f"unexpected {_names(unexpected)}"] if unexpected else [])
         raise CheckpointError(f"{path}: the model state does not fit this {kind}: {'; '.join(parts)}")
-    misfits = [key for key, value in target.items() if isinstance(value, torch.Tensor) and tuple(state[key].shape) != tuple(value.shape)]
+    misfits = [
+        key
+        for key, value in target.items()
+        if isinstance(value, torch.Tensor) and (not isinstance(state[key], torch.Tensor) or tuple(state[key].shape) != tuple(value.shape))
+    ]
     if misfits:
         key = misfits[0]
         more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
-        raise CheckpointError(
-            f"{path}: the model state does not fit this {kind}: {key!r} is {tuple(state[key].shape)} in the checkpoint, {tuple(target[key].shape)} in the model{more}"
-        )
+        saved = tuple(state[key].shape) if isinstance(state[key], torch.Tensor) else _shown(state[key])
+        raise CheckpointError(f"{path}: the model state does not fit this {kind}: {key!r} is {saved} in the checkpoint, {tuple(target[key].shape)} in the model{more}")
 
 
 def _hyperparameter_names(group: Mapping[str, Any]) -> set[str]:

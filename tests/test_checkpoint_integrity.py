@@ -111,17 +111,17 @@ def test_no_bit_flip_loads_a_changed_checkpoint(tmp_path: Path):
     target_model, target_optimizer = trained(seed=1)
     path = tmp_path / "flipped.pt"
     rng, tensor_ranges = random.Random(13), tensor_byte_ranges(original)
-    refused = 0
+    before = snapshot(target_model, target_optimizer)
+    positions = set()
     for flip in range(FLIPS):
         damaged, position = flipped(original, rng, tensor_ranges if flip % 2 else None)
         path.write_bytes(damaged)
-        before = snapshot(target_model, target_optimizer)
         with pytest.raises(CheckpointError) as error:
             load_checkpoint(path, model=target_model, optimizer=target_optimizer)
         assert_one_line_naming(error, path)
-        assert unchanged(before, snapshot(target_model, target_optimizer)), f"flip at byte {position} changed the target"
-        refused += 1
-    assert refused == FLIPS
+        positions.add(position)
+    assert unchanged(before, snapshot(target_model, target_optimizer))  # no refusal changed anything (none is undone)
+    assert len(positions) > 200
 
 
 def test_control_without_the_checksum_flips_in_tensors_load_changed_values(tmp_path: Path):
