@@ -93,7 +93,7 @@ def selective_recompute_memory_saving(seq: int, hidden: int, heads: int) -> floa
     return 1 - keep / activation_bytes_per_layer(seq, 1, hidden, heads)
 
 
-def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int, *, recompute: str = "none",
+def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int, *, recompute: str = "none", tensor_parallel: int = 1,
                             dropout_mask_bytes: int = 1, layernorm_statistic_bytes: int = 0, causal_mask_bytes: int = 0) -> float:
     """What an eager PyTorch GPT layer (16-bit activations, dropout on, no tensor parallelism)
     saves for backward: Korthikanti's terms with the three dropout masks at
@@ -102,18 +102,24 @@ def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int,
     values at ``layernorm_statistic_bytes``; Korthikanti leaves them out) and a causal mask of
     s² elements kept by ``masked_fill`` (``causal_mask_bytes`` each; none in a fused kernel).
     With ``recompute="selective"`` the attention core is not kept (nor its dropout mask and
-    causal mask). With the defaults this is Table 2's first row (or sbh·34 when selective).
+    causal mask). On one of ``tensor_parallel`` ranks (Megatron's column/row split, no sequence
+    parallelism) the LayerNorm and linear inputs, the two residual-branch dropout masks, the
+    statistics and the causal mask stay whole; the rest is divided by t. With the defaults this
+    is Table 2's first row (or sbh·34 when selective); with t > 1, its second (or fourth).
 
     >>> torch_layer_saved_bytes(64, 2, 128, 4, dropout_mask_bytes=2, layernorm_statistic_bytes=2, causal_mask_bytes=1)
     791552.0
     """
-    s, b, h, a = (_whole(name, value) for name, value in (("seq", seq), ("micro_batch", micro_batch), ("hidden", hidden), ("heads", heads)))
+    s, b, h, a, t = (_whole(name, value) for name, value in
+                     (("seq", seq), ("micro_batch", micro_batch), ("hidden", hidden), ("heads", heads), ("tensor_parallel", tensor_parallel)))
     if recompute not in ("none", "selective"):
         raise ResacctError(f"recompute is {recompute!r}; a single eager layer is measured with none or selective")
     sbh = s * b * h
-    kept = sbh * (32 + 2 * dropout_mask_bytes) + 4 * s * b * layernorm_statistic_bytes
+    replicated = 8 + 2 * dropout_mask_bytes  # LayerNorm inputs 2+2, QKV and h→4h inputs 2+2, two masks
+    split = 24  # Q, K, V 6; projection input 2; GELU input 8; 4h→h input 8
+    kept = sbh * (replicated + split / t) + 4 * s * b * layernorm_statistic_bytes
     if recompute == "none":
-        kept += a * s * s * b * (4 + dropout_mask_bytes) + s * s * causal_mask_bytes
+        kept += a * s * s * b * (4 + dropout_mask_bytes) / t + s * s * causal_mask_bytes
     return float(kept)
 
 

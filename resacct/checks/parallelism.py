@@ -74,3 +74,72 @@ def layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, recompute: 
     predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, recompute=recompute, dropout_mask_bytes=2,
                                         layernorm_statistic_bytes=2, causal_mask_bytes=1)
     return Outcome(measured=measured, predicted=predicted, quantities={"layernorm_statistics_bytes": statistics, "causal_mask_bytes": mask})
+
+
+class TensorParallelLayer(nn.Module):
+    """The same layer with separate Q, K, V projections, so that Megatron's column split
+    (``ColwiseParallel``) gives each rank whole heads; projection and 4h→h are row-split."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float):
+        super().__init__()
+        self.width, self.dropout = hidden // heads, dropout
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.q, self.k, self.v, self.proj = (nn.Linear(hidden, hidden) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: Float[torch.Tensor, "seq batch hidden"]) -> Float[torch.Tensor, "seq batch hidden"]:
+        seq, batch, hidden = x.shape
+        normed = self.ln1(x)
+        q, k, v = (projection(normed) for projection in (self.q, self.k, self.v))  # (s, b, h/t) on each rank
+        local_heads = q.shape[-1] // self.width
+        q, k, v = (t.reshape(seq, batch * local_heads, self.width).transpose(0, 1) for t in (q, k, v))
+        scores = torch.bmm(q, k.transpose(1, 2)) * self.width ** -0.5
+        causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+        probs = F.dropout(torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1), self.dropout, self.training)
+        context = torch.bmm(probs, v).transpose(0, 1).reshape(seq, batch, local_heads * self.width)
+        x = x + F.dropout(self.proj(context), self.dropout, self.training)
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.dropout, self.training)
+
+
+def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, batch: int, hidden: int, heads: int) -> int:
+    """On one gloo rank: parallelize the layer over all ranks with DTensor (``parallelize_module``:
+    Q, K, V, h→4h column-split, projection and 4h→h row-split), run one forward and return the
+    bytes of the distinct local storages autograd saved (DTensors unwrapped to their local
+    shard; parameters apart)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    layer = TensorParallelLayer(hidden, heads, dropout=0.1).to(torch.bfloat16)
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
+            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    parallelize_module(layer, init_device_mesh("cpu", (world_size,)), plan)
+
+    def local(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+    parameters = {local(p).untyped_storage().data_ptr() for p in layer.parameters()}
+    saved: list[torch.Tensor] = []
+    x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    storages = {}
+    for tensor in saved:
+        storage = local(tensor).untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@check("parallelism.tensor_parallel_layer_saved_bytes", quantities=("min_rank_bytes",))
+def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2) -> Outcome:
+    """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout
+    on) saves for backward: the largest over the ranks (``min_rank_bytes`` the smallest);
+    resacct predicts it with Korthikanti's tensor-parallel terms plus eager PyTorch's extras."""
+    from resacct.distributed import run_on_ranks
+
+    per_rank = run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, timeout_seconds=120)
+    predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, tensor_parallel=tensor_parallel, dropout_mask_bytes=2,
+                                        layernorm_statistic_bytes=2, causal_mask_bytes=1)
+    return Outcome(measured=max(per_rank), predicted=predicted, quantities={"min_rank_bytes": min(per_rank)})
