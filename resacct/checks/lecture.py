@@ -224,11 +224,11 @@ def promised_flop_per_sec(dtype: str, device_name: str = "") -> Outcome:
 
 
 @check("lecture.promised_over_datasheet", quantities=("lookup_flops_per_sec", "datasheet_flops_per_sec"))
-def promised_over_datasheet(device_name: str, dtype: str, board: str, table_dtype: str) -> Outcome:
-    """The lookup's answer for ``device_name`` ÷ the dense peak the datasheet prints for ``board``
-    (``resacct/datasheets/accelerators.yaml``); when the lookup raises, its error line is the
-    measurement."""
-    datasheet = raw_peak_flops_per_sec(board, table_dtype)
+def promised_over_datasheet(device_name: str, dtype: str, board: str, table_dtype: str, sparse: bool = False) -> Outcome:
+    """The lookup's answer for ``device_name`` ÷ the dense (or 2:4-sparse) peak the datasheet
+    prints for ``board`` (``resacct/datasheets/accelerators.yaml``); when the lookup raises, its
+    error line is the measurement."""
+    datasheet = raw_peak_flops_per_sec(board, table_dtype, sparse)
     try:
         lookup = float(get_promised_flop_per_sec(device_name, parse_dtype(dtype)))
     except ValueError as error:

@@ -156,7 +156,7 @@ def embedding(field: str, vocabulary: int = 128, hidden: int = 64, batch: int = 
         "is_parameter": lambda: isinstance(layer.weight, nn.Parameter),
         "output_shape": lambda: list(output.shape),
         "numel": lambda: layer.weight.numel(),
-        "weight_std": lambda: float(layer.weight.std()),
+        "weight_std": lambda: float(layer.weight.detach().std()),
         "rows_equal": lambda: torch.equal(output, layer.weight[x]),
     }
     return Outcome(measured=results[field](), quantities={"vocabulary": vocabulary, "hidden": hidden})
@@ -166,14 +166,17 @@ def embedding(field: str, vocabulary: int = 128, hidden: int = 64, batch: int = 
 def unscaled_output_std_ratio(input_dim: int, hidden_dim: int, other_hidden_dim: int) -> Outcome:
     """std of x @ w (x ~ randn(input_dim), w ~ randn(input_dim, h), unscaled) at h = hidden_dim ÷
     at h = other_hidden_dim, each over 4096 output elements (module_parameters, 2024 L566-573)."""
-    generator = torch.Generator().manual_seed(0)
+    return Outcome(measured=_unscaled_output_std(input_dim, hidden_dim) / _unscaled_output_std(input_dim, other_hidden_dim))
 
-    def output_std(hidden: int) -> float:
-        x = torch.randn(8, input_dim, generator=generator)
-        w = torch.randn(input_dim, max(hidden, 512), generator=generator)[:, :hidden]
-        return float((x @ w).std())
 
-    return Outcome(measured=output_std(hidden_dim) / output_std(other_hidden_dim))
+@functools.cache
+def _unscaled_output_std(input_dim: int, hidden: int) -> float:
+    """std of x @ w over ≥ 4096 outputs: x ~ randn(rows, input_dim), w ~ randn(input_dim, hidden)."""
+    generator = torch.Generator().manual_seed(hidden)
+    rows = max(1, 4096 // hidden)
+    x = torch.randn(rows, input_dim, generator=generator)
+    w = torch.randn(input_dim, hidden, generator=generator)
+    return float((x @ w).std())
 
 
 @check("lecture.kaiming_normal_warning")

@@ -36,12 +36,14 @@ def _cruncher(dim: int, num_layers: int, device: str = "cpu", seed: int = 0) -> 
 
 
 @check("lecture.cruncher_parameters", quantities=("state_dict_numel", "parameter_tensors"))
-def cruncher_parameters(dim: int, num_layers: int) -> Outcome:
-    """The lecture's ``get_num_parameters`` of its own Cruncher (built on the meta device), with the
-    state_dict's total numel and the number of parameter tensors as quantities."""
+def cruncher_parameters(dim: int, num_layers: int, count: str = "parameters") -> Outcome:
+    """The lecture's ``get_num_parameters`` of its own Cruncher (built on the meta device), or with
+    ``count: tensors`` the number of parameter tensors; the state_dict's total numel and the
+    number of parameter tensors as quantities."""
     model = _cruncher(dim, num_layers, device="meta")
+    counts = {"parameters": get_num_parameters(model), "tensors": len(list(model.parameters()))}
     return Outcome(
-        measured=get_num_parameters(model),
+        measured=counts[count],
         quantities={
             "state_dict_numel": sum(value.numel() for value in model.state_dict().values()),
             "parameter_tensors": len(list(model.parameters())),
@@ -112,12 +114,12 @@ def two_layer_flops(batch: int, dim: int, outputs: int, phase: str) -> Outcome:
     return Outcome(measured={"forward": forward, "backward": backward}[phase])
 
 
-@check("lecture.cruncher_step_bytes", quantities=("params", "hidden_activations", "saved_elements"))
+@check("lecture.cruncher_step_bytes", quantities=("params", "saved_elements"))
 def cruncher_step_bytes(batch: int, dim: int, num_layers: int) -> Outcome:
     """Bytes of every distinct storage one float32 step of the lecture's optimizer demo holds:
     parameters, what autograd saves (forward + mse_loss), gradients and the lecture's AdaGrad
-    state after the step. Quantities: params, hidden_activations (B·D per layer output saved)
-    and saved_elements (everything saved that is not a parameter)."""
+    state after the step. Quantities: params and saved_elements (everything saved that is not
+    a parameter)."""
     model = _cruncher(dim, num_layers)
     params = list(model.parameters())
     optimizer = LectureAdaGrad(params, lr=0.01)
@@ -128,11 +130,25 @@ def cruncher_step_bytes(batch: int, dim: int, num_layers: int) -> Outcome:
     gradients = [p.grad for p in params]
     optimizer.step()
     state = [value for per_parameter in optimizer.state.values() for value in per_parameter.values()]
-    hidden = saved.elements(excluding=params + [x, y]) - batch  # the prediction (B numbers) is saved by mse_loss
     return Outcome(
         measured=distinct_storage_bytes(params + saved.tensors + gradients + state),
-        quantities={"params": get_num_parameters(model), "hidden_activations": hidden, "saved_elements": saved.elements(excluding=params)},
+        quantities={"params": get_num_parameters(model), "saved_elements": saved.elements(excluding=params)},
     )
+
+
+@check("lecture.cruncher_saved", quantities=("input_elements",))
+def cruncher_saved(batch: int, dim: int, num_layers: int, count: str) -> Outcome:
+    """Numbers autograd saves (distinct storages, parameters left out) for ``F.mse_loss(model(x), y)``
+    with the lecture's Cruncher: ``saved`` (all of them) or ``hidden`` (the layers' outputs only:
+    x, y and the prediction left out)."""
+    model = _cruncher(dim, num_layers)
+    params = list(model.parameters())
+    x, y = torch.randn(batch, dim), torch.randn(batch)
+    with record_saved_tensors() as saved:
+        prediction = model(x)
+        F.mse_loss(prediction, y)
+    excluded = params + ([x, y, prediction] if count == "hidden" else [])
+    return Outcome(measured=saved.elements(excluding=excluded), quantities={"input_elements": x.numel()})
 
 
 @check("lecture.optimizer_demo", quantities=("lr",))
@@ -221,11 +237,12 @@ def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps
     x, y = linear_regression_batch(1024, 16)
     with torch.no_grad():
         initial_loss, final_loss = float(F.mse_loss(initial(x), y)), float(F.mse_loss(model(x), y))
-        if field == "lr_difference":
-            other, _ = run(other_lr)
+    if field == "lr_difference":
+        other, _ = run(other_lr)
+        with torch.no_grad():
             measured: Any = float((model.final.weight - other.final.weight).abs().max())
-        else:
-            measured = {"loss_ratio": final_loss / initial_loss, "parameters": get_num_parameters(model)}[field]
+    else:
+        measured = {"loss_ratio": final_loss / initial_loss, "parameters": get_num_parameters(model)}[field]
     return Outcome(measured=measured, quantities={"initial_loss": initial_loss, "parameters": get_num_parameters(model)})
 
 
