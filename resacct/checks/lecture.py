@@ -133,6 +133,8 @@ _ASSERTS: dict[str, Callable[[], bool]] = {
     "torch.equal(x / 0.5, torch.tensor([2, 8, 18]))": lambda: torch.equal(_ints() / 0.5, torch.tensor([2, 8, 18])),
     "torch.equal(torch.ones(3, 3).triu(), [[1, 1, 1], [0, 1, 1], [0, 0, 1]])":
         lambda: torch.equal(torch.ones(3, 3).triu(), torch.tensor([[1, 1, 1], [0, 1, 1], [0, 0, 1]])),
+    "torch.equal(x[0], torch.tensor([1., 2, 3]))": lambda: torch.equal(_matrix()[0], torch.tensor([1.0, 2, 3])),
+    "torch.equal(x[:, 1], torch.tensor([2, 5]))": lambda: torch.equal(_matrix()[:, 1], torch.tensor([2, 5])),
     "y.view(2, 3) raises 'view size is not compatible with input tensor's size and stride'": _raises_view_error,
     "not same_storage(x, x.transpose(1, 0).contiguous().view(2, 3))":
         lambda: not same_storage(_matrix(), _matrix().transpose(1, 0).contiguous().view(2, 3)),

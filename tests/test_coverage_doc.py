@@ -1,0 +1,41 @@
+"""docs/coverage.md maps the lecture's code to claims: every id it names must exist, and every
+claim of the lecture*.claims.yaml files must appear in it (so the table cannot drift)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "resacct" / "specs"
+COVERAGE = ROOT / "docs" / "coverage.md"
+
+
+def _claim_ids(pattern: str) -> set[str]:
+    return {claim["id"] for path in SPECS.glob(pattern) for claim in yaml.safe_load(path.read_text(encoding="utf-8"))["claims"]}
+
+
+def _table_cells() -> list[str]:
+    rows = [line for line in COVERAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| L") or line.startswith("| facts")]
+    return [line.rsplit("|", 2)[1] for line in rows]
+
+
+def test_every_id_named_in_the_table_is_a_claim():
+    known = _claim_ids("*.claims.yaml")
+    named = {token for cell in _table_cells() for token in re.findall(r"\b[a-z0-9][a-z0-9._]*(?:-[a-z0-9._]+)+\b", cell)}
+    named = {token for token in named if not re.fullmatch(r"[0-9.e+-]+", token)}  # numbers such as 4e-34
+    assert named, "the coverage table names no claim"
+    assert sorted(named - known) == []
+
+
+def test_every_lecture_claim_appears_in_the_table():
+    text = "\n".join(_table_cells())
+    missing = sorted(claim_id for claim_id in _claim_ids("lecture*.claims.yaml") if not re.search(rf"(?<![\w.-]){re.escape(claim_id)}(?![\w-])", text))
+    assert missing == []
+
+
+def test_both_years_have_rows():
+    text = COVERAGE.read_text(encoding="utf-8")
+    assert "## lecture_02.py, spring 2025" in text and "## lecture_02.py, spring 2024" in text
