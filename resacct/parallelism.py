@@ -94,7 +94,8 @@ def selective_recompute_memory_saving(seq: int, hidden: int, heads: int) -> floa
 
 
 def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int, *, recompute: str = "none", tensor_parallel: int = 1,
-                            dropout_mask_bytes: int = 1, layernorm_statistic_bytes: int = 0, causal_mask_bytes: int = 0) -> float:
+                            sequence_parallel: bool = False, gathered_inputs_kept: int = 0, dropout_mask_bytes: int = 1,
+                            layernorm_statistic_bytes: int = 0, causal_mask_bytes: int = 0) -> float:
     """What an eager PyTorch GPT layer (16-bit activations, dropout on, no tensor parallelism)
     saves for backward: Korthikanti's terms with the three dropout masks at
     ``dropout_mask_bytes`` an element (Korthikanti: 1; PyTorch's CPU dropout keeps its mask in
@@ -106,6 +107,10 @@ def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int,
     parallelism) the LayerNorm and linear inputs, the two residual-branch dropout masks, the
     statistics and the causal mask stay whole; the rest is divided by t. With the defaults this
     is Table 2's first row (or sbh·34 when selective); with t > 1, its second (or fourth).
+    With ``sequence_parallel`` the LayerNorms, their statistics and the residual-branch dropout
+    masks are split over the sequence too; Korthikanti keeps the column-parallel linears' inputs
+    as sequence shards (re-gathered in the backward pass: Table 2's third row), whereas an
+    implementation that keeps each all-gathered input whole adds ``gathered_inputs_kept`` × 2sbh.
 
     >>> torch_layer_saved_bytes(64, 2, 128, 4, dropout_mask_bytes=2, layernorm_statistic_bytes=2, causal_mask_bytes=1)
     791552.0
@@ -115,9 +120,15 @@ def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int,
     if recompute not in ("none", "selective"):
         raise ResacctError(f"recompute is {recompute!r}; a single eager layer is measured with none or selective")
     sbh = s * b * h
-    replicated = 8 + 2 * dropout_mask_bytes  # LayerNorm inputs 2+2, QKV and h→4h inputs 2+2, two masks
+    norms_and_masks = 4 + 2 * dropout_mask_bytes  # LayerNorm inputs 2+2, the two residual-branch masks
+    linear_inputs = 4  # the QKV and h→4h inputs, 2+2
     split = 24  # Q, K, V 6; projection input 2; GELU input 8; 4h→h input 8
-    kept = sbh * (replicated + split / t) + 4 * s * b * layernorm_statistic_bytes
+    statistics = 4 * s * b * layernorm_statistic_bytes
+    if sequence_parallel:
+        whole = 2 * gathered_inputs_kept
+        kept = sbh * ((norms_and_masks + split + (0 if gathered_inputs_kept else linear_inputs)) / t + whole) + statistics / t
+    else:
+        kept = sbh * (norms_and_masks + linear_inputs + split / t) + statistics
     if recompute == "none":
         kept += a * s * s * b * (4 + dropout_mask_bytes) / t + s * s * causal_mask_bytes
     return float(kept)

@@ -88,10 +88,9 @@ class TensorParallelLayer(nn.Module):
         self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: Float[torch.Tensor, "seq batch hidden"]) -> Float[torch.Tensor, "seq batch hidden"]:
-        seq, batch, hidden = x.shape
-        normed = self.ln1(x)
+        normed = self.ln1(x)  # x: (s, b, h), or (s/t, b, h) under sequence parallelism
         q, k, v = (projection(normed) for projection in (self.q, self.k, self.v))  # (s, b, h/t) on each rank
-        local_heads = q.shape[-1] // self.width
+        seq, batch, local_heads = q.shape[0], q.shape[1], q.shape[-1] // self.width
         q, k, v = (t.reshape(seq, batch * local_heads, self.width).transpose(0, 1) for t in (q, k, v))
         scores = torch.bmm(q, k.transpose(1, 2)) * self.width ** -0.5
         causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
@@ -101,27 +100,43 @@ class TensorParallelLayer(nn.Module):
         return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.dropout, self.training)
 
 
-def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, batch: int, hidden: int, heads: int) -> int:
+def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding a DTensor's local shard (or a functional collective's result)."""
+    from torch.distributed.tensor import DTensor
+
+    while True:
+        if isinstance(tensor, DTensor):
+            tensor = tensor._local_tensor
+        elif isinstance(getattr(tensor, "elem", None), torch.Tensor):  # AsyncCollectiveTensor
+            tensor = tensor.elem
+        else:
+            return tensor
+
+
+def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, batch: int, hidden: int, heads: int,
+                                        sequence_parallel: bool = False) -> int:
     """On one gloo rank: parallelize the layer over all ranks with DTensor (``parallelize_module``:
     Q, K, V, h→4h column-split, projection and 4h→h row-split), run one forward and return the
     bytes of the distinct local storages autograd saved (DTensors unwrapped to their local
     shard; parameters apart)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     torch.manual_seed(0)
     layer = TensorParallelLayer(hidden, heads, dropout=0.1).to(torch.bfloat16)
-    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
-            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    if sequence_parallel:  # LayerNorms on sequence shards; column-parallel inputs all-gathered, row-parallel outputs reduce-scattered
+        column, row = ColwiseParallel(input_layouts=Shard(0)), RowwiseParallel(output_layouts=Shard(0))
+        plan = {"ln1": SequenceParallel(sequence_dim=0), "ln2": SequenceParallel(sequence_dim=0)}
+    else:
+        column, row, plan = ColwiseParallel(), RowwiseParallel(), {}
+    plan.update({"q": column, "k": column, "v": column, "proj": row, "fc1": column, "fc2": row})
     parallelize_module(layer, init_device_mesh("cpu", (world_size,)), plan)
-
-    def local(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    local = _unwrapped
 
     parameters = {local(p).untyped_storage().data_ptr() for p in layer.parameters()}
     saved: list[torch.Tensor] = []
-    x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(seq // world_size if sequence_parallel else seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         layer(x)
     storages = {}
@@ -133,13 +148,18 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
 
 
 @check("parallelism.tensor_parallel_layer_saved_bytes", quantities=("min_rank_bytes",))
-def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2) -> Outcome:
+def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
+                                      sequence_parallel: bool = False) -> Outcome:
     """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout
     on) saves for backward: the largest over the ranks (``min_rank_bytes`` the smallest);
     resacct predicts it with Korthikanti's tensor-parallel terms plus eager PyTorch's extras."""
     from resacct.distributed import run_on_ranks
 
-    per_rank = run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, timeout_seconds=120)
-    predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, tensor_parallel=tensor_parallel, dropout_mask_bytes=2,
+    per_rank = run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
+                            timeout_seconds=120)
+    # with sequence parallelism, DTensor keeps each column-parallel linear's all-gathered input
+    # whole: Q, K and V gather separately (3), h→4h once (1)
+    predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,
+                                        gathered_inputs_kept=4 if sequence_parallel else 0, dropout_mask_bytes=2,
                                         layernorm_statistic_bytes=2, causal_mask_bytes=1)
     return Outcome(measured=max(per_rank), predicted=predicted, quantities={"min_rank_bytes": min(per_rank)})
