@@ -9,8 +9,10 @@ Three ways to size a model for a budget C (training FLOPs, C ≈ 6·N·D):
   E = 1.69, A = 406.4, B = 410.7, α = 0.34, β = 0.28 (§3.3, eq. 2 and Appendix D.2), minimised
   under C = 6ND (eq. 4): N_opt = G·(C/6)^a, D_opt = G⁻¹·(C/6)^b with G = (αA/(βB))^(1/(α+β)),
   a = β/(α+β), b = α/(α+β).
-- **Approaches 1 and 2** give only exponents in the paper (Table 2: a = 0.50 and 0.49); their
-  prefactors are not published, so resacct does not pretend to reproduce them.
+- **Approach 1** through the paper's own projections: Table 3 lists, for nine model sizes, the
+  FLOPs and tokens approach 1 calls compute-optimal; a least-squares line through log N against
+  log C (slope 0.498, the paper's a = 0.50) interpolates between them.
+  Approach 2's prefactor is not published (only its exponent, Table 2: a = 0.49).
 
 >>> n, d = chinchilla_approach3_optimum(5.76e23)      # Gopher's budget
 >>> round(n / 1e9, 1), round(d / 1e12, 2)            # the paper's Figure 4 says 40B; see the claims
@@ -33,6 +35,9 @@ __all__ = [
     "CHINCHILLA_APPROACH3",
     "CHINCHILLA_EXPONENTS",
     "CHINCHILLA_TOKENS_PER_PARAMETER",
+    "CHINCHILLA_TABLE3",
+    "chinchilla_approach1_fit",
+    "chinchilla_approach1_optimum",
     "chinchilla_loss",
     "chinchilla_approach3_optimum",
     "tokens_per_parameter_optimum",
@@ -80,6 +85,34 @@ CHINCHILLA_EXPONENTS: dict[str, tuple[float, float]] = {
 }
 
 CHINCHILLA_TOKENS_PER_PARAMETER = 20.0
+
+#: Table 3 of Hoffmann et al. 2022 (approach 1's projections): (parameters, FLOPs, tokens) as printed.
+CHINCHILLA_TABLE3: tuple[tuple[float, float, float], ...] = (
+    (400e6, 1.92e19, 8.0e9), (1e9, 1.21e20, 20.2e9), (10e9, 1.23e22, 205.1e9), (67e9, 5.76e23, 1.5e12),
+    (175e9, 3.85e24, 3.7e12), (280e9, 9.90e24, 5.9e12), (520e9, 3.43e25, 11.0e12), (1e12, 1.27e26, 21.2e12),
+    (10e12, 1.30e28, 216.2e12),
+)
+
+
+def chinchilla_approach1_fit(rows: tuple[tuple[float, float, float], ...] = CHINCHILLA_TABLE3) -> tuple[float, float]:
+    """(a, k) of N_opt = k·C^a, least squares of log N on log C through Table 3's rows.
+
+    >>> a, k = chinchilla_approach1_fit()
+    >>> round(a, 3)
+    0.498
+    """
+    xs = [math.log(flops) for _, flops, _ in rows]
+    ys = [math.log(parameters) for parameters, _, _ in rows]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    return slope, math.exp(mean_y - slope * mean_x)
+
+
+def chinchilla_approach1_optimum(compute_flops: float) -> tuple[float, float]:
+    """(N_opt, D_opt) by approach 1, interpolated through Table 3 (D = C/(6N))."""
+    a, k = chinchilla_approach1_fit()
+    parameters = k * _positive("compute_flops", compute_flops) ** a
+    return parameters, compute_flops / (6 * parameters)
 
 
 def _positive(name: str, value: object) -> float:

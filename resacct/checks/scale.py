@@ -23,7 +23,7 @@ from resacct.hardware import peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
 from resacct.napkin import training_days, training_flops
 from resacct.parallelism import ParallelLayout, selective_recompute_memory_saving
-from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach3_optimum
+from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach3_optimum
 from resacct.utilization import (
     dense_model_flops_per_token,
     gpt_iteration_flops,
@@ -150,3 +150,14 @@ def chinchilla_optimal_parameters(compute_flops: Number, E: Number, A: Number, B
 def datasheet_peak_tflops(device: str, dtype: str = "bf16") -> Outcome:
     """A board's peak in TFLOP/s as the data file prints it; resacct's lookup predicts it."""
     return Outcome(measured=raw_peak_flops_per_sec(device, dtype) / 1e12, predicted=peak_flops_per_sec(device, dtype) / 1e12)
+
+
+@check("scale.table_parameter_exponent")
+def table_parameter_exponent(rows: list[list[float]]) -> Outcome:
+    """a in N ∝ C^a through a table's (parameters, FLOPs) rows, fitted here with numpy's
+    polyfit on the logarithms; resacct's own least-squares fit of Table 3 predicts it."""
+    import numpy
+
+    parameters, flops = zip(*((row[0], row[1]) for row in rows))
+    slope = float(numpy.polyfit(numpy.log(flops), numpy.log(parameters), 1)[0])
+    return Outcome(measured=slope, predicted=chinchilla_approach1_fit()[0])

@@ -96,12 +96,22 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_optimal(args: argparse.Namespace) -> int:
-    from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach3_optimum, chinchilla_loss, gpu_hours, tokens_per_parameter_optimum
+    from resacct.scaling import (
+        CHINCHILLA_APPROACH3,
+        chinchilla_approach1_fit,
+        chinchilla_approach1_optimum,
+        chinchilla_approach3_optimum,
+        chinchilla_loss,
+        gpu_hours,
+        tokens_per_parameter_optimum,
+    )
 
+    n1, d1 = chinchilla_approach1_optimum(args.flops)
     n3, d3 = chinchilla_approach3_optimum(args.flops)
     n20, d20 = tokens_per_parameter_optimum(args.flops, args.tokens_per_param)
     fields: dict[str, Any] = {
         "training_flops": args.flops,
+        "approach1_parameters": n1, "approach1_tokens": d1,
         "approach3_parameters": n3, "approach3_tokens": d3, "approach3_loss": chinchilla_loss(n3, d3),
         "approach3_exponent_parameters": CHINCHILLA_APPROACH3.parameter_exponent,
         "tokens_per_parameter": args.tokens_per_param,
@@ -109,6 +119,8 @@ def _run_optimal(args: argparse.Namespace) -> int:
     }
     lines = [
         f"compute budget {args.flops:.4g} FLOPs (C = 6·N·D)",
+        f"  Chinchilla approach 1 (through Table 3's projections, N ∝ C^{chinchilla_approach1_fit()[0]:.3f}): {n1:.4g} parameters × {d1:.4g} tokens"
+        f" ({d1 / n1:.1f} tokens/parameter)",
         f"  Chinchilla approach 3 (E=1.69, A=406.4, B=410.7, α=0.34, β=0.28): {n3:.4g} parameters × {d3:.4g} tokens"
         f" ({d3 / n3:.1f} tokens/parameter), fitted loss {fields['approach3_loss']:.3f}",
         f"  {args.tokens_per_param:g} tokens per parameter: {n20:.4g} parameters × {d20:.4g} tokens, fitted loss {fields['rule_loss']:.3f}",
