@@ -190,7 +190,10 @@ def same_storage_helper(pair: str) -> Outcome:
     ``writes_through``: 1 when writing 100 into every element of ``a`` changes ``b``, else 0 (also
     for pairs with no element to write)."""
     a, b = _PAIRS[pair]()
-    answer = same_storage(a, b)
+    try:
+        answer = same_storage(a, b)
+    except RuntimeError as error:  # older torch refuses data_ptr() of some storages (meta)
+        raise NotMeasurable(f"torch {torch.__version__} refuses same_storage here: {error}") from None
     writes_through = False
     if a.numel() and b.numel() and a.device.type != "meta":
         before = b.clone()
