@@ -123,3 +123,14 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("t, sp, recompute", [(1, False, "none"), (2, False, "none"), (4, True, "none"), (1, False, "selective"),
+                                               (8, False, "selective"), (4, True, "selective")])
+def test_eager_layer_model_reduces_to_table2_with_korthikantis_assumptions(t: int, sp: bool, recompute: str) -> None:
+    """1-byte masks, no LayerNorm statistics, no causal mask, shard-only storage under SP: the
+    eager-layer model (written term by term) gives Table 2's row (written as printed)."""
+    from resacct.parallelism import torch_layer_saved_bytes
+
+    kwargs = dict(tensor_parallel=t, sequence_parallel=sp, recompute=recompute)
+    assert torch_layer_saved_bytes(32, 3, 128, 8, **kwargs) == pytest.approx(activation_bytes_per_layer(32, 3, 128, 8, **kwargs))
