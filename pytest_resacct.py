@@ -78,7 +78,7 @@ _SEEN_IDS = pytest.StashKey[dict]()
 
 def pytest_collect_file(file_path, parent):  # type: ignore[no-untyped-def]
     pattern = parent.config.getini("claims_files")
-    if fnmatch.fnmatch(file_path.name, pattern):
+    if fnmatch.fnmatch(file_path.name, pattern) and not file_path.name.startswith("."):  # .#x.claims.yaml: an editor's lock
         from resacct.harness.plugin import ClaimsFile
 
         return ClaimsFile.from_parent(parent, path=file_path, seen_ids=parent.config.stash[_SEEN_IDS])

@@ -66,7 +66,7 @@ def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
     if specs.is_file() and specs.name.endswith(".claims.yaml"):
         files = [specs]
     elif specs.is_dir():
-        files = sorted(specs.glob("*.claims.yaml"))
+        files = _readable_claim_files(sorted(specs.glob("*.claims.yaml")))
     elif specs.exists():
         raise ResacctError(f"--specs {str(specs)!r} is not a *.claims.yaml file; pass a folder of them or one such file")
     else:
@@ -83,6 +83,22 @@ def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
     if not files:
         raise ResacctError(f"no *.claims.yaml files in {str(specs)!r}")
     return files
+
+
+def _readable_claim_files(paths: list[Path]) -> list[Path]:
+    """Skip, with one line each, what cannot be a claims file: an editor's lock (.#x.claims.yaml), a FIFO, a symlink loop."""
+    import sys
+
+    from resacct.harness.loader import not_a_claims_file
+
+    readable = []
+    for path in paths:
+        problem = not_a_claims_file(path)
+        if problem is None:
+            readable.append(path)
+        else:
+            print(f"resacct verify: skipped {path}: {problem}", file=sys.stderr)
+    return readable
 
 
 def _shown_statuses(args: argparse.Namespace) -> tuple[str, ...]:

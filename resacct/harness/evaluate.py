@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
+import regex
+
+from resacct.errors import ResacctError
 from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import NotMeasurable, Outcome, get_check
 from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
 
-__all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements"]
+__all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements", "MATCH_TIMEOUT_SECONDS"]
 
 
 class ClaimFailure(AssertionError):
@@ -82,6 +85,8 @@ def _first_line(text: str) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 1000:  # repr() refuses ints over 4,300 digits
+        return f"<integer of about {int(value.bit_length() * math.log10(2))} digits>"
     text = repr(value)
     if isinstance(value, float):
         text = f"{value:.6g}"
@@ -97,20 +102,40 @@ def agrees(expected: Any, actual: Any, tolerance: Tolerance) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool) or isinstance(expected, str) or isinstance(actual, str):
         return type(expected) is type(actual) and expected == actual
     if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
-        if isinstance(expected, int) and isinstance(actual, int):
-            difference = abs(expected - actual)
-            return difference == 0 or difference <= max(tolerance.rel * abs(expected), tolerance.abs)
-        if not (math.isfinite(expected) and math.isfinite(actual)):
+        if isinstance(expected, int) and isinstance(actual, int) and expected == actual:
+            return True
+        if any(isinstance(value, float) and not math.isfinite(value) for value in (expected, actual)):
             return expected == actual
-        return abs(expected - actual) <= max(tolerance.rel * abs(expected), tolerance.abs)
+        try:
+            return abs(expected - actual) <= max(tolerance.rel * abs(expected), tolerance.abs)
+        except OverflowError:  # an integer beyond float range (a law such as 10**128*10**128*10**128): compare exactly
+            difference = abs(Fraction(expected) - Fraction(actual))
+            return difference <= max(Fraction(tolerance.rel) * abs(Fraction(expected)), Fraction(tolerance.abs))
     return expected == actual
 
 
+MATCH_TIMEOUT_SECONDS = 1.0
+MAX_MATCHED_CHARS = 10_000
+
+
 def _exception_matches(error: BaseException, type_name: str, pattern: str | None) -> bool:
+    """Type by name (or module.name) anywhere in the MRO, then ``pattern`` searched in the
+    message. The search has a time limit (``regex``'s timeout): a pattern such as ``(a+)+b``
+    backtracks exponentially and would otherwise hang the run."""
     names = {cls.__name__ for cls in type(error).__mro__} | {f"{cls.__module__}.{cls.__name__}" for cls in type(error).__mro__}
     if type_name not in names:
         return False
-    return pattern is None or re.search(pattern, str(error)) is not None
+    if pattern is None:
+        return True
+    try:
+        return regex.search(pattern, str(error)[:MAX_MATCHED_CHARS], timeout=MATCH_TIMEOUT_SECONDS) is not None
+    except TimeoutError:
+        raise ResacctError(
+            f"expect.raises.match {pattern!r} took more than {MATCH_TIMEOUT_SECONDS:g} s on the message "
+            f"(catastrophic backtracking, e.g. a nested repeat such as (a+)+); write a pattern without nested repeats"
+        ) from None
+    except regex.error as problem:
+        raise ResacctError(f"expect.raises.match {pattern!r} cannot be searched: {problem}") from None
 
 
 @dataclass(frozen=True)

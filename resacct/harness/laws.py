@@ -107,6 +107,10 @@ def _validate(node: ast.AST, text: str, names: set[str], depth: int) -> None:
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
             raise LawError(f"law {text!r} contains the constant {node.value!r}; only numbers are allowed")
+        if isinstance(node.value, int) and abs(node.value) > MAX_MAGNITUDE:
+            raise LawError(f"law {_cut(text)} contains a number with more than 400 digits")
+        if isinstance(node.value, float) and not math.isfinite(node.value):
+            raise LawError(f"law {_cut(text)} contains a number too large for a float (it reads as {node.value!r})")
         return
     if isinstance(node, ast.Name):
         if node.id.startswith("_"):
@@ -149,11 +153,18 @@ def _validate_exponent(node: ast.AST, text: str) -> None:
         raise LawError(f"law {text!r} has the exponent {node.value!r}; at most {MAX_EXPONENT} is allowed")
 
 
+def _cut(text: str, limit: int = 80) -> str:
+    """The law as quoted in a message, cut to about ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:])
+
+
 def _check_magnitude(value: Any, text: str) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MAGNITUDE:
         raise LawError(f"law {text!r} produces a number with more than 400 digits")
     if isinstance(value, float) and math.isnan(value):
         raise LawError(f"law {text!r} produces NaN")
+    if isinstance(value, float) and math.isinf(value):
+        raise LawError(f"law {text!r} overflows: its value is beyond the float range (about 1.8e308)")
     return value
 
 

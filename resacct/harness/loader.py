@@ -19,9 +19,11 @@ from resacct.errors import LawError, ResacctError, SpecError, UnknownNameError
 from resacct.harness.laws import Law
 from resacct.harness.schema import Claim, ClaimsFileHeader
 
-__all__ = ["LoadedClaim", "LoadedFile", "load_claims_file", "MAX_FILE_BYTES"]
+__all__ = ["LoadedClaim", "LoadedFile", "load_claims_file", "not_a_claims_file", "MAX_FILE_BYTES", "MAX_NESTING", "MAX_INTEGER_DIGITS"]
 
 MAX_FILE_BYTES = 1_000_000
+MAX_NESTING = 32  # a claims file needs about 6 levels (claims → claim → given → list → list)
+MAX_INTEGER_DIGITS = 400  # as for laws (resacct.harness.laws.MAX_MAGNITUDE); Python refuses > 4300 anyway
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,42 @@ _ALLOWED_TAGS = {
 }
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """``repr`` of a value echoed in a message, cut to about ``limit`` characters (a 400-digit number is not echoed whole)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"<integer of {len(str(abs(value)))} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:]
+
+
+_TAG_MEANS = {
+    "tag:yaml.org,2002:int": "!!int but is not an integer",
+    "tag:yaml.org,2002:float": "!!float but is not a number",
+    "tag:yaml.org,2002:bool": "!!bool but is not one of true, false, yes, no, on, off",
+    "tag:yaml.org,2002:null": "!!null but is not null, ~ or empty",
+}
+
+
+def _scalar(node: yaml.ScalarNode, path: str, line: int) -> Any:
+    """A scalar node's value; a value its tag cannot build (``!!int abc``) or an integer too long is one SpecError."""
+    if node.tag == "tag:yaml.org,2002:int":
+        digits = len(node.value.lstrip("+-").replace("_", ""))
+        if digits > MAX_INTEGER_DIGITS:
+            raise SpecError(f"integer {_shown(node.value, 30)} has {digits} digits; at most {MAX_INTEGER_DIGITS} are allowed", path=path, line=line)
+    try:
+        return _SCALARS.construct_object(node, deep=True)
+    except (ValueError, KeyError, TypeError, OverflowError, yaml.YAMLError):
+        meaning = _TAG_MEANS.get(node.tag, f"{node.tag} but cannot be read as one")
+        raise SpecError(f"value {_shown(node.value)} is tagged {meaning}", path=path, line=line) from None
+
+
 def _to_python(node: yaml.Node, path: str) -> Any:
     """Plain Python data from a composed node; refuses aliases, duplicate keys and foreign tags."""
     line = node.start_mark.line + 1
     if node.tag not in _ALLOWED_TAGS:
         raise SpecError(f"YAML tag {node.tag!r} is not allowed; claims hold plain strings, numbers, lists and mappings", path=path, line=line)
     if isinstance(node, yaml.ScalarNode):
-        try:
-            return _SCALARS.construct_object(node, deep=True)
-        except yaml.YAMLError as error:
-            raise SpecError(f"invalid YAML value {node.value!r}: {getattr(error, 'problem', error)}", path=path, line=line) from None
+        return _scalar(node, path, line)
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(child, path) for child in node.value]
     if isinstance(node, yaml.MappingNode):
@@ -80,9 +108,28 @@ def _to_python(node: yaml.Node, path: str) -> Any:
 
 
 class _NoAliasComposer(yaml.SafeLoader):
-    """Composes nodes but refuses anchors and aliases outright (bounded work and memory)."""
+    """Composes nodes but refuses anchors and aliases outright (bounded work and memory) and
+    nesting deeper than MAX_NESTING (PyYAML's composer recurses once per level)."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102
+        if self._depth >= MAX_NESTING and self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            event = self.peek_event()
+            raise SpecError(f"lists and mappings nested more than {MAX_NESTING} levels deep; claims need a few", line=event.start_mark.line + 1)
+        self._depth += 1
+        try:
+            return self._compose_plain_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 (PyYAML's name)
+        """Stop at the first ``[`` or ``{`` too deep: PyYAML's scanner is quadratic in flow depth."""
+        if self.flow_level >= MAX_NESTING:
+            raise SpecError(f"lists and mappings nested more than {MAX_NESTING} levels deep; claims need a few", line=self.get_mark().line + 1)
+        super().fetch_flow_collection_start(TokenClass)
+
+    def _compose_plain_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise SpecError("YAML aliases (*name) are not allowed in claims files", line=event.start_mark.line + 1)
@@ -139,11 +186,13 @@ def _pydantic_problem(error: ValidationError, key_lines: dict[str, int], default
     if kind == "missing":
         return f"missing required key {location[-1]!r}", line
     if len(location) >= 2 and location[0] == "given":
-        return f"given.{location[1]}: expected a number, string, bool or a list of them, got {first.get('input')!r}", line
+        return f"given.{location[1]}: expected a number, string, bool or a list of them, got {_shown(first.get('input'), 80)}", line
     message = first["msg"].removeprefix("Value error, ")
     where = ".".join(location)
+    if where and message.startswith(f"{where}."):  # the validator named the exact place (given.m)
+        return message, line
     if where:
-        return f"{where}: {message} (got {first.get('input')!r})" if kind not in {"value_error"} else f"{where}: {message}", line
+        return f"{where}: {message} (got {_shown(first.get('input'), 80)})" if kind not in {"value_error"} else f"{where}: {message}", line
     return message, line
 
 
@@ -158,10 +207,54 @@ def load_claims_file(path: Path | str, display_path: str | None = None) -> Loade
     shown = display_path or str(path)
     loaded = LoadedFile(path=shown)
     try:
-        size_bytes = Path(path).stat().st_size  # checked before reading: a huge file is never loaded
+        return _load(Path(path), shown, loaded)
+    except Exception as error:  # a loader bug must cost one file, never the whole collection
+        loaded.errors.append(SpecError(f"could not be loaded ({_one_line(error)}); please report this as a resacct bug", path=shown))
+        loaded.claims.clear()
+        return loaded
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    first = first if len(first) <= 200 else first[:199] + "…"
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def not_a_claims_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a claims file — an editor's lock file ``.#name``, a FIFO,
+    a dangling symlink, a symlink loop — as a noun phrase; None for a regular file."""
+    if path.name.startswith("."):
+        return "a hidden file (an editor's lock file?), not a claims file"
+    return _not_a_regular_file(path)
+
+
+def _not_a_regular_file(path: Path) -> str | None:
+    import errno
+    import stat
+
+    try:
+        mode = path.stat().st_mode  # never open() it: opening a FIFO blocks until a writer comes
+    except FileNotFoundError:
+        return "a dangling symlink (its target does not exist)" if path.is_symlink() else "no such file"
+    except OSError as error:
+        return "a symlink loop" if error.errno == errno.ELOOP else f"unreadable ({error.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"{kind}, not a regular file"
+
+
+def _load(path: Path, shown: str, loaded: LoadedFile) -> LoadedFile:
+    try:
+        problem = _not_a_regular_file(path)
+        if problem is not None:
+            raise SpecError(f"cannot be read: {problem}", path=shown)
+        size_bytes = path.stat().st_size  # checked before reading: a huge file is never loaded
         if size_bytes > MAX_FILE_BYTES:
             raise SpecError(f"file is {size_bytes} bytes; claims files may be at most {MAX_FILE_BYTES}", path=shown)
-        raw = Path(path).read_bytes()
+        raw = path.read_bytes()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -175,7 +268,7 @@ def load_claims_file(path: Path | str, display_path: str | None = None) -> Loade
             raise SpecError("file is empty; expected keys 'area', 'source' and 'claims'", path=shown, line=1)
         if not isinstance(root, yaml.MappingNode):
             raise SpecError("top level must be a mapping with keys 'area', 'source' and 'claims'", path=shown, line=root.start_mark.line + 1)
-        data = _to_python(root, shown)
+        data = _header_data(root, shown)
         try:
             header = ClaimsFileHeader.model_validate(data)
         except ValidationError as error:
@@ -187,16 +280,40 @@ def load_claims_file(path: Path | str, display_path: str | None = None) -> Loade
 
     loaded.area = header.area
     claims_node = next(value for key, value in root.value if key.value == "claims")
-    for claim_node, claim_data in zip(claims_node.value, data["claims"]):
+    for claim_node in claims_node.value:
         line = claim_node.start_mark.line + 1
-        claim_id = claim_data.get("id") if isinstance(claim_data, dict) else None
-        claim_id = str(claim_id) if claim_id is not None else f"#{len(loaded.claims) + len(loaded.errors) + 1}"
+        claim_id = _raw_id(claim_node) or f"#{len(loaded.claims) + len(loaded.errors) + 1}"
         try:
+            claim_data = _to_python(claim_node, shown)  # one claim's bad value costs that claim only
             loaded.claims.append(_load_claim(claim_data, claim_node, shown, line, header))
         except SpecError as error:
             error = SpecError(error.problem, path=shown, line=error.line or line, claim_id=claim_id)
             loaded.errors.append(error)
+        except Exception as error:  # a loader bug costs this claim only
+            problem = f"could not be loaded ({_one_line(error)}); please report this as a resacct bug"
+            loaded.errors.append(SpecError(problem, path=shown, line=line, claim_id=claim_id))
     return loaded
+
+
+def _header_data(root: yaml.MappingNode, path: str) -> dict[Any, Any]:
+    """The top-level mapping as Python data, except that a ``claims`` list keeps its claims as
+    nodes: each claim is converted on its own, so one bad value costs one claim."""
+    claims_value = next((value for key, value in root.value if isinstance(key, yaml.ScalarNode) and key.value == "claims"), None)
+    if not isinstance(claims_value, yaml.SequenceNode) or claims_value.tag != "tag:yaml.org,2002:seq":
+        return _to_python(root, path)
+    placeholder = yaml.SequenceNode("tag:yaml.org,2002:seq", [], claims_value.start_mark, claims_value.end_mark)
+    data = _to_python(yaml.MappingNode(root.tag, [(key, placeholder if value is claims_value else value) for key, value in root.value], root.start_mark, root.end_mark), path)
+    data["claims"] = list(claims_value.value)
+    return data
+
+
+def _raw_id(node: yaml.Node) -> str | None:
+    """The claim's ``id`` as written (before any conversion), cut to 40 characters."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == "id" and isinstance(value, yaml.ScalarNode):
+                return value.value if len(value.value) <= 40 else value.value[:39] + "…"
+    return None
 
 
 def _load_claim(data: Any, node: yaml.Node, path: str, line: int, header: ClaimsFileHeader) -> LoadedClaim:

@@ -77,6 +77,7 @@ class ClaimItem(pytest.Item):
     def __init__(self, *, loaded: LoadedClaim, **kwargs: Any):
         super().__init__(**kwargs)
         self.loaded = loaded
+        self.last_inputs: dict[str, Any] | None = None
         claim = loaded.claim
         for mark in claim.marks:
             self.add_marker(getattr(pytest.mark, mark))
@@ -87,7 +88,7 @@ class ClaimItem(pytest.Item):
             measure=claim.measure,
             status=claim.status,
             law=claim.law,
-            expect=claim.expect.model_dump(exclude_none=True) if claim.expect else None,
+            expect=_plain(claim.expect.model_dump(exclude_none=True)) if claim.expect else None,
             truth=claim.truth,
             marks=list(claim.marks),
             requires_torch=claim.requires_torch,
@@ -99,6 +100,7 @@ class ClaimItem(pytest.Item):
     def runtest(self) -> None:
         from resacct.harness.registry import NotMeasurable
 
+        self.last_inputs = None
         claim = self.loaded.claim
         if claim.requires_torch:
             _require_torch(claim.requires_torch)
@@ -108,7 +110,8 @@ class ClaimItem(pytest.Item):
             if claim.forall:
                 self._run_forall()
             else:
-                self._remember(evaluate_claim(self.loaded, dict(claim.given), remember=True))
+                self.last_inputs = dict(claim.given)
+                self._remember(evaluate_claim(self.loaded, self.last_inputs, remember=True))
         except NotMeasurable as reason:
             pytest.skip(f"not measurable here: {reason}")
         except ClaimFailure as failure:  # the report shows the failing example's law, prediction and measurement
@@ -127,7 +130,8 @@ class ClaimItem(pytest.Item):
 
         def law_for_drawn_inputs(**drawn: Any) -> None:
             examples[0] += 1
-            self._remember(evaluate_claim(self.loaded, {**claim.given, **drawn}, remember=True))
+            self.last_inputs = {**claim.given, **drawn}  # after a failure, hypothesis replays the smallest example last
+            self._remember(evaluate_claim(self.loaded, self.last_inputs, remember=True))
 
         # Each claim keeps its own entry in hypothesis' example database.
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
@@ -154,10 +158,54 @@ class ClaimItem(pytest.Item):
             return location + str(excinfo.value)
         if isinstance(excinfo.value, ResacctError):
             return location + f"claim '{self.loaded.id}': {excinfo.value}"
-        return super().repr_failure(excinfo, style=style)
+        # Anything else (a negative dimension, a NaN reaching torch): one line of cause; the
+        # traceback (hundreds of lines through hypothesis and torch) only when asked for.
+        line = location + f"claim '{self.loaded.id}': {_foreign_cause(excinfo.value, self.loaded.claim.measure)}{_for_inputs(self.last_inputs)}"
+        if self.config.get_verbosity() > 0 or self.config.getoption("tbstyle", "auto") == "long":
+            return f"{line}\n{super().repr_failure(excinfo, style=style)}"
+        return line + "; pytest -v shows the traceback"
 
     def reportinfo(self):  # type: ignore[no-untyped-def]
         return self.path, self.loaded.line - 1, f"claim {self.loaded.id}"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    first = first if len(first) <= 200 else first[:199] + "…"
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _foreign_cause(error: BaseException, measure: str) -> str:
+    """One line for an exception that is not resacct's: what raised what."""
+    if isinstance(error, BaseExceptionGroup):  # hypothesis found several distinct failures
+        leaves = list(_leaves(error))
+        return f"{len(leaves)} different errors; the first: {_foreign_cause(leaves[0], measure)}"
+    if type(error).__module__.startswith("hypothesis"):
+        return f"hypothesis stopped: {_one_line(error)}"
+    return f"check {measure!r} raised {_one_line(error)}"
+
+
+def _leaves(group: BaseExceptionGroup):  # type: ignore[no-untyped-def]
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
+
+
+def _for_inputs(inputs: dict[str, Any] | None) -> str:
+    if not inputs:
+        return ""
+    shown = ", ".join(f"{key}={_short_repr(value)}" for key, value in inputs.items())
+    return f" (inputs: {shown if len(shown) <= 200 else shown[:199] + '…'})"
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"<integer of about {int(value.bit_length() * 0.30103)} digits>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def _require_torch(specifier: str) -> None:
@@ -183,6 +231,8 @@ def _require_gpu() -> None:
 
 def _plain(value: Any) -> Any:
     """JSON- and xdist-safe copy of a value (numbers, strings, bools, lists, dicts; else repr)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 10_000:
+        return _short_repr(value)  # json.dumps refuses ints over 4,300 digits
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):

@@ -32,9 +32,15 @@ class _Strict(BaseModel):
 
 def _finite(value: Any, key: str = "") -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        subject = f"{key} must be" if key else "must be"
+        subject = f"{key}: must be" if key else "must be"
         raise ValueError(f"{subject} a finite number, got {value!r}")
     return value
+
+
+def _flattened(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [element for item in value for element in _flattened(item)]
+    return [value]
 
 
 class Tolerance(_Strict):
@@ -80,6 +86,14 @@ class Expect(_Strict):
     @classmethod
     def _must_be_finite(cls, value: float | None, info: Any) -> float | None:
         return _finite(value)
+
+    @field_validator("equals")
+    @classmethod
+    def _finite_elements(cls, value: Any) -> Any:
+        """``equals: .nan`` could never hold (NaN equals nothing) and would put NaN into report.json."""
+        for element in _flattened(value):
+            _finite(element)
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> Expect:
@@ -127,7 +141,7 @@ class Claim(_Strict):
     def _number_is_a_law(cls, value: Any) -> Any:
         """``law: 128`` means the same as ``law: "128"``."""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            _finite(value, "law")
+            _finite(value)
             return repr(value)
         return value
 
@@ -135,8 +149,7 @@ class Claim(_Strict):
     @classmethod
     def _finite_inputs(cls, given: dict[str, Any]) -> dict[str, Any]:
         for key, value in given.items():
-            values = value if isinstance(value, list) else [value]
-            for element in values:
+            for element in _flattened(value):
                 _finite(element, f"given.{key}")
         return given
 

@@ -11,6 +11,7 @@ Areas add their own with ``@strategy("name")``. Strategies only produce valid in
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -49,13 +50,31 @@ strategy("dtype")(lambda: st.sampled_from(ALL_DTYPES))
 strategy("seed")(lambda: st.integers(0, 2**32 - 1))
 
 
-def _parse_scalar(word: str) -> int | float | str:
-    for convert in (int, float):
-        try:
-            return convert(word)
-        except ValueError:
-            pass
-    return word
+MAX_BOUND_DIGITS = 400  # as for integers in a claims file (resacct.harness.loader.MAX_INTEGER_DIGITS)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:])
+
+
+def _integer(word: str, spec: str) -> int:
+    digits = len(word.lstrip("+-"))
+    if digits > MAX_BOUND_DIGITS:
+        raise ResacctError(f"{_shown(spec)}: the number {_shown(word)} has {digits} digits; at most {MAX_BOUND_DIGITS} are allowed")
+    return int(word)
+
+
+def _parse_scalar(word: str, spec: str) -> int | float | str:
+    """A sampled_from value: an integer, a finite float, or else the word itself."""
+    if re.fullmatch(r"[-+]?\d+(?:_\d+)*", word):
+        return _integer(word, spec)
+    try:
+        number = float(word)
+    except ValueError:
+        return word
+    if not math.isfinite(number):
+        raise ResacctError(f"{_shown(spec)}: the value {word!r} is not a finite number; sampled_from values must be")
+    return number
 
 
 def get_strategy(spec: str) -> st.SearchStrategy:
@@ -67,16 +86,16 @@ def get_strategy(spec: str) -> st.SearchStrategy:
     if spec in _FACTORIES:
         return _FACTORIES[spec]()
     if match := _INTEGERS.match(spec):
-        low, high = int(match.group(1)), int(match.group(2))
+        low, high = _integer(match.group(1), spec), _integer(match.group(2), spec)
         if low > high:
             raise ResacctError(f"integers({low}, {high}) is empty: the lower bound is above the upper")
         return st.integers(low, high)
     if match := _SAMPLED.match(spec):
         words = [word.strip() for word in match.group(1).split(",") if word.strip()]
         if not words or not all(_WORD.match(word) for word in words):
-            raise ResacctError(f"sampled_from needs plain comma-separated values, got {spec!r}")
-        return st.sampled_from([_parse_scalar(word) for word in words])
-    raise UnknownNameError("strategy", spec, strategy_names() + ["integers(lo, hi)", "sampled_from(a, b, …)"])
+            raise ResacctError(f"sampled_from needs plain comma-separated values, got {_shown(spec, 80)}")
+        return st.sampled_from([_parse_scalar(word, spec) for word in words])
+    raise UnknownNameError("strategy", spec if len(spec) <= 80 else spec[:79] + "…", strategy_names() + ["integers(lo, hi)", "sampled_from(a, b, …)"])
 
 
 def strategy_names() -> list[str]:

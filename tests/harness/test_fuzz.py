@@ -7,7 +7,7 @@ import string
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from resacct.errors import LawError
@@ -15,6 +15,7 @@ from resacct.harness.laws import Law
 from resacct.harness.loader import load_claims_file
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ_HOSTILE = settings(FUZZ, max_examples=40)
 
 claim_ids = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)  # "0e0" would be a number: this loader reads 1e-8 as YAML 1.2 does
 plain_text = st.text(alphabet=string.ascii_letters + string.digits + " .,;()-×²'", min_size=1, max_size=40).filter(str.strip)
@@ -109,3 +110,69 @@ def test_generated_arithmetic_evaluates_or_raises_law_error(text, a, b):
     except LawError:
         return
     assert isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --- tagged scalars, huge scalars, deep nesting: each costs one claim (or its file), one line ---
+
+TAGS = ["!!int", "!!float", "!!bool", "!!null", "!!str", "!!binary", "!!timestamp", "!!set", "!!python/object/apply:os.system", "!local"]
+POSITIONS = {  # where the value goes, in a claim that is valid with a plain number there
+    "given": "  - id: c\n    says: s\n    measure: testing.echo\n    given: {{value: {value}}}\n    law: value\n",
+    "equals": "  - id: c\n    says: s\n    measure: testing.echo\n    given: {{value: 1}}\n    expect: {{equals: {value}}}\n",
+    "id": "  - id: {value}\n    says: s\n    measure: testing.echo\n    given: {{value: 1}}\n    law: 1\n",
+    "tolerance": "  - id: c\n    says: s\n    measure: testing.echo\n    given: {{value: 1}}\n    law: 1\n    tolerance: {{abs: {value}}}\n",
+    "examples": "  - id: c\n    says: s\n    measure: testing.echo\n    forall: {{value: small_dim}}\n    examples: {value}\n    law: value\n",
+    "strategy-bound": "  - id: c\n    says: s\n    measure: testing.echo\n    forall: {{value: \"integers(0, {value})\"}}\n    law: value\n",
+    "sampled-from": "  - id: c\n    says: s\n    measure: testing.echo\n    forall: {{value: \"sampled_from(1, {value})\"}}\n    law: value\n",
+    "law": "  - id: c\n    says: s\n    measure: testing.echo\n    given: {{value: 1}}\n    law: \"value * {value}\"\n",
+}
+GOOD_CLAIM = "  - id: good\n    says: s\n    measure: testing.echo\n    given: {value: 2}\n    law: 2\n"
+
+
+def hostile_document(position: str, value: str) -> str:
+    """A file with the hostile claim first and a good claim after it."""
+    return "area: fuzz\nsource: s\nclaims:\n" + POSITIONS[position].format(value=value) + GOOD_CLAIM
+
+
+def assert_one_line_errors(loaded, path: Path) -> None:
+    for error in loaded.errors:
+        text = str(error)
+        assert "\n" not in text and text.startswith(f"{path}:"), text
+        assert len(text) < 600, text
+
+
+@FUZZ_HOSTILE
+@given(tag=st.sampled_from(TAGS), value=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,11}", fullmatch=True), position=st.sampled_from(["given", "equals", "id", "tolerance", "examples"]))
+def test_tagged_scalars_cost_one_claim_never_the_file(tmp_path_factory, tag, value, position):
+    path = write(tmp_path_factory, hostile_document(position, f"{tag} {value}"))
+    loaded = load_claims_file(path)  # never raises
+    assert_one_line_errors(loaded, path)
+    assert "good" in [claim.id for claim in loaded.claims], loaded.errors
+
+
+@FUZZ_HOSTILE
+@example(digits=400, position="given", sign="-")
+@example(digits=4301, position="id", sign="")
+@given(digits=st.integers(1, 6000), position=st.sampled_from(sorted(POSITIONS)), sign=st.sampled_from(["", "-"]))
+def test_huge_integers_are_one_line_anywhere(tmp_path_factory, digits, position, sign):
+    path = write(tmp_path_factory, hostile_document(position, sign + "7" * digits))
+    loaded = load_claims_file(path)  # never raises (Python refuses int() of more than 4,300 digits)
+    assert_one_line_errors(loaded, path)
+    assert "good" in [claim.id for claim in loaded.claims], loaded.errors
+    if digits > 400:
+        assert len(loaded.errors) == 1, loaded.errors
+        assert any(limit in str(loaded.errors[0]) for limit in ("at most 400 are allowed", "more than 400 digits", "at most 500 are allowed")), loaded.errors
+
+
+@FUZZ_HOSTILE
+@example(depth=28, opener="[", position="given")  # the deepest that loads
+@example(depth=29, opener="{a: ", position="equals")  # the shallowest that does not
+@given(depth=st.integers(1, 3000), opener=st.sampled_from(["[", "{a: "]), position=st.sampled_from(["given", "equals", "tolerance"]))
+def test_deep_nesting_is_one_line_and_bounded(tmp_path_factory, depth, opener, position):
+    closer = "]" if opener == "[" else "}"
+    path = write(tmp_path_factory, hostile_document(position, opener * depth + "1" + closer * depth))
+    loaded = load_claims_file(path)  # no RecursionError, and no scan quadratic in the depth
+    assert_one_line_errors(loaded, path)
+    if depth + 4 > 32:  # claims → claim → given → … : too deep costs the file, with one line
+        assert [str(error).split(": ", 1)[1] for error in loaded.errors] == ["lists and mappings nested more than 32 levels deep; claims need a few"]
+    else:
+        assert "good" in [claim.id for claim in loaded.claims], loaded.errors

@@ -112,7 +112,7 @@ CASES = [
     (
         "duplicate-key",
         claim("- id: c\n  says: s\n  says: t\n  measure: testing.echo\n  given: {value: 1}\n  law: 1"),
-        "specs/demo.claims.yaml:6: duplicate key 'says'",
+        "specs/demo.claims.yaml:6: claim 'c': duplicate key 'says'",
     ),
     ("invalid-yaml", HEADER + "  - id: [unclosed\n", "specs/demo.claims.yaml:5: invalid YAML: *"),
     ("tab", HEADER + "  - id: c\n\tsays: s\n", "specs/demo.claims.yaml:5: tab character; YAML indentation must use spaces"),
