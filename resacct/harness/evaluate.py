@@ -8,6 +8,7 @@ prediction — when the check returns one — must agree with the measurement.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping
@@ -179,6 +180,8 @@ def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
         raise
     except Exception as error:  # errors are measurements when a claim expects one (resacct's own too)
         if not expects_raise:
+            with contextlib.suppress(AttributeError):  # so the failure can say the check raised it
+                error.resacct_raised_by_check = spec.measure  # type: ignore[attr-defined]
             raise
         return Measurement(inputs=dict(inputs), outcome=None, raised=error)
 

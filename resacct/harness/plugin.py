@@ -183,7 +183,9 @@ def _foreign_cause(error: BaseException, measure: str) -> str:
         return f"{len(leaves)} different errors; the first: {_foreign_cause(leaves[0], measure)}"
     if type(error).__module__.startswith("hypothesis"):
         return f"hypothesis stopped: {_one_line(error)}"
-    return f"check {measure!r} raised {_one_line(error)}"
+    if getattr(error, "resacct_raised_by_check", None) is not None:
+        return f"check {measure!r} raised {_one_line(error)}"
+    return f"the harness failed with {_one_line(error)}; please report this as a resacct bug"
 
 
 def _leaves(group: BaseExceptionGroup):  # type: ignore[no-untyped-def]

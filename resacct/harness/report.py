@@ -118,9 +118,12 @@ def relative_deviation(expected: Any, measured: Any) -> float | None:
         return None
     if expected == measured:
         return 0.0
-    if expected == 0 or not (math.isfinite(expected) and math.isfinite(measured)):
+    try:
+        if expected == 0 or not (math.isfinite(expected) and math.isfinite(measured)):
+            return None
+        return abs(measured - expected) / abs(expected)
+    except OverflowError:  # an int beyond float range (a law such as 10**128*10**128*10**128)
         return None
-    return abs(measured - expected) / abs(expected)
 
 
 def expected_value(record: dict[str, Any]) -> Any:

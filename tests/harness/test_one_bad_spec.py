@@ -126,3 +126,10 @@ def test_verify_skips_them_with_one_line_each_and_runs_the_rest(tmp_path, capsys
         f"resacct verify: skipped {tmp_path}/fifo.claims.yaml: a FIFO, not a regular file",
         f"resacct verify: skipped {tmp_path}/loop.claims.yaml: a symlink loop",
     ]
+
+
+def test_the_report_survives_a_law_beyond_float_range():
+    from resacct.harness.report import relative_deviation
+
+    assert relative_deviation(10**384, 32) is None  # raised OverflowError (math.isfinite of a 385-digit int)
+    assert relative_deviation(100, 99) == 0.01
