@@ -51,6 +51,10 @@ _EXAMPLES = """examples:
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
   resacct account --model my_pkg.models:build --input-shape 8,64 --input-dtype float32 --loss sum
       your own model on an input of that shape
+  resacct account --hf-config llama-2-7b --recipe bf16-fp32-master
+      Llama-2-7B from its config on meta: parameters, FLOPs, state, checkpoint predicted = measured
+  resacct account --hf-config mixtral-8x7b --batch 1 --seq 4096
+      a mixture of experts: total and active parameters, k experts' FLOPs per token
   resacct account --model my_pkg.hf:build_llama --batch 2 --seq 128
       a transformers causal LM (LlamaForCausalLM …): input_ids and labels of 2 × 128, its own loss
 
@@ -89,6 +93,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default="gpt-tiny", metavar="NAME",
                         help="a resacct.gpt config (gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small …; default: gpt-tiny) or module:factory for any nn.Module")
+    parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
+                        help="a Hugging Face causal LM from its config, on the meta device: predicted (resacct's formulas) beside measured. "
+                             "Shipped: " + ", ".join(_hf_config_names()) + "; or a model card's config.json (needs resacct[hf])")
     parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the module:factory (repeatable)")
     parser.add_argument("--input-shape", type=_shape, default=None, metavar="N,N,…", help="input of a module:factory model, batch first (e.g. 8,64)")
     parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
@@ -122,6 +129,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         raise SystemExit(2)
 
     parser.error = one_line_error  # type: ignore[method-assign]
+
+
+def _hf_config_names() -> list[str]:
+    from resacct.hf_models import known_hf_configs
+
+    return list(known_hf_configs())
+
+
+def _run_hf_config(args: argparse.Namespace) -> int:
+    from resacct.account_optimizers import optimizer_display_name
+    from resacct.hf_account import account_hf_config
+
+    other = [flag for flag, used in (("--model", args.model != "gpt-tiny"), ("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
+                                     ("--loss", args.loss != "auto"), ("--attention", args.attention != "math"),
+                                     ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
+                                     ("--measure", args.measure), ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator),
+                                     ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
+    if other:
+        raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
+    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
+    fields = account.to_dict()
+    if not args.per_module:
+        fields.pop("per_module")
+    title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
+             f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
+    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module, title=title))
 
 
 def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
@@ -168,6 +201,8 @@ def run_account(args: argparse.Namespace) -> int:
     from resacct.memory import get_state_recipe
 
     get_state_recipe(args.recipe)
+    if args.hf_config is not None:
+        return _run_hf_config(args)
     if ":" in args.model:
         return _run_generic(args)
     generic_only = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
@@ -196,6 +231,8 @@ def format_quantity(value: float | None, unit: str) -> str:
 
     >>> format_quantity(874944921600, "FLOPs"), format_quantity(1432915972, "bytes"), format_quantity(16.0002, "B/param")
     ('874.9 GFLOPs', '1.433 GB', '16.0002 B/param')
+    >>> format_quantity(6738415616, "parameters")
+    '6,738,415,616'
     """
     if value is None:
         return "—"
@@ -207,6 +244,8 @@ def format_quantity(value: float | None, unit: str) -> str:
         return f"{value:.0f} {short}"
     if unit == "B/param":
         return f"{value:.6g} B/param"
+    if unit in ("parameters", "tensors"):
+        return f"{value:,.0f}"
     return f"{value:.4g} {unit}".rstrip()
 
 

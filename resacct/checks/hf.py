@@ -1,0 +1,131 @@
+"""Hugging Face decoders (transformers, built from configs on the meta device) measured with
+torch — parameters and optimizer state by storage, FLOPs by FlopCounterMode — beside
+resacct's closed forms (:mod:`resacct.hf_formulas`), and the fused-attention fill on a real CPU
+step against the eager-attention twin. Every check is skipped (not measurable) when
+transformers is not installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from resacct.errors import ResacctError
+from resacct.harness.registry import NotMeasurable, Outcome, check
+
+_NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
+
+
+def _require_transformers() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise NotMeasurable(_NO_TRANSFORMERS) from None
+
+
+def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
+                experts_per_token: int) -> object:
+    from resacct.hf_models import HfConfigSpec
+
+    if model_type == "gpt2":
+        values = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": positions, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                  "n_inner": mlp}
+    elif model_type in ("llama", "mistral", "mixtral"):
+        values = {"model_type": model_type, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": mlp, "num_hidden_layers": layers,
+                  "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": positions, "tie_word_embeddings": False}
+        if model_type == "mixtral":
+            values.update(num_local_experts=experts, num_experts_per_tok=experts_per_token)
+    else:
+        raise ResacctError(f"model_type {model_type!r}: expected gpt2, llama, mistral or mixtral")
+    return HfConfigSpec(name=f"small {model_type}", source="claim inputs", values=values)
+
+
+@functools.lru_cache(maxsize=16)
+def _account(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
+             experts_per_token: int, batch: int, seq: int, recipe: str):  # type: ignore[no-untyped-def]
+    from resacct.hf_account import account_hf_config
+
+    spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, experts, experts_per_token)
+    return account_hf_config(spec, batch=batch, seq=seq, recipe=recipe)  # type: ignore[arg-type]
+
+
+_QUANTITIES = ("parameters", "parameter_tensors", "forward_flops", "step_flops", "state_at_step_bytes", "checkpoint_full_bytes")
+
+
+@check("hf.small_model", quantities=("head_dim", "tokens", "params", "tensors"))
+def small_model(model_type: str, quantity: str, hidden: int, layers: int, heads: int, mlp: int, vocab: int, positions: int = 64, kv_heads: int = 0,
+                experts: int = 0, experts_per_token: int = 0, batch: int = 2, seq: int = 16, recipe: str = "fp32") -> Outcome:
+    """One quantity of a small transformers causal LM built on meta: ``parameters`` and
+    ``parameter_tensors`` (distinct storages), ``forward_flops`` / ``step_flops`` (FlopCounterMode
+    over its own loss on labels), ``state_at_step_bytes`` (a real torch.optim.AdamW under
+    ``recipe``, by storage), ``checkpoint_full_bytes`` (that state less its gradients).
+    Quantities: the measured ``params`` and ``tensors``, ``head_dim`` and ``tokens``."""
+    _require_transformers()
+    if quantity not in _QUANTITIES:
+        raise ResacctError(f"quantity {quantity!r}: expected one of {', '.join(_QUANTITIES)}")
+    account = _account(model_type, hidden, layers, heads, kv_heads or heads, mlp, vocab, positions, experts, experts_per_token, batch, seq, recipe)
+    rows = {row.quantity: row for row in account.rows()}
+    state_label = next(name for name in rows if name.startswith("at optimizer step"))
+    pairs = {
+        "parameters": rows["total"], "parameter_tensors": rows["tensors"], "forward_flops": rows["forward"], "step_flops": rows["step"],
+        "state_at_step_bytes": rows[state_label], "checkpoint_full_bytes": rows["weights + master + optimizer state"],
+    }
+    row = pairs[quantity]
+    return Outcome(measured=row.measured, predicted=row.predicted, quantities={"head_dim": hidden // heads, "tokens": batch * seq,
+                                                                            "params": account.parameters, "tensors": account.parameter_tensors})
+
+
+@check("hf.shipped_parameters", quantities=("active_parameters",))
+def shipped_parameters(config: str) -> Outcome:
+    """Parameters of a config shipped with resacct (resacct/hf_configs/known.yaml), built on
+    the meta device: distinct parameter storages; resacct's closed form beside (and its active
+    count for a mixture of experts as a quantity)."""
+    _require_transformers()
+    return _shipped_parameters(config)
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped_parameters(config: str) -> Outcome:
+    from resacct.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
+    from resacct.hf_models import build_hf_model, load_hf_config
+    from resacct.memory import distinct_storage_bytes
+
+    model = build_hf_model(load_hf_config(config), device="meta")
+    parameters = list(model.parameters())
+    measured = distinct_storage_bytes(parameters) // parameters[0].element_size()
+    architecture = architecture_of(model.config)
+    predicted = None if architecture is None else predict_parameters(architecture)
+    active = None if architecture is None else predict_active_parameters(architecture)
+    return Outcome(measured=measured, predicted=predicted, quantities={"active_parameters": active})
+
+
+@check("hf.sdpa_over_eager_flops", quantities=("eager_flops", "flop_counter_alone_flops"))
+def sdpa_over_eager_flops(layers: int = 2, batch: int = 2, seq: int = 16) -> Outcome:
+    """A real CPU training step of a tiny LlamaForCausalLM (4 query heads, 2 key/value heads)
+    with sdpa attention: resacct's count (FlopCounterMode + the fused-kernel fill) over
+    FlopCounterMode's count on the same model with ``attn_implementation="eager"``."""
+    _require_transformers()
+    return _sdpa_over_eager_flops(layers, batch, seq)
+
+
+@functools.lru_cache(maxsize=4)
+def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from resacct.step_measurements import trace_step_flops
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64)
+    ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(0))
+    fused = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    filled = trace_step_flops(fused, lambda: fused(input_ids=ids, labels=ids).loss)
+    alone = trace_step_flops(fused, lambda: fused(input_ids=ids, labels=ids).loss, fill_tracer_gaps=False)
+    eager = LlamaForCausalLM._from_config(config, attn_implementation="eager")
+    with FlopCounterMode(display=False) as counter:
+        eager(input_ids=ids, labels=ids).loss.backward()
+    eager_flops = int(counter.get_total_flops())
+    return Outcome(measured=filled.step_flops / eager_flops, quantities={"eager_flops": eager_flops, "flop_counter_alone_flops": alone.step_flops})

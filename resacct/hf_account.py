@@ -1,0 +1,230 @@
+"""``resacct account --hf-config NAME|config.json``: a Hugging Face causal LM built from its
+config on the meta device, one training step **measured** (FlopCounterMode; storages of
+parameters, optimizer state and saved tensors) beside resacct's **predicted** closed forms for the
+architecture (:mod:`resacct.hf_formulas`: GQA, SwiGLU, untied heads, RoPE without parameters,
+MoE active vs total) — parameters, FLOPs, training state per recipe, activations (measured only:
+resacct has no saved-tensor formula for these models) and checkpoint size.
+
+The measurement never uses the formulas: parameters and state are distinct storages of the
+built model and of a real ``torch.optim`` optimizer after two meta steps; FLOPs are
+FlopCounterMode over the model's own forward (its own loss on ``labels``) and backward.
+
+>>> account = account_hf_config("llama-2-7b", batch=1, seq=128)                       # doctest: +SKIP
+>>> account.parameters == account.predicted_parameters == 6738415616                 # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from resacct.account import ModuleRow, Row, json_key, UNIT_SUFFIX
+from resacct.activations import SavedActivations, record_saved_activations
+from resacct.dtypes import parse_dtype
+from resacct.hf_formulas import (
+    HfArchitecture,
+    HfStepFlops,
+    architecture_of,
+    predict_active_parameters,
+    predict_parameter_tensors,
+    predict_parameters,
+    predict_step_flops,
+)
+from resacct.memory import distinct_storage_bytes, get_state_recipe, step_counter_bytes, training_state_bytes
+from resacct.hf_models import HfConfigSpec
+from resacct.model_io import call_model, context_length, default_inputs, loss_of_output
+from resacct.optim import state_tensors_per_parameter
+from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
+from resacct.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
+
+__all__ = ["HfAccount", "account_hf_config", "checkpoint_bytes_predicted"]
+
+_NOT_CHECKPOINTED = ("gradients", "master gradients")
+
+
+@dataclass
+class HfAccount:
+    """One step of a transformers causal LM from a config: measured beside predicted."""
+
+    name: str
+    source: str
+    model_type: str
+    model_class: str
+    architecture: HfArchitecture | None
+    batch: int
+    seq: int
+    recipe: str
+    optimizer: str
+    parameters: int
+    parameter_tensors: int
+    flops: StepFlopTrace
+    state: TrainingStateMeasurement
+    saved: SavedActivations
+    checkpoint_weights_bytes: int
+    device: str = "meta"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def predicted_parameters(self) -> int | None:
+        return None if self.architecture is None else predict_parameters(self.architecture)
+
+    @property
+    def predicted_flops(self) -> HfStepFlops | None:
+        return None if self.architecture is None else predict_step_flops(self.architecture, batch=self.batch, seq=self.seq)
+
+    @property
+    def checkpoint_full_bytes(self) -> int:
+        """Weights, master weights and optimizer state (step counters included): what a
+        training checkpoint holds — the state at the step without its gradients."""
+        return sum(value for part, value in self.state.parts_bytes.items() if part not in _NOT_CHECKPOINTED)
+
+    def rows(self) -> list[Row]:
+        """(section, quantity, predicted, measured, unit, note); predicted None → "—"."""
+        return _parameter_rows(self) + _flop_rows(self) + _state_rows(self) + _activation_rows(self) + _checkpoint_rows(self)
+
+    def per_module_rows(self) -> list[ModuleRow]:
+        names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *self.saved.by_module()]))
+        saved = self.saved.by_module()
+        return [ModuleRow(module=name, predicted_forward_flops=None, traced_forward_flops=self.flops.forward_by_module.get(name, 0),
+                          predicted_backward_flops=None, traced_backward_flops=self.flops.backward_by_module.get(name, 0),
+                          predicted_saved_bytes=None, measured_saved_bytes=saved.get(name, 0)) for name in names]
+
+    def to_dict(self) -> dict[str, Any]:
+        sections: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows():
+            unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
+            sections.setdefault(json_key(row.section), []).append(
+                {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
+        return {
+            "hf_config": self.name, "source": self.source, "model_type": self.model_type, "model_class": self.model_class,
+            "batch": self.batch, "seq": self.seq, "tokens": self.tokens, "device": self.device, "recipe": self.recipe,
+            "optimizer": self.optimizer, "parameters": self.parameters, **sections,
+            "per_module": [vars(row) for row in self.per_module_rows()],
+            "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
+            "warnings": self.flops.warnings, "notes": self.notes,
+        }
+
+    to_json = to_dict
+
+
+def _parameter_rows(a: HfAccount) -> list[Row]:
+    arch = a.architecture
+    rows = [
+        Row("parameter counts", "total", a.predicted_parameters, a.parameters, "parameters", "distinct parameter storages"),
+        Row("parameter counts", "tensors", None if arch is None else predict_parameter_tensors(arch), a.parameter_tensors, "tensors", "one step counter each"),
+    ]
+    if arch is not None and arch.experts:
+        rows.append(Row("parameter counts", f"active per token ({arch.experts_per_token} of {arch.experts} experts)", predict_active_parameters(arch), None, "parameters",
+                        "predicted only: routing decides which"))
+    return rows
+
+
+def _flop_rows(a: HfAccount) -> list[Row]:
+    p, f = a.predicted_flops, a.flops
+    rows = [
+        Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", "FlopCounterMode"),
+        Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", "FlopCounterMode"),
+        Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", "FlopCounterMode"),
+    ]
+    if a.architecture is not None:
+        active = predict_active_parameters(a.architecture)
+        rows.append(Row("FLOPs", "step, 6N rule (N active)", 6 * active * a.tokens, f.step_flops, "FLOPs", "6 · params · tokens"))
+    return rows
+
+
+def _state_rows(a: HfAccount) -> list[Row]:
+    s, n = a.state, a.parameters
+    label = f"{s.recipe}, {optimizer_display_name(s.optimizer)}"
+    rows = [
+        Row("training state", f"after backward ({label})", _predicted_state(a, "after_backward"), s.after_backward_bytes, "bytes", "kept between steps"),
+        Row("training state", f"at optimizer step ({label})", _predicted_state(a, "at_step"), s.at_step_bytes, "bytes", "step counters included"),
+        Row("training state", "bytes per parameter at step", None if a.architecture is None else _predicted_state(a, "at_step") / predict_parameters(a.architecture),
+            s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
+    ]
+    return rows + [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
+
+
+def _predicted_state(a: HfAccount, moment: str) -> int | None:
+    if a.architecture is None:
+        return None
+    arch = a.architecture
+    return training_state_bytes(predict_parameters(arch), predict_parameter_tensors(arch), a.recipe, memory_optimizer_name(a.optimizer), moment)  # type: ignore[arg-type]
+
+
+def _activation_rows(a: HfAccount) -> list[Row]:
+    layer = sum(value for module, value in a.saved.by_module().items() if ".layers.0." in f".{module}." or ".h.0." in f".{module}.")
+    note = "saved_tensors_hooks, by storage; measured only"
+    if a.architecture is not None and a.architecture.experts:
+        note += " (batched_mm experts keep per-token expert weights: more than the default kernels save)"
+    return [
+        Row("activations", "saved for backward", None, a.saved.activation_bytes, "bytes", note),
+        Row("activations", "one layer (the first)", None, layer, "bytes", ""),
+        Row("activations", "saved weights (parameters, not activations)", None, a.saved.parameter_bytes, "bytes", "no extra memory"),
+    ]
+
+
+def checkpoint_bytes_predicted(parameters: int, parameter_tensors: int, recipe: str, optimizer: str) -> tuple[int, int]:
+    """(weights only, full training checkpoint) bytes: parameters in the recipe's parameter dtype;
+    plus master weights, optimizer state and step counters.
+
+    >>> checkpoint_bytes_predicted(1000, 2, "bf16-fp32-master", "adamw")   # 2·1000; + 4·1000 + 2·4·1000 + 2·4
+    (2000, 14008)
+    """
+    chosen = get_state_recipe(recipe)
+    memory_name = memory_optimizer_name(optimizer)
+    weights = parameters * parse_dtype(chosen.parameter_dtype).itemsize
+    master = parameters * parse_dtype(chosen.master_dtype).itemsize if chosen.master_dtype else 0
+    states = parameters * state_tensors_per_parameter(memory_name) * parse_dtype(chosen.optimizer_state_dtype).itemsize
+    return weights, weights + master + states + step_counter_bytes(parameter_tensors, memory_name)
+
+
+def _checkpoint_rows(a: HfAccount) -> list[Row]:
+    predicted = (None, None) if a.architecture is None else checkpoint_bytes_predicted(
+        predict_parameters(a.architecture), predict_parameter_tensors(a.architecture), a.recipe, a.optimizer)
+    return [
+        Row("checkpoint", f"weights ({get_state_recipe(a.recipe).parameter_dtype})", predicted[0], a.checkpoint_weights_bytes, "bytes",
+            "state_dict, distinct storages"),
+        Row("checkpoint", "weights + master + optimizer state", predicted[1], a.checkpoint_full_bytes, "bytes", "the state at the step less its gradients"),
+    ]
+
+
+def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str = "fp32", optimizer: str = "adamw") -> HfAccount:
+    """Build the config's causal LM (a shipped name, a config.json path, or an
+    :class:`~resacct.hf_models.HfConfigSpec`) on the meta device and account one step of
+    ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss."""
+    from resacct.hf_models import build_hf_model, load_hf_config
+
+    spec = config if isinstance(config, HfConfigSpec) else load_hf_config(config)
+    chosen = get_state_recipe(recipe)
+    memory_optimizer_name(optimizer)
+    model = build_hf_model(spec, device="meta")
+    model.train()
+    length = seq if seq is not None else context_length(model)
+    inputs = default_inputs(model, batch=batch, seq=length, device="meta")
+
+    def loss_of(module: Any) -> Any:
+        return loss_of_output(call_model(module, inputs), "model")
+
+    flops = trace_step_flops(model, lambda: loss_of(model))
+    state = measure_training_state(model, loss_of, chosen, optimizer)
+    in_recipe_dtype = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
+    with record_saved_activations(in_recipe_dtype) as saved:
+        loss_of(in_recipe_dtype)
+    weights = distinct_storage_bytes(list(in_recipe_dtype.state_dict().values()))
+    parameters = list(model.parameters())
+    element = parameters[0].element_size()
+    architecture = architecture_of(model.config)
+    notes = [f"{spec.name}: {spec.source}", "built on the meta device: shapes, storages and FlopCounterMode, no arithmetic and no memory"]
+    if architecture is None:
+        notes.append(f"resacct has no formula for model_type {spec.model_type!r} (it has: gpt2, llama, mistral, mixtral): measured only")
+    return HfAccount(
+        name=spec.name, source=spec.source, model_type=spec.model_type, model_class=type(model).__name__, architecture=architecture,
+        batch=batch, seq=length, recipe=chosen.name, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
+        parameter_tensors=len(parameters), flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights, notes=notes,
+    )
