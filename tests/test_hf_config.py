@@ -73,3 +73,16 @@ def test_a_config_file_without_model_type_is_one_line(tmp_path, capsys):
     assert main(["account", "--hf-config", str(path)]) == 2
     assert "has no \"model_type\"" in capsys.readouterr().err
     assert load_hf_config("gpt2").values["n_layer"] == 12
+
+
+def test_hf_claims_skip_with_the_reason_without_transformers(monkeypatch):
+    """Without the resacct[hf] extra every hf check says so (the harness turns NotMeasurable into a skip)."""
+    import sys
+
+    from resacct.checks.hf import shipped_parameters, small_model
+    from resacct.harness.registry import NotMeasurable
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers → ImportError
+    for call in (lambda: shipped_parameters("gpt2"), lambda: small_model("llama", "parameters", 8, 1, 2, 8, 16)):
+        with pytest.raises(NotMeasurable, match=r"transformers is not installed \(the optional extra: pip install 'resacct\[hf\]'\)"):
+            call()
