@@ -53,7 +53,7 @@ def _best_sec(function, repeats: int) -> float:  # type: ignore[no-untyped-def]
 
 
 @check("lecture.cold_over_warm", quantities=("cold_sec", "warm_sec"))
-def cold_over_warm(m: int, k: int, n: int, pairs: int = 5) -> Outcome:
+def cold_over_warm(m: int, k: int, n: int, pairs: int = 7) -> Outcome:
     """What a warm-up changes: the lecture's ``time_matmul`` on freshly made float32 tensors (its
     way: no warm-up) ÷ ``time_matmul`` on the same tensors after two untimed calls; the median
     of ``pairs`` such ratios, one thread."""
@@ -82,7 +82,8 @@ def _cpu_flags() -> set[str]:
 @check("lecture.cpu_bf16_over_fp32_flops", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec"))
 def cpu_bf16_over_fp32_flops(m: int, k: int, n: int, repeats: int = 5, without_bf16_units: bool = False) -> Outcome:
     """On this CPU: FLOP/s of ``x @ w`` in bfloat16 ÷ in float32 (x = ones(m, k), w = randn(k, n)
-    as in tensor_operations_flops), best of ``repeats`` samples each, taken in turn, one thread.
+    as in tensor_operations_flops), best of ``repeats`` bf16 samples and ``10 × repeats`` fp32
+    samples, taken in turn, one thread: on a loaded machine a best-of needs enough short samples.
     ``without_bf16_units``: skip on a CPU whose flags list avx512_bf16 or amx_bf16."""
     if without_bf16_units and _cpu_flags() & {"avx512_bf16", "amx_bf16"}:
         raise NotMeasurable("about a CPU without bf16 units; this one has avx512_bf16/amx_bf16")
@@ -99,8 +100,8 @@ def _bf16_over_fp32(m: int, k: int, n: int, repeats: int) -> tuple[float, float,
     fp32, bf16 = [], []
     with threads(MEASURING_THREADS):
         x @ w, x16 @ w16  # one untimed call each
-        for _ in range(repeats):
-            fp32.append(_best_sec(lambda: x @ w, 1))
+        for _ in range(repeats):  # fp32 is ~50× quicker here: ten samples of it per bf16 one
+            fp32.append(_best_sec(lambda: x @ w, 10))
             bf16.append(_best_sec(lambda: x16 @ w16, 1))
     fp32_speed, bf16_speed = flops / min(fp32), flops / min(bf16)
     return bf16_speed / fp32_speed, fp32_speed, bf16_speed
@@ -138,3 +139,21 @@ def gpu_bf16_over_fp32_flops(m: int, k: int, n: int) -> Outcome:
     except ValueError:
         bf16_mfu = float("nan")
     return Outcome(measured=bf16_speed / fp32_speed, quantities={"fp32_flops_per_sec": fp32_speed, "bf16_flops_per_sec": bf16_speed, "bf16_mfu": bf16_mfu})
+
+
+@check("lecture.gpu_unsynchronized_over_synchronized", quantities=("unsynchronized_sec", "synchronized_sec"))
+def gpu_unsynchronized_over_synchronized(m: int, k: int, n: int) -> Outcome:
+    """On the GPU: seconds per call of ``a @ b`` timed as time_matmul does but without its
+    ``torch.cuda.synchronize()`` calls (the queue drained before, not after) ÷ time_matmul's own
+    result, after one untimed call."""
+    if not torch.cuda.is_available():
+        raise NotMeasurable("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    a, b = torch.ones(m, k, device="cuda:0"), torch.randn(k, n, device="cuda:0")
+    a @ b
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    unsynchronized = (time.perf_counter() - began) / 5
+    synchronized = time_matmul(a, b)
+    return Outcome(measured=unsynchronized / synchronized, quantities={"unsynchronized_sec": unsynchronized, "synchronized_sec": synchronized})
