@@ -7,7 +7,9 @@ Per GPU (the first pipeline stage, the busiest):
   on the first and last stage are not singled out), with parameters, gradients and optimizer
   state sharded over the data-parallel ranks by the ZeRO stage (:mod:`resacct.sharding`);
 - activations: Korthikanti et al. 2022's per-layer bytes (:mod:`resacct.parallelism`) × L
-  layers' worth for the first stage, with the sequence split over the context-parallel ranks.
+  layers' worth for the first stage, with the sequence split over the context-parallel ranks
+  (the attention-core term then uses the local sequence squared: an underestimate for ring
+  attention, whose local queries score every key — selective recomputation has no such term).
 
 Activations grow linearly with the micro-batch, so the largest micro-batch is a division.
 
