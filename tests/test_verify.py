@@ -305,3 +305,45 @@ def test_docstring_examples_of_the_report_modules():
     for module in (resacct.harness.report, resacct.reporting.documents, resacct.reporting.terminal):
         failed, attempted = doctest.testmod(module)
         assert attempted > 0 and failed == 0, module.__name__
+
+
+def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_lines():
+    """The bar of issue 11, on every claim shipped today: each claim becomes a record as the plugin
+    writes it (refuted ones with their truth, GPU ones skipped), with 12-digit values (the widest
+    the real run prints), and the default output must stay within 100 columns and 150 lines."""
+    from resacct.harness.loader import load_claims_file
+    from resacct.reporting.terminal import render_summary
+
+    records = []
+    for path in sorted(SPECS.glob("*.claims.yaml")):
+        loaded = load_claims_file(path, display_path=f"specs/{path.name}")
+        assert not loaded.errors, loaded.errors
+        for claim in loaded.claims:
+            spec = claim.claim
+            outcome = "skipped" if "gpu" in spec.marks else spec.status
+            records.append({
+                "id": spec.id, "area": claim.area, "path": claim.path, "line": claim.line, "outcome": outcome, "says": spec.says,
+                "law": spec.law, "law_value": 764558180352 if spec.law else None, "forall": dict(spec.forall),
+                "expect": spec.expect.model_dump(exclude_none=True) if spec.expect else None, "truth": spec.truth,
+                "measured": 874944921600, "inputs": dict(spec.given), "examples": 40,
+                "message": "needs a CUDA GPU; torch 2.13.0+cpu sees none (torch.cuda.is_available() is False)" if outcome == "skipped" else None,
+            })
+    document = {"environment": {"torch": "2.13.0+cpu", "device": "cpu", "device_name": "AMD EPYC"}, "claims": records}
+    lines = render_summary(document).splitlines()
+    refuted = sum(record["outcome"] == "refuted" for record in records)
+    assert refuted >= 50 and f"REFUTED ({refuted})" in "\n".join(lines)
+    assert max(len(line) for line in lines) <= 100
+    assert len(lines) < 150, f"{len(lines)} lines for {len(records)} claims ({refuted} refuted)"
+
+
+def test_many_refuted_claims_get_one_line_each_to_keep_the_default_short():
+    from resacct.reporting.terminal import render_summary
+
+    records = [{"id": f"claim-{index}", "area": "x", "outcome": "refuted", "law": "2*n", "law_value": 2 * index, "measured": index,
+                "truth": "the source doubles it", "path": "specs/x.claims.yaml", "line": index} for index in range(1, 101)]
+    document = {"environment": {}, "claims": records}
+    short = render_summary(document).splitlines()
+    assert len(short) < 150 and "  claim-7: the source doubles it" in short
+    assert "REFUTED (100): one line each, the truth (--status refuted adds law, value and measurement)" in short
+    full = render_summary(document, statuses=("refuted",)).splitlines()
+    assert "  claim-7: 2*n = 14; measured 7" in full and "    the source doubles it" in full and len(full) > 200

@@ -142,8 +142,19 @@ def _skip_reasons(records: list[dict[str, Any]], width: int) -> list[str]:
 
 
 def render_summary(document: dict[str, Any], *, statuses: tuple[str, ...] = DEFAULT_STATUSES, width: int = 100,
-                   verbose: bool = False) -> str:
-    """The text ``resacct verify`` prints (the report files hold everything)."""
+                   verbose: bool = False, max_lines: int | None = 145) -> str:
+    """The text ``resacct verify`` prints (the report files hold everything).
+
+    With the default statuses, when listing every refuted claim on two lines would pass
+    ``max_lines``, each refuted claim gets one line (its id and its truth); ``--status refuted``
+    lists them in full."""
+    lines = _summary(document, statuses, width, verbose, compact_refuted=False)
+    if max_lines is not None and len(lines) > max_lines and statuses == DEFAULT_STATUSES and not verbose:
+        lines = _summary(document, statuses, width, verbose, compact_refuted=True)
+    return "\n".join(lines)
+
+
+def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, verbose: bool, compact_refuted: bool) -> list[str]:
     records = document["claims"]
     lines = []
     notice = run_notice(document)
@@ -155,10 +166,15 @@ def render_summary(document: dict[str, Any], *, statuses: tuple[str, ...] = DEFA
         if outcome not in statuses or not chosen:
             continue
         title, _, explanation = _SECTION_TITLES[outcome].partition(": ")
+        if outcome == "refuted" and compact_refuted:
+            explanation = "one line each, the truth (--status refuted adds law, value and measurement)"
         lines += ["", f"{title} ({len(chosen)})" + (f": {explanation}" if explanation else "")]
         for record in chosen:
-            lines += claim_lines(record, width, verbose)
+            if outcome == "refuted" and compact_refuted:
+                lines.append(_clip(f"  {record['id']}: {record.get('truth') or ''}", width))
+            else:
+                lines += claim_lines(record, width, verbose)
     if "skipped" not in statuses and any(record["outcome"] == "skipped" for record in records):
         lines += ["", "skipped, by reason (--status skipped lists them):", *_skip_reasons(records, width)]
     lines += ["", summary_line(document)]
-    return "\n".join(lines)
+    return lines
