@@ -47,7 +47,7 @@ def test_the_page_has_counts_filters_search_and_links():
     assert '<input type="search" id="search"' in page
     assert f'<a href="file://{ROOT}/specs/flops.claims.yaml" title="open the claims file (the claim is at line 12)">specs/flops.claims.yaml:12</a>' in page
     assert "6*batch*params = 432" in page  # the law's value beside its formula
-    assert "worst of 40 examples: m=2, k=3, n=10" in page
+    assert "40 examples, every one exact; the first: m=2, k=3, n=10" in page
     assert 'class="partial"' not in page and "roofline" not in page.split("<script>")[0].split("<nav>")[1].split("</nav>")[0]
 
 

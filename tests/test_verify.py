@@ -347,3 +347,31 @@ def test_many_refuted_claims_get_one_line_each_to_keep_the_default_short():
     assert "REFUTED (100): one line each, the truth (--status refuted adds law, value and measurement)" in short
     full = render_summary(document, statuses=("refuted",)).splitlines()
     assert "  claim-7: 2*n = 14; measured 7" in full and "    the source doubles it" in full and len(full) > 200
+
+
+def test_a_closed_stdout_pipe_loses_no_report(specs_dir, tmp_path, monkeypatch, capsys):
+    """`resacct verify | head -1`: the reader leaves before the output ends. The report was
+    published before printing began, so it is complete; a partial run still goes beside it."""
+    import io
+    import os
+    import sys
+
+    report_dir = tmp_path / "reports"
+    before = _complete_report(specs_dir, report_dir)
+    spare = os.open(os.devnull, os.O_WRONLY)
+
+    class ClosedPipe(io.TextIOBase):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return spare
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert verify(specs_dir, report_dir, "-k", "cpu") == 0
+    assert verify(specs_dir, report_dir) == 0
+    monkeypatch.undo()
+    os.close(spare)
+    assert {path.name for path in report_dir.iterdir()} == set(before)
+    assert load_report(report_dir / "report.json")["run"]["complete"] is True
+    assert load_report(tmp_path / "reports-partial" / "report.json")["run"]["complete"] is False

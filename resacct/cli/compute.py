@@ -102,7 +102,7 @@ def _run_time(args: argparse.Namespace) -> int:
     mode = "sparse" if args.sparse else "dense"
     text = (
         f"{estimate.total_flops:.4g} FLOPs on {count_text(estimate.devices)} × {board.name} ({args.dtype} {mode} peak {peak / 1e12:g} TFLOP/s) at MFU {estimate.mfu:g}\n"
-        f"  FLOPs per day: {amount_text(estimate.flops_per_day, 'FLOPs')}\n"
+        f"  FLOPs per day: {amount_text(estimate.flops_per_day, '').rstrip()}\n"
         f"  training time: {days_text(estimate.training_days)} ({amount_text(estimate.device_hours, 'device-hours')})"
     )
     return emit(args, fields, text)

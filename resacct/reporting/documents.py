@@ -183,6 +183,8 @@ def example_text(record: dict[str, Any], limit: int | None = None) -> str:
     if record.get("example") == "failing":
         return f"failing example{off}: {inputs}" if inputs else ""
     if record.get("forall"):
+        if deviation == 0:
+            return f"{record.get('examples', '?')} examples, every one exact; the first: {inputs}"
         return f"worst of {record.get('examples', '?')} examples{off}: {inputs}"
     return f"inputs: {inputs}" if inputs else ""
 

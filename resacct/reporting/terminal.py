@@ -118,6 +118,8 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
     example = example_text(record)
     if verbose:
         lines += _wrap(f"at {location}" + (f"; {example}" if example else ""), width, "      ", first="    ")
+    elif record.get("forall") and example:  # how many examples ran, and the one farthest from the law
+        lines.append(_clip(f"    {example}", width))
     if outcome == "refuted":
         truth = record.get("truth") or ""
         return lines + (_wrap(f"truth: {truth}", width, "      ", first="    ") if verbose else [_clip(f"    {truth}", width)])
