@@ -149,8 +149,11 @@ def _peak(args: argparse.Namespace) -> tuple[float, str | None]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     from resacct.utilization import RECOMPUTE_MODES
 
+    plan_summary = ("Does a TP × PP × CP × DP × ZeRO layout fit? Training state (parameters split over TP × PP, sharded over DP by the\n"
+                    "ZeRO stage) plus activations on the first pipeline stage (Korthikanti et al. 2022, Table 2, eq. 5-6), per GPU,\n"
+                    "and the largest micro-batch that fits.")
     plan = subparsers.add_parser("plan", help="does a TP × PP × DP × ZeRO layout fit per GPU (state + activations), and the largest micro-batch",
-                                 description=__doc__, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 description=plan_summary, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("--params", type=count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")
     plan.add_argument("--layers", type=positive_int, required=True, help="transformer layers L")
     plan.add_argument("--hidden", type=positive_int, required=True, help="hidden size h")
@@ -174,8 +177,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(plan)
     plan.set_defaults(run=_run_plan)
 
+    optimal_summary = ("Compute-optimal parameters and tokens for a FLOP budget: Chinchilla's approach 1 (through Table 3), approach 3\n"
+                       "(eq. 4 with the printed E, A, B, α, β) and 20 tokens per parameter; with a device, the device-hours at an MFU\n"
+                       "and a goodput.")
     optimal = subparsers.add_parser("optimal", help="compute-optimal parameters and tokens for a FLOP budget (Chinchilla), and device-hours",
-                                    description=__doc__, epilog=_OPTIMAL_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                    description=optimal_summary, epilog=_OPTIMAL_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     optimal.add_argument("--flops", type=count, required=True, help="training compute budget C in FLOPs (5.76e23)")
     optimal.add_argument("--tokens-per-param", type=count, default=20.0, help="the rule of thumb's tokens per parameter (default: 20)")
     optimal.add_argument("--device", default=None, metavar="NAME", help="accelerator for device-hours (see 'resacct devices')")
