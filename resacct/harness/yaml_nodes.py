@@ -1,0 +1,147 @@
+"""YAML text → PyYAML nodes → plain Python data, for claims files, with every hostile input a
+:class:`SpecError` on its line: no anchors or aliases (no billion laughs), no tags beyond plain
+scalars and collections, no value its tag cannot build (``!!int abc``), no integer over
+MAX_INTEGER_DIGITS digits (Python refuses more than 4,300), no nesting deeper than MAX_NESTING
+(PyYAML's composer recurses per level and its scanner is quadratic in flow depth).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from resacct.errors import SpecError
+
+__all__ = ["compose", "to_python", "shown", "MAX_NESTING", "MAX_INTEGER_DIGITS"]
+
+MAX_NESTING = 32  # a claims file needs about 6 levels (claims → claim → given → list → list)
+MAX_INTEGER_DIGITS = 400  # as for laws (resacct.harness.laws.MAX_MAGNITUDE); Python refuses > 4300 anyway
+
+_SCALARS = yaml.constructor.SafeConstructor()  # builds ints, floats, bools, strings from resolved scalar nodes
+
+_ALLOWED_TAGS = {
+    "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq",
+}
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr`` of a value echoed in a message, cut to about ``limit`` characters (a 400-digit number is not echoed whole)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"<integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:]
+
+
+_TAG_MEANS = {
+    "tag:yaml.org,2002:int": "!!int but is not an integer",
+    "tag:yaml.org,2002:float": "!!float but is not a number",
+    "tag:yaml.org,2002:bool": "!!bool but is not one of true, false, yes, no, on, off",
+    "tag:yaml.org,2002:null": "!!null but is not null, ~ or empty",
+}
+
+
+def _scalar(node: yaml.ScalarNode, path: str, line: int) -> Any:
+    """A scalar node's value; a value its tag cannot build (``!!int abc``) or an integer too long is one SpecError."""
+    if node.tag == "tag:yaml.org,2002:int":
+        digits = len(node.value.lstrip("+-").replace("_", ""))
+        if digits > MAX_INTEGER_DIGITS:
+            raise SpecError(f"integer {shown(node.value, 30)} has {digits} digits; at most {MAX_INTEGER_DIGITS} are allowed", path=path, line=line)
+    try:
+        return _SCALARS.construct_object(node, deep=True)
+    except (ValueError, KeyError, TypeError, OverflowError, yaml.YAMLError):
+        meaning = _TAG_MEANS.get(node.tag, f"{node.tag} but cannot be read as one")
+        raise SpecError(f"value {shown(node.value)} is tagged {meaning}", path=path, line=line) from None
+
+
+def to_python(node: yaml.Node, path: str) -> Any:
+    """Plain Python data from a composed node; refuses aliases, duplicate keys and foreign tags."""
+    line = node.start_mark.line + 1
+    if node.tag not in _ALLOWED_TAGS:
+        raise SpecError(f"YAML tag {node.tag!r} is not allowed; claims hold plain strings, numbers, lists and mappings", path=path, line=line)
+    if isinstance(node, yaml.ScalarNode):
+        return _scalar(node, path, line)
+    if isinstance(node, yaml.SequenceNode):
+        return [to_python(child, path) for child in node.value]
+    if isinstance(node, yaml.MappingNode):
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = to_python(key_node, path)
+            if not isinstance(key, (str, int, float, bool)):
+                raise SpecError(f"mapping keys must be plain words, got {key!r}", path=path, line=key_node.start_mark.line + 1)
+            if key in result:
+                raise SpecError(f"duplicate key {key!r}", path=path, line=key_node.start_mark.line + 1)
+            result[key] = to_python(value_node, path)
+        return result
+    raise SpecError(f"unsupported YAML node {type(node).__name__}", path=path, line=line)
+
+
+class _NoAliasComposer(yaml.SafeLoader):
+    """Composes nodes but refuses anchors and aliases outright (bounded work and memory) and
+    nesting deeper than MAX_NESTING (PyYAML's composer recurses once per level)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102
+        if self._depth >= MAX_NESTING and self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            event = self.peek_event()
+            raise SpecError(f"lists and mappings nested more than {MAX_NESTING} levels deep; claims need a few", line=event.start_mark.line + 1)
+        self._depth += 1
+        try:
+            return self._compose_plain_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 (PyYAML's name)
+        """Stop at the first ``[`` or ``{`` too deep: PyYAML's scanner is quadratic in flow depth."""
+        if self.flow_level >= MAX_NESTING:
+            raise SpecError(f"lists and mappings nested more than {MAX_NESTING} levels deep; claims need a few", line=self.get_mark().line + 1)
+        super().fetch_flow_collection_start(TokenClass)
+
+    def _compose_plain_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise SpecError("YAML aliases (*name) are not allowed in claims files", line=event.start_mark.line + 1)
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise SpecError(f"YAML anchors (&{anchor}) are not allowed in claims files", line=event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+# YAML 1.1 (PyYAML) reads 1e-8 and 3.4e38 as strings; claims mean numbers (as YAML 1.2 does).
+_NoAliasComposer.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _char(character: int | str) -> str:
+    return repr(chr(character) if isinstance(character, int) else character)
+
+
+def compose(text: str, path: str) -> yaml.Node | None:
+    try:
+        loader = _NoAliasComposer(text)
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        raise SpecError(f"invalid YAML: unprintable character {_char(error.character)} at position {error.position}", path=path, line=line) from None
+    try:
+        return loader.get_single_node()
+    except SpecError as error:
+        raise SpecError(error.problem, path=path, line=error.line) from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(part for part in (error.context, error.problem) if part)
+        raise SpecError(f"invalid YAML: {problem}", path=path, line=line) from None
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        raise SpecError(f"invalid YAML: unprintable character {_char(error.character)} at position {error.position}", path=path, line=line) from None
+    except yaml.YAMLError as error:
+        raise SpecError(f"invalid YAML: {error}", path=path) from None
+    finally:
+        loader.dispose()
