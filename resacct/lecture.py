@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float, Integer, Shaped
 from torch import nn
 
 __all__ = [
@@ -49,7 +50,7 @@ FACTS_2025 = {"a100_flop_per_sec": 312e12, "h100_flop_per_sec": 1979e12 / 2}
 FACTS_2024 = {"a100_flop_per_sec": 312e12, "h100_flop_per_sec": 989e12}
 
 
-def get_memory_usage(x: torch.Tensor) -> int:
+def get_memory_usage(x: Shaped[torch.Tensor, "..."]) -> int:
     """lecture_02.py (2025) get_memory_usage, L921-922: ``numel × element_size`` of the tensor
     (not of its storage: a view or an ``expand`` is counted as if it owned its elements)."""
     return x.numel() * x.element_size()
@@ -79,12 +80,12 @@ def get_promised_flop_per_sec(device_name: str | None, dtype: torch.dtype) -> fl
     raise ValueError(f"Unknown device: {device_name}")
 
 
-def same_storage(x: torch.Tensor, y: torch.Tensor) -> bool:
+def same_storage(x: Shaped[torch.Tensor, "..."], y: Shaped[torch.Tensor, "..."]) -> bool:
     """lecture_02.py (2025) same_storage, L951-952: equal ``untyped_storage().data_ptr()``."""
     return x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 
-def time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
+def time_matmul(a: Shaped[torch.Tensor, "*batch m k"], b: Shaped[torch.Tensor, "k n"]) -> float:
     """lecture_02.py (2025) time_matmul, L955-974: ``timeit`` of ``a @ b`` five times, mean
     seconds per call, CUDA synchronised before and after each call, no warm-up."""
     if torch.cuda.is_available():
@@ -119,7 +120,7 @@ class LectureLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(input_dim, output_dim) / np.sqrt(input_dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Float[torch.Tensor, "*batch input_dim"]) -> Float[torch.Tensor, "*batch output_dim"]:
         return x @ self.weight
 
 
@@ -133,7 +134,7 @@ class LectureCruncher(nn.Module):
         self.final = LectureLinear(dim, 1)
         self.final_shapes: list[tuple[int, ...]] = []  # x.size() at the lecture's two asserts
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Float[torch.Tensor, "batch dim"]) -> Float[torch.Tensor, " batch"]:
         B, D = x.size()
         for layer in self.layers:
             x = layer(x)
@@ -146,7 +147,7 @@ class LectureCruncher(nn.Module):
         return x
 
 
-def get_batch(data: np.ndarray, batch_size: int, sequence_length: int, device: str) -> torch.Tensor:
+def get_batch(data: np.ndarray, batch_size: int, sequence_length: int, device: str) -> Integer[torch.Tensor, "batch_size sequence_length"]:
     """lecture_02.py (2025) get_batch, L674-699: inputs only (no targets); starts drawn from
     ``randint(len(data) - sequence_length)``; a tensor built from a list of numpy slices."""
     start_indices = torch.randint(len(data) - sequence_length, (batch_size,))
@@ -191,7 +192,7 @@ class LectureAdaGrad(torch.optim.Optimizer):
                 p.data -= lr * grad / torch.sqrt(g2 + 1e-5)
 
 
-def lecture_optimizer_demo(seed: int = 0) -> tuple[LectureCruncher, LectureAdaGrad, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def lecture_optimizer_demo(seed: int = 0) -> tuple[LectureCruncher, LectureAdaGrad, dict[str, Float[torch.Tensor, "..."]], dict[str, Float[torch.Tensor, "..."]]]:
     """lecture_02.py (2025) optimizer(), L777-806: Cruncher(D=4, two layers), AdaGrad(lr=0.01),
     one MSE step on x ~ randn(2, 4), y = [4, 5]. Returns the model, the optimizer and the
     state_dict before and after the step (copies)."""
@@ -210,7 +211,7 @@ def lecture_optimizer_demo(seed: int = 0) -> tuple[LectureCruncher, LectureAdaGr
     return model, optimizer, before, after
 
 
-def linear_regression_batch(B: int, D: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_regression_batch(B: int, D: int = 16) -> tuple[Float[torch.Tensor, "B D"], Float[torch.Tensor, " B"]]:
     """lecture_02.py (2025) train_loop's get_batch, L839-845: x ~ randn(B, D), y = x @ (0, 1, …, D−1)."""
     true_w = torch.arange(D, dtype=torch.float32)
     x = torch.randn(B, D)
@@ -218,7 +219,7 @@ def linear_regression_batch(B: int, D: int = 16) -> tuple[torch.Tensor, torch.Te
     return (x, true_y)
 
 
-def train(name: str, get_batch: Callable[..., tuple[torch.Tensor, torch.Tensor]], D: int, num_layers: int, B: int,
+def train(name: str, get_batch: Callable[..., tuple[Float[torch.Tensor, "B D"], Float[torch.Tensor, " B"]]], D: int, num_layers: int, B: int,
           num_train_steps: int, lr: float) -> tuple[LectureCruncher, list[float]]:
     """lecture_02.py (2025) train, L854-873 (2024: L854-876 without wandb): the model is built with
     ``num_layers=0`` and the optimizer with ``lr=0.01`` whatever is passed. Returns the model
