@@ -102,11 +102,14 @@ def _shipped_parameters(config: str) -> Outcome:
     return Outcome(measured=measured, predicted=predicted, quantities={"active_parameters": active})
 
 
-@check("hf.sdpa_over_eager_flops", quantities=("eager_flops", "flop_counter_alone_flops"))
+@check("hf.sdpa_over_eager_flops", quantities=("eager_flops", "flop_counter_alone_flops", "gap_filled_flops", "attention_recompute_flops",
+                                              "alone_warnings", "filled_warnings"))
 def sdpa_over_eager_flops(layers: int = 2, batch: int = 2, seq: int = 16) -> Outcome:
     """A real CPU training step of a tiny LlamaForCausalLM (4 query heads, 2 key/value heads)
     with sdpa attention: resacct's count (FlopCounterMode + the fused-kernel fill) over
-    FlopCounterMode's count on the same model with ``attn_implementation="eager"``."""
+    FlopCounterMode's count on the same model with ``attn_implementation="eager"``. Quantities:
+    both counts, what resacct filled, the recomputation it reports apart, and how many warnings
+    FlopCounterMode alone and the filled trace raise (uncounted matmul-class ops)."""
     _require_transformers()
     return _sdpa_over_eager_flops(layers, batch, seq)
 
@@ -128,4 +131,6 @@ def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
     with FlopCounterMode(display=False) as counter:
         eager(input_ids=ids, labels=ids).loss.backward()
     eager_flops = int(counter.get_total_flops())
-    return Outcome(measured=filled.step_flops / eager_flops, quantities={"eager_flops": eager_flops, "flop_counter_alone_flops": alone.step_flops})
+    return Outcome(measured=filled.step_flops / eager_flops, quantities={
+        "eager_flops": eager_flops, "flop_counter_alone_flops": alone.step_flops, "gap_filled_flops": filled.gap_filled_flops,
+        "attention_recompute_flops": filled.attention_recompute_flops, "alone_warnings": len(alone.warnings), "filled_warnings": len(filled.warnings)})
