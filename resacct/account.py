@@ -41,7 +41,6 @@ from resacct.activations import (
     gpt_loss,
     measure_checkpointing,
     measure_grad_accumulation,
-    predict_gpt_held_after_forward_bytes,
     predict_gpt_step_peak_bytes,
     record_saved_activations,
     trace_allocations,
@@ -50,7 +49,8 @@ from resacct.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
-from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
+from resacct.account_optimizers import memory_optimizer_name
+from resacct.account_rows import UNIT_SUFFIX, ModuleRow, Row, json_key
 from resacct import step_measurements
 from resacct.memory import StateRecipe, get_state_recipe
 
@@ -58,6 +58,10 @@ __all__ = [
     *step_measurements.__all__,  # re-exported below: the measuring half of the account API
     "StepTiming",
     "StepAccount",
+    "Row",
+    "ModuleRow",
+    "json_key",
+    "UNIT_SUFFIX",
     "account_gpt",
 ]
 
@@ -147,50 +151,27 @@ class StepAccount:
 
     def rows(self) -> list[Row]:
         """The account as (section, quantity, predicted, measured, unit, note) rows."""
-        return _rows(self)
+        from resacct.account_layout import step_account_rows
+
+        return step_account_rows(self)
 
     def per_module_rows(self) -> list[ModuleRow]:
         """FLOPs and saved bytes per module, predicted beside measured (modules with either)."""
-        return _module_rows(self)
+        from resacct.account_layout import step_account_module_rows
+
+        return step_account_module_rows(self)
 
     def to_json(self) -> dict[str, Any]:
         """Named fields with units in the names, for ``--json``."""
-        return _to_json(self)
+        from resacct.account_layout import step_account_json
+
+        return step_account_json(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
-        return _to_json(self)
+        from resacct.account_layout import step_account_json
 
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the account: ``measured / predicted`` is the ratio (1.000 when exact)."""
-
-    section: str
-    quantity: str
-    predicted: float | None
-    measured: float | None
-    unit: str
-    note: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        if self.predicted in (None, 0) or self.measured is None:
-            return None
-        return self.measured / self.predicted
-
-
-@dataclass(frozen=True)
-class ModuleRow:
-    """FLOPs and saved bytes of one module (its own, children apart); predicted None: no formula."""
-
-    module: str
-    predicted_forward_flops: int | None
-    traced_forward_flops: int
-    predicted_backward_flops: int | None
-    traced_backward_flops: int
-    predicted_saved_bytes: int | None
-    measured_saved_bytes: int
+        return step_account_json(self)
 
 
 def _check_sizes(config: GPTConfig, batch: object, seq: object, checkpoint_segments: object, grad_accum: object) -> None:
@@ -383,152 +364,6 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
         step_flops=account.flops.step_flops,  # model FLOPs: recomputation is not counted (MFU, not HFU)
         tokens=account.tokens, peak_flops_per_sec=peak, peak_source=source,
     )
-
-
-# ───────────────────────────── layout: rows and JSON ─────────────────────────────
-
-
-def _per_layer_measured(saved: SavedActivations) -> int:
-    return sum(value for module, value in saved.by_module().items() if module.startswith("blocks.0."))
-
-
-def _rows(a: StepAccount) -> list[Row]:
-    from resacct.activations import predict_gpt_recompute_flops
-    from resacct.gpt_formulas import gpt_layer_saved_bytes, korthikanti_layer_activation_bytes, palm_step_flops, six_n_step_flops
-
-    p, f, n, t = a.predicted_flops, a.flops, a.parameters, a.tokens
-    traced = "FlopCounterMode" + (" + resacct's fill for fused attention" if f.gap_filled_flops else "")
-    rows = [
-        Row("FLOPs", "forward (exact per-matmul formula)", p.forward_flops, f.forward_flops, "FLOPs", traced),
-        Row("FLOPs", "backward (exact per-matmul formula)", p.backward_flops, f.backward_flops, "FLOPs", traced),
-        Row("FLOPs", "step (exact per-matmul formula)", p.step_flops, f.step_flops, "FLOPs", traced),
-        Row("FLOPs", "step, 6N rule (lecture)", six_n_step_flops(n, t), f.step_flops, "FLOPs", "6 · params · tokens"),
-        Row("FLOPs", "step, 6N + 12·L·d·s (PaLM, nanoGPT)", palm_step_flops(n, a.config, a.batch, a.seq), f.step_flops, "FLOPs",
-            "N without position embedding"),
-    ]
-    if f.gap_filled_flops:
-        rows.append(Row("FLOPs", "FlopCounterMode alone (fused attention = 0)", p.step_flops, f.step_flops - f.gap_filled_flops, "FLOPs", "tracer gap"))
-    if f.attention_recompute_flops:
-        fused = predict_gpt_step_flops(a.config, a.batch, a.seq, fused_attention=True)
-        rows.append(Row("FLOPs", "fused attention recomputes q·kᵀ (backward)", fused.step_flops - p.step_flops, f.attention_recompute_flops, "FLOPs",
-                        "hardware work, not model FLOPs (HFU)"))
-    s = a.state
-    rows += [
-        Row("training state", f"after backward ({s.recipe}, {optimizer_display_name(s.optimizer)})", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
-        Row("training state", f"at optimizer step ({s.recipe}, {optimizer_display_name(s.optimizer)})", s.predicted_at_step_bytes, s.at_step_bytes, "bytes", "step counters included"),
-        Row("training state", "bytes per parameter at step", s.predicted_at_step_bytes / n, s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
-    ]
-    rows += [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
-    element = parse_dtype(get_state_recipe(a.recipe).parameter_dtype).itemsize
-    measured_layer = _per_layer_measured(a.saved)
-    rows += [
-        Row("activations", "saved for backward (resacct formula)", a.predicted_saved_bytes, a.saved.activation_bytes, "bytes", "saved_tensors_hooks, by storage"),
-        Row("activations", "one layer (blocks.0)", gpt_layer_saved_bytes(a.config, a.batch, a.seq, element_bytes=element, attention=a.attention, device_type=a.device)
-            if a.predicted_saved_bytes is not None else None, measured_layer, "bytes", ""),
-        Row("activations", "one layer, Korthikanti s·b·h·(34 + 5as/h)", korthikanti_layer_activation_bytes(a.seq, a.batch, a.config.d_model, a.config.n_heads),
-            measured_layer, "bytes", "16-bit, with dropout"),
-        Row("activations", "saved weights (parameters, not activations)", None, a.saved.parameter_bytes, "bytes", "no extra memory"),
-        Row("activations", "state + activations per parameter", None if a.predicted_saved_bytes is None else (s.predicted_at_step_bytes + a.predicted_saved_bytes) / n,
-            (s.at_step_bytes + a.saved.activation_bytes) / n, "B/param", f"batch {a.batch} × seq {a.seq}"),
-    ]
-    if a.optimizer_transient is not None:
-        rows.append(Row("peak", "AdamW step transient (foreach)", a.predicted_optimizer_transient_bytes, a.optimizer_transient.peak_bytes, "bytes", "allocator, above the state"))
-    if a.step_peak_bytes is not None:
-        rows.append(Row("peak", "forward + backward peak", a.predicted_step_peak_bytes, a.step_peak_bytes, "bytes", "allocator, above params + state"))
-    if a.gpu_peak_bytes is not None:
-        rows.append(Row("peak", "GPU step peak (max_memory_allocated)", None, a.gpu_peak_bytes, "bytes", "above what existed before"))
-    for point in a.checkpointing:
-        label = f"k={point.segments}" if point.segments else "no checkpointing"
-        rows += [
-            Row("checkpointing", f"held after forward, {label}", point.predicted_held_after_forward_bytes, point.held_after_forward_bytes, "bytes", "allocator"),
-            Row("checkpointing", f"peak, {label}", point.predicted_peak_bytes, point.peak_bytes, "bytes", "allocator"),
-        ]
-    if len(a.checkpointing) == 2:
-        extra = a.checkpointing[1].backward_flops - a.checkpointing[0].backward_flops
-        predicted_extra = predict_gpt_recompute_flops(a.config, a.batch, a.seq, a.checkpointing[1].segments)
-        rows.append(Row("checkpointing", f"recompute FLOPs, k={a.checkpointing[1].segments}", predicted_extra, extra, "FLOPs", "FlopCounterMode, backward"))
-    if a.grad_accumulation is not None:
-        g = a.grad_accumulation
-        micro = predict_gpt_held_after_forward_bytes(a.config, g.micro_batch, a.seq)
-        rows += [
-            Row("grad accumulation", f"held per micro-batch of {g.micro_batch} (× {g.steps})", micro, g.max_micro_held_bytes, "bytes", "loss / steps adds a scalar"),
-            Row("grad accumulation", f"held by one batch of {g.micro_batch * g.steps}", predict_gpt_held_after_forward_bytes(a.config, a.batch, a.seq),
-                g.effective_batch_held_bytes, "bytes", ""),
-        ]
-    if a.timing is not None:
-        rows += _time_rows(a, a.timing)
-    return rows
-
-
-def _time_rows(a: StepAccount, timing: StepTiming) -> list[Row]:
-    from resacct.napkin import training_days
-
-    rows = [
-        Row("time", f"step on {timing.device} (median of {len(timing.samples_sec)})", None, timing.median_sec, "s", ""),
-        Row("time", "achieved", None, timing.achieved_flops_per_sec, "FLOP/s", f"{timing.tokens_per_sec:,.0f} tokens/s"),
-    ]
-    if timing.mfu is not None:
-        rows.append(Row("time", "MFU", None, timing.mfu, "", timing.peak_source or "given peak"))
-    if a.train_tokens:
-        total_flops = a.flops.step_flops / a.tokens * a.train_tokens
-        if timing.mfu is not None and timing.mfu <= 1:  # napkin: FLOPs ÷ (devices · peak · MFU), MFU as measured
-            days = training_days(total_flops, a.devices, timing.peak_flops_per_sec, timing.mfu)
-        else:  # no peak: the measured rate is the whole answer (MFU 1 of it)
-            days = training_days(total_flops, a.devices, timing.achieved_flops_per_sec, 1.0)
-        rows.append(Row("time", f"{a.train_tokens:.3g} tokens on {a.devices} such device(s)", None, days, "days", "at the measured rate"))
-    return rows
-
-
-def _module_rows(a: StepAccount) -> list[ModuleRow]:
-    predicted_forward, predicted_backward = a.predicted_flops.by_module("forward"), a.predicted_flops.by_module("backward")
-    measured_saved = a.saved.by_module()
-    names = list(dict.fromkeys([*a.predicted_saved_by_module, *measured_saved, *predicted_forward, *a.flops.forward_by_module]))
-    return [
-        ModuleRow(
-            module=name,
-            predicted_forward_flops=predicted_forward.get(name, 0),
-            traced_forward_flops=a.flops.forward_by_module.get(name, 0),
-            predicted_backward_flops=predicted_backward.get(name, 0),
-            traced_backward_flops=a.flops.backward_by_module.get(name, 0),
-            predicted_saved_bytes=a.predicted_saved_by_module.get(name, 0) if a.predicted_saved_bytes is not None else None,
-            measured_saved_bytes=measured_saved.get(name, 0),
-        )
-        for name in names
-    ]
-
-
-def json_key(text: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() else "_" for ch in text.lower())
-    return "_".join(part for part in cleaned.split("_") if part)
-
-
-UNIT_SUFFIX = {"FLOPs": "flops", "bytes": "bytes", "B/param": "bytes_per_parameter", "s": "sec", "FLOP/s": "flops_per_sec", "days": "days", "": "fraction"}
-
-
-def _to_json(a: StepAccount) -> dict[str, Any]:
-    sections: dict[str, list[dict[str, Any]]] = {}
-    for row in a.rows():
-        unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
-        sections.setdefault(json_key(row.section), []).append(
-            {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured,
-             "ratio": row.ratio, "note": row.note}
-        )
-    return {
-        "model": a.model,
-        "config": {"vocab_size": a.config.vocab_size, "context_length": a.config.context_length, "n_layers": a.config.n_layers,
-                   "n_heads": a.config.n_heads, "d_model": a.config.d_model, "mlp_ratio": a.config.mlp_ratio},
-        "attention": a.attention,
-        "batch": a.batch, "seq": a.seq, "tokens": a.tokens, "device": a.device, "recipe": a.recipe, "optimizer": a.state.optimizer,
-        "parameters": a.parameters,
-        "checkpoint_segments": a.checkpoint_segments,
-        **sections,
-        "per_module": [vars(row) for row in a.per_module_rows()],
-        "tracer_gaps": [
-            {"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in a.flops.uncounted_ops
-        ],
-        "warnings": a.flops.warnings,
-        "notes": a.notes,
-    }
 
 
 _GENERIC = ("ModelAccount", "account_model", "account_module")

@@ -49,17 +49,14 @@ from torch import nn
 
 from resacct.account import (
     AUTO_MEASURE_MAX_STEP_FLOPS,
-    ModuleRow,
-    Row,
     StepFlopTrace,
     TrainingStateMeasurement,
     recipe_autocast,
-    json_key,
-    UNIT_SUFFIX,
     measure_training_state,
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
+from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.account_formulas import StackPrediction, predict_stack_step
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
@@ -238,11 +235,7 @@ class ModelAccount:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for JSON: the rows by section (units in the field names), per module, gaps."""
-        sections: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows():
-            unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
-            sections.setdefault(json_key(row.section), []).append(
-                {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
+        sections = sections_of(self.rows())
         return {
             "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
             "loss": self.loss, "device": self.device, "recipe": self.recipe, "optimizer": self.optimizer, "parameters": self.parameters,

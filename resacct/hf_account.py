@@ -20,7 +20,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from resacct.account import ModuleRow, Row, json_key, UNIT_SUFFIX
+from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, record_saved_activations
 from resacct.dtypes import parse_dtype
 from resacct.hf_formulas import (
@@ -96,11 +96,7 @@ class HfAccount:
                           predicted_saved_bytes=None, measured_saved_bytes=saved.get(name, 0)) for name in names]
 
     def to_dict(self) -> dict[str, Any]:
-        sections: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows():
-            unit = UNIT_SUFFIX.get(row.unit, json_key(row.unit))
-            sections.setdefault(json_key(row.section), []).append(
-                {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
+        sections = sections_of(self.rows())
         return {
             "hf_config": self.name, "source": self.source, "model_type": self.model_type, "model_class": self.model_class,
             "batch": self.batch, "seq": self.seq, "tokens": self.tokens, "device": self.device, "recipe": self.recipe,

@@ -196,11 +196,11 @@ def loss_of_output(output: Any, loss: str) -> Float[torch.Tensor, ""]:
             value = tensor.float().mean()
         elif chosen == "sum":
             value = tensor.float().sum()
-        elif chosen == "mse":
-            value = nn.functional.mse_loss(tensor.float(), torch.zeros_like(tensor, dtype=torch.float32))
+        elif chosen == "mse":  # in the output's dtype (what resacct.account_formulas predicts), the scalar in float32
+            value = nn.functional.mse_loss(tensor, torch.zeros_like(tensor)).float()
         else:
-            classes = tensor.reshape(-1, tensor.shape[-1]).float()
-            value = nn.functional.cross_entropy(classes, torch.zeros(classes.shape[0], dtype=torch.long, device=tensor.device))
+            classes = tensor.reshape(-1, tensor.shape[-1])
+            value = nn.functional.cross_entropy(classes, torch.zeros(classes.shape[0], dtype=torch.long, device=tensor.device)).float()
     if torch.is_grad_enabled() and not value.requires_grad:
         raise ResacctError(f"the {chosen} loss of the model's output needs no gradient (no trainable parameter reaches it); "
                            "expected a forward whose output depends on the parameters")

@@ -258,11 +258,12 @@ def test_accumulation_steps_must_divide_the_batch():
 @pytest.mark.parametrize("loss", ["mean", "sum", "mse", "cross-entropy"])
 def test_stack_formula_matches_what_autograd_saves(activation, loss):
     from resacct.account_formulas import mlp_saved_bytes, predict_stack_step
-    from resacct.account_generic import _loss, mlp
+    from resacct.account_generic import mlp
+    from resacct.model_io import loss_of_output
 
     model, x = mlp(dim=6, hidden=10, depth=2, outputs=5, activation=activation), torch.randn(3, 6)
     with record_saved_activations(model) as saved:
-        _loss(model(x), loss)
+        loss_of_output(model(x), loss)
     predicted = predict_stack_step(model, (3, 6), element_bytes=4, loss=loss)
     assert saved.by_module() == predicted.saved_by_module
     if loss == "mean":
