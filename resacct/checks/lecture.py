@@ -307,10 +307,14 @@ def _require_cuda() -> None:
 
 
 @check("lecture.gpu_total_memory_bytes")
-def gpu_total_memory_bytes() -> Outcome:
-    """``torch.cuda.get_device_properties(0).total_memory`` (tensors_on_gpus, L176-178)."""
+def gpu_total_memory_bytes(name_contains: str = "") -> Outcome:
+    """``torch.cuda.get_device_properties(0).total_memory`` (tensors_on_gpus, L176-178); skipped
+    unless the device name contains ``name_contains``."""
     _require_cuda()
-    return Outcome(measured=int(torch.cuda.get_device_properties(0).total_memory))
+    properties = torch.cuda.get_device_properties(0)
+    if name_contains not in properties.name:
+        raise NotMeasurable(f"about a GPU named *{name_contains}*; this one is {properties.name}")
+    return Outcome(measured=int(properties.total_memory))
 
 
 @check("lecture.gpu_allocated_bytes")
