@@ -164,12 +164,19 @@ def sharding_recipe_from_state_recipe(state_recipe: object, optimizer: str = "ad
     from resacct.optim import state_tensors_per_parameter
 
     recipe = get_state_recipe(state_recipe)  # type: ignore[arg-type]
-    master = dtype_bits(recipe.master_dtype) // 8 if recipe.master_dtype else 0
-    moments = state_tensors_per_parameter(optimizer) * dtype_bits(recipe.optimizer_state_dtype) // 8
+
+    def element_bytes(dtype: str) -> int:  # as resacct.memory counts them: whole bytes only
+        bits = dtype_bits(dtype)
+        if bits % 8:
+            raise ResacctError(f"dtype {dtype!r} has {bits} bits; training state needs whole bytes per element")
+        return bits // 8
+
+    master = element_bytes(recipe.master_dtype) if recipe.master_dtype else 0
+    moments = state_tensors_per_parameter(optimizer) * element_bytes(recipe.optimizer_state_dtype)
     return _recipe(
         recipe.name,
-        dtype_bits(recipe.parameter_dtype) // 8,
-        dtype_bits(recipe.gradient_dtype) // 8,
+        element_bytes(recipe.parameter_dtype),
+        element_bytes(recipe.gradient_dtype),
         master + moments,
         f"resacct.memory recipe {recipe.name!r} with {optimizer}: {recipe.description}",
     )

@@ -1,0 +1,49 @@
+"""Tests that kill mutants of resacct/sharding.py (see docs/mutation.md): refusals that name the
+value, the edges of FSDP's row split (checked against ``torch.chunk``, which FSDP uses) and the
+precision recipes of resacct.memory (checked against the bytes of real torch tensors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resacct.errors import ResacctError
+from resacct.memory import StateRecipe
+from resacct.sharding import fits_in_memory, fsdp_padded_shard_numel, fsdp_shard_rows, sharding_recipe_from_state_recipe
+
+
+@pytest.mark.parametrize("memory_bytes", [0, -1.0, float("nan")])
+def test_fits_in_memory_names_the_bad_device_memory(memory_bytes):
+    with pytest.raises(ResacctError, match=rf"^device memory \(bytes\) {memory_bytes!r}: expected a finite number greater than 0$"):
+        fits_in_memory(1e9, memory_bytes, "fp32-adamw", 1, 8)
+
+
+def test_fsdp_refuses_a_bool_row_count():
+    with pytest.raises(ResacctError, match=r"^rows True: expected a whole number ≥ 0$"):
+        fsdp_shard_rows(True, 2)
+
+
+@pytest.mark.parametrize(("rows", "world_size"), [(0, 1), (0, 3), (1, 4), (5, 4), (7, 3), (8, 8), (9, 2)])
+def test_fsdp_rows_are_torch_chunk(rows, world_size):
+    chunks = [chunk.shape[0] for chunk in torch.chunk(torch.empty(rows, 1), world_size)] if rows else []
+    assert fsdp_shard_rows(rows, world_size) == chunks + [0] * (world_size - len(chunks))
+
+
+def test_a_scalar_parameter_is_one_element_on_every_rank():
+    assert fsdp_padded_shard_numel((), 4) == torch.empty(()).numel() == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "float8_e4m3fn"])
+def test_state_recipe_bytes_are_torch_element_sizes(dtype):
+    recipe = StateRecipe(name="custom", parameter_dtype=dtype, gradient_dtype=dtype, optimizer_state_dtype=dtype, description="test")
+    size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    sharded = sharding_recipe_from_state_recipe(recipe, "adamw")
+    assert (sharded.parameter_bytes_per_parameter, sharded.gradient_bytes_per_parameter, sharded.optimizer_state_bytes_per_parameter) == (size, size, 2 * size)
+    with_master = sharding_recipe_from_state_recipe(StateRecipe(name="m", parameter_dtype=dtype, gradient_dtype=dtype, master_dtype="float64", optimizer_state_dtype=dtype, description="t"), "sgd")
+    assert with_master.optimizer_state_bytes_per_parameter == 8  # the float64 master; plain SGD keeps no state tensors
+
+
+def test_sub_byte_dtypes_are_refused_not_counted_as_zero_bytes():
+    recipe = StateRecipe(name="fp4", parameter_dtype="fp4", gradient_dtype="float32", optimizer_state_dtype="float32", description="test")
+    with pytest.raises(ResacctError, match=r"^dtype 'fp4' has 4 bits; training state needs whole bytes per element$"):
+        sharding_recipe_from_state_recipe(recipe)
