@@ -47,3 +47,78 @@ def test_sub_byte_dtypes_are_refused_not_counted_as_zero_bytes():
     recipe = StateRecipe(name="fp4", parameter_dtype="fp4", gradient_dtype="float32", optimizer_state_dtype="float32", description="test")
     with pytest.raises(ResacctError, match=r"^dtype 'fp4' has 4 bits; training state needs whole bytes per element$"):
         sharding_recipe_from_state_recipe(recipe)
+
+
+@pytest.mark.parametrize(
+    ("memory_bytes", "devices", "recipe", "stage"),
+    [
+        (950318833924.7411, 367, "fp32-sgd-momentum", 3),  # memory / bytes-per-parameter rounds one parameter too high
+        (4.780523895610332e16, 435, "fp32-adamw", 1),
+        (9.392278519296379e18, 478, "fp32-sgd-momentum", 1),  # beyond 2**53 parameters: steps of one ulp, not of 1
+    ],
+)
+def test_largest_model_is_the_largest_that_fits_where_division_rounds_up(memory_bytes, devices, recipe, stage):
+    import math
+
+    from resacct.sharding import largest_model_parameters, per_rank_bytes, per_rank_bytes_per_parameter
+
+    quotient = math.floor(memory_bytes / per_rank_bytes_per_parameter(recipe, stage, devices))
+    assert per_rank_bytes(float(quotient), recipe, stage, devices).total_bytes > memory_bytes  # the case the correction is for
+    largest = largest_model_parameters(memory_bytes, devices, recipe, stage)
+    assert per_rank_bytes(largest, recipe, stage, devices).total_bytes <= memory_bytes
+    assert per_rank_bytes(largest + max(1.0, math.ulp(largest)), recipe, stage, devices).total_bytes > memory_bytes
+
+
+def test_custom_recipes_say_what_they_are():
+    from resacct.sharding import get_sharding_recipe
+
+    assert get_sharding_recipe("1+2+3").description == "custom: parameters + gradients + optimizer state bytes per parameter"
+
+
+def test_a_recipe_that_is_not_text_is_refused_without_the_type_checker_too():
+    from resacct.sharding import get_sharding_recipe
+
+    unchecked = getattr(get_sharding_recipe, "__wrapped__", get_sharding_recipe)  # beartype's wrapper refuses it first
+    with pytest.raises(ResacctError, match=r"^recipe 16: expected a name such as 'fp32-adamw' or bytes per parameter 'w\+g\+k' such as '2\+2\+12'$"):
+        unchecked(16)
+
+
+def test_bools_are_not_counts():
+    from resacct.sharding import per_rank_bytes, zero_redundancy_partition
+
+    with pytest.raises(ResacctError, match=r"^parameter count True: expected a finite number greater than 0$"):
+        per_rank_bytes(True, "fp32-adamw", 0, 1)
+    with pytest.raises(ResacctError, match=r"^parameter size True in \[True\]: expected whole numbers of elements ≥ 0$"):
+        zero_redundancy_partition([True], 1)
+
+
+def test_refusals_say_everything():
+    from resacct.sharding import per_rank_bytes, zero_redundancy_partition
+
+    with pytest.raises(ResacctError) as error:
+        per_rank_bytes(3, "fp32-adamw", 1, 8)
+    assert str(error.value) == (
+        "parameter count 3 is smaller than world size 8: every rank needs at least one parameter to shard; use fewer ranks or more parameters"
+    )
+    with pytest.raises(ResacctError) as error:
+        zero_redundancy_partition([1, 2, 3, 4, 5, 6, 7, 8, 9, -1], 2)
+    assert str(error.value) == "parameter size -1 in [1, 2, 3, 4, 5, 6, 7, 8]: expected whole numbers of elements ≥ 0"
+
+
+def test_custom_recipe_names_and_bad_numbers():
+    from resacct.sharding import get_sharding_recipe
+
+    assert get_sharding_recipe("2 + 2 + 12").name == "2+2+12"
+    with pytest.raises(ResacctError) as error:
+        get_sharding_recipe("1.2.3+2+3")
+    assert str(error.value) == "recipe '1.2.3+2+3': '1.2.3' is not a number of bytes"
+
+
+def test_an_unknown_recipe_lists_the_custom_form():
+    from resacct.errors import UnknownNameError
+    from resacct.sharding import get_sharding_recipe
+
+    with pytest.raises(UnknownNameError) as error:
+        get_sharding_recipe("nonsense")
+    assert str(error.value).startswith("unknown sharding recipe 'nonsense'")
+    assert "w+g+k (e.g. 2+2+12)" in error.value.known
