@@ -220,12 +220,14 @@ def linear_regression_batch(B: int, D: int = 16) -> tuple[Float[torch.Tensor, "B
 
 
 def train(name: str, get_batch: Callable[..., tuple[Float[torch.Tensor, "B D"], Float[torch.Tensor, " B"]]], D: int, num_layers: int, B: int,
-          num_train_steps: int, lr: float) -> tuple[LectureCruncher, list[float]]:
+          num_train_steps: int, lr: float, *, as_in_seeds: bool = False) -> tuple[LectureCruncher, list[float]]:
     """lecture_02.py (2025) train, L854-873 (2024: L854-876 without wandb): the model is built with
     ``num_layers=0`` and the optimizer with ``lr=0.01`` whatever is passed. Returns the model
-    and each step's loss (the lecture returns nothing; 2024 logged the loss to wandb)."""
-    model = LectureCruncher(dim=D, num_layers=0)
-    optimizer = LectureSGD(model.parameters(), lr=0.01)
+    and each step's loss (the lecture returns nothing; 2024 logged the loss to wandb).
+    ``as_in_seeds``: the seeds' version of the same function (seed 003 "[02:20:00] Training
+    Loop"), which passes ``num_layers`` and ``lr`` on."""
+    model = LectureCruncher(dim=D, num_layers=num_layers if as_in_seeds else 0)
+    optimizer = LectureSGD(model.parameters(), lr=lr if as_in_seeds else 0.01)
     losses = []
     for t in range(num_train_steps):
         x, y = get_batch(B=B)

@@ -47,6 +47,7 @@ _EXPRESSIONS: dict[str, Callable[[], Any]] = {
     "x + x": lambda: _ints() + _ints(),
     "x * 2": lambda: _ints() * 2,
     "x / 0.5": lambda: _ints() / 0.5,
+    "x / 2": lambda: _ints() / 2,
     "torch.ones(3, 3).triu()": lambda: torch.ones(3, 3).triu(),
     "x.transpose(1, 0).contiguous().view(2, 3)": lambda: _matrix().transpose(1, 0).contiguous().view(2, 3),
     "x @ y.transpose(-2, -1)": lambda: torch.ones(2, 2, 3) @ torch.ones(2, 2, 3).transpose(-2, -1),
@@ -131,6 +132,7 @@ _ASSERTS: dict[str, Callable[[], bool]] = {
     "torch.equal(x + x, torch.tensor([2, 8, 18]))": lambda: torch.equal(_ints() + _ints(), torch.tensor([2, 8, 18])),
     "torch.equal(x * 2, torch.tensor([2, 8, 18]))": lambda: torch.equal(_ints() * 2, torch.tensor([2, 8, 18])),
     "torch.equal(x / 0.5, torch.tensor([2, 8, 18]))": lambda: torch.equal(_ints() / 0.5, torch.tensor([2, 8, 18])),
+    "torch.equal(x / 2, torch.tensor([0.5, 2, 4.5]))": lambda: torch.equal(_ints() / 2, torch.tensor([0.5, 2, 4.5])),
     "torch.equal(torch.ones(3, 3).triu(), [[1, 1, 1], [0, 1, 1], [0, 0, 1]])":
         lambda: torch.equal(torch.ones(3, 3).triu(), torch.tensor([[1, 1, 1], [0, 1, 1], [0, 0, 1]])),
     "torch.equal(x[0], torch.tensor([1., 2, 3]))": lambda: torch.equal(_matrix()[0], torch.tensor([1.0, 2, 3])),

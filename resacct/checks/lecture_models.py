@@ -221,7 +221,8 @@ def step_with_unused_parameter(optimizer: str) -> Outcome:
 
 
 @check("lecture.train", quantities=("initial_loss", "parameters"))
-def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps: int = 10, other_lr: float = 0.1, seed: int = 0) -> Outcome:
+def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps: int = 10, other_lr: float = 0.1, seed: int = 0,
+              as_in_seeds: bool = False) -> Outcome:
     """The lecture's ``train("simple", get_batch, D=16, num_layers, B=4, num_train_steps, lr)`` with
     ``torch.manual_seed(seed)``: ``loss_ratio`` (MSE on 1024 held-out examples of the same
     linear data after training ÷ before, from the same initial weights), ``parameters`` of the
@@ -229,7 +230,8 @@ def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps
     with other_lr from the same seed)."""
     def run(rate: float) -> tuple[nn.Module, list[float]]:
         torch.manual_seed(seed)
-        return train("simple", linear_regression_batch, D=16, num_layers=num_layers, B=4, num_train_steps=num_train_steps, lr=rate)
+        return train("simple", linear_regression_batch, D=16, num_layers=num_layers, B=4, num_train_steps=num_train_steps, lr=rate,
+                     as_in_seeds=as_in_seeds)
 
     torch.manual_seed(seed)
     initial = LectureCruncher(dim=16, num_layers=0)  # the same draws train() starts from
