@@ -78,3 +78,20 @@ def test_remember_example_keeps_the_largest_deviation_and_the_first_of_equals():
 ])
 def test_relative_deviation(expected, measured, deviation):
     assert relative_deviation(expected, measured) == (pytest.approx(deviation) if deviation is not None else None)
+
+
+def test_claims_json_is_strict_even_when_a_spec_or_a_check_gives_nan(tmp_path):
+    """`expect: {equals: .nan}` or a check measuring inf: report.json stays strict JSON (the value
+    becomes the string "nan"/"inf"), so json.loads in strict mode and other parsers read it."""
+    from resacct.harness.report import write_claims_json
+
+    record = {"id": "x", "area": "demo", "path": "specs/demo.claims.yaml", "line": 1, "outcome": "failed",
+              "expect": {"equals": float("nan")}, "measured": float("inf"), "law_value": [1.0, float("-inf")]}
+    write_claims_json(tmp_path / "report.json", [record])
+
+    def refuse(name: str):
+        raise ValueError(name)
+
+    written = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)["claims"][0]
+    assert (written["expect"], written["measured"], written["law_value"]) == ({"equals": "nan"}, "inf", [1.0, "-inf"])
+    assert not list(tmp_path.glob(".*.tmp"))
