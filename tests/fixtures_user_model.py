@@ -129,3 +129,18 @@ def returns_text() -> nn.Module:
 
 def backward_raises() -> nn.Module:
     return BackwardRaises()
+
+
+class MatrixVector(nn.Module):
+    """torch.mv, which FlopCounterMode has no formula for: a matmul-class op counted as 0."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.mv(self.weight, x.reshape(-1)))
+
+
+def matrix_vector(width: int = 4) -> nn.Module:
+    return MatrixVector(width)

@@ -209,3 +209,14 @@ def test_seq_with_a_factory_is_the_middle_axis_of_a_linear_input(capsys):
     report = _json(capsys, "--model", "resacct.account_generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "2", "--seq", "3")
     assert report["input_shape"] == [2, 3, 8] and report["loss"] == "mean"
     assert _rows(report, "flops")["forward"]["measured_flops"] == 2 * 6 * (8 * 16 + 16 * 8)
+
+
+def test_an_uncounted_matmul_is_a_warning_line_never_cut_off(capsys):
+    """Issue 12: FlopCounterMode counts torch.mv as 0; the table says so on a warning line of its own."""
+    assert main(["account", "--model", "tests.fixtures_user_model:matrix_vector", "--input-shape", "4", "--no-measure"]) == 0
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert warnings and all("a matmul-class op: the FLOPs above miss it" in line for line in warnings), out
+    assert any("aten.mv.default" in line and "(forward)" in line for line in warnings), out
+    report = _json(capsys, "--model", "tests.fixtures_user_model:matrix_vector", "--input-shape", "4", "--no-measure")
+    assert report["warnings"] == [line.removeprefix("warning: ") for line in warnings]
