@@ -398,3 +398,20 @@ def test_a_closed_stdout_pipe_loses_no_report(specs_dir, tmp_path, monkeypatch, 
     assert {path.name for path in report_dir.iterdir()} == set(before)
     assert load_report(report_dir / "report.json")["run"]["complete"] is True
     assert load_report(tmp_path / "reports-partial" / "report.json")["run"]["complete"] is False
+
+
+def test_a_check_that_raises_is_one_failed_block_and_v_adds_the_traceback(tmp_path, capsys):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "storage.claims.yaml").write_text(
+        "area: storage\nsource: test\nclaims:\n  - id: negative-dimension\n    says: a (-1, 2) tensor has strides [2, 1].\n"
+        "    measure: tensors.strides\n    given: {d0: -1, d1: 2}\n    law: \"[d1, 1]\"\n", encoding="utf-8")
+    assert verify(specs, tmp_path / "r") == 1
+    out = capsys.readouterr().out
+    block = out[out.index("FAILED (1)"):out.index("claims: ")].strip().splitlines()
+    assert block[1] == "  negative-dimension  specs/storage.claims.yaml:4"
+    assert "raised RuntimeError: Trying to create tensor" in block[2] and "d0=-1, d1=2" in " ".join(block)
+    assert "—" not in out and "Traceback" not in out and len(block) <= 5  # nothing was measured: no empty rows
+    assert verify(specs, tmp_path / "r", "-v") == 1
+    verbose = capsys.readouterr().out
+    assert "E   RuntimeError: Trying to create tensor with negative dimension" in verbose  # the traceback's last frame

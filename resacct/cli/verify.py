@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("--status", action="append", choices=_OUTCOMES, default=[], metavar="STATUS",
                        help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted")
     shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
-    shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages, and the inputs of every listed claim")
+    shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages (a check's exception with its traceback), and every listed claim's inputs")
     shown.add_argument("--json", action="store_true",
                        help="print one strict JSON object (counts, per-area counts, run, report files, and the claims --status selects; all by default)")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")
@@ -123,7 +123,7 @@ def run_verify(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         run = run_claims(files, staging.path, pattern=args.pattern, workers=args.workers, gpu_required=args.gpu_required,
-                         show_progress=not (args.quiet or args.json))
+                         show_progress=not (args.quiet or args.json), tracebacks=args.verbose)
         document = run.document
         document["run"] = {
             "complete": not (args.area or args.pattern or run.interrupted),

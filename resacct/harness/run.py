@@ -66,9 +66,10 @@ def _pytest_error(log_text: str) -> str | None:
 
 
 def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 0,
-               gpu_required: bool = False, show_progress: bool = True) -> ClaimsRun:
+               gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False) -> ClaimsRun:
     """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
-    (which should be the run's own; see :class:`resacct.reporting.ReportStaging`)."""
+    (which should be the run's own; see :class:`resacct.reporting.ReportStaging`). With
+    ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback."""
     import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -77,7 +78,7 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     json_path = directory / "report.json"
     rootdir = files[0].parent.parent
     args = [str(path) for path in files]
-    args += ["-o", "addopts=", "--rootdir", str(rootdir), "-p", "no:cacheprovider", "-q", "--no-claims-summary", "--claims-json", str(json_path)]
+    args += ["-o", "addopts=", "--rootdir", str(rootdir), "-p", "no:cacheprovider", *(["-v", "--tb=short"] if tracebacks else ["-q"]), "--no-claims-summary", "--claims-json", str(json_path)]
     if pattern:
         args += ["-k", pattern]
     if workers:

@@ -93,7 +93,7 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
         lines = _wrap(f"{record['id']}  {location}", width, "      ", first="  ")
         message = (record.get("message") or "").strip()
         lines += _wrap(_headline(record), width, "      ", first="    ")
-        if outcome == "failed" and (record.get("law") or record.get("expect") or "measured" in record):
+        if outcome == "failed" and "measured" in record:  # the check returned: law, prediction, measurement
             for name, value in (("law", statement_text(record) or "—"), ("predicted", format_value(record.get("predicted"))),
                                 ("measured", format_value(record.get("measured")))):
                 lines += _wrap(f"{name:<10} {value}", width, " " * 15, first="    ")
