@@ -161,3 +161,10 @@ def table_parameter_exponent(rows: list[list[float]]) -> Outcome:
     parameters, flops = zip(*((row[0], row[1]) for row in rows))
     slope = float(numpy.polyfit(numpy.log(flops), numpy.log(parameters), 1)[0])
     return Outcome(measured=slope, predicted=chinchilla_approach1_fit()[0])
+
+
+@check("scale.flops_per_token_times_tokens")
+def flops_per_token_times_tokens(flops_per_token: Number, tokens: Number) -> Outcome:
+    """Training FLOPs as a paper's own FLOPs per token × its tokens — plain arithmetic on two
+    printed figures, to hold a third printed figure against (resacct has nothing to add here)."""
+    return Outcome(measured=float(flops_per_token) * float(tokens))
