@@ -66,7 +66,7 @@ def json_safe(value: Any, non_finite: Literal["null", "string"] = "null") -> Any
 
 def strict_json_text(value: Any, non_finite: Literal["null", "string"] = "null", indent: int | None = 2) -> str:
     """``json.dumps`` that never writes NaN/Infinity (see :func:`json_safe`), ending in a newline."""
-    return json.dumps(json_safe(value, non_finite), indent=indent, allow_nan=False, default=repr, ensure_ascii=False) + "\n"
+    return json.dumps(json_safe(value, non_finite), indent=indent, allow_nan=False, default=repr) + "\n"
 
 
 def _refuse_constant(name: str) -> Any:
