@@ -3,7 +3,7 @@
 Two halves:
 
 - **Predictions** — bytes per parameter of the training state under a precision recipe
-  (:data:`STATE_RECIPES`), at two moments of a step (``after_backward``: what is kept between
+  (:data:`resacct.recipes.RECIPES`, also named ``STATE_RECIPES`` here), at two moments of a step (``after_backward``: what is kept between
   steps; ``at_step``: what exists while ``optimizer.step()`` runs), the step counters torch
   keeps, and the activations a Cruncher saves for backward.
 - **Measurements** — byte counts of real tensors, deduplicated by storage
@@ -23,15 +23,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from jaxtyping import Shaped
 
-from resacct.dtypes import dtype_bits
-from resacct.errors import ResacctError, UnknownNameError
+from resacct.errors import ResacctError
 from resacct.models import cruncher_parameter_count, cruncher_parameter_tensor_count
 from resacct.optim import state_tensors_per_parameter
+from resacct.recipes import RECIPES, Moment, Recipe, get_recipe
 
 __all__ = [
     "Moment",
@@ -54,119 +53,22 @@ __all__ = [
     "record_saved_tensors",
 ]
 
-Moment = Literal["after_backward", "at_step"]
-_MOMENTS = ("after_backward", "at_step")
-
 STEP_COUNTER_BYTES = 4  # torch.optim keeps state["step"] as a float32 0-dim tensor
 OPTIMIZERS_WITH_STEP_TENSORS = frozenset({"adagrad", "rmsprop", "adam", "adamw"})
 
-
-def _element_bytes(dtype: str) -> int:
-    bits = dtype_bits(dtype)
-    if bits % 8:
-        raise ResacctError(f"dtype {dtype!r} has {bits} bits; training state needs whole bytes per element")
-    return bits // 8
+# The recipes are resacct.recipes' one table; these names stay for the code that uses them.
+StateRecipe = Recipe
+STATE_RECIPES = RECIPES
+get_state_recipe = get_recipe
 
 
-@dataclass(frozen=True)
-class StateRecipe:
-    """Which training-state tensors exist, and in which dtype.
-
-    ``parameter_dtype`` is the model's own parameters (what forward and backward read) and
-    ``gradient_dtype`` the ``.grad`` backward writes into them. ``master_dtype`` is a separate
-    copy of the weights the optimizer updates (None: it updates the parameters); the optimizer
-    then needs gradients of the master's dtype, which exist while it steps.
-    ``frees_model_gradients`` says the model's gradients are dropped as they are copied to the
-    master's. ``compute_dtype`` is the dtype of the matmuls (autocast), which holds no state.
-    """
-
-    name: str
-    parameter_dtype: str
-    gradient_dtype: str
-    master_dtype: str | None = None
-    frees_model_gradients: bool = False
-    optimizer_state_dtype: str = "float32"
-    compute_dtype: str | None = None
-    description: str = ""
-
-    def bytes_per_parameter(self, optimizer: str, moment: Moment = "at_step") -> int:
-        """Bytes each parameter costs in this recipe at ``moment`` (activations aside)."""
-        if moment not in _MOMENTS:
-            raise ResacctError(f"moment {moment!r}: expected one of {', '.join(_MOMENTS)}")
-        total = _element_bytes(self.parameter_dtype)
-        total += state_tensors_per_parameter(optimizer) * _element_bytes(self.optimizer_state_dtype)
-        if self.master_dtype is None:
-            return total + _element_bytes(self.gradient_dtype)
-        total += _element_bytes(self.master_dtype)
-        if moment == "after_backward":
-            return total + _element_bytes(self.gradient_dtype)
-        total += _element_bytes(self.master_dtype)  # the master's gradients, made for the step
-        return total if self.frees_model_gradients else total + _element_bytes(self.gradient_dtype)
-
-
-STATE_RECIPES: dict[str, StateRecipe] = {
-    recipe.name: recipe
-    for recipe in (
-        StateRecipe(
-            "fp32",
-            parameter_dtype="float32",
-            gradient_dtype="float32",
-            description="everything in float32: 4 param + 4 grad + 4 per optimizer state",
-        ),
-        StateRecipe(
-            "bf16-autocast",
-            parameter_dtype="float32",
-            gradient_dtype="float32",
-            compute_dtype="bfloat16",
-            description="float32 state, bf16 matmuls under torch.autocast (bf16 weight casts are transient)",
-        ),
-        StateRecipe(
-            "bf16",
-            parameter_dtype="bfloat16",
-            gradient_dtype="bfloat16",
-            optimizer_state_dtype="bfloat16",
-            description="everything in bf16: torch.optim keeps its state in the parameters' dtype",
-        ),
-        StateRecipe(
-            "bf16-fp32-master",
-            parameter_dtype="bfloat16",
-            gradient_dtype="bfloat16",
-            master_dtype="float32",
-            description="bf16 params and grads, fp32 master weights; fp32 grads made for the step, bf16 grads kept",
-        ),
-        StateRecipe(
-            "bf16-fp32-master-free-bf16-grads",
-            parameter_dtype="bfloat16",
-            gradient_dtype="bfloat16",
-            master_dtype="float32",
-            frees_model_gradients=True,
-            description="as bf16-fp32-master, but each bf16 grad is freed as it is copied to fp32",
-        ),
-    )
-}
-
-
-def get_state_recipe(recipe: str | StateRecipe) -> StateRecipe:
-    """The recipe called ``recipe`` (or ``recipe`` itself).
-
-    >>> get_state_recipe("fp32").gradient_dtype
-    'float32'
-    """
-    if isinstance(recipe, StateRecipe):
-        return recipe
-    try:
-        return STATE_RECIPES[recipe]
-    except KeyError:
-        raise UnknownNameError("state recipe", recipe, list(STATE_RECIPES)) from None
-
-
-def training_state_bytes_per_parameter(recipe: str | StateRecipe, optimizer: str = "adamw", moment: Moment = "at_step") -> int:
+def training_state_bytes_per_parameter(recipe: str | Recipe, optimizer: str = "adamw", moment: Moment = "at_step") -> int:
     """Bytes of parameters, gradients, master weights and optimizer state per parameter.
 
     >>> training_state_bytes_per_parameter("bf16-fp32-master-free-bf16-grads", moment="at_step")
     18
     """
-    return get_state_recipe(recipe).bytes_per_parameter(optimizer, moment)
+    return get_recipe(recipe).bytes_per_parameter(optimizer, moment)
 
 
 def step_counter_bytes(num_parameter_tensors: int, optimizer: str = "adamw") -> int:
@@ -183,7 +85,7 @@ def step_counter_bytes(num_parameter_tensors: int, optimizer: str = "adamw") -> 
 def training_state_bytes(
     num_parameters: int,
     num_parameter_tensors: int,
-    recipe: str | StateRecipe = "fp32",
+    recipe: str | Recipe = "fp32",
     optimizer: str = "adamw",
     moment: Moment = "at_step",
     *,

@@ -39,11 +39,11 @@ Activations, temporary buffers and communication buckets are not counted here.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resacct.errors import ResacctError, UnknownNameError
+from resacct.errors import ResacctError
+from resacct.recipes import RECIPE_NAMES, Moment, Recipe, parse_recipe
 
 __all__ = [
     "ZERO_STAGES",
@@ -76,10 +76,12 @@ SHARDED_PIECES: dict[int, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ShardingRecipe:
-    """Bytes per parameter of each piece of training state.
+    """Bytes per parameter of each piece of training state, at one moment of a step: a
+    :class:`resacct.recipes.Recipe` with its optimizer, split as ZeRO shards it.
 
     ``optimizer_state_bytes_per_parameter`` is the ZeRO paper's K: everything only the
-    optimizer needs (moments, and the fp32 master weights of a mixed-precision recipe).
+    optimizer needs (moments, the fp32 master weights of a mixed-precision recipe, and at the
+    step that master's gradients).
 
     >>> get_sharding_recipe("fp32-adamw").total_bytes_per_parameter
     16.0
@@ -90,96 +92,51 @@ class ShardingRecipe:
     gradient_bytes_per_parameter: float
     optimizer_state_bytes_per_parameter: float
     description: str = ""
+    optimizer: str | None = None
+    moment: Moment = "after_backward"
 
     @property
     def total_bytes_per_parameter(self) -> float:
         return self.parameter_bytes_per_parameter + self.gradient_bytes_per_parameter + self.optimizer_state_bytes_per_parameter
 
 
-def _recipe(name: str, parameters: float, gradients: float, optimizer_state: float, description: str) -> ShardingRecipe:
-    return ShardingRecipe(name, float(parameters), float(gradients), float(optimizer_state), description)
-
-
-SHARDING_RECIPES: dict[str, ShardingRecipe] = {
-    recipe.name: recipe
-    for recipe in (
-        _recipe("fp32-adamw", 4, 4, 8, "float32 parameters and gradients, AdamW's two float32 moments (the lecture's 16 bytes)"),
-        _recipe("mixed-adam", 2, 2, 12, "ZeRO paper: fp16 parameters and gradients; fp32 master, momentum and variance (K = 12)"),
-        _recipe("bf16-adamw", 2, 2, 4, "everything in bfloat16, AdamW moments included (no master copy)"),
-        _recipe("fp32-sgd-momentum", 4, 4, 4, "float32 SGD with one momentum buffer"),
-    )
-}
-
-_CUSTOM_RECIPE = re.compile(r"^\s*([0-9.]+)\s*\+\s*([0-9.]+)\s*\+\s*([0-9.]+)\s*$")
-
-
-def get_sharding_recipe(recipe: str | ShardingRecipe) -> ShardingRecipe:
-    """A recipe by name, or ``"w+g+k"`` bytes per parameter (parameters + gradients + optimizer).
+def get_sharding_recipe(recipe: str | Recipe | ShardingRecipe, optimizer: str | None = None, moment: Moment = "after_backward") -> ShardingRecipe:
+    """A recipe of :data:`resacct.recipes.RECIPES` (a name or alias) with ``optimizer`` (default:
+    the one the name pins, else AdamW) at ``moment``, or ``"w+g+k"`` bytes per parameter.
 
     >>> get_sharding_recipe("2+2+12").optimizer_state_bytes_per_parameter
     12.0
+    >>> get_sharding_recipe("mixed-adam", moment="at_step").optimizer_state_bytes_per_parameter  # + the master's fp32 gradients
+    16.0
     """
     if isinstance(recipe, ShardingRecipe):
         return recipe
-    if not isinstance(recipe, str):
+    if not isinstance(recipe, (str, Recipe)):
         raise ResacctError(f"recipe {recipe!r}: expected a name such as 'fp32-adamw' or bytes per parameter 'w+g+k' such as '2+2+12'")
-    if recipe in SHARDING_RECIPES:
-        return SHARDING_RECIPES[recipe]
-    custom = _CUSTOM_RECIPE.match(recipe)
-    if custom:
-        parts = []
-        for text in custom.groups():
-            try:
-                parts.append(float(text))
-            except ValueError:
-                raise ResacctError(f"recipe {recipe!r}: {text!r} is not a number of bytes") from None
-        return _recipe(recipe.replace(" ", ""), *parts, "custom: parameters + gradients + optimizer state bytes per parameter")
-    state_recipes = _state_recipe_names()
-    if recipe in state_recipes:
-        return sharding_recipe_from_state_recipe(recipe)
-    raise UnknownNameError("sharding recipe", recipe, [*SHARDING_RECIPES, *state_recipes, "w+g+k (e.g. 2+2+12)"])
+    chosen = parse_recipe(recipe)
+    chosen_optimizer = None if chosen.is_custom else chosen.optimizer_for(optimizer)
+    pieces = chosen.state_bytes(chosen_optimizer, moment)
+    return ShardingRecipe(chosen.name, float(pieces.parameters), float(pieces.gradients), float(pieces.optimizer_state),
+                          chosen.description, optimizer=chosen_optimizer, moment=moment)
 
 
-def _state_recipe_names() -> list[str]:
-    try:
-        from resacct.memory import STATE_RECIPES
-    except ImportError:  # resacct.memory is optional here; the named recipes above still work
-        return []
-    return list(STATE_RECIPES)
-
-
-def sharding_recipe_from_state_recipe(state_recipe: object, optimizer: str = "adamw") -> ShardingRecipe:
-    """A precision recipe of :mod:`resacct.memory` (``fp32``, ``bf16-fp32-master`` …) with
-    ``optimizer``, split as ZeRO shards it: the model's parameters, their gradients, and
-    everything only the optimizer needs (master weights and moments). This is the state kept
-    between steps (``moment="after_backward"`` there); the fp32 gradients a master-weight
-    recipe makes during the step are transient and not counted.
+def sharding_recipe_from_state_recipe(state_recipe: str | Recipe, optimizer: str = "adamw") -> ShardingRecipe:
+    """A precision recipe (``fp32``, ``bf16-fp32-master`` …) with ``optimizer``, split as ZeRO
+    shards it, between steps (``moment="after_backward"``).
 
     >>> recipe = sharding_recipe_from_state_recipe("bf16-fp32-master")   # the ZeRO paper's 2 + 2 + 12
     >>> recipe.parameter_bytes_per_parameter, recipe.gradient_bytes_per_parameter, recipe.optimizer_state_bytes_per_parameter
     (2.0, 2.0, 12.0)
     """
-    from resacct.dtypes import dtype_bits
-    from resacct.memory import get_state_recipe
-    from resacct.optim import state_tensors_per_parameter
+    return get_sharding_recipe(state_recipe, optimizer)
 
-    recipe = get_state_recipe(state_recipe)  # type: ignore[arg-type]
 
-    def element_bytes(dtype: str) -> int:  # as resacct.memory counts them: whole bytes only
-        bits = dtype_bits(dtype)
-        if bits % 8:
-            raise ResacctError(f"dtype {dtype!r} has {bits} bits; training state needs whole bytes per element")
-        return bits // 8
-
-    master = element_bytes(recipe.master_dtype) if recipe.master_dtype else 0
-    moments = state_tensors_per_parameter(optimizer) * element_bytes(recipe.optimizer_state_dtype)
-    return _recipe(
-        recipe.name,
-        element_bytes(recipe.parameter_dtype),
-        element_bytes(recipe.gradient_dtype),
-        master + moments,
-        f"resacct.memory recipe {recipe.name!r} with {optimizer}: {recipe.description}",
-    )
+def __getattr__(name: str) -> dict[str, ShardingRecipe]:
+    """``SHARDING_RECIPES``: every recipe name and alias as bytes between steps (built when first
+    asked for: bytes need torch's dtypes, and importing this module must not)."""
+    if name == "SHARDING_RECIPES":
+        return {recipe: get_sharding_recipe(recipe) for recipe in RECIPE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from torch import nn
 
 from resacct.checkpoint import SupportsStateDict, load_checkpoint, save_checkpoint
 from resacct.errors import ResacctError
-from resacct.precision import PrecisionRecipe, autocast_for, get_recipe, grad_scaler_for
+from resacct.precision import RECIPES, PrecisionRecipe, autocast_for, get_recipe, grad_scaler_for
 
 __all__ = [
     "StepRecord",
@@ -142,10 +142,13 @@ def _device_type(model: nn.Module) -> str:
 
 
 def _check_recipe_fits(model: nn.Module, recipe: PrecisionRecipe) -> None:
+    if recipe.master_dtype is not None or recipe.is_custom:
+        runnable = [name for name, known in RECIPES.items() if known.master_dtype is None]
+        raise ResacctError(f"precision {recipe.alias or recipe.name!r}: train() keeps no master copy of the weights; expected one of {', '.join(runnable)}")
     dtypes = sorted({str(parameter.dtype).removeprefix("torch.") for parameter in model.parameters()})
     if dtypes != [recipe.parameter_dtype]:
         raise ResacctError(
-            f"precision {recipe.name!r} keeps parameters in {recipe.parameter_dtype}, but the model's are {', '.join(dtypes)}; "
+            f"precision {recipe.alias or recipe.name!r} keeps parameters in {recipe.parameter_dtype}, but the model's are {', '.join(dtypes)}; "
             f"cast the model first or choose another recipe"
         )
 

@@ -97,7 +97,7 @@ def test_help_has_examples(capsys):
         (["--checkpoint-segments", "-1"], "argument --checkpoint-segments: '-1' must be 0 or more"),
         (["--checkpoint-segments", "5"], "checkpoint segments 5 exceed the 4 layers"),
         (["--grad-accum", "3"], "batch 4 is not divisible by 3 gradient accumulation steps"),
-        (["--recipe", "fp33"], "unknown state recipe 'fp33'; did you mean 'fp32'"),
+        (["--recipe", "fp33"], "unknown precision recipe 'fp33'; did you mean 'fp32'"),
         (["--attention", "flash"], "argument --attention: invalid choice: 'flash'"),
         (["--accelerator", "h1000"], "unknown accelerator 'h1000'"),
     ],

@@ -55,7 +55,7 @@ CASES = [
     (["account", "--model", "no.such.module:build"], "cannot import 'no.such.module'"),
     (["account", "--model", "resacct.models:Nope"], "module 'resacct.models' has no attribute 'Nope'"),
     (["account", "--optimizer", "lion"], "invalid choice: 'lion'"),
-    (["account", "--recipe", "fp3"], "unknown state recipe 'fp3'; did you mean 'fp32'?"),
+    (["account", "--recipe", "fp3"], "unknown precision recipe 'fp3'; did you mean 'fp32'?"),
     (["account", "--model", "resacct.models:Cruncher", "--model-arg", "dim"], "expected key=value"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
 ]

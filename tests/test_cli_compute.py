@@ -63,10 +63,10 @@ def test_time_from_flops_and_sparse_peak(capsys):
 
 
 def test_fit_40b(capsys):
-    fields = run_json(capsys, "fit", "--devices", "8", "--device", "h100", "--bytes-per-param", "16")
+    fields = run_json(capsys, "fit", "--devices", "8", "--device", "h100", "--bytes-per-param", "16", "--zero", "3")
     assert fields["max_parameters"] == pytest.approx(40e9)
     assert fields["total_memory_bytes"] == 640e9
-    fields = run_json(capsys, "fit", "--devices", "8", "--memory-gb", "80")
+    fields = run_json(capsys, "fit", "--devices", "8", "--memory-gb", "80", "--zero", "3")
     assert fields["max_parameters"] == pytest.approx(40e9)
 
 
@@ -186,9 +186,15 @@ def _fit_json(capsys, *arguments: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_fit_default_is_the_fully_sharded_napkin_answer(capsys):
-    assert _fit_json(capsys)["max_parameters"] == pytest.approx(40e9)
-    assert _fit_json(capsys)["zero_stage"] == 3
+def test_fit_default_is_zero_stage_0_as_in_every_command_and_says_so(capsys):
+    from resacct.cli import main as cli_main
+
+    fields = _fit_json(capsys)
+    assert fields["max_parameters"] == pytest.approx(5e9) and fields["zero_stage"] == 0 and fields["zero_stage_is_default"] is True
+    assert _fit_json(capsys, "--zero", "3")["max_parameters"] == pytest.approx(40e9)  # the lecture's napkin answer: all state sharded
+    assert cli_main(["fit", "--devices", "8", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO stage 0 (default; nothing sharded" in out and "largest model: 5 billion parameters" in out
 
 
 def test_fit_plain_data_parallel_fits_one_device_worth(capsys):
@@ -199,7 +205,7 @@ def test_fit_plain_data_parallel_fits_one_device_worth(capsys):
 def test_fit_partial_sharding_with_a_recipe(capsys, stage, expected):
     fields = _fit_json(capsys, "--recipe", "mixed-adam", "--zero", str(stage))
     assert fields["max_parameters"] == pytest.approx(expected)
-    assert fields["recipe"] == "mixed-adam"
+    assert fields["recipe"] == "bf16-fp32-master" and fields["moment"] == "after_backward"  # mixed-adam is its alias, with Adam
 
 
 def test_fit_partial_sharding_needs_a_recipe(capsys):

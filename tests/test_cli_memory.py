@@ -53,7 +53,7 @@ def test_text_output_names_every_piece_and_the_verdict(capsys):
     assert main(["memory", "--params", "40B", "--zero", "0", "--devices", "8", "--device", "h100"]) == 0
     out = capsys.readouterr().out
     for fragment in ("parameters", "gradients", "optimizer state", "640.00 GB per rank", "does NOT fit",
-                     "largest model that fits 8 × 80.00 GB at ZeRO stage 0: 5B parameters", "not counted"):
+                     "largest model that fits 8 × 80.00 GB at ZeRO stage 0: 5 billion parameters", "not counted"):
         assert fragment in out
 
 
@@ -74,7 +74,7 @@ def test_help_has_an_example(capsys):
         (["--params", "nan"], "argument --params: 'nan' is not finite"),
         (["--params", "-5"], "argument --params: '-5' must be greater than 0"),
         (["--params", "1e9", "--device-memory-gb", "nan"], "argument --device-memory-gb: 'nan' is not finite"),
-        (["--params", "1e9", "--recipe", "fp32-adam"], "argument --recipe: unknown sharding recipe 'fp32-adam'; did you mean 'fp32-adamw'"),
+        (["--params", "1e9", "--recipe", "fp32-adam"], "argument --recipe: unknown precision recipe 'fp32-adam'; did you mean 'fp32-adamw'"),
         (["--params", "1e9", "--device", "h100", "--device-memory-gb", "80"], "argument --device-memory-gb: not allowed with argument --device"),
     ],
 )

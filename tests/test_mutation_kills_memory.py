@@ -92,7 +92,9 @@ def test_a_bad_count_is_named_in_the_error(function, argument):
 
 
 def test_unknown_recipe_names_the_kind():
-    with pytest.raises(UnknownNameError, match=r"^unknown state recipe 'fp33'; did you mean 'fp32'") as error:
+    from resacct.recipes import ALIASES
+
+    with pytest.raises(UnknownNameError, match=r"^unknown precision recipe 'fp33'; did you mean 'fp32'") as error:
         memory.get_state_recipe("fp33")
-    assert error.value.kind == "state recipe"
-    assert set(error.value.known) == set(memory.STATE_RECIPES)
+    assert error.value.kind == "precision recipe"
+    assert set(error.value.known) == set(memory.STATE_RECIPES) | set(ALIASES)

@@ -2,7 +2,7 @@
 ``resacct verify --specs`` takes a folder or one file.
 
 The full path a user takes (fresh venv outside the repository, ``pip install`` of the wheel,
-``resacct verify`` and ``pytest --pyargs resacct.specs`` from an empty folder) is
+``resacct verify`` and ``pytest --pyargs resacct`` from an empty folder) is
 ``tools/fresh_venv_install.sh``; its measured run is in the README.
 """
 

@@ -366,8 +366,13 @@ def test_bf16_cast_model_recipe_needs_a_bf16_model():
 
 
 def test_unknown_precision_recipe_is_refused():
-    with pytest.raises(UnknownNameError, match=r"unknown precision recipe 'bf16' \(known: bf16-autocast, bf16-cast-model"):
-        run(precision="bf16")
+    with pytest.raises(UnknownNameError, match=r"unknown precision recipe 'bf17'; did you mean 'bf16'"):
+        run(precision="bf17")
+
+
+def test_a_master_weight_recipe_is_refused_by_train():
+    with pytest.raises(ResacctError, match=r"precision 'mixed': train\(\) keeps no master copy of the weights; expected one of fp32, "):
+        run(precision="mixed")
 
 
 # --- argument validation -----------------------------------------------------------------------

@@ -271,11 +271,11 @@ def _one_step_dtypes(recipe_name: str) -> tuple[list[str], Cruncher, torch.optim
     matmul outputs, backward matmul outputs, parameter gradient, AdamW exp_avg]."""
     recipe = get_recipe(recipe_name)
     if recipe.uses_autocast:
-        _require_cpu_autocast(getattr(torch, recipe.compute_dtype))
+        _require_cpu_autocast(getattr(torch, recipe.computes_in))
     model = _cruncher(0).to(getattr(torch, recipe.parameter_dtype))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(4, 8, dtype=getattr(torch, recipe.parameter_dtype))
-    with torch.autocast("cpu", dtype=getattr(torch, recipe.compute_dtype), enabled=recipe.uses_autocast):
+    with torch.autocast("cpu", dtype=getattr(torch, recipe.computes_in), enabled=recipe.uses_autocast):
         with _MatmulDtypes() as forward:
             loss = model(x).float().pow(2).mean()
     with _MatmulDtypes() as backward:
@@ -315,7 +315,7 @@ def saved_bytes_ratio(recipe: str, batch_size: int = 32, dim: int = 64, num_laye
     the recipe's autocast, divided by the same forward in float32."""
     model = _cruncher(0, dim=dim, num_layers=num_layers)
     x = torch.randn(batch_size, dim)
-    compute = getattr(torch, get_recipe(recipe).compute_dtype)
+    compute = getattr(torch, get_recipe(recipe).computes_in)
     mixed = _saved_activation_bytes(model, x, autocast_dtype=compute, include_weights=True)
     full = _saved_activation_bytes(model, x, include_weights=True)
     return Outcome(measured=mixed / full, predicted=saved_activation_bytes_ratio(recipe))

@@ -26,11 +26,13 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
+from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import count, non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
+from resacct.recipes import OPTIMIZER_CHOICES, parse_recipe
 
-__all__ = ["register", "run_account", "format_quantity"]
+__all__ = ["register", "run_account", "format_quantity", "render_account"]
 
 _EXAMPLES = """examples:
   resacct account
@@ -59,8 +61,7 @@ _EXAMPLES = """examples:
       a transformers causal LM (LlamaForCausalLM …): input_ids and labels of 2 × 128, its own loss
 
 optimizers: adamw (default), adam, sgd, sgd-momentum, adagrad, rmsprop (torch.optim)
-recipes: fp32, bf16-autocast, bf16, bf16-fp32-master, bf16-fp32-master-free-bf16-grads
-         (resacct.memory.STATE_RECIPES)"""
+""" + RECIPES_EPILOG
 
 
 def _whole(minimum: int) -> Any:
@@ -102,13 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
                         help="loss of a module:factory model's output (default auto: the model's own .loss when it has one, e.g. a "
                              "transformers causal LM given labels, else mean; mse against zeros; cross-entropy against class 0)")
-    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"), default="adamw",
-                        help="the torch.optim optimizer whose state is measured (default: adamw)")
+    parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES, default=None,
+                        help="the torch.optim optimizer whose state is measured (default: the one the recipe name pins, else adamw)")
     parser.add_argument("--batch", type=positive_int, default=4, metavar="N", help="sequences per step (default: 4)")
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N",
                         help="tokens per sequence (default: the model's context length); with module:factory, the input_ids' length "
                              "of a token model or the middle axis of a Linear's input")
-    parser.add_argument("--recipe", default="fp32", metavar="NAME", help="precision recipe of the training state (default: fp32)")
+    parser.add_argument("--recipe", type=named_recipe_type, default=parse_recipe("fp32"), metavar="NAME",
+                        help="precision recipe of the training state, a name or alias of resacct.recipes (default: fp32)")
     parser.add_argument("--attention", choices=("math", "sdpa"), default="math", help="attention as matmuls, or F.scaled_dot_product_attention (default: math)")
     parser.add_argument("--checkpoint-segments", type=_whole(0), default=0, metavar="K", help="checkpoint the layers in K segments (default: 0, none)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="N", help="split the batch into N accumulated micro-batches (default: 1)")
@@ -148,7 +150,7 @@ def _run_hf_config(args: argparse.Namespace) -> int:
                                      ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
     if other:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
-    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
+    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe.name, optimizer=args.optimizer)
     fields = account.to_dict()
     if not args.per_module:
         fields.pop("per_module")
@@ -167,7 +169,7 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
     from resacct.hardware import get_accelerator, peak_flops_per_sec
 
     board = get_accelerator(args.accelerator)
-    dtype = "fp32" if args.recipe == "fp32" else "bf16"
+    dtype = "fp32" if args.recipe.name == "fp32" else "bf16"
     return peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
 
 
@@ -186,21 +188,27 @@ def _run_generic(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
     model_args = dict(parse_model_arg(text) for text in args.model_arg)
     account = account_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape, input_dtype=args.input_dtype,
-                            loss=args.loss, recipe=args.recipe, optimizer=args.optimizer, measure=args.measure)
+                            loss=args.loss, recipe=args.recipe.name, optimizer=args.optimizer, measure=args.measure)
     fields = account.to_dict()
     if not args.per_module:
         fields.pop("per_module")
-    title = (f"{account.model} ({account.model_class}): input {tuple(account.input_shape)} {account.input_dtype}, {account.loss} loss, "
-             f"{account.parameters:,} parameters, {account.recipe} {account.optimizer}, on {account.device}")
-    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module, title=title))
+    return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
+
+
+def render_account(account: Any, *, per_module: bool = False) -> str:
+    """The table ``resacct account`` prints, for a GPT's StepAccount or any model's ModelAccount."""
+    title = None
+    if hasattr(account, "model_class"):
+        title = (f"{account.model} ({account.model_class}): input {tuple(account.input_shape)} {account.input_dtype}, {account.loss} loss, "
+                 f"{account.parameters:,} parameters, {account.recipe} {account.optimizer}, on {account.device}")
+    return _render(account, per_module=per_module, title=title)
 
 
 def run_account(args: argparse.Namespace) -> int:
     from resacct.account import account_gpt
     from resacct.gpt import get_gpt_config
-    from resacct.memory import get_state_recipe
 
-    get_state_recipe(args.recipe)
+    args.optimizer = args.recipe.optimizer_for(args.optimizer)  # a recipe alias such as mixed-adam pins its optimizer
     if args.hf_config is not None:
         return _run_hf_config(args)
     if ":" in args.model:
@@ -212,7 +220,7 @@ def run_account(args: argparse.Namespace) -> int:
     get_gpt_config(args.model)  # unknown names: one line with close matches
     peak, source = _peak(args)
     account = account_gpt(
-        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
+        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe.name, attention=args.attention,
         checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=args.measure, device=args.device,
         time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens, devices=args.devices,
         optimizer=args.optimizer,
@@ -220,7 +228,7 @@ def run_account(args: argparse.Namespace) -> int:
     fields = account.to_json()
     if not args.per_module:
         fields.pop("per_module")
-    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module))
+    return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
 
 
 _SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))

@@ -113,8 +113,10 @@ def _run_time(args: argparse.Namespace) -> int:
 
 
 def _run_fit(args: argparse.Namespace) -> int:
+    from resacct.cli._recipes import chosen_recipe, parameters_in_words, zero_words
     from resacct.hardware import get_accelerator
-    from resacct.sharding import get_sharding_recipe, largest_model_parameters
+    from resacct.recipes import DEFAULT_ZERO_STAGE
+    from resacct.sharding import largest_model_parameters
 
     if (args.memory_gb is None) == (args.device is None):
         raise ResacctError("give exactly one of --memory-gb (per device) or --device NAME")
@@ -122,18 +124,20 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise ResacctError("give either --recipe or --bytes-per-param, not both")
     board = get_accelerator(args.device) if args.device else None
     memory_bytes = board.memory_bytes if board else args.memory_gb * 1e9
+    zero_is_default = args.zero is None
+    zero = DEFAULT_ZERO_STAGE if zero_is_default else args.zero
     if args.recipe is not None:
-        recipe = get_sharding_recipe(args.recipe)
-        bytes_per_param = recipe.total_bytes_per_parameter
-        largest = largest_model_parameters(memory_bytes, args.devices, recipe, args.zero)
-        recipe_name = recipe.name
+        chosen = chosen_recipe(args)
+        bytes_per_param = chosen.sharding.total_bytes_per_parameter
+        largest = largest_model_parameters(memory_bytes, args.devices, chosen.sharding, zero)
+        recipe_name, moment, recipe_text = chosen.sharding.name, chosen.sharding.moment, chosen.recipe_words()
     else:
         bytes_per_param = args.bytes_per_param if args.bytes_per_param is not None else 16.0
-        if args.zero in (1, 2):
-            raise ResacctError(f"--zero {args.zero} shards only part of the state: give --recipe (e.g. fp32-adamw, mixed-adam, or '4+4+8') "
+        if zero in (1, 2):
+            raise ResacctError(f"--zero {zero} shards only part of the state: give --recipe (e.g. fp32-adamw, mixed-adam, or '4+4+8') "
                                "so resacct knows the parameter, gradient and optimizer-state bytes")
-        largest = (args.devices if args.zero == 3 else 1) * memory_bytes / bytes_per_param
-        recipe_name = None
+        largest = (args.devices if zero == 3 else 1) * memory_bytes / bytes_per_param
+        recipe_name, moment, recipe_text = None, None, f"{_g(bytes_per_param)} bytes/parameter"
     fields = {
         "devices": args.devices,
         "device": board.name if board else None,
@@ -141,14 +145,14 @@ def _run_fit(args: argparse.Namespace) -> int:
         "total_memory_bytes": args.devices * memory_bytes,
         "bytes_per_parameter": bytes_per_param,
         "recipe": recipe_name,
-        "zero_stage": args.zero,
+        "moment": moment,
+        "zero_stage": zero,
+        "zero_stage_is_default": zero_is_default,
         "max_parameters": largest,
     }
     where = board.name if board else f"{_g(args.memory_gb)} GB"
-    sharing = {0: "no sharding: every device holds everything", 1: "optimizer state sharded", 2: "optimizer state and gradients sharded",
-               3: "everything sharded across the devices"}[args.zero]
-    text = (f"{count_text(args.devices)} × {where}, {_g(bytes_per_param)} bytes/parameter, ZeRO-{args.zero} ({sharing}): "
-            f"{amount_text(largest, 'parameters')} ({amount_text(largest / 1e9, 'billion', 3)}), before activations")
+    text = (f"{count_text(args.devices)} × {where}, {zero_words(zero, zero_is_default)}\n  recipe: {recipe_text}\n"
+            f"  largest model: {parameters_in_words(largest)} ({amount_text(largest, 'parameters')}), before activations")
     return emit(args, fields, text)
 
 
@@ -371,14 +375,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     time.set_defaults(run=_run_time)
 
     fit = _add_command(subparsers, "fit", "the largest model whose parameters, gradients and optimizer state fit",
-                       "resacct fit --devices 8 --device h100 --bytes-per-param 16   |   resacct fit --devices 8 --device h100 --recipe mixed-adam --zero 1")
+                       "resacct fit --devices 8 --device h100 --bytes-per-param 16 --zero 3   |   resacct fit --devices 8 --device h100 --recipe mixed-adam --zero 1")
     fit.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
     fit.add_argument("--memory-gb", type=positive_float, help="memory per device in GB (10^9 bytes)")
     fit.add_argument("--device", metavar="NAME", help="take the memory per device from the datasheet table")
     fit.add_argument("--bytes-per-param", type=positive_float, default=None, help="bytes per parameter of the training state (default 16: AdamW with fp32 state)")
-    fit.add_argument("--recipe", metavar="NAME", help="precision recipe instead of --bytes-per-param: fp32-adamw, mixed-adam, … or 'w+g+k' bytes")
-    fit.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=3,
-                     help="ZeRO stage: 0 = plain data parallel, 3 = everything sharded (default 3, the lecture's napkin answer)")
+    from resacct.cli._recipes import RECIPES_EPILOG, add_recipe_arguments
+
+    add_recipe_arguments(fit, recipe_default=None)
+    fit.epilog = (fit.epilog or "") + "\n\n" + RECIPES_EPILOG
     fit.set_defaults(run=_run_fit)
 
     mfu = _add_command(subparsers, "mfu", "MFU (and HFU) of a training run from its step time, throughput or achieved FLOP/s per device",

@@ -13,19 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from resacct.cli._recipes import RECIPES_EPILOG, ChosenRecipe, add_recipe_arguments, chosen_recipe, parameters_in_words, zero_words
 from resacct.cli.arguments import count, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
-from resacct.sharding import (
-    SHARDED_PIECES,
-    SHARDING_RECIPES,
-    ZERO_STAGES,
-    ShardingRecipe,
-    fits_in_memory,
-    get_sharding_recipe,
-    largest_model_parameters,
-    per_rank_bytes,
-)
+from resacct.sharding import SHARDED_PIECES, ZERO_STAGES, ShardingRecipe, fits_in_memory, get_sharding_recipe, largest_model_parameters, per_rank_bytes
 
 __all__ = ["register", "run_memory", "memory_report"]
 
@@ -33,24 +25,13 @@ _EXAMPLES = """examples:
   resacct memory --params 7.5B --recipe mixed-adam --zero 1 --devices 64
       the ZeRO paper's example: 31.4 GB per GPU (120 GB without sharding)
   resacct memory --params 40B --zero 3 --devices 8 --device h100
-      the lecture's 8 × H100 question: does a 40B model fit with all state sharded?
-  resacct memory --zero 0 --devices 8 --device-memory-gb 80 --json
-      largest model plain data parallel fits (no --params needed)
+      the lecture's 8 × H100 question: does a 40-billion-parameter model fit with all state sharded?
+  resacct memory --recipe bf16-fp32-master --moment at-step --params 7B
+      the state while optimizer.step() runs (20 bytes/parameter with AdamW: the master's fp32 gradients too)
+  resacct memory --devices 8 --device-memory-gb 80 --json
+      largest model plain data parallel (ZeRO stage 0, the default) fits (no --params needed)
 
-recipes (bytes per parameter: parameters + gradients + optimizer state):
-""" + "\n".join(
-    f"  {name:<18} "
-    f"{f'{r.parameter_bytes_per_parameter:g} + {r.gradient_bytes_per_parameter:g} + {r.optimizer_state_bytes_per_parameter:g}':<12}"
-    f"{r.description}"
-    for name, r in SHARDING_RECIPES.items()
-) + "\n  w+g+k              your own, e.g. 2+2+12"
-
-
-def _recipe(text: str) -> ShardingRecipe:
-    try:
-        return get_sharding_recipe(text)
-    except ResacctError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+""" + RECIPES_EPILOG
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,10 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLES,
     )
     parser.add_argument("--params", type=count, default=None, metavar="N", help="parameters of the model, e.g. 7.5e9 or 7.5B")
-    parser.add_argument("--recipe", type=_recipe, default=get_sharding_recipe("fp32-adamw"), metavar="NAME",
-                        help="bytes per parameter: a recipe name or w+g+k (default: fp32-adamw, 4 + 4 + 8)")
-    parser.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, metavar="{0,1,2,3}",
-                        help="ZeRO stage: 0 nothing sharded, 1 optimizer state, 2 + gradients, 3 + parameters (default: 0)")
+    add_recipe_arguments(parser)
     parser.add_argument("--devices", type=positive_int, default=1, metavar="N", help="data-parallel ranks sharing the state (default: 1)")
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument("--device-memory-gb", type=count, default=None, metavar="GB", help="memory of one device in GB (10^9 bytes)")
@@ -97,6 +75,8 @@ def memory_report(parameters: float | None, recipe: ShardingRecipe, zero_stage: 
     report: dict[str, Any] = {
         "parameters": parameters,
         "recipe": recipe.name,
+        "optimizer": recipe.optimizer,
+        "moment": recipe.moment,
         "parameter_bytes_per_parameter": recipe.parameter_bytes_per_parameter,
         "gradient_bytes_per_parameter": recipe.gradient_bytes_per_parameter,
         "optimizer_state_bytes_per_parameter": recipe.optimizer_state_bytes_per_parameter,
@@ -126,20 +106,12 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:,.2f} GB"
 
 
-def _count(value: float) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:g}"
-
-
-def _text(report: dict[str, Any]) -> str:
+def _text(report: dict[str, Any], chosen: ChosenRecipe) -> str:
     stage, devices = report["zero_stage"], report["devices"]
-    recipe = (f"{report['recipe']} ({report['parameter_bytes_per_parameter']:g} + {report['gradient_bytes_per_parameter']:g} + "
-              f"{report['optimizer_state_bytes_per_parameter']:g} bytes/parameter)")
+    setup = f"{zero_words(stage, chosen.zero_is_default)} over {devices} rank(s)\n  recipe: {chosen.recipe_words()}"
     lines = []
     if report["parameters"] is not None:
-        lines.append(f"{_count(report['parameters'])} parameters, {recipe}, ZeRO stage {stage} over {devices} rank(s)")
+        lines.append(f"{parameters_in_words(report['parameters'])}, {setup}")
         for piece, key in (("parameters", "parameters_bytes_per_rank"), ("gradients", "gradients_bytes_per_rank"),
                            ("optimizer_state", "optimizer_state_bytes_per_rank")):
             how = f"sharded 1/{devices}" if piece in report["sharded"] else "replicated on every rank"
@@ -148,7 +120,7 @@ def _text(report: dict[str, Any]) -> str:
         by_stage = "  ".join(f"{s}: {_gb(v)}" for s, v in report["total_bytes_per_rank_by_stage"].items())
         lines.append(f"  every stage      {by_stage}")
     else:
-        lines.append(f"{recipe}, ZeRO stage {stage} over {devices} rank(s)")
+        lines.append(setup)
     if "device_memory_bytes" in report:
         name = report["device"] or "device"
         if "fits" in report:
@@ -156,12 +128,16 @@ def _text(report: dict[str, Any]) -> str:
             verdict = f"fits ({_gb(spare)} to spare per rank)" if report["fits"] else f"does NOT fit (short by {_gb(-spare)} per rank)"
             lines.append(f"{name} with {_gb(report['device_memory_bytes'])}: {verdict}")
         lines.append(f"largest model that fits {devices} × {_gb(report['device_memory_bytes'])} at ZeRO stage {stage}: "
-                     f"{_count(report['largest_model_parameters'])} parameters")
+                     f"{parameters_in_words(report['largest_model_parameters'])}")
     lines.append("(activations, temporary buffers and fragmentation are not counted)")
     return "\n".join(lines)
 
 
 def run_memory(args: argparse.Namespace) -> int:
     device, device_memory_bytes = _device_memory(args)
-    report = memory_report(args.params, args.recipe, args.zero, args.devices, device_memory_bytes, device)
-    return emit(args, report, _text(report))
+    chosen = chosen_recipe(args)
+    report = memory_report(args.params, chosen.sharding, chosen.zero_stage, args.devices, device_memory_bytes, device)
+    report["zero_stage_is_default"] = chosen.zero_is_default
+    report["total_bytes_per_parameter_by_moment"] = {chosen.sharding.moment: chosen.sharding.total_bytes_per_parameter,
+                                                     ("at_step" if chosen.sharding.moment == "after_backward" else "after_backward"): chosen.other_moment_total_bytes}
+    return emit(args, report, _text(report, chosen))

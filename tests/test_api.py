@@ -1,0 +1,61 @@
+"""The public Python API (``import resacct``): account_model, its report, and what it refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import resacct
+from resacct.errors import ResacctError
+
+
+def test_public_names_resolve_and_import_resacct_stays_light():
+    assert set(resacct.__all__) == {"ResacctError", "account_model", "Quantity", "TrainingReport", "__version__"}
+    for name in resacct.__all__:
+        assert getattr(resacct, name) is not None
+    probe = "import sys, resacct; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_gpt_name_on_the_meta_device_predicts_what_it_measures():
+    report = resacct.account_model("gpt-nano", batch=1, seq=8, recipe="mixed-adam", measure=False)
+    assert report.optimizer == "adam" and report.recipe == "bf16-fp32-master"
+    assert report.flops.predicted == report.flops.measured and report.flops.ratio == 1.0
+    assert report.state.predicted == report.state.measured and report.state_between_steps.measured < report.state.measured
+    assert report.activations.predicted == report.activations.measured
+    assert report.peak.measured is None  # meta: no allocator
+    assert report.render().splitlines()[0].startswith("gpt-nano: batch 1 × seq 8 = 8 tokens")
+    assert report.to_dict()["recipe"] == "bf16-fp32-master"
+    assert str(report).splitlines()[1].startswith("  flops                predicted ")
+
+
+def test_an_example_input_is_used_as_given():
+    model = torch.nn.Linear(4, 3)
+    report = resacct.account_model(model, example_input=torch.randn(5, 4), optimizer="sgd")
+    assert report.flops.measured == 2 * 5 * 4 * 3 * 2  # forward, and the weight gradient (no input gradient)
+    assert report.state.measured == 2 * 4 * (4 * 3 + 3)  # SGD: parameters and gradients, float32
+    assert report.account.input_shape == (5, 4)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: resacct.account_model(42), "model int: expected an nn.Module, a resacct.gpt config name or 'module:factory'"),
+        (lambda: resacct.account_model(torch.nn.ReLU()), "the model ReLU has no parameters"),
+        (lambda: resacct.account_model("gpt-nano", example_input=torch.zeros(1)), "example_input goes with an nn.Module"),
+        (lambda: resacct.account_model(torch.nn.Linear(2, 2), recipe="2+2+12"), "bytes per parameter have no dtypes to run with"),
+        (lambda: resacct.account_model(torch.nn.Linear(2, 2), recipe="mixed-adam", optimizer="sgd"), "recipe 'mixed-adam' is trained with adam"),
+        (lambda: resacct.account_model(torch.nn.Linear(2, 2), recipe="fp33"), "unknown precision recipe 'fp33'; did you mean 'fp32'"),
+    ],
+)
+def test_bad_calls_are_one_resacct_error(call, message):
+    import beartype.roar
+    import jaxtyping
+
+    with pytest.raises((ResacctError, jaxtyping.TypeCheckError, beartype.roar.BeartypeException)) as error:
+        call()
+    if isinstance(error.value, ResacctError):
+        assert message in str(error.value) and "\n" not in str(error.value)
