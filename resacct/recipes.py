@@ -224,7 +224,9 @@ def parse_recipe(text: str | Recipe, *, allow_custom: bool = True) -> Recipe:
     (2.0, 2.0, 12.0)
     """
     if isinstance(text, Recipe) or not isinstance(text, str) or not _CUSTOM.match(text):
-        return get_recipe(text)
+        if not allow_custom or not isinstance(text, str) or text in RECIPE_NAMES:
+            return get_recipe(text)
+        raise UnknownNameError("precision recipe", text, [*RECIPE_NAMES, "w+g+k (e.g. 2+2+12)"])
     if not allow_custom:
         raise ResacctError(f"recipe {text!r}: bytes per parameter have no dtypes to run with; expected a name: {', '.join(RECIPE_NAMES)}")
     parts = []

@@ -120,5 +120,5 @@ def test_an_unknown_recipe_lists_the_custom_form():
 
     with pytest.raises(UnknownNameError) as error:
         get_sharding_recipe("nonsense")
-    assert str(error.value).startswith("unknown sharding recipe 'nonsense'")
+    assert str(error.value).startswith("unknown precision recipe 'nonsense'")
     assert "w+g+k (e.g. 2+2+12)" in error.value.known
