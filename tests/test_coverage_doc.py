@@ -39,3 +39,16 @@ def test_every_lecture_claim_appears_in_the_table():
 def test_both_years_have_rows():
     text = COVERAGE.read_text(encoding="utf-8")
     assert "## lecture_02.py, spring 2025" in text and "## lecture_02.py, spring 2024" in text
+
+
+def test_claim_ids_are_unique_across_the_shipped_specs():
+    """A claim id reused in another file is invalid at collection — caught here in a second,
+    without running the claims (the lecture files once reused an id of memory.claims.yaml)."""
+    seen: dict[str, str] = {}
+    duplicates = []
+    for path in sorted(SPECS.glob("*.claims.yaml")):
+        for claim in yaml.safe_load(path.read_text(encoding="utf-8"))["claims"]:
+            if claim["id"] in seen:
+                duplicates.append(f"{claim['id']}: {seen[claim['id']]} and {path.name}")
+            seen.setdefault(claim["id"], path.name)
+    assert duplicates == []
