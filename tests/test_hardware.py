@@ -185,3 +185,13 @@ def test_bad_data_entries_are_refused():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_current_accelerator_without_gpu_is_none():
     assert current_accelerator() is None
+
+
+def test_mi300x_is_amds_rocm_table():
+    mi300x = get_accelerator("AMD Instinct MI300X")
+    assert mi300x.name == "mi300x" and mi300x.family == "cdna3"
+    assert (peak_flops_per_sec(mi300x, "bf16"), peak_flops_per_sec(mi300x, "fp8"), peak_flops_per_sec(mi300x, "fp32")) == (1307.4e12, 2614.9e12, 163.4e12)
+    assert (mi300x.memory_bytes, mi300x.memory_bandwidth_bytes_per_sec) == (192 * 2**30, 5.3e12)
+    # the ROCm table prints no 2:4-sparse figure, so none is handed out
+    with pytest.raises(ResacctError, match="no structured-sparsity peak"):
+        peak_flops_per_sec(mi300x, "bf16", sparse=True)
