@@ -32,7 +32,9 @@ def test_every_entry_is_sourced_and_positive(name):
     board = accelerators()[name]
     assert board.source and board.confidence in ("datasheet", "derived")
     assert board.memory_bytes > 0 and board.memory_bandwidth_bytes_per_sec > 0
-    assert set(board.peaks) <= set(PEAK_FORMATS) and "bf16" in board.peaks
+    assert set(board.peaks) <= set(PEAK_FORMATS)
+    # every board has a 16-bit matrix peak; the V100 (Volta) predates bf16 and has only fp16
+    assert "bf16" in board.peaks or (board.family == "volta" and "fp16" in board.peaks)
     # NVIDIA datasheets print a CUDA-core fp32 peak; Google's TPU pages and Intel's Gaudi 3 table
     # list only their matrix formats
     assert "fp32" in board.peaks or board.family in ("tpu", "gaudi")
@@ -195,3 +197,12 @@ def test_mi300x_is_amds_rocm_table():
     # the ROCm table prints no 2:4-sparse figure, so none is handed out
     with pytest.raises(ResacctError, match="no structured-sparsity peak"):
         peak_flops_per_sec(mi300x, "bf16", sparse=True)
+
+
+@pytest.mark.parametrize(("cuda_name", "memory_bytes"), [("Tesla V100-SXM2-32GB", 32e9), ("Tesla V100-SXM2-16GB", 16e9)])
+def test_v100_has_fp16_but_no_bf16(cuda_name, memory_bytes):
+    v100 = get_accelerator(cuda_name)
+    assert (peak_flops_per_sec(v100, "fp16"), peak_flops_per_sec(v100, "fp32"), v100.memory_bytes) == (125e12, 15.7e12, memory_bytes)
+    assert v100.confidence == "derived"
+    with pytest.raises(ResacctError, match="has no bf16 peak"):
+        peak_flops_per_sec(v100, "bf16")

@@ -339,13 +339,14 @@ def _run_devices(args: argparse.Namespace) -> int:
 
     boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
     fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
-    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
-    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth", header]
+    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
+    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
     for board in boards:
-        intensity = board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else float("nan")
+        matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
+        intensity = matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if matrix_16 else float("nan")
         flag = "" if board.confidence == "datasheet" else " [derived]"
         lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
-                     f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp8'):>7}"
+                     f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
                      f"{_tera(board, 'fp8', True):>8}{intensity:>8.0f}  {_short_source(board.source)}{flag}")
     if args.name:
         lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
