@@ -67,6 +67,7 @@ __all__ = [
 
 
 from resacct.step_measurements import (  # noqa: E402  (re-exported: part of the account API)
+    AUTO_MEASURE_MAX_STEP_FLOPS,
     StepFlopTrace,
     TrainingStateMeasurement,
     measure_optimizer_step_transient,
@@ -184,10 +185,6 @@ def _check_sizes(config: GPTConfig, batch: object, seq: object, checkpoint_segme
         raise ResacctError(f"checkpoint segments {checkpoint_segments} exceed the {config.n_layers} layers; expected 0 (off) to {config.n_layers}")
     if batch % grad_accum:  # type: ignore[operator]
         raise ResacctError(f"batch {batch} is not divisible by {grad_accum} gradient accumulation steps; expected a batch that splits into equal micro-batches")
-
-
-#: Above this many FLOPs a step, ``measure=None`` stays on the meta device (no arithmetic).
-AUTO_MEASURE_MAX_STEP_FLOPS = 2e10
 
 
 def account_gpt(
@@ -370,8 +367,10 @@ _GENERIC = ("ModelAccount", "account_model", "account_module")
 
 
 def __getattr__(name: str) -> Any:
-    """The generic path (:mod:`resacct.account_generic`) is importable from here too, lazily
-    (it builds on this module): ``from resacct.account import account_model``."""
+    """The generic path (:mod:`resacct.account_generic`) is importable from here too, lazily:
+    ``from resacct.account import account_model``. The import runs one way only:
+    account_generic builds on :mod:`resacct.step_measurements`, never on this module
+    (tests/test_import_layers.py checks there is no circle)."""
     if name in _GENERIC:
         import resacct.account_generic as generic
 

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.account import (
+from resacct.step_measurements import (
     AUTO_MEASURE_MAX_STEP_FLOPS,
     StepFlopTrace,
     TrainingStateMeasurement,
@@ -343,7 +343,7 @@ def account_model(
 
     ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``,
     and the inputs are made there: no memory); ``True`` on the CPU; ``None``: the CPU when a step
-    is at most :data:`resacct.account.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
+    is at most :data:`resacct.step_measurements.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
     """
     for label, value in (("batch", batch), ("seq", 1 if seq is None else seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

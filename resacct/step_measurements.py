@@ -33,6 +33,7 @@ from resacct.gpt import parameter_count
 from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
 __all__ = [
+    "AUTO_MEASURE_MAX_STEP_FLOPS",
     "StepFlopTrace",
     "sdpa_gap_formulas",
     "trace_step_flops",
@@ -42,6 +43,12 @@ __all__ = [
     "measure_optimizer_step_transient",
     "recipe_autocast",
 ]
+
+
+#: Above this many FLOPs a step, ``measure=None`` stays on the meta device (no arithmetic):
+#: the rule both accounts (:func:`resacct.account.account_gpt`,
+#: :func:`resacct.account_generic.account_model`) use to decide whether to measure.
+AUTO_MEASURE_MAX_STEP_FLOPS = 2e10
 
 
 # ───────────────────────────── FLOPs, traced per module ─────────────────────────────
