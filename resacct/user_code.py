@@ -32,12 +32,15 @@ class UserCodeError(ResacctError):
     """A user's factory, forward, loss or backward raised: one line naming the frame it came from."""
 
 
+#: resacct's own folder (this module lives in it; not ``import resacct``, which would point the
+#: import graph from here back up at the package's API).
+_RESACCT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
 def _is_library(filename: str) -> bool:
     import torch
 
-    import resacct
-
-    if filename.startswith(tuple(os.path.join(os.path.dirname(module.__file__), "") for module in (torch, resacct))):
+    if filename.startswith((os.path.join(os.path.dirname(torch.__file__), ""), _RESACCT_DIR)):
         return True
     if any(f"{os.sep}{wrapper}{os.sep}" in filename for wrapper in _TYPE_CHECK_WRAPPERS):
         return True
