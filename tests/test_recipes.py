@@ -39,7 +39,8 @@ def test_every_name_and_alias_parses_for_every_command(name):
     for module in _command_modules():
         module.register(subparsers)  # type: ignore[attr-defined]
     expected = get_recipe(name)
-    for command in (["memory", "--params", "1B"], ["fit", "--devices", "8", "--device", "h100"], ["account"]):
+    plan = ["plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64", "--seq", "4096"]
+    for command in (["memory", "--params", "1B"], ["fit", "--devices", "8", "--device", "h100"], ["account"], plan):
         args = parser.parse_args([*command, "--recipe", name])
         assert args.recipe == expected, command
 

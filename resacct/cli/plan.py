@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from resacct.cli._recipes import recipe_type
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit
 from resacct.errors import ResacctError
+from resacct.recipes import DEFAULT_ZERO_STAGE, parse_recipe
+from resacct.sharding import get_sharding_recipe
 
 __all__ = ["register"]
 
@@ -58,7 +61,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     device, memory_bytes = _device_memory_bytes(args)
     layout = _layout(args)
     plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
-                       micro_batch=args.micro_batch, layout=layout, recipe=args.recipe, recompute=args.recompute,
+                       micro_batch=args.micro_batch, layout=layout, recipe=get_sharding_recipe(args.recipe), recompute=args.recompute,
                        device_memory_bytes=memory_bytes, reserved_bytes=args.reserve_gb * 1e9)
     fields = {
         "parameters": parameters,
@@ -78,7 +81,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     sp = " + SP" if layout.sequence_parallel else ""
     lines = [
         f"{parameters:.4g} parameters on {layout.world_size} × {where}: TP {layout.tensor}{sp} × PP {layout.pipeline} × CP {layout.context} × DP {layout.data}, "
-        f"ZeRO-{layout.zero_stage}, {plan.recipe.name}, recompute {args.recompute}",
+        f"ZeRO-{layout.zero_stage}, {plan.recipe.name} ({plan.recipe.total_bytes_per_parameter:g} bytes/param between steps), recompute {args.recompute}",
         f"  per GPU (first pipeline stage): {plan.parameters_per_gpu:.4g} parameters",
         f"    parameters {plan.state.parameters_bytes / 1e9:9.2f} GB",
         f"    gradients  {plan.state.gradients_bytes / 1e9:9.2f} GB",
@@ -165,12 +168,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size p (default: 1)")
     plan.add_argument("--dp", type=positive_int, default=1, help="data-parallel size d (default: 1)")
     plan.add_argument("--cp", type=positive_int, default=1, help="context-parallel size: the sequence is split over it (default: 1)")
-    plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over the data-parallel ranks (default: 0)")
+    plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=DEFAULT_ZERO_STAGE,
+                      help=f"ZeRO stage over the data-parallel ranks (default: {DEFAULT_ZERO_STAGE}, as in every command)")
     plan.add_argument("--sp", action="store_true", help="sequence parallelism within the tensor-parallel group (needs --tp > 1)")
     plan.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved schedule; default: 1)")
     plan.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation recomputation (default: none)")
-    plan.add_argument("--recipe", default="mixed-adam", metavar="NAME",
-                      help="bytes per parameter: fp32-adamw, mixed-adam (2+2+12, default), bf16-adamw, or w+g+k")
+    plan.add_argument("--recipe", type=recipe_type, default=parse_recipe("mixed-adam"), metavar="NAME",
+                      help="a recipe of resacct.recipes (see 'resacct memory --help'): mixed-adam (2+2+12 between steps, default), "
+                           "fp32-adamw, bf16-adamw, … or w+g+k")
     plan.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
     plan.add_argument("--memory-gb", type=count, default=None, help="memory per GPU in GB instead of --device")
     plan.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="GB per GPU to keep free (buffers, fragmentation; default: 0)")
