@@ -114,3 +114,25 @@ def test_an_unknown_recipe_lists_the_custom_form():
         get_sharding_recipe("nonsense")
     assert str(error.value).startswith("unknown precision recipe 'nonsense'")
     assert "w+g+k (e.g. 2+2+12)" in error.value.known
+
+
+def test_the_recipe_says_which_optimizer_and_moment_its_bytes_are_for():
+    from resacct.sharding import get_sharding_recipe
+
+    assert (get_sharding_recipe("2+2+12").optimizer, get_sharding_recipe("2+2+12").moment) == (None, "after_backward")  # custom: no optimizer
+    at_step = get_sharding_recipe("mixed-adam", moment="at_step")
+    assert (at_step.optimizer, at_step.moment) == ("adam", "at_step")
+    assert get_sharding_recipe("fp32", optimizer="sgd").optimizer == "sgd"
+
+
+def test_sharding_recipes_is_built_when_asked_for():
+    import resacct.sharding
+    from resacct.recipes import RECIPE_NAMES
+    from resacct.sharding import get_sharding_recipe
+
+    recipes = getattr(resacct.sharding, "SHARDING_RECIPES")  # the module's __getattr__, at run time
+    assert list(recipes) == list(RECIPE_NAMES)
+    assert all(recipe == get_sharding_recipe(name) for name, recipe in recipes.items())
+    with pytest.raises(AttributeError) as error:
+        getattr(resacct.sharding, "NO_SUCH_TABLE")
+    assert str(error.value) == "module 'resacct.sharding' has no attribute 'NO_SUCH_TABLE'"
