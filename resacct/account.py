@@ -93,6 +93,7 @@ class StepTiming:
     tokens: int
     peak_flops_per_sec: float | None = None
     peak_source: str | None = None
+    prediction: Any = None  # resacct.runtime_model.StepPrediction (CPU): the step predicted op by op
 
     @property
     def achieved_flops_per_sec(self) -> float:
@@ -356,10 +357,13 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
             dtype = "bf16" if account.recipe != "fp32" else "fp32"
             peak, source = peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
     timing = time_callable(step, device=account.device, warmup=1, repeats=3, min_sample_sec=0.0)
+    from resacct.runtime_model import predict_training_step
+
+    prediction = predict_training_step(net, lambda: loss_of(net), repeats=3) if account.device == "cpu" else None
     return StepTiming(
         device=account.device, median_sec=timing.median_sec, samples_sec=timing.samples_sec,
         step_flops=account.flops.step_flops,  # model FLOPs: recomputation is not counted (MFU, not HFU)
-        tokens=account.tokens, peak_flops_per_sec=peak, peak_source=source,
+        tokens=account.tokens, peak_flops_per_sec=peak, peak_source=source, prediction=prediction,
     )
 
 

@@ -102,6 +102,10 @@ def time_rows(a: StepAccount, timing: StepTiming) -> list[Row]:
         Row("time", f"step on {timing.device} (median of {len(timing.samples_sec)})", None, timing.median_sec, "s", ""),
         Row("time", "achieved", None, timing.achieved_flops_per_sec, "FLOP/s", f"{timing.tokens_per_sec:,.0f} tokens/s"),
     ]
+    if timing.prediction is not None:  # resacct.runtime_model: the step predicted op by op, beside its own clock
+        from resacct.runtime_model import step_time_rows
+
+        rows += [Row("time", quantity, predicted, measured, "s", note) for quantity, predicted, measured, note in step_time_rows(timing.prediction)]
     if timing.mfu is not None:
         rows.append(Row("time", "MFU", None, timing.mfu, "", timing.peak_source or "given peak"))
     if a.train_tokens:

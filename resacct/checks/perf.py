@@ -22,13 +22,11 @@ from resacct.errors import ResacctError
 from resacct.hardware import accelerator_for_cuda_name, peak_flops_per_sec
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.perf import (
-    MachineCeilings,
     Roofline,
     achieved_flops_per_sec,
     elementwise_intensity_flops_per_byte,
     matmul_flops,
     matmul_intensity_flops_per_byte,
-    measure_ceilings,
     measured_bytes,
     mfu,
     threads,
@@ -198,12 +196,6 @@ def worked_mfu(achieved_flops_per_sec: Number, device: str, dtype: str) -> Outco
 # Timed on this machine (CPU)
 
 
-@functools.cache
-def machine_ceilings() -> MachineCeilings:
-    """This machine's ceilings, measured once per process with one thread (float32)."""
-    return measure_ceilings(device="cpu", dtype="float32", matmul_size=512, copy_bytes=64 * 2**20, thread_count=MEASURING_THREADS)
-
-
 def _interleaved_samples_sec(functions: list[Callable[[], object]], repeats: int) -> list[list[float]]:
     """Seconds per call of each function, ``repeats`` samples each, taken in turn so that a
     burst of load on the shared machine slows them alike."""
@@ -257,10 +249,13 @@ def cpu_matmul_mfu(m: int, k: int, n: int, ceiling_size: int = 512, repeats: int
 @check("perf.cpu_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"))
 def cpu_roofline_bound(operation: str, size: int, dtype: str = "float32") -> Outcome:
     """"memory" or "compute" on THIS machine: the operation's measured intensity (torch's FLOPs
-    and bytes) against the measured ridge point (best matmul FLOP/s ÷ best copy bytes/s)."""
+    and bytes) against the measured ridge point (best matmul FLOP/s ÷ best triad bytes/s, see
+    :mod:`resacct.measured_roofline`)."""
     flops, bytes_moved = _operation_flops_and_bytes(operation, size, parse_dtype(dtype))
     intensity = flops / bytes_moved
-    roofline = machine_ceilings().roofline
+    from resacct.measured_roofline import this_machine_roofline
+
+    roofline = this_machine_roofline().roofline("float32")
     ridge = roofline.ridge_point_flops_per_byte
     return Outcome(
         measured="memory" if intensity < ridge else "compute",
@@ -322,3 +317,16 @@ def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str,
     if not (math.isfinite(fast) and fast > 0):
         raise ResacctError(f"timing the {fast_dtype} matmul gave {fast!r} seconds")
     return Outcome(measured=slow / fast, quantities={"fast_sec": fast, "slow_sec": slow})
+
+
+@check("perf.roofline_points_share_of_roof", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"))
+def roofline_points_share_of_roof() -> Outcome:
+    """The largest (best FLOP/s ÷ attainable FLOP/s under the measured roofs) over the points of
+    this machine's measured roofline (:func:`resacct.measured_roofline.this_machine_roofline`):
+    above 1 means a point beats a roof, i.e. the roof was not measured right."""
+    from resacct.measured_roofline import this_machine_roofline
+
+    roofline = this_machine_roofline()
+    shares = {point.label: round(roofline.share_of_roof(point), 3) for point in roofline.points if point.flops > 0}
+    return Outcome(measured=max(shares.values()), quantities={"points": shares, "memory_roof_bytes_per_sec": roofline.memory.bandwidth_bytes_per_sec,
+                                                               "compute_roof_flops_per_sec": roofline.compute["float32"].peak_flops_per_sec})

@@ -182,22 +182,11 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
     print(moved)
 
 
-_ROOFLINE_OPERATIONS = [("copy", 2**22), ("add", 2**22), ("relu", 2**22), ("gelu", 2**20), ("matvec", 2048), ("matmul", 64), ("matmul", 256)]
-
-
 def _write_roofline(directory: Path) -> Path:
-    """roofline.png: this machine's measured roofs with the measured ops placed on them (~1 s)."""
-    from resacct.perf import measure_ceilings, measure_operation, save_roofline_png
+    """roofline.png: this machine's measured roofs with measured ops under them (resacct.measured_roofline)."""
+    from resacct.measured_roofline import write_measured_roofline_png
 
-    ceilings = measure_ceilings(matmul_size=256, copy_bytes=32 * 2**20, thread_count=1, repeats=5)
-    points = []
-    for name, size in _ROOFLINE_OPERATIONS:
-        measured = measure_operation(name, size, thread_count=1, repeats=3)
-        if measured.intensity_flops_per_byte > 0:
-            points.append((f"{name} {size}", measured.intensity_flops_per_byte, measured.achieved_flops_per_sec))
-    target = directory / "roofline.png"
-    save_roofline_png(str(target), ceilings.roofline, points, title="resacct verify: this machine's measured roofline")
-    return target
+    return write_measured_roofline_png(directory / "roofline.png")
 
 
 def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:

@@ -16,7 +16,7 @@ from resacct.errors import ResacctError, SpecError
 from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
 from resacct.harness.loader import LoadedClaim, load_claims_file
 
-__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record"]
+__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group"]
 
 CLAIM_PROPERTY = "resacct_claim"
 REQUIRE_GPU_VARIABLE = "RESACCT_REQUIRE_GPU"
@@ -47,6 +47,11 @@ class ClaimsFile(pytest.File):
                 continue
             self.seen_ids[claim.id] = f"{display}:{claim.line}"
             yield ClaimItem.from_parent(self, name=claim.id, loaded=claim)
+
+
+def spec_group(claim: LoadedClaim) -> str:
+    """The xdist group of a claim: its spec file's name (``account.claims.yaml``)."""
+    return "claims:" + claim.path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _base_record(area: str, path: str, line: int | None, claim_id: str) -> dict[str, Any]:
@@ -81,6 +86,8 @@ class ClaimItem(pytest.Item):
         claim = loaded.claim
         for mark in claim.marks:
             self.add_marker(getattr(pytest.mark, mark))
+        # Under xdist --dist loadgroup, a file's claims (and their mutation meta-tests) share a worker.
+        self.add_marker(pytest.mark.xdist_group(spec_group(loaded)))
         self.record = _base_record(loaded.area, loaded.path, loaded.line, claim.id)
         self.record.update(
             says=claim.says,

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from resacct.harness.evaluate import ClaimFailure, evaluate_claim, remembered_measurement
 from resacct.harness.laws import Law
 from resacct.harness.loader import LoadedClaim, load_claims_file
+from resacct.harness.plugin import spec_group
 from resacct.harness.registry import NotMeasurable
 from resacct.harness.strategies import get_strategy
 from tests.harness.test_plugin import outcomes
@@ -136,7 +137,7 @@ def first_example(claim: LoadedClaim) -> dict:
     return inputs
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=[claim.id for claim in CLAIMS])
+@pytest.mark.parametrize("claim", [pytest.param(claim, id=claim.id, marks=pytest.mark.xdist_group(spec_group(claim))) for claim in CLAIMS])
 def test_every_claim_fails_when_its_statement_is_changed(claim):
     """Holding claims must fail with a wrong statement; refuted ones are already false, so their
     mutation must stay false (and the original must pass) — either way the check decides."""

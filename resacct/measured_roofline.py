@@ -1,0 +1,304 @@
+"""This machine's roofline, measured so that it is a roof: dedicated kernels measure the two
+ceilings, each until its best stops improving, and the operations placed under them are other
+kernels, labelled by shape and dtype.
+
+- **Memory roof**: a STREAM triad ``a = b + s·c`` over arrays far past the last-level cache.
+  Bytes are what the memory system moves: two arrays read, one written, and one more read for
+  the written one — on a CPU a store first brings its cache line in (*write-allocate*). STREAM
+  itself counts 3 arrays; both figures are kept (``stream_bytes_per_sec``).
+- **Compute roof**, one per dtype: the best of square matmuls of 384³ and 512³ — sizes no point
+  uses.
+- **Points**: element-wise ops on out-of-cache tensors and matmuls of other sizes, each with the
+  bytes it must move (reads + writes, the lecture's count) and its FLOPs. A memory-bound point
+  therefore sits at most at 3/4 (two reads, one write) or 2/3 (one read, one write) of the memory
+  roof: its write-allocate reads are real traffic that its intensity does not count.
+
+>>> roofline = MeasuredRoofline(memory=MemoryRoof(4e10, 3e10, 2**26, ()), compute={"float32": ComputeRoof("float32", 1e11, 512, ())}, points=())
+>>> roofline.roofline("float32").ridge_point_flops_per_byte
+2.5
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from resacct.errors import ResacctError
+from resacct.perf import Roofline, threads
+
+__all__ = [
+    "best_until_stable_sec",
+    "MemoryRoof",
+    "ComputeRoof",
+    "RooflinePoint",
+    "MeasuredRoofline",
+    "last_level_cache_bytes",
+    "measure_memory_roof",
+    "measure_compute_roof",
+    "measure_point",
+    "ROOF_MATMUL_SIZES",
+    "DEFAULT_POINTS",
+    "QUICK_POINTS",
+    "measure_machine_roofline",
+    "save_measured_roofline_png",
+    "write_measured_roofline_png",
+    "this_machine_roofline",
+]
+
+
+def best_until_stable_sec(function: Callable[[], object], *, min_samples: int = 8, max_samples: int = 40, window: int = 6,
+                          improvement: float = 0.01, min_sample_sec: float = 2e-3, max_total_sec: float = 3.0) -> tuple[float, ...]:
+    """Seconds per call of ``function``, sampled until the best sample has not improved by more
+    than ``improvement`` (relative) over the last ``window`` samples — the machine has shown what it
+    can do — or ``max_samples`` / ``max_total_sec`` is reached. Calls shorter than ``min_sample_sec``
+    are batched into one sample. Returns every sample (seconds per call); the roof uses the best."""
+    function()  # warm-up: allocator, first-touch, kernel selection
+    began = time.perf_counter()
+    function()
+    one_call = time.perf_counter() - began
+    calls = 1 if one_call >= min_sample_sec else math.ceil(min_sample_sec / max(one_call, 1e-9))
+    samples: list[float] = []
+    best_at: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_samples:
+        began = time.perf_counter()
+        for _ in range(calls):
+            function()
+        samples.append((time.perf_counter() - began) / calls)
+        best_at.append(min(samples))
+        if len(samples) >= max(min_samples, window + 1) and best_at[-window - 1] <= best_at[-1] * (1 + improvement):
+            break
+        if time.perf_counter() - started > max_total_sec and len(samples) >= min_samples:
+            break
+    return tuple(samples)
+
+
+@dataclass(frozen=True)
+class MemoryRoof:
+    """Best bytes/s of the STREAM triad: ``bandwidth_bytes_per_sec`` counts the write-allocate
+    read (4 arrays), ``stream_bytes_per_sec`` counts as STREAM does (3 arrays)."""
+
+    bandwidth_bytes_per_sec: float
+    stream_bytes_per_sec: float
+    array_bytes: int
+    samples_sec: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ComputeRoof:
+    """Best FLOP/s of a ``size``³ matmul in ``dtype``."""
+
+    dtype: str
+    peak_flops_per_sec: float
+    size: int
+    samples_sec: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    """One operation timed here: ``label`` names its shapes and dtype; bytes are reads + writes."""
+
+    label: str
+    operation: str
+    dtype: str
+    flops: float
+    bytes_moved: float
+    samples_sec: tuple[float, ...]
+
+    @property
+    def intensity_flops_per_byte(self) -> float:
+        return self.flops / self.bytes_moved
+
+    @property
+    def best_flops_per_sec(self) -> float:
+        return self.flops / min(self.samples_sec)
+
+
+@dataclass(frozen=True)
+class MeasuredRoofline:
+    """The measured roofs (one memory roof, a compute roof per dtype) and the points under them."""
+
+    memory: MemoryRoof
+    compute: dict[str, ComputeRoof]
+    points: tuple[RooflinePoint, ...]
+    threads: int = 1
+
+    def roofline(self, dtype: str = "float32") -> Roofline:
+        if dtype not in self.compute:
+            raise ResacctError(f"no compute roof measured for dtype {dtype!r}; measured: {', '.join(self.compute)}")
+        roof = self.compute[dtype]
+        return Roofline(f"this machine ({dtype}, {self.threads} thread{'s' if self.threads != 1 else ''})",
+                        roof.peak_flops_per_sec, self.memory.bandwidth_bytes_per_sec)
+
+    def attainable_flops_per_sec(self, point: RooflinePoint) -> float:
+        return self.roofline(point.dtype).attainable_flops_per_sec(point.intensity_flops_per_byte)
+
+    def share_of_roof(self, point: RooflinePoint) -> float:
+        """The point's best FLOP/s ÷ the roof above it (≤ 1 when the roof is a roof)."""
+        return point.best_flops_per_sec / self.attainable_flops_per_sec(point)
+
+    def bound(self, point: RooflinePoint) -> str:
+        return self.roofline(point.dtype).bound(point.intensity_flops_per_byte)
+
+
+def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+    """The largest CPU cache Linux reports (sysfs), else ``default``."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
+
+
+def _out_of_cache_elements(element_bytes: int) -> int:
+    """Elements per array for arrays twice the last-level cache (at least 64 MiB)."""
+    return max(2 * last_level_cache_bytes(), 64 * 2**20) // element_bytes
+
+
+def measure_memory_roof(*, device: str = "cpu", array_bytes: int | None = None, **sampling: float) -> MemoryRoof:
+    """The STREAM triad ``a = b + 3·c`` (``torch.add(b, c, alpha=3, out=a)``), float32, best until stable."""
+    elements = (array_bytes // 4) if array_bytes else _out_of_cache_elements(4)
+    b = torch.rand(elements, device=device)
+    c = torch.rand(elements, device=device)
+    a = torch.empty_like(b)
+    samples = best_until_stable_sec(functools.partial(torch.add, b, c, alpha=3.0, out=a), **sampling)  # type: ignore[arg-type]
+    size = elements * 4
+    return MemoryRoof(bandwidth_bytes_per_sec=4 * size / min(samples), stream_bytes_per_sec=3 * size / min(samples),
+                      array_bytes=size, samples_sec=samples)
+
+
+def measure_compute_roof(dtype: str = "float32", *, size: int = 512, device: str = "cpu", **sampling: float) -> ComputeRoof:
+    """A ``size``³ matmul in ``dtype``, best until stable: 2·size³ FLOPs a call."""
+    from resacct.dtypes import parse_dtype
+
+    torch_dtype = parse_dtype(dtype)
+    a = torch.randn(size, size, device=device).to(torch_dtype)
+    b = torch.randn(size, size, device=device).to(torch_dtype)
+    out = torch.empty(size, size, dtype=torch_dtype, device=device)
+    samples = best_until_stable_sec(functools.partial(torch.matmul, a, b, out=out), **sampling)  # type: ignore[arg-type]
+    return ComputeRoof(dtype=str(dtype), peak_flops_per_sec=2 * size**3 / min(samples), size=size, samples_sec=samples)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "×".join(str(size) for size in shape)
+
+
+def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5) -> RooflinePoint:
+    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes.
+
+    ``operation``: ``add``, ``relu``, ``gelu`` (tanh, 9 FLOPs an element), ``copy`` on a tensor of
+    ``shape``; ``matmul`` with ``shape`` = (m, k, n)."""
+    from resacct.dtypes import parse_dtype
+
+    torch_dtype = parse_dtype(dtype)
+    element = torch.empty((), dtype=torch_dtype).element_size()
+    if operation == "matmul":
+        m, k, n = shape
+        a, b = torch.randn(m, k, device=device).to(torch_dtype), torch.randn(k, n, device=device).to(torch_dtype)
+        out = torch.empty(m, n, dtype=torch_dtype, device=device)
+        function: Callable[[], object] = functools.partial(torch.matmul, a, b, out=out)
+        flops, moved = 2.0 * m * k * n, float((m * k + k * n + m * n) * element)
+        label = f"matmul {m}×{k} @ {k}×{n} {dtype}"
+    elif operation in ("add", "relu", "gelu", "copy"):
+        x, y = torch.randn(shape, device=device).to(torch_dtype), torch.randn(shape, device=device).to(torch_dtype)
+        out = torch.empty_like(x)
+        calls = {"add": (functools.partial(torch.add, x, y, out=out), 1, 3),
+                 "relu": (functools.partial(torch.clamp_min, x, 0, out=out), 1, 2),
+                 "gelu": (functools.partial(torch._C._nn.gelu, x, approximate="tanh", out=out), 9, 2),
+                 "copy": (functools.partial(out.copy_, x), 0, 2)}
+        function, flops_per_element, tensors = calls[operation]
+        flops, moved = float(flops_per_element * x.numel()), float(tensors * x.numel() * element)
+        label = f"{operation} [{_dims(shape)}] {dtype}"
+    else:
+        raise ResacctError(f"roofline point {operation!r}: expected add, relu, gelu, copy or matmul")
+    times = best_until_stable_sec(function, min_samples=samples, max_samples=samples, max_total_sec=math.inf)
+    return RooflinePoint(label=label, operation=operation, dtype=str(dtype), flops=flops, bytes_moved=moved, samples_sec=times)
+
+
+#: Square matmul sizes whose best is the compute roof (no point uses them).
+ROOF_MATMUL_SIZES = (384, 512)
+
+#: (operation, shape) placed under the roofs: element-wise tensors of 2²³–2²⁴ float32 elements
+#: (32–64 MiB, past a 32 MiB cache) and matmuls of sizes other than the compute roof's. A small
+#: matmul (64³: 48 KiB of operands) runs from cache after its first call, so the DRAM roof does
+#: not bound it: matmul points start at 256³ (43 FLOP/byte, right of any ridge measured here).
+DEFAULT_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("copy", (4096, 4096)), ("add", (4096, 4096)), ("relu", (4096, 4096)), ("gelu", (4096, 4096)),
+    ("matmul", (4096, 4096, 1)), ("matmul", (256, 256, 256)), ("matmul", (1024, 1024, 1024)), ("matmul", (2048, 2048, 2048)),
+)
+QUICK_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("add", (4096, 4096)), ("relu", (4096, 4096)), ("gelu", (2048, 4096)), ("matmul", (256, 256, 256)), ("matmul", (1024, 1024, 1024)),
+)
+
+
+def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: tuple[tuple[str, tuple[int, ...]], ...] = DEFAULT_POINTS,
+                             thread_count: int | None = 1, device: str = "cpu", point_samples: int = 5,
+                             matmul_sizes: tuple[int, ...] = ROOF_MATMUL_SIZES, max_roof_sec: float = 3.0) -> MeasuredRoofline:
+    """Both roofs (compute: per dtype, the best of the ``matmul_sizes``), then the points (float32),
+    then the roofs once more: a roof is the best it showed either time, so a burst of load during
+    one pass does not lower it."""
+    with threads(thread_count):
+        used_threads = torch.get_num_threads()
+
+        def roofs() -> tuple[MemoryRoof, dict[str, ComputeRoof]]:
+            return (measure_memory_roof(device=device, max_total_sec=max_roof_sec),
+                    {dtype: max((measure_compute_roof(dtype, size=size, device=device, max_total_sec=max_roof_sec) for size in matmul_sizes),
+                                key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes})
+
+        memory, compute = roofs()
+        measured = tuple(measure_point(operation, shape, device=device, samples=point_samples) for operation, shape in points)
+        memory_again, compute_again = roofs()
+    memory = max(memory, memory_again, key=lambda roof: roof.bandwidth_bytes_per_sec)
+    compute = {dtype: max(compute[dtype], compute_again[dtype], key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes}
+    return MeasuredRoofline(memory=memory, compute=compute, points=measured, threads=used_threads)
+
+
+def save_measured_roofline_png(path: str | Path, measured: MeasuredRoofline, *, title: str = "") -> Path:
+    """Draw the measured roofs (a compute roof per dtype) and the points, labelled by shape and dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    bandwidth = measured.memory.bandwidth_bytes_per_sec
+    intensities = [point.intensity_flops_per_byte for point in measured.points if point.flops > 0]
+    intensities += [roof.peak_flops_per_sec / bandwidth for roof in measured.compute.values()]
+    low, high = min(intensities) / 4, max(intensities) * 4
+    xs = [low * (high / low) ** (i / 200) for i in range(201)]
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for dtype, roof in measured.compute.items():
+        axes.loglog(xs, [min(roof.peak_flops_per_sec, x * bandwidth) for x in xs],
+                    label=f"{dtype} roof: {roof.size}³ matmul {roof.peak_flops_per_sec / 1e9:.3g} GFLOP/s; "
+                          f"triad {bandwidth / 1e9:.3g} GB/s (4 arrays moved)")
+    for index, point in enumerate(point for point in measured.points if point.flops > 0):
+        axes.scatter([point.intensity_flops_per_byte], [point.best_flops_per_sec], zorder=3)
+        axes.annotate(f"{point.label} ({measured.share_of_roof(point):.0%})", (point.intensity_flops_per_byte, point.best_flops_per_sec),
+                      textcoords="offset points", xytext=(4, -12 if index % 2 else 5), fontsize=7)
+    axes.set_xlabel("arithmetic intensity (FLOP / byte read + written)")
+    axes.set_ylabel("FLOP/s (best sample)")
+    axes.set_title(title or "This machine's measured roofline")
+    axes.legend(loc="lower right", fontsize=7)
+    figure.tight_layout()
+    figure.savefig(str(path), dpi=120)
+    plt.close(figure)
+    return Path(path)
+
+
+@functools.cache
+def this_machine_roofline() -> MeasuredRoofline:
+    """This CPU's roofline with the quick points, one thread, measured once per process."""
+    return measure_machine_roofline(points=QUICK_POINTS, point_samples=3, max_roof_sec=0.5)
+
+
+def write_measured_roofline_png(path: str | Path) -> Path:
+    """Draw this machine's roofline (:func:`this_machine_roofline`, a few seconds) into ``path``."""
+    return save_measured_roofline_png(path, this_machine_roofline(), title="resacct: this machine's measured roofline (one thread)")

@@ -1,0 +1,73 @@
+"""The per-op runtime model and the measured roofline, on synthetic machine rates (fast): the
+cost of an op follows from torch's own FLOP count and the tensors' storages; the claims in
+resacct/specs/runtime_model.claims.yaml and perf.claims.yaml check it against the clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from resacct.errors import ResacctError
+from resacct.measured_roofline import ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, save_measured_roofline_png
+from resacct.models import Cruncher
+from resacct.runtime_model import MachineCosts, op_cost, predict_step, step_time_rows
+
+COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8,
+                     dram_bytes_per_sec=1e10, cache_bytes_per_sec=5e10, cache_bytes=2**25, kernel_overhead_sec=2e-6, view_overhead_sec=1e-6)
+
+
+def test_a_matmul_costs_torch_flops_over_the_matmul_roof():
+    a, b = torch.randn(64, 32), torch.randn(32, 16)
+    out = torch.mm(a, b)
+    with FlopCounterMode(display=False) as counter:
+        torch.mm(a, b)
+    cost = op_cost(torch.ops.aten.mm.default, (a, b), {}, out, COSTS)
+    assert cost.flops == counter.get_total_flops() == 2 * 64 * 32 * 16
+    assert cost.bytes_moved == a.untyped_storage().nbytes() + b.untyped_storage().nbytes() + 2 * out.untyped_storage().nbytes()
+    assert cost.compute_sec == pytest.approx(cost.flops / 1e11)
+    assert cost.memory_sec == pytest.approx(cost.bytes_moved / 5e10)  # in cache
+    assert cost.predicted_sec == pytest.approx(max(cost.compute_sec, cost.memory_sec) + 2e-6)
+
+
+def test_an_out_of_cache_add_is_memory_bound_on_dram():
+    x = torch.empty(2**23, device="meta")
+    cost = op_cost(torch.ops.aten.add.Tensor, (x, x), {}, torch.empty(2**23, device="meta"), COSTS)
+    assert cost.bytes_moved == 4 * 2**23 * 4  # two reads (the same storage twice) + a write and its write-allocate read
+    assert cost.memory_sec == pytest.approx(cost.bytes_moved / 1e10) and cost.bound == "memory"
+    view = op_cost(torch.ops.aten.view.default, (x, [2, -1]), {}, x.view(2, -1), COSTS)
+    assert (view.predicted_sec, view.bound) == (1e-6, "overhead")
+
+
+def test_a_step_is_predicted_per_phase_and_module_and_clocked():
+    torch.manual_seed(0)
+    step = predict_step(Cruncher(dim=16, num_layers=2), torch.randn(8, 16), COSTS, repeats=2)
+    assert set(step.phases()) == {"forward", "backward", "optimizer"} and all(value > 0 for value in step.phases().values())
+    assert step.predicted_step_sec == pytest.approx(sum(step.phases().values()))
+    modules = step.by_module()
+    assert {"forward:layers.0", "forward:final", "backward:layers.1", "optimizer:optimizer"} <= set(modules)
+    assert sum(op.flops for op in step.ops if op.op == "aten.mm" and op.phase == "forward") == 2 * 8 * 16 * (16 + 16 + 1)
+    assert all(len(samples) == 2 for samples in step.measured_samples_sec.values()) and step.measured_step_sec > 0
+    rows = step_time_rows(step)
+    assert [row[0] for row in rows] == ["step, per-op roofline model", "  forward", "  backward", "  optimizer"]
+    with pytest.raises(ResacctError, match="repeats is 0"):
+        predict_step(Cruncher(dim=4, num_layers=1), torch.randn(2, 4), COSTS, repeats=0)
+
+
+def test_best_until_stable_stops_when_the_best_stops_improving():
+    samples = best_until_stable_sec(lambda: None, min_samples=4, max_samples=50, window=3, min_sample_sec=1e-4)
+    assert 4 <= len(samples) <= 50 and min(samples) > 0
+
+
+def test_the_roofline_png_labels_points_by_shape_and_dtype(tmp_path):
+    point = RooflinePoint("matmul 256×256 @ 256×256 float32", "matmul", "float32", 2 * 256**3, 3 * 256**2 * 4, (1e-3,))
+    measured = MeasuredRoofline(memory=MemoryRoof(4e10, 3e10, 2**26, (1.0,)), compute={"float32": ComputeRoof("float32", 1e11, 512, (1.0,))},
+                                points=(point,))
+    assert measured.share_of_roof(point) == pytest.approx(point.best_flops_per_sec / 1e11) and measured.bound(point) == "compute"
+    path = save_measured_roofline_png(tmp_path / "roofline.png", measured)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ResacctError, match="bfloat16"):
+        measured.roofline("bfloat16")
+    assert math.isclose(measured.roofline().ridge_point_flops_per_byte, 2.5)
