@@ -1,6 +1,6 @@
 """Measure this machine's roofline and where a few operations sit on it; print and plot it.
 
-    python benchmarks/roofline.py --out roofline.png            # CPU, one thread
+    python benchmarks/roofline.py --out roofline.png            # CPU, one thread (resacct.measured_roofline)
     python benchmarks/roofline.py --threads 2 --out roofline.png
     python benchmarks/roofline.py --cuda --out roofline-gpu.png  # GPU 0, CUDA events
 
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     device = "cuda" if args.cuda else "cpu"
+    if not args.cuda:
+        return _cpu(args)
     if args.cuda and not torch.cuda.is_available():
         print("roofline: --cuda given but torch sees no CUDA GPU", file=sys.stderr)
         return 2
@@ -89,6 +91,32 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=2)
         print(f"wrote {args.json}")
+    return 0
+
+
+def _cpu(args: argparse.Namespace) -> int:
+    """The CPU roofline of resacct.measured_roofline: triad and matmul roofs, other kernels as points."""
+    from resacct.measured_roofline import DEFAULT_POINTS, measure_machine_roofline, save_measured_roofline_png
+
+    dtypes = tuple(dict.fromkeys(["float32", *([args.dtype] if args.dtype else [])]))
+    measured = measure_machine_roofline(dtypes=dtypes, points=DEFAULT_POINTS, thread_count=args.threads)
+    memory = measured.memory
+    print(f"machine: {platform.processor() or platform.machine()}; torch {torch.__version__}; {measured.threads} thread(s)")
+    print(f"memory roof : {memory.bandwidth_bytes_per_sec / 1e9:8.1f} GB/s moved (STREAM triad over 3 × {memory.array_bytes / 2**20:.0f} MiB, "
+          f"write-allocate counted; {memory.stream_bytes_per_sec / 1e9:.1f} GB/s as STREAM counts; best of {len(memory.samples_sec)})")
+    for dtype, roof in measured.compute.items():
+        print(f"compute roof: {roof.peak_flops_per_sec / 1e9:8.1f} GFLOP/s {dtype} ({roof.size}³ matmul, best of {len(roof.samples_sec)}); "
+              f"ridge {roof.peak_flops_per_sec / memory.bandwidth_bytes_per_sec:.2f} FLOP/byte")
+    print(f"\n{'operation':<40}{'FLOP/byte':>10}{'roof GFLOP/s':>13}{'best':>9}{'median':>9}{'of roof':>9}  bound")
+    for point in measured.points:
+        if point.flops == 0:
+            print(f"{point.label:<40}{0:>10}{'—':>13}{'—':>9}{'—':>9}{'—':>9}  memory ({point.bytes_moved / min(point.samples_sec) / 1e9:.1f} GB/s)")
+            continue
+        median = point.flops / sorted(point.samples_sec)[len(point.samples_sec) // 2]
+        print(f"{point.label:<40}{point.intensity_flops_per_byte:>10.3g}{measured.attainable_flops_per_sec(point) / 1e9:>13.3g}"
+              f"{point.best_flops_per_sec / 1e9:>9.3g}{median / 1e9:>9.3g}{measured.share_of_roof(point):>9.0%}  {measured.bound(point)}")
+    save_measured_roofline_png(args.out, measured)
+    print(f"\nwrote {args.out}")
     return 0
 
 

@@ -233,7 +233,7 @@ ROOF_MATMUL_SIZES = (384, 512)
 #: not bound it: matmul points start at 256³ (43 FLOP/byte, right of any ridge measured here).
 DEFAULT_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("copy", (4096, 4096)), ("add", (4096, 4096)), ("relu", (4096, 4096)), ("gelu", (4096, 4096)),
-    ("matmul", (4096, 4096, 1)), ("matmul", (256, 256, 256)), ("matmul", (1024, 1024, 1024)), ("matmul", (2048, 2048, 2048)),
+    ("matmul", (256, 256, 256)), ("matmul", (1024, 1024, 1024)), ("matmul", (2048, 2048, 2048)),
 )
 QUICK_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("add", (4096, 4096)), ("relu", (4096, 4096)), ("gelu", (2048, 4096)), ("matmul", (256, 256, 256)), ("matmul", (1024, 1024, 1024)),

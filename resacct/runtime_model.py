@@ -6,7 +6,8 @@ For every aten op that runs (recorded with a ``TorchDispatchMode``; module from 
 
     predicted = max(compute, memory) + launch overhead
     compute   = matmul FLOPs ÷ the measured matmul roof (its dtype), or
-                elements × work per element ÷ the measured element-wise rate
+                elements × work per element ÷ the measured element-wise rate (an add's; a
+                tanh's for exponentials and tanh; a div's for divisions and square roots)
     memory    = (bytes read + 2 × bytes written) ÷ the measured triad bandwidth — of the last-level
                 cache when the op's tensors fit in it, of DRAM otherwise (the roof counts the
                 write-allocate read the same way: :mod:`resacct.measured_roofline`)
@@ -19,7 +20,7 @@ on a machine without CUDA ("Roofline estimation needs to access CUDA capabilitie
 this module is the only roofline estimate.
 
 >>> from resacct.models import Cruncher
->>> costs = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=2e8,
+>>> costs = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=2e8, division_elements_per_sec=5e8,
 ...                      dram_bytes_per_sec=2e10, cache_bytes_per_sec=8e10, cache_bytes=2**25, kernel_overhead_sec=3e-6, view_overhead_sec=1e-6)
 >>> step = predict_step(Cruncher(dim=64, num_layers=2), torch.randn(32, 64), costs, repeats=1)
 >>> [phase for phase in step.phases()]
@@ -55,6 +56,7 @@ __all__ = [
     "step_clock",
     "MATMUL_OPS",
     "TRANSCENDENTAL_OPS",
+    "DIVISION_OPS",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
@@ -65,6 +67,9 @@ MATMUL_OPS = frozenset(f"aten.{name}" for name in "mm addmm bmm baddbmm matmul l
 #: Element-wise work with exponentials or tanh: timed against the measured rate of ``tanh``.
 TRANSCENDENTAL_OPS = frozenset(f"aten.{name}" for name in "gelu gelu_backward tanh tanh_backward exp log sigmoid sigmoid_backward erf "
                                                           "_softmax _softmax_backward_data _log_softmax _log_softmax_backward_data".split())
+#: Divisions and square roots: timed against the measured rate of ``div`` (several times an add's cost).
+DIVISION_OPS = frozenset(f"aten.{name}" for name in "div div_ sqrt sqrt_ rsqrt rsqrt_ reciprocal addcdiv addcdiv_ _foreach_div _foreach_div_ "
+                                                    "_foreach_sqrt _foreach_sqrt_ _foreach_addcdiv_".split())
 #: Passes over the data per element of ops that are not one pointwise step (normalisations).
 _WORK_PER_ELEMENT = {"aten.native_layer_norm": 5, "aten.native_layer_norm_backward": 8, "aten._foreach_addcdiv_": 2,
                      "aten._foreach_addcmul_": 2, "aten._foreach_lerp_": 2, "aten.nll_loss_forward": 1, "aten.nll_loss_backward": 1}
@@ -77,6 +82,7 @@ class MachineCosts:
     matmul_flops_per_sec: dict[str, float]
     elements_per_sec: float  # an in-cache add: one element-wise step per element
     transcendental_elements_per_sec: float  # an in-cache tanh
+    division_elements_per_sec: float  # an in-cache div
     dram_bytes_per_sec: float  # triad, out of cache, write-allocate counted
     cache_bytes_per_sec: float  # triad, in the last-level cache
     cache_bytes: int
@@ -105,10 +111,12 @@ def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size
     out = torch.empty_like(x)
     elements = x.numel() / _best_sec(functools.partial(torch.add, x, y, out=out))
     transcendental = x.numel() / _best_sec(functools.partial(torch.tanh, x, out=out))
+    division = x.numel() / _best_sec(functools.partial(torch.div, x, y, out=out))
     one, other, scratch = torch.ones(1), torch.ones(1), torch.empty(1)
     kernel = _best_sec(functools.partial(torch.add, one, other, out=scratch), samples=9)
     view = _best_sec(functools.partial(torch.ops.aten.view.default, x, [128, 128]), samples=9)
     return MachineCosts(matmul_flops_per_sec=matmul, elements_per_sec=elements, transcendental_elements_per_sec=transcendental,
+                        division_elements_per_sec=division,
                         dram_bytes_per_sec=dram, cache_bytes_per_sec=in_cache, cache_bytes=cache, kernel_overhead_sec=kernel,
                         view_overhead_sec=view, threads=torch.get_num_threads())
 
@@ -176,9 +184,10 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any, costs: MachineCosts,
     elements = max((t.numel() for t in (*outputs, *inputs)), default=0)
     estimated = estimate_uncounted_flops(func, inputs[0].numel() if inputs else 0, sum(t.numel() for t in outputs))
     work = elements * _WORK_PER_ELEMENT.get(packet, 1)
-    rate = costs.transcendental_elements_per_sec if packet in TRANSCENDENTAL_OPS else costs.elements_per_sec
+    rate = (costs.transcendental_elements_per_sec if packet in TRANSCENDENTAL_OPS
+            else costs.division_elements_per_sec if packet in DIVISION_OPS else costs.elements_per_sec)
     flops = float(estimated if estimated is not None else work)
-    compute_sec = work / rate if (estimated or packet in _WORK_PER_ELEMENT or packet in TRANSCENDENTAL_OPS) else 0.0
+    compute_sec = work / rate if (estimated or packet in _WORK_PER_ELEMENT or packet in TRANSCENDENTAL_OPS or packet in DIVISION_OPS) else 0.0
     return OpCost(phase, module, packet, flops, moved, compute_sec, memory_sec, overhead)
 
 

@@ -15,7 +15,7 @@ from resacct.measured_roofline import ComputeRoof, MeasuredRoofline, MemoryRoof,
 from resacct.models import Cruncher
 from resacct.runtime_model import MachineCosts, op_cost, predict_step, step_time_rows
 
-COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8,
+COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8, division_elements_per_sec=3e8,
                      dram_bytes_per_sec=1e10, cache_bytes_per_sec=5e10, cache_bytes=2**25, kernel_overhead_sec=2e-6, view_overhead_sec=1e-6)
 
 
@@ -71,3 +71,16 @@ def test_the_roofline_png_labels_points_by_shape_and_dtype(tmp_path):
     with pytest.raises(ResacctError, match="bfloat16"):
         measured.roofline("bfloat16")
     assert math.isclose(measured.roofline().ridge_point_flops_per_byte, 2.5)
+
+
+def test_account_prints_the_predicted_step_beside_the_measured(monkeypatch):
+    import resacct.runtime_model as runtime_model
+    from resacct.account import account_gpt
+
+    monkeypatch.setattr(runtime_model, "cached_machine_costs", lambda: COSTS)  # the rates are measured in the claims
+    account = account_gpt("gpt-nano", batch=1, seq=8, measure=True)
+    rows = {row.quantity: row for row in account.rows() if row.section == "time"}
+    step = rows["step, per-op roofline model"]
+    assert step.predicted == pytest.approx(account.timing.prediction.predicted_step_sec) and step.measured > 0
+    assert {"  forward", "  backward", "  optimizer"} <= set(rows)
+    assert any(entry["quantity"] == "step, per-op roofline model" and entry["predicted_sec"] > 0 for entry in account.to_json()["time"])
