@@ -86,8 +86,8 @@ class ClaimItem(pytest.Item):
         claim = loaded.claim
         for mark in claim.marks:
             self.add_marker(getattr(pytest.mark, mark))
-        # Under xdist --dist loadgroup, a file's claims (and their mutation meta-tests) share a worker.
-        self.add_marker(pytest.mark.xdist_group(spec_group(loaded)))
+        if self.config.pluginmanager.hasplugin("xdist"):  # under --dist loadgroup a file's claims (and their meta-tests) share a worker
+            self.add_marker(pytest.mark.xdist_group(spec_group(loaded)))
         self.record = _base_record(loaded.area, loaded.path, loaded.line, claim.id)
         self.record.update(
             says=claim.says,
