@@ -7,7 +7,7 @@ kernels, labelled by shape and dtype.
   the written one — on a CPU a store first brings its cache line in (*write-allocate*). STREAM
   itself counts 3 arrays; both figures are kept (``stream_bytes_per_sec``).
 - **Compute roof**, one per dtype: the best of square matmuls of 384³ and 512³ — sizes no point
-  uses.
+  uses. Each point's samples alternate with samples of its roof's kernel, so both see the same load.
 - **Points**: element-wise ops on out-of-cache tensors and matmuls of other sizes, each with the
   bytes it must move (reads + writes, the lecture's count) and its FLOPs. A memory-bound point
   therefore sits at most at 3/4 (two reads, one write) or 2/3 (one read, one write) of the memory
@@ -110,6 +110,7 @@ class RooflinePoint:
     flops: float
     bytes_moved: float
     samples_sec: tuple[float, ...]
+    roof_samples_sec: tuple[float, ...] = ()  # the roof kernel's sample taken just before each of this point's
 
     @property
     def intensity_flops_per_byte(self) -> float:
@@ -164,16 +165,24 @@ def _out_of_cache_elements(element_bytes: int) -> int:
     return max(2 * last_level_cache_bytes(), 64 * 2**20) // element_bytes
 
 
-def measure_memory_roof(*, device: str = "cpu", array_bytes: int | None = None, **sampling: float) -> MemoryRoof:
-    """The STREAM triad ``a = b + 3·c`` (``torch.add(b, c, alpha=3, out=a)``), float32, best until stable."""
+def _triad(device: str, array_bytes: int | None) -> tuple[Callable[[], object], int]:
+    """The STREAM triad ``a = b + 3·c`` (``torch.add(b, c, alpha=3, out=a)``), float32, and its array bytes."""
     elements = (array_bytes // 4) if array_bytes else _out_of_cache_elements(4)
     b = torch.rand(elements, device=device)
     c = torch.rand(elements, device=device)
     a = torch.empty_like(b)
-    samples = best_until_stable_sec(functools.partial(torch.add, b, c, alpha=3.0, out=a), **sampling)  # type: ignore[arg-type]
-    size = elements * 4
+    return functools.partial(torch.add, b, c, alpha=3.0, out=a), elements * 4
+
+
+def _memory_roof(samples: tuple[float, ...], size: int) -> MemoryRoof:
     return MemoryRoof(bandwidth_bytes_per_sec=4 * size / min(samples), stream_bytes_per_sec=3 * size / min(samples),
                       array_bytes=size, samples_sec=samples)
+
+
+def measure_memory_roof(*, device: str = "cpu", array_bytes: int | None = None, **sampling: float) -> MemoryRoof:
+    """The STREAM triad, best until stable (4 arrays moved a call: write-allocate counted)."""
+    triad, size = _triad(device, array_bytes)
+    return _memory_roof(best_until_stable_sec(triad, **sampling), size)  # type: ignore[arg-type]
 
 
 def measure_compute_roof(dtype: str = "float32", *, size: int = 512, device: str = "cpu", **sampling: float) -> ComputeRoof:
@@ -192,8 +201,11 @@ def _dims(shape: tuple[int, ...]) -> str:
     return "×".join(str(size) for size in shape)
 
 
-def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5) -> RooflinePoint:
-    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes.
+def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5,
+                  alongside: Callable[[], object] | None = None, alongside_samples: list[float] | None = None) -> RooflinePoint:
+    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes. With
+    ``alongside`` (a roof's kernel), each sample of the operation is taken right after one of
+    ``alongside``, whose seconds go to ``alongside_samples``: both see the same load.
 
     ``operation``: ``add``, ``relu``, ``gelu`` (tanh, 9 FLOPs an element), ``copy`` on a tensor of
     ``shape``; ``matmul`` with ``shape`` = (m, k, n)."""
@@ -220,8 +232,16 @@ def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32"
         label = f"{operation} [{_dims(shape)}] {dtype}"
     else:
         raise ResacctError(f"roofline point {operation!r}: expected add, relu, gelu, copy or matmul")
-    times = best_until_stable_sec(function, min_samples=samples, max_samples=samples, max_total_sec=math.inf)
-    return RooflinePoint(label=label, operation=operation, dtype=str(dtype), flops=flops, bytes_moved=moved, samples_sec=times)
+    if alongside is None:
+        times = best_until_stable_sec(function, min_samples=samples, max_samples=samples, max_total_sec=math.inf)
+    else:
+        pairs = [best_until_stable_sec(pair, min_samples=1, max_samples=1, min_sample_sec=0.0, max_total_sec=math.inf)[0]
+                 for _ in range(samples) for pair in (alongside, function)]
+        times = tuple(pairs[1::2])
+        if alongside_samples is not None:
+            alongside_samples.extend(pairs[0::2])
+    return RooflinePoint(label=label, operation=operation, dtype=str(dtype), flops=flops, bytes_moved=moved, samples_sec=times,
+                         roof_samples_sec=tuple(pairs[0::2]) if alongside is not None else ())
 
 
 #: Square matmul sizes whose best is the compute roof (no point uses them).
@@ -244,21 +264,34 @@ def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: 
                              thread_count: int | None = 1, device: str = "cpu", point_samples: int = 5,
                              matmul_sizes: tuple[int, ...] = ROOF_MATMUL_SIZES, max_roof_sec: float = 3.0) -> MeasuredRoofline:
     """Both roofs (compute: per dtype, the best of the ``matmul_sizes``), then the points (float32),
-    then the roofs once more: a roof is the best it showed either time, so a burst of load during
-    one pass does not lower it."""
+    each sample of a point right after a sample of its roof's kernel (the triad for element-wise
+    points, the first roof matmul for matmuls), then the roofs once more. A roof is the best it
+    showed in any of these, so a burst of load (on a shared machine DRAM bandwidth comes and
+    goes) lowers neither a roof alone nor a point alone."""
     with threads(thread_count):
         used_threads = torch.get_num_threads()
+        triad, array_bytes = _triad(device, None)
+        size = matmul_sizes[0]
+        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+        roof_matmul = functools.partial(torch.matmul, a, b, out=torch.empty(size, size, device=device))
 
-        def roofs() -> tuple[MemoryRoof, dict[str, ComputeRoof]]:
-            return (measure_memory_roof(device=device, max_total_sec=max_roof_sec),
+        def roofs() -> tuple[list[float], dict[str, ComputeRoof]]:
+            return (list(best_until_stable_sec(triad, max_total_sec=max_roof_sec)),
                     {dtype: max((measure_compute_roof(dtype, size=size, device=device, max_total_sec=max_roof_sec) for size in matmul_sizes),
                                 key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes})
 
-        memory, compute = roofs()
-        measured = tuple(measure_point(operation, shape, device=device, samples=point_samples) for operation, shape in points)
-        memory_again, compute_again = roofs()
-    memory = max(memory, memory_again, key=lambda roof: roof.bandwidth_bytes_per_sec)
+        triad_samples, compute = roofs()
+        matmul_samples: list[float] = []
+        measured = tuple(measure_point(operation, shape, device=device, samples=point_samples,
+                                       alongside=roof_matmul if operation == "matmul" else triad,
+                                       alongside_samples=matmul_samples if operation == "matmul" else triad_samples)
+                         for operation, shape in points)
+        triad_again, compute_again = roofs()
+    memory = _memory_roof(tuple(triad_samples + triad_again), array_bytes)
     compute = {dtype: max(compute[dtype], compute_again[dtype], key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes}
+    if matmul_samples and "float32" in compute:  # the paired matmul samples are of the first roof size
+        best = max(compute["float32"].peak_flops_per_sec, 2 * size**3 / min(matmul_samples))
+        compute["float32"] = ComputeRoof("float32", best, size, tuple(matmul_samples))
     return MeasuredRoofline(memory=memory, compute=compute, points=measured, threads=used_threads)
 
 
