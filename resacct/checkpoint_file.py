@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 
 from resacct.atomic_files import RecordingWriter, non_regular_kind, write_atomically
-from resacct.errors import ResacctError
+from resacct.errors import CheckpointError, ResacctError  # CheckpointError re-exported: it was defined here
 
 __all__ = ["CheckpointError", "TRAILER_MAGIC", "TRAILER_BYTES", "write_checkpoint_file", "load_verified"]
 
@@ -36,11 +36,6 @@ TRAILER_BYTES = len(TRAILER_MAGIC) + 64  # 79: the zip comment
 _END_OF_DIRECTORY = b"PK\x05\x06"
 _END_OF_DIRECTORY_BYTES = 22  # without its comment
 _CHUNK_BYTES = 1 << 20
-
-
-class CheckpointError(ResacctError):
-    """A checkpoint file is missing, damaged, foreign, or does not fit what it is loaded into;
-    ``str(error)`` is one line that names the file."""
 
 
 def _first_line(error: BaseException) -> str:

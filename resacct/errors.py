@@ -6,7 +6,7 @@ its message echoes the offending value and says what was expected.
 
 from __future__ import annotations
 
-__all__ = ["ResacctError", "SpecError", "LawError", "UnknownNameError"]
+__all__ = ["ResacctError", "SpecError", "LawError", "UnknownNameError", "CheckpointError"]
 
 
 class ResacctError(Exception):
@@ -51,3 +51,9 @@ class UnknownNameError(ResacctError):
         listing = f"known: {', '.join(sorted(known))}" if len(known) <= 30 else f"one of {len(known)} known {kind} names"
         self.kind, self.name, self.known = kind, name, known
         super().__init__(f"unknown {kind} {name!r}{hint} ({listing})")
+
+
+class CheckpointError(ResacctError):
+    """A checkpoint file is missing, damaged, foreign, or does not fit what it is loaded into;
+    ``str(error)`` is one line that names the file. Raised by :mod:`resacct.checkpoint` and
+    :mod:`resacct.checkpoint_file` (both re-export it)."""
