@@ -112,11 +112,8 @@ class _NoAliasComposer(yaml.SafeLoader):
 
 
 # YAML 1.1 (PyYAML) reads 1e-8 and 3.4e38 as strings; claims mean numbers (as YAML 1.2 does).
-_NoAliasComposer.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_NoAliasComposer.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def _char(character: int | str) -> str:

@@ -13,6 +13,19 @@ from hypothesis import strategies as st
 from resacct.errors import LawError
 from resacct.harness.laws import Law
 from resacct.harness.loader import load_claims_file
+from resacct.harness.yaml_nodes import EXPONENT_FLOAT
+
+
+class ClaimsDumper(yaml.SafeDumper):
+    """Writes YAML as a careful author would for resacct's loader: a string such as '0E0', which the
+    loader reads as a number (YAML 1.2's 1e-8), is quoted (PyYAML's YAML 1.1 dumper leaves it bare)."""
+
+
+ClaimsDumper.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def dump(document: object) -> str:
+    return yaml.dump(document, Dumper=ClaimsDumper, allow_unicode=True, sort_keys=False)
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FUZZ_HOSTILE = settings(FUZZ, max_examples=40)
@@ -69,8 +82,9 @@ def write(tmp_path_factory, text: str) -> Path:
 
 @FUZZ
 @given(document=valid_documents())
+@example(document={"area": "a", "source": "0E0", "claims": [{"id": "c", "says": "1e-8", "measure": "testing.echo", "given": {"value": 1}, "law": "value"}]})
 def test_every_valid_document_loads_completely(tmp_path_factory, document):
-    path = write(tmp_path_factory, yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
+    path = write(tmp_path_factory, dump(document))
     loaded = load_claims_file(path)
     assert [str(error) for error in loaded.errors] == []
     assert [claim.id for claim in loaded.claims] == [claim["id"] for claim in document["claims"]]
@@ -80,7 +94,7 @@ def test_every_valid_document_loads_completely(tmp_path_factory, document):
 @given(document=valid_documents(), key=st.sampled_from(["id", "says", "measure"]), junk=json_like)
 def test_a_broken_claim_is_reported_not_raised(tmp_path_factory, document, key, junk):
     document["claims"][0][key] = junk
-    path = write(tmp_path_factory, yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
+    path = write(tmp_path_factory, dump(document))
     loaded = load_claims_file(path)  # never raises
     assert len(loaded.claims) + len(loaded.errors) == len(document["claims"])
 
@@ -88,7 +102,7 @@ def test_a_broken_claim_is_reported_not_raised(tmp_path_factory, document, key, 
 @FUZZ
 @given(data=json_like)
 def test_arbitrary_yaml_data_never_raises(tmp_path_factory, data):
-    path = write(tmp_path_factory, yaml.safe_dump(data, allow_unicode=True))
+    path = write(tmp_path_factory, dump(data))
     loaded = load_claims_file(path)
     assert loaded.errors or loaded.claims
 
