@@ -353,8 +353,10 @@ def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_line
     lines = render_summary(document).splitlines()
     refuted = sum(record["outcome"] == "refuted" for record in records)
     assert refuted >= 50 and any(line.startswith(f"REFUTED ({refuted})") for line in lines)
-    truths = [record["truth"] for record in records if record["outcome"] == "refuted"]
-    assert all(any(truth[:20] in line for line in lines) for truth in truths)  # every refuted claim with its truth
+    listed = [record for record in records if record["outcome"] == "refuted" and any(line.startswith(f"  {record['id']}: ") for line in lines)]
+    assert all(any(record["truth"][:20] in line for line in lines) for record in listed)  # each listed one with its truth
+    more = [line for line in lines if line.startswith("  … and ")]
+    assert len(listed) == refuted or more == [f"  … and {refuted - len(listed)} more refuted: resacct verify --status refuted, or errata.md"]
     assert max(len(line) for line in lines) <= 100
     assert len(lines) < 150, f"{len(lines)} lines for {len(records)} claims ({refuted} refuted)"
 
@@ -370,6 +372,20 @@ def test_many_refuted_claims_get_one_line_each_to_keep_the_default_short():
     assert "REFUTED (100): one line each, the truth (--status refuted adds law, value and measurement)" in short
     full = render_summary(document, statuses=("refuted",)).splitlines()
     assert "  claim-7: 2*n = 14; measured 7" in full and "    the source doubles it" in full and len(full) > 200
+
+
+def test_more_refuted_claims_than_lines_are_counted_not_cut_silently():
+    from resacct.reporting.terminal import render_summary
+
+    records = [{"id": f"claim-{index}", "area": "x", "outcome": "refuted", "law": "2*n", "law_value": 2 * index, "measured": index,
+                "truth": "the source doubles it", "path": "specs/x.claims.yaml", "line": index} for index in range(1, 301)]
+    records.append({"id": "broken", "area": "x", "outcome": "failed", "law": "n", "law_value": 1, "measured": 2,
+                    "message": "does not hold", "path": "specs/x.claims.yaml", "line": 999})
+    lines = render_summary({"environment": {}, "claims": records}).splitlines()
+    assert len(lines) <= 145 and any(line.startswith("  broken") for line in lines)  # a failure is never the one cut
+    listed = [line for line in lines if line.startswith("  claim-")]
+    assert 100 < len(listed) < 300 and listed[0] == "  claim-1: the source doubles it"
+    assert f"  … and {300 - len(listed)} more refuted: resacct verify --status refuted, or errata.md" in lines
 
 
 def test_a_closed_stdout_pipe_loses_no_report(specs_dir, tmp_path, monkeypatch, capsys, _complete_report):

@@ -153,10 +153,15 @@ def render_summary(document: dict[str, Any], *, statuses: tuple[str, ...] = DEFA
     lines = _summary(document, statuses, width, verbose, compact_refuted=False)
     if max_lines is not None and len(lines) > max_lines and statuses == DEFAULT_STATUSES and not verbose:
         lines = _summary(document, statuses, width, verbose, compact_refuted=True)
+        if len(lines) > max_lines:  # still too long: list as many refuted claims as fit, then say how many more
+            refuted = sum(record["outcome"] == "refuted" for record in document["claims"])
+            room = max(refuted - (len(lines) - max_lines) - 1, 0)
+            lines = _summary(document, statuses, width, verbose, compact_refuted=True, refuted_limit=room)
     return "\n".join(lines)
 
 
-def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, verbose: bool, compact_refuted: bool) -> list[str]:
+def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, verbose: bool, compact_refuted: bool,
+             refuted_limit: int | None = None) -> list[str]:
     records = document["claims"]
     lines = []
     notice = run_notice(document)
@@ -171,11 +176,14 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
         if outcome == "refuted" and compact_refuted:
             explanation = "one line each, the truth (--status refuted adds law, value and measurement)"
         lines += ["", f"{title} ({len(chosen)})" + (f": {explanation}" if explanation else "")]
-        for record in chosen:
+        shown = chosen if outcome != "refuted" or refuted_limit is None else chosen[:refuted_limit]
+        for record in shown:
             if outcome == "refuted" and compact_refuted:
                 lines.append(_clip(f"  {record['id']}: {record.get('truth') or ''}", width))
             else:
                 lines += claim_lines(record, width, verbose)
+        if len(shown) < len(chosen):
+            lines.append(_clip(f"  … and {len(chosen) - len(shown)} more refuted: resacct verify --status refuted, or errata.md", width))
     if "skipped" not in statuses and any(record["outcome"] == "skipped" for record in records):
         lines += ["", "skipped, by reason (--status skipped lists them):", *_skip_reasons(records, width)]
     lines += ["", summary_line(document)]
