@@ -14,3 +14,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):  # type: ignore[no-untyped-
         return (yield)
     except NotMeasurable as reason:
         pytest.skip(f"not measurable here: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist workers run with COLUMNS=80; the CLI's output width must not depend on the runner."""
+    monkeypatch.delenv("COLUMNS", raising=False)

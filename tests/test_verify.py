@@ -431,3 +431,18 @@ def test_a_check_that_raises_is_one_failed_block_and_v_adds_the_traceback(tmp_pa
     assert verify(specs, tmp_path / "r", "-v") == 1
     verbose = capsys.readouterr().out
     assert "E   RuntimeError: Trying to create tensor with negative dimension" in verbose  # the traceback's last frame
+
+
+def test_output_to_a_pipe_is_100_columns_unless_columns_says_otherwise(monkeypatch):
+    """xdist workers and CI logs have no terminal: the width must not depend on what fd 1 once was."""
+    from resacct.cli.verify import output_width_columns
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=(80, 24): __import__("os").terminal_size((80, 24)))
+    assert output_width_columns() == 100  # pytest captures stdout: not a terminal
+    monkeypatch.setenv("COLUMNS", "72")
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=(80, 24): __import__("os").terminal_size((72, 24)))
+    assert output_width_columns() == 72
+    monkeypatch.setenv("COLUMNS", "20")
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=(80, 24): __import__("os").terminal_size((20, 24)))
+    assert output_width_columns() == 60

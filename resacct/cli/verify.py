@@ -14,6 +14,7 @@ invalid, 2 for bad arguments, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -177,9 +178,16 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
     if args.quiet:
         print(summary_line(document))
     else:
-        width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 100))
-        print(render_summary(document, statuses=_shown_statuses(args), width=width, verbose=args.verbose))
+        print(render_summary(document, statuses=_shown_statuses(args), width=output_width_columns(), verbose=args.verbose))
     print(moved)
+
+
+def output_width_columns() -> int:
+    """100 columns, or a narrower terminal's width (at least 60). Output to a file or a pipe is
+    100 columns wide unless ``COLUMNS`` says otherwise, whatever terminal the process came from."""
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        return 100
+    return max(60, min(shutil.get_terminal_size((100, 24)).columns, 100))
 
 
 def _write_roofline(directory: Path) -> Path:
