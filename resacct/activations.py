@@ -57,27 +57,7 @@ from resacct.activation_recording import (
     trace_allocations,
 )
 
-__all__ = [
-    "SavedActivation",
-    "SavedActivations",
-    "module_stack",
-    "record_saved_activations",
-    "AllocationTrace",
-    "trace_allocations",
-    "segment_bounds",
-    "run_in_segments",
-    "gpt_forward",
-    "gpt_loss",
-    "best_segment_count",
-    "WRAPPED_SCALAR_BYTES",
-    "rng_state_bytes",
-    "predict_gpt_held_after_forward_bytes",
-    "predict_gpt_step_peak_bytes",
-    "predict_gpt_recompute_flops",
-    "CheckpointPoint",
-    "measure_checkpointing",
-    "GradAccumulation",
-    "measure_grad_accumulation",
-    "MODEL_SCOPE",
-    "OUTSIDE_SCOPE",
-]
+from resacct import activation_recording
+from resacct import activation_checkpointing
+
+__all__ = [*activation_recording.__all__, *activation_checkpointing.__all__]  # every name of both parts, re-exported

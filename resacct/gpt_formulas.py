@@ -50,21 +50,7 @@ from resacct.gpt_flop_formulas import (
     six_n_step_flops,
 )
 
-__all__ = [
-    "ModuleMatmul",
-    "GptStepFlops",
-    "gpt_matmuls",
-    "predict_gpt_step_flops",
-    "gpt_matmul_parameter_count",
-    "nanogpt_parameter_count",
-    "six_n_step_flops",
-    "palm_step_flops",
-    "SavedTerm",
-    "layer_norm_stats_bytes",
-    "gpt_saved_terms",
-    "predict_gpt_saved_bytes",
-    "gpt_layer_saved_bytes",
-    "gpt_outside_layers_saved_bytes",
-    "korthikanti_layer_activation_bytes",
-    "korthikanti_differences",
-]
+from resacct import gpt_flop_formulas
+from resacct import gpt_activation_formulas
+
+__all__ = [*gpt_flop_formulas.__all__, *gpt_activation_formulas.__all__]  # every name of both parts, re-exported

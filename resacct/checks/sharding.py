@@ -32,15 +32,9 @@ from resacct.sharding import (
     zero_redundancy_partition_numels,
 )
 
-__all__ = [
-    "sharded_training_on_rank",
-    "paper_scale_state_on_fake_ranks",
-    "small_scale_measurements",
-    "paper_scale_measurements",
-    "MODEL_KINDS",
-    "PAPER_TENSOR_SHAPE",
-    "PAPER_TENSOR_COUNT",
-]
+from resacct.checks import sharding_runs
+
+__all__ = [*sharding_runs.__all__]  # the runs' names, re-exported; the checks register themselves
 
 
 # --- checks --------------------------------------------------------------------------------
