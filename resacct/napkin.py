@@ -14,10 +14,10 @@ and how a run compares with the compute thresholds of regulation.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError, UnknownNameError
+from resacct.validation import positive_number as _positive
 
 __all__ = [
     "SECONDS_PER_DAY",
@@ -49,14 +49,6 @@ SECONDS_PER_DAY = 24 * SECONDS_PER_HOUR
 #: Forward 2 (a multiply and an add per parameter per token) + backward 4 (gradients with
 #: respect to the weights and to the inputs): the "6" of 6ND.
 TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER = 6
-
-
-def _positive(name: str, value: object, allowed: str = "a finite number > 0") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ResacctError(f"{name} is {value!r}; expected {allowed}")
-    if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ResacctError(f"{name} is {value!r}; expected {allowed}")
-    return float(value)
 
 
 def _utilization(value: object) -> float:

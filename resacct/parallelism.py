@@ -29,10 +29,10 @@ fragmentation, and the temporaries of the backward pass.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
+from resacct.validation import whole_number as _whole
 from resacct.utilization import RECOMPUTE_MODES
 
 __all__ = [
@@ -43,12 +43,6 @@ __all__ = [
     "torch_layer_saved_bytes",
     "ParallelLayout",
 ]
-
-
-def _whole(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1 or value != int(value):
-        raise ResacctError(f"{name} is {value!r}; expected a whole number ≥ 1")
-    return int(value)
 
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, *, tensor_parallel: int = 1,

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
+from resacct.validation import positive_number as _positive
 
 __all__ = [
     "ParametricLossFit",
@@ -113,12 +114,6 @@ def chinchilla_approach1_optimum(compute_flops: float) -> tuple[float, float]:
     a, k = chinchilla_approach1_fit()
     parameters = k * _positive("compute_flops", compute_flops) ** a
     return parameters, compute_flops / (6 * parameters)
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ResacctError(f"{name} is {value!r}; expected a finite number > 0")
-    return float(value)
 
 
 def _fraction(name: str, value: object) -> float:

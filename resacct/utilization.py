@@ -24,10 +24,11 @@ the same count written with the parameter total.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from resacct.errors import ResacctError
+from resacct.validation import positive_number as _positive
+from resacct.validation import whole_number as _whole
 
 __all__ = [
     "Recompute",
@@ -45,19 +46,6 @@ __all__ = [
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
-
-
-def _positive(name: str, value: object, allowed: str = "a finite number > 0") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ResacctError(f"{name} is {value!r}; expected {allowed}")
-    return float(value)
-
-
-def _whole(name: str, value: object) -> int:
-    number = _positive(name, value, "a whole number ≥ 1")
-    if number != int(number):
-        raise ResacctError(f"{name} is {value!r}; expected a whole number ≥ 1")
-    return int(number)
 
 
 def _recompute(value: object) -> str:

@@ -109,3 +109,20 @@ def test_error_messages_echo_the_value():
 def test_days_scale_inversely_with_devices(total, devices, utilization):
     one = training_days(total, 1, H100_DENSE, utilization)
     assert training_days(total, devices, H100_DENSE, utilization) == pytest.approx(one / devices)
+
+
+def test_the_shared_number_checks_run_their_examples_and_keep_one_wording():
+    """napkin, scaling, utilization and parallelism check numbers through resacct.validation."""
+    import doctest
+
+    import resacct.validation
+    from resacct import parallelism, scaling, utilization
+    from resacct.errors import ResacctError
+
+    failed, attempted = doctest.testmod(resacct.validation)
+    assert attempted >= 4 and failed == 0
+    with pytest.raises(ResacctError, match=r"^goodput is True; expected a finite number > 0$"):
+        scaling._positive("goodput", True)
+    with pytest.raises(ResacctError, match=r"^tensor_parallel is 0; expected a whole number ≥ 1$"):
+        parallelism._whole("tensor_parallel", 0)
+    assert utilization._whole("layers", 96.0) == 96
