@@ -15,10 +15,10 @@ import pytest
 from resacct.errors import ResacctError, SpecError
 from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
 from resacct.harness.loader import LoadedClaim, load_claims_file
+from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings
 
 __all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group"]
 
-CLAIM_PROPERTY = "resacct_claim"
 REQUIRE_GPU_VARIABLE = "RESACCT_REQUIRE_GPU"
 
 
@@ -127,7 +127,6 @@ class ClaimItem(pytest.Item):
 
     def _run_forall(self) -> None:
         from hypothesis import given
-        from pytest_resacct import claim_hypothesis_settings
 
         from resacct.harness.strategies import get_strategy
 
@@ -142,7 +141,7 @@ class ClaimItem(pytest.Item):
 
         # Each claim keeps its own entry in hypothesis' example database.
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
-        # resacct's Hypothesis settings apply to this claim only, never globally (see pytest_resacct).
+        # resacct's Hypothesis settings apply to this claim only, never globally (see harness.pytest_settings).
         test = claim_hypothesis_settings(claim.examples)(given(**strategies)(law_for_drawn_inputs))
         test()
         self.record["examples"] = examples[0]

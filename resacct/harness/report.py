@@ -68,9 +68,9 @@ def environment_fingerprint() -> dict[str, Any]:
     import os
 
     import torch
-    from pytest_resacct import hypothesis_profile_name
 
     from resacct import __version__
+    from resacct.harness.pytest_settings import hypothesis_profile_name
 
     device = "cpu"
     device_name = _cpu_name()

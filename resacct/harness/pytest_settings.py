@@ -1,0 +1,60 @@
+"""What the claims' pytest items share with the ``pytest_resacct`` entry point, kept inside resacct
+so that the harness never imports the entry point: the dependency points one way,
+``pytest_resacct`` → ``resacct.harness`` (``tests/test_import_layers.py`` checks it).
+
+- ``CLAIM_PROPERTY``: the ``user_properties`` key under which a claim item carries its record;
+- ``SEEN_CLAIM_IDS``: the config stash key of the claim ids collected so far, each with its
+  ``file:line`` (a second claim with the same id, in any file, is a spec error);
+- the Hypothesis settings of the claims' ``forall`` items and the rule that picks them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+__all__ = [
+    "CLAIM_PROPERTY",
+    "SEEN_CLAIM_IDS",
+    "HYPOTHESIS_PROFILE_VARIABLE",
+    "CLAIM_HYPOTHESIS_SETTINGS",
+    "hypothesis_profile_name",
+    "claim_hypothesis_settings",
+]
+
+CLAIM_PROPERTY = "resacct_claim"
+
+SEEN_CLAIM_IDS = pytest.StashKey[dict]()
+
+HYPOTHESIS_PROFILE_VARIABLE = "RESACCT_HYPOTHESIS_PROFILE"
+
+# Hypothesis settings of the claims' ``forall`` items only. They are applied per claim item,
+# on top of Hypothesis' built-in defaults: no profile is registered or loaded, so a host
+# project's own profile (and every test that is not a claim) is left exactly as it was.
+CLAIM_HYPOTHESIS_SETTINGS = {
+    "dev": {"max_examples": 40, "deadline": None},
+    "ci": {"max_examples": 25, "deadline": None, "derandomize": True, "database": None, "print_blob": True},
+}
+
+
+def hypothesis_profile_name() -> str:
+    """Which claim settings apply: ``RESACCT_HYPOTHESIS_PROFILE`` (``dev`` or ``ci``) if set, else
+    ``ci`` under CI (derandomised), else ``dev``."""
+    default = "ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "dev"
+    name = os.environ.get(HYPOTHESIS_PROFILE_VARIABLE, default)
+    if name not in CLAIM_HYPOTHESIS_SETTINGS:
+        raise pytest.UsageError(f"{HYPOTHESIS_PROFILE_VARIABLE}={name!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)}")
+    return name
+
+
+def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]
+    """The ``hypothesis.settings`` of one claim item: Hypothesis' own ``default`` profile (never
+    the host's loaded one) with resacct's values; ``max_examples`` from the claim's ``examples``."""
+    from hypothesis import HealthCheck, settings
+
+    values = dict(CLAIM_HYPOTHESIS_SETTINGS[hypothesis_profile_name()])
+    if max_examples is not None:
+        values["max_examples"] = max_examples
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+    return settings(settings.get_profile("default"), suppress_health_check=quiet, **values)
