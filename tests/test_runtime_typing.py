@@ -39,3 +39,16 @@ def test_wrong_python_type_is_refused():
 def test_the_hook_instruments_resacct_only_when_configured():
     """The hook wraps functions at import; a plain call with the right types still works."""
     assert tensors.storage_bytes(torch.zeros(4, 8)) == 128
+
+
+def test_the_tensor_layers_are_checked_and_the_harness_is_not():
+    """conftest.py instruments every resacct module but the harness, report writers and CLI
+    (no tensors there, and wrapping the YAML loader's hot loop cost 30 % of the claims' time)."""
+    from conftest import UNCHECKED_SUBPACKAGES, type_checked_modules
+    from resacct.harness import yaml_nodes
+
+    checked = type_checked_modules()
+    assert {"resacct.tensors", "resacct.models", "resacct.checks", "resacct.flops"} <= set(checked)
+    assert not {f"resacct.{name}" for name in UNCHECKED_SUBPACKAGES} & set(checked)
+    assert hasattr(tensors.storage_bytes, "__wrapped__"), "resacct.tensors is not type-checked"
+    assert not hasattr(yaml_nodes.to_python, "__wrapped__"), "the harness's YAML loader is wrapped"

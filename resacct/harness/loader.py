@@ -8,6 +8,7 @@ files are size-limited and only regular files are read.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,46 @@ def _key_lines(node: yaml.Node) -> dict[str, int]:
 
 
 def load_claims_file(path: Path | str, display_path: str | None = None) -> LoadedFile:
-    """Parse, validate and resolve one claims file. Never raises for a bad file: see ``errors``."""
+    """Parse, validate and resolve one claims file. Never raises for a bad file: see ``errors``.
+
+    The same bytes under the same display path are parsed once per process (pytest's collection
+    and the mutation meta-test both load every shipped file: parsing is most of their cost)."""
     shown = display_path or str(path)
+    key = _cache_key(Path(path), shown)
+    if key is not None and key in _PARSED:
+        return _copy(_PARSED[key])
     loaded = LoadedFile(path=shown)
     try:
-        return _load(Path(path), shown, loaded)
+        loaded = _load(Path(path), shown, loaded)
     except Exception as error:  # a loader bug must cost one file, never the whole collection
         loaded.errors.append(SpecError(f"could not be loaded ({_one_line(error)}); please report this as a resacct bug", path=shown))
         loaded.claims.clear()
         return loaded
+    if key is not None:
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = _copy(loaded)
+    return loaded
+
+
+_PARSED: dict[tuple[str, bytes], LoadedFile] = {}
+_PARSED_LIMIT = 128
+
+
+def _cache_key(path: Path, shown: str) -> tuple[str, bytes] | None:
+    """(display path, digest of the bytes) for a regular file of allowed size; None otherwise
+    (the loader then reports the problem itself)."""
+    try:
+        if _not_a_regular_file(path) is not None or path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        return shown, hashlib.blake2b(path.read_bytes(), digest_size=20).digest()
+    except OSError:
+        return None
+
+
+def _copy(loaded: LoadedFile) -> LoadedFile:
+    """A file's result with its own lists (the claims themselves are frozen and shared)."""
+    return LoadedFile(path=loaded.path, area=loaded.area, claims=list(loaded.claims), errors=list(loaded.errors))
 
 
 def _one_line(error: BaseException) -> str:
