@@ -12,11 +12,21 @@ Three ways to size a model for a budget C (training FLOPs, C ≈ 6·N·D):
 - **Approach 1** through the paper's own projections: Table 3 lists, for nine model sizes, the
   FLOPs and tokens approach 1 calls compute-optimal; a least-squares line through log N against
   log C (slope 0.498, the paper's a = 0.50) interpolates between them.
-  Approach 2's prefactor is not published (only its exponent, Table 2: a = 0.49).
+- **Approach 2** (IsoFLOP profiles) the same way through its projections, Table A3 (Appendix
+  D.3, p. 26; nine sizes, FLOPs and tokens): slope 0.490 for N and 0.510 for D, the paper's
+  a = 0.49 and b = 0.51 (Table 2). The paper prints no prefactor of its own (Figure 3's fitted
+  lines are drawn, not written); the table's rows fix it.
+
+:func:`chinchilla_optimum` picks one by number; approach 1 is the default there and in
+``resacct optimal`` because Table 3 is the paper's headline projection and Chinchilla itself
+(70B on 1.4T tokens for Gopher's 5.76e23 FLOPs) sits on it, while approach 3 with the printed
+constants misses the paper's own projections (32.2B, not 40B, at Gopher's budget).
 
 >>> n, d = chinchilla_approach3_optimum(5.76e23)      # Gopher's budget
 >>> round(n / 1e9, 1), round(d / 1e12, 2)            # the paper's Figure 4 says 40B; see the claims
 (32.2, 2.98)
+>>> round(chinchilla_approach2_optimum(5.76e23)[0] / 1e9, 1)  # Table A3 fit at Gopher's budget
+63.4
 >>> round(tokens_per_parameter_optimum(5.76e23)[0] / 1e9, 1)
 69.3
 >>> round(gpu_hours(6.3e24, peak_flops_per_sec=989.5e12, mfu=0.4, goodput=0.9) / 1e6, 2)
@@ -39,6 +49,13 @@ __all__ = [
     "CHINCHILLA_TABLE3",
     "chinchilla_approach1_fit",
     "chinchilla_approach1_optimum",
+    "CHINCHILLA_TABLE_A3_APPROACH2",
+    "CHINCHILLA_TABLE_A3_APPROACH3",
+    "CHINCHILLA_APPROACHES",
+    "DEFAULT_CHINCHILLA_APPROACH",
+    "chinchilla_approach2_fit",
+    "chinchilla_approach2_optimum",
+    "chinchilla_optimum",
     "chinchilla_loss",
     "chinchilla_approach3_optimum",
     "tokens_per_parameter_optimum",
@@ -95,6 +112,36 @@ CHINCHILLA_TABLE3: tuple[tuple[float, float, float], ...] = (
 )
 
 
+#: Table A3 of Hoffmann et al. 2022 (Appendix D.3, p. 26), approach 2's projections: (parameters,
+#: FLOPs, tokens) as printed.
+CHINCHILLA_TABLE_A3_APPROACH2: tuple[tuple[float, float, float], ...] = (
+    (400e6, 1.84e19, 7.7e9), (1e9, 1.20e20, 20.0e9), (10e9, 1.32e22, 219.5e9), (67e9, 6.88e23, 1.7e12),
+    (175e9, 4.54e24, 4.3e12), (280e9, 1.18e25, 7.1e12), (520e9, 4.19e25, 13.4e12), (1e12, 1.59e26, 26.5e12),
+    (10e12, 1.75e28, 292.0e12),
+)
+
+#: Table A3, approach 3's projections, as printed — the 175B row's 1.26e+24 FLOPs included, although
+#: its own 12.0T tokens need 6·N·D = 1.26e25 (a claim keeps that erratum).
+CHINCHILLA_TABLE_A3_APPROACH3: tuple[tuple[float, float, float], ...] = (
+    (400e6, 2.21e19, 9.2e9), (1e9, 1.62e20, 27.1e9), (10e9, 2.46e22, 410.1e9), (67e9, 1.71e24, 4.1e12),
+    (175e9, 1.26e24, 12.0e12), (280e9, 3.52e25, 20.1e12), (520e9, 1.36e26, 43.5e12), (1e12, 5.65e26, 94.1e12),
+    (10e12, 8.55e28, 1425.5e12),
+)
+
+#: The approaches ``resacct optimal --approach`` offers, and its default (see the module docstring).
+CHINCHILLA_APPROACHES = (1, 2, 3)
+DEFAULT_CHINCHILLA_APPROACH = 1
+
+
+def _log_fit(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """(slope, e^intercept) of the least-squares line of log y on log x."""
+    xs = [math.log(x) for x, _ in pairs]
+    ys = [math.log(y) for _, y in pairs]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    return slope, math.exp(mean_y - slope * mean_x)
+
+
 def chinchilla_approach1_fit(rows: tuple[tuple[float, float, float], ...] = CHINCHILLA_TABLE3) -> tuple[float, float]:
     """(a, k) of N_opt = k·C^a, least squares of log N on log C through Table 3's rows.
 
@@ -102,11 +149,25 @@ def chinchilla_approach1_fit(rows: tuple[tuple[float, float, float], ...] = CHIN
     >>> round(a, 3)
     0.498
     """
-    xs = [math.log(flops) for _, flops, _ in rows]
-    ys = [math.log(parameters) for parameters, _, _ in rows]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    return slope, math.exp(mean_y - slope * mean_x)
+    return _log_fit([(flops, parameters) for parameters, flops, _ in rows])
+
+
+def chinchilla_approach2_fit(tokens: bool = False) -> tuple[float, float]:
+    """(a, k) of N_opt = k·C^a through Table A3's approach-2 rows; with ``tokens``, (b, k') of
+    D_opt = k'·C^b through the same rows.
+
+    >>> round(chinchilla_approach2_fit()[0], 3), round(chinchilla_approach2_fit(tokens=True)[0], 3)
+    (0.49, 0.51)
+    """
+    column = 2 if tokens else 0
+    return _log_fit([(row[1], row[column]) for row in CHINCHILLA_TABLE_A3_APPROACH2])
+
+
+def chinchilla_approach2_optimum(compute_flops: float) -> tuple[float, float]:
+    """(N_opt, D_opt) by approach 2 (IsoFLOP profiles), through Table A3 (D = C/(6N))."""
+    a, k = chinchilla_approach2_fit()
+    parameters = k * _positive("compute_flops", compute_flops) ** a
+    return parameters, compute_flops / (6 * parameters)
 
 
 def chinchilla_approach1_optimum(compute_flops: float) -> tuple[float, float]:
@@ -132,6 +193,26 @@ def chinchilla_approach3_optimum(compute_flops: float, fit: ParametricLossFit = 
     """(N_opt, D_opt) that minimise L̂ for ``compute_flops`` = 6·N·D (Hoffmann et al. 2022 eq. 4)."""
     sixth = _positive("compute_flops", compute_flops) / 6
     return fit.G * sixth ** fit.parameter_exponent, sixth ** fit.token_exponent / fit.G
+
+
+def chinchilla_optimum(compute_flops: float, approach: int = DEFAULT_CHINCHILLA_APPROACH) -> tuple[float, float]:
+    """(N_opt, D_opt) for ``compute_flops`` by Chinchilla's approach 1, 2 or 3.
+
+    >>> [round(chinchilla_optimum(5.76e23, k)[0] / 1e9, 1) for k in (1, 2, 3)]
+    [67.8, 63.4, 32.2]
+    >>> chinchilla_optimum(1e24, 4)
+    Traceback (most recent call last):
+    ...
+    resacct.errors.ResacctError: Chinchilla approach 4 is not one of 1, 2, 3 (1: Table 3, 2: IsoFLOP profiles / Table A3, 3: parametric loss)
+    """
+    if isinstance(approach, bool) or approach not in CHINCHILLA_APPROACHES:
+        raise ResacctError(f"Chinchilla approach {approach!r} is not one of 1, 2, 3 "
+                           "(1: Table 3, 2: IsoFLOP profiles / Table A3, 3: parametric loss)")
+    if approach == 1:
+        return chinchilla_approach1_optimum(compute_flops)
+    if approach == 2:
+        return chinchilla_approach2_optimum(compute_flops)
+    return chinchilla_approach3_optimum(compute_flops)
 
 
 def tokens_per_parameter_optimum(compute_flops: float, tokens_per_parameter: float = CHINCHILLA_TOKENS_PER_PARAMETER) -> tuple[float, float]:

@@ -134,3 +134,40 @@ def test_eager_layer_model_reduces_to_table2_with_korthikantis_assumptions(t: in
 
     kwargs = dict(tensor_parallel=t, sequence_parallel=sp, recompute=recompute)
     assert torch_layer_saved_bytes(32, 3, 128, 8, **kwargs) == pytest.approx(activation_bytes_per_layer(32, 3, 128, 8, **kwargs))
+
+
+def test_chinchilla_approach2_through_table_a3() -> None:
+    """Approach 2's fit reproduces Table 2's exponents and passes through Table A3's rows."""
+    from resacct.scaling import CHINCHILLA_TABLE_A3_APPROACH2, chinchilla_approach2_fit, chinchilla_approach2_optimum
+
+    assert chinchilla_approach2_fit()[0] == pytest.approx(0.49, abs=0.005)
+    assert chinchilla_approach2_fit(tokens=True)[0] == pytest.approx(0.51, abs=0.005)
+    for parameters, flops, _ in CHINCHILLA_TABLE_A3_APPROACH2:
+        n, d = chinchilla_approach2_optimum(flops)
+        assert 6 * n * d == pytest.approx(flops)
+        assert n == pytest.approx(parameters, rel=0.04)  # the 67B row is 3.3% off the line (a refuted claim)
+
+
+@pytest.mark.parametrize("approach", [1, 2, 3])
+def test_optimal_approach_flag(capsys: pytest.CaptureFixture[str], approach: int) -> None:
+    from resacct.scaling import chinchilla_optimum
+
+    fields = _json(capsys, "optimal", "--flops", "5.76e23", "--approach", str(approach))
+    assert fields["approach"] == approach
+    assert (fields["parameters"], fields["tokens"]) == pytest.approx(chinchilla_optimum(5.76e23, approach))
+    assert _json(capsys, "optimal", "--flops", "1e24")["approach"] == 1  # the default
+
+
+@pytest.mark.parametrize("bad", ["4", "0", "x", "1.5", ""])
+def test_optimal_bad_approach_exits_2_naming_the_value(capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    assert main(["optimal", "--flops", "1e24", "--approach", bad]) == 2
+    err = capsys.readouterr().err
+    assert repr(bad) in err and "choose 1" in err and "2 (IsoFLOP" in err and err.count("\n") == 1
+
+
+def test_chinchilla_optimum_refuses_other_approaches() -> None:
+    from resacct.scaling import chinchilla_optimum
+
+    for bad in (0, 4, True):
+        with pytest.raises(ResacctError, match="not one of 1, 2, 3"):
+            chinchilla_optimum(1e24, bad)

@@ -23,7 +23,7 @@ from resacct.hardware import peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
 from resacct.napkin import training_days, training_flops
 from resacct.parallelism import ParallelLayout, selective_recompute_memory_saving
-from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach3_optimum
+from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach2_fit, chinchilla_approach3_optimum
 from resacct.utilization import (
     dense_model_flops_per_token,
     gpt_iteration_flops,
@@ -153,14 +153,33 @@ def datasheet_peak_tflops(device: str, dtype: str = "bf16") -> Outcome:
 
 
 @check("scale.table_parameter_exponent")
-def table_parameter_exponent(rows: list[list[float]]) -> Outcome:
-    """a in N ∝ C^a through a table's (parameters, FLOPs) rows, fitted here with numpy's
-    polyfit on the logarithms; resacct's own least-squares fit of Table 3 predicts it."""
+def table_parameter_exponent(rows: list[list[float]], approach: int = 1, tokens: bool = False) -> Outcome:
+    """a in N ∝ C^a through a table's (parameters, FLOPs[, tokens]) rows — with ``tokens``, b in
+    D ∝ C^b through its (…, FLOPs, tokens) rows — fitted here with numpy's polyfit on the
+    logarithms; resacct's own least-squares fit of Table 3 (approach 1) or of Table A3's
+    approach-2 rows (approach 2) predicts it."""
     import numpy
 
-    parameters, flops = zip(*((row[0], row[1]) for row in rows))
-    slope = float(numpy.polyfit(numpy.log(flops), numpy.log(parameters), 1)[0])
-    return Outcome(measured=slope, predicted=chinchilla_approach1_fit()[0])
+    flops = [row[1] for row in rows]
+    sizes = [row[2] if tokens else row[0] for row in rows]
+    slope = float(numpy.polyfit(numpy.log(flops), numpy.log(sizes), 1)[0])
+    predicted = chinchilla_approach2_fit(tokens=tokens)[0] if approach == 2 else chinchilla_approach1_fit()[0]
+    return Outcome(measured=slope, predicted=predicted)
+
+
+@check("scale.table_row_on_power_law")
+def table_row_on_power_law(rows: list[list[float]], row: int) -> Outcome:
+    """The parameters a single power law N = k·C^a through all of a table's (parameters, FLOPs)
+    rows gives at one row's FLOPs — numpy's polyfit on the logarithms, evaluated there; resacct's
+    approach-2 optimum (its own fit of Table A3) predicts it. Against the row's printed size,
+    this says whether the row lies on the line the other rows draw."""
+    import numpy
+
+    flops = numpy.log([r[1] for r in rows])
+    slope, intercept = numpy.polyfit(flops, numpy.log([r[0] for r in rows]), 1)
+    from resacct.scaling import chinchilla_approach2_optimum
+
+    return Outcome(measured=float(numpy.exp(intercept + slope * flops[row])), predicted=chinchilla_approach2_optimum(rows[row][1])[0])
 
 
 @check("scale.flops_per_token_times_tokens")

@@ -3,7 +3,8 @@
 
 ``plan``: training state (parameters split over TP × PP, sharded over DP by the ZeRO stage) plus
 activations on the first pipeline stage (Korthikanti et al. 2022, Table 2 and eq. 5–6) per GPU.
-``optimal``: Chinchilla's approach 3 (Hoffmann et al. 2022, eq. 4 with the printed constants) and
+``optimal``: one of Chinchilla's approaches (Hoffmann et al. 2022: ``--approach 1`` through Table 3,
+the default; ``2`` IsoFLOP profiles through Table A3; ``3`` eq. 4 with the printed constants) beside
 the 20-tokens-per-parameter rule; with a device, the device-hours at an MFU and a goodput.
 """
 
@@ -29,7 +30,9 @@ _PLAN_EXAMPLES = """examples:
 
 _OPTIMAL_EXAMPLES = """examples:
   resacct optimal --flops 5.76e23
-      Gopher's budget: approach 3 and 20 tokens per parameter
+      Gopher's budget: approach 1 (the default) and 20 tokens per parameter
+  resacct optimal --flops 5.76e23 --approach 2
+      approach 2, IsoFLOP profiles (through Table A3: N ∝ C^0.49, D ∝ C^0.51)
   resacct optimal --flops 3.8e25 --device h100 --devices 16384 --mfu 0.4 --goodput 0.9
 """
 
@@ -98,34 +101,42 @@ def _run_plan(args: argparse.Namespace) -> int:
     return emit(args, fields, "\n".join(lines))
 
 
-def _run_optimal(args: argparse.Namespace) -> int:
-    from resacct.scaling import (
-        CHINCHILLA_APPROACH3,
-        chinchilla_approach1_fit,
-        chinchilla_approach1_optimum,
-        chinchilla_approach3_optimum,
-        chinchilla_loss,
-        gpu_hours,
-        tokens_per_parameter_optimum,
-    )
+def _approach(text: str) -> int:
+    """``--approach``: 1, 2 or 3, refused otherwise with the value and what is allowed."""
+    from resacct.scaling import CHINCHILLA_APPROACHES
 
-    n1, d1 = chinchilla_approach1_optimum(args.flops)
-    n3, d3 = chinchilla_approach3_optimum(args.flops)
+    if text.strip() not in {str(k) for k in CHINCHILLA_APPROACHES}:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Chinchilla approach; choose 1 (Table 3, the default), "
+                                         "2 (IsoFLOP profiles, Table A3) or 3 (parametric loss)")
+    return int(text)
+
+
+def _approach_label(approach: int) -> str:
+    from resacct.scaling import chinchilla_approach1_fit, chinchilla_approach2_fit
+
+    if approach == 1:
+        return f"Chinchilla approach 1 (through Table 3's projections, N ∝ C^{chinchilla_approach1_fit()[0]:.3f})"
+    if approach == 2:
+        return (f"Chinchilla approach 2 (IsoFLOP profiles, through Table A3: N ∝ C^{chinchilla_approach2_fit()[0]:.3f}, "
+                f"D ∝ C^{chinchilla_approach2_fit(tokens=True)[0]:.3f})")
+    return "Chinchilla approach 3 (E=1.69, A=406.4, B=410.7, α=0.34, β=0.28)"
+
+
+def _run_optimal(args: argparse.Namespace) -> int:
+    from resacct.scaling import chinchilla_loss, chinchilla_optimum, gpu_hours, tokens_per_parameter_optimum
+
+    n, d = chinchilla_optimum(args.flops, args.approach)
     n20, d20 = tokens_per_parameter_optimum(args.flops, args.tokens_per_param)
     fields: dict[str, Any] = {
-        "training_flops": args.flops,
-        "approach1_parameters": n1, "approach1_tokens": d1,
-        "approach3_parameters": n3, "approach3_tokens": d3, "approach3_loss": chinchilla_loss(n3, d3),
-        "approach3_exponent_parameters": CHINCHILLA_APPROACH3.parameter_exponent,
+        "training_flops": args.flops, "approach": args.approach,
+        "parameters": n, "tokens": d, "loss": chinchilla_loss(n, d),
         "tokens_per_parameter": args.tokens_per_param,
         "rule_parameters": n20, "rule_tokens": d20, "rule_loss": chinchilla_loss(n20, d20),
     }
     lines = [
         f"compute budget {args.flops:.4g} FLOPs (C = 6·N·D)",
-        f"  Chinchilla approach 1 (through Table 3's projections, N ∝ C^{chinchilla_approach1_fit()[0]:.3f}): {n1:.4g} parameters × {d1:.4g} tokens"
-        f" ({d1 / n1:.1f} tokens/parameter)",
-        f"  Chinchilla approach 3 (E=1.69, A=406.4, B=410.7, α=0.34, β=0.28): {n3:.4g} parameters × {d3:.4g} tokens"
-        f" ({d3 / n3:.1f} tokens/parameter), fitted loss {fields['approach3_loss']:.3f}",
+        f"  {_approach_label(args.approach)}: {n:.4g} parameters × {d:.4g} tokens ({d / n:.1f} tokens/parameter),"
+        f" fitted loss {fields['loss']:.3f}",
         f"  {args.tokens_per_param:g} tokens per parameter: {n20:.4g} parameters × {d20:.4g} tokens, fitted loss {fields['rule_loss']:.3f}",
     ]
     if args.device is not None or args.peak is not None:
@@ -182,12 +193,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(plan)
     plan.set_defaults(run=_run_plan)
 
-    optimal_summary = ("Compute-optimal parameters and tokens for a FLOP budget: Chinchilla's approach 1 (through Table 3), approach 3\n"
-                       "(eq. 4 with the printed E, A, B, α, β) and 20 tokens per parameter; with a device, the device-hours at an MFU\n"
-                       "and a goodput.")
+    optimal_summary = ("Compute-optimal parameters and tokens for a FLOP budget: one of Chinchilla's approaches (1 through Table 3,\n"
+                       "2 IsoFLOP profiles through Table A3, 3 eq. 4 with the printed E, A, B, α, β) and 20 tokens per parameter;\n"
+                       "with a device, the device-hours at an MFU and a goodput.")
     optimal = subparsers.add_parser("optimal", help="compute-optimal parameters and tokens for a FLOP budget (Chinchilla), and device-hours",
                                     description=optimal_summary, epilog=_OPTIMAL_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     optimal.add_argument("--flops", type=count, required=True, help="training compute budget C in FLOPs (5.76e23)")
+    optimal.add_argument("--approach", type=_approach, default=1, metavar="1|2|3",
+                         help="Chinchilla approach: 1 through Table 3 (default: the paper's headline projection, on which Chinchilla "
+                              "itself sits), 2 IsoFLOP profiles through Table A3, 3 the parametric loss with the printed constants "
+                              "(32B, not the paper's 40B, at Gopher's budget)")
     optimal.add_argument("--tokens-per-param", type=count, default=20.0, help="the rule of thumb's tokens per parameter (default: 20)")
     optimal.add_argument("--device", default=None, metavar="NAME", help="accelerator for device-hours (see 'resacct devices')")
     optimal.add_argument("--dtype", default="bf16", help="format of the peak (default: bf16)")
