@@ -163,3 +163,83 @@ def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: 
                                         gathered_inputs_kept=4 if sequence_parallel else 0, dropout_mask_bytes=2,
                                         layernorm_statistic_bytes=2, causal_mask_bytes=1)
     return Outcome(measured=max(per_rank), predicted=predicted, quantities={"min_rank_bytes": min(per_rank)})
+
+
+# ───────────────────────── full recomputation: resacct's GPT, every layer checkpointed ─────────────────────────
+
+
+def _bf16_gpt(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """resacct's GPT in bfloat16 (seeded), with token ids and targets of one (batch, seq) step."""
+    from resacct.gpt import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=vocab, context_length=seq, n_layers=layers, n_heads=heads, d_model=heads * head_dim)
+    torch.manual_seed(0)
+    return GPT(config).to(torch.bfloat16), torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
+
+
+def full_recompute_census(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int) -> dict[str, int]:
+    """What autograd keeps for backward in one bfloat16 GPT forward + loss (CPU), seen
+    by saved-tensor hooks outside ``torch.utils.checkpoint`` (one count per storage):
+
+    - ``full_bytes``: every layer under ``checkpoint(use_reentrant=False)``. Inside a segment
+      checkpoint's own hooks replace each saved tensor by a placeholder; what it really keeps
+      — the segment's input, saved by its ``_NoopSaveInputs`` node before its hooks go on —
+      passes through the outer hooks and is counted here;
+    - ``layer_input_bytes``: the part of it saved outside every module (the checkpoints' inputs);
+    - ``outside_bytes``: what the same model saves outside its layers without recomputation
+      (embeddings, final norm, LM head, loss), attributed by module.
+    """
+    from resacct.activation_checkpointing import gpt_loss
+
+    with preserved_global_rng():
+        model, tokens, targets = _bf16_gpt(layers, seq, batch, heads, head_dim, vocab)
+        with record_saved_activations(model) as plain:
+            gpt_loss(model, tokens, targets)
+        with record_saved_activations(model) as full:
+            gpt_loss(model, tokens, targets, checkpoint_segments=layers)
+    plain_activations = [entry for entry in plain.entries if not entry.is_parameter]
+    full_activations = [entry for entry in full.entries if not entry.is_parameter]
+    return {
+        "full_bytes": full.activation_bytes,
+        "layer_input_bytes": sum(entry.bytes for entry in full_activations if entry.module == "(model)"),
+        "outside_bytes": sum(entry.bytes for entry in plain_activations if not entry.module.startswith("blocks.")),
+    }
+
+
+@check("parallelism.full_recompute_saved_bytes", quantities=("outside_bytes", "layer_input_bytes"))
+def full_recompute_saved_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int = 64) -> Outcome:
+    """Bytes a bfloat16 GPT keeps for backward with every layer checkpointed
+    (:func:`full_recompute_census`); resacct predicts L × Korthikanti's full-recomputation bytes
+    per layer plus its own count of what lies outside the layers."""
+    from resacct.gpt import GPTConfig
+    from resacct.gpt_formulas import gpt_outside_layers_saved_bytes
+    from resacct.parallelism import activation_bytes_per_layer
+
+    census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)
+    hidden = heads * head_dim
+    config = GPTConfig(vocab_size=vocab, context_length=seq, n_layers=layers, n_heads=heads, d_model=hidden)
+    predicted = (layers * activation_bytes_per_layer(seq, batch, hidden, heads, recompute="full")
+                 + gpt_outside_layers_saved_bytes(config, batch, seq, element_bytes=2))
+    return Outcome(measured=census["full_bytes"], predicted=predicted,
+                   quantities={"outside_bytes": census["outside_bytes"], "layer_input_bytes": census["layer_input_bytes"]})
+
+
+@check("parallelism.full_recompute_held_bytes", quantities=("saved_bytes", "rng_state_bytes"))
+def full_recompute_held_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int = 64) -> Outcome:
+    """Bytes the CPU allocator holds after a bfloat16 GPT forward + loss with every
+    layer checkpointed, above what existed before it (``torch.profiler`` memory events: every
+    allocation, whether autograd's hooks see it or not); ``saved_bytes`` is the saved-tensor
+    census of the same forward, ``rng_state_bytes`` the size of ``torch.get_rng_state()``.
+    resacct predicts it with :func:`resacct.activation_checkpointing.predict_gpt_held_after_forward_bytes`."""
+    from resacct.activation_checkpointing import gpt_loss, predict_gpt_held_after_forward_bytes
+    from resacct.activation_recording import trace_allocations
+
+    census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)
+    with preserved_global_rng():
+        model, tokens, targets = _bf16_gpt(layers, seq, batch, heads, head_dim, vocab)
+        with trace_allocations() as trace:
+            loss = gpt_loss(model, tokens, targets, checkpoint_segments=layers)
+        del loss
+    predicted = predict_gpt_held_after_forward_bytes(model.config, batch, seq, layers, element_bytes=2)
+    return Outcome(measured=trace.end_bytes, predicted=predicted,
+                   quantities={"saved_bytes": census["full_bytes"], "rng_state_bytes": torch.get_rng_state().numel()})
