@@ -48,8 +48,10 @@ def test_every_entry_is_sourced_and_positive(name):
 def test_non_tensor_formats_have_no_sparse_peak(name):
     board = accelerators()[name]
     for fmt in ("fp64", "fp32"):
-        if fmt in board.peaks or board.family not in ("tpu", "gaudi"):
+        if fmt in board.peaks:
             assert board.peaks[fmt].sparse_flops_per_sec is None
+        else:  # only TPUs and Gaudi print no fp64/fp32; elsewhere the entry's note says why it is left out
+            assert board.family in ("tpu", "gaudi") or (fmt == "fp64" and "fp64 is left out" in board.note)
 
 
 def test_lecture_peaks():
@@ -206,3 +208,11 @@ def test_v100_has_fp16_but_no_bf16(cuda_name, memory_bytes):
     assert v100.confidence == "derived"
     with pytest.raises(ResacctError, match="has no bf16 peak"):
         peak_flops_per_sec(v100, "bf16")
+
+
+def test_gb200_is_half_a_superchip_and_derived():
+    """GB200 per GPU: one half of the superchip column NVIDIA prints (read in transcriptions)."""
+    gb200 = get_accelerator("gb200-nvl72")
+    assert gb200.confidence == "derived" and "fp64" not in gb200.peaks
+    assert peak_flops_per_sec(gb200, "bf16", sparse=True) * 2 == 10e15  # FP16/BF16 Tensor Core 10 PFLOPS per superchip
+    assert peak_flops_per_sec(gb200, "fp8") > peak_flops_per_sec("b200", "fp8")
