@@ -6,8 +6,12 @@ kernels, labelled by shape and dtype.
   Bytes are what the memory system moves: two arrays read, one written, and one more read for
   the written one — on a CPU a store first brings its cache line in (*write-allocate*). STREAM
   itself counts 3 arrays; both figures are kept (``stream_bytes_per_sec``).
-- **Compute roof**, one per dtype: the best of square matmuls of 384³ and 512³ — sizes no point
-  uses. Each point's samples alternate with samples of its roof's kernel, so both see the same load.
+  Each element-wise point also gets a triad over arrays of its own tensor size, sampled in turn
+  with it: a point whose tensors sat in a cache would be held to that cache's roof, not DRAM's.
+- **Compute roof**, one per dtype: the best of square matmuls of 192³, 320³, 384³ and 512³ —
+  sizes no point uses. Before each sample of a matmul point, one sample of every roof size.
+- **Clock**: with one thread, this thread's CPU time (:func:`sample_clock`): a sample the
+  scheduler cut in two (five jobs on two cores) is not the kernel's speed, for roof or point.
 - **Points**: element-wise ops on out-of-cache tensors and matmuls of other sizes, each with the
   bytes it must move (reads + writes, the lecture's count) and its FLOPs. A memory-bound point
   therefore sits at most at 3/4 (two reads, one write) or 2/3 (one read, one write) of the memory
@@ -33,6 +37,7 @@ from resacct.errors import ResacctError
 from resacct.perf import Roofline, threads
 
 __all__ = [
+    "sample_clock",
     "best_until_stable_sec",
     "MemoryRoof",
     "ComputeRoof",
@@ -52,25 +57,36 @@ __all__ = [
 ]
 
 
+def sample_clock() -> Callable[[], float]:
+    """The clock samples are taken with: with one torch thread, this thread's CPU time
+    (``time.thread_time``) — the kernel's own time, not the time it waited for a core on a shared
+    machine (a wall-clock sample cut by the scheduler is noise, on roof and point alike); with more
+    threads, the wall clock."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def best_until_stable_sec(function: Callable[[], object], *, min_samples: int = 8, max_samples: int = 40, window: int = 6,
-                          improvement: float = 0.01, min_sample_sec: float = 2e-3, max_total_sec: float = 3.0) -> tuple[float, ...]:
+                          improvement: float = 0.01, min_sample_sec: float = 2e-3, max_total_sec: float = 3.0,
+                          clock: Callable[[], float] | None = None) -> tuple[float, ...]:
     """Seconds per call of ``function``, sampled until the best sample has not improved by more
     than ``improvement`` (relative) over the last ``window`` samples — the machine has shown what it
-    can do — or ``max_samples`` / ``max_total_sec`` is reached. Calls shorter than ``min_sample_sec``
-    are batched into one sample. Returns every sample (seconds per call); the roof uses the best."""
+    can do — or ``max_samples`` / ``max_total_sec`` (wall clock) is reached. Calls shorter than
+    ``min_sample_sec`` are batched into one sample. Samples are taken with ``clock`` (default:
+    :func:`sample_clock`). Returns every sample (seconds per call); the roof uses the best."""
+    now = clock or sample_clock()
     function()  # warm-up: allocator, first-touch, kernel selection
-    began = time.perf_counter()
+    began = now()
     function()
-    one_call = time.perf_counter() - began
+    one_call = now() - began
     calls = 1 if one_call >= min_sample_sec else math.ceil(min_sample_sec / max(one_call, 1e-9))
     samples: list[float] = []
     best_at: list[float] = []
     started = time.perf_counter()
     while len(samples) < max_samples:
-        began = time.perf_counter()
+        began = now()
         for _ in range(calls):
             function()
-        samples.append((time.perf_counter() - began) / calls)
+        samples.append((now() - began) / calls)
         best_at.append(min(samples))
         if len(samples) >= max(min_samples, window + 1) and best_at[-window - 1] <= best_at[-1] * (1 + improvement):
             break
@@ -110,7 +126,8 @@ class RooflinePoint:
     flops: float
     bytes_moved: float
     samples_sec: tuple[float, ...]
-    roof_samples_sec: tuple[float, ...] = ()  # the roof kernel's sample taken just before each of this point's
+    roof_samples_sec: tuple[float, ...] = ()  # its roof kernels' samples, taken in turn with this point's
+    memory_roof_bytes_per_sec: float = 0.0  # a triad over arrays of this point's tensor size, sampled in turn with it
 
     @property
     def intensity_flops_per_byte(self) -> float:
@@ -138,7 +155,11 @@ class MeasuredRoofline:
                         roof.peak_flops_per_sec, self.memory.bandwidth_bytes_per_sec)
 
     def attainable_flops_per_sec(self, point: RooflinePoint) -> float:
-        return self.roofline(point.dtype).attainable_flops_per_sec(point.intensity_flops_per_byte)
+        """min(compute roof, intensity × memory roof); the memory roof is the best triad over
+        arrays past the cache or over arrays of the point's own size, whichever moved more."""
+        bandwidth = max(self.memory.bandwidth_bytes_per_sec, point.memory_roof_bytes_per_sec)
+        peak = self.roofline(point.dtype).peak_flops_per_sec
+        return min(peak, point.intensity_flops_per_byte * bandwidth)
 
     def share_of_roof(self, point: RooflinePoint) -> float:
         """The point's best FLOP/s ÷ the roof above it (≤ 1 when the roof is a roof)."""
@@ -201,14 +222,8 @@ def _dims(shape: tuple[int, ...]) -> str:
     return "×".join(str(size) for size in shape)
 
 
-def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5,
-                  alongside: Callable[[], object] | None = None, alongside_samples: list[float] | None = None) -> RooflinePoint:
-    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes. With
-    ``alongside`` (a roof's kernel), each sample of the operation is taken right after one of
-    ``alongside``, whose seconds go to ``alongside_samples``: both see the same load.
-
-    ``operation``: ``add``, ``relu``, ``gelu`` (tanh, 9 FLOPs an element), ``copy`` on a tensor of
-    ``shape``; ``matmul`` with ``shape`` = (m, k, n)."""
+def _point_kernel(operation: str, shape: tuple[int, ...], dtype: str, device: str) -> tuple[Callable[[], object], float, float, str, int]:
+    """(call, FLOPs, bytes read + written, label, bytes of one tensor) of a roofline point."""
     from resacct.dtypes import parse_dtype
 
     torch_dtype = parse_dtype(dtype)
@@ -217,10 +232,9 @@ def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32"
         m, k, n = shape
         a, b = torch.randn(m, k, device=device).to(torch_dtype), torch.randn(k, n, device=device).to(torch_dtype)
         out = torch.empty(m, n, dtype=torch_dtype, device=device)
-        function: Callable[[], object] = functools.partial(torch.matmul, a, b, out=out)
-        flops, moved = 2.0 * m * k * n, float((m * k + k * n + m * n) * element)
-        label = f"matmul {m}×{k} @ {k}×{n} {dtype}"
-    elif operation in ("add", "relu", "gelu", "copy"):
+        return (functools.partial(torch.matmul, a, b, out=out), 2.0 * m * k * n, float((m * k + k * n + m * n) * element),
+                f"matmul {m}×{k} @ {k}×{n} {dtype}", max(m * k, k * n, m * n) * element)
+    if operation in ("add", "relu", "gelu", "copy"):
         x, y = torch.randn(shape, device=device).to(torch_dtype), torch.randn(shape, device=device).to(torch_dtype)
         out = torch.empty_like(x)
         calls = {"add": (functools.partial(torch.add, x, y, out=out), 1, 3),
@@ -228,27 +242,51 @@ def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32"
                  "gelu": (functools.partial(torch._C._nn.gelu, x, approximate="tanh", out=out), 9, 2),
                  "copy": (functools.partial(out.copy_, x), 0, 2)}
         function, flops_per_element, tensors = calls[operation]
-        flops, moved = float(flops_per_element * x.numel()), float(tensors * x.numel() * element)
-        label = f"{operation} [{_dims(shape)}] {dtype}"
-    else:
-        raise ResacctError(f"roofline point {operation!r}: expected add, relu, gelu, copy or matmul")
-    if alongside is None:
-        times = best_until_stable_sec(function, min_samples=samples, max_samples=samples, max_total_sec=math.inf)
-    else:
-        pairs = [best_until_stable_sec(pair, min_samples=1, max_samples=1, min_sample_sec=0.0, max_total_sec=math.inf)[0]
-                 for _ in range(samples) for pair in (alongside, function)]
-        times = tuple(pairs[1::2])
-        if alongside_samples is not None:
-            alongside_samples.extend(pairs[0::2])
-    return RooflinePoint(label=label, operation=operation, dtype=str(dtype), flops=flops, bytes_moved=moved, samples_sec=times,
-                         roof_samples_sec=tuple(pairs[0::2]) if alongside is not None else ())
+        return (function, float(flops_per_element * x.numel()), float(tensors * x.numel() * element),
+                f"{operation} [{_dims(shape)}] {dtype}", x.numel() * element)
+    raise ResacctError(f"roofline point {operation!r}: expected add, relu, gelu, copy or matmul")
 
 
-#: Square matmul sizes whose best is the compute roof (no point uses them).
-ROOF_MATMUL_SIZES = (384, 512)
+def _one_sample_sec(function: Callable[[], object]) -> float:
+    return best_until_stable_sec(function, min_samples=1, max_samples=1, max_total_sec=math.inf)[0]
+
+
+def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5,
+                  alongside: tuple[Callable[[], object], ...] = (), alongside_samples: dict[int, list[float]] | None = None,
+                  triad_alongside: bool = False) -> RooflinePoint:
+    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes. Before each
+    sample of the operation, one sample of every kernel in ``alongside`` (the roof's kernels) is
+    taken, appended to ``alongside_samples[index]``: roof and point see the same load, and the
+    roof gets as many samples per kernel as the point. With ``triad_alongside``, a triad over
+    arrays of the point's tensor size is sampled the same way: the point's own memory roof.
+
+    ``operation``: ``add``, ``relu``, ``gelu`` (tanh, 9 FLOPs an element), ``copy`` on a tensor of
+    ``shape``; ``matmul`` with ``shape`` = (m, k, n)."""
+    function, flops, moved, label, tensor_bytes = _point_kernel(operation, shape, dtype, device)
+    kernels = list(alongside)
+    if triad_alongside:
+        kernels.append(_triad(device, tensor_bytes)[0])
+    taken: dict[int, list[float]] = {index: [] for index in range(len(kernels))}
+    times = []
+    for _ in range(samples):
+        for index, kernel in enumerate(kernels):
+            taken[index].append(_one_sample_sec(kernel))
+        times.append(_one_sample_sec(function))
+    if alongside_samples is not None:
+        for index in range(len(alongside)):
+            alongside_samples.setdefault(index, []).extend(taken[index])
+    own_triad = 4 * (tensor_bytes // 4 * 4) / min(taken[len(alongside)]) if triad_alongside else 0.0
+    return RooflinePoint(label=label, operation=operation, dtype=str(dtype), flops=flops, bytes_moved=moved, samples_sec=tuple(times),
+                         roof_samples_sec=tuple(sample for values in taken.values() for sample in values), memory_roof_bytes_per_sec=own_triad)
+
+
+#: Square matmul sizes whose best is the compute roof — on both sides of the point sizes below,
+#: none of them: from 128³ to 512³ a matmul runs near the same FLOP/s here, so the roof is the best
+#: of a sweep, each size sampled in turn with every matmul point.
+ROOF_MATMUL_SIZES = (192, 320, 384, 512)
 
 #: (operation, shape) placed under the roofs: element-wise tensors of 2²³–2²⁴ float32 elements
-#: (32–64 MiB, past a 32 MiB cache) and matmuls of sizes other than the compute roof's. A small
+#: (32–64 MiB, past a 16–32 MiB cache) and matmuls of sizes other than the compute roof's. A small
 #: matmul (64³: 48 KiB of operands) runs from cache after its first call, so the DRAM roof does
 #: not bound it: matmul points start at 256³ (43 FLOP/byte, right of any ridge measured here).
 DEFAULT_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -260,20 +298,24 @@ QUICK_POINTS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 
 
+def _square_matmul(size: int, device: str) -> Callable[[], object]:
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    return functools.partial(torch.matmul, a, b, out=torch.empty(size, size, device=device))
+
+
 def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: tuple[tuple[str, tuple[int, ...]], ...] = DEFAULT_POINTS,
                              thread_count: int | None = 1, device: str = "cpu", point_samples: int = 5,
                              matmul_sizes: tuple[int, ...] = ROOF_MATMUL_SIZES, max_roof_sec: float = 3.0) -> MeasuredRoofline:
     """Both roofs (compute: per dtype, the best of the ``matmul_sizes``), then the points (float32),
-    each sample of a point right after a sample of its roof's kernel (the triad for element-wise
-    points, the first roof matmul for matmuls), then the roofs once more. A roof is the best it
-    showed in any of these, so a burst of load (on a shared machine DRAM bandwidth comes and
-    goes) lowers neither a roof alone nor a point alone."""
+    then the roofs once more. Before each sample of a matmul point, one sample of every roof
+    matmul size is taken; before each sample of an element-wise point, one sample of a triad over
+    arrays of its own tensor size (its memory roof, beside the out-of-cache triad). Samples are
+    this thread's CPU time (:func:`sample_clock`) and a roof is the best it showed in any of them,
+    the same statistic as a point's: a burst of load lowers neither a roof alone nor a point alone."""
     with threads(thread_count):
         used_threads = torch.get_num_threads()
         triad, array_bytes = _triad(device, None)
-        size = matmul_sizes[0]
-        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-        roof_matmul = functools.partial(torch.matmul, a, b, out=torch.empty(size, size, device=device))
+        roof_matmuls = tuple(_square_matmul(size, device) for size in matmul_sizes)
 
         def roofs() -> tuple[list[float], dict[str, ComputeRoof]]:
             return (list(best_until_stable_sec(triad, max_total_sec=max_roof_sec)),
@@ -281,17 +323,18 @@ def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: 
                                 key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes})
 
         triad_samples, compute = roofs()
-        matmul_samples: list[float] = []
+        matmul_samples: dict[int, list[float]] = {}
         measured = tuple(measure_point(operation, shape, device=device, samples=point_samples,
-                                       alongside=roof_matmul if operation == "matmul" else triad,
-                                       alongside_samples=matmul_samples if operation == "matmul" else triad_samples)
+                                       alongside=roof_matmuls if operation == "matmul" else (), alongside_samples=matmul_samples,
+                                       triad_alongside=operation != "matmul")
                          for operation, shape in points)
         triad_again, compute_again = roofs()
     memory = _memory_roof(tuple(triad_samples + triad_again), array_bytes)
     compute = {dtype: max(compute[dtype], compute_again[dtype], key=lambda roof: roof.peak_flops_per_sec) for dtype in dtypes}
-    if matmul_samples and "float32" in compute:  # the paired matmul samples are of the first roof size
-        best = max(compute["float32"].peak_flops_per_sec, 2 * size**3 / min(matmul_samples))
-        compute["float32"] = ComputeRoof("float32", best, size, tuple(matmul_samples))
+    if matmul_samples and "float32" in compute:  # the samples taken in turn with the matmul points, per roof size
+        paired = [ComputeRoof("float32", 2 * matmul_sizes[index] ** 3 / min(samples), matmul_sizes[index], tuple(samples))
+                  for index, samples in matmul_samples.items()]
+        compute["float32"] = max([compute["float32"], *paired], key=lambda roof: roof.peak_flops_per_sec)
     return MeasuredRoofline(memory=memory, compute=compute, points=measured, threads=used_threads)
 
 
