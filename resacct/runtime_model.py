@@ -51,12 +51,14 @@ __all__ = [
     "predict_step",
     "predict_training_step",
     "cached_machine_costs",
+    "optimizer_op_overhead_sec",
     "step_time_rows",
     "op_cost",
     "step_clock",
     "MATMUL_OPS",
     "TRANSCENDENTAL_OPS",
     "DIVISION_OPS",
+    "ROOT_OPS",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
@@ -68,8 +70,9 @@ MATMUL_OPS = frozenset(f"aten.{name}" for name in "mm addmm bmm baddbmm matmul l
 TRANSCENDENTAL_OPS = frozenset(f"aten.{name}" for name in "gelu gelu_backward tanh tanh_backward exp log sigmoid sigmoid_backward erf "
                                                           "_softmax _softmax_backward_data _log_softmax _log_softmax_backward_data".split())
 #: Divisions and square roots: timed against the measured rate of ``div`` (several times an add's cost).
-DIVISION_OPS = frozenset(f"aten.{name}" for name in "div div_ sqrt sqrt_ rsqrt rsqrt_ reciprocal addcdiv addcdiv_ _foreach_div _foreach_div_ "
-                                                    "_foreach_sqrt _foreach_sqrt_ _foreach_addcdiv_".split())
+DIVISION_OPS = frozenset(f"aten.{name}" for name in "div div_ reciprocal addcdiv addcdiv_ _foreach_div _foreach_div_ _foreach_addcdiv_".split())
+#: Square roots: timed against the measured rate of ``sqrt`` (about half a div's here: Adam's ``denom``).
+ROOT_OPS = frozenset(f"aten.{name}" for name in "sqrt sqrt_ rsqrt rsqrt_ _foreach_sqrt _foreach_sqrt_".split())
 #: Passes over the data per element of ops that are not one pointwise step (normalisations).
 _WORK_PER_ELEMENT = {"aten.native_layer_norm": 5, "aten.native_layer_norm_backward": 8, "aten._foreach_addcdiv_": 2,
                      "aten._foreach_addcmul_": 2, "aten._foreach_lerp_": 2, "aten.nll_loss_forward": 1, "aten.nll_loss_backward": 1}
@@ -89,6 +92,7 @@ class MachineCosts:
     kernel_overhead_sec: float  # a one-element add: dispatch and launch, no work
     view_overhead_sec: float  # a view: dispatch, no kernel
     threads: int = 1
+    root_elements_per_sec: float = 0.0  # an in-cache sqrt (0: not measured, the division rate stands in)
 
 
 def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: float = 2e-3) -> float:
@@ -112,13 +116,14 @@ def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size
     elements = x.numel() / _best_sec(functools.partial(torch.add, x, y, out=out))
     transcendental = x.numel() / _best_sec(functools.partial(torch.tanh, x, out=out))
     division = x.numel() / _best_sec(functools.partial(torch.div, x, y, out=out))
+    root = x.numel() / _best_sec(functools.partial(torch.sqrt, x, out=out))
     one, other, scratch = torch.ones(1), torch.ones(1), torch.empty(1)
     kernel = _best_sec(functools.partial(torch.add, one, other, out=scratch), samples=9)
     view = _best_sec(functools.partial(torch.ops.aten.view.default, x, [128, 128]), samples=9)
     return MachineCosts(matmul_flops_per_sec=matmul, elements_per_sec=elements, transcendental_elements_per_sec=transcendental,
                         division_elements_per_sec=division,
                         dram_bytes_per_sec=dram, cache_bytes_per_sec=in_cache, cache_bytes=cache, kernel_overhead_sec=kernel,
-                        view_overhead_sec=view, threads=torch.get_num_threads())
+                        view_overhead_sec=view, threads=torch.get_num_threads(), root_elements_per_sec=root)
 
 
 @dataclass(frozen=True)
@@ -185,9 +190,11 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any, costs: MachineCosts,
     estimated = estimate_uncounted_flops(func, inputs[0].numel() if inputs else 0, sum(t.numel() for t in outputs))
     work = elements * _WORK_PER_ELEMENT.get(packet, 1)
     rate = (costs.transcendental_elements_per_sec if packet in TRANSCENDENTAL_OPS
-            else costs.division_elements_per_sec if packet in DIVISION_OPS else costs.elements_per_sec)
+            else costs.division_elements_per_sec if packet in DIVISION_OPS
+            else (costs.root_elements_per_sec or costs.division_elements_per_sec) if packet in ROOT_OPS else costs.elements_per_sec)
     flops = float(estimated if estimated is not None else work)
-    compute_sec = work / rate if (estimated or packet in _WORK_PER_ELEMENT or packet in TRANSCENDENTAL_OPS or packet in DIVISION_OPS) else 0.0
+    compute_sec = work / rate if (estimated or packet in _WORK_PER_ELEMENT or packet in TRANSCENDENTAL_OPS or packet in DIVISION_OPS
+                                        or packet in ROOT_OPS) else 0.0
     return OpCost(phase, module, packet, flops, moved, compute_sec, memory_sec, overhead)
 
 
@@ -231,6 +238,7 @@ class StepPrediction:
     measured_phase_sec: dict[str, float]
     costs: MachineCosts
     measured_samples_sec: dict[str, list[float]] = field(default_factory=dict)
+    optimizer_op_overhead_sec: float = 0.0  # per op of optimizer.step() on one-element stand-ins (0: not measured)
 
     def phases(self) -> dict[str, float]:
         """Predicted seconds per phase."""
@@ -290,6 +298,44 @@ def cached_machine_costs() -> MachineCosts:
     return _costs_at(torch.get_num_threads())
 
 
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def optimizer_op_overhead_sec(optimizer: torch.optim.Optimizer, *, repeats: int = 7) -> float:
+    """Seconds per op of ``optimizer.step()`` run by a stand-in of the same class and settings
+    whose parameters have one element each (same count, dtypes and groups): the optimizer's own
+    Python, its scalar bookkeeping and the dispatch of every op, with no work — measured on
+    :func:`step_clock`, median of ``repeats`` steps ÷ the ops one step dispatches. 0.0 when the
+    class cannot be rebuilt from its parameter groups."""
+    groups = [{**{key: value for key, value in group.items() if key != "params"},
+               "params": [torch.zeros(1, dtype=param.dtype, requires_grad=True) for param in group["params"]]}
+              for group in optimizer.param_groups]
+    try:
+        stand_in = type(optimizer)(groups)
+    except (TypeError, ValueError):
+        return 0.0
+    for group in stand_in.param_groups:
+        for param in group["params"]:
+            param.grad = torch.zeros_like(param)
+    stand_in.step()  # state
+    with _OpCounter() as counter:
+        stand_in.step()
+    now = step_clock()
+    seconds = []
+    for _ in range(repeats):
+        began = now()
+        stand_in.step()
+        seconds.append(now() - began)
+    return statistics.median(seconds) / max(counter.calls, 1)
+
+
 def predict_training_step(model: nn.Module, objective: Callable[[], torch.Tensor], costs: MachineCosts | None = None, *,
                           optimizer: torch.optim.Optimizer | None = None, repeats: int = 5) -> StepPrediction:
     """Predict one training step — ``objective()`` (forward and loss), backward,
@@ -330,8 +376,11 @@ def predict_training_step(model: nn.Module, objective: Callable[[], torch.Tensor
         for phase, seconds in run().items():
             samples[phase].append(seconds)
     optimizer.zero_grad(set_to_none=True)
-    return StepPrediction(ops=recorder.ops, measured_phase_sec={phase: statistics.median(values) for phase, values in samples.items()},
-                          costs=costs, measured_samples_sec=samples)
+    per_op = optimizer_op_overhead_sec(optimizer)
+    ops = [OpCost(**{**vars(op), "overhead_sec": per_op}) if op.phase == "optimizer" and per_op and op.overhead_sec != costs.view_overhead_sec
+           else op for op in recorder.ops]
+    return StepPrediction(ops=ops, measured_phase_sec={phase: statistics.median(values) for phase, values in samples.items()},
+                          costs=costs, measured_samples_sec=samples, optimizer_op_overhead_sec=per_op)
 
 
 def step_time_rows(prediction: StepPrediction) -> list[tuple[str, float, float, str]]:

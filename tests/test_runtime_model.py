@@ -11,9 +11,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.errors import ResacctError
-from resacct.measured_roofline import ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, save_measured_roofline_png
+from resacct.measured_roofline import (ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, measure_point,
+                                       save_measured_roofline_png)
 from resacct.models import Cruncher
-from resacct.runtime_model import MachineCosts, op_cost, predict_step, step_time_rows
+from resacct.runtime_model import MachineCosts, op_cost, optimizer_op_overhead_sec, predict_step, step_time_rows
 
 COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8, division_elements_per_sec=3e8,
                      dram_bytes_per_sec=1e10, cache_bytes_per_sec=5e10, cache_bytes=2**25, kernel_overhead_sec=2e-6, view_overhead_sec=1e-6)
@@ -84,3 +85,24 @@ def test_account_prints_the_predicted_step_beside_the_measured(monkeypatch):
     assert step.predicted == pytest.approx(account.timing.prediction.predicted_step_sec) and step.measured > 0
     assert {"  forward", "  backward", "  optimizer"} <= set(rows)
     assert any(entry["quantity"] == "step, per-op roofline model" and entry["predicted_sec"] > 0 for entry in account.to_json()["time"])
+
+
+def test_an_element_wise_point_is_held_to_the_triad_of_its_own_size():
+    point = measure_point("add", (256, 256), samples=2, triad_alongside=True)  # 256 KiB tensors: in cache
+    assert point.memory_roof_bytes_per_sec > 0 and len(point.roof_samples_sec) == 2 and len(point.samples_sec) == 2
+    slow_dram = MeasuredRoofline(memory=MemoryRoof(1.0, 0.75, 2**26, (1.0,)), compute={"float32": ComputeRoof("float32", 1e15, 512, (1.0,))},
+                                 points=(point,))
+    assert slow_dram.attainable_flops_per_sec(point) == pytest.approx(point.intensity_flops_per_byte * point.memory_roof_bytes_per_sec)
+    roofs: dict[int, list[float]] = {}
+    matmul = measure_point("matmul", (32, 32, 32), samples=3, alongside=(lambda: None, lambda: None), alongside_samples=roofs)
+    assert sorted(roofs) == [0, 1] and all(len(samples) == 3 for samples in roofs.values()) and matmul.memory_roof_bytes_per_sec == 0.0
+
+
+def test_the_optimizer_overhead_per_op_comes_from_a_one_element_stand_in():
+    model = Cruncher(dim=16, num_layers=2)
+    per_op = optimizer_op_overhead_sec(torch.optim.AdamW(model.parameters(), lr=1e-3), repeats=3)
+    assert 0 < per_op < 1e-2
+    step = predict_step(model, torch.randn(8, 16), COSTS, repeats=1)
+    optimizer_ops = [op for op in step.ops if op.phase == "optimizer" and op.op != "aten.view"]
+    assert step.optimizer_op_overhead_sec > 0 and all(op.overhead_sec == step.optimizer_op_overhead_sec for op in optimizer_ops)
+    assert all(op.overhead_sec in (COSTS.kernel_overhead_sec, COSTS.view_overhead_sec) for op in step.ops if op.phase != "optimizer")

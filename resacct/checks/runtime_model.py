@@ -57,6 +57,18 @@ def step_time_ratio(model: str, batch: int) -> Outcome:
     return Outcome(measured=step.ratio, quantities={"predicted_sec": step.predicted_step_sec, "measured_sec": step.measured_step_sec})
 
 
+@check("runtime_model.phase_time_ratio", quantities=("predicted_sec", "measured_sec", "optimizer_op_overhead_sec"))
+def phase_time_ratio(model: str, batch: int, phase: str) -> Outcome:
+    """Predicted ÷ measured seconds of one phase (forward, backward, optimizer) of a training step
+    on this CPU: the phase's ops costed, against the median of its clean timed runs."""
+    step = predicted_step(model, batch)
+    if phase not in step.measured_phase_sec:
+        raise ResacctError(f"phase {phase!r}: expected one of {', '.join(step.measured_phase_sec)}")
+    predicted, measured = step.phases()[phase], step.measured_phase_sec[phase]
+    return Outcome(measured=predicted / measured, quantities={"predicted_sec": predicted, "measured_sec": measured,
+                                                                "optimizer_op_overhead_sec": step.optimizer_op_overhead_sec})
+
+
 @check("runtime_model.op_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"))
 def op_roofline_bound(model: str, batch: int, op: str) -> Outcome:
     """"memory" or "compute": the op's arithmetic intensity over one training step of ``model``
