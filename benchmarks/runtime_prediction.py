@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = machine_costs()
     print(f"torch {torch.__version__}, 1 thread; measured rates: matmul {costs.matmul_flops_per_sec['float32'] / 1e9:.1f} GFLOP/s (384³), "
           f"element-wise {costs.elements_per_sec / 1e9:.2f} G/s (add in L2), tanh {costs.transcendental_elements_per_sec / 1e9:.2f} G/s, "
-          f"triad {costs.dram_bytes_per_sec / 1e9:.1f} GB/s DRAM / {costs.cache_bytes_per_sec / 1e9:.1f} GB/s LLC, "
+          f"sqrt {costs.root_elements_per_sec / 1e9:.2f} G/s, triad {costs.dram_bytes_per_sec / 1e9:.1f} GB/s DRAM / {costs.cache_bytes_per_sec / 1e9:.1f} GB/s LLC, "
           f"overhead {costs.kernel_overhead_sec * 1e6:.2f} µs an op ({costs.view_overhead_sec * 1e6:.2f} µs a view)\n")
     print(f"{'model':<10}{'phase':<11}{'predicted ms':>13}{'measured ms':>12}{'pred/meas':>10}  bound (share of predicted time)")
     for model in args.models:
@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             row = by_phase.get(phase, {"sec_by_bound": {}})
             mix = ", ".join(f"{bound} {seconds / predicted:.0%}" for bound, seconds in sorted(row["sec_by_bound"].items(), key=lambda kv: -kv[1]))
             print(f"{model:<10}{phase:<11}{_ms(predicted):>13}{_ms(step.measured_phase_sec[phase]):>12}{predicted / step.measured_phase_sec[phase]:>10.2f}  {mix}")
-        print(f"{model:<10}{'step':<11}{_ms(step.predicted_step_sec):>13}{_ms(step.measured_step_sec):>12}{step.ratio:>10.2f}  {SHAPE[model]}\n")
+        print(f"{model:<10}{'step':<11}{_ms(step.predicted_step_sec):>13}{_ms(step.measured_step_sec):>12}{step.ratio:>10.2f}  {SHAPE[model]}")
+        calls = sum(1 for op in step.ops if op.phase == "optimizer")
+        print(f"{'':<10}optimizer: {calls} ops at {step.optimizer_op_overhead_sec * 1e6:.1f} µs each of the optimizer's own cost "
+              f"(a one-element stand-in's step ÷ its ops)\n")
     for model in args.models:
         step = predicted_step(model, BATCH[model])
         for title, table in (("module", step.by_module()), ("op", step.by_op())):

@@ -9,7 +9,7 @@ kernels, labelled by shape and dtype.
   Each element-wise point also gets a triad over arrays of its own tensor size, sampled in turn
   with it: a point whose tensors sat in a cache would be held to that cache's roof, not DRAM's.
 - **Compute roof**, one per dtype: the best of square matmuls of 192³, 320³, 384³ and 512³ —
-  sizes no point uses. Before each sample of a matmul point, one sample of every roof size.
+  sizes no point uses. Before and after each sample of a matmul point, one sample of every roof size.
 - **Clock**: with one thread, this thread's CPU time (:func:`sample_clock`): a sample the
   scheduler cut in two (five jobs on two cores) is not the kernel's speed, for roof or point.
 - **Points**: element-wise ops on out-of-cache tensors and matmuls of other sizes, each with the
@@ -254,10 +254,10 @@ def _one_sample_sec(function: Callable[[], object]) -> float:
 def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32", *, device: str = "cpu", samples: int = 5,
                   alongside: tuple[Callable[[], object], ...] = (), alongside_samples: dict[int, list[float]] | None = None,
                   triad_alongside: bool = False) -> RooflinePoint:
-    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes. Before each
-    sample of the operation, one sample of every kernel in ``alongside`` (the roof's kernels) is
-    taken, appended to ``alongside_samples[index]``: roof and point see the same load, and the
-    roof gets as many samples per kernel as the point. With ``triad_alongside``, a triad over
+    """Time one operation (best of ``samples``) with its FLOPs and compulsory bytes. Before and
+    after each sample of the operation, one sample of every kernel in ``alongside`` (the roof's
+    kernels) is taken, appended to ``alongside_samples[index]``: roof and point see the same load,
+    and the roof gets twice as many samples per kernel as the point. With ``triad_alongside``, a triad over
     arrays of the point's tensor size is sampled the same way: the point's own memory roof.
 
     ``operation``: ``add``, ``relu``, ``gelu`` (tanh, 9 FLOPs an element), ``copy`` on a tensor of
@@ -268,10 +268,12 @@ def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32"
         kernels.append(_triad(device, tensor_bytes)[0])
     taken: dict[int, list[float]] = {index: [] for index in range(len(kernels))}
     times = []
-    for _ in range(samples):
+    for _ in range(samples):  # each sample of the point between two rounds of its roof's kernels
         for index, kernel in enumerate(kernels):
             taken[index].append(_one_sample_sec(kernel))
         times.append(_one_sample_sec(function))
+        for index, kernel in enumerate(kernels):
+            taken[index].append(_one_sample_sec(kernel))
     if alongside_samples is not None:
         for index in range(len(alongside)):
             alongside_samples.setdefault(index, []).extend(taken[index])
@@ -307,8 +309,8 @@ def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: 
                              thread_count: int | None = 1, device: str = "cpu", point_samples: int = 5,
                              matmul_sizes: tuple[int, ...] = ROOF_MATMUL_SIZES, max_roof_sec: float = 3.0) -> MeasuredRoofline:
     """Both roofs (compute: per dtype, the best of the ``matmul_sizes``), then the points (float32),
-    then the roofs once more. Before each sample of a matmul point, one sample of every roof
-    matmul size is taken; before each sample of an element-wise point, one sample of a triad over
+    then the roofs once more. Before and after each sample of a matmul point, one sample of every
+    roof matmul size is taken; around each sample of an element-wise point, one sample of a triad over
     arrays of its own tensor size (its memory roof, beside the out-of-cache triad). Samples are
     this thread's CPU time (:func:`sample_clock`) and a roof is the best it showed in any of them,
     the same statistic as a point's: a burst of load lowers neither a roof alone nor a point alone."""

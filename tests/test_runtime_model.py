@@ -89,13 +89,13 @@ def test_account_prints_the_predicted_step_beside_the_measured(monkeypatch):
 
 def test_an_element_wise_point_is_held_to_the_triad_of_its_own_size():
     point = measure_point("add", (256, 256), samples=2, triad_alongside=True)  # 256 KiB tensors: in cache
-    assert point.memory_roof_bytes_per_sec > 0 and len(point.roof_samples_sec) == 2 and len(point.samples_sec) == 2
+    assert point.memory_roof_bytes_per_sec > 0 and len(point.roof_samples_sec) == 4 and len(point.samples_sec) == 2
     slow_dram = MeasuredRoofline(memory=MemoryRoof(1.0, 0.75, 2**26, (1.0,)), compute={"float32": ComputeRoof("float32", 1e15, 512, (1.0,))},
                                  points=(point,))
     assert slow_dram.attainable_flops_per_sec(point) == pytest.approx(point.intensity_flops_per_byte * point.memory_roof_bytes_per_sec)
     roofs: dict[int, list[float]] = {}
     matmul = measure_point("matmul", (32, 32, 32), samples=3, alongside=(lambda: None, lambda: None), alongside_samples=roofs)
-    assert sorted(roofs) == [0, 1] and all(len(samples) == 3 for samples in roofs.values()) and matmul.memory_roof_bytes_per_sec == 0.0
+    assert sorted(roofs) == [0, 1] and all(len(samples) == 6 for samples in roofs.values()) and matmul.memory_roof_bytes_per_sec == 0.0
 
 
 def test_the_optimizer_overhead_per_op_comes_from_a_one_element_stand_in():
