@@ -4,16 +4,20 @@ the clock — per phase (forward, backward, optimizer), per module, per op, with
 For every aten op that runs (recorded with a ``TorchDispatchMode``; module from torch's
 ``ModuleTracker``)::
 
-    predicted = max(compute, memory) + launch overhead
+    predicted = max(compute, memory) + overhead + page faults
     compute   = matmul FLOPs ÷ the measured matmul roof (its dtype), or
                 elements × work per element ÷ the measured element-wise rate (an add's; a
-                tanh's for exponentials and tanh; a div's for divisions and square roots)
-    memory    = (bytes read + 2 × bytes written) ÷ the measured triad bandwidth — of the last-level
-                cache when the op's tensors fit in it, of DRAM otherwise (the roof counts the
-                write-allocate read the same way: :mod:`resacct.measured_roofline`)
+                tanh's for exponentials and tanh; a div's for divisions; a sqrt's for roots)
+    memory    = (bytes read + 2 × bytes written) ÷ the measured triad bandwidth (the roof counts
+                the write-allocate read the same way: :mod:`resacct.measured_roofline`) — tensor by
+                tensor in a step: the last-level cache's when the step touched at most half the
+                cache since that tensor's last use, DRAM's otherwise (:mod:`resacct.step_cost_passes`)
+    overhead  = a measured one-element add (dispatch, no work); in ``optimizer.step()``, the step
+                of a one-element stand-in of the same optimizer ÷ its ops (its Python around each op)
+    page faults = the minor faults the op took in the recorded step × the measured cost of one
 
-The bound of an op is whichever of compute and memory is larger ("overhead" when the fixed cost
-per op exceeds both). The same ops run once more with a clock around each (``measured_sec`` per
+The bound of an op is the largest term ("overhead" when the fixed cost per op exceeds compute
+and memory). The same ops run once more with a clock around each (``measured_sec`` per
 op); the phases are timed without any recording. torch's own
 ``torch.distributed._tools.runtime_estimator`` (roofline mode) is the reference model; it asserts
 on a machine without CUDA ("Roofline estimation needs to access CUDA capabilities"), so on a CPU
@@ -42,6 +46,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from resacct.errors import ResacctError
+from resacct.step_cost_passes import minor_page_faults, page_fault_sec, reuse_distances_bytes
+from resacct.step_cost_passes import optimizer_op_overhead_sec as _stand_in_sec
 
 __all__ = [
     "MachineCosts",
@@ -93,6 +99,7 @@ class MachineCosts:
     view_overhead_sec: float  # a view: dispatch, no kernel
     threads: int = 1
     root_elements_per_sec: float = 0.0  # an in-cache sqrt (0: not measured, the division rate stands in)
+    page_fault_sec: float = 0.0  # a write to a fresh page: the cost of memory the allocator takes from the system
 
 
 def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: float = 2e-3) -> float:
@@ -123,7 +130,8 @@ def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size
     return MachineCosts(matmul_flops_per_sec=matmul, elements_per_sec=elements, transcendental_elements_per_sec=transcendental,
                         division_elements_per_sec=division,
                         dram_bytes_per_sec=dram, cache_bytes_per_sec=in_cache, cache_bytes=cache, kernel_overhead_sec=kernel,
-                        view_overhead_sec=view, threads=torch.get_num_threads(), root_elements_per_sec=root)
+                        view_overhead_sec=view, threads=torch.get_num_threads(), root_elements_per_sec=root,
+                        page_fault_sec=page_fault_sec(step_clock()))
 
 
 @dataclass(frozen=True)
@@ -139,13 +147,16 @@ class OpCost:
     memory_sec: float
     overhead_sec: float
     measured_sec: float = 0.0
+    fault_sec: float = 0.0  # the page faults the op took in the recorded step × the measured cost of one
 
     @property
     def predicted_sec(self) -> float:
-        return max(self.compute_sec, self.memory_sec) + self.overhead_sec
+        return max(self.compute_sec, self.memory_sec) + self.overhead_sec + self.fault_sec
 
     @property
     def bound(self) -> str:
+        if self.fault_sec > max(self.compute_sec, self.memory_sec, self.overhead_sec):
+            return "page faults"
         if self.overhead_sec >= max(self.compute_sec, self.memory_sec):
             return "overhead"
         return "compute" if self.compute_sec >= self.memory_sec else "memory"
@@ -214,19 +225,25 @@ class _Recorder(TorchDispatchMode):
         self.now = step_clock()
         self.phase = "forward"
         self.ops: list[OpCost] = []
+        self.accesses: list[list[tuple[int, int]]] = []  # per op: (storage, bytes) read, then written (twice: write-allocate)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        faults = minor_page_faults()
         began = self.now()
         out = func(*args, **kwargs)
         elapsed = self.now() - began
+        faults = minor_page_faults() - faults
         parents = [name for name in self.tracker.parents if name != "Global"]
         deepest = max(parents, key=lambda name: name.count("."), default="")  # ModuleTracker: "Cruncher.layers.0"
         module = deepest.partition(".")[2] if self.phase != "optimizer" else "optimizer"
         cost = op_cost(func, args, kwargs, out, self.costs, phase=self.phase, module=module)
-        if self.clock:
-            cost = OpCost(**{**vars(cost), "measured_sec": elapsed})
+        cost = OpCost(**{**vars(cost), "measured_sec": elapsed if self.clock else 0.0, "fault_sec": faults * self.costs.page_fault_sec})
         self.ops.append(cost)
+        self.accesses.append([] if cost.bytes_moved == 0 else
+                             [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes() if t.is_contiguous() else t.numel() * t.element_size())
+                              for t in _tensors((args, kwargs))]
+                             + [(t.untyped_storage().data_ptr(), 2 * t.numel() * t.element_size()) for t in _tensors(out)])
         return out
 
 
@@ -298,42 +315,25 @@ def cached_machine_costs() -> MachineCosts:
     return _costs_at(torch.get_num_threads())
 
 
-class _OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 def optimizer_op_overhead_sec(optimizer: torch.optim.Optimizer, *, repeats: int = 7) -> float:
-    """Seconds per op of ``optimizer.step()`` run by a stand-in of the same class and settings
-    whose parameters have one element each (same count, dtypes and groups): the optimizer's own
-    Python, its scalar bookkeeping and the dispatch of every op, with no work — measured on
-    :func:`step_clock`, median of ``repeats`` steps ÷ the ops one step dispatches. 0.0 when the
-    class cannot be rebuilt from its parameter groups."""
-    groups = [{**{key: value for key, value in group.items() if key != "params"},
-               "params": [torch.zeros(1, dtype=param.dtype, requires_grad=True) for param in group["params"]]}
-              for group in optimizer.param_groups]
-    try:
-        stand_in = type(optimizer)(groups)
-    except (TypeError, ValueError):
-        return 0.0
-    for group in stand_in.param_groups:
-        for param in group["params"]:
-            param.grad = torch.zeros_like(param)
-    stand_in.step()  # state
-    with _OpCounter() as counter:
-        stand_in.step()
-    now = step_clock()
-    seconds = []
-    for _ in range(repeats):
-        began = now()
-        stand_in.step()
-        seconds.append(now() - began)
-    return statistics.median(seconds) / max(counter.calls, 1)
+    """The optimizer's own seconds per op, on :func:`step_clock`: see
+    :func:`resacct.step_cost_passes.optimizer_op_overhead_sec` (a one-element stand-in)."""
+    return _stand_in_sec(optimizer, step_clock(), repeats=repeats)
+
+
+def _with_residency(ops: list[OpCost], accesses: list[list[tuple[int, int]]], costs: MachineCosts) -> list[OpCost]:
+    """Each op's memory seconds again, tensor by tensor: from the cache when the step touched at
+    most half of it since that tensor was last used (:func:`resacct.step_cost_passes.reuse_distances_bytes`),
+    from DRAM otherwise — an op whose tensors fit in the cache may still find them evicted."""
+    priced = []
+    for op, touched, distances in zip(ops, accesses, reuse_distances_bytes(accesses), strict=True):
+        if not touched:
+            priced.append(op)
+            continue
+        memory_sec = sum(size / (costs.cache_bytes_per_sec if distance <= costs.cache_bytes // 2 else costs.dram_bytes_per_sec)
+                         for (_, size), distance in zip(touched, distances, strict=True))
+        priced.append(OpCost(**{**vars(op), "memory_sec": memory_sec}))
+    return priced
 
 
 def predict_training_step(model: nn.Module, objective: Callable[[], torch.Tensor], costs: MachineCosts | None = None, *,
@@ -378,7 +378,7 @@ def predict_training_step(model: nn.Module, objective: Callable[[], torch.Tensor
     optimizer.zero_grad(set_to_none=True)
     per_op = optimizer_op_overhead_sec(optimizer)
     ops = [OpCost(**{**vars(op), "overhead_sec": per_op}) if op.phase == "optimizer" and per_op and op.overhead_sec != costs.view_overhead_sec
-           else op for op in recorder.ops]
+           else op for op in _with_residency(recorder.ops, recorder.accesses, costs)]
     return StepPrediction(ops=ops, measured_phase_sec={phase: statistics.median(values) for phase, values in samples.items()},
                           costs=costs, measured_samples_sec=samples, optimizer_op_overhead_sec=per_op)
 
@@ -387,7 +387,7 @@ def step_time_rows(prediction: StepPrediction) -> list[tuple[str, float, float, 
     """(quantity, predicted s, measured s, note) rows: the step, then each phase with its bound.
     Measured: the prediction's own clean steps, on :func:`step_clock`."""
     share = {bound: sum(op.predicted_sec for op in prediction.ops if op.bound == bound) / prediction.predicted_step_sec
-             for bound in ("compute", "memory", "overhead")}
+             for bound in ("compute", "memory", "overhead", "page faults")}
     mix = ", ".join(f"{bound} {value:.0%}" for bound, value in share.items())
     clock = "this thread's CPU time" if prediction.costs.threads == 1 else "wall clock"
     rows = [("step, per-op roofline model", prediction.predicted_step_sec, prediction.measured_step_sec,

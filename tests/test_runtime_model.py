@@ -14,7 +14,7 @@ from resacct.errors import ResacctError
 from resacct.measured_roofline import (ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, measure_point,
                                        save_measured_roofline_png)
 from resacct.models import Cruncher
-from resacct.runtime_model import MachineCosts, op_cost, optimizer_op_overhead_sec, predict_step, step_time_rows
+from resacct.runtime_model import MachineCosts, OpCost, op_cost, optimizer_op_overhead_sec, predict_step, step_time_rows
 
 COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8, division_elements_per_sec=3e8,
                      dram_bytes_per_sec=1e10, cache_bytes_per_sec=5e10, cache_bytes=2**25, kernel_overhead_sec=2e-6, view_overhead_sec=1e-6)
@@ -106,3 +106,37 @@ def test_the_optimizer_overhead_per_op_comes_from_a_one_element_stand_in():
     optimizer_ops = [op for op in step.ops if op.phase == "optimizer" and op.op != "aten.view"]
     assert step.optimizer_op_overhead_sec > 0 and all(op.overhead_sec == step.optimizer_op_overhead_sec for op in optimizer_ops)
     assert all(op.overhead_sec in (COSTS.kernel_overhead_sec, COSTS.view_overhead_sec) for op in step.ops if op.phase != "optimizer")
+
+
+def test_reuse_distance_counts_the_bytes_touched_since_a_tensor_was_last_used_over_the_step_as_a_cycle():
+    from resacct.step_cost_passes import reuse_distances_bytes
+
+    # a (key 1) read by the first and third op: 50 bytes of b between; b touched once, so a whole step ago
+    assert reuse_distances_bytes([[(1, 100)], [(2, 50)], [(1, 100)]]) == [[0.0], [200.0], [50.0]]
+    assert reuse_distances_bytes([]) == []
+
+
+def test_a_tensor_evicted_since_its_last_use_is_priced_at_dram_in_a_step():
+    torch.manual_seed(0)
+    small_cache = MachineCosts(**{**vars(COSTS), "cache_bytes": 2**12})  # 4 KiB: a Cruncher weight (16 KiB) is evicted between uses
+    step = predict_step(Cruncher(dim=64, num_layers=2), torch.randn(8, 64), small_cache, repeats=1)
+    roomy = predict_step(Cruncher(dim=64, num_layers=2), torch.randn(8, 64), COSTS, repeats=1)
+    memory = {name: sum(op.memory_sec for op in run.ops if op.phase == "optimizer") for name, run in (("small", step), ("roomy", roomy))}
+    bytes_moved = sum(op.bytes_moved for op in step.ops if op.phase == "optimizer")
+    assert memory["roomy"] == pytest.approx(bytes_moved / COSTS.cache_bytes_per_sec, rel=1e-6)  # the whole step fits
+    # evicted between uses: DRAM; touched again by the same op (mul_ reads then writes x): cache
+    assert 2 * memory["roomy"] < memory["small"] <= bytes_moved / COSTS.dram_bytes_per_sec * (1 + 1e-9)
+
+
+def test_page_faults_are_counted_per_op_and_priced_at_the_measured_cost_of_one():
+    import time
+
+    from resacct.step_cost_passes import minor_page_faults, page_fault_sec
+
+    assert 0 < page_fault_sec(time.thread_time, pages=64, repeats=3) < 1e-3
+    before = minor_page_faults()
+    torch.empty(2**22, dtype=torch.uint8).fill_(1)  # 4 MiB, past glibc's mmap threshold: fresh pages
+    assert minor_page_faults() > before
+    faulting = MachineCosts(**{**vars(COSTS), "page_fault_sec": 1.0})
+    op = OpCost("forward", "", "aten.add", 1.0, 1.0, 1e-9, 1e-9, 1e-9, fault_sec=3 * faulting.page_fault_sec)
+    assert op.predicted_sec == pytest.approx(3.0, rel=1e-6) and op.bound == "page faults"
