@@ -4,11 +4,13 @@
     python benchmarks/roofline.py --threads 2 --out roofline.png
     python benchmarks/roofline.py --cuda --out roofline-gpu.png  # GPU 0, CUDA events
 
-The two ceilings are measured, not looked up: a large copy gives the memory roof (bytes/s,
-read + write), a large matmul the compute roof (FLOP/s). Each is the best of several samples.
-Each operation is timed 7 times: the table shows its best (what the machine can do, comparable
-with the roofs) and its median (what you get under the current load); the plot shows the best.
-Every operation's arithmetic intensity (FLOPs ÷ bytes it must move) says which roof bounds it.
+The two ceilings are measured, not looked up. On the CPU (resacct.measured_roofline): a STREAM
+triad over arrays past the last-level cache gives the memory roof (bytes/s, the write-allocate read
+counted), the best of 192³, 320³, 384³ and 512³ matmuls the compute roof (FLOP/s); each element-wise
+point also gets a triad of its own tensor size, and each matmul point's samples sit between samples
+of every roof size. Samples are this thread's CPU time (one thread); roofs and points alike are the
+best sample. The table shows each point's best and median; the plot shows the best. With --cuda
+(resacct.perf): a large copy and a large matmul, CUDA events.
 """
 
 from __future__ import annotations
@@ -107,14 +109,17 @@ def _cpu(args: argparse.Namespace) -> int:
     for dtype, roof in measured.compute.items():
         print(f"compute roof: {roof.peak_flops_per_sec / 1e9:8.1f} GFLOP/s {dtype} ({roof.size}³ matmul, best of {len(roof.samples_sec)}); "
               f"ridge {roof.peak_flops_per_sec / memory.bandwidth_bytes_per_sec:.2f} FLOP/byte")
-    print(f"\n{'operation':<40}{'FLOP/byte':>10}{'roof GFLOP/s':>13}{'best':>9}{'median':>9}{'of roof':>9}  bound")
+    print("clock: this thread's CPU time (one thread); every roof and point value is its best sample; an element-wise point's\n"
+          "memory roof is the better of the triad above and a triad over arrays of its own size (own triad), sampled around it")
+    print(f"\n{'operation':<40}{'FLOP/byte':>10}{'roof GFLOP/s':>13}{'best':>9}{'median':>9}{'of roof':>9}{'own triad':>11}  bound")
     for point in measured.points:
+        own = f"{point.memory_roof_bytes_per_sec / 1e9:.1f} GB/s" if point.memory_roof_bytes_per_sec else "—"
         if point.flops == 0:
-            print(f"{point.label:<40}{0:>10}{'—':>13}{'—':>9}{'—':>9}{'—':>9}  memory ({point.bytes_moved / min(point.samples_sec) / 1e9:.1f} GB/s)")
+            print(f"{point.label:<40}{0:>10}{'—':>13}{'—':>9}{'—':>9}{'—':>9}{own:>11}  memory ({point.bytes_moved / min(point.samples_sec) / 1e9:.1f} GB/s)")
             continue
         median = point.flops / sorted(point.samples_sec)[len(point.samples_sec) // 2]
         print(f"{point.label:<40}{point.intensity_flops_per_byte:>10.3g}{measured.attainable_flops_per_sec(point) / 1e9:>13.3g}"
-              f"{point.best_flops_per_sec / 1e9:>9.3g}{median / 1e9:>9.3g}{measured.share_of_roof(point):>9.0%}  {measured.bound(point)}")
+              f"{point.best_flops_per_sec / 1e9:>9.3g}{median / 1e9:>9.3g}{measured.share_of_roof(point):>9.1%}{own:>11}  {measured.bound(point)}")
     save_measured_roofline_png(args.out, measured)
     print(f"\nwrote {args.out}")
     return 0
