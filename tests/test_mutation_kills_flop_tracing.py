@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,6 +63,9 @@ def test_ops_a_custom_mapping_already_counts_are_not_listed_as_uncounted():
     assert "aten.add.Tensor" not in filled and "aten.relu.default" in filled
 
 
+@pytest.mark.skipif(not hasattr(torch.Tag, "reduction"),
+                    reason=f"torch {torch.__version__} has no torch.Tag.reduction (torch 2.4 and 2.8 lack it; 2.13 has it): "
+                           "resacct estimates only its named reductions (sum, mean, amax …) there")
 def test_ops_torch_tags_as_reductions_are_estimated_as_reductions():
     for name in ("var", "std", "linalg_vector_norm", "nansum", "argmax"):
         op = getattr(torch.ops.aten, name).default

@@ -100,9 +100,21 @@ class TensorParallelLayer(nn.Module):
         return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.dropout, self.training)
 
 
+def _dtensor_module():  # type: ignore[no-untyped-def]
+    """``torch.distributed.tensor``, public from torch 2.5; torch 2.4 has the same classes
+    (``DTensor``, ``Shard``) only under ``torch.distributed._tensor``."""
+    try:
+        import torch.distributed.tensor as dtensor
+
+        dtensor.Shard  # noqa: B018 -- torch 2.4's torch.distributed.tensor is only the parallel package's parent
+    except (ImportError, AttributeError):
+        import torch.distributed._tensor as dtensor
+    return dtensor
+
+
 def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
     """The plain tensor holding a DTensor's local shard (or a functional collective's result)."""
-    from torch.distributed.tensor import DTensor
+    DTensor = _dtensor_module().DTensor
 
     while True:
         if isinstance(tensor, DTensor):
@@ -120,9 +132,9 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
     bytes of the distinct local storages autograd saved (DTensors unwrapped to their local
     shard; parameters apart)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
+    Shard = _dtensor_module().Shard
     torch.manual_seed(0)
     layer = TensorParallelLayer(hidden, heads, dropout=0.1).to(torch.bfloat16)
     if sequence_parallel:  # LayerNorms on sequence shards; column-parallel inputs all-gathered, row-parallel outputs reduce-scattered
