@@ -2,8 +2,9 @@
 config on the meta device, one training step **measured** (FlopCounterMode; storages of
 parameters, optimizer state and saved tensors) beside resacct's **predicted** closed forms for the
 architecture (:mod:`resacct.hf_formulas`: GQA, SwiGLU, untied heads, RoPE without parameters,
-MoE active vs total) — parameters, FLOPs, training state per recipe, activations (measured only:
-resacct has no saved-tensor formula for these models) and checkpoint size.
+MoE active vs total) — parameters, FLOPs, training state per recipe, activations
+(:mod:`resacct.hf_activation_formulas`: every tensor saved for backward, term by term) and
+checkpoint size.
 
 The measurement never uses the formulas: parameters and state are distinct storages of the
 built model and of a real ``torch.optim`` optimizer after two meta steps; FLOPs are
@@ -23,6 +24,9 @@ from typing import Any
 from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, record_saved_activations
 from resacct.dtypes import parse_dtype
+from resacct.errors import ResacctError
+from resacct.gpt_activation_formulas import SavedTerm
+from resacct.hf_activation_formulas import hf_saved_terms
 from resacct.hf_formulas import (
     HfArchitecture,
     HfStepFlops,
@@ -64,6 +68,7 @@ class HfAccount:
     saved: SavedActivations
     checkpoint_weights_bytes: int
     device: str = "meta"
+    attention: str = "sdpa"
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -79,6 +84,28 @@ class HfAccount:
         return None if self.architecture is None else predict_step_flops(self.architecture, batch=self.batch, seq=self.seq)
 
     @property
+    def activation_dtype(self) -> str:
+        """The dtype the activations were recorded in: the recipe's parameter dtype (no autocast)."""
+        return get_state_recipe(self.recipe).parameter_dtype
+
+    def predicted_saved_terms(self) -> tuple[SavedTerm, ...] | None:
+        """resacct's saved-tensor terms for this step (None without a formula; see :meth:`activation_formula_gap`)."""
+        if self.architecture is None or self.activation_formula_gap() is not None:
+            return None
+        return hf_saved_terms(self.architecture, self.batch, self.seq, dtype=self.activation_dtype, attention=self.attention, device_type=self.device)
+
+    def activation_formula_gap(self) -> str | None:
+        """Why resacct cannot predict the activations here (None when it can)."""
+        if self.architecture is None:
+            return f"no formula for model_type {self.model_type!r}"
+        try:
+            hf_saved_terms(self.architecture, 1, 1, dtype=self.activation_dtype, attention=self.attention, device_type=self.device)
+            hf_saved_terms(self.architecture, self.batch, self.seq, dtype=self.activation_dtype, attention=self.attention, device_type=self.device)
+        except ResacctError as error:
+            return str(error)
+        return None
+
+    @property
     def checkpoint_full_bytes(self) -> int:
         """Weights, master weights and optimizer state (step counters included): what a
         training checkpoint holds — the state at the step without its gradients."""
@@ -91,9 +118,15 @@ class HfAccount:
     def per_module_rows(self) -> list[ModuleRow]:
         names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *self.saved.by_module()]))
         saved = self.saved.by_module()
+        terms = self.predicted_saved_terms()
+        predicted: dict[str, int] = {}
+        for term in terms or ():
+            predicted[term.module] = predicted.get(term.module, 0) + term.bytes
+        names = list(dict.fromkeys([*names, *predicted]))
         return [ModuleRow(module=name, predicted_forward_flops=None, traced_forward_flops=self.flops.forward_by_module.get(name, 0),
                           predicted_backward_flops=None, traced_backward_flops=self.flops.backward_by_module.get(name, 0),
-                          predicted_saved_bytes=None, measured_saved_bytes=saved.get(name, 0)) for name in names]
+                          predicted_saved_bytes=None if terms is None else predicted.get(name, 0), measured_saved_bytes=saved.get(name, 0))
+                for name in names]
 
     def to_dict(self) -> dict[str, Any]:
         sections = sections_of(self.rows())
@@ -153,14 +186,21 @@ def _predicted_state(a: HfAccount, moment: str) -> int | None:
     return training_state_bytes(predict_parameters(arch), predict_parameter_tensors(arch), a.recipe, memory_optimizer_name(a.optimizer), moment)  # type: ignore[arg-type]
 
 
+def _first_layer(module: str) -> bool:
+    return ".layers.0." in f".{module}." or ".h.0." in f".{module}."
+
+
 def _activation_rows(a: HfAccount) -> list[Row]:
-    layer = sum(value for module, value in a.saved.by_module().items() if ".layers.0." in f".{module}." or ".h.0." in f".{module}.")
-    note = "saved_tensors_hooks, by storage; measured only"
+    layer = sum(value for module, value in a.saved.by_module().items() if _first_layer(module))
+    terms = a.predicted_saved_terms()
+    gap = a.activation_formula_gap()
+    note = "saved_tensors_hooks, by storage" + (f"; measured only: {gap}" if gap else f"; predicted {a.activation_dtype}, {a.attention} on {a.device}")
     if a.architecture is not None and a.architecture.experts:
-        note += " (batched_mm experts keep per-token expert weights: more than the default kernels save)"
+        note += " (batched_mm experts keep each token's expert weights: more than the default kernels save)"
     return [
-        Row("activations", "saved for backward", None, a.saved.activation_bytes, "bytes", note),
-        Row("activations", "one layer (the first)", None, layer, "bytes", ""),
+        Row("activations", "saved for backward", None if terms is None else sum(t.bytes for t in terms), a.saved.activation_bytes, "bytes", note),
+        Row("activations", "one layer (the first)", None if terms is None else sum(t.bytes for t in terms if _first_layer(t.module)), layer, "bytes",
+            "RoPE's cos/sin, shared, counted here" if a.architecture is not None and a.architecture.family != "gpt2" else ""),
         Row("activations", "saved weights (parameters, not activations)", None, a.saved.parameter_bytes, "bytes", "no extra memory"),
     ]
 

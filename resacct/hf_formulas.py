@@ -63,12 +63,19 @@ class HfArchitecture:
     experts_per_token: int = 0
     attention_bias: bool = False
     mlp_bias: bool = False
+    activation: str = ""  # "" = the family's own (gelu_new for GPT-2, silu for Llama)
+    attention_dropout: float = 0.0
+    residual_dropout: float = 0.0  # GPT-2's resid_pdrop
+    embedding_dropout: float = 0.0  # GPT-2's embd_pdrop
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in set(FAMILIES.values()):
             raise ResacctError(f"architecture family {self.family!r}: expected one of {', '.join(sorted(set(FAMILIES.values())))}")
         if self.heads % self.kv_heads:
             raise ResacctError(f"{self.heads} query heads are not a multiple of {self.kv_heads} key/value heads")
+        if not self.activation:
+            object.__setattr__(self, "activation", "gelu_new" if self.family == "gpt2" else "silu")
 
 
 def architecture_of(config: Any) -> HfArchitecture | None:
@@ -81,7 +88,9 @@ def architecture_of(config: Any) -> HfArchitecture | None:
         d = config.n_embd
         return HfArchitecture(family="gpt2", vocab=config.vocab_size, hidden=d, layers=config.n_layer, heads=config.n_head, kv_heads=config.n_head,
                               head_dim=d // config.n_head, mlp=config.n_inner or 4 * d, positions=config.n_positions,
-                              tied_head=bool(getattr(config, "tie_word_embeddings", True)))
+                              tied_head=bool(getattr(config, "tie_word_embeddings", True)), activation=config.activation_function,
+                              attention_dropout=float(config.attn_pdrop), residual_dropout=float(config.resid_pdrop),
+                              embedding_dropout=float(config.embd_pdrop))
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return HfArchitecture(
@@ -91,6 +100,8 @@ def architecture_of(config: Any) -> HfArchitecture | None:
         experts=getattr(config, "num_local_experts", 0) if family == "mixtral" else 0,
         experts_per_token=getattr(config, "num_experts_per_tok", 0) if family == "mixtral" else 0,
         attention_bias=bool(getattr(config, "attention_bias", False)), mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        activation=str(getattr(config, "hidden_act", "silu")), attention_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+        sliding_window=getattr(config, "sliding_window", None),
     )
 
 
