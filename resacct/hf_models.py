@@ -90,9 +90,9 @@ def transformers_config(spec: HfConfigSpec) -> Any:
         raise ResacctError(f"config {spec.name!r}: transformers refused it ({type(error).__name__}: {str(error).splitlines()[0]})") from None
 
 
-def build_hf_model(spec: HfConfigSpec, *, device: str = "meta") -> Any:
+def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str = "sdpa") -> Any:
     """The causal LM of ``spec`` built on ``device`` (meta: shapes, no memory), attention by
-    ``F.scaled_dot_product_attention``. A mixture of experts uses transformers' ``batched_mm``
+    ``F.scaled_dot_product_attention`` (``attention="eager"``: transformers' own matmuls). A mixture of experts uses transformers' ``batched_mm``
     experts, which route without data-dependent shapes (the default loops over the experts a
     batch hits, which the meta device cannot tell); its FLOPs are the same k experts per token."""
     import torch
@@ -102,6 +102,6 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta") -> Any:
     extra = {"experts_implementation": "batched_mm"} if getattr(config, "num_local_experts", None) else {}
     with torch.device(device):
         try:
-            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **extra)
+            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **extra)
         except ValueError as error:
             raise ResacctError(f"config {spec.name!r}: transformers has no causal LM for it ({str(error).splitlines()[0]})") from None

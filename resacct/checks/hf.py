@@ -134,3 +134,55 @@ def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
     return Outcome(measured=filled.step_flops / eager_flops, quantities={
         "eager_flops": eager_flops, "flop_counter_alone_flops": alone.step_flops, "gap_filled_flops": filled.gap_filled_flops,
         "attention_recompute_flops": filled.attention_recompute_flops, "alone_warnings": len(alone.warnings), "filled_warnings": len(filled.warnings)})
+
+
+_SCOPES = ("all", "layer", "first_layer")
+
+
+@check("hf.saved_activations", quantities=("element_bytes", "head_dim", "tokens", "stats_bytes", "math_bytes"))
+def saved_activations(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq: int,
+                      kv_heads: int = 0, experts: int = 0, experts_per_token: int = 0, dtype: str = "float32", dropout: float = 0.0,
+                      scope: str = "all") -> Outcome:
+    """Bytes autograd saves for backward in one forward (with the model's own loss on labels) of
+    a small transformers causal LM built on ``device`` (cpu: a real forward; meta: shapes only)
+    with ``attention`` (eager or sdpa) in ``dtype``: ``saved_tensors_hooks``, one entry per
+    storage (``record_saved_activations``) — the whole forward, the second layer (``layer``) or the
+    first (``first_layer``, RoPE's shared cos/sin included). Predicted: resacct.hf_activation_formulas.
+    Quantities: ``element_bytes``, ``head_dim``, ``tokens``, LayerNorm ``stats_bytes`` (E on CPU, 4
+    on meta) and the math kernel's ``math_bytes`` (4)."""
+    _require_transformers()
+    if scope not in _SCOPES:
+        raise ResacctError(f"scope {scope!r}: expected one of {', '.join(_SCOPES)}")
+    by_module, architecture = _saved_by_module(model_type, attention, device, hidden, layers, heads, kv_heads or heads, mlp, vocab, experts,
+                                               experts_per_token, dtype, dropout, batch, seq)
+    from resacct.hf_activation_formulas import hf_saved_terms
+
+    terms = hf_saved_terms(architecture, batch, seq, dtype=dtype, attention=attention, device_type=device)
+    layer = {"layer": 1, "first_layer": 0}.get(scope)
+
+    def in_scope(module: str) -> bool:
+        return layer is None or f".layers.{layer}." in f".{module}." or f".h.{layer}." in f".{module}."
+
+    element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return Outcome(measured=sum(value for module, value in by_module if in_scope(module)),
+                   predicted=sum(term.bytes for term in terms if in_scope(term.module)),
+                   quantities={"element_bytes": element, "head_dim": hidden // heads, "tokens": batch * seq,
+                               "stats_bytes": element if device == "cpu" else 4, "math_bytes": 4})
+
+
+@functools.lru_cache(maxsize=64)
+def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int,
+                     experts: int, experts_per_token: int, dtype: str, dropout: float, batch: int, seq: int):  # type: ignore[no-untyped-def]
+    from resacct.activations import record_saved_activations
+    from resacct.hf_formulas import architecture_of
+    from resacct.hf_models import HfConfigSpec, build_hf_model
+
+    spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, max(64, seq), experts, experts_per_token)
+    values = dict(spec.values)  # type: ignore[attr-defined]
+    values.update({"attn_pdrop": dropout, "resid_pdrop": dropout, "embd_pdrop": dropout} if model_type == "gpt2" else {"attention_dropout": dropout})
+    model = build_hf_model(HfConfigSpec(name=spec.name, source=spec.source, values=values), device=device, attention=attention)  # type: ignore[attr-defined]
+    model = model.to(getattr(torch, dtype)).train()
+    ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    with torch.random.fork_rng(), record_saved_activations(model) as saved:
+        model(input_ids=ids, labels=ids)
+    return tuple(saved.by_module().items()), architecture_of(model.config)
