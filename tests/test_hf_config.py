@@ -41,14 +41,60 @@ def test_a_config_json_file_predicted_equals_measured(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32, "architectures": ["LlamaForCausalLM"]}))
-    report = _json(capsys, "--hf-config", str(path), "--batch", "2", "--seq", "8", "--recipe", "bf16-fp32-master")
+    report = _json(capsys, "--hf-config", str(path), "--batch", "2", "--seq", "8", "--recipe", "bf16-fp32-master", "--per-module")
     assert report["model_class"] == "LlamaForCausalLM" and report["device"] == "meta" and report["tokens"] == 16
-    for section in ("parameter_counts", "flops", "training_state", "checkpoint"):
+    for section in ("parameter_counts", "flops", "training_state", "activations", "checkpoint"):
         for row in report[section]:
             if row["ratio"] is not None and "6N" not in row["quantity"]:   # the 6N convention is a reference, not resacct's formula
                 assert row["ratio"] == 1.0, (section, row)
     assert {row["quantity"] for row in report["flops"]} >= {"forward", "backward", "step"}
-    assert report["activations"][0]["measured_bytes"] > 0 and report["activations"][0]["predicted_bytes"] is None
+    saved, layer = report["activations"][0], report["activations"][1]
+    assert saved["measured_bytes"] > 0 and saved["predicted_bytes"] == saved["measured_bytes"] and saved["ratio"] == 1.0
+    assert layer["quantity"] == "one layer (the first)" and layer["predicted_bytes"] == layer["measured_bytes"]
+    modules = [row for row in report["per_module"] if row["predicted_saved_bytes"] or row["measured_saved_bytes"]]
+    assert modules and all(row["predicted_saved_bytes"] == row["measured_saved_bytes"] for row in modules)
+
+
+def test_the_cli_table_shows_predicted_beside_measured_activations(capsys):
+    pytest.importorskip("transformers")
+    assert main(["account", "--hf-config", "gpt2", "--batch", "1", "--seq", "8"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "saved for backward" in line)
+    assert "1.000" in line and "predicted" in out and "measured only" not in line, line
+
+
+def test_a_formula_with_a_term_removed_fails_against_the_measurement(monkeypatch):
+    """The check measures with saved_tensors_hooks: drop one term from resacct's formula (the
+    float32 softmax of eager Llama attention) and the prediction no longer agrees."""
+    pytest.importorskip("transformers")
+    import resacct.hf_activation_formulas as formulas
+    from resacct.checks.hf import saved_activations
+    from resacct.harness.evaluate import agrees
+    from resacct.harness.schema import Tolerance
+
+    inputs = dict(model_type="llama", attention="eager", device="cpu", hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, vocab=96, batch=2, seq=8)
+    right = saved_activations(**inputs)
+    assert right.predicted == right.measured == 83012   # measured on transformers 5.23 / torch 2.13
+    original = formulas.hf_saved_terms
+    monkeypatch.setattr(formulas, "hf_saved_terms", lambda *args, **kw: tuple(t for t in original(*args, **kw) if "softmax output" not in t.what))
+    wrong = saved_activations(**inputs)
+    assert wrong.measured == right.measured and wrong.predicted == right.predicted - 2 * 2 * 4 * 8 * 8 * 4  # 2 layers · b·h·s² float32
+    assert agrees(right.predicted, right.measured, Tolerance()) and not agrees(wrong.predicted, wrong.measured, Tolerance())
+
+
+def test_the_activation_formula_refuses_what_it_does_not_model():
+    from resacct.errors import ResacctError
+    from resacct.hf_activation_formulas import predict_hf_saved_bytes
+
+    llama = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=48, positions=64, sliding_window=4)
+    with pytest.raises(ResacctError, match="resacct predicts Hugging Face activations on cpu and meta"):
+        predict_hf_saved_bytes(llama, 2, 4, device_type="cuda")
+    with pytest.raises(ResacctError, match="longer than the sliding window 4"):
+        predict_hf_saved_bytes(llama, 2, 8, attention="sdpa", device_type="cpu")
+    assert predict_hf_saved_bytes(llama, 2, 8, attention="sdpa", device_type="meta") > 0   # the mask is added, not saved
+    with pytest.raises(ResacctError, match="activation 'relu'"):
+        predict_hf_saved_bytes(HfArchitecture(family="llama", vocab=96, hidden=32, layers=1, heads=4, kv_heads=4, head_dim=8, mlp=48, positions=64,
+                                              activation="relu"), 1, 4)
 
 
 @pytest.mark.parametrize(
