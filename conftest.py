@@ -14,7 +14,7 @@ from pathlib import Path
 import jaxtyping
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.quick_tier"]
 
 # jaxtyping's import hook with beartype over the layers that handle tensors: a wrong shape, dtype or
 # type raises at the call during tests. The harness (YAML loading, laws, the pytest plugin), the
@@ -34,6 +34,17 @@ def type_checked_modules() -> list[str]:
     return sorted(f"resacct.{name}" for name in names - UNCHECKED_SUBPACKAGES)
 
 
+# Under pytest-xdist, each worker gets its share of the cores for torch's intra-op threads. Left at
+# torch's default (every core per worker), 2 workers on 2 cores ran 4 OpenMP threads that spin
+# while waiting on each other: the quick tier took 82 s, and 53 s with one thread per worker
+# (2026-11-24, this project's 2-core machine). An OMP_NUM_THREADS already set is kept; child
+# processes (the CLI, spawned ranks) inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, _workers))))
+    if "torch" in sys.modules:  # imported by another plugin before this conftest: set it directly
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 _already_imported = sorted(name for name in sys.modules if name == "resacct" or name.startswith("resacct."))
 if _already_imported:
     raise RuntimeError(f"resacct was imported before the type-checking hook: {_already_imported[:5]}")
@@ -44,3 +55,4 @@ _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function
 settings.register_profile("resacct-tests", max_examples=40, deadline=None, suppress_health_check=_QUIET)
 settings.register_profile("resacct-tests-ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True, suppress_health_check=_QUIET)
 settings.load_profile("resacct-tests-ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "resacct-tests")
+

@@ -41,6 +41,7 @@ def _loss_fn(model, config: GPTConfig, batch: int, seq: int, device: str = "cpu"
 # ── FLOPs ────────────────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "batch", "seq"), [("gpt-nano", 1, 1), ("gpt-nano", 3, 64), ("gpt-tiny", 2, 100), ("gpt2-small", 1, 1024), ("gpt2-medium", 2, 128)])
 def test_exact_formula_equals_flop_counter_mode_per_phase_and_module(name, batch, seq):
     config = get_gpt_config(name)
@@ -63,6 +64,7 @@ def test_uncounted_ops_are_listed_and_the_trace_leaves_no_gradients():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_fused_cpu_attention_counts_zero_and_resacct_fills_it():
     config = get_gpt_config("gpt-tiny")
     model = build_gpt(config, attention="sdpa")
@@ -140,6 +142,7 @@ def test_tied_lm_head_is_one_storage_in_the_state():
     assert state.parts_bytes["optimizer moments"] == 8 * 120576
 
 
+@pytest.mark.slow
 def test_gpt2_small_state_on_meta_without_allocating():
     config = get_gpt_config("gpt2-small")
     model = build_gpt(config, device="meta")
@@ -164,6 +167,7 @@ def test_optimizer_step_scratch_is_one_parameter_copy_with_foreach():
 # ── the account ──────────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_account_of_a_small_model_measured_on_cpu():
     account = account_gpt("gpt-nano", batch=4, seq=32, checkpoint_segments=2, grad_accum=2, time_step=True, train_tokens=1e9)
     rows = {(row.section, row.quantity): row for row in account.rows()}
@@ -182,6 +186,7 @@ def test_account_of_a_small_model_measured_on_cpu():
     assert module_rows["(loss)"].measured_saved_bytes == module_rows["(loss)"].predicted_saved_bytes > 0
 
 
+@pytest.mark.slow
 def test_account_of_gpt2_small_stays_on_meta_and_is_exact():
     account = account_gpt("gpt2-small", batch=1, seq=1024)
     assert account.device == "meta" and account.timing is None and account.step_peak_bytes is None
@@ -195,6 +200,7 @@ def test_account_of_gpt2_small_stays_on_meta_and_is_exact():
     assert math.isclose(fields["activations"][-1]["measured_bytes_per_parameter"], 27.5149, rel_tol=1e-4)
 
 
+@pytest.mark.slow
 def test_account_gives_mfu_with_a_peak():
     account = account_gpt("gpt-nano", batch=2, seq=16, peak_flops_per_sec=1e12, peak_source="test peak")
     assert account.timing.mfu == pytest.approx(account.timing.achieved_flops_per_sec / 1e12)
@@ -217,6 +223,7 @@ def test_account_refuses_bad_requests(kwargs, error, match):
         account_gpt(**kwargs, measure=False)
 
 
+@pytest.mark.slow
 def test_named_configs_account_on_meta():
     for name in ("gpt-nano", "gpt-tiny", "gpt-small-cpu"):  # GPT-2 sizes take seconds on meta: tested apart
         assert name in GPT_CONFIGS

@@ -177,6 +177,7 @@ def test_run_in_segments_on_a_plain_chain():
     assert torch.allclose(run_in_segments(layers, x, 3), run_in_segments(layers, x, 0))
 
 
+@pytest.mark.slow
 @NEEDS_TORCH_2_6
 def test_checkpointed_gpt_holds_and_recomputes_what_resacct_predicts():
     config = GPTConfig(vocab_size=64, context_length=32, n_layers=4, n_heads=2, d_model=32)

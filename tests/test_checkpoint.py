@@ -340,6 +340,7 @@ def finished(process: subprocess.Popen, timeout_seconds: float = 120) -> None:
     assert process.returncode == 0, errors
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 def test_resume_after_sigkill_is_bit_identical(tmp_path: Path):
     checkpoint, output, go = tmp_path / "ckpt.pt", tmp_path / "final.pt", tmp_path / "go"

@@ -20,6 +20,7 @@ def _rows(report: dict, section: str) -> dict[str, dict]:
     return {row["quantity"]: row for row in report[section]}
 
 
+@pytest.mark.slow
 def test_default_run_prints_predicted_measured_and_ratio(capsys):
     assert main(["account", "--no-time"]) == 0
     out = capsys.readouterr().out
@@ -44,6 +45,7 @@ def test_json_fields_carry_units_and_exact_numbers(capsys):
     assert {gap["op"] for gap in report["tracer_gaps"]} >= {"aten._softmax.default", "aten.gelu.default"}
 
 
+@pytest.mark.slow
 def test_gpt2_small_runs_on_meta_by_default(capsys):
     report = _json(capsys, "--model", "gpt2-small", "--batch", "1", "--seq", "1024")
     assert report["device"] == "meta" and report["parameters"] == 124439808
@@ -52,6 +54,7 @@ def test_gpt2_small_runs_on_meta_by_default(capsys):
     assert "peak" not in report and any("meta device" in note for note in report["notes"])
 
 
+@pytest.mark.slow
 def test_checkpointing_accumulation_and_per_module(capsys):
     report = _json(capsys, "--model", "gpt-nano", "--batch", "4", "--seq", "32", "--checkpoint-segments", "2", "--grad-accum", "2",
                    "--per-module", "--no-time")
@@ -72,6 +75,7 @@ def test_per_module_table_and_sdpa_note_in_text(capsys):
     assert "FlopCounterMode alone" in out and "_scaled_dot_product_flash_attention_for_cpu" in out
 
 
+@pytest.mark.slow
 def test_mfu_and_projection(capsys):
     report = _json(capsys, "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--peak-tflops", "1", "--train-tokens", "1B")
     time_rows = _rows(report, "time")
@@ -118,6 +122,7 @@ def test_format_quantity():
 # ── --optimizer, and any nn.Module through --model module:factory ───────────────────────
 
 
+@pytest.mark.slow
 def test_optimizer_flag_changes_the_state(capsys):
     sgd = _rows(_json(capsys, "--model", "gpt-nano", "--batch", "1", "--seq", "8", "--no-measure", "--optimizer", "sgd"), "training_state")
     adamw = _rows(_json(capsys, "--model", "gpt-nano", "--batch", "1", "--seq", "8", "--no-measure"), "training_state")

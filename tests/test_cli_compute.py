@@ -106,6 +106,7 @@ def test_roofline_of_a_datasheet(capsys):
     assert bounds[("matmul", 8192)] == "compute"
 
 
+@pytest.mark.slow
 def test_roofline_measured_here_with_png(capsys, tmp_path):
     png = tmp_path / "roofline.png"
     fields = run_json(capsys, "roofline", "--quick", "--png", str(png))
@@ -165,6 +166,7 @@ def test_errors_are_one_line_with_status_2(capsys, argv, message):
 # --- the installed script --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_installed_script_runs():
     script = Path(sys.executable).with_name("resacct")
     if not script.exists():

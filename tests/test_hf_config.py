@@ -55,6 +55,7 @@ def test_a_config_json_file_predicted_equals_measured(tmp_path, capsys):
     assert modules and all(row["predicted_saved_bytes"] == row["measured_saved_bytes"] for row in modules)
 
 
+@pytest.mark.slow
 def test_the_cli_table_shows_predicted_beside_measured_activations(capsys):
     pytest.importorskip("transformers")
     assert main(["account", "--hf-config", "gpt2", "--batch", "1", "--seq", "8"]) == 0

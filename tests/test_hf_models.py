@@ -23,6 +23,7 @@ def _bar() -> dict:
     return {"ratio": outcome.measured, **outcome.quantities}
 
 
+@pytest.mark.slow
 def test_llama_sdpa_on_a_real_cpu_step_counts_what_its_eager_twin_counts():
     """Issue 12's bar: a raw LlamaForCausalLM (GQA, causal; tests.fixtures_hf_models.tiny_llama's
     config) with sdpa attention on a real CPU step — resacct's count equals FlopCounterMode's on

@@ -40,6 +40,7 @@ def test_every_data_file_matches_a_package_data_glob():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_the_built_wheel_holds_every_claims_file_and_datasheet(tmp_path):
     (backend,) = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]  # "setuptools>=68"
     minimum = backend.removeprefix("setuptools>=")

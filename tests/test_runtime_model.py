@@ -74,6 +74,7 @@ def test_the_roofline_png_labels_points_by_shape_and_dtype(tmp_path):
     assert math.isclose(measured.roofline().ridge_point_flops_per_byte, 2.5)
 
 
+@pytest.mark.slow
 def test_account_prints_the_predicted_step_beside_the_measured(monkeypatch):
     import resacct.runtime_model as runtime_model
     from resacct.account import account_gpt

@@ -32,7 +32,7 @@ from resacct.distributed import (
 )
 from resacct.sharding import adam_state_bytes, fsdp_padded_shard_numel, fsdp_shard_rows, zero_redundancy_partition
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # spawns gloo ranks: the slow tier
 
 
 def _no_children_left() -> bool:
@@ -53,6 +53,7 @@ def test_a_failing_rank_is_reported_at_once_and_the_others_are_killed():
     assert _no_children_left()
 
 
+@pytest.mark.slow
 def test_a_collective_times_out():
     """Rank 1 sleeps; rank 0 waits in a barrier that times out after 1 s."""
     started = time.monotonic()
@@ -62,6 +63,7 @@ def test_a_collective_times_out():
     assert _no_children_left()
 
 
+@pytest.mark.slow
 def test_the_launcher_kills_ranks_that_overrun():
     started = time.monotonic()
     with pytest.raises(DistributedTimeoutError, match=r"ranks \[0, 1\] did not finish within 1 s; they were killed"):

@@ -66,6 +66,7 @@ def verify(specs_dir: Path, report_dir: Path, *extra: str) -> int:
     return main(["verify", "--specs", str(specs_dir), "--report-dir", str(report_dir), "--no-roofline", *extra])
 
 
+@pytest.mark.slow
 def test_default_output_lists_only_what_does_not_hold(specs_dir, tmp_path, capsys):
     report_dir = tmp_path / "report"
     assert verify(specs_dir, report_dir) == 0
@@ -92,6 +93,7 @@ def test_default_output_lists_only_what_does_not_hold(specs_dir, tmp_path, capsy
     assert page.startswith("<!doctype html>") and '<table class="claims">' in page and 'id="errata"' in page
 
 
+@pytest.mark.slow
 def test_a_failed_claim_shows_law_value_prediction_measurement_inputs_and_line(specs_dir, tmp_path, capsys):
     broken = specs_dir / "storage.claims.yaml"
     broken.write_text(broken.read_text().replace('law: "[d1, 1]"', 'law: "[d0, 1]"'))
@@ -112,6 +114,7 @@ def test_a_failed_claim_shows_law_value_prediction_measurement_inputs_and_line(s
     assert "1 failed" in out
 
 
+@pytest.mark.slow
 def test_all_status_quiet_and_verbose_choose_what_is_printed(specs_dir, tmp_path, capsys):
     assert verify(specs_dir, tmp_path / "r", "--area", "devices", "--all") == 0
     out = capsys.readouterr().out
@@ -124,6 +127,7 @@ def test_all_status_quiet_and_verbose_choose_what_is_printed(specs_dir, tmp_path
     assert out[0].startswith("claims: 1 holds, 0 refuted, 3 skipped") and out[1].startswith("report: ") and len(out) == 2
 
 
+@pytest.mark.slow
 def test_json_output_is_strict_json_with_every_claim(specs_dir, tmp_path, capsys):
     assert verify(specs_dir, tmp_path / "r", "--json") == 0
     fields = strict_json(capsys.readouterr().out)
@@ -136,6 +140,7 @@ def test_json_output_is_strict_json_with_every_claim(specs_dir, tmp_path, capsys
     assert [record["id"] for record in strict_json(capsys.readouterr().out)["claims"]] == ["three-indices-on-2d-is-view"]
 
 
+@pytest.mark.slow
 def test_a_partial_run_is_marked_partial_in_every_format(specs_dir, tmp_path, capsys):
     report_dir = tmp_path / "fresh"
     assert verify(specs_dir, report_dir, "--area", "devices", "-k", "cpu") == 0
@@ -175,6 +180,7 @@ def _complete_report(complete_report, capsys):
     return copy
 
 
+@pytest.mark.slow
 def test_a_k_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys, _complete_report):
     report_dir = tmp_path / "reports"
     before = _complete_report(specs_dir, report_dir)
@@ -191,6 +197,7 @@ def test_a_k_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys
     assert not list(tmp_path.glob(".reports.*"))  # no temporary directory left behind
 
 
+@pytest.mark.slow
 def test_ctrl_c_inside_the_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
     import resacct.harness.plugin as plugin
 
@@ -216,6 +223,7 @@ def test_ctrl_c_inside_the_run_leaves_the_complete_report_in_place(specs_dir, tm
     assert not list(tmp_path.glob(".reports.*"))
 
 
+@pytest.mark.slow
 def test_the_report_directory_is_untouched_while_claims_run(specs_dir, tmp_path, monkeypatch, capsys, _complete_report):
     """A second run sharing the directory cannot delete the first one's report.json mid-run."""
     import resacct.harness.plugin as plugin
@@ -234,6 +242,7 @@ def test_the_report_directory_is_untouched_while_claims_run(specs_dir, tmp_path,
     assert seen and all(snapshot == before for snapshot in seen)
 
 
+@pytest.mark.slow
 def test_the_roofline_belongs_to_the_same_run(specs_dir, tmp_path, capsys, monkeypatch):
     import resacct.cli.verify as verify_command
 
@@ -253,6 +262,7 @@ def test_the_roofline_belongs_to_the_same_run(specs_dir, tmp_path, capsys, monke
     assert not (report_dir / "roofline.png").exists()  # an older run's roofline does not pass for this one's
 
 
+@pytest.mark.slow
 def test_gpu_required_turns_gpu_skips_into_failures(specs_dir, tmp_path, capsys, monkeypatch):
     import torch
 
@@ -278,6 +288,7 @@ def test_bad_arguments_exit_2_with_one_line(arguments, message, capsys):
     assert message in error and len(error.strip().splitlines()) == 1 and "Traceback" not in error
 
 
+@pytest.mark.slow
 def test_no_claim_matching_k_is_one_line(specs_dir, tmp_path, capsys):
     assert verify(specs_dir, tmp_path / "r", "-k", "no_such_claim_anywhere") == 2
     assert capsys.readouterr().err.strip() == "resacct verify: error: no claim matches -k 'no_such_claim_anywhere'"
@@ -388,6 +399,7 @@ def test_more_refuted_claims_than_lines_are_counted_not_cut_silently():
     assert f"  … and {300 - len(listed)} more refuted: resacct verify --status refuted, or errata.md" in lines
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_pipe_loses_no_report(specs_dir, tmp_path, monkeypatch, capsys, _complete_report):
     """`resacct verify | head -1`: the reader leaves before the output ends. The report was
     published before printing began, so it is complete; a partial run still goes beside it."""
@@ -416,6 +428,7 @@ def test_a_closed_stdout_pipe_loses_no_report(specs_dir, tmp_path, monkeypatch, 
     assert load_report(tmp_path / "reports-partial" / "report.json")["run"]["complete"] is False
 
 
+@pytest.mark.slow
 def test_a_check_that_raises_is_one_failed_block_and_v_adds_the_traceback(tmp_path, capsys):
     specs = tmp_path / "specs"
     specs.mkdir()

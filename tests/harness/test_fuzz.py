@@ -6,6 +6,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -80,6 +81,7 @@ def write(tmp_path_factory, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @FUZZ
 @given(document=valid_documents())
 @example(document={"area": "a", "source": "0E0", "claims": [{"id": "c", "says": "1e-8", "measure": "testing.echo", "given": {"value": 1}, "law": "value"}]})
@@ -90,6 +92,7 @@ def test_every_valid_document_loads_completely(tmp_path_factory, document):
     assert [claim.id for claim in loaded.claims] == [claim["id"] for claim in document["claims"]]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(document=valid_documents(), key=st.sampled_from(["id", "says", "measure"]), junk=json_like)
 def test_a_broken_claim_is_reported_not_raised(tmp_path_factory, document, key, junk):

@@ -71,6 +71,7 @@ def test_the_traceback_comes_with_verbose(pytester, write_spec):
     result.stdout.fnmatch_lines(["specs/demo.claims.yaml:4: claim 'crashes': check 'testing.fails_with' raised RuntimeError: boom*", "*raise RuntimeError(message)*"])
 
 
+@pytest.mark.slow
 def test_a_backtracking_match_is_cut_off_with_one_line():
     error = RuntimeError("a" * 60 + "c")
     started = time.perf_counter()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 SPECS = Path(__file__).resolve().parents[2] / "resacct" / "specs"
 NAMES = ("storage.claims.yaml", "devices.claims.yaml")
 
@@ -17,6 +19,7 @@ def _outcomes(report: Path) -> dict[str, str]:
     return {record["id"]: record["outcome"] for record in json.loads(report.read_text())["claims"]}
 
 
+@pytest.mark.slow
 def test_xdist_gives_the_same_outcomes(pytester):
     for name in NAMES:  # copies: the repository's pytest.ini (jaxtyping's import hook) stays out of both runs
         (pytester.path / name).write_text((SPECS / name).read_text(encoding="utf-8"), encoding="utf-8")

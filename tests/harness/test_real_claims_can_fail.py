@@ -71,7 +71,7 @@ def changed_spec_files() -> frozenset[str]:
 def all_claims() -> list[LoadedClaim]:
     claims = []
     for path in sorted(SPECS.glob("*.claims.yaml")):
-        loaded = load_claims_file(path, display_path=f"specs/{path.name}")
+        loaded = load_claims_file(path, display_path=f"resacct/specs/{path.name}")  # as the plugin shows it: one parse serves both
         claims += loaded.claims
     return claims
 
@@ -112,11 +112,19 @@ def skip_unless_for_this_torch(claim: LoadedClaim) -> None:
             pytest.skip(f"claim is about torch {claim.claim.requires_torch}")
 
 
-def cheap(claim: LoadedClaim) -> bool:
-    return not (set(claim.claim.marks) & {"gpu", "slow", "distributed"})
+def measurable_here(claim: LoadedClaim) -> bool:
+    """Not a GPU claim, and not one that spawns ranks (measured afresh, each would start a process group)."""
+    return not (set(claim.claim.marks) & {"gpu", "distributed"})
 
 
-CLAIMS = [claim for claim in all_claims() if cheap(claim)]
+def with_its_claims_tier(claim: LoadedClaim) -> list:
+    """A claim's meta-test goes where its claim goes: its spec file's xdist group (the remembered
+    measurement lives in that worker) and, for a claim marked slow, the slow tier."""
+    marks = [pytest.mark.xdist_group(spec_group(claim))]
+    return marks + ([pytest.mark.slow] if "slow" in claim.claim.marks else [])
+
+
+CLAIMS = [claim for claim in all_claims() if measurable_here(claim)]
 
 
 def first_example(claim: LoadedClaim) -> dict:
@@ -137,7 +145,7 @@ def first_example(claim: LoadedClaim) -> dict:
     return inputs
 
 
-@pytest.mark.parametrize("claim", [pytest.param(claim, id=claim.id, marks=pytest.mark.xdist_group(spec_group(claim))) for claim in CLAIMS])
+@pytest.mark.parametrize("claim", [pytest.param(claim, id=claim.id, marks=with_its_claims_tier(claim)) for claim in CLAIMS])
 def test_every_claim_fails_when_its_statement_is_changed(claim):
     """Holding claims must fail with a wrong statement; refuted ones are already false, so their
     mutation must stay false (and the original must pass) — either way the check decides."""
@@ -183,6 +191,7 @@ def test_there_are_enough_claims_to_mean_something():
         ("zeros-4x8-float32-is-128-bytes", "4 * 8 * 2"),
     ],
 )
+@pytest.mark.slow
 def test_a_deliberately_wrong_law_makes_a_real_item_fail(pytester, claim_id, wrong_law):
     """Through pytest: copy a real claim, break its law, watch the item fail."""
     import yaml
