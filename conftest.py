@@ -14,7 +14,7 @@ from pathlib import Path
 import jaxtyping
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["pytester", "tests.quick_tier"]
+pytest_plugins = ["pytester", "tests.quick_tier", "tests.xdist_groups"]
 
 # jaxtyping's import hook with beartype over the layers that handle tensors: a wrong shape, dtype or
 # type raises at the call during tests. The harness (YAML loading, laws, the pytest plugin), the
