@@ -350,12 +350,12 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
         optimizer.step()
 
     if peak is None and account.device == "cuda":
-        from resacct.hardware import current_accelerator, peak_flops_per_sec
+        from resacct.hardware import current_accelerator, peak_flops_per_sec, peak_source_text
 
         board = current_accelerator()
         if board is not None:
             dtype = "bf16" if account.recipe != "fp32" else "fp32"
-            peak, source = peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
+            peak, source = peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
     timing = time_callable(step, device=account.device, warmup=1, repeats=3, min_sample_sec=0.0)
     from resacct.runtime_model import predict_training_step
 

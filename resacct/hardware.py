@@ -1,6 +1,7 @@
-"""Accelerator peaks, memory and bandwidth from NVIDIA's datasheets — dense and sparse kept apart.
+"""Accelerator peaks, memory and bandwidth from vendors' datasheets — dense and sparse kept apart.
 
-Every number lives in ``resacct/datasheets/accelerators.yaml`` with the datasheet it comes from.
+Every number lives in ``resacct/datasheets/accelerators.yaml`` with its source and how far to trust it
+(``confidence``: the vendor's datasheet, derived from one, or third-party tables only).
 Look a board up by its name, an alias, or the string ``torch.cuda.get_device_name()`` returns:
 
 >>> h100 = get_accelerator("h100")
@@ -33,6 +34,7 @@ __all__ = [
     "Peak",
     "Accelerator",
     "PEAK_FORMATS",
+    "CONFIDENCE_FLAGS",
     "accelerators",
     "accelerator_names",
     "get_accelerator",
@@ -42,11 +44,17 @@ __all__ = [
     "format_bytes",
     "peak_flops_per_sec",
     "accelerator_intensity_flops_per_byte",
+    "peak_source_text",
     "raw_accelerator_table",
 ]
 
 DATA_FILE = "accelerators.yaml"
 TERA = 1e12
+
+#: How far a board's figures can be trusted, each with the flag printed beside the board:
+#: the vendor's own document; derived from one (system ÷ GPUs, or a faithful transcription);
+#: or third-party tables only, unconfirmed by the vendor (every output that uses them says so).
+CONFIDENCE_FLAGS = {"datasheet": "", "derived": "[derived]", "third-party": "[third-party: unconfirmed by the vendor]"}
 
 #: Formats a peak can be listed for. fp64_tensor is the tensor-core fp64 path; fp32 is the
 #: non-tensor (CUDA-core) path that torch uses for float32 matmuls unless TF32 is allowed.
@@ -86,6 +94,19 @@ class Accelerator:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display_name})"
+
+    @property
+    def flag(self) -> str:
+        """``[derived]`` or ``[third-party: unconfirmed by the vendor]``; empty for a datasheet entry."""
+        return CONFIDENCE_FLAGS[self.confidence]
+
+    @property
+    def caveat(self) -> str:
+        """The line every output that uses this board's figures carries where they come from
+        third-party tables only; empty otherwise."""
+        if self.confidence != "third-party":
+            return ""
+        return f"note: {self.name}'s figures are from third-party tables, unconfirmed by the vendor (sources: resacct devices {self.name})"
 
 
 def raw_accelerator_table() -> dict[str, Any]:
@@ -131,8 +152,9 @@ def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-    if entry.get("confidence") not in ("datasheet", "derived"):
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.confidence is {entry.get('confidence')!r}; expected datasheet or derived")
+    if entry.get("confidence") not in CONFIDENCE_FLAGS:
+        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.confidence is {entry.get('confidence')!r}; "
+                           f"expected one of {', '.join(CONFIDENCE_FLAGS)}")
     return Accelerator(
         name=name,
         display_name=str(entry["display_name"]),
@@ -174,20 +196,21 @@ def _spellings() -> dict[str, str]:
 
 
 def accelerator_for_cuda_name(device_name: str) -> Accelerator | None:
-    """The board whose CUDA name ``device_name`` is, or starts with (MIG slices add a suffix);
-    the longest matching CUDA name wins, so "NVIDIA H200 NVL" is not read as "NVIDIA H200".
+    """The board whose CUDA name ``device_name`` is, or is followed by a space and a suffix (MIG
+    slices add " MIG 1g.10gb"); the longest matching CUDA name wins, so "NVIDIA H200 NVL" is not
+    read as "NVIDIA H200". A hyphenated variant is another board: "NVIDIA H20-3e" is not "NVIDIA H20".
 
     >>> accelerator_for_cuda_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb").name
     'h100-sxm'
     >>> accelerator_for_cuda_name("NVIDIA GeForce RTX 4090") is None
     True
     """
-    wanted = _normalized(device_name)
+    wanted = " ".join(device_name.lower().split())
     best: tuple[int, Accelerator] | None = None
     for accelerator in accelerators().values():
         for cuda_name in accelerator.cuda_names:
-            known = _normalized(cuda_name)
-            if wanted == known or wanted.startswith(known + "-"):
+            known = " ".join(cuda_name.lower().split())
+            if wanted == known or wanted.startswith(known + " "):
                 if best is None or len(known) > best[0]:
                     best = (len(known), accelerator)
     return best[1] if best else None
@@ -252,7 +275,8 @@ def peak_flops_per_sec(accelerator: str | Accelerator, dtype: str | torch.dtype 
     fmt = peak_format(dtype)
     peak = board.peaks.get(fmt)
     if peak is None:
-        raise ResacctError(f"{board.name} has no {fmt} peak on its datasheet; it lists {', '.join(board.peaks)}")
+        raise ResacctError(f"{board.name} has no {fmt} peak in the table (its source prints none; why: resacct devices {board.name}); "
+                           f"it lists {', '.join(board.peaks)}")
     if not sparse:
         return peak.dense_flops_per_sec
     if peak.sparse_flops_per_sec is None:
@@ -266,3 +290,14 @@ def accelerator_intensity_flops_per_byte(accelerator: str | Accelerator, dtype: 
     memory-bound."""
     board = get_accelerator(accelerator)
     return peak_flops_per_sec(board, dtype, sparse=sparse) / board.memory_bandwidth_bytes_per_sec
+
+
+def peak_source_text(accelerator: str | Accelerator, dtype: str | torch.dtype = "bf16") -> str:
+    """Where a dense peak used for MFU comes from, in words, saying so when it is a third-party figure.
+
+    >>> peak_source_text("h20", "fp16")
+    'h20 fp16 dense peak (third-party table, unconfirmed by the vendor)'
+    """
+    board = get_accelerator(accelerator)
+    third_party = " (third-party table, unconfirmed by the vendor)" if board.confidence == "third-party" else ""
+    return f"{board.name} {peak_format(dtype)} dense peak{third_party}"

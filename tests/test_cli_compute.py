@@ -215,3 +215,43 @@ def test_fit_partial_sharding_needs_a_recipe(capsys):
 
     assert cli_main(["fit", "--devices", "8", "--device", "h100", "--zero", "2"]) == 2
     assert "give --recipe" in capsys.readouterr().err
+
+
+# --- boards with third-party figures are flagged wherever they are used ---------------------------
+
+THIRD_PARTY_NOTE = "figures are from third-party tables, unconfirmed by the vendor"
+
+
+def test_devices_flags_third_party_boards(capsys):
+    assert main(["devices"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    for name in ("h800-sxm", "h20", "v100-pcie-16gb", "mi325x"):
+        assert lines[name].endswith("[third-party: unconfirmed by the vendor]"), lines[name]
+    assert lines["b200"].endswith("[derived]") and lines["h100-sxm"].endswith("datasheet")
+    fields = run_json(capsys, "devices", "h20")
+    assert fields["devices"][0]["confidence"] == "third-party"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["mfu", "--params", "7B", "--tokens-per-sec", "3000", "--device", "h20", "--dtype", "fp16"],
+        ["mfu", "--achieved-tflops", "100", "--device", "h800", "--dtype", "fp8"],
+        ["time", "--params", "70B", "--tokens", "15T", "--devices", "1024", "--device", "mi325x", "--mfu", "0.4"],
+        ["roofline", "--device", "mi325x"],
+        ["fit", "--devices", "8", "--device", "v100-pcie", "--bytes-per-param", "16", "--zero", "3"],
+        ["optimal", "--flops", "1e23", "--device", "mi325x"],
+        ["plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--device", "h20", "--dp", "8", "--zero", "3"],
+    ],
+)
+def test_outputs_using_a_third_party_board_say_so(capsys, argv):
+    assert main(argv) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("  note: ") and THIRD_PARTY_NOTE in last, last
+    assert THIRD_PARTY_NOTE in run_json(capsys, *argv)["source_caveat"]
+
+
+def test_outputs_using_a_vendor_board_carry_no_caveat(capsys):
+    assert run_json(capsys, "mfu", "--achieved-tflops", "400", "--device", "h100")["source_caveat"] is None
+    assert main(["time", "--params", "70B", "--tokens", "15T", "--devices", "1024", "--device", "h100"]) == 0
+    assert "third-party" not in capsys.readouterr().out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from resacct.errors import ResacctError, UnknownNameError
 from resacct.hardware import (
+    CONFIDENCE_FLAGS,
     PEAK_FORMATS,
     accelerator_for_cuda_name,
     accelerator_intensity_flops_per_byte,
@@ -19,8 +21,14 @@ from resacct.hardware import (
     get_accelerator,
     peak_flops_per_sec,
     peak_format,
+    peak_source_text,
     raw_accelerator_table,
 )
+
+
+def _left_out(board, fmt: str) -> bool:
+    """A third-party entry may lack a format no cited page prints; its note must say so."""
+    return board.confidence == "third-party" and re.search(rf"\b{fmt}\b[^.]*\bleft out", board.note) is not None
 
 
 def test_table_has_the_boards_of_the_lecture_and_their_successors():
@@ -30,14 +38,14 @@ def test_table_has_the_boards_of_the_lecture_and_their_successors():
 @pytest.mark.parametrize("name", list(accelerators()))
 def test_every_entry_is_sourced_and_positive(name):
     board = accelerators()[name]
-    assert board.source and board.confidence in ("datasheet", "derived")
+    assert board.source and board.confidence in CONFIDENCE_FLAGS
     assert board.memory_bytes > 0 and board.memory_bandwidth_bytes_per_sec > 0
     assert set(board.peaks) <= set(PEAK_FORMATS)
     # every board has a 16-bit matrix peak; the V100 (Volta) predates bf16 and has only fp16
-    assert "bf16" in board.peaks or (board.family == "volta" and "fp16" in board.peaks)
+    assert "bf16" in board.peaks or (board.family == "volta" and "fp16" in board.peaks) or _left_out(board, "bf16")
     # NVIDIA datasheets print a CUDA-core fp32 peak; Google's TPU pages and Intel's Gaudi 3 table
     # list only their matrix formats
-    assert "fp32" in board.peaks or board.family in ("tpu", "gaudi")
+    assert "fp32" in board.peaks or board.family in ("tpu", "gaudi") or _left_out(board, "fp32")
     for peak in board.peaks.values():
         assert peak.dense_flops_per_sec > 0 and math.isfinite(peak.dense_flops_per_sec)
         if peak.sparse_flops_per_sec is not None:
@@ -51,7 +59,7 @@ def test_non_tensor_formats_have_no_sparse_peak(name):
         if fmt in board.peaks:
             assert board.peaks[fmt].sparse_flops_per_sec is None
         else:  # only TPUs and Gaudi print no fp64/fp32; elsewhere the entry's note says why it is left out
-            assert board.family in ("tpu", "gaudi") or (fmt == "fp64" and "fp64 is left out" in board.note)
+            assert board.family in ("tpu", "gaudi") or (fmt == "fp64" and "fp64 is left out" in board.note) or _left_out(board, fmt)
 
 
 def test_lecture_peaks():
@@ -180,8 +188,12 @@ def test_bad_data_entries_are_refused():
         _parse_accelerator("x", {**good, "colour": "green"})
     with pytest.raises(ResacctError, match="x.memory_bytes is -1"):
         _parse_accelerator("x", {**good, "memory_bytes": -1})
-    with pytest.raises(ResacctError, match="confidence"):
-        _parse_accelerator("x", {**good, "confidence": "rumour"})
+    for confidence in CONFIDENCE_FLAGS:  # datasheet, derived, third-party
+        assert _parse_accelerator("x", {**good, "confidence": confidence}).confidence == confidence
+    for bad in ("rumour", "third party", None):
+        expected = rf"resacct/datasheets/accelerators.yaml: x.confidence is {re.escape(repr(bad))}; expected one of datasheet, derived, third-party"
+        with pytest.raises(ResacctError, match=expected):
+            _parse_accelerator("x", {**good, "confidence": bad})
     with pytest.raises(UnknownNameError, match="peak format"):
         _parse_accelerator("x", {**good, "peaks_tera_per_sec": {"fp7": {"dense": 1, "sparse": None}}})
 
@@ -216,3 +228,52 @@ def test_gb200_is_half_a_superchip_and_derived():
     assert gb200.confidence == "derived" and "fp64" not in gb200.peaks
     assert peak_flops_per_sec(gb200, "bf16", sparse=True) * 2 == 10e15  # FP16/BF16 Tensor Core 10 PFLOPS per superchip
     assert peak_flops_per_sec(gb200, "fp8") > peak_flops_per_sec("b200", "fp8")
+
+
+# --- boards with third-party figures only (no vendor document could be read) ----------------------
+
+THIRD_PARTY = {  # name: (aliases and CUDA names that must resolve to it, {format: dense TFLOP/s}, memory bytes, bandwidth bytes/s)
+    "h800-sxm": (["h800", "H800 SXM5", "NVIDIA H800 80GB HBM3", "NVIDIA H800 80GB HBM3 MIG 1g.10gb"], {"fp8": 1979, "fp64": 1}, 80e9, 3.35e12),
+    "h20": (["h20", "h20-96gb", "NVIDIA H20", "NVIDIA H20 MIG 1g.12gb"], {"fp16": 148, "fp8": 296, "int8": 296, "tf32": 74, "fp32": 44, "fp64": 1},
+            96e9, 4.0e12),
+    "v100-pcie-16gb": (["v100-pcie", "Tesla V100-PCIE-16GB"], {"fp16": 112, "fp32": 14, "fp64": 7}, 16e9, 0.9e12),
+    "mi325x": (["mi325x", "AMD Instinct MI325X", "instinct-mi325x"], {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7, "fp32": 163.4},
+               256 * 2**30, 6.0e12),
+}
+
+
+@pytest.mark.parametrize("name", list(THIRD_PARTY))
+def test_third_party_boards_resolve_and_carry_their_pages_figures(name):
+    spellings, peaks, memory_bytes, bandwidth = THIRD_PARTY[name]
+    for spelling in spellings:
+        assert get_accelerator(spelling).name == name, spelling
+    board = accelerators()[name]
+    assert board.confidence == "third-party" and board.flag == "[third-party: unconfirmed by the vendor]"
+    assert "https://" in board.source and board.note
+    assert {fmt: peak.dense_flops_per_sec / 1e12 for fmt, peak in board.peaks.items()} == pytest.approx(peaks)
+    assert (board.memory_bytes, board.memory_bandwidth_bytes_per_sec) == (memory_bytes, bandwidth)
+    assert board.caveat.startswith(f"note: {name}'s figures are from third-party tables, unconfirmed by the vendor")
+    assert peak_source_text(board, "fp16").endswith("(third-party table, unconfirmed by the vendor)")
+
+
+def test_vendor_boards_carry_no_third_party_caveat():
+    assert all(board.caveat == "" for board in accelerators().values() if board.confidence != "third-party")
+    assert (get_accelerator("h100").flag, get_accelerator("b200").flag) == ("", "[derived]")
+    assert peak_source_text("h100", "bf16") == "h100-sxm bf16 dense peak"
+
+
+def test_third_party_formats_no_page_prints_are_refused_not_guessed():
+    # No cited page prints a bf16 figure for the H800 or H20: resacct does not borrow the H100's.
+    for name in ("h800", "h20"):
+        with pytest.raises(ResacctError, match=r"has no bf16 peak in the table \(its source prints none"):
+            peak_flops_per_sec(name, "bf16")
+    assert peak_flops_per_sec("mi325x", "fp8", sparse=True) == 5229.8e12  # the page's "FP8 with sparsity"
+    with pytest.raises(ResacctError, match="no structured-sparsity peak"):
+        peak_flops_per_sec("mi325x", "bf16", sparse=True)
+
+
+def test_a_hyphenated_cuda_variant_is_another_board():
+    """torch's "NVIDIA H20-3e" is a different board (141 GB): it must not read as the H20."""
+    assert accelerator_for_cuda_name("NVIDIA H20-3e") is None
+    assert accelerator_for_cuda_name("Tesla V100-PCIE-32GB") is None  # not in the table
+    assert accelerator_for_cuda_name("NVIDIA H20").name == "h20"

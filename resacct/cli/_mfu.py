@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from resacct.cli.arguments import count, positive_float, positive_int
-from resacct.cli.output import amount_text, emit, ratio_text
+from resacct.cli.output import amount_text, emit, ratio_text, with_caveat
 from resacct.errors import ResacctError
 
 __all__ = ["add_mfu_arguments", "run_mfu"]
@@ -41,7 +41,8 @@ def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
                         help="activation recomputation, for HFU (hardware FLOPs) beside MFU (default: none)")
 
 
-def _peak(args: argparse.Namespace) -> tuple[float, str | None, str | None]:
+def _peak(args: argparse.Namespace) -> tuple[float, Any, str | None]:
+    """The peak per device, the board it is from (None for --peak) and its format."""
     if args.peak is not None:
         if args.device is not None or args.sparse:
             raise ResacctError("give --peak FLOP/S or --device NAME (with --dtype/--sparse), not both")
@@ -49,7 +50,7 @@ def _peak(args: argparse.Namespace) -> tuple[float, str | None, str | None]:
     from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
 
     board = get_accelerator(args.device or "h100-sxm")
-    return peak_flops_per_sec(board, args.dtype, sparse=args.sparse), board.name, peak_format(args.dtype)
+    return peak_flops_per_sec(board, args.dtype, sparse=args.sparse), board, peak_format(args.dtype)
 
 
 def _attention_flops_per_token(args: argparse.Namespace) -> float:
@@ -72,25 +73,27 @@ def _tokens_per_sec(args: argparse.Namespace) -> float:
     return args.tokens / args.step_time
 
 
-def _from_achieved(args: argparse.Namespace, peak: float, device: str | None) -> int:
+def _from_achieved(args: argparse.Namespace, peak: float, board: Any) -> int:
     if any(getattr(args, name) is not None for name in ("tokens_per_sec", "step_time", "tokens")):
         raise ResacctError("--achieved-tflops is a rate already: give it without --tokens-per-sec, --step-time or --tokens")
     from resacct.utilization import mfu_from_achieved_flops_per_sec
 
+    device = board.name if board is not None else None
     achieved = args.achieved_tflops * 1e12
     utilization = mfu_from_achieved_flops_per_sec(achieved, peak)
     fields = {"achieved_flops_per_sec_per_device": achieved, "devices": args.devices, "achieved_flops_per_sec": achieved * args.devices,
               "device": device, "peak_flops_per_sec": peak, "mfu": utilization, "above_peak": utilization > 1}
     text = f"{achieved:.4g} FLOP/s per device ÷ peak {peak:.4g} ({device or 'custom'})\n  utilization: {utilization:.3f}"
-    return emit(args, fields, text)
+    return emit(args, fields, with_caveat(fields, text, board))
 
 
 def run_mfu(args: argparse.Namespace) -> int:
     from resacct.utilization import mfu_from_tokens_per_sec
 
-    peak, device, dtype = _peak(args)
+    peak, board, dtype = _peak(args)
     if args.achieved_tflops is not None:
-        return _from_achieved(args, peak, device)
+        return _from_achieved(args, peak, board)
+    device = board.name if board is not None else None
     if args.params is None:
         raise ResacctError("give --params N (with a rate), or --achieved-tflops per device")
     attention = _attention_flops_per_token(args)
@@ -119,4 +122,4 @@ def run_mfu(args: argparse.Namespace) -> int:
         text += f"\n  HFU: {ratio_text(hfu)} (recompute {args.recompute}: {hardware:.4g} hardware FLOPs/token)"
     if hfu > 1:
         text += "  — above the peak: a wrong input (tokens per step? devices? dtype?) or the sparse peak is needed"
-    return emit(args, fields, text)
+    return emit(args, fields, with_caveat(fields, text, board))

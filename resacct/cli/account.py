@@ -166,11 +166,11 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
         return args.peak_tflops * 1e12, f"given peak {args.peak_tflops:g} TFLOP/s"
     if args.accelerator is None:
         return None, None
-    from resacct.hardware import get_accelerator, peak_flops_per_sec
+    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_source_text
 
     board = get_accelerator(args.accelerator)
     dtype = "fp32" if args.recipe.name == "fp32" else "bf16"
-    return peak_flops_per_sec(board, dtype), f"{board.name} {dtype} dense peak"
+    return peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
 
 
 def _run_generic(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from resacct.cli.arguments import count, fraction, positive_float, positive_int
-from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit
+from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 
 __all__ = ["register"]
@@ -105,7 +105,7 @@ def _run_time(args: argparse.Namespace) -> int:
         f"  FLOPs per day: {amount_text(estimate.flops_per_day, '').rstrip()}\n"
         f"  training time: {days_text(estimate.training_days)} ({amount_text(estimate.device_hours, 'device-hours')})"
     )
-    return emit(args, fields, text)
+    return emit(args, fields, with_caveat(fields, text, board))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     where = board.name if board else f"{_g(args.memory_gb)} GB"
     text = (f"{count_text(args.devices)} × {where}, {zero_words(zero, zero_is_default)}\n  recipe: {recipe_text}\n"
             f"  largest model: {parameters_in_words(largest)} ({amount_text(largest, 'parameters')}), before activations")
-    return emit(args, fields, text)
+    return emit(args, fields, with_caveat(fields, text, board))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def _datasheet_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, A
     roofline = Roofline.of_accelerator(board, args.dtype, sparse=args.sparse)
     element = format_bytes(args.dtype)
     rows = [_operation_row(name, size, *_operation_flops_and_bytes(name, size, element), roofline, None) for name, size in _DATASHEET_OPERATIONS]
-    return roofline, rows, {"measured": False, "device": board.name, "bytes_per_element": element}
+    return roofline, rows, {"measured": False, "device": board.name, "bytes_per_element": element, "board": board}
 
 
 def _run_roofline(args: argparse.Namespace) -> int:
@@ -253,6 +253,7 @@ def _run_roofline(args: argparse.Namespace) -> int:
     if args.png:
         _check_png_target(args.png)  # before measuring, not after
     roofline, rows, about = _datasheet_roofline(args) if args.device else _measured_roofline(args)
+    board = about.pop("board", None)
     if args.png:
         from resacct.perf import save_roofline_png
 
@@ -269,7 +270,7 @@ def _run_roofline(args: argparse.Namespace) -> int:
         "operations": rows,
         "png": args.png,
     }
-    return emit(args, fields, _roofline_text(roofline, rows, args.png))
+    return emit(args, fields, with_caveat(fields, _roofline_text(roofline, rows, args.png), board))
 
 
 def _check_png_target(path: str) -> None:
@@ -344,7 +345,7 @@ def _run_devices(args: argparse.Namespace) -> int:
     for board in boards:
         matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
         intensity = matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if matrix_16 else float("nan")
-        flag = "" if board.confidence == "datasheet" else " [derived]"
+        flag = f" {board.flag}" if board.flag else ""
         lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
                      f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
                      f"{_tera(board, 'fp8', True):>8}{intensity:>8.0f}  {_short_source(board.source)}{flag}")

@@ -21,7 +21,7 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["add_json_flag", "emit", "days_text", "amount_text", "count_text", "ratio_text"]
+__all__ = ["add_json_flag", "emit", "with_caveat", "days_text", "amount_text", "count_text", "ratio_text"]
 
 _FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"  # 1.8e+308
 
@@ -40,6 +40,14 @@ def emit(args: argparse.Namespace, fields: dict[str, Any], text: str) -> int:
     else:
         sys.stdout.write(text.rstrip("\n") + "\n")
     return 0
+
+
+def with_caveat(fields: dict[str, Any], text: str, board: Any) -> str:
+    """Where ``board`` (an accelerator, or None) has figures from third-party tables only, add its
+    one-line caveat to the JSON ``fields`` (``source_caveat``, else null) and to the ``text``."""
+    caveat = getattr(board, "caveat", "") if board is not None else ""
+    fields["source_caveat"] = caveat or None
+    return f"{text.rstrip()}\n  {caveat}" if caveat else text
 
 
 def amount_text(value: float, unit: str, digits: int = 4) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from resacct.cli._recipes import recipe_type
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
-from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit
+from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 from resacct.recipes import DEFAULT_ZERO_STAGE, parse_recipe
 from resacct.sharding import get_sharding_recipe
@@ -44,14 +44,15 @@ def _layout(args: argparse.Namespace) -> Any:
                           sequence_parallel=args.sp, interleaved_chunks=args.interleave)
 
 
-def _device_memory_bytes(args: argparse.Namespace) -> tuple[str | None, float]:
+def _device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float]:
+    """The board (None for --memory-gb) and its memory per GPU in bytes."""
     if (args.device is None) == (args.memory_gb is None):
         raise ResacctError("give exactly one of --device NAME (memory from the datasheet table) or --memory-gb GB (per GPU)")
     if args.device is not None:
         from resacct.hardware import get_accelerator
 
         board = get_accelerator(args.device)
-        return board.name, float(board.memory_bytes)
+        return board, float(board.memory_bytes)
     return None, args.memory_gb * 1e9
 
 
@@ -61,7 +62,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.params is None and args.vocab is None:
         raise ResacctError("give --params N, or --vocab V so resacct counts a GPT's parameters from its shape")
     parameters = args.params if args.params is not None else megatron_parameter_count(args.layers, args.hidden, args.vocab, args.seq)
-    device, memory_bytes = _device_memory_bytes(args)
+    board, memory_bytes = _device_memory_bytes(args)
+    device = board.name if board is not None else None
     layout = _layout(args)
     plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                        micro_batch=args.micro_batch, layout=layout, recipe=get_sharding_recipe(args.recipe), recompute=args.recompute,
@@ -98,7 +100,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         + ("" if plan.largest_micro_batch else " (the training state alone does not leave room for one sequence)"),
         "  not counted: LayerNorm statistics, embedding/output-layer activations, temporaries, communication buffers, fragmentation",
     ]
-    return emit(args, fields, "\n".join(lines))
+    return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
 
 
 def _approach(text: str) -> int:
@@ -142,22 +144,25 @@ def _run_optimal(args: argparse.Namespace) -> int:
     if args.device is not None or args.peak is not None:
         if args.device is not None and args.peak is not None:
             raise ResacctError("give --device NAME or --peak FLOP/s, not both")
-        peak, device = _peak(args)
+        peak, board = _peak(args)
+        device = board.name if board is not None else None
         hours = gpu_hours(args.flops, peak_flops_per_sec=peak, mfu=args.mfu, goodput=args.goodput)
         fields.update({"device": device, "peak_flops_per_sec": peak, "mfu": args.mfu, "goodput": args.goodput, "device_hours": hours,
                        "devices": args.devices, "wall_clock_days": hours / args.devices / 24})
         lines.append(f"  on {device or 'a custom peak'} ({peak:.4g} FLOP/s) at MFU {args.mfu:g} and goodput {args.goodput:g}: "
                      f"{amount_text(hours, 'device-hours')} = {days_text(hours / args.devices / 24)} on {count_text(args.devices)} devices")
+        return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
     return emit(args, fields, "\n".join(lines))
 
 
-def _peak(args: argparse.Namespace) -> tuple[float, str | None]:
+def _peak(args: argparse.Namespace) -> tuple[float, Any]:
+    """The peak per device and the board it is from (None for --peak)."""
     if args.peak is not None:
         return args.peak, None
     from resacct.hardware import get_accelerator, peak_flops_per_sec
 
     board = get_accelerator(args.device)
-    return peak_flops_per_sec(board, args.dtype), board.name
+    return peak_flops_per_sec(board, args.dtype), board
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
