@@ -344,11 +344,11 @@ def _run_devices(args: argparse.Namespace) -> int:
     lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
     for board in boards:
         matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
-        intensity = matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if matrix_16 else float("nan")
+        intensity = f"{matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec:.0f}" if matrix_16 else "—"
         flag = f" {board.flag}" if board.flag else ""
         lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
                      f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
-                     f"{_tera(board, 'fp8', True):>8}{intensity:>8.0f}  {_short_source(board.source)}{flag}")
+                     f"{_tera(board, 'fp8', True):>8}{intensity:>8}  {_short_source(board.source)}{flag}")
     if args.name:
         lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
     return emit(args, fields, "\n".join(lines))
