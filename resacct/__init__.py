@@ -10,7 +10,7 @@ predicted beside measured (:mod:`resacct.api`)::
     print(report.render())                       # the table `resacct account` prints
     report.flops.predicted, report.flops.measured, report.state.measured
 
-Everything else lives in its area (``resacct.dtypes``, ``resacct.flops``, ``resacct.memory``,
+Everything else lives in its area (``resacct.facts.dtypes``, ``resacct.flops``, ``resacct.memory``,
 ``resacct.recipes``, ``resacct.sharding`` …). Importing this package imports nothing heavy:
 ``account_model`` and the report types load torch when first used.
 """

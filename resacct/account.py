@@ -45,7 +45,7 @@ from resacct.activations import (
     record_saved_activations,
     trace_allocations,
 )
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
@@ -350,7 +350,7 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
         optimizer.step()
 
     if peak is None and account.device == "cuda":
-        from resacct.hardware import current_accelerator, peak_flops_per_sec, peak_source_text
+        from resacct.facts.hardware import current_accelerator, peak_flops_per_sec, peak_source_text
 
         board = current_accelerator()
         if board is not None:

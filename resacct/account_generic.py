@@ -60,7 +60,7 @@ from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.account_formulas import StackPrediction, predict_stack_step
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.memory import get_state_recipe
 from resacct.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from resacct.account_optimizers import optimizer_display_name
 from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, predict_gpt_held_after_forward_bytes
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.gpt_formulas import predict_gpt_step_flops
 from resacct.memory import get_state_recipe
 

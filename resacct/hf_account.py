@@ -23,7 +23,7 @@ from typing import Any
 
 from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, record_saved_activations
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.gpt_activation_formulas import SavedTerm
 from resacct.hf_activation_formulas import hf_saved_terms

@@ -208,7 +208,7 @@ def measure_memory_roof(*, device: str = "cpu", array_bytes: int | None = None, 
 
 def measure_compute_roof(dtype: str = "float32", *, size: int = 512, device: str = "cpu", **sampling: float) -> ComputeRoof:
     """A ``size``³ matmul in ``dtype``, best until stable: 2·size³ FLOPs a call."""
-    from resacct.dtypes import parse_dtype
+    from resacct.facts.dtypes import parse_dtype
 
     torch_dtype = parse_dtype(dtype)
     a = torch.randn(size, size, device=device).to(torch_dtype)
@@ -224,7 +224,7 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 def _point_kernel(operation: str, shape: tuple[int, ...], dtype: str, device: str) -> tuple[Callable[[], object], float, float, str, int]:
     """(call, FLOPs, bytes read + written, label, bytes of one tensor) of a roofline point."""
-    from resacct.dtypes import parse_dtype
+    from resacct.facts.dtypes import parse_dtype
 
     torch_dtype = parse_dtype(dtype)
     element = torch.empty((), dtype=torch_dtype).element_size()

@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 
 __all__ = ["LOSS_CHOICES", "StepInputs", "MAX_TENSOR_ELEMENTS", "forward_parameters", "is_token_model", "context_length", "default_inputs",

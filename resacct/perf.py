@@ -242,7 +242,7 @@ class MachineCeilings:
 
 
 def _dtype(name: str | torch.dtype) -> torch.dtype:
-    from resacct.dtypes import parse_dtype
+    from resacct.facts.dtypes import parse_dtype
 
     return parse_dtype(name)
 

@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from resacct.dtypes import dtype_bytes, parse_dtype
+from resacct.facts.dtypes import dtype_bytes, parse_dtype
 from resacct.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [

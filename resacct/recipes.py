@@ -61,7 +61,7 @@ DEFAULT_ZERO_STAGE = 0
 
 
 def _element_bytes(dtype: str) -> int:
-    from resacct.dtypes import dtype_bits  # torch only when bytes are asked for: the CLI starts without it
+    from resacct.facts.dtypes import dtype_bits  # torch only when bytes are asked for: the CLI starts without it
 
     bits = dtype_bits(dtype)
     if bits % 8:

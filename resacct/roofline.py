@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from resacct.errors import UnknownNameError
-from resacct.hardware import Accelerator, get_accelerator, peak_flops_per_sec
+from resacct.facts.hardware import Accelerator, get_accelerator, peak_flops_per_sec
 from resacct.validation import positive_number as _positive
 from resacct.validation import whole_number as _whole
 

@@ -110,7 +110,7 @@ def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: 
 
 def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384) -> MachineCosts:
     """Measure the rates with dedicated kernels (about a second on one CPU thread)."""
-    from resacct.dtypes import parse_dtype
+    from resacct.facts.dtypes import parse_dtype
     from resacct.measured_roofline import last_level_cache_bytes, measure_compute_roof, measure_memory_roof
 
     cache = last_level_cache_bytes()

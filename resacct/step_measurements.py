@@ -24,7 +24,7 @@ from torch import nn
 
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name
 from resacct.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.attention_flops import FusedAttentionCount
 from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops

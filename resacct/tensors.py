@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Shaped
 
-from resacct.dtypes import dtype_bits
+from resacct.facts.dtypes import dtype_bits
 from resacct.errors import ResacctError
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""resacct.hardware: the datasheet table, lookups by name and CUDA name, peaks, intensity."""
+"""resacct.facts.hardware: the datasheet table, lookups by name and CUDA name, peaks, intensity."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.hardware import (
+from resacct.facts.hardware import (
     CONFIDENCE_FLAGS,
     PEAK_FORMATS,
     accelerator_for_cuda_name,
@@ -181,7 +181,7 @@ def test_raw_table_is_a_copy():
 
 
 def test_bad_data_entries_are_refused():
-    from resacct.hardware import _parse_accelerator
+    from resacct.facts.hardware import _parse_accelerator
 
     good = raw_accelerator_table()["h100-sxm"]
     with pytest.raises(ResacctError, match="unknown key 'colour'"):
@@ -191,7 +191,7 @@ def test_bad_data_entries_are_refused():
     for confidence in CONFIDENCE_FLAGS:  # datasheet, derived, third-party
         assert _parse_accelerator("x", {**good, "confidence": confidence}).confidence == confidence
     for bad in ("rumour", "third party", None):
-        expected = rf"resacct/datasheets/accelerators.yaml: x.confidence is {re.escape(repr(bad))}; expected one of datasheet, derived, third-party"
+        expected = rf"resacct/facts/datasheets/accelerators.yaml: x.confidence is {re.escape(repr(bad))}; expected one of datasheet, derived, third-party"
         with pytest.raises(ResacctError, match=expected):
             _parse_accelerator("x", {**good, "confidence": bad})
     with pytest.raises(UnknownNameError, match="peak format"):

@@ -1,4 +1,4 @@
-"""resacct.dtypes against torch, written to kill the mutants mutmut left alive (docs/mutation.md).
+"""resacct.facts.dtypes against torch, written to kill the mutants mutmut left alive (docs/mutation.md).
 
 Every expectation comes from torch itself (``element_size``, ``torch.finfo``, the value a raw bit
 pattern has after ``Tensor.view(dtype)``) or, for fp4 which torch cannot store, from the OCP
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from resacct import dtypes
-from resacct.dtypes import FORMATS, decode_bits, encode_bits
+from resacct.facts import dtypes
+from resacct.facts.dtypes import FORMATS, decode_bits, encode_bits
 from resacct.errors import ResacctError, UnknownNameError
 
 TORCH_NAMES = [

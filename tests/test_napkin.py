@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.hardware import get_accelerator, peak_flops_per_sec
+from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 from resacct.napkin import (
     COMPUTE_THRESHOLDS,
     REPORTED_TRAINING_FLOPS,

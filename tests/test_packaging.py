@@ -24,13 +24,13 @@ from resacct.cli import main
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "resacct"
 DATA_FILES = sorted(
-    path.relative_to(PACKAGE).as_posix() for folder in ("specs", "datasheets") for path in (PACKAGE / folder).iterdir() if path.is_file()
+    path.relative_to(PACKAGE).as_posix() for folder in ("specs", "facts/datasheets") for path in (PACKAGE / folder).iterdir() if path.is_file()
 )
 
 
 def test_the_package_has_claims_and_datasheets_to_ship():
     assert sum(name.endswith(".claims.yaml") for name in DATA_FILES) >= 15
-    assert "datasheets/accelerators.yaml" in DATA_FILES and "specs/claims.schema.json" in DATA_FILES
+    assert "facts/datasheets/accelerators.yaml" in DATA_FILES and "specs/claims.schema.json" in DATA_FILES
 
 
 def test_every_data_file_matches_a_package_data_glob():

@@ -29,7 +29,7 @@ from resacct.activations import (
     run_in_segments,
     trace_allocations,
 )
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, gpt_parameter_count, parameter_count
 from resacct.gpt_formulas import (

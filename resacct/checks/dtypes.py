@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from resacct.dtypes import (
+from resacct.facts.dtypes import (
     FORMATS,
     decode_bits,
     dtype_bits,
@@ -128,7 +128,7 @@ def log10_range(dtype: str, end: str) -> Outcome:
 @check("dtypes.decimal_digits")
 def decimal_digits(dtype: str) -> Outcome:
     """Decimal digits of precision, −log10(eps) from torch.finfo; predicted from the fraction bits."""
-    from resacct.dtypes import decimal_digits as predicted_digits
+    from resacct.facts.dtypes import decimal_digits as predicted_digits
 
     eps = float(torch.finfo(parse_dtype(dtype)).eps)
     return Outcome(measured=-math.log10(eps), predicted=predicted_digits(FORMATS[dtype]))
@@ -175,7 +175,7 @@ def is_inf_after_cast(value: float, dtype: str) -> Outcome:
 def decode_with_layout(value: float, dtype: str, exponent_bits: int, fraction_bits: int) -> Outcome:
     """Decode torch's raw bits of ``value`` in ``dtype`` with the claimed layout (quantity
     ``decoded``); measured is the value torch stores. A wrong layout decodes to another number."""
-    from resacct.dtypes import FloatFormat
+    from resacct.facts.dtypes import FloatFormat
 
     torch_dtype = parse_dtype(dtype)
     stored = _stored(value, torch_dtype)

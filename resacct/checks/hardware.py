@@ -1,7 +1,7 @@
 """Measuring hardware claims: datasheet peaks, memory and intensity; on a GPU, the board itself.
 
 Without the board in hand, the ground truth for a peak is its datasheet. These checks read
-``resacct/datasheets/accelerators.yaml`` raw (numbers as printed, TFLOP/s, no lookup logic), while
+``resacct/facts/datasheets/accelerators.yaml`` raw (numbers as printed, TFLOP/s, no lookup logic), while
 the prediction goes through resacct's lookup (names, aliases, dtype names, dense/sparse).
 On a GPU, ``hardware.cuda_*`` checks ask torch about the device itself.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.hardware import (
+from resacct.facts.hardware import (
     accelerator_for_cuda_name,
     accelerator_intensity_flops_per_byte,
     current_accelerator,
@@ -126,7 +126,7 @@ def cuda_memory_ratio() -> Outcome:
     name = _cuda_device_name()
     board = accelerator_for_cuda_name(name)
     if board is None:
-        raise NotMeasurable(f"GPU {name!r} is not in resacct/datasheets/accelerators.yaml")
+        raise NotMeasurable(f"GPU {name!r} is not in resacct/facts/datasheets/accelerators.yaml")
     total = torch.cuda.get_device_properties(0).total_memory
     datasheet = raw_memory_bytes(board.name)
     return Outcome(measured=total / datasheet, quantities={"total_memory_bytes": total, "datasheet_memory_bytes": datasheet})

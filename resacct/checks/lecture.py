@@ -17,7 +17,7 @@ from einops import einsum, rearrange, reduce
 from torch import nn
 
 from resacct.checks.hardware import raw_peak_flops_per_sec
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.lecture import FACTS_2024, FACTS_2025, get_device, get_memory_usage, get_promised_flop_per_sec, same_storage
 
@@ -233,7 +233,7 @@ def promised_flop_per_sec(dtype: str, device_name: str = "") -> Outcome:
 @check("lecture.promised_over_datasheet", quantities=("lookup_flops_per_sec", "datasheet_flops_per_sec"))
 def promised_over_datasheet(device_name: str, dtype: str, board: str, table_dtype: str, sparse: bool = False) -> Outcome:
     """The lookup's answer for ``device_name`` ÷ the dense (or 2:4-sparse) peak the datasheet
-    prints for ``board`` (``resacct/datasheets/accelerators.yaml``); when the lookup raises, its
+    prints for ``board`` (``resacct/facts/datasheets/accelerators.yaml``); when the lookup raises, its
     error line is the measurement."""
     datasheet = raw_peak_flops_per_sec(board, table_dtype, sparse)
     try:

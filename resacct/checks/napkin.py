@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.checks.hardware import raw_memory_bytes, raw_peak_flops_per_sec
 from resacct.errors import UnknownNameError
-from resacct.hardware import get_accelerator, peak_flops_per_sec
+from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
 from resacct.napkin import (
     SECONDS_PER_DAY,

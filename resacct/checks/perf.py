@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.checks.hardware import raw_bandwidth_bytes_per_sec, raw_peak_flops_per_sec
-from resacct.dtypes import dtype_bytes, parse_dtype
+from resacct.facts.dtypes import dtype_bytes, parse_dtype
 from resacct.errors import ResacctError
-from resacct.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.perf import (
     Roofline,
@@ -274,7 +274,7 @@ def _cuda_board_of_family(family: str) -> tuple[str, str]:
     name = torch.cuda.get_device_name(0)
     board = accelerator_for_cuda_name(name)
     if board is None:
-        raise NotMeasurable(f"GPU {name!r} is not in resacct/datasheets/accelerators.yaml; its peak is unknown")
+        raise NotMeasurable(f"GPU {name!r} is not in resacct/facts/datasheets/accelerators.yaml; its peak is unknown")
     if board.family != family:
         raise NotMeasurable(f"the claim is about {family} GPUs; this one is {name!r} ({board.family})")
     return name, board.name

@@ -19,7 +19,7 @@ import math
 from resacct.checks.hardware import raw_peak_flops_per_sec
 from resacct.checks.napkin import measured_flops_per_token_per_parameter
 from resacct.gpt import GPTConfig, gpt_parameter_count
-from resacct.hardware import peak_flops_per_sec
+from resacct.facts.hardware import peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
 from resacct.napkin import training_days, training_flops
 from resacct.parallelism import ParallelLayout, selective_recompute_memory_saving

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from resacct.dtypes import parse_dtype
+from resacct.facts.dtypes import parse_dtype
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
 from resacct.tensors import (

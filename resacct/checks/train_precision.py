@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from resacct.dtypes import FORMATS, smallest_subnormal
+from resacct.facts.dtypes import FORMATS, smallest_subnormal
 from resacct.checks._train_models import _cruncher, _dtype, _saved_activation_bytes
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.models import Cruncher

@@ -47,7 +47,7 @@ def _peak(args: argparse.Namespace) -> tuple[float, Any, str | None]:
         if args.device is not None or args.sparse:
             raise ResacctError("give --peak FLOP/S or --device NAME (with --dtype/--sparse), not both")
         return args.peak, None, None
-    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec, peak_format
 
     board = get_accelerator(args.device or "h100-sxm")
     return peak_flops_per_sec(board, args.dtype, sparse=args.sparse), board, peak_format(args.dtype)

@@ -80,7 +80,7 @@ def _total_flops(args: argparse.Namespace) -> float:
 
 
 def _run_time(args: argparse.Namespace) -> int:
-    from resacct.hardware import get_accelerator, peak_flops_per_sec, peak_format
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec, peak_format
     from resacct.napkin import training_time
 
     board = get_accelerator(args.device)
@@ -114,7 +114,7 @@ def _run_time(args: argparse.Namespace) -> int:
 
 def _run_fit(args: argparse.Namespace) -> int:
     from resacct.cli._recipes import chosen_recipe, parameters_in_words, zero_words
-    from resacct.hardware import get_accelerator
+    from resacct.facts.hardware import get_accelerator
     from resacct.recipes import DEFAULT_ZERO_STAGE
     from resacct.sharding import largest_model_parameters
 
@@ -230,7 +230,7 @@ def _measured_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, An
 
 
 def _datasheet_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
-    from resacct.hardware import format_bytes, get_accelerator
+    from resacct.facts.hardware import format_bytes, get_accelerator
     from resacct.perf import Roofline
 
     board = get_accelerator(args.device)
@@ -336,7 +336,7 @@ def _short_source(source: str) -> str:
 
 
 def _run_devices(args: argparse.Namespace) -> int:
-    from resacct.hardware import accelerators, get_accelerator
+    from resacct.facts.hardware import accelerators, get_accelerator
 
     boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
     fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _device_memory(args: argparse.Namespace) -> tuple[str | None, float | None]:
     if args.device is not None:
-        from resacct.hardware import get_accelerator
+        from resacct.facts.hardware import get_accelerator
 
         accelerator = get_accelerator(args.device)
         return accelerator.name, float(accelerator.memory_bytes)

@@ -49,7 +49,7 @@ def _device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float]:
     if (args.device is None) == (args.memory_gb is None):
         raise ResacctError("give exactly one of --device NAME (memory from the datasheet table) or --memory-gb GB (per GPU)")
     if args.device is not None:
-        from resacct.hardware import get_accelerator
+        from resacct.facts.hardware import get_accelerator
 
         board = get_accelerator(args.device)
         return board, float(board.memory_bytes)
@@ -159,7 +159,7 @@ def _peak(args: argparse.Namespace) -> tuple[float, Any]:
     """The peak per device and the board it is from (None for --peak)."""
     if args.peak is not None:
         return args.peak, None
-    from resacct.hardware import get_accelerator, peak_flops_per_sec
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 
     board = get_accelerator(args.device)
     return peak_flops_per_sec(board, args.dtype), board

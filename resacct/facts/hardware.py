@@ -1,6 +1,6 @@
 """Accelerator peaks, memory and bandwidth from vendors' datasheets — dense and sparse kept apart.
 
-Every number lives in ``resacct/datasheets/accelerators.yaml`` with its source and how far to trust it
+Every number lives in ``resacct/facts/datasheets/accelerators.yaml`` with its source and how far to trust it
 (``confidence``: the vendor's datasheet, derived from one, or third-party tables only).
 Look a board up by its name, an alias, or the string ``torch.cuda.get_device_name()`` returns:
 
@@ -119,22 +119,22 @@ def raw_accelerator_table() -> dict[str, Any]:
 def _raw_table() -> dict[str, Any]:
     import yaml
 
-    text = importlib.resources.files("resacct").joinpath("datasheets", DATA_FILE).read_text(encoding="utf-8")
+    text = importlib.resources.files("resacct.facts").joinpath("datasheets", DATA_FILE).read_text(encoding="utf-8")
     table = yaml.safe_load(text)
     if not isinstance(table, dict) or not table:
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE} must map accelerator names to their datasheet entries")
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE} must map accelerator names to their datasheet entries")
     return table
 
 
 def _positive_number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {what} is {value!r}; expected a finite number > 0")
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {what} is {value!r}; expected a finite number > 0")
     return float(value)
 
 
 def _parse_peaks(name: str, raw: Any) -> dict[str, Peak]:
     if not isinstance(raw, dict) or not raw:
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.peaks_tera_per_sec must map formats to {{dense, sparse}}")
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.peaks_tera_per_sec must map formats to {{dense, sparse}}")
     peaks = {}
     for fmt, entry in raw.items():
         if fmt not in PEAK_FORMATS:
@@ -151,9 +151,9 @@ def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
              "source", "confidence", "note", "peaks_tera_per_sec"}
     unknown = sorted(set(entry) - known)
     if unknown:
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
     if entry.get("confidence") not in CONFIDENCE_FLAGS:
-        raise ResacctError(f"resacct/datasheets/{DATA_FILE}: {name}.confidence is {entry.get('confidence')!r}; "
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.confidence is {entry.get('confidence')!r}; "
                            f"expected one of {', '.join(CONFIDENCE_FLAGS)}")
     return Accelerator(
         name=name,
