@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resacct.account import account_gpt, measure_training_state, trace_step_flops  # noqa: E402
 from resacct.activations import gpt_loss, record_saved_activations, trace_allocations  # noqa: E402
-from resacct.gpt import build_gpt, get_gpt_config  # noqa: E402
+from resacct.training.gpt import build_gpt, get_gpt_config  # noqa: E402
 
 
 def _median_sec(function: Callable[[], object], repeats: int) -> list[float]:

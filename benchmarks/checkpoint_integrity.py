@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from resacct.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from resacct.models import Cruncher
+from resacct.training.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from resacct.training.models import Cruncher
 
 
 def _trained(dim: int, num_layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resacct.flops import trace_flops  # noqa: E402
-from resacct.models import Cruncher, TwoLayerNetwork  # noqa: E402
+from resacct.training.models import Cruncher, TwoLayerNetwork  # noqa: E402
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], int, int]] = {
     # name: (factory, batch, input dim)

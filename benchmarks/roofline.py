@@ -1,16 +1,16 @@
 """Measure this machine's roofline and where a few operations sit on it; print and plot it.
 
-    python benchmarks/roofline.py --out roofline.png            # CPU, one thread (resacct.measured_roofline)
+    python benchmarks/roofline.py --out roofline.png            # CPU, one thread (resacct.measurement.measured_roofline)
     python benchmarks/roofline.py --threads 2 --out roofline.png
     python benchmarks/roofline.py --cuda --out roofline-gpu.png  # GPU 0, CUDA events
 
-The two ceilings are measured, not looked up. On the CPU (resacct.measured_roofline): a STREAM
+The two ceilings are measured, not looked up. On the CPU (resacct.measurement.measured_roofline): a STREAM
 triad over arrays past the last-level cache gives the memory roof (bytes/s, the write-allocate read
 counted), the best of 192³, 320³, 384³ and 512³ matmuls the compute roof (FLOP/s); each element-wise
 point also gets a triad of its own tensor size, and each matmul point's samples sit between samples
 of every roof size. Samples are this thread's CPU time (one thread); roofs and points alike are the
 best sample. The table shows each point's best and median; the plot shows the best. With --cuda
-(resacct.perf): a large copy and a large matmul, CUDA events.
+(resacct.measurement.perf): a large copy and a large matmul, CUDA events.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from resacct.perf import measure_ceilings, measure_operation, save_roofline_png
+from resacct.measurement.perf import measure_ceilings, measure_operation, save_roofline_png
 
 CPU_OPERATIONS = [("copy", 2**24), ("add", 2**24), ("relu", 2**24), ("gelu", 2**24), ("matvec", 4096),
                   ("matmul", 128), ("matmul", 512), ("matmul", 1024)]
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cpu(args: argparse.Namespace) -> int:
-    """The CPU roofline of resacct.measured_roofline: triad and matmul roofs, other kernels as points."""
-    from resacct.measured_roofline import DEFAULT_POINTS, measure_machine_roofline, save_measured_roofline_png
+    """The CPU roofline of resacct.measurement.measured_roofline: triad and matmul roofs, other kernels as points."""
+    from resacct.measurement.measured_roofline import DEFAULT_POINTS, measure_machine_roofline, save_measured_roofline_png
 
     dtypes = tuple(dict.fromkeys(["float32", *([args.dtype] if args.dtype else [])]))
     measured = measure_machine_roofline(dtypes=dtypes, points=DEFAULT_POINTS, thread_count=args.threads)

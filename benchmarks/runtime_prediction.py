@@ -1,4 +1,4 @@
-"""A training step's time predicted op by op (resacct.runtime_model) beside the clock, for three
+"""A training step's time predicted op by op (resacct.measurement.runtime_model) beside the clock, for three
 models on this CPU: per phase, the top modules and the top ops, with each one's bound.
 
     OMP_NUM_THREADS=1 python benchmarks/runtime_prediction.py            # gpt-tiny, mlp, cruncher

@@ -11,7 +11,7 @@ predicted beside measured (:mod:`resacct.api`)::
     report.flops.predicted, report.flops.measured, report.state.measured
 
 Everything else lives in its area (``resacct.facts.dtypes``, ``resacct.flops``, ``resacct.memory``,
-``resacct.recipes``, ``resacct.sharding`` …). Importing this package imports nothing heavy:
+``resacct.facts.recipes``, ``resacct.sharding`` …). Importing this package imports nothing heavy:
 ``account_model`` and the report types load torch when first used.
 """
 

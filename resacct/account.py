@@ -6,14 +6,14 @@ The measuring half (re-exported here) lives in :mod:`resacct.step_measurements`:
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
   module tracking), with the ops it has no formula for; fused attention kernels (the CPU one,
   which FlopCounterMode counts as 0, included) counted from the sdpa call's shapes as the
-  model's matmuls (:mod:`resacct.attention_flops`).
+  model's matmuls (:mod:`resacct.formulas.attention_flops`).
 - :func:`measure_training_state` — parameters, gradients, master weights and AdamW state held by
   a real ``torch.optim.AdamW`` after real steps under a precision recipe of
   :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage (the tied LM head is the
   embedding's storage), step counters included.
 - :func:`measure_optimizer_step_transient` — the allocator's peak inside ``optimizer.step()``.
-- :func:`account_gpt` — all of it for a :mod:`resacct.gpt` model, with resacct's exact formulas
-  (:mod:`resacct.gpt_formulas`), the 6N and PaLM conventions, activations (and Korthikanti et
+- :func:`account_gpt` — all of it for a :mod:`resacct.training.gpt` model, with resacct's exact formulas
+  (:mod:`resacct.formulas.gpt_formulas`), the 6N and PaLM conventions, activations (and Korthikanti et
   al.'s formula), checkpointing, gradient accumulation, time, MFU and a run projection.
 
 >>> account = account_gpt("gpt-nano", batch=2, seq=16, measure=False)
@@ -47,8 +47,8 @@ from resacct.activations import (
 )
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
-from resacct.gpt_formulas import GptStepFlops, predict_gpt_step_flops
+from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
+from resacct.formulas.gpt_formulas import GptStepFlops, predict_gpt_step_flops
 from resacct.account_optimizers import memory_optimizer_name
 from resacct.account_rows import UNIT_SUFFIX, ModuleRow, Row, json_key
 from resacct import step_measurements
@@ -93,7 +93,7 @@ class StepTiming:
     tokens: int
     peak_flops_per_sec: float | None = None
     peak_source: str | None = None
-    prediction: Any = None  # resacct.runtime_model.StepPrediction (CPU): the step predicted op by op
+    prediction: Any = None  # resacct.measurement.runtime_model.StepPrediction (CPU): the step predicted op by op
 
     @property
     def achieved_flops_per_sec(self) -> float:
@@ -207,7 +207,7 @@ def account_gpt(
     seed: int = 0,
     optimizer: str = "adamw",
 ) -> StepAccount:
-    """Account one training step of a :mod:`resacct.gpt` model on (batch, seq) random tokens.
+    """Account one training step of a :mod:`resacct.training.gpt` model on (batch, seq) random tokens.
 
     ``measure=False`` builds the model on the meta device: FLOPs are traced, the optimizer state
     and the saved tensors are real (meta) tensors with sizes but no memory — any size, in well
@@ -247,7 +247,7 @@ def account_gpt(
         notes.append(
             f"FlopCounterMode counts {flops.step_flops - flops.gap_filled_flops:,} FLOPs: the fused CPU attention kernel "
             f"(_scaled_dot_product_flash_attention_for_cpu) has no formula and counts 0; resacct adds "
-            f"{flops.gap_filled_flops:,} from the sdpa calls' shapes (resacct.attention_flops)"
+            f"{flops.gap_filled_flops:,} from the sdpa calls' shapes (resacct.formulas.attention_flops)"
         )
     activation_model = copy.deepcopy(net).to(parse_dtype(chosen.parameter_dtype))
     with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
@@ -257,7 +257,7 @@ def account_gpt(
     predictable = chosen.compute_dtype is None and (attention == "math" or where == "cpu")
     predicted_saved, predicted_by_module = None, {}
     if predictable:
-        from resacct.gpt_formulas import gpt_saved_terms
+        from resacct.formulas.gpt_formulas import gpt_saved_terms
 
         terms = gpt_saved_terms(config, batch, seq, element_bytes=element, attention=attention, device_type=where)
         predicted_saved = sum(term.bytes for term in terms)
@@ -340,7 +340,7 @@ def _cuda_step_peak_bytes(net: nn.Module, loss_of: Callable[[nn.Module], torch.T
 
 
 def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor], peak: float | None, source: str | None) -> StepTiming:
-    from resacct.perf import time_callable
+    from resacct.measurement.perf import time_callable
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
 
@@ -357,7 +357,7 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
             dtype = "bf16" if account.recipe != "fp32" else "fp32"
             peak, source = peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
     timing = time_callable(step, device=account.device, warmup=1, repeats=3, min_sample_sec=0.0)
-    from resacct.runtime_model import predict_training_step
+    from resacct.measurement.runtime_model import predict_training_step
 
     prediction = predict_training_step(net, lambda: loss_of(net), repeats=3) if account.device == "cpu" else None
     return StepTiming(

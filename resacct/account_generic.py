@@ -22,7 +22,7 @@ optimizer after a step, by storage; the bytes autograd saves for backward per mo
 (``saved_tensors_hooks``, by storage); on a measured CPU run the allocator's forward + backward
 peak and the optimizer step's scratch. Predictions come where resacct has a formula: the state
 always (:func:`resacct.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
-Linear layers and activation functions (:mod:`resacct.account_formulas`: Cruncher, MLPs); the
+Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`: Cruncher, MLPs); the
 AdamW step's scratch. Elsewhere the table shows "—".
 
 >>> account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
@@ -57,14 +57,14 @@ from resacct.step_measurements import (
     trace_step_flops,
 )
 from resacct.account_rows import ModuleRow, Row, sections_of
-from resacct.account_formulas import StackPrediction, predict_stack_step
+from resacct.formulas.account_formulas import StackPrediction, predict_stack_step
 from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.memory import get_state_recipe
 from resacct.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 from resacct.user_code import calling_user_code, code_location
 
 __all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]
@@ -73,7 +73,7 @@ _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn
 
 
 def cruncher(dim: int = 64, layers: int = 4) -> nn.Module:
-    """The lecture's deep linear model (:class:`resacct.models.Cruncher`) as a factory.
+    """The lecture's deep linear model (:class:`resacct.training.models.Cruncher`) as a factory.
 
     >>> cruncher(dim=4, layers=2).parameter_count()
     45
@@ -129,13 +129,13 @@ def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[
     """Import ``module:factory`` (the factory may be dotted: ``pkg.mod:Class.build``), call it
     with ``model_args`` and return (model, example input or None).
 
-    >>> model, example = load_model("resacct.models:Cruncher", {"dim": 4, "num_layers": 1})
+    >>> model, example = load_model("resacct.training.models:Cruncher", {"dim": 4, "num_layers": 1})
     >>> type(model).__name__, example
     ('Cruncher', None)
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise ResacctError(f"model {spec!r}: expected module:factory (e.g. my_pkg.models:build) or a resacct.gpt config name")
+        raise ResacctError(f"model {spec!r}: expected module:factory (e.g. my_pkg.models:build) or a resacct.training.gpt config name")
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # ImportError, or whatever the module raises while importing

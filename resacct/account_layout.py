@@ -11,7 +11,7 @@ from resacct.account_optimizers import optimizer_display_name
 from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, predict_gpt_held_after_forward_bytes
 from resacct.facts.dtypes import parse_dtype
-from resacct.gpt_formulas import predict_gpt_step_flops
+from resacct.formulas.gpt_formulas import predict_gpt_step_flops
 from resacct.memory import get_state_recipe
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def _per_layer_measured(saved: SavedActivations) -> int:
 def step_account_rows(a: StepAccount) -> list[Row]:
     """The GPT account as rows: FLOPs, training state, activations, peaks, checkpointing, accumulation, time."""
     from resacct.activations import predict_gpt_recompute_flops
-    from resacct.gpt_formulas import gpt_layer_saved_bytes, korthikanti_layer_activation_bytes, palm_step_flops, six_n_step_flops
+    from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, korthikanti_layer_activation_bytes, palm_step_flops, six_n_step_flops
 
     p, f, n, t = a.predicted_flops, a.flops, a.parameters, a.tokens
     traced = "FlopCounterMode" + (" + resacct's fill for fused attention" if f.gap_filled_flops else "")
@@ -96,14 +96,14 @@ def step_account_rows(a: StepAccount) -> list[Row]:
 
 def time_rows(a: StepAccount, timing: StepTiming) -> list[Row]:
     """The measured step time, the achieved rate, MFU and a projected run (a row per figure)."""
-    from resacct.napkin import training_days
+    from resacct.formulas.napkin import training_days
 
     rows = [
         Row("time", f"step on {timing.device} (median of {len(timing.samples_sec)})", None, timing.median_sec, "s", ""),
         Row("time", "achieved", None, timing.achieved_flops_per_sec, "FLOP/s", f"{timing.tokens_per_sec:,.0f} tokens/s"),
     ]
-    if timing.prediction is not None:  # resacct.runtime_model: the step predicted op by op, beside its own clock
-        from resacct.runtime_model import step_time_rows
+    if timing.prediction is not None:  # resacct.measurement.runtime_model: the step predicted op by op, beside its own clock
+        from resacct.measurement.runtime_model import step_time_rows
 
         rows += [Row("time", quantity, predicted, measured, "s", note) for quantity, predicted, measured, note in step_time_rows(timing.prediction)]
     if timing.mfu is not None:

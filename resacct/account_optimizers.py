@@ -3,7 +3,7 @@ their state.
 
 Names as on the command line (``--optimizer``): ``adamw`` (the default), ``adam``, ``sgd``,
 ``sgd-momentum`` (momentum 0.9), ``adagrad``, ``rmsprop``. Each keeps, per parameter tensor, the
-parameter-sized state tensors of :data:`resacct.optim.STATE_TENSORS_PER_PARAMETER` (0 / 1 / 1 / 1
+parameter-sized state tensors of :data:`resacct.training.optim.STATE_TENSORS_PER_PARAMETER` (0 / 1 / 1 / 1
 / 2 / 2 for sgd / sgd-momentum / adagrad / rmsprop / adam / adamw) and, for adagrad, rmsprop, adam
 and adamw, a float32 0-dim ``step`` counter (:data:`resacct.memory.OPTIMIZERS_WITH_STEP_TENSORS`).
 
@@ -60,7 +60,7 @@ def build_optimizer(name: str, parameters: Iterable[torch.Tensor], *, foreach: b
 
 
 def memory_optimizer_name(name: str) -> str:
-    """The name :mod:`resacct.memory` and :mod:`resacct.optim` use for ``name``.
+    """The name :mod:`resacct.memory` and :mod:`resacct.training.optim` use for ``name``.
 
     >>> memory_optimizer_name("adamw")
     'adamw'

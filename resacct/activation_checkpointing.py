@@ -28,8 +28,8 @@ from torch.utils.checkpoint import checkpoint
 
 from resacct.activation_recording import trace_allocations
 from resacct.errors import ResacctError
-from resacct.gpt import GPTConfig, gpt_parameter_count
-from resacct.gpt_formulas import gpt_layer_saved_bytes, gpt_outside_layers_saved_bytes
+from resacct.training.gpt import GPTConfig, gpt_parameter_count
+from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, gpt_outside_layers_saved_bytes
 
 __all__ = [
     "segment_bounds",
@@ -100,7 +100,7 @@ def _segmented_gpt_forward(model: nn.Module, tokens: torch.Tensor, segments: int
 
 
 def gpt_forward(model: nn.Module, tokens: Int[torch.Tensor, "batch seq"], *, checkpoint_segments: int = 0) -> Float[torch.Tensor, "batch seq vocab"]:
-    """:class:`resacct.gpt.GPT`'s forward, its blocks optionally checkpointed in k segments.
+    """:class:`resacct.training.gpt.GPT`'s forward, its blocks optionally checkpointed in k segments.
 
     Always entered through ``model(tokens)`` (the checkpointed forward is swapped in for the
     call), so that hooks and module trackers see the root module and name its children
@@ -173,7 +173,7 @@ def predict_gpt_held_after_forward_bytes(
     each segment's input and generator state — plus, always, what the embeddings, final norm,
     LM head and loss save and one wrapped scalar per layer.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> config = get_gpt_config("gpt-nano")
     >>> predict_gpt_held_after_forward_bytes(config, 2, 16, 1, rng_bytes=5056) < predict_gpt_held_after_forward_bytes(config, 2, 16, 0)
     True
@@ -198,7 +198,7 @@ def predict_gpt_step_peak_bytes(
     model of the schedule: it leaves out the few buffers alive inside one layer's backward, so
     it reads a few percent low with checkpointing.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> config = get_gpt_config("gpt-nano")
     >>> held = predict_gpt_held_after_forward_bytes(config, 8, 64)
     >>> predict_gpt_step_peak_bytes(config, 8, 64) == held + 2 * 8 * 64 * 256 * 4  # the loss's two logit gradients on top
@@ -231,7 +231,7 @@ def predict_gpt_recompute_flops(config: GPTConfig, batch: int, seq: int, checkpo
     last MLP down projection of each segment — torch's non-reentrant checkpoint stops
     recomputing once the segment's last saved tensor (the down projection's input) is rebuilt.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> predict_gpt_recompute_flops(get_gpt_config("gpt-nano"), 2, 16, 0)
     0
     >>> predict_gpt_recompute_flops(get_gpt_config("gpt-nano"), 2, 16, 2)  # 2·3276800 − 2·1048576

@@ -9,7 +9,7 @@ True
 >>> report.state.measured == 16 * report.parameters + 4 * 4             # AdamW at the step: 16 B/param + 4 step counters
 True
 
-Built on :func:`resacct.account.account_gpt` (a :mod:`resacct.gpt` config name such as
+Built on :func:`resacct.account.account_gpt` (a :mod:`resacct.training.gpt` config name such as
 ``"gpt-nano"``) and :func:`resacct.account_generic.account_module` (any ``nn.Module``, or a
 ``"module:factory"`` string): the same measurements ``resacct account`` prints, and
 :meth:`TrainingReport.render` prints the same table.
@@ -98,16 +98,16 @@ def account_model(
     measure: bool | None = None,
 ) -> TrainingReport:
     """Account one training step of ``model``: an ``nn.Module`` (on the CPU or the meta device),
-    a :mod:`resacct.gpt` config name (``"gpt-nano"``, ``"gpt2-small"`` …) or ``"module:factory"``.
+    a :mod:`resacct.training.gpt` config name (``"gpt-nano"``, ``"gpt2-small"`` …) or ``"module:factory"``.
 
     The input is ``example_input`` if given, else made from ``batch`` and ``seq`` (tokens per
     sequence of a token model, or the middle axis of a Linear's input) or ``input_shape``.
-    ``recipe`` is a name or alias of :data:`resacct.recipes.RECIPES` (``"mixed"`` is
+    ``recipe`` is a name or alias of :data:`resacct.facts.recipes.RECIPES` (``"mixed"`` is
     ``bf16-fp32-master``); ``optimizer`` defaults to the one the recipe name pins, else AdamW.
     ``measure`` (GPT names and factories): False builds on the meta device (sizes, no
     arithmetic), None decides by the step's FLOPs.
     """
-    from resacct.recipes import parse_recipe
+    from resacct.facts.recipes import parse_recipe
 
     chosen = parse_recipe(recipe, allow_custom=False)
     chosen_optimizer = chosen.optimizer_for(optimizer)
@@ -118,7 +118,7 @@ def account_model(
         account = _account_module(model, batch=batch, seq=seq, example_input=example_input, input_shape=input_shape, recipe=chosen.name,
                                   optimizer=chosen_optimizer, loss=loss)
     else:
-        raise ResacctError(f"model {type(model).__name__}: expected an nn.Module, a resacct.gpt config name or 'module:factory'")
+        raise ResacctError(f"model {type(model).__name__}: expected an nn.Module, a resacct.training.gpt config name or 'module:factory'")
     return _report(account)
 
 

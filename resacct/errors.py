@@ -55,5 +55,5 @@ class UnknownNameError(ResacctError):
 
 class CheckpointError(ResacctError):
     """A checkpoint file is missing, damaged, foreign, or does not fit what it is loaded into;
-    ``str(error)`` is one line that names the file. Raised by :mod:`resacct.checkpoint` and
-    :mod:`resacct.checkpoint_file` (both re-export it)."""
+    ``str(error)`` is one line that names the file. Raised by :mod:`resacct.training.checkpoint` and
+    :mod:`resacct.training.checkpoint_file` (both re-export it)."""

@@ -9,7 +9,7 @@ Three numbers for every model, as everywhere in resacct:
   really does: it never computes the gradient of an input that does not require grad, and bias
   parameters are added, never multiplied;
 - the **measurement**, the real aten ops traced by ``torch.utils.flop_counter.FlopCounterMode``
-  (:func:`trace_flops`, in :mod:`resacct.flop_tracing`), forward and backward separately, with a per-op breakdown and the list of
+  (:func:`trace_flops`, in :mod:`resacct.measurement.flop_tracing`), forward and backward separately, with a per-op breakdown and the list of
   ops the counter has no formula for (element-wise adds, reductions, losses: its *tracer gaps*),
   each with a call count and resacct's own estimate where one exists.
 
@@ -336,7 +336,7 @@ def predict_linear_chain_flops(
 
 
 def predict_linear_flops(tokens: int, in_features: int, out_features: int, *, bias: bool = False, input_requires_grad: bool = False) -> PredictedFlops:
-    """One :class:`resacct.models.Linear` layer: y = x @ W (+ b).
+    """One :class:`resacct.training.models.Linear` layer: y = x @ W (+ b).
 
     >>> predict_linear_flops(16, 32, 8).forward_flops == 2 * 16 * (32 * 8)
     True
@@ -345,7 +345,7 @@ def predict_linear_flops(tokens: int, in_features: int, out_features: int, *, bi
 
 
 def predict_cruncher_flops(tokens: int, dim: int, num_layers: int, *, input_requires_grad: bool = False) -> PredictedFlops:
-    """:class:`resacct.models.Cruncher`: ``num_layers`` D×D layers with biases, then a D×1 final layer.
+    """:class:`resacct.training.models.Cruncher`: ``num_layers`` D×D layers with biases, then a D×1 final layer.
 
     >>> p = predict_cruncher_flops(tokens=8, dim=64, num_layers=2)
     >>> p.forward_flops == 2 * 8 * (2 * 64 * 64 + 64), p.params == 2 * 64 * 64 + 2 * 64 + 64 + 1
@@ -356,7 +356,7 @@ def predict_cruncher_flops(tokens: int, dim: int, num_layers: int, *, input_requ
 
 
 def predict_two_layer_network_flops(tokens: int, dim: int, outputs: int, *, input_requires_grad: bool = False) -> PredictedFlops:
-    """:class:`resacct.models.TwoLayerNetwork`: x → w1 (D×D) → h1 → w2 (D×K) → h2, no biases.
+    """:class:`resacct.training.models.TwoLayerNetwork`: x → w1 (D×D) → h1 → w2 (D×K) → h2, no biases.
 
     Backward is 2·B·D·D (w1) + 2·B·D·K (w2) + 2·B·K·D (h1), not 4·B·(D·D + D·K): the gradient
     with respect to x is not computed unless x requires grad.
@@ -428,8 +428,8 @@ def rule_deviation(phase: str, actual_flops: int, tokens: int, params: int) -> R
     return RuleDeviation(phase=phase, rule_flops=_RULE_FACTORS[phase] * tokens * params, actual_flops=actual_flops)
 
 
-# The tracer lives in resacct.flop_tracing; its names stay importable from here.
-from resacct.flop_tracing import (  # noqa: E402
+# The tracer lives in resacct.measurement.flop_tracing; its names stay importable from here.
+from resacct.measurement.flop_tracing import (  # noqa: E402
     DispatchedOps,
     FlopTrace,
     UncountedOp,

@@ -25,7 +25,7 @@ from resacct.account_rows import ModuleRow, Row, sections_of
 from resacct.activations import SavedActivations, record_saved_activations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.gpt_activation_formulas import SavedTerm
+from resacct.formulas.gpt_activation_formulas import SavedTerm
 from resacct.hf_activation_formulas import hf_saved_terms
 from resacct.hf_formulas import (
     HfArchitecture,
@@ -39,7 +39,7 @@ from resacct.hf_formulas import (
 from resacct.memory import distinct_storage_bytes, get_state_recipe, step_counter_bytes, training_state_bytes
 from resacct.hf_models import HfConfigSpec
 from resacct.model_io import call_model, context_length, default_inputs, loss_of_output
-from resacct.optim import state_tensors_per_parameter
+from resacct.training.optim import state_tensors_per_parameter
 from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
 from resacct.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
 

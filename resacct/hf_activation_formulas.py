@@ -65,7 +65,7 @@ LayerNorm statistics' bytes (E on CPU, 4 on meta), M the math attention's bytes 
 from __future__ import annotations
 
 from resacct.errors import ResacctError
-from resacct.gpt_activation_formulas import SavedTerm, layer_norm_stats_bytes
+from resacct.formulas.gpt_activation_formulas import SavedTerm, layer_norm_stats_bytes
 from resacct.hf_formulas import HfArchitecture
 
 __all__ = ["TRANSFORMERS_VERSION_DERIVED", "HF_ATTENTIONS", "attention_kernel", "hf_saved_terms", "hf_layer_saved_terms",

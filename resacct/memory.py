@@ -3,7 +3,7 @@
 Two halves:
 
 - **Predictions** — bytes per parameter of the training state under a precision recipe
-  (:data:`resacct.recipes.RECIPES`, also named ``STATE_RECIPES`` here), at two moments of a step (``after_backward``: what is kept between
+  (:data:`resacct.facts.recipes.RECIPES`, also named ``STATE_RECIPES`` here), at two moments of a step (``after_backward``: what is kept between
   steps; ``at_step``: what exists while ``optimizer.step()`` runs), the step counters torch
   keeps, and the activations a Cruncher saves for backward.
 - **Measurements** — byte counts of real tensors, deduplicated by storage
@@ -28,9 +28,9 @@ import torch
 from jaxtyping import Shaped
 
 from resacct.errors import ResacctError
-from resacct.models import cruncher_parameter_count, cruncher_parameter_tensor_count
-from resacct.optim import state_tensors_per_parameter
-from resacct.recipes import RECIPES, Moment, Recipe, get_recipe
+from resacct.training.models import cruncher_parameter_count, cruncher_parameter_tensor_count
+from resacct.training.optim import state_tensors_per_parameter
+from resacct.facts.recipes import RECIPES, Moment, Recipe, get_recipe
 
 __all__ = [
     "Moment",
@@ -56,7 +56,7 @@ __all__ = [
 STEP_COUNTER_BYTES = 4  # torch.optim keeps state["step"] as a float32 0-dim tensor
 OPTIMIZERS_WITH_STEP_TENSORS = frozenset({"adagrad", "rmsprop", "adam", "adamw"})
 
-# The recipes are resacct.recipes' one table; these names stay for the code that uses them.
+# The recipes are resacct.facts.recipes' one table; these names stay for the code that uses them.
 StateRecipe = Recipe
 STATE_RECIPES = RECIPES
 get_state_recipe = get_recipe

@@ -98,7 +98,7 @@ def default_inputs(model: nn.Module, *, batch: int, seq: int | None = None, inpu
                    input_dtype: str = "float32", device: str | torch.device | None = None) -> StepInputs:
     """The inputs of one step of ``model`` (see the module's docstring), made on ``device``
     (default: where the model's parameters are)."""
-    from resacct.account_formulas import NoFormula, linear_widths, module_leaves
+    from resacct.formulas.account_formulas import NoFormula, linear_widths, module_leaves
 
     where = device if device is not None else next(model.parameters()).device
     if input_shape is not None:
@@ -196,7 +196,7 @@ def loss_of_output(output: Any, loss: str) -> Float[torch.Tensor, ""]:
             value = tensor.float().mean()
         elif chosen == "sum":
             value = tensor.float().sum()
-        elif chosen == "mse":  # in the output's dtype (what resacct.account_formulas predicts), the scalar in float32
+        elif chosen == "mse":  # in the output's dtype (what resacct.formulas.account_formulas predicts), the scalar in float32
             value = nn.functional.mse_loss(tensor, torch.zeros_like(tensor)).float()
         else:
             classes = tensor.reshape(-1, tensor.shape[-1])

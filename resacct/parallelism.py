@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from resacct.errors import ResacctError
 from resacct.validation import whole_number as _whole
-from resacct.utilization import RECOMPUTE_MODES
+from resacct.formulas.utilization import RECOMPUTE_MODES
 
 __all__ = [
     "activation_bytes_per_layer",

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.recipes import RECIPE_NAMES, Moment, Recipe, parse_recipe
+from resacct.facts.recipes import RECIPE_NAMES, Moment, Recipe, parse_recipe
 
 __all__ = [
     "ZERO_STAGES",
@@ -77,7 +77,7 @@ SHARDED_PIECES: dict[int, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class ShardingRecipe:
     """Bytes per parameter of each piece of training state, at one moment of a step: a
-    :class:`resacct.recipes.Recipe` with its optimizer, split as ZeRO shards it.
+    :class:`resacct.facts.recipes.Recipe` with its optimizer, split as ZeRO shards it.
 
     ``optimizer_state_bytes_per_parameter`` is the ZeRO paper's K: everything only the
     optimizer needs (moments, the fp32 master weights of a mixed-precision recipe, and at the
@@ -101,7 +101,7 @@ class ShardingRecipe:
 
 
 def get_sharding_recipe(recipe: str | Recipe | ShardingRecipe, optimizer: str | None = None, moment: Moment = "after_backward") -> ShardingRecipe:
-    """A recipe of :data:`resacct.recipes.RECIPES` (a name or alias) with ``optimizer`` (default:
+    """A recipe of :data:`resacct.facts.recipes.RECIPES` (a name or alias) with ``optimizer`` (default:
     the one the name pins, else AdamW) at ``moment``, or ``"w+g+k"`` bytes per parameter.
 
     >>> get_sharding_recipe("2+2+12").optimizer_state_bytes_per_parameter

@@ -5,7 +5,7 @@ predictions.
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
   module tracking), with the ops it has no formula for; fused attention kernels (the CPU one
   FlopCounterMode counts as 0 included) are counted from the sdpa call's shapes as the model's
-  matmuls (:mod:`resacct.attention_flops`), the fused backward's recomputation apart.
+  matmuls (:mod:`resacct.formulas.attention_flops`), the fused backward's recomputation apart.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
   :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
@@ -26,10 +26,10 @@ from resacct.account_optimizers import build_optimizer, memory_optimizer_name
 from resacct.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.attention_flops import FusedAttentionCount
+from resacct.formulas.attention_flops import FusedAttentionCount
 from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
-from resacct.flop_tracing import flop_warnings
-from resacct.gpt import parameter_count
+from resacct.measurement.flop_tracing import flop_warnings
+from resacct.training.gpt import parameter_count
 from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
 __all__ = [
@@ -84,7 +84,7 @@ class StepFlopTrace:
 
 def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
     """FlopCounterMode ``custom_mapping`` entries for every fused attention kernel
-    (:class:`resacct.attention_flops.FusedAttentionCount`): model FLOPs from the sdpa call's shapes,
+    (:class:`resacct.formulas.attention_flops.FusedAttentionCount`): model FLOPs from the sdpa call's shapes,
     forward and backward — also for the CPU kernel, which FlopCounterMode alone counts as 0."""
     return FusedAttentionCount().custom_mapping()
 
@@ -116,9 +116,9 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     """One forward (``loss_fn()``, returning a scalar loss) and its backward under FlopCounterMode.
 
     ``fill_tracer_gaps`` (default): every fused attention kernel counted from its shapes as the
-    model's matmuls (:mod:`resacct.attention_flops`); False: FlopCounterMode alone.
+    model's matmuls (:mod:`resacct.formulas.attention_flops`); False: FlopCounterMode alone.
 
-    >>> from resacct.gpt import build_gpt
+    >>> from resacct.training.gpt import build_gpt
     >>> from resacct.activations import gpt_loss
     >>> model = build_gpt("gpt-nano", device="meta")
     >>> tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from resacct.data import TokenBatchSampler
-from resacct.models import Cruncher
-from resacct.train import StepRecord, cosine_schedule, train
+from resacct.training.data import TokenBatchSampler
+from resacct.training.models import Cruncher
+from resacct.training.train import StepRecord, cosine_schedule, train
 
 DIM = 8
 VOCAB = 97

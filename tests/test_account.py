@@ -1,4 +1,4 @@
-"""resacct.account and resacct.gpt_formulas: exact FLOPs per module against FlopCounterMode,
+"""resacct.account and resacct.formulas.gpt_formulas: exact FLOPs per module against FlopCounterMode,
 training state from a real AdamW under each recipe, the optimizer's scratch, and the account."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from resacct.account import (
 )
 from resacct.activations import gpt_loss
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.gpt import GPT_CONFIGS, GPTConfig, build_gpt, get_gpt_config, parameter_count
-from resacct.gpt_formulas import (
+from resacct.training.gpt import GPT_CONFIGS, GPTConfig, build_gpt, get_gpt_config, parameter_count
+from resacct.formulas.gpt_formulas import (
     gpt_layer_saved_bytes,
     gpt_matmul_parameter_count,
     korthikanti_differences,
@@ -237,7 +237,7 @@ def test_named_configs_account_on_meta():
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"])
 @pytest.mark.parametrize("recipe", ["fp32", "bf16-fp32-master"])
 def test_every_optimizers_real_state_equals_the_prediction(optimizer, recipe):
-    from resacct.models import Cruncher
+    from resacct.training.models import Cruncher
 
     model, x = Cruncher(dim=8, num_layers=2), torch.randn(3, 8)
     state = measure_training_state(model, lambda m: m(x.to(next(m.parameters()).dtype)).float().mean(), recipe, optimizer)
@@ -290,7 +290,7 @@ def test_generic_account_without_a_formula_shows_measurements_only():
 def test_generic_account_on_meta_and_with_a_factory_example():
     from resacct.account_generic import account_model
 
-    meta = account_model("resacct.models:Cruncher", model_args={"dim": 16, "num_layers": 3}, batch=4, measure=False, recipe="bf16")
+    meta = account_model("resacct.training.models:Cruncher", model_args={"dim": 16, "num_layers": 3}, batch=4, measure=False, recipe="bf16")
     assert meta.device == "meta" and meta.step_peak_bytes is None
     assert meta.saved.activation_bytes == meta.predicted.saved_bytes == 2 * 4 * 16 * 4
     given = account_model("tests.fixtures_user_model:build_with_example", model_args={"width": 6})
@@ -301,11 +301,11 @@ def test_generic_account_on_meta_and_with_a_factory_example():
     ("spec", "args", "match"),
     [
         ("no_such_module_xyz:build", {}, "cannot import 'no_such_module_xyz'"),
-        ("resacct.models:Nope", {}, "has no attribute 'Nope'"),
-        ("resacct.models", {}, "expected module:factory"),
+        ("resacct.training.models:Nope", {}, "has no attribute 'Nope'"),
+        ("resacct.training.models", {}, "expected module:factory"),
         ("tests.fixtures_user_model:not_a_module", {}, "returned a str; expected an nn.Module"),
         ("tests.fixtures_user_model:NOT_CALLABLE", {}, "not callable"),
-        ("resacct.models:Cruncher", {"width": 3}, "refused the model arguments"),
+        ("resacct.training.models:Cruncher", {"width": 3}, "refused the model arguments"),
         ("tests.fixtures_user_model:build_embedding", {}, "cannot tell the input"),
     ],
 )

@@ -28,8 +28,8 @@ from resacct.activations import (
 )
 from resacct.memory import distinct_storage_bytes, storage_key
 from resacct.errors import ResacctError
-from resacct.gpt import GPTConfig, build_gpt, get_gpt_config
-from resacct.gpt_formulas import gpt_layer_saved_bytes, gpt_saved_terms
+from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config
+from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, gpt_saved_terms
 
 
 def _torch_version() -> tuple[int, int]:
@@ -258,7 +258,7 @@ def test_accumulation_steps_must_divide_the_batch():
 @pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "sigmoid", "silu"])
 @pytest.mark.parametrize("loss", ["mean", "sum", "mse", "cross-entropy"])
 def test_stack_formula_matches_what_autograd_saves(activation, loss):
-    from resacct.account_formulas import mlp_saved_bytes, predict_stack_step
+    from resacct.formulas.account_formulas import mlp_saved_bytes, predict_stack_step
     from resacct.account_generic import mlp
     from resacct.model_io import loss_of_output
 
@@ -272,8 +272,8 @@ def test_stack_formula_matches_what_autograd_saves(activation, loss):
 
 
 def test_stack_formula_for_the_cruncher_is_b_d_layers_plus_input():
-    from resacct.account_formulas import predict_stack_step
-    from resacct.models import Cruncher
+    from resacct.formulas.account_formulas import predict_stack_step
+    from resacct.training.models import Cruncher
 
     model, x = Cruncher(dim=8, num_layers=5), torch.randn(4, 8)
     with record_saved_activations(model) as saved:
@@ -282,7 +282,7 @@ def test_stack_formula_for_the_cruncher_is_b_d_layers_plus_input():
 
 
 def test_stack_formula_declines_what_it_does_not_know():
-    from resacct.account_formulas import predict_stack_step
+    from resacct.formulas.account_formulas import predict_stack_step
 
     assert predict_stack_step(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()), (2, 3), element_bytes=4) is None
     frozen = torch.nn.Linear(3, 3).requires_grad_(False)

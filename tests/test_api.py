@@ -43,7 +43,7 @@ def test_an_example_input_is_used_as_given():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: resacct.account_model(42), "model int: expected an nn.Module, a resacct.gpt config name or 'module:factory'"),
+        (lambda: resacct.account_model(42), "model int: expected an nn.Module, a resacct.training.gpt config name or 'module:factory'"),
         (lambda: resacct.account_model(torch.nn.ReLU()), "the model ReLU has no parameters"),
         (lambda: resacct.account_model("gpt-nano", example_input=torch.zeros(1)), "example_input goes with an nn.Module"),
         (lambda: resacct.account_model(torch.nn.Linear(2, 2), recipe="2+2+12"), "bytes per parameter have no dtypes to run with"),

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct import atomic_files
-from resacct.atomic_files import non_regular_kind, stale_temporaries, temporary_name, write_atomically
-from resacct.checkpoint import read_checkpoint, save_checkpoint
+from resacct.training import atomic_files
+from resacct.training.atomic_files import non_regular_kind, stale_temporaries, temporary_name, write_atomically
+from resacct.training.checkpoint import read_checkpoint, save_checkpoint
 from resacct.errors import ResacctError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_temporary_names_are_bounded():
 
 KILLED_WRITER = """
 import sys, time
-from resacct.atomic_files import write_atomically
+from resacct.training.atomic_files import write_atomically
 
 def write(file):
     file.write(b"x" * 1_000_000)

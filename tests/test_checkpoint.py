@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resacct import atomic_files
-from resacct import checkpoint as checkpoint_module
-from resacct.checkpoint import (
+from resacct.training import atomic_files
+from resacct.training import checkpoint as checkpoint_module
+from resacct.training.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
     capture_rng_states,
@@ -32,10 +32,10 @@ from resacct.checkpoint import (
     write_atomically,
     write_checkpoint_file,
 )
-from resacct.seeding import preserved_global_rng
-from resacct.data import TokenBatchSampler
+from resacct.training.seeding import preserved_global_rng
+from resacct.training.data import TokenBatchSampler
 from resacct.errors import ResacctError
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 from tests import resume_worker
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resacct.checkpoint import CheckpointError, capture_rng_states, load_checkpoint, read_checkpoint, save_checkpoint, write_checkpoint_file
-from resacct.checkpoint_file import TRAILER_BYTES, TRAILER_MAGIC
-from resacct.data import TokenBatchSampler
-from resacct.models import Cruncher
-from resacct.seeding import preserved_global_rng
+from resacct.training.checkpoint import CheckpointError, capture_rng_states, load_checkpoint, read_checkpoint, save_checkpoint, write_checkpoint_file
+from resacct.training.checkpoint_file import TRAILER_BYTES, TRAILER_MAGIC
+from resacct.training.data import TokenBatchSampler
+from resacct.training.models import Cruncher
+from resacct.training.seeding import preserved_global_rng
 
 
 def trained(seed: int = 0, *, num_layers: int = 2, sgd: bool = False) -> tuple[Cruncher, torch.optim.Optimizer]:

@@ -155,7 +155,7 @@ def test_input_shape_dtype_and_loss_flags(capsys):
     assert mean["input_shape"] == [2, 3] and mean["input_dtype"] == "int64"
     saved = lambda report: _rows(report, "activations")["saved for backward"]["measured_bytes"]
     assert saved(cross) > saved(mean)
-    cruncher = ["--model", "resacct.models:Cruncher", "--model-arg", "dim=4", "--model-arg", "num_layers=2"]
+    cruncher = ["--model", "resacct.training.models:Cruncher", "--model-arg", "dim=4", "--model-arg", "num_layers=2"]
     assert _json(capsys, *cruncher, "--input-shape", "5,4")["input_shape"] == [5, 4]
     assert _json(capsys, *cruncher, "--no-measure")["device"] == "meta"
 
@@ -164,11 +164,11 @@ def test_input_shape_dtype_and_loss_flags(capsys):
     ("argv", "fragment"),
     [
         (["--model", "no_such_module_xyz:build"], "cannot import 'no_such_module_xyz'"),
-        (["--model", "resacct.models:Nope"], "module 'resacct.models' has no attribute 'Nope'"),
+        (["--model", "resacct.training.models:Nope"], "module 'resacct.training.models' has no attribute 'Nope'"),
         (["--model", "tests.fixtures_user_model:not_a_module"], "returned a str; expected an nn.Module"),
-        (["--model", "resacct.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
-        (["--model", "resacct.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
-        (["--model", "resacct.account_generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.gpt models"),
+        (["--model", "resacct.training.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
+        (["--model", "resacct.training.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
+        (["--model", "resacct.account_generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.training.gpt models"),
         (["--model", "resacct.account_generic:mlp", "--seq", "3", "--input-shape", "2,8"], "--seq 3 and --input-shape 2,8 both give the input"),
         (["--input-shape", "2,3"], "--input-shape apply to --model module:factory"),
         (["--model", "resacct.account_generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),

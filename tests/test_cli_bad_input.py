@@ -53,10 +53,10 @@ CASES = [
     (["account", "--batch", "-4"], "must be a whole number greater than 0"),
     (["account", "--seq", "100000"], "seq 100000 is longer than the model's context length 128"),
     (["account", "--model", "no.such.module:build"], "cannot import 'no.such.module'"),
-    (["account", "--model", "resacct.models:Nope"], "module 'resacct.models' has no attribute 'Nope'"),
+    (["account", "--model", "resacct.training.models:Nope"], "module 'resacct.training.models' has no attribute 'Nope'"),
     (["account", "--optimizer", "lion"], "invalid choice: 'lion'"),
     (["account", "--recipe", "fp3"], "unknown precision recipe 'fp3'; did you mean 'fp32'?"),
-    (["account", "--model", "resacct.models:Cruncher", "--model-arg", "dim"], "expected key=value"),
+    (["account", "--model", "resacct.training.models:Cruncher", "--model-arg", "dim"], "expected key=value"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
 ]
 

@@ -1,4 +1,4 @@
-"""Token files, lazy reads and batch sampling (resacct.data)."""
+"""Token files, lazy reads and batch sampling (resacct.training.data)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resacct.checks.data import resident_memory_bytes, sparse_token_file
-from resacct.data import (
+from resacct.training.data import (
     HEADER_BYTES,
     TokenBatchSampler,
     get_batch,
@@ -294,7 +294,7 @@ def test_disk_full_while_writing_tokens_leaves_the_old_file(tmp_path: Path, monk
     import errno
     import io
 
-    from resacct import atomic_files
+    from resacct.training import atomic_files
 
     class DiskFull(io.FileIO):
         def __init__(self, temporary: Path):

@@ -33,7 +33,7 @@ from resacct.flops import (
     step_flops_rule,
     trace_flops,
 )
-from resacct.models import Cruncher, TwoLayerNetwork
+from resacct.training.models import Cruncher, TwoLayerNetwork
 
 sizes = st.integers(1, 96)
 FEW = settings(max_examples=25, deadline=None)

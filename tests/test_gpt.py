@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from resacct.errors import ResacctError
-from resacct.gpt import GPT_CONFIGS, GPTConfig, build_gpt, gpt_parameter_count, parameter_count
+from resacct.training.gpt import GPT_CONFIGS, GPTConfig, build_gpt, gpt_parameter_count, parameter_count
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 - no import circles among resacct's modules and ``pytest_resacct`` — every import counts
   (absolute, relative, and those inside functions, which only hide a circle until the function
   runs); only ``if TYPE_CHECKING:`` blocks are left out, as they never run;
-- no module under ``resacct/`` much over 400 lines.
+- no module under ``resacct/`` much over 400 lines;
+- the layer folders (facts, formulas, measurement, training) never import the CLI, the harness,
+  the checks or the report writers, and facts import only facts.
 
 Each rule has an allow-list of today's known exceptions, each with its reason; a new circle or a
 new long module fails here, and so does an allow-list entry that no longer applies (delete it).
@@ -239,3 +241,36 @@ def test_long_module_allow_list_has_no_stale_entries() -> None:
 )
 def test_cycle_finder_on_small_graphs(source: dict[str, set[str]], expected: list[frozenset[str]]) -> None:
     assert import_cycles(source) == expected
+
+
+# --- Layers --------------------------------------------------------------------------------------
+# The library's layer folders: facts at the bottom, then formulas, measurement and the training
+# substrate. None of them reaches up into the command line, the claims harness, the checks or the
+# report writers; facts read nothing but facts (and the error and validation modules).
+LAYER_FOLDERS = ("facts", "formulas", "measurement", "training")
+ABOVE_THE_LAYERS = ("resacct.cli", "resacct.harness", "resacct.checks", "resacct.reporting")
+FACTS_MAY_IMPORT = ("resacct.facts", "resacct.errors", "resacct.validation")
+ALLOWED_FACT_IMPORTS: dict[tuple[str, str], str] = {
+    ("resacct.facts.recipes", "resacct.training.optim"): "how many state tensors an optimizer keeps is defined beside "
+                                                         "the optimizers (a lazy import, only when a recipe asks)",
+}
+
+
+def _in_layer(module: str, layers: tuple[str, ...] = LAYER_FOLDERS) -> bool:
+    return any(module == f"resacct.{layer}" or module.startswith(f"resacct.{layer}.") for layer in layers)
+
+
+def test_no_layer_reaches_up_into_the_cli_harness_checks_or_reports() -> None:
+    graph = _project_graph()
+    assert any(_in_layer(module) for module in graph), "no layer folder found: the rule checks nothing"
+    upward = sorted((module, target) for module, targets in graph.items() if _in_layer(module)
+                    for target in targets if target.startswith(ABOVE_THE_LAYERS))
+    assert not upward, f"layer modules importing the CLI, harness, checks or reports: {upward}"
+
+
+def test_facts_import_only_facts() -> None:
+    graph = _project_graph()
+    found = {(module, target) for module, targets in graph.items() if _in_layer(module, ("facts",))
+             for target in targets if target.startswith("resacct.") and not target.startswith(FACTS_MAY_IMPORT)}
+    assert found - set(ALLOWED_FACT_IMPORTS) == set(), f"facts importing a higher layer: {sorted(found - set(ALLOWED_FACT_IMPORTS))}"
+    assert set(ALLOWED_FACT_IMPORTS) <= found, f"stale allow-list entries: {sorted(set(ALLOWED_FACT_IMPORTS) - found)}"

@@ -1,4 +1,4 @@
-"""Unit tests of resacct.init: the formulas agree with what torch.nn.init draws."""
+"""Unit tests of resacct.training.init: the formulas agree with what torch.nn.init draws."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.init import (
+from resacct.training.init import (
     deep_linear_output_rms,
     kaiming_uniform_std,
     linear_default_weight_std,

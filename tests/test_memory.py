@@ -21,7 +21,7 @@ from resacct.memory import (
     training_state_bytes,
     training_state_bytes_per_parameter,
 )
-from resacct.models import Cruncher, cruncher_parameter_count
+from resacct.training.models import Cruncher, cruncher_parameter_count
 
 
 @pytest.mark.parametrize(

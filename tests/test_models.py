@@ -1,4 +1,4 @@
-"""Unit tests of resacct.models: the counting formulas against real modules, and bad input."""
+"""Unit tests of resacct.training.models: the counting formulas against real modules, and bad input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.models import (
+from resacct.training.models import (
     Cruncher,
     Linear,
     TwoLayerNetwork,

@@ -1,4 +1,4 @@
-"""Tests that kill mutants of resacct/flop_tracing.py (see docs/mutation.md): its docstring
+"""Tests that kill mutants of resacct/measurement/flop_tracing.py (see docs/mutation.md): its docstring
 examples (torch's own counts on the meta device) and edges of the op classification, each
 checked against what torch itself reports."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from resacct import flop_tracing
-from resacct.flop_tracing import (
+from resacct.measurement import flop_tracing
+from resacct.measurement.flop_tracing import (
     UncountedOp,
     build_on_meta,
     estimate_uncounted_flops,
@@ -21,7 +21,7 @@ from resacct.flop_tracing import (
     trace_flops,
     uncounted_ops,
 )
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 
 def test_docstring_examples():
@@ -52,7 +52,7 @@ def test_a_warning_without_an_estimate_says_so():
 
 
 def test_ops_a_custom_mapping_already_counts_are_not_listed_as_uncounted():
-    from resacct.flop_tracing import DispatchedOps
+    from resacct.measurement.flop_tracing import DispatchedOps
 
     with DispatchedOps() as recorded:
         _ = torch.ones(2, 3) + 1

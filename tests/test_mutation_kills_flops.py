@@ -10,9 +10,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct import flop_tracing, flops
+from resacct import flops
+from resacct.measurement import flop_tracing
 from resacct.errors import ResacctError
-from resacct.models import Cruncher, TwoLayerNetwork
+from resacct.training.models import Cruncher, TwoLayerNetwork
 
 
 def counted(function, *tensors) -> int:
@@ -215,7 +216,7 @@ def test_bad_prediction_inputs_are_refused_with_the_value(call, message):
 
 
 def test_linear_prediction_defaults_describe_a_bias_free_layer_on_a_plain_input():
-    from resacct.models import Linear
+    from resacct.training.models import Linear
 
     layer = Linear(3, 4, bias=False)
     prediction = flops.predict_linear_flops(5, 3, 4)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from resacct import memory
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 
 def _measured_cruncher_step_bytes(batch: int, dim: int, num_layers: int, optimizer_name: str) -> int:
@@ -92,7 +92,7 @@ def test_a_bad_count_is_named_in_the_error(function, argument):
 
 
 def test_unknown_recipe_names_the_kind():
-    from resacct.recipes import ALIASES
+    from resacct.facts.recipes import ALIASES
 
     with pytest.raises(UnknownNameError, match=r"^unknown precision recipe 'fp33'; did you mean 'fp32'") as error:
         memory.get_state_recipe("fp33")

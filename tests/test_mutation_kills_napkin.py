@@ -1,4 +1,4 @@
-"""resacct.napkin: laws between its functions and errors that name the offending argument,
+"""resacct.formulas.napkin: laws between its functions and errors that name the offending argument,
 written to kill the mutants mutmut left alive (docs/mutation.md).
 
 Napkin math has no torch measurement; the expectations here are relations between the functions
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from resacct import napkin
+from resacct.formulas import napkin
 from resacct.errors import ResacctError, UnknownNameError
 
 GOOD = {"parameters": 7e9, "tokens": 1e12, "flops_per_token_per_parameter": 6, "devices": 8, "seconds": 3600.0,

@@ -1,4 +1,4 @@
-"""resacct.optim side by side with torch.optim, written to kill the mutants mutmut left alive
+"""resacct.training.optim side by side with torch.optim, written to kill the mutants mutmut left alive
 (docs/mutation.md): every hyper-parameter away from its default, every default, several steps,
 the parameters and the optimizer state compared with torch's after each step."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resacct import optim
+from resacct.training import optim
 from resacct.errors import UnknownNameError
 
 CONFIGS = [

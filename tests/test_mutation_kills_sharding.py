@@ -127,7 +127,7 @@ def test_the_recipe_says_which_optimizer_and_moment_its_bytes_are_for():
 
 def test_sharding_recipes_is_built_when_asked_for():
     import resacct.sharding
-    from resacct.recipes import RECIPE_NAMES
+    from resacct.facts.recipes import RECIPE_NAMES
     from resacct.sharding import get_sharding_recipe
 
     recipes = getattr(resacct.sharding, "SHARDING_RECIPES")  # the module's __getattr__, at run time

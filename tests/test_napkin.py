@@ -1,4 +1,4 @@
-"""resacct.napkin: 6ND, days on a cluster, the largest model that fits, thresholds."""
+"""resacct.formulas.napkin: 6ND, days on a cluster, the largest model that fits, thresholds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from resacct.errors import ResacctError, UnknownNameError
 from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
-from resacct.napkin import (
+from resacct.formulas.napkin import (
     COMPUTE_THRESHOLDS,
     REPORTED_TRAINING_FLOPS,
     SECONDS_PER_DAY,
@@ -116,7 +116,8 @@ def test_the_shared_number_checks_run_their_examples_and_keep_one_wording():
     import doctest
 
     import resacct.validation
-    from resacct import parallelism, scaling, utilization
+    from resacct import parallelism
+    from resacct.formulas import scaling, utilization
     from resacct.errors import ResacctError
 
     failed, attempted = doctest.testmod(resacct.validation)

@@ -1,4 +1,4 @@
-"""Unit tests of resacct.optim: each from-scratch optimizer trains a real model exactly as its
+"""Unit tests of resacct.training.optim: each from-scratch optimizer trains a real model exactly as its
 torch.optim counterpart, keeps the same state, and refuses bad hyper-parameters."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resacct import optim
+from resacct.training import optim
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 PAIRS = [
     (optim.SGD, torch.optim.SGD, dict(lr=0.05)),

@@ -1,4 +1,4 @@
-"""resacct.perf: timing, FLOP/s, MFU, intensity, the roofline, this machine's ceilings."""
+"""resacct.measurement.perf: timing, FLOP/s, MFU, intensity, the roofline, this machine's ceilings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.perf import (
+from resacct.measurement.perf import (
     ELEMENTWISE_OPERATIONS,
     Roofline,
     Timing,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from resacct.cli import main
-from resacct.recipes import ALIASES, RECIPE_NAMES, RECIPES, get_recipe, parse_recipe
+from resacct.facts.recipes import ALIASES, RECIPE_NAMES, RECIPES, get_recipe, parse_recipe
 from resacct.step_measurements import measure_training_state
 
 NAMED = sorted(name for name in RECIPE_NAMES)
@@ -24,7 +24,7 @@ def _memory_json(capsys, *arguments: str) -> dict:
 
 def test_optimizer_choices_are_the_ones_account_can_build():
     from resacct.account_optimizers import OPTIMIZER_NAMES
-    from resacct.recipes import OPTIMIZER_CHOICES
+    from resacct.facts.recipes import OPTIMIZER_CHOICES
 
     assert OPTIMIZER_CHOICES == OPTIMIZER_NAMES
 

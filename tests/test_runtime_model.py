@@ -11,10 +11,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.errors import ResacctError
-from resacct.measured_roofline import (ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, measure_point,
+from resacct.measurement.measured_roofline import (ComputeRoof, MeasuredRoofline, MemoryRoof, RooflinePoint, best_until_stable_sec, measure_point,
                                        save_measured_roofline_png)
-from resacct.models import Cruncher
-from resacct.runtime_model import MachineCosts, OpCost, op_cost, optimizer_op_overhead_sec, predict_step, step_time_rows
+from resacct.training.models import Cruncher
+from resacct.measurement.runtime_model import MachineCosts, OpCost, op_cost, optimizer_op_overhead_sec, predict_step, step_time_rows
 
 COSTS = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=1e8, division_elements_per_sec=3e8,
                      dram_bytes_per_sec=1e10, cache_bytes_per_sec=5e10, cache_bytes=2**25, kernel_overhead_sec=2e-6, view_overhead_sec=1e-6)
@@ -76,7 +76,7 @@ def test_the_roofline_png_labels_points_by_shape_and_dtype(tmp_path):
 
 @pytest.mark.slow
 def test_account_prints_the_predicted_step_beside_the_measured(monkeypatch):
-    import resacct.runtime_model as runtime_model
+    import resacct.measurement.runtime_model as runtime_model
     from resacct.account import account_gpt
 
     monkeypatch.setattr(runtime_model, "cached_machine_costs", lambda: COSTS)  # the rates are measured in the claims
@@ -110,7 +110,7 @@ def test_the_optimizer_overhead_per_op_comes_from_a_one_element_stand_in():
 
 
 def test_reuse_distance_counts_the_bytes_touched_since_a_tensor_was_last_used_over_the_step_as_a_cycle():
-    from resacct.step_cost_passes import reuse_distances_bytes
+    from resacct.measurement.step_cost_passes import reuse_distances_bytes
 
     # a (key 1) read by the first and third op: 50 bytes of b between; b touched once, so a whole step ago
     assert reuse_distances_bytes([[(1, 100)], [(2, 50)], [(1, 100)]]) == [[0.0], [200.0], [50.0]]
@@ -133,7 +133,7 @@ def test_page_faults_are_counted_per_op_and_priced_at_the_measured_cost_of_one()
     import mmap
     import time
 
-    from resacct.step_cost_passes import minor_page_faults, page_fault_sec
+    from resacct.measurement.step_cost_passes import minor_page_faults, page_fault_sec
 
     assert 0 < page_fault_sec(time.thread_time, pages=64, repeats=3) < 1e-3
     # A fresh anonymous mapping written from this thread: one fault per page. (A torch tensor is no

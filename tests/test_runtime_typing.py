@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from resacct import tensors
-from resacct.models import Cruncher, TwoLayerNetwork
+from resacct.training.models import Cruncher, TwoLayerNetwork
 
 
 def type_errors() -> tuple[type[BaseException], ...]:
@@ -46,9 +46,12 @@ def test_the_tensor_layers_are_checked_and_the_harness_is_not():
     (no tensors there, and wrapping the YAML loader's hot loop cost 30 % of the claims' time)."""
     from conftest import UNCHECKED_SUBPACKAGES, type_checked_modules
     from resacct.harness import yaml_nodes
+    from resacct.training import models
 
     checked = type_checked_modules()
-    assert {"resacct.tensors", "resacct.models", "resacct.checks", "resacct.flops"} <= set(checked)
+    layers = {"resacct.facts", "resacct.formulas", "resacct.measurement", "resacct.training", "resacct.checks"}
+    assert {"resacct.tensors", "resacct.flops"} | layers <= set(checked)
     assert not {f"resacct.{name}" for name in UNCHECKED_SUBPACKAGES} & set(checked)
     assert hasattr(tensors.storage_bytes, "__wrapped__"), "resacct.tensors is not type-checked"
+    assert hasattr(models.cruncher_parameter_count, "__wrapped__"), "a module inside a layer folder is not type-checked"
     assert not hasattr(yaml_nodes.to_python, "__wrapped__"), "the harness's YAML loader is wrapped"

@@ -1,4 +1,4 @@
-"""Unit tests of resacct.parallelism, resacct.plan, resacct.scaling, resacct.utilization and the
+"""Unit tests of resacct.parallelism, resacct.formulas.plan, resacct.formulas.scaling, resacct.formulas.utilization and the
 ``plan``, ``optimal`` and ``mfu`` commands (fast; the published figures are claims in
 resacct/specs/scale.claims.yaml)."""
 
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from resacct.cli import main
 from resacct.errors import ResacctError
 from resacct.parallelism import ParallelLayout, activation_bytes_per_layer, pipeline_activation_factor
-from resacct.plan import plan_memory
-from resacct.scaling import chinchilla_approach3_optimum, chinchilla_loss, gpu_hours, tokens_per_parameter_optimum
-from resacct.utilization import gpt_iteration_flops, palm_model_flops_per_token
+from resacct.formulas.plan import plan_memory
+from resacct.formulas.scaling import chinchilla_approach3_optimum, chinchilla_loss, gpu_hours, tokens_per_parameter_optimum
+from resacct.formulas.utilization import gpt_iteration_flops, palm_model_flops_per_token
 
 dims = st.integers(min_value=1, max_value=64)
 
@@ -138,7 +138,7 @@ def test_eager_layer_model_reduces_to_table2_with_korthikantis_assumptions(t: in
 
 def test_chinchilla_approach2_through_table_a3() -> None:
     """Approach 2's fit reproduces Table 2's exponents and passes through Table A3's rows."""
-    from resacct.scaling import CHINCHILLA_TABLE_A3_APPROACH2, chinchilla_approach2_fit, chinchilla_approach2_optimum
+    from resacct.formulas.scaling import CHINCHILLA_TABLE_A3_APPROACH2, chinchilla_approach2_fit, chinchilla_approach2_optimum
 
     assert chinchilla_approach2_fit()[0] == pytest.approx(0.49, abs=0.005)
     assert chinchilla_approach2_fit(tokens=True)[0] == pytest.approx(0.51, abs=0.005)
@@ -150,7 +150,7 @@ def test_chinchilla_approach2_through_table_a3() -> None:
 
 @pytest.mark.parametrize("approach", [1, 2, 3])
 def test_optimal_approach_flag(capsys: pytest.CaptureFixture[str], approach: int) -> None:
-    from resacct.scaling import chinchilla_optimum
+    from resacct.formulas.scaling import chinchilla_optimum
 
     fields = _json(capsys, "optimal", "--flops", "5.76e23", "--approach", str(approach))
     assert fields["approach"] == approach
@@ -166,7 +166,7 @@ def test_optimal_bad_approach_exits_2_naming_the_value(capsys: pytest.CaptureFix
 
 
 def test_chinchilla_optimum_refuses_other_approaches() -> None:
-    from resacct.scaling import chinchilla_optimum
+    from resacct.formulas.scaling import chinchilla_optimum
 
     for bad in (0, 4, True):
         with pytest.raises(ResacctError, match="not one of 1, 2, 3"):

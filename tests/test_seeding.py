@@ -1,4 +1,4 @@
-"""Unit tests of resacct.seeding."""
+"""Unit tests of resacct.training.seeding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resacct.errors import ResacctError
-from resacct.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything, seeded_generator
+from resacct.training.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything, seeded_generator
 
 
 def _draws():

@@ -1,4 +1,4 @@
-"""The training loop (resacct.train): one test per argument proving it changes what happens,
+"""The training loop (resacct.training.train): one test per argument proving it changes what happens,
 plus the schedule and clipping helpers."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from resacct.checkpoint import read_checkpoint
-from resacct.data import TokenBatchSampler
+from resacct.training.checkpoint import read_checkpoint
+from resacct.training.data import TokenBatchSampler
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.models import Cruncher
-from resacct.train import (
+from resacct.training.models import Cruncher
+from resacct.training.train import (
     EvalRecord,
     StepRecord,
     clipped_grad_norm,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 
 def _cruncher(seed: int, dim: int = 8, num_layers: int = 2) -> Cruncher:

@@ -2,7 +2,7 @@
 module), a real torch.optim.AdamW for the training state, ``saved_tensors_hooks`` and the CPU
 allocator (``torch.profiler``) for activations, peaks, checkpointing and accumulation.
 
-resacct's formulas (:mod:`resacct.gpt_formulas`, :mod:`resacct.activations`,
+resacct's formulas (:mod:`resacct.formulas.gpt_formulas`, :mod:`resacct.activations`,
 :mod:`resacct.account`) only supply the ``predicted`` side. Big models run on the meta device.
 """
 
@@ -31,8 +31,8 @@ from resacct.activations import (
 )
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.gpt import GPTConfig, build_gpt, get_gpt_config, gpt_parameter_count, parameter_count
-from resacct.gpt_formulas import (
+from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config, gpt_parameter_count, parameter_count
+from resacct.formulas.gpt_formulas import (
     gpt_layer_saved_bytes,
     gpt_matmul_parameter_count,
     layer_norm_stats_bytes,
@@ -41,7 +41,7 @@ from resacct.gpt_formulas import (
     predict_gpt_step_flops,
 )
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 
 def _tokens(config: GPTConfig, batch: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +53,7 @@ def _tokens(config: GPTConfig, batch: int, seq: int, device: str) -> tuple[torch
 
 @check("account.gpt_parameters", quantities=("state_dict_elements",))
 def gpt_parameters(model: str) -> Outcome:
-    """Parameters of a resacct.gpt model built on the meta device, each storage once
+    """Parameters of a resacct.training.gpt model built on the meta device, each storage once
     (``model.parameters()`` skips the tied LM head); the state_dict's elements (which list the
     tied matrix twice) as a quantity."""
     net = build_gpt(model, device="meta")
@@ -82,7 +82,7 @@ def gpt_step_flops(model: str, batch: int, seq: int, phase: str = "step", attent
                    fill_tracer_gaps: bool = False) -> Outcome:
     """FLOPs FlopCounterMode traces in one forward (+ cross-entropy) and backward of a GPT on
     (batch, seq) tokens: the ``forward``, ``backward`` or whole ``step``; with
-    ``fill_tracer_gaps``, the fused CPU attention kernel counted from its shapes (resacct.attention_flops).
+    ``fill_tracer_gaps``, the fused CPU attention kernel counted from its shapes (resacct.formulas.attention_flops).
     ``phase: recompute``: the scores the fused backward recomputes (apart from the model FLOPs)."""
     config = get_gpt_config(model)
     forward, backward, params, recompute = _traced_step(model, batch, seq, attention, device, fill_tracer_gaps)
@@ -386,8 +386,8 @@ def stack_saved_activations(model: str, batch: int, dim: int, layers: int, hidde
     """Bytes autograd saves for backward (``saved_tensors_hooks``, distinct storages, parameters
     left out) in one float32 forward + mean loss of a Cruncher (``layers`` D×D layers) or an MLP
     (``layers`` hidden layers of ``hidden``, ``activation``) on a (batch, dim) batch; predicted
-    by :func:`resacct.account_formulas.predict_stack_step`."""
-    from resacct.account_formulas import predict_stack_step
+    by :func:`resacct.formulas.account_formulas.predict_stack_step`."""
+    from resacct.formulas.account_formulas import predict_stack_step
     from resacct.account_generic import cruncher, mlp
 
     if model == "cruncher":

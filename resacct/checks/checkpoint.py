@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from resacct.checkpoint import (
+from resacct.training.checkpoint import (
     RESUME_STATE_PARTS,
     load_checkpoint,
     missing_resume_state,
@@ -22,8 +22,8 @@ from resacct.checkpoint import (
     save_checkpoint,
 )
 from resacct.harness.registry import Outcome, check
-from resacct.models import Cruncher
-from resacct.seeding import preserved_global_rng
+from resacct.training.models import Cruncher
+from resacct.training.seeding import preserved_global_rng
 
 __all__: list[str] = []
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from resacct.data import HEADER_BYTES, get_batch, read_tokens, token_file_header, window_start_count
+from resacct.training.data import HEADER_BYTES, get_batch, read_tokens, token_file_header, window_start_count
 from resacct.harness.registry import NotMeasurable, Outcome, check
 
 __all__ = ["resident_memory_bytes", "sparse_token_file"]

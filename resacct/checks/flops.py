@@ -34,7 +34,7 @@ from resacct.flops import (
 )
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
-from resacct.models import Cruncher, Linear, TwoLayerNetwork
+from resacct.training.models import Cruncher, Linear, TwoLayerNetwork
 
 # ───────────────────────────── measuring tools (torch's own counts) ─────────────────────────────
 

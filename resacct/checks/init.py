@@ -16,7 +16,7 @@ from torch import nn
 
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
-from resacct.init import (
+from resacct.training.init import (
     deep_linear_output_rms,
     kaiming_uniform_std,
     linear_default_weight_std,

@@ -2,7 +2,7 @@
 
 The expressions and asserts are those of ``lecture_02.py`` (CS336 2025, and 2024 where it
 differs), picked by their source text — never evaluated from the spec. Helpers are resacct's
-faithful copies in :mod:`resacct.lecture`; what they return is the measurement, and the
+faithful copies in :mod:`resacct.training.lecture`; what they return is the measurement, and the
 ground truth a claim compares with comes from torch itself (storage, finfo) or a datasheet.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from resacct.checks.hardware import raw_peak_flops_per_sec
 from resacct.facts.dtypes import parse_dtype
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.lecture import FACTS_2024, FACTS_2025, get_device, get_memory_usage, get_promised_flop_per_sec, same_storage
+from resacct.training.lecture import FACTS_2024, FACTS_2025, get_device, get_memory_usage, get_promised_flop_per_sec, same_storage
 
 
 def _ints() -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from resacct.harness.registry import Outcome, check
-from resacct.lecture import LectureAdaGrad, LectureCruncher, get_batch, get_num_parameters
+from resacct.training.lecture import LectureAdaGrad, LectureCruncher, get_batch, get_num_parameters
 
 
 @check("lecture.get_batch", quantities=("last_window_start", "window_count"))

@@ -1,7 +1,7 @@
 """Measuring the lecture's own models, optimizers and training loop (``lecture_02.py``).
 
 The Cruncher here is the lecture's code today (bias-free layers, output squeezed to ``[B]``),
-kept apart from the seeds' variant with biases in :mod:`resacct.models`. FLOPs come from
+kept apart from the seeds' variant with biases in :mod:`resacct.training.models`. FLOPs come from
 FlopCounterMode on the meta device, bytes from the storages autograd and the optimizer hold.
 """
 
@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.harness.registry import Outcome, check
-from resacct.lecture import (
+from resacct.training.lecture import (
     LectureAdaGrad,
     LectureCruncher,
     LectureSGD,
@@ -26,7 +26,7 @@ from resacct.lecture import (
     train,
 )
 from resacct.memory import distinct_storage_bytes, record_saved_tensors
-from resacct.models import Cruncher as SeedsCruncher
+from resacct.training.models import Cruncher as SeedsCruncher
 
 
 def _cruncher(dim: int, num_layers: int, device: str = "cpu", seed: int = 0) -> LectureCruncher:

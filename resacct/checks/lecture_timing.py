@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.lecture import get_device, get_promised_flop_per_sec, time_matmul
-from resacct.perf import threads
+from resacct.training.lecture import get_device, get_promised_flop_per_sec, time_matmul
+from resacct.measurement.perf import threads
 
 MEASURING_THREADS = 1
 

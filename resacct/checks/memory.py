@@ -23,7 +23,7 @@ from resacct.memory import (
     record_saved_tensors,
     training_state_bytes,
 )
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 
 @dataclass

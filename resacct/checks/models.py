@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from resacct.harness.registry import Outcome, check
-from resacct.models import (
+from resacct.training.models import (
     Cruncher,
     cruncher_linear_layer_count,
     cruncher_parameter_count,

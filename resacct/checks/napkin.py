@@ -26,7 +26,7 @@ from resacct.checks.hardware import raw_memory_bytes, raw_peak_flops_per_sec
 from resacct.errors import UnknownNameError
 from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
-from resacct.napkin import (
+from resacct.formulas.napkin import (
     SECONDS_PER_DAY,
     cluster_flops,
     compare_to_thresholds,
@@ -108,7 +108,7 @@ def measured_bytes_per_parameter(recipe: str) -> float:
 @check("napkin.flops_per_token_per_parameter")
 def flops_per_token_per_parameter() -> Outcome:
     """Training FLOPs per token per parameter, counted by FlopCounterMode (forward + backward)."""
-    from resacct.napkin import TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER
+    from resacct.formulas.napkin import TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER
 
     return Outcome(measured=measured_flops_per_token_per_parameter(), predicted=TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER)
 

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 from torch import nn
 
-from resacct import optim as ours
+from resacct.training import optim as ours
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
-from resacct.models import Cruncher
+from resacct.training.models import Cruncher
 
 # ── strategies: only valid hyper-parameters ─────────────────────────────────────────────────
 

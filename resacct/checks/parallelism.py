@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from resacct.activations import record_saved_activations
 from resacct.harness.registry import Outcome, check
 from resacct.parallelism import torch_layer_saved_bytes
-from resacct.seeding import preserved_global_rng
+from resacct.training.seeding import preserved_global_rng
 
 
 class MegatronLayer(nn.Module):
@@ -182,7 +182,7 @@ def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: 
 
 def _bf16_gpt(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """resacct's GPT in bfloat16 (seeded), with token ids and targets of one (batch, seq) step."""
-    from resacct.gpt import GPT, GPTConfig
+    from resacct.training.gpt import GPT, GPTConfig
 
     config = GPTConfig(vocab_size=vocab, context_length=seq, n_layers=layers, n_heads=heads, d_model=heads * head_dim)
     torch.manual_seed(0)
@@ -223,8 +223,8 @@ def full_recompute_saved_bytes(layers: int, seq: int, batch: int, heads: int, he
     """Bytes a bfloat16 GPT keeps for backward with every layer checkpointed
     (:func:`full_recompute_census`); resacct predicts L × Korthikanti's full-recomputation bytes
     per layer plus its own count of what lies outside the layers."""
-    from resacct.gpt import GPTConfig
-    from resacct.gpt_formulas import gpt_outside_layers_saved_bytes
+    from resacct.training.gpt import GPTConfig
+    from resacct.formulas.gpt_formulas import gpt_outside_layers_saved_bytes
     from resacct.parallelism import activation_bytes_per_layer
 
     census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)

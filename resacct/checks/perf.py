@@ -2,7 +2,7 @@
 seconds from timers on this machine (one thread: the machine is shared), peaks from datasheets.
 
 Intensities are measured from real tensors (the meta device for large ones: their sizes are
-real, nothing is allocated); speeds are measured with :func:`resacct.perf.time_callable`.
+real, nothing is allocated); speeds are measured with :func:`resacct.measurement.perf.time_callable`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from resacct.facts.dtypes import dtype_bytes, parse_dtype
 from resacct.errors import ResacctError
 from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.perf import (
+from resacct.measurement.perf import (
     Roofline,
     achieved_flops_per_sec,
     elementwise_intensity_flops_per_byte,
@@ -250,10 +250,10 @@ def cpu_matmul_mfu(m: int, k: int, n: int, ceiling_size: int = 512, repeats: int
 def cpu_roofline_bound(operation: str, size: int, dtype: str = "float32") -> Outcome:
     """"memory" or "compute" on THIS machine: the operation's measured intensity (torch's FLOPs
     and bytes) against the measured ridge point (best matmul FLOP/s ÷ best triad bytes/s, see
-    :mod:`resacct.measured_roofline`)."""
+    :mod:`resacct.measurement.measured_roofline`)."""
     flops, bytes_moved = _operation_flops_and_bytes(operation, size, parse_dtype(dtype))
     intensity = flops / bytes_moved
-    from resacct.measured_roofline import this_machine_roofline
+    from resacct.measurement.measured_roofline import this_machine_roofline
 
     roofline = this_machine_roofline().roofline("float32")
     ridge = roofline.ridge_point_flops_per_byte
@@ -322,9 +322,9 @@ def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str,
 @check("perf.roofline_points_share_of_roof", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"))
 def roofline_points_share_of_roof() -> Outcome:
     """The largest (best FLOP/s ÷ attainable FLOP/s under the measured roofs) over the points of
-    this machine's measured roofline (:func:`resacct.measured_roofline.this_machine_roofline`):
+    this machine's measured roofline (:func:`resacct.measurement.measured_roofline.this_machine_roofline`):
     above 1 means a point beats a roof, i.e. the roof was not measured right."""
-    from resacct.measured_roofline import this_machine_roofline
+    from resacct.measurement.measured_roofline import this_machine_roofline
 
     roofline = this_machine_roofline()
     shares = {point.label: round(roofline.share_of_roof(point), 3) for point in roofline.points if point.flops > 0}

@@ -1,5 +1,5 @@
 """Measuring the runtime model's claims: a real training step on this CPU (one thread), its ops
-recorded and costed by :mod:`resacct.runtime_model`, beside the clock (this thread's CPU time)."""
+recorded and costed by :mod:`resacct.measurement.runtime_model`, beside the clock (this thread's CPU time)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
-from resacct.perf import threads
-from resacct.runtime_model import MachineCosts, StepPrediction, measure_machine_costs, predict_step
+from resacct.measurement.perf import threads
+from resacct.measurement.runtime_model import MachineCosts, StepPrediction, measure_machine_costs, predict_step
 
 MODELS = ("gpt-tiny", "mlp", "cruncher")
 
@@ -26,12 +26,12 @@ def machine_costs() -> MachineCosts:
 def predicted_step(model: str, batch: int) -> StepPrediction:
     """One AdamW training step of ``model`` (gpt-tiny: ``batch`` × 64 tokens; mlp 256 → 1024 → 1024
     → 256 and cruncher 4 × Linear(256, 256): ``batch`` rows), one thread, predicted and clocked."""
-    from resacct.seeding import preserved_global_rng
+    from resacct.training.seeding import preserved_global_rng
 
     with threads(1), preserved_global_rng():
         torch.manual_seed(0)
         if model == "gpt-tiny":
-            from resacct.gpt import build_gpt, get_gpt_config
+            from resacct.training.gpt import build_gpt, get_gpt_config
 
             config = get_gpt_config("gpt-tiny")
             net = build_gpt(config)
@@ -44,7 +44,7 @@ def predicted_step(model: str, batch: int) -> StepPrediction:
 
             return predict_step(mlp(dim=256, hidden=1024, depth=2), torch.randn(batch, 256), machine_costs(), repeats=5)
         if model == "cruncher":
-            from resacct.models import Cruncher
+            from resacct.training.models import Cruncher
 
             return predict_step(Cruncher(dim=256, num_layers=4), torch.randn(batch, 256), machine_costs(), repeats=5)
     raise ResacctError(f"model {model!r}: expected one of {', '.join(MODELS)}")

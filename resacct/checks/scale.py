@@ -18,13 +18,13 @@ import math
 
 from resacct.checks.hardware import raw_peak_flops_per_sec
 from resacct.checks.napkin import measured_flops_per_token_per_parameter
-from resacct.gpt import GPTConfig, gpt_parameter_count
+from resacct.training.gpt import GPTConfig, gpt_parameter_count
 from resacct.facts.hardware import peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
-from resacct.napkin import training_days, training_flops
+from resacct.formulas.napkin import training_days, training_flops
 from resacct.parallelism import ParallelLayout, selective_recompute_memory_saving
-from resacct.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach2_fit, chinchilla_approach3_optimum
-from resacct.utilization import (
+from resacct.formulas.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach2_fit, chinchilla_approach3_optimum
+from resacct.formulas.utilization import (
     dense_model_flops_per_token,
     gpt_iteration_flops,
     mfu_from_achieved_flops_per_sec,
@@ -177,7 +177,7 @@ def table_row_on_power_law(rows: list[list[float]], row: int) -> Outcome:
 
     flops = numpy.log([r[1] for r in rows])
     slope, intercept = numpy.polyfit(flops, numpy.log([r[0] for r in rows]), 1)
-    from resacct.scaling import chinchilla_approach2_optimum
+    from resacct.formulas.scaling import chinchilla_approach2_optimum
 
     return Outcome(measured=float(numpy.exp(intercept + slope * flops[row])), predicted=chinchilla_approach2_optimum(rows[row][1])[0])
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.harness.strategies import strategy
-from resacct.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything
+from resacct.training.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything
 
 
 @strategy("seed_offset")

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from resacct.harness.registry import Outcome, check
-from resacct.models import Cruncher
-from resacct.train import clipped_grad_norm, cosine_lr, global_grad_norm
+from resacct.training.models import Cruncher
+from resacct.training.train import clipped_grad_norm, cosine_lr, global_grad_norm
 from resacct.checks._train_models import _cruncher, _saved_activation_bytes
 from resacct.checks.train_precision import (  # noqa: F401  (re-exported: they were defined here)
     training_dtypes,

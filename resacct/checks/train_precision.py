@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from resacct.facts.dtypes import FORMATS, smallest_subnormal
 from resacct.checks._train_models import _cruncher, _dtype, _saved_activation_bytes
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.models import Cruncher
-from resacct.precision import get_recipe, persistent_bytes_per_parameter, saved_activation_bytes_ratio
+from resacct.training.models import Cruncher
+from resacct.facts.precision import get_recipe, persistent_bytes_per_parameter, saved_activation_bytes_ratio
 
 __all__: list[str] = []
 

@@ -76,7 +76,7 @@ def _tokens_per_sec(args: argparse.Namespace) -> float:
 def _from_achieved(args: argparse.Namespace, peak: float, board: Any) -> int:
     if any(getattr(args, name) is not None for name in ("tokens_per_sec", "step_time", "tokens")):
         raise ResacctError("--achieved-tflops is a rate already: give it without --tokens-per-sec, --step-time or --tokens")
-    from resacct.utilization import mfu_from_achieved_flops_per_sec
+    from resacct.formulas.utilization import mfu_from_achieved_flops_per_sec
 
     device = board.name if board is not None else None
     achieved = args.achieved_tflops * 1e12
@@ -88,7 +88,7 @@ def _from_achieved(args: argparse.Namespace, peak: float, board: Any) -> int:
 
 
 def run_mfu(args: argparse.Namespace) -> int:
-    from resacct.utilization import mfu_from_tokens_per_sec
+    from resacct.formulas.utilization import mfu_from_tokens_per_sec
 
     peak, board, dtype = _peak(args)
     if args.achieved_tflops is not None:

@@ -1,5 +1,5 @@
 """The recipe, optimizer, moment and ZeRO-stage arguments ``memory`` and ``fit`` share, parsed
-once into a :class:`resacct.recipes.Recipe` and a :class:`resacct.sharding.ShardingRecipe`;
+once into a :class:`resacct.facts.recipes.Recipe` and a :class:`resacct.sharding.ShardingRecipe`;
 and the words every output uses for them.
 
 >>> parameters_in_words(40e9), parameters_in_words(7.5e9), parameters_in_words(125e6)
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from resacct.cli.output import amount_text
 from resacct.errors import ResacctError
-from resacct.recipes import ALIASES, DEFAULT_ZERO_STAGE, MOMENT_WORDS, OPTIMIZER_CHOICES, RECIPES, Recipe, parse_recipe
+from resacct.facts.recipes import ALIASES, DEFAULT_ZERO_STAGE, MOMENT_WORDS, OPTIMIZER_CHOICES, RECIPES, Recipe, parse_recipe
 from resacct.sharding import ShardingRecipe, get_sharding_recipe
 
 __all__ = [
@@ -48,7 +48,7 @@ def named_recipe_type(text: str) -> Recipe:
 
 
 RECIPES_EPILOG = (
-    "recipes (resacct.recipes: one table for every command; the output gives the bytes at both moments):\n"
+    "recipes (resacct.facts.recipes: one table for every command; the output gives the bytes at both moments):\n"
     + "\n".join(f"  {name:<34}{recipe.description}" for name, recipe in RECIPES.items())
     + "\n  aliases: " + ", ".join(f"{alias} = {name}" + (f" with {optimizer}" if optimizer else "") for alias, (name, optimizer) in ALIASES.items())
     + "\n  w+g+k: your own bytes per parameter, e.g. 2+2+12"

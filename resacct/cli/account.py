@@ -1,6 +1,6 @@
 """``resacct account``: what one training step of a model costs — predicted beside measured.
 
-Builds a GPT of ``--model`` (see resacct.gpt.GPT_CONFIGS), runs one step on random tokens and
+Builds a GPT of ``--model`` (see resacct.training.gpt.GPT_CONFIGS), runs one step on random tokens and
 lays out, for each quantity, resacct's formula, PyTorch's measurement and their ratio:
 FLOPs (FlopCounterMode, beside the 6N and 6N + 12·L·d·s conventions), the training state of a
 real torch.optim.AdamW under ``--recipe``, the activations autograd saves (beside Korthikanti et
@@ -30,7 +30,7 @@ from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import count, non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
-from resacct.recipes import OPTIMIZER_CHOICES, parse_recipe
+from resacct.facts.recipes import OPTIMIZER_CHOICES, parse_recipe
 
 __all__ = ["register", "run_account", "format_quantity", "render_account"]
 
@@ -49,7 +49,7 @@ _EXAMPLES = """examples:
       projects a run of 1B tokens at the measured speed; MFU against a named peak
   resacct account --model resacct.account_generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
       any nn.Module from a factory (module:factory): traced FLOPs, real optimizer state, saved bytes
-  resacct account --model resacct.models:Cruncher --model-arg dim=64 --model-arg num_layers=4 --optimizer sgd-momentum
+  resacct account --model resacct.training.models:Cruncher --model-arg dim=64 --model-arg num_layers=4 --optimizer sgd-momentum
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
   resacct account --model my_pkg.models:build --input-shape 8,64 --input-dtype float32 --loss sum
       your own model on an input of that shape
@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLES,
     )
     parser.add_argument("--model", default="gpt-tiny", metavar="NAME",
-                        help="a resacct.gpt config (gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small …; default: gpt-tiny) or module:factory for any nn.Module")
+                        help="a resacct.training.gpt config (gpt-nano, gpt-tiny, gpt-small-cpu, gpt2-small …; default: gpt-tiny) or module:factory for any nn.Module")
     parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
                         help="a Hugging Face causal LM from its config, on the meta device: predicted (resacct's formulas) beside measured. "
                              "Shipped: " + ", ".join(_hf_config_names()) + "; or a model card's config.json (needs resacct[hf])")
@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per sequence (default: the model's context length); with module:factory, the input_ids' length "
                              "of a token model or the middle axis of a Linear's input")
     parser.add_argument("--recipe", type=named_recipe_type, default=parse_recipe("fp32"), metavar="NAME",
-                        help="precision recipe of the training state, a name or alias of resacct.recipes (default: fp32)")
+                        help="precision recipe of the training state, a name or alias of resacct.facts.recipes (default: fp32)")
     parser.add_argument("--attention", choices=("math", "sdpa"), default="math", help="attention as matmuls, or F.scaled_dot_product_attention (default: math)")
     parser.add_argument("--checkpoint-segments", type=_whole(0), default=0, metavar="K", help="checkpoint the layers in K segments (default: 0, none)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="N", help="split the batch into N accumulated micro-batches (default: 1)")
@@ -183,7 +183,7 @@ def _run_generic(args: argparse.Namespace) -> int:
                                         ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator), ("--peak-tflops", args.peak_tflops),
                                         ("--train-tokens", args.train_tokens)) if used]
     if gpt_only:
-        raise ResacctError(f"{', '.join(gpt_only)} apply to the resacct.gpt models; expected none of them with --model {args.model}")
+        raise ResacctError(f"{', '.join(gpt_only)} apply to the resacct.training.gpt models; expected none of them with --model {args.model}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
     model_args = dict(parse_model_arg(text) for text in args.model_arg)
@@ -206,7 +206,7 @@ def render_account(account: Any, *, per_module: bool = False) -> str:
 
 def run_account(args: argparse.Namespace) -> int:
     from resacct.account import account_gpt
-    from resacct.gpt import get_gpt_config
+    from resacct.training.gpt import get_gpt_config
 
     args.optimizer = args.recipe.optimizer_for(args.optimizer)  # a recipe alias such as mixed-adam pins its optimizer
     if args.hf_config is not None:
@@ -288,7 +288,7 @@ def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
                             format_quantity(m.predicted_backward_flops, "FLOPs"), format_quantity(m.traced_backward_flops, "FLOPs"),
                             format_quantity(m.predicted_saved_bytes, "bytes"), format_quantity(m.measured_saved_bytes, "bytes"))
         console.print(modules)
-    from resacct.flop_tracing import is_matmul_class
+    from resacct.measurement.flop_tracing import is_matmul_class
 
     for warning in account.flops.warnings:  # every one, never cut off
         console.print(f"warning: {warning}")

@@ -41,7 +41,7 @@ def _g(value: float) -> str:
 
 
 def _run_flops(args: argparse.Namespace) -> int:
-    from resacct.napkin import compare_to_thresholds, training_flops
+    from resacct.formulas.napkin import compare_to_thresholds, training_flops
 
     total = training_flops(args.params, args.tokens, args.flops_per_token_per_param)
     comparisons = compare_to_thresholds(total)
@@ -68,7 +68,7 @@ def _run_flops(args: argparse.Namespace) -> int:
 
 
 def _total_flops(args: argparse.Namespace) -> float:
-    from resacct.napkin import training_flops
+    from resacct.formulas.napkin import training_flops
 
     if args.flops is not None:
         if args.params is not None or args.tokens is not None:
@@ -81,7 +81,7 @@ def _total_flops(args: argparse.Namespace) -> float:
 
 def _run_time(args: argparse.Namespace) -> int:
     from resacct.facts.hardware import get_accelerator, peak_flops_per_sec, peak_format
-    from resacct.napkin import training_time
+    from resacct.formulas.napkin import training_time
 
     board = get_accelerator(args.device)
     peak = peak_flops_per_sec(board, args.dtype, sparse=args.sparse)
@@ -115,7 +115,7 @@ def _run_time(args: argparse.Namespace) -> int:
 def _run_fit(args: argparse.Namespace) -> int:
     from resacct.cli._recipes import chosen_recipe, parameters_in_words, zero_words
     from resacct.facts.hardware import get_accelerator
-    from resacct.recipes import DEFAULT_ZERO_STAGE
+    from resacct.facts.recipes import DEFAULT_ZERO_STAGE
     from resacct.sharding import largest_model_parameters
 
     if (args.memory_gb is None) == (args.device is None):
@@ -184,7 +184,7 @@ _DATASHEET_OPERATIONS = [("add", 2**24), ("relu", 2**24), ("gelu", 2**24), ("mat
 
 
 def _operation_flops_and_bytes(name: str, size: int, bytes_per_element: float) -> tuple[float, float]:
-    from resacct.perf import ELEMENTWISE_OPERATIONS, matmul_bytes, matmul_flops
+    from resacct.measurement.perf import ELEMENTWISE_OPERATIONS, matmul_bytes, matmul_flops
 
     if name in ("matmul", "matvec"):
         n = 1 if name == "matvec" else size
@@ -210,7 +210,7 @@ def _operation_row(name: str, size: int, flops: float, bytes_moved: float, roofl
 
 
 def _measured_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
-    from resacct.perf import measure_ceilings, measure_operation
+    from resacct.measurement.perf import measure_ceilings, measure_operation
 
     device, dtype = ("cuda", "bfloat16") if args.cuda else ("cpu", "float32")
     matmul_size, copy_bytes = (256, 16 * 2**20) if args.quick else (512, 64 * 2**20)
@@ -231,7 +231,7 @@ def _measured_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, An
 
 def _datasheet_roofline(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     from resacct.facts.hardware import format_bytes, get_accelerator
-    from resacct.perf import Roofline
+    from resacct.measurement.perf import Roofline
 
     board = get_accelerator(args.device)
     roofline = Roofline.of_accelerator(board, args.dtype, sparse=args.sparse)
@@ -255,7 +255,7 @@ def _run_roofline(args: argparse.Namespace) -> int:
     roofline, rows, about = _datasheet_roofline(args) if args.device else _measured_roofline(args)
     board = about.pop("board", None)
     if args.png:
-        from resacct.perf import save_roofline_png
+        from resacct.measurement.perf import save_roofline_png
 
         points = [(f"{row['name']} {row['size']}", row["intensity_flops_per_byte"], row["achieved_flops_per_sec"] or row["attainable_flops_per_sec"])
                   for row in rows if row["intensity_flops_per_byte"] > 0]

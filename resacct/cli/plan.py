@@ -17,7 +17,7 @@ from resacct.cli._recipes import recipe_type
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
-from resacct.recipes import DEFAULT_ZERO_STAGE, parse_recipe
+from resacct.facts.recipes import DEFAULT_ZERO_STAGE, parse_recipe
 from resacct.sharding import get_sharding_recipe
 
 __all__ = ["register"]
@@ -57,7 +57,7 @@ def _device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float]:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from resacct.plan import megatron_parameter_count, plan_memory
+    from resacct.formulas.plan import megatron_parameter_count, plan_memory
 
     if args.params is None and args.vocab is None:
         raise ResacctError("give --params N, or --vocab V so resacct counts a GPT's parameters from its shape")
@@ -105,7 +105,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 def _approach(text: str) -> int:
     """``--approach``: 1, 2 or 3, refused otherwise with the value and what is allowed."""
-    from resacct.scaling import CHINCHILLA_APPROACHES
+    from resacct.formulas.scaling import CHINCHILLA_APPROACHES
 
     if text.strip() not in {str(k) for k in CHINCHILLA_APPROACHES}:
         raise argparse.ArgumentTypeError(f"{text!r} is not a Chinchilla approach; choose 1 (Table 3, the default), "
@@ -114,7 +114,7 @@ def _approach(text: str) -> int:
 
 
 def _approach_label(approach: int) -> str:
-    from resacct.scaling import chinchilla_approach1_fit, chinchilla_approach2_fit
+    from resacct.formulas.scaling import chinchilla_approach1_fit, chinchilla_approach2_fit
 
     if approach == 1:
         return f"Chinchilla approach 1 (through Table 3's projections, N ∝ C^{chinchilla_approach1_fit()[0]:.3f})"
@@ -125,7 +125,7 @@ def _approach_label(approach: int) -> str:
 
 
 def _run_optimal(args: argparse.Namespace) -> int:
-    from resacct.scaling import chinchilla_loss, chinchilla_optimum, gpu_hours, tokens_per_parameter_optimum
+    from resacct.formulas.scaling import chinchilla_loss, chinchilla_optimum, gpu_hours, tokens_per_parameter_optimum
 
     n, d = chinchilla_optimum(args.flops, args.approach)
     n20, d20 = tokens_per_parameter_optimum(args.flops, args.tokens_per_param)
@@ -166,7 +166,7 @@ def _peak(args: argparse.Namespace) -> tuple[float, Any]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from resacct.utilization import RECOMPUTE_MODES
+    from resacct.formulas.utilization import RECOMPUTE_MODES
 
     plan_summary = ("Does a TP × PP × CP × DP × ZeRO layout fit? Training state (parameters split over TP × PP, sharded over DP by the\n"
                     "ZeRO stage) plus activations on the first pipeline stage (Korthikanti et al. 2022, Table 2, eq. 5-6), per GPU,\n"
@@ -190,7 +190,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved schedule; default: 1)")
     plan.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation recomputation (default: none)")
     plan.add_argument("--recipe", type=recipe_type, default=parse_recipe("mixed-adam"), metavar="NAME",
-                      help="a recipe of resacct.recipes (see 'resacct memory --help'): mixed-adam (2+2+12 between steps, default), "
+                      help="a recipe of resacct.facts.recipes (see 'resacct memory --help'): mixed-adam (2+2+12 between steps, default), "
                            "fp32-adamw, bf16-adamw, … or w+g+k")
     plan.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
     plan.add_argument("--memory-gb", type=count, default=None, help="memory per GPU in GB instead of --device")

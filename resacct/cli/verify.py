@@ -191,8 +191,8 @@ def output_width_columns() -> int:
 
 
 def _write_roofline(directory: Path) -> Path:
-    """roofline.png: this machine's measured roofs with measured ops under them (resacct.measured_roofline)."""
-    from resacct.measured_roofline import write_measured_roofline_png
+    """roofline.png: this machine's measured roofs with measured ops under them (resacct.measurement.measured_roofline)."""
+    from resacct.measurement.measured_roofline import write_measured_roofline_png
 
     return write_measured_roofline_png(directory / "roofline.png")
 

@@ -3,7 +3,8 @@
 #
 #   tools/mutation/run.sh MODULE [mutmut run args...]     e.g.  tools/mutation/run.sh flops
 #
-# MODULE is one of the names in tools/mutation/modules.txt, a path under resacct/ without .py (facts/dtypes tensors flops flop_tracing napkin memory optim optim_updates
+# MODULE is one of the names in tools/mutation/modules.txt, a path under resacct/ without .py (facts/dtypes tensors flops
+# measurement/flop_tracing formulas/napkin memory training/optim training/optim_updates
 # sharding). The script
 #   1. installs mutmut (pinned below) into the project venv if it is missing;
 #   2. copies the project (resacct/ with its specs/, tests/, pytest.ini, conftest.py, pytest_resacct.py) into

@@ -14,7 +14,7 @@
   gives, for every tensor an op touches, the bytes touched since that tensor was last touched —
   over the step taken as a cycle, since a step repeats.
 
-Used by :mod:`resacct.runtime_model`; these functions know nothing of its cost model.
+Used by :mod:`resacct.measurement.runtime_model`; these functions know nothing of its cost model.
 
 >>> reuse_distances_bytes([[(1, 100)], [(2, 50)], [(1, 100)]])
 [[0.0], [200.0], [50.0]]

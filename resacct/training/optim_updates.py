@@ -1,7 +1,7 @@
-"""The update rules of resacct's from-scratch optimizers (:mod:`resacct.optim`): one parameter
+"""The update rules of resacct's from-scratch optimizers (:mod:`resacct.training.optim`): one parameter
 tensor at a time, in place, in torch's order of operations, each the update rule of its
 ``torch.optim`` counterpart (run side by side in ``resacct/specs/optim.claims.yaml``).
-Re-exported by :mod:`resacct.optim`.
+Re-exported by :mod:`resacct.training.optim`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from jaxtyping import Int64, Integer
 
-from resacct.atomic_files import write_atomically
+from resacct.training.atomic_files import write_atomically
 from resacct.errors import ResacctError
 
 __all__ = [
@@ -94,7 +94,7 @@ def write_tokens(
     ``≥ vocab_size``: a silent wrap-around would train on the wrong tokens.
 
     The file is written to a temporary file in the same directory and ``os.replace``-d over
-    ``path`` (:func:`resacct.atomic_files.write_atomically`): a job that has the old file
+    ``path`` (:func:`resacct.training.atomic_files.write_atomically`): a job that has the old file
     memory-mapped keeps reading the old tokens (overwriting in place would change them under
     it, or kill it with SIGBUS when the file shrinks), and a failed write (disk full) leaves
     the old file whole. A ``path`` that is a directory, FIFO or device is refused.
@@ -284,7 +284,7 @@ def _to_device(batch: torch.Tensor, device: str | torch.device, pin_memory: bool
 class TokenBatchSampler:
     """A stateful batch source: ``sampler()`` gives the next ``(x, y)``; ``state_dict()`` is its
     data position (the generator state and how many batches it has drawn), which
-    :func:`resacct.checkpoint.save_checkpoint` stores so a resumed run sees the same batches.
+    :func:`resacct.training.checkpoint.save_checkpoint` stores so a resumed run sees the same batches.
 
     >>> sampler = TokenBatchSampler(np.arange(50, dtype=np.uint16), 2, 4, seed=0)
     >>> state = sampler.state_dict(); first = sampler()[0]

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from resacct.errors import ResacctError
-from resacct.perf import Roofline, threads
+from resacct.measurement.perf import Roofline, threads
 
 __all__ = [
     "sample_clock",

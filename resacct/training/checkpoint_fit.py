@@ -1,5 +1,5 @@
 """Is a checkpoint's content well formed, and does it fit the model, optimizer and generators it
-is about to be loaded into? Everything here only reads: :func:`resacct.checkpoint.load_checkpoint`
+is about to be loaded into? Everything here only reads: :func:`resacct.training.checkpoint.load_checkpoint`
 calls it all before it changes anything, so a refusal leaves the model, the optimizer and the
 global random generators exactly as they were.
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from resacct.checkpoint_file import CheckpointError
+from resacct.training.checkpoint_file import CheckpointError
 
 __all__ = [
     "validate_content",

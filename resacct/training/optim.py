@@ -18,7 +18,7 @@ AdamW         AdamW                  ``exp_avg``, ``exp_avg_sq``              0.
 
 resacct keeps ``state["step"]`` as a Python int; torch keeps it as a float32 0-dim tensor
 (4 bytes per parameter tensor), which ``resacct.memory`` accounts for. The update rules, one
-tensor at a time, live in :mod:`resacct.optim_updates` (re-exported here).
+tensor at a time, live in :mod:`resacct.training.optim_updates` (re-exported here).
 
 >>> import torch
 >>> weight = torch.nn.Parameter(torch.ones(2))
@@ -41,7 +41,7 @@ import torch
 from jaxtyping import Float
 
 from resacct.errors import ResacctError
-from resacct.optim_updates import adagrad_update_, adam_update_, rmsprop_update_, sgd_update_
+from resacct.training.optim_updates import adagrad_update_, adam_update_, rmsprop_update_, sgd_update_
 
 __all__ = [
     "HyperparameterError",

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import nn
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.models import count_parameters
+from resacct.training.models import count_parameters
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "GPT", "build_gpt", "get_gpt_config", "parameter_count", "gpt_parameter_count"]
 

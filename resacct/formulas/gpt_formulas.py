@@ -1,4 +1,4 @@
-"""Exact FLOPs and saved-activation bytes of one training step of :mod:`resacct.gpt`'s decoder.
+"""Exact FLOPs and saved-activation bytes of one training step of :mod:`resacct.training.gpt`'s decoder.
 
 The formulas follow the model matmul by matmul and saved tensor by saved tensor, so that they
 equal what PyTorch measures — FlopCounterMode for FLOPs, ``saved_tensors_hooks`` for activations
@@ -12,13 +12,13 @@ equal what PyTorch measures — FlopCounterMode for FLOPs, ``saved_tensors_hooks
   :func:`korthikanti_layer_activation_bytes`) and where this model differs from it
   (:func:`korthikanti_differences`).
 
-The FLOPs live in :mod:`resacct.gpt_flop_formulas`, the saved activations in
-:mod:`resacct.gpt_activation_formulas`; every name is importable from here.
+The FLOPs live in :mod:`resacct.formulas.gpt_flop_formulas`, the saved activations in
+:mod:`resacct.formulas.gpt_activation_formulas`; every name is importable from here.
 
 Notation: b batch, s sequence, d model width (Korthikanti's h), a heads, L layers, V vocabulary,
 r MLP ratio, T = b·s tokens, E bytes per activation element.
 
->>> from resacct.gpt import get_gpt_config
+>>> from resacct.training.gpt import get_gpt_config
 >>> small = get_gpt_config("gpt2-small")
 >>> flops = predict_gpt_step_flops(small, batch=1, seq=1024)
 >>> flops.forward_flops, flops.backward_flops == 2 * flops.forward_flops
@@ -29,7 +29,7 @@ r MLP ratio, T = b·s tokens, E bytes per activation element.
 
 from __future__ import annotations
 
-from resacct.gpt_activation_formulas import (
+from resacct.formulas.gpt_activation_formulas import (
     SavedTerm,
     gpt_layer_saved_bytes,
     gpt_outside_layers_saved_bytes,
@@ -39,7 +39,7 @@ from resacct.gpt_activation_formulas import (
     layer_norm_stats_bytes,
     predict_gpt_saved_bytes,
 )
-from resacct.gpt_flop_formulas import (
+from resacct.formulas.gpt_flop_formulas import (
     GptStepFlops,
     ModuleMatmul,
     gpt_matmul_parameter_count,
@@ -50,7 +50,7 @@ from resacct.gpt_flop_formulas import (
     six_n_step_flops,
 )
 
-from resacct import gpt_flop_formulas
-from resacct import gpt_activation_formulas
+from resacct.formulas import gpt_flop_formulas
+from resacct.formulas import gpt_activation_formulas
 
 __all__ = [*gpt_flop_formulas.__all__, *gpt_activation_formulas.__all__]  # every name of both parts, re-exported

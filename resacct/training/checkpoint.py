@@ -18,10 +18,10 @@ Everything in it is a tensor or a plain Python value, so it loads with
 ``torch.load(..., weights_only=True)`` — numpy's RNG state is stored as an int64 tensor, not
 as the ndarray that ``np.random.get_state()`` returns (that would need allowlisting).
 
-The archive's zip comment holds its SHA-256 (:mod:`resacct.checkpoint_file`); a file whose
+The archive's zip comment holds its SHA-256 (:mod:`resacct.training.checkpoint_file`); a file whose
 bytes do not match is refused before anything is unpickled. It is written atomically
-(:mod:`resacct.atomic_files`): a crash at any moment leaves the old checkpoint or the new one.
-Loading checks everything first (:mod:`resacct.checkpoint_fit`) and only then changes the
+(:mod:`resacct.training.atomic_files`): a crash at any moment leaves the old checkpoint or the new one.
+Loading checks everything first (:mod:`resacct.training.checkpoint_fit`) and only then changes the
 model, optimizer, data position, scaler and generators.
 
 >>> import tempfile, os
@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from resacct.atomic_files import write_atomically
-from resacct.checkpoint_file import CheckpointError, load_verified, write_checkpoint_file
-from resacct.checkpoint_fit import check_model_fits, check_optimizer_fits, optimizer_class_name, validate_content
+from resacct.training.atomic_files import write_atomically
+from resacct.training.checkpoint_file import CheckpointError, load_verified, write_checkpoint_file
+from resacct.training.checkpoint_fit import check_model_fits, check_optimizer_fits, optimizer_class_name, validate_content
 from resacct.errors import ResacctError
 
 __all__ = [

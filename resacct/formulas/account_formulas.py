@@ -1,5 +1,5 @@
 """resacct's own formulas for one training step of a stack of Linear layers and activation
-functions — the lecture's deep linear model (:class:`resacct.models.Cruncher`) and MLPs
+functions — the lecture's deep linear model (:class:`resacct.training.models.Cruncher`) and MLPs
 (``nn.Sequential`` of ``nn.Linear`` and ReLU / GELU / Tanh / Sigmoid / SiLU): the matmul FLOPs of
 forward and backward per module, and the bytes autograd saves for backward per module.
 
@@ -22,7 +22,7 @@ FLOPs (what FlopCounterMode counts: matmuls only): a Linear costs 2·T·in·out 
 weight gradient 2·T·in·out, and its input gradient 2·T·in·out unless its input needs no gradient
 (the first layer's).
 
->>> from resacct.models import Cruncher
+>>> from resacct.training.models import Cruncher
 >>> prediction = predict_stack_step(Cruncher(dim=4, num_layers=2), (2, 4), element_bytes=4)
 >>> prediction.saved_bytes, prediction.forward_flops, prediction.backward_flops   # 4·2·4·3; 2·2·(16+16+4)
 (96, 144, 224)
@@ -41,8 +41,8 @@ from torch import nn
 
 from resacct.activations import OUTSIDE_SCOPE
 from resacct.errors import ResacctError
-from resacct.models import Cruncher
-from resacct.models import Linear as LectureLinear
+from resacct.training.models import Cruncher
+from resacct.training.models import Linear as LectureLinear
 
 __all__ = ["LOSSES", "SAVES_OUTPUT", "SAVES_INPUT", "StackPrediction", "predict_stack_step", "mlp_saved_bytes"]
 

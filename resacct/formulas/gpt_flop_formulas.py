@@ -1,7 +1,7 @@
-"""Exact FLOPs of one training step of :mod:`resacct.gpt`'s decoder, matmul by matmul (equal to
+"""Exact FLOPs of one training step of :mod:`resacct.training.gpt`'s decoder, matmul by matmul (equal to
 what FlopCounterMode measures; checked in ``resacct/specs/account.claims.yaml``), and the
 conventions people quote beside them: 6N per token (:func:`six_n_step_flops`) and PaLM's
-6N + 12·L·d·T (:func:`palm_step_flops`). Notation and examples: :mod:`resacct.gpt_formulas`,
+6N + 12·L·d·T (:func:`palm_step_flops`). Notation and examples: :mod:`resacct.formulas.gpt_formulas`,
 which re-exports everything here.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from resacct.errors import ResacctError
 from resacct.flops import MatmulTerm
-from resacct.gpt import GPTConfig
+from resacct.training.gpt import GPTConfig
 
 __all__ = [
     "ModuleMatmul",
@@ -83,7 +83,7 @@ def _attention(module: str, batch: int, heads: int, seq: int, head_dim: int, fus
 
 
 def gpt_matmuls(config: GPTConfig, batch: int, seq: int, *, fused_attention: bool = False) -> tuple[ModuleMatmul, ...]:
-    """Every matmul of one forward + backward of a :class:`resacct.gpt.GPT` on (batch, seq) tokens.
+    """Every matmul of one forward + backward of a :class:`resacct.training.gpt.GPT` on (batch, seq) tokens.
 
     Per layer: QKV projection d → 3d, scores and values (b·h batched), output projection d → d,
     MLP up d → r·d and down r·d → d; then the LM head d → V (tied to the token embedding, whose
@@ -91,7 +91,7 @@ def gpt_matmuls(config: GPTConfig, batch: int, seq: int, *, fused_attention: boo
     fused kernel (CPU, CUDA), whose backward recomputes the scores; on the meta device sdpa
     decomposes into the math path's matmuls.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> [m.term.what for m in gpt_matmuls(get_gpt_config("gpt-nano"), 1, 8)][:4]
     ['blocks.0.attention.qkv output', 'blocks.0.attention.qkv weight gradient', 'blocks.0.attention.qkv input gradient', 'blocks.0.attention scores q·kᵀ']
     """
@@ -154,7 +154,7 @@ class GptStepFlops:
 def predict_gpt_step_flops(config: GPTConfig, batch: int, seq: int, *, fused_attention: bool = False) -> GptStepFlops:
     """Exact FLOPs of one step: forward 2·T·(L·(4 + 2r)·d² + V·d) + 4·L·b·s²·d; backward twice that.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> p = predict_gpt_step_flops(get_gpt_config("gpt-nano"), batch=2, seq=16)
     >>> p.forward_flops, p.backward_flops
     (7602176, 15204352)
@@ -166,7 +166,7 @@ def gpt_matmul_parameter_count(config: GPTConfig) -> int:
     """Parameters that enter a matmul: L·(4 + 2r)·d² weights and the (tied) V·d head — what 6N
     should count. Biases, LayerNorms and the position embedding are added, not multiplied.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> gpt_matmul_parameter_count(get_gpt_config("gpt2-small"))
     123532032
     """
@@ -178,7 +178,7 @@ def nanogpt_parameter_count(parameters: int, config: GPTConfig) -> int:
     """nanoGPT's ``get_num_params()``: all parameters but the position embedding (the tied token
     embedding stays, as the LM head uses it).
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> nanogpt_parameter_count(124439808, get_gpt_config("gpt2-small"))
     123653376
     """
@@ -198,7 +198,7 @@ def palm_step_flops(parameters: int, config: GPTConfig, batch: int, seq: int) ->
     """PaLM appendix B / nanoGPT ``estimate_mfu``: (6·N + 12·L·d·s) FLOPs per token, N without
     the position embedding (nanoGPT's count), over b·s tokens.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> palm_step_flops(124439808, get_gpt_config("gpt2-small"), 1, 1024)
     875690459136
     """

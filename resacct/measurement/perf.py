@@ -3,7 +3,7 @@
 - :func:`time_callable` — warm-up, device synchronisation (CUDA events on a GPU), several
   repeats, the median; every sample is kept in the returned :class:`Timing`.
 - :func:`achieved_flops_per_sec`, :func:`mfu` — FLOPs ÷ seconds, and that ÷ a peak.
-- Arithmetic intensity and the roofline (formulas, no measurement): :mod:`resacct.roofline`,
+- Arithmetic intensity and the roofline (formulas, no measurement): :mod:`resacct.formulas.roofline`,
   re-exported here.
 - :func:`measure_ceilings` — this machine's two ceilings (a large copy → bytes/s, a large
   matmul → FLOP/s), so that the roofline also works on a CPU.
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Shaped
 
-from resacct import roofline as _roofline
+from resacct.formulas import roofline as _roofline
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.roofline import (  # re-exported: perf was their home before resacct.roofline
+from resacct.formulas.roofline import (  # re-exported: perf was their home before resacct.formulas.roofline
     ELEMENTWISE_OPERATIONS,
     ElementwiseCost,
     Roofline,

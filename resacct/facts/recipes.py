@@ -136,7 +136,7 @@ class Recipe:
     def optimizer_for(self, requested: str | None = None) -> str:
         """The optimizer to account: ``requested`` (a command's ``--optimizer``), else the one the
         name pins, else AdamW. A request that contradicts the name is refused."""
-        requested = requested.replace("_", "-") if requested is not None else None  # resacct.optim writes sgd_momentum
+        requested = requested.replace("_", "-") if requested is not None else None  # resacct.training.optim writes sgd_momentum
         if requested is not None and self.optimizer is not None and requested != self.optimizer:
             raise ResacctError(f"recipe {self.alias or self.name!r} is trained with {self.optimizer}, but the optimizer given is {requested!r}; "
                                f"drop one, or use the recipe's plain name")
@@ -148,7 +148,7 @@ class Recipe:
             raise ResacctError(f"moment {moment!r}: expected one of {', '.join(MOMENTS)}")
         if self.custom_bytes is not None:
             return StateBytes(*self.custom_bytes)
-        from resacct.optim import state_tensors_per_parameter
+        from resacct.training.optim import state_tensors_per_parameter
 
         chosen = self.optimizer_for(optimizer)
         optimizer_only = state_tensors_per_parameter(chosen.replace("-", "_")) * _element_bytes(self.optimizer_state_dtype)

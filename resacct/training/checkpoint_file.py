@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from resacct.atomic_files import RecordingWriter, non_regular_kind, write_atomically
+from resacct.training.atomic_files import RecordingWriter, non_regular_kind, write_atomically
 from resacct.errors import CheckpointError, ResacctError  # CheckpointError re-exported: it was defined here
 
 __all__ = ["CheckpointError", "TRAILER_MAGIC", "TRAILER_BYTES", "write_checkpoint_file", "load_verified"]

@@ -5,7 +5,7 @@ each of ``grad_accumulation_steps`` micro-batches forward, loss / accumulation s
 backward (under the precision recipe's autocast and loss scaler), then clip the global
 gradient norm, step the optimizer, and — on their cadences — log, evaluate and checkpoint.
 
->>> from resacct.models import Cruncher
+>>> from resacct.training.models import Cruncher
 >>> _ = torch.manual_seed(0)
 >>> model = Cruncher(dim=4, num_layers=1)
 >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
-from resacct.checkpoint import SupportsStateDict, load_checkpoint, save_checkpoint
+from resacct.training.checkpoint import SupportsStateDict, load_checkpoint, save_checkpoint
 from resacct.errors import ResacctError
-from resacct.precision import RECIPES, PrecisionRecipe, autocast_for, get_recipe, grad_scaler_for
+from resacct.facts.precision import RECIPES, PrecisionRecipe, autocast_for, get_recipe, grad_scaler_for
 
 __all__ = [
     "StepRecord",
@@ -237,7 +237,7 @@ def train(
     - ``get_batch()`` → ``(x, y)``; ``loss_fn(model(x), y)`` → a scalar (mean-reduced, so that
       accumulating ``grad_accumulation_steps`` equal micro-batches equals one large batch).
       If ``get_batch`` has ``state_dict``/``load_state_dict`` (like
-      :class:`resacct.data.TokenBatchSampler`), its data position goes into checkpoints.
+      :class:`resacct.training.data.TokenBatchSampler`), its data position goes into checkpoints.
     - ``grad_clip_norm``: clip the global gradient norm (``clip_grad_norm_``); records it.
     - ``lr_schedule``: step index → learning rate for every param group (e.g. :func:`cosine_schedule`).
     - ``eval_every`` + ``eval_fn(model)`` → loss, under ``no_grad`` and ``model.eval()``;
@@ -247,7 +247,7 @@ def train(
     - ``progress``: a rich progress bar (True: on stderr, only if it is a terminal; or a Console).
     - ``checkpoint_every`` + ``checkpoint_path``: atomic checkpoints; ``checkpoint_path`` alone
       saves once at the end. ``resume_from``: continue exactly from that checkpoint.
-    - ``precision``: a recipe of :mod:`resacct.precision` (autocast and loss scaling).
+    - ``precision``: a recipe of :mod:`resacct.facts.precision` (autocast and loss scaling).
     """
     _validate(steps, grad_accumulation_steps, grad_clip_norm, eval_every, eval_fn, log_every, checkpoint_every, checkpoint_path)
     recipe = get_recipe(precision)

@@ -1,5 +1,5 @@
 """Arithmetic intensity and the roofline: formulas only, no measurement (this machine's measured
-roofs live in :mod:`resacct.measured_roofline`, timing in :mod:`resacct.perf`, which re-exports
+roofs live in :mod:`resacct.measurement.measured_roofline`, timing in :mod:`resacct.measurement.perf`, which re-exports
 these names).
 
 - intensity (FLOPs per byte moved) of a matmul, which grows with its sizes, and of element-wise

@@ -1,8 +1,8 @@
-"""Exact saved-activation bytes of one training step of :mod:`resacct.gpt`'s decoder, saved
+"""Exact saved-activation bytes of one training step of :mod:`resacct.training.gpt`'s decoder, saved
 tensor by saved tensor (equal to what ``saved_tensors_hooks`` records; checked in
 ``resacct/specs/account.claims.yaml``), and Korthikanti et al.'s s·b·h·(34 + 5·a·s/h) per layer
 beside them (:func:`korthikanti_layer_activation_bytes`, :func:`korthikanti_differences`).
-Notation and examples: :mod:`resacct.gpt_formulas`, which re-exports everything here.
+Notation and examples: :mod:`resacct.formulas.gpt_formulas`, which re-exports everything here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.gpt import GPTConfig
-from resacct.gpt_flop_formulas import _positive, _sizes  # the same argument checks as the FLOPs
+from resacct.training.gpt import GPTConfig
+from resacct.formulas.gpt_flop_formulas import _positive, _sizes  # the same argument checks as the FLOPs
 
 __all__ = [
     "SavedTerm",
@@ -84,7 +84,7 @@ def gpt_saved_terms(
     ``element_bytes`` is the activations' dtype (4 float32, 2 bfloat16). Token ids and positions
     are int64; the causal mask is bool; the CPU flash kernel's logsumexp is float32.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> terms = gpt_saved_terms(get_gpt_config("gpt-nano"), batch=2, seq=16)
     >>> sum(term.bytes for term in terms)
     321924
@@ -132,7 +132,7 @@ def gpt_saved_terms(
 def predict_gpt_saved_bytes(config: GPTConfig, batch: int, seq: int, **options: object) -> int:
     """Bytes of everything a GPT step saves for backward (see :func:`gpt_saved_terms`).
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> predict_gpt_saved_bytes(get_gpt_config("gpt-nano"), 2, 16, element_bytes=2)
     161538
     """
@@ -143,7 +143,7 @@ def gpt_layer_saved_bytes(config: GPTConfig, batch: int, seq: int, *, element_by
     """Bytes one transformer layer saves. For math attention:
     E·((8 + 2r)·b·s·d + a·b·s²) + 4·b·s·E_stats + s² (r = 4: 16·b·s·d, Korthikanti's "sbh").
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> gpt_layer_saved_bytes(get_gpt_config("gpt2-small"), 1, 1024)
     101728256
     """
@@ -154,7 +154,7 @@ def gpt_layer_saved_bytes(config: GPTConfig, batch: int, seq: int, *, element_by
 def gpt_outside_layers_saved_bytes(config: GPTConfig, batch: int, seq: int, *, element_bytes: int = 4, device_type: str = "cpu") -> int:
     """Bytes saved outside the layers: token ids, positions, final norm, LM head input, loss.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> gpt_outside_layers_saved_bytes(get_gpt_config("gpt-nano"), 2, 16)
     50052
     """
@@ -175,10 +175,10 @@ def korthikanti_layer_activation_bytes(seq: int, batch: int, hidden: int, heads:
 
 
 def korthikanti_differences(config: GPTConfig, batch: int, seq: int, *, element_bytes: int = 2, device_type: str = "cpu") -> dict[str, int]:
-    """Where resacct.gpt's layer (math attention, no dropout, exact GELU) departs from the
+    """Where resacct.training.gpt's layer (math attention, no dropout, exact GELU) departs from the
     published formula, in bytes per layer; the formula plus these terms is resacct's count.
 
-    >>> from resacct.gpt import get_gpt_config
+    >>> from resacct.training.gpt import get_gpt_config
     >>> config = get_gpt_config("gpt-nano")
     >>> differences = korthikanti_differences(config, batch=2, seq=16)
     >>> korthikanti_layer_activation_bytes(16, 2, 64, 2) + sum(differences.values()) == gpt_layer_saved_bytes(config, 2, 16, element_bytes=2)

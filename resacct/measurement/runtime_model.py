@@ -9,9 +9,9 @@ For every aten op that runs (recorded with a ``TorchDispatchMode``; module from 
                 elements × work per element ÷ the measured element-wise rate (an add's; a
                 tanh's for exponentials and tanh; a div's for divisions; a sqrt's for roots)
     memory    = (bytes read + 2 × bytes written) ÷ the measured triad bandwidth (the roof counts
-                the write-allocate read the same way: :mod:`resacct.measured_roofline`) — tensor by
+                the write-allocate read the same way: :mod:`resacct.measurement.measured_roofline`) — tensor by
                 tensor in a step: the last-level cache's when the step touched at most half the
-                cache since that tensor's last use, DRAM's otherwise (:mod:`resacct.step_cost_passes`)
+                cache since that tensor's last use, DRAM's otherwise (:mod:`resacct.measurement.step_cost_passes`)
     overhead  = a measured one-element add (dispatch, no work); in ``optimizer.step()``, the step
                 of a one-element stand-in of the same optimizer ÷ its ops (its Python around each op)
     page faults = the minor faults the op took in the recorded step × the measured cost of one
@@ -23,7 +23,7 @@ op); the phases are timed without any recording. torch's own
 on a machine without CUDA ("Roofline estimation needs to access CUDA capabilities"), so on a CPU
 this module is the only roofline estimate.
 
->>> from resacct.models import Cruncher
+>>> from resacct.training.models import Cruncher
 >>> costs = MachineCosts(matmul_flops_per_sec={"float32": 1e11}, elements_per_sec=1e9, transcendental_elements_per_sec=2e8, division_elements_per_sec=5e8,
 ...                      dram_bytes_per_sec=2e10, cache_bytes_per_sec=8e10, cache_bytes=2**25, kernel_overhead_sec=3e-6, view_overhead_sec=1e-6)
 >>> step = predict_step(Cruncher(dim=64, num_layers=2), torch.randn(32, 64), costs, repeats=1)
@@ -46,8 +46,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from resacct.errors import ResacctError
-from resacct.step_cost_passes import minor_page_faults, page_fault_sec, reuse_distances_bytes
-from resacct.step_cost_passes import optimizer_op_overhead_sec as _stand_in_sec
+from resacct.measurement.step_cost_passes import minor_page_faults, page_fault_sec, reuse_distances_bytes
+from resacct.measurement.step_cost_passes import optimizer_op_overhead_sec as _stand_in_sec
 
 __all__ = [
     "MachineCosts",
@@ -103,7 +103,7 @@ class MachineCosts:
 
 
 def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: float = 2e-3) -> float:
-    from resacct.measured_roofline import best_until_stable_sec
+    from resacct.measurement.measured_roofline import best_until_stable_sec
 
     return min(best_until_stable_sec(function, min_samples=samples, max_samples=samples, min_sample_sec=min_sample_sec, max_total_sec=float("inf")))
 
@@ -111,7 +111,7 @@ def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: 
 def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384) -> MachineCosts:
     """Measure the rates with dedicated kernels (about a second on one CPU thread)."""
     from resacct.facts.dtypes import parse_dtype
-    from resacct.measured_roofline import last_level_cache_bytes, measure_compute_roof, measure_memory_roof
+    from resacct.measurement.measured_roofline import last_level_cache_bytes, measure_compute_roof, measure_memory_roof
 
     cache = last_level_cache_bytes()
     dram = measure_memory_roof(max_total_sec=0.5).bandwidth_bytes_per_sec
@@ -178,7 +178,7 @@ def op_cost(func: Any, args: tuple, kwargs: dict, out: Any, costs: MachineCosts,
     """The model's cost of one op call (``func`` an aten OpOverload, its arguments and output)."""
     from torch.utils.flop_counter import flop_registry
 
-    from resacct.flop_tracing import estimate_uncounted_flops
+    from resacct.measurement.flop_tracing import estimate_uncounted_flops
 
     packet = _packet(func)
     inputs, outputs = _tensors((args, kwargs)), _tensors(out)
@@ -317,13 +317,13 @@ def cached_machine_costs() -> MachineCosts:
 
 def optimizer_op_overhead_sec(optimizer: torch.optim.Optimizer, *, repeats: int = 7) -> float:
     """The optimizer's own seconds per op, on :func:`step_clock`: see
-    :func:`resacct.step_cost_passes.optimizer_op_overhead_sec` (a one-element stand-in)."""
+    :func:`resacct.measurement.step_cost_passes.optimizer_op_overhead_sec` (a one-element stand-in)."""
     return _stand_in_sec(optimizer, step_clock(), repeats=repeats)
 
 
 def _with_residency(ops: list[OpCost], accesses: list[list[tuple[int, int]]], costs: MachineCosts) -> list[OpCost]:
     """Each op's memory seconds again, tensor by tensor: from the cache when the step touched at
-    most half of it since that tensor was last used (:func:`resacct.step_cost_passes.reuse_distances_bytes`),
+    most half of it since that tensor was last used (:func:`resacct.measurement.step_cost_passes.reuse_distances_bytes`),
     from DRAM otherwise — an op whose tensors fit in the cache may still find them evicted."""
     priced = []
     for op, touched, distances in zip(ops, accesses, reuse_distances_bytes(accesses), strict=True):
@@ -391,7 +391,7 @@ def step_time_rows(prediction: StepPrediction) -> list[tuple[str, float, float, 
     mix = ", ".join(f"{bound} {value:.0%}" for bound, value in share.items())
     clock = "this thread's CPU time" if prediction.costs.threads == 1 else "wall clock"
     rows = [("step, per-op roofline model", prediction.predicted_step_sec, prediction.measured_step_sec,
-             f"resacct.runtime_model; measured: {clock}; {mix}")]
+             f"resacct.measurement.runtime_model; measured: {clock}; {mix}")]
     by_phase = prediction.by(lambda op: op.phase)
     for phase, predicted in prediction.phases().items():
         bound = by_phase.get(phase, {}).get("bound", "—")

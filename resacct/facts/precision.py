@@ -1,6 +1,6 @@
 """Mixed-precision recipes as data: which dtype each piece of training state is kept in.
 
-The recipes are :data:`resacct.recipes.RECIPES`, the one table every command reads. A recipe
+The recipes are :data:`resacct.facts.recipes.RECIPES`, the one table every command reads. A recipe
 names the dtype of the parameters, of the compute (matmul outputs, activations and their
 gradients in forward and backward), of the parameter gradients, of an optional master
 copy of the weights, and of the optimizer states, and whether the loss is scaled. From that,
@@ -20,7 +20,7 @@ import contextlib
 import torch
 
 from resacct.facts.dtypes import dtype_bytes, parse_dtype
-from resacct.recipes import RECIPES, Recipe, get_recipe
+from resacct.facts.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
     "PrecisionRecipe",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-# The recipes are resacct.recipes' one table (names and aliases); these names stay for the code that uses them.
+# The recipes are resacct.facts.recipes' one table (names and aliases); these names stay for the code that uses them.
 PrecisionRecipe = Recipe
 
 

@@ -4,7 +4,7 @@ losses, matmuls with a 1-D operand …) listed with resacct's estimate — never
 
 The formulas these traces are compared with live in :mod:`resacct.flops`.
 
->>> from resacct.models import Cruncher
+>>> from resacct.training.models import Cruncher
 >>> trace = trace_flops(Cruncher(dim=8, num_layers=2), torch.randn(4, 8))
 >>> trace.step_flops == trace.forward_flops + trace.backward_flops
 True
@@ -283,7 +283,7 @@ def trace_flops(model: nn.Module, inputs: Float[torch.Tensor, "*batch features"]
     The model's ``.grad`` fields (and the input's) are restored afterwards, so tracing twice gives
     the same answer.
 
-    >>> from resacct.models import Cruncher
+    >>> from resacct.training.models import Cruncher
     >>> model = build_on_meta(lambda: Cruncher(dim=4, num_layers=2))
     >>> trace = trace_flops(model, torch.empty(2, 4, device="meta"))
     >>> trace.forward_flops, trace.backward_flops, trace.forward_ops
@@ -320,7 +320,7 @@ def trace_flops(model: nn.Module, inputs: Float[torch.Tensor, "*batch features"]
 def build_on_meta(factory: Any) -> nn.Module:
     """Build a model on the meta device: shapes without storage, so any size can be traced.
 
-    >>> from resacct.models import Cruncher
+    >>> from resacct.training.models import Cruncher
     >>> build_on_meta(lambda: Cruncher(dim=32768, num_layers=1)).final.weight.device
     device(type='meta')
     """
