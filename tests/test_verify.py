@@ -459,3 +459,20 @@ def test_output_to_a_pipe_is_100_columns_unless_columns_says_otherwise(monkeypat
     monkeypatch.setenv("COLUMNS", "20")
     monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=(80, 24): __import__("os").terminal_size((20, 24)))
     assert output_width_columns() == 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["repository", "elsewhere"])
+def test_the_readme_main_command_runs_the_shipped_claims_from_the_checkout(where: str, tmp_path: Path) -> None:
+    """`resacct verify` as the README types it, in this checkout (whose root conftest.py and
+    pytest.ini belong to the test suite and must not leak into the run) and from another folder."""
+    import subprocess
+    import sys
+
+    repository = SPECS.parents[1]
+    completed = subprocess.run(
+        [sys.executable, "-m", "resacct", "verify", "-q", "--no-roofline", "--report-dir", str(tmp_path / "reports"),
+         "-k", "bytes-numel-times-element-size"],
+        cwd=repository if where == "repository" else tmp_path, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "claims: 1 holds, 0 refuted, 0 skipped, 0 failed, 0 invalid" in completed.stdout

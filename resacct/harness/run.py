@@ -78,7 +78,9 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     json_path = directory / "report.json"
     rootdir = files[0].parent.parent
     args = [str(path) for path in files]
-    args += ["-o", "addopts=", "--rootdir", str(rootdir), "-p", "no:cacheprovider", *(["-v", "--tb=short"] if tracebacks else ["-q"]), "--no-claims-summary", "--claims-json", str(json_path)]
+    # Hermetic: no ini file and no conftest.py of whatever checkout or project the specs sit in
+    # (a repository's root conftest would install its own test-suite machinery into this run).
+    args += ["-c", os.devnull, "--noconftest", "--rootdir", str(rootdir), "-p", "no:cacheprovider", *(["-v", "--tb=short"] if tracebacks else ["-q"]), "--no-claims-summary", "--claims-json", str(json_path)]
     if pattern:
         args += ["-k", pattern]
     if workers:
