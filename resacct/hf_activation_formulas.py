@@ -97,9 +97,9 @@ def attention_kernel(a: HfArchitecture, attention: str, device_type: str, seq: i
     if attention == "eager":
         return "eager"
     if device_type == "cpu" and a.attention_dropout == 0:
-        if a.sliding_window is not None and seq > a.sliding_window:  # a mask reaches the flash kernel, which then keeps more
-            raise ResacctError(f"seq {seq} is longer than the sliding window {a.sliding_window}: resacct predicts the CPU flash kernel "
-                               f"without a mask only; expected seq ≤ {a.sliding_window}, attention 'eager', or the meta device")
+        if a.sliding_window is not None and seq >= a.sliding_window:  # a mask reaches the flash kernel (from seq = window on), which then keeps more
+            raise ResacctError(f"seq {seq} is not shorter than the sliding window {a.sliding_window}: resacct predicts the CPU flash kernel "
+                               f"without a mask only; expected seq < {a.sliding_window}, attention 'eager', or the meta device")
         return "flash"
     return "math"
 

@@ -90,8 +90,10 @@ def test_the_activation_formula_refuses_what_it_does_not_model():
     llama = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=48, positions=64, sliding_window=4)
     with pytest.raises(ResacctError, match="resacct predicts Hugging Face activations on cpu and meta"):
         predict_hf_saved_bytes(llama, 2, 4, device_type="cuda")
-    with pytest.raises(ResacctError, match="longer than the sliding window 4"):
-        predict_hf_saved_bytes(llama, 2, 8, attention="sdpa", device_type="cpu")
+    for seq in (4, 8):  # from seq = window on (measured: tests/test_hf_raw_predicted.py)
+        with pytest.raises(ResacctError, match=f"seq {seq} is not shorter than the sliding window 4"):
+            predict_hf_saved_bytes(llama, 2, seq, attention="sdpa", device_type="cpu")
+    assert predict_hf_saved_bytes(llama, 2, 3, attention="sdpa", device_type="cpu") > 0
     assert predict_hf_saved_bytes(llama, 2, 8, attention="sdpa", device_type="meta") > 0   # the mask is added, not saved
     with pytest.raises(ResacctError, match="activation 'relu'"):
         predict_hf_saved_bytes(HfArchitecture(family="llama", vocab=96, hidden=32, layers=1, heads=4, kv_heads=4, head_dim=8, mlp=48, positions=64,
