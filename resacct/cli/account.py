@@ -176,7 +176,8 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
 def _run_generic(args: argparse.Namespace) -> int:
     import os
 
-    from resacct.account_generic import account_model, parse_model_arg
+    from resacct.account_generic import account_model
+    from resacct.model_factory import parse_model_arg
 
     gpt_only = [flag for flag, used in (("--attention", args.attention != "math"),
                                         ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
