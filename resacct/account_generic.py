@@ -40,7 +40,7 @@ import copy
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -60,11 +60,15 @@ from resacct.account_optimizers import build_optimizer, memory_optimizer_name, o
 from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.memory import get_state_recipe
+from resacct.memory import distinct_storage_bytes, get_state_recipe
 from resacct.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
 from resacct.model_factory import load_model, parse_model_arg
+from resacct.raw_predictions import hf_raw_account, no_formula_note
 from resacct.training.models import Cruncher
 from resacct.user_code import calling_user_code, code_location
+
+if TYPE_CHECKING:
+    from resacct.hf_account import HfAccount
 
 __all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]  # the factory loading: resacct.model_factory
 
@@ -127,9 +131,27 @@ class ModelAccount:
     optimizer_transient: AllocationTrace | None = None
     predicted_optimizer_transient_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: a transformers causal LM resacct models: ``--hf-config``'s rows over this step's measurements (:mod:`resacct.raw_predictions`)
+    hf: HfAccount | None = None
+
+    @property
+    def predicted_step_flops(self) -> int | None:
+        if self.hf is not None:
+            return None if self.hf.predicted_flops is None else self.hf.predicted_flops.step_flops
+        return None if self.predicted is None else self.predicted.step_flops
+
+    @property
+    def predicted_saved_bytes(self) -> int | None:
+        if self.hf is not None:
+            terms = self.hf.predicted_saved_terms()
+            return None if terms is None else sum(term.bytes for term in terms)
+        return None if self.predicted is None else self.predicted.saved_bytes
 
     def rows(self) -> list[Row]:
         """(section, quantity, predicted, measured, unit, note) rows; predicted None → "—"."""
+        return (self._formula_rows() if self.hf is None else self.hf.rows()) + self._peak_rows()
+
+    def _formula_rows(self) -> list[Row]:
         p, f, s, n = self.predicted, self.flops, self.state, self.parameters
         how = "FlopCounterMode (matmuls)"
         rows = [
@@ -149,6 +171,10 @@ class ModelAccount:
                 "saved_tensors_hooks, by storage"),
             Row("activations", "saved weights (parameters, not activations)", None, self.saved.parameter_bytes, "bytes", "no extra memory"),
         ]
+        return rows
+
+    def _peak_rows(self) -> list[Row]:
+        rows = []
         if self.optimizer_transient is not None:
             rows.append(Row("peak", f"{optimizer_display_name(self.optimizer)} step transient (foreach)", self.predicted_optimizer_transient_bytes,
                             self.optimizer_transient.peak_bytes, "bytes", "allocator, above the state"))
@@ -158,6 +184,8 @@ class ModelAccount:
 
     def per_module_rows(self) -> list[ModuleRow]:
         """Traced FLOPs and saved bytes per module (exclusive), beside resacct's where it has them."""
+        if self.hf is not None:
+            return self.hf.per_module_rows()
         p, measured = self.predicted, self.saved.by_module()
         names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *measured,
                                     *([] if p is None else p.saved_by_module)]))
@@ -180,7 +208,7 @@ class ModelAccount:
         return {
             "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
             "loss": self.loss, "device": self.device, "recipe": self.recipe, "optimizer": self.optimizer, "parameters": self.parameters,
-            **sections,
+            "hf_model_type": None if self.hf is None else self.hf.model_type, **sections,
             "per_module": [vars(row) for row in self.per_module_rows()],
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
             "warnings": self.flops.warnings,
@@ -226,17 +254,21 @@ def account_module(
         activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
         with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
             output = loss_of(activation_model)
+        weights_bytes = distinct_storage_bytes(list(activation_model.state_dict().values()))
         del output, activation_model
     element = parse_dtype(chosen.parameter_dtype).itemsize
     first = main_input(example_input)
     resolved_loss = resolved[0]
     predictable = chosen.compute_dtype is None and isinstance(example_input, torch.Tensor) and first.is_floating_point() and resolved_loss != "model"
     predicted = predict_stack_step(model, tuple(first.shape), element_bytes=element, loss=resolved_loss) if predictable else None
-    notes = [] if predicted is not None else [f"resacct has no FLOP or activation formula for {type(model).__name__} (or autocast): measured only"]
+    count = sum(p.numel() for p in parameters)
+    hf, note = hf_raw_account(model, example_input, name=name or type(model).__name__, loss=resolved_loss, recipe=chosen.name, optimizer=optimizer,
+                              parameters=count, flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights_bytes)
+    notes = [note] if note else [] if predicted is not None else [no_formula_note(model)]
     account = ModelAccount(
         model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(first.shape),
         input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen.name, optimizer=optimizer,
-        parameters=sum(p.numel() for p in parameters), flops=flops, state=state, saved=saved, predicted=predicted, notes=notes,
+        parameters=count, flops=flops, state=state, saved=saved, predicted=predicted, notes=notes, hf=hf,
     )
     if measure_peaks and where == "cpu":
         with user_step():

@@ -157,9 +157,8 @@ def _report(account: Any) -> TrainingReport:
         peak = Quantity(account.predicted_step_peak_bytes, account.step_peak_bytes, "bytes")
         optimizer = state.optimizer
     else:
-        predicted = account.predicted
-        flops = Quantity(None if predicted is None else predicted.step_flops, account.flops.step_flops, "FLOPs")
-        activations = Quantity(None if predicted is None else predicted.saved_bytes, account.saved.activation_bytes, "bytes")
+        flops = Quantity(account.predicted_step_flops, account.flops.step_flops, "FLOPs")  # a Linear stack's or a transformers LM's formula
+        activations = Quantity(account.predicted_saved_bytes, account.saved.activation_bytes, "bytes")
         peak = Quantity(None, account.step_peak_bytes, "bytes")
         optimizer = account.optimizer
     return TrainingReport(

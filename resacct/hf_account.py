@@ -70,6 +70,8 @@ class HfAccount:
     device: str = "meta"
     attention: str = "sdpa"
     notes: list[str] = field(default_factory=list)
+    #: why the step itself is outside the activation formula (a raw model's loss, inputs, autocast …; None: it is not)
+    step_gap: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -98,6 +100,8 @@ class HfAccount:
         """Why resacct cannot predict the activations here (None when it can)."""
         if self.architecture is None:
             return f"no formula for model_type {self.model_type!r}"
+        if self.step_gap is not None:
+            return self.step_gap
         try:
             hf_saved_terms(self.architecture, 1, 1, dtype=self.activation_dtype, attention=self.attention, device_type=self.device)
             hf_saved_terms(self.architecture, self.batch, self.seq, dtype=self.activation_dtype, attention=self.attention, device_type=self.device)
@@ -156,10 +160,11 @@ def _parameter_rows(a: HfAccount) -> list[Row]:
 
 def _flop_rows(a: HfAccount) -> list[Row]:
     p, f = a.predicted_flops, a.flops
+    how = "FlopCounterMode" + (" + sdpa fill" if f.gap_filled_flops else "")  # sdpa on a real CPU step
     rows = [
-        Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", "FlopCounterMode"),
-        Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", "FlopCounterMode"),
-        Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", "FlopCounterMode"),
+        Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", how),
+        Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", how),
+        Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", how),
     ]
     if a.architecture is not None:
         active = predict_active_parameters(a.architecture)
