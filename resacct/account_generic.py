@@ -22,8 +22,10 @@ optimizer after a step, by storage; the bytes autograd saves for backward per mo
 (``saved_tensors_hooks``, by storage); on a measured CPU run the allocator's forward + backward
 peak and the optimizer step's scratch. Predictions come where resacct has a formula: the state
 always (:func:`resacct.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
-Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`: Cruncher, MLPs); the
-AdamW step's scratch. Elsewhere the table shows "—".
+Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`: Cruncher, MLPs); a
+``transformers`` causal LM of gpt2, llama, mistral or mixtral as ``--hf-config`` predicts it
+(:mod:`resacct.raw_predictions`); the AdamW step's scratch. Elsewhere the table shows "—" and a
+note says why.
 
 >>> account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
 >>> account.saved.activation_bytes == account.predicted.saved_bytes == 4 * 3 * (8 + 2 * 16)

@@ -17,7 +17,8 @@ path) and calls it with the ``--model-arg key=value`` pairs; it returns an nn.Mo
 else ``module.example_input(batch)``, else (batch, in_features) when the first module is a
 Linear. The loss is ``--loss`` (mean of the output by default). Predictions appear where resacct
 has a formula (training state always; FLOPs and activations for Linear/activation stacks such
-as the Cruncher and MLPs), "—" elsewhere.
+as the Cruncher and MLPs; a transformers causal LM of gpt2, llama, mistral or mixtral as
+``--hf-config`` predicts it), "—" elsewhere, with one line saying why.
 """
 
 from __future__ import annotations
