@@ -109,7 +109,39 @@ def gloo_process_group(rank: int, world_size: int, store_path: str, collective_t
     try:
         yield
     finally:
+        backends = _cpu_backends_of_every_group()
         dist.destroy_process_group()
+        _release_without_the_gil(backends)
+
+
+def _cpu_backends_of_every_group() -> list[Any]:
+    """The gloo backend object of every live process group, as Python objects of their own.
+
+    Why: until torch 2.8, ``ProcessGroup``'s Python binding destroys the C++ object with the GIL
+    held (pytorch/pytorch#154976 released it from 2.8 on). Dropping a group's last reference then
+    runs ``~ProcessGroupGloo``, which joins gloo's worker threads; a worker still freeing a finished
+    collective whose tensor's Python object outlived it (``all_reduce_rank_sum``'s ``value``) needs
+    the GIL to release that object, and the two wait on each other for ever. This hung one rank of
+    ``run_on_ranks(all_reduce_rank_sum, 4)`` in about 1 launch in 4 on torch 2.4.1 (gdb: the main
+    thread in ``~ProcessGroupGloo`` → ``thread.join``, the worker in ``~AsyncAllreduceWork`` →
+    ``gil_scoped_acquire``). The ``ProcessGroupGloo`` binding itself has released the GIL in its
+    destructor since long before 2.4, so holding these objects across ``destroy_process_group``
+    and dropping them last makes the join run without the GIL, on every torch version.
+    """
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    backends = []
+    for group in list(c10d._world.pg_map):
+        with contextlib.suppress(RuntimeError):  # a group with no CPU backend has nothing to join
+            backends.append(group._get_backend(torch.device("cpu")))
+    return backends
+
+
+def _release_without_the_gil(backends: list[Any]) -> None:
+    """Drop the last references to ``backends`` (see :func:`_cpu_backends_of_every_group`)."""
+    while backends:
+        backends.pop()
 
 
 def _check_world_size(world_size: int) -> None:
@@ -201,8 +233,10 @@ def _collect(connections: dict[multiprocessing.connection.Connection, int], proc
             if errors:
                 break
             missing = sorted(pending.values())
+            returned = f" (ranks {sorted(results)} had returned)" if results else ""
             raise DistributedTimeoutError(
-                f"{program_name} on {len(processes)} ranks: ranks {missing} did not finish within {timeout_seconds:g} s; they were killed"
+                f"{program_name} on {len(processes)} ranks: ranks {missing} did not finish within {timeout_seconds:g} s; "
+                f"they were killed{returned}"
             )
         for connection in ready:
             rank = pending.pop(connection)
