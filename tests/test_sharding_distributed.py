@@ -129,8 +129,14 @@ def test_fsdp2_shards_and_padding_are_predicted_exactly(world_size):
         assert report["fsdp2"]["optimizer_state_bytes"] == adam_state_bytes(local)
 
 
-@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-                    reason="FSDP2 on CPU/gloo diverges from one process in torch 2.8 (1.2e-3 after 3 steps); verified on 2.13")
+_TORCH_MINOR = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+# Before 2.6 there is no public FSDP2: small_scale_measurements raises NotMeasurable and says so.
+@pytest.mark.skipif((2, 6) <= _TORCH_MINOR < (2, 13),
+                    reason=f"torch {torch.__version__}: gloo's reduce_scatter_tensor sums where FSDP2 asks for ReduceOp.AVG "
+                           "(seen on 2.8: FSDP2 gradients are world_size times the single-process ones, so parameters end "
+                           "1.2e-3 away after 3 steps); averaged correctly on 2.13")
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("kind", ["balanced", "uneven"])
 def test_sharded_training_matches_one_process(world_size, kind):
