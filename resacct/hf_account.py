@@ -252,7 +252,13 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     def loss_of(module: Any) -> Any:
         return loss_of_output(call_model(module, inputs), "model")
 
-    flops = trace_step_flops(model, lambda: loss_of(model))
+    try:
+        flops = trace_step_flops(model, lambda: loss_of(model))  # the model's first run: a config can still break it here
+    except ResacctError:
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ResacctError(f"{spec.name} ({spec.source}): the model transformers built from it fails in its first step ({type(error).__name__}: {first[:300]})") from None
     state = measure_training_state(model, loss_of, chosen, optimizer)
     in_recipe_dtype = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
     with record_saved_activations(in_recipe_dtype) as saved:

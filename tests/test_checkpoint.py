@@ -150,8 +150,9 @@ def test_negative_step_is_refused(tmp_path: Path):
 
 def saved(tmp_path: Path, content: object, name: str = "foreign.pt") -> Path:
     """``content`` written as resacct writes a checkpoint (with a valid SHA-256 trailer), so
-    that what is refused is the content, not the missing checksum."""
-    return write_checkpoint_file(tmp_path / name, content)
+    that what is refused is the content, not the missing checksum (``check_loads=False``: the
+    writer itself would refuse content that does not load back)."""
+    return write_checkpoint_file(tmp_path / name, content, check_loads=False)
 
 
 def plain_torch_save(tmp_path: Path, content: object, name: str = "plain.pt") -> Path:

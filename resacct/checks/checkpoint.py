@@ -189,6 +189,15 @@ class _CrashWhilePickled:
         raise _SimulatedCrash("the job died while the checkpoint was being written")
 
 
+class _CrashingTensor(torch.Tensor):
+    """A tensor whose pickling raises: ``save_checkpoint`` refuses a plain object such as
+    :class:`_CrashWhilePickled` before it writes anything (issue 26), so the crash mid-write comes
+    from a value it accepts."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise _SimulatedCrash("the job died while the checkpoint was being written")
+
+
 @check("checkpoint.previous_survives_crash_while_saving")
 def previous_survives_crash_while_saving(writer: str) -> Outcome:
     """Save a checkpoint at step 1; then save step 2 to the same path and make ``torch.save``
@@ -209,7 +218,7 @@ def previous_survives_crash_while_saving(writer: str) -> Outcome:
         elif writer == "resacct":
             save_checkpoint(path, model=model, optimizer=optimizer, step=1)
             with contextlib.suppress(_SimulatedCrash):
-                save_checkpoint(path, model=model, optimizer=optimizer, step=2, extra={"crash": _CrashWhilePickled()})
+                save_checkpoint(path, model=model, optimizer=optimizer, step=2, extra={"crash": torch.zeros(1).as_subclass(_CrashingTensor)})
             survived = read_checkpoint(path)["step"] == 1
             survived = survived and [entry.name for entry in Path(directory).iterdir()] == ["checkpoint.pt"]
         else:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from resacct.errors import ResacctError
+from resacct.input_files import read_regular_file
 
 __all__ = [
     "OUTCOMES",
@@ -36,7 +37,7 @@ __all__ = [
     "render_matrix_markdown",
 ]
 
-OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
+OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
 
 def outcome_counts(records: list[dict[str, Any]]) -> Counter:
@@ -73,20 +74,20 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"it holds {name}, which strict JSON does not allow")
 
 
+MAX_REPORT_BYTES = 256 * 1024 * 1024
+"""A report.json of every claim is about 1 MB; a larger file is refused before it is read."""
+
+
 def load_report(path: str | Path) -> dict[str, Any]:
     """A ``report.json`` written by ``resacct verify`` or ``pytest --claims-json``, checked:
     a file that is not one says so in one line naming the file (a :class:`ResacctError`)."""
     where = f"report {str(path)!r}"
+    # a FIFO or a device (/dev/zero) is refused, not read; a file over the cap is not read at all
+    raw = read_regular_file(path, where, max_bytes=MAX_REPORT_BYTES, directory_hint="; give the report.json inside it")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ResacctError(f"{where} does not exist") from None
-    except IsADirectoryError:
-        raise ResacctError(f"{where} is a directory; give the report.json inside it") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ResacctError(f"{where} is not UTF-8 text, so not a report.json") from None
-    except OSError as error:
-        raise ResacctError(f"{where} cannot be read: {error.strerror or error}") from None
     try:
         document = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
@@ -217,7 +218,11 @@ def is_complete(document: dict[str, Any]) -> bool:
 
 
 def _column_name(environment: dict[str, Any]) -> str:
-    return f"torch {environment.get('torch', '?')} · {environment.get('device', '?')}"
+    """``torch 2.13.0 · cpu``, with the bf16 matmul kind where the report recorded its machine
+    (``torch 2.13.0 · cpu · bf16 amx``): the same torch on two kinds of CPU is two columns."""
+    machine = environment.get("machine")
+    kind = f" · bf16 {machine['cpu_bf16_matmul']}" if isinstance(machine, dict) and machine.get("cpu_bf16_matmul") else ""
+    return f"torch {environment.get('torch', '?')} · {environment.get('device', '?')}{kind}"
 
 
 def merge_reports(documents: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Refused before anything is written, each in one line naming the path:
 
 - a target that exists and is not a regular file (a directory, a FIFO, a device such as
   ``/dev/null``): ``os.replace`` would silently put a regular file in its place;
-- a file name longer than the file system allows (``PC_NAME_MAX``, usually 255 bytes).
+- a file name longer than the file system allows (``PC_NAME_MAX``, usually 255 bytes);
+- a path holding a NUL byte.
 
 An ``OSError`` while writing (disk full, quota, I/O error, read-only file system) becomes one
 line naming the file and saying the previous file is untouched. Temporary files are named
@@ -47,6 +48,7 @@ __all__ = [
     "remove_stale_temporaries",
     "non_regular_kind",
     "refuse_non_regular_target",
+    "refuse_nul_in_path",
 ]
 
 _LONG_NAME_BYTES = 200  # names longer than this are hash-shortened in temporary names
@@ -123,7 +125,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list:  # of Path (see a
     """Remove :func:`stale_temporaries` of ``path``; returns what was removed."""
     removed = []
     for candidate in stale_temporaries(path):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # best effort: a read-only directory keeps it, and the write is refused in one line
             candidate.unlink()
             removed.append(candidate)
     return removed
@@ -150,6 +152,21 @@ def non_regular_kind(mode: int) -> str | None:
         if is_kind(mode):
             return kind
     return "not a regular file"
+
+
+def refuse_nul_in_path(path: str | os.PathLike, what: str) -> Path:
+    r"""``Path(path)``, or one line when it holds a NUL byte (no file system allows one; ``os``
+    would raise a bare ``ValueError``).
+
+    >>> refuse_nul_in_path("a\x00b.pt", "checkpoint")
+    Traceback (most recent call last):
+    ...
+    resacct.errors.ResacctError: 'a\x00b.pt': the checkpoint path contains a NUL byte (\x00), which no file name may hold
+    """
+    text = os.fspath(path)
+    if ("\x00" if isinstance(text, str) else b"\x00") in text:
+        raise ResacctError(f"{text!r}: the {what} path contains a NUL byte (\\x00), which no file name may hold")
+    return Path(path)
 
 
 def _existing_mode(path: Path) -> int | None:
@@ -256,7 +273,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[RecordingWriter],
     :class:`RecordingWriter`, keeping a SHA-256 of what is written when ``digest``), make it
     durable, then move it over ``path`` in one ``os.replace``. If anything fails, ``path`` is
     untouched and the temporary file is removed. ``what`` names the file in messages."""
-    path = Path(path)
+    path = refuse_nul_in_path(path, what)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise ResacctError(f"{path}: the directory {directory} does not exist")
@@ -276,7 +293,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[RecordingWriter],
                 os.fsync(file.fileno())
             os.replace(temporary, path)
         except BaseException as error:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # on a read-only file system even a missing file's unlink fails (EROFS)
                 temporary.unlink()
             cause = error if isinstance(error, OSError) else (writer.os_error if writer is not None and isinstance(error, RuntimeError) else None)
             if cause is not None:

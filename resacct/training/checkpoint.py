@@ -37,7 +37,7 @@ import contextlib
 import numbers
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +47,7 @@ from torch import nn
 
 from resacct.training.atomic_files import write_atomically
 from resacct.training.checkpoint_file import CheckpointError, load_verified, write_checkpoint_file
+from resacct.training.checkpoint_values import plain_value
 from resacct.training.checkpoint_fit import check_model_fits, check_optimizer_fits, optimizer_class_name, validate_content
 from resacct.errors import ResacctError
 
@@ -142,7 +143,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _state_or_none(stateful: SupportsStateDict | None) -> dict[str, Any] | None:
+def _state_or_none(stateful: SupportsStateDict | None) -> Any:  # checked by save_checkpoint, in one line naming the part
     return None if stateful is None else stateful.state_dict()
 
 
@@ -162,11 +163,23 @@ def save_checkpoint(
     optimizer (and its class), every RNG state, the data position (``data.state_dict()``) and
     the loss scaler, with a SHA-256 of the whole archive.
 
-    Refused in one line naming the path: a target that is a directory, FIFO or device; a name
-    longer than the file system allows; a write that fails (disk full: the previous checkpoint
-    at the path is untouched). Temporaries left by a killed earlier save are removed."""
+    Everything saved must load back with ``torch.load(weights_only=True)``: tensors and plain
+    values (:mod:`resacct.training.checkpoint_values`). Numpy scalars in ``extra``, the data or
+    scaler state (or any other part) are converted losslessly — ``np.float64(1.5)`` loads back as
+    the ``float`` 1.5, ``np.int64(3)`` as the ``int`` 3, ``np.bool_`` as ``bool`` — and anything
+    else (an ndarray, a ``Path``, a lambda, any other object, ``extra`` nested more than 100
+    levels deep) is refused in one line naming the key and what to store instead, before
+    anything is written: the checkpoint already at ``path`` stays as it was. A file that would
+    still not load back is removed before it replaces anything.
+
+    Refused in one line naming the path: a path with a NUL byte; a target that is a directory,
+    FIFO or device; a name longer than the file system allows; a directory that cannot be written
+    (read-only, no permission); a write that fails (disk full: the previous checkpoint at the
+    path is untouched). Temporaries left by a killed earlier save are removed."""
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise CheckpointError(f"step {step!r}: expected the number of optimizer steps taken (an int ≥ 0)")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise CheckpointError(f"{path}: refusing to save: extra is a {type(extra).__name__}; expected a dict of plain values; nothing was written")
     checkpoint = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_FORMAT_VERSION,
@@ -179,6 +192,12 @@ def save_checkpoint(
         "grad_scaler": _state_or_none(grad_scaler),
         "extra": dict(extra or {}),
     }
+    checkpoint = {key: plain_value(value, key, path=path) for key, value in checkpoint.items()}
+    try:
+        validate_content(Path(path), checkpoint)
+    except CheckpointError as error:
+        problem = str(error).removeprefix(f"{Path(path)}: ")
+        raise CheckpointError(f"{path}: refusing to save: {problem}; nothing was written") from None
     return write_checkpoint_file(path, checkpoint)
 
 

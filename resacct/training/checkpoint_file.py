@@ -40,11 +40,40 @@ _CHUNK_BYTES = 1 << 20
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
+    if isinstance(error, pickle.UnpicklingError):
+        # torch's message is a page of advice; the line that says what was refused reads
+        # "WeightsUnpickler error: Unsupported global: GLOBAL numpy._core.multiarray.scalar was not …"
+        for line in text.splitlines():
+            if "WeightsUnpickler error:" in line:
+                return line.split("WeightsUnpickler error:", 1)[1].strip().split(". Please", 1)[0]
     return text.splitlines()[-1 if isinstance(error, pickle.UnpicklingError) else 0] if text else type(error).__name__
 
 
-def _append_trailer(content: Any, writer: RecordingWriter) -> None:
-    torch.save(content, writer)
+def _refuse_unloadable(path: Path, writer: RecordingWriter) -> None:
+    """Read the just-written temporary back as ``load_verified`` will (``weights_only=True``;
+    memory-mapped, so tensor data is not read): a file that would be refused never replaces the
+    checkpoint at the target. :func:`resacct.training.checkpoint.save_checkpoint` refuses such
+    values by key before writing; this is the guarantee behind it."""
+    name = getattr(writer.file, "name", None)
+    if not isinstance(name, str):
+        return
+    writer.flush()
+    try:
+        torch.load(name, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path}: refusing to save: the checkpoint would not load back with torch.load(weights_only=True) ({_first_line(error)}); "
+            "store only tensors and plain values; nothing was replaced"
+        ) from None
+
+
+def _append_trailer(path: Path, content: Any, writer: RecordingWriter) -> None:
+    try:
+        torch.save(content, writer)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError, ValueError) as error:
+        if writer.os_error is not None:
+            raise
+        raise CheckpointError(f"{path}: refusing to save: torch.save cannot store the checkpoint: {_first_line(error)}; nothing was replaced") from None
     end = writer.tail[-_END_OF_DIRECTORY_BYTES:]
     if not (end.startswith(_END_OF_DIRECTORY) and end.endswith(b"\x00\x00")):
         raise ResacctError(f"torch.save did not end with an empty zip comment (last bytes {end.hex()}); cannot add the checksum")
@@ -53,10 +82,20 @@ def _append_trailer(content: Any, writer: RecordingWriter) -> None:
     writer.rewrite_tail(2, TRAILER_BYTES.to_bytes(2, "little") + trailer)
 
 
-def write_checkpoint_file(path: str | os.PathLike, content: object) -> Path:
+def write_checkpoint_file(path: str | os.PathLike, content: object, *, check_loads: bool = True) -> Path:
     """``torch.save(content)`` to ``path`` atomically, with its SHA-256 in the zip comment.
-    Also what a tool that edits a checkpoint uses to write it back."""
-    return write_atomically(path, lambda writer: _append_trailer(content, writer), what="checkpoint", digest=True)
+    Also what a tool that edits a checkpoint uses to write it back.
+
+    Before the new file replaces ``path`` it is read back with ``torch.load(weights_only=True)``
+    (memory-mapped: the tensor data is not read); content that would be refused there (a numpy
+    scalar, any object) is refused here, in one line, and the file at ``path`` stays as it was.
+    ``check_loads=False`` skips that (a test crafting a file the reader must refuse)."""
+    def write(writer: RecordingWriter) -> None:
+        _append_trailer(Path(path), content, writer)
+        if check_loads:
+            _refuse_unloadable(Path(path), writer)
+
+    return write_atomically(path, write, what="checkpoint", digest=True)
 
 
 def _stored_digest(file: BinaryIO, size: int) -> bytes | None:
@@ -90,6 +129,8 @@ def _archive_digest(file: BinaryIO, size: int) -> bytes:
 
 
 def _open_regular(path: Path) -> BinaryIO:
+    if "\x00" in str(path):
+        raise CheckpointError(f"{str(path)!r}: the checkpoint path contains a NUL byte (\\x00), which no file name may hold")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
