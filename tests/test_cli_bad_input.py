@@ -129,7 +129,7 @@ EXACT_CASES = [
     (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": 7, "area": "x", "outcome": "holds"}]}'},
      _NOT_A_REPORT + "claims[0] key 'id' is a number; expected a string"),
     (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": "a", "area": "x", "outcome": "great"}]}'},
-     _NOT_A_REPORT + "claims[0] ('a') has outcome 'great'; expected one of holds, refuted, skipped, failed, invalid"),
+     _NOT_A_REPORT + "claims[0] ('a') has outcome 'great'; expected one of holds, refuted, skipped, inconclusive, failed, invalid"),
     (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {"torch": NaN}, "claims": []}'},
      "resacct verify: error: report '{tmp}/r.json' is not valid JSON: it holds NaN, which strict JSON does not allow"),
     (["verify", "--merge", "{tmp}/r.json"], {"r.json": '{"environment": {}, "claims": [{"id": "a", "area": "x", "outcome": "holds", "measured": -Infinity}]}'},

@@ -38,10 +38,10 @@ def _document(**run) -> dict:
 
 def test_the_page_has_counts_filters_search_and_links():
     page = render_html(_document())
-    assert re.search(r'<a href="#status=holds,refuted,skipped,failed,invalid&amp;area=memory">memory</a></td><td>0</td>'
-                     r'<td><a href="#status=refuted&amp;area=memory">1</a></td><td><a href="#status=skipped&amp;area=memory">1</a></td>'
+    assert re.search(r'<a href="#status=holds,refuted,skipped,inconclusive,failed,invalid&amp;area=memory">memory</a></td><td>0</td>'
+                     r'<td><a href="#status=refuted&amp;area=memory">1</a></td><td><a href="#status=skipped&amp;area=memory">1</a></td><td>0</td>'
                      r'<td><a href="#status=failed&amp;area=memory">1</a></td><td>0</td>', page)
-    for outcome, count in (("holds", 1), ("refuted", 2), ("skipped", 1), ("failed", 1), ("invalid", 0)):
+    for outcome, count in (("holds", 1), ("refuted", 2), ("skipped", 1), ("inconclusive", 0), ("failed", 1), ("invalid", 0)):
         assert f'<input type="checkbox" name="status" value="{outcome}" checked> {outcome} ({count})' in page
     assert '<select id="area"><option value="">all areas</option><option value="flops">flops</option><option value="memory">memory</option></select>' in page
     assert '<input type="search" id="search"' in page

@@ -72,14 +72,15 @@ def test_default_output_lists_only_what_does_not_hold(specs_dir, tmp_path, capsy
     assert verify(specs_dir, report_dir) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["area", "holds", "refuted", "skipped", "failed"]
-    assert lines[1].split() == ["devices", "1", "0", "3", "0"] and lines[2].split() == ["storage", "2", "1", "0", "0"]
+    assert lines[0].startswith("machine: ") and "bf16 matmul: " in lines[0]  # the kind of machine, first
+    assert lines[1].split() == ["area", "holds", "refuted", "skipped", "failed"]
+    assert lines[2].split() == ["devices", "1", "0", "4", "0"] and lines[3].split() == ["storage", "2", "1", "0", "0"]
     assert "REFUTED (1)" in out
     assert "  three-indices-on-2d-is-view: equals True; measured IndexError: too many indices" in out
     assert "    x is 2-D, so x[:, 1, :] raises" in out  # its truth
     assert "strides-2d-row-major" not in out  # a claim that holds is not listed
-    assert "  3 × needs a CUDA GPU" in out  # skipped claims are counted by reason
-    assert "holds, 1 refuted, 3 skipped, 0 failed, 0 invalid" in out
+    assert "  4 × needs a CUDA GPU" in out  # skipped claims are counted by reason
+    assert "holds, 1 refuted, 4 skipped, 0 inconclusive, 0 failed, 0 invalid" in out
     assert max(len(line) for line in lines if not line.startswith("report: ")) <= 100  # the report line names a path
     document = load_report(report_dir / "report.json")
     assert {record["area"] for record in document["claims"]} == {"storage", "devices"}
@@ -118,22 +119,23 @@ def test_a_failed_claim_shows_law_value_prediction_measurement_inputs_and_line(s
 def test_all_status_quiet_and_verbose_choose_what_is_printed(specs_dir, tmp_path, capsys):
     assert verify(specs_dir, tmp_path / "r", "--area", "devices", "--all") == 0
     out = capsys.readouterr().out
-    assert "HOLDS (1)" in out and "  tensors-start-on-cpu: equals cpu; measured cpu" in out and "SKIPPED (3)" in out
+    assert "HOLDS (1)" in out and "  tensors-start-on-cpu: equals cpu; measured cpu" in out and "SKIPPED (4)" in out
     assert verify(specs_dir, tmp_path / "r", "--area", "devices", "--status", "skipped") == 0
     out = capsys.readouterr().out
-    assert "SKIPPED (3)" in out and "HOLDS" not in out and "  to-cuda-moves: needs a CUDA GPU" in out
+    assert "SKIPPED (4)" in out and "HOLDS" not in out and "  to-cuda-moves: needs a CUDA GPU" in out
     assert verify(specs_dir, tmp_path / "r", "--area", "devices", "-q") == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("claims: 1 holds, 0 refuted, 3 skipped") and out[1].startswith("report: ") and len(out) == 2
+    assert out[0].startswith("claims: 1 holds, 0 refuted, 4 skipped") and out[1].startswith("report: ") and len(out) == 2
 
 
 @pytest.mark.slow
 def test_json_output_is_strict_json_with_every_claim(specs_dir, tmp_path, capsys):
     assert verify(specs_dir, tmp_path / "r", "--json") == 0
     fields = strict_json(capsys.readouterr().out)
-    assert fields["counts"] == {"holds": 3, "refuted": 1, "skipped": 3, "failed": 0, "invalid": 0}
-    assert fields["counts_by_area"]["devices"] == {"holds": 1, "refuted": 0, "skipped": 3, "failed": 0, "invalid": 0}
-    assert len(fields["claims"]) == 7 and fields["complete"] is True and fields["notice"] is None
+    assert fields["counts"] == {"holds": 3, "refuted": 1, "skipped": 4, "inconclusive": 0, "failed": 0, "invalid": 0}
+    assert fields["counts_by_area"]["devices"] == {"holds": 1, "refuted": 0, "skipped": 4, "inconclusive": 0, "failed": 0, "invalid": 0}
+    assert fields["environment"]["machine"]["cpu_bf16_matmul"] in ("converted", "emulated", "avx512_bf16", "amx", "arm_bf16")
+    assert len(fields["claims"]) == 8 and fields["complete"] is True and fields["notice"] is None
     forall = next(record for record in fields["claims"] if record["id"] == "strides-2d-row-major")
     assert forall["examples"] == 5 and forall["example"] == "worst" and forall["law_value"] == forall["measured"]
     assert verify(specs_dir, tmp_path / "r", "--json", "--status", "refuted") == 0
@@ -144,7 +146,7 @@ def test_json_output_is_strict_json_with_every_claim(specs_dir, tmp_path, capsys
 def test_a_partial_run_is_marked_partial_in_every_format(specs_dir, tmp_path, capsys):
     report_dir = tmp_path / "fresh"
     assert verify(specs_dir, report_dir, "--area", "devices", "-k", "cpu") == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().out.split("\n", 1)[1]  # after the machine line
     assert out.startswith("PARTIAL REPORT (only area devices; only claims matching -k 'cpu'): 1 claims, not the full set")
     document = load_report(report_dir / "report.json")
     assert [record["id"] for record in document["claims"]] == ["tensors-start-on-cpu"]
@@ -268,7 +270,7 @@ def test_gpu_required_turns_gpu_skips_into_failures(specs_dir, tmp_path, capsys,
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert verify(specs_dir, tmp_path / "r", "--area", "devices", "--gpu-required", "--quiet") == 1
-    assert "3 failed" in capsys.readouterr().out
+    assert "4 failed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -475,4 +477,4 @@ def test_the_readme_main_command_runs_the_shipped_claims_from_the_checkout(where
          "-k", "bytes-numel-times-element-size"],
         cwd=repository if where == "repository" else tmp_path, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "claims: 1 holds, 0 refuted, 0 skipped, 0 failed, 0 invalid" in completed.stdout
+    assert "claims: 1 holds, 0 refuted, 0 skipped, 0 inconclusive, 0 failed, 0 invalid" in completed.stdout

@@ -378,6 +378,45 @@ def gpu_step_peak(model: str, batch: int, seq: int) -> Outcome:
                                "logit_gradient_bytes": 2 * batch * seq * config.vocab_size * 4})
 
 
+@check("account.gpu_step_time_over_flops_floor", quantities=("step_sec", "step_flops", "peak_flops_per_sec", "mfu"), timing=True)
+def gpu_step_time_over_flops_floor(model: str, batch: int, seq: int) -> Outcome:
+    """Median seconds of a float32 GPT training step (forward, backward, AdamW; TF32 off) on
+    GPU 0, timed with CUDA events (:func:`resacct.measurement.perf.time_callable`), ÷ the
+    lecture's napkin time at MFU 1: the step's model FLOPs (FlopCounterMode over forward and
+    backward) ÷ the board's dense fp32 datasheet peak. The MFU is its inverse, a quantity."""
+    from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+    from resacct.measurement.perf import time_callable
+
+    if not torch.cuda.is_available():
+        raise NotMeasurable("no CUDA GPU: torch.cuda.is_available() is False")
+    name = torch.cuda.get_device_name(0)
+    board = accelerator_for_cuda_name(name)
+    if board is None:
+        raise NotMeasurable(f"GPU {name!r} is not in resacct/facts/datasheets/accelerators.yaml; its fp32 peak is unknown")
+    config = get_gpt_config(model)
+    net = build_gpt(config, device="cuda")
+    tokens, targets = _tokens(config, batch, seq, "cuda")
+    with FlopCounterMode(display=False) as counter:
+        gpt_loss(net, tokens, targets).backward()
+    step_flops = int(counter.get_total_flops())
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        gpt_loss(net, tokens, targets).backward()
+        optimizer.step()
+
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means the fp32 path, as the fp32 peak does
+    try:
+        seconds = time_callable(step, device="cuda", warmup=2, repeats=5, min_sample_sec=0.0).median_sec
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    peak = peak_flops_per_sec(board, "fp32")
+    floor = step_flops / peak
+    return Outcome(measured=seconds / floor, quantities={"step_sec": seconds, "step_flops": step_flops, "peak_flops_per_sec": peak, "mfu": floor / seconds})
+
+
 # ── Linear / activation stacks (Cruncher, MLP): resacct's formula against saved_tensors_hooks ──
 
 

@@ -230,7 +230,7 @@ def _copy_seconds(host: torch.Tensor, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-@check("data.pinned_transfer_speedup")
+@check("data.pinned_transfer_speedup", timing=True)
 def pinned_transfer_speedup(megabytes: int = 64, repeats: int = 10) -> Outcome:
     """Host→GPU copy time of a pageable tensor divided by that of a pinned one (``non_blocking``)."""
     pageable = torch.ones(megabytes * 2**20 // 4)

@@ -120,6 +120,20 @@ def cuda_device_in_table() -> Outcome:
     return Outcome(measured=measured, predicted=current_accelerator() is not None)
 
 
+@check("hardware.cuda_total_memory_mib", quantities=("total_memory_bytes", "mem_get_info_total_bytes", "datasheet_memory_bytes"))
+def cuda_total_memory_mib(name_contains: str) -> Outcome:
+    """``torch.cuda.get_device_properties(0).total_memory`` in MiB (2**20 bytes), on a GPU whose
+    name contains ``name_contains`` (skipped on others); ``torch.cuda.mem_get_info()``'s total
+    and the datasheet's capacity as quantities."""
+    name = _cuda_device_name()
+    if name_contains not in name:
+        raise NotMeasurable(f"about a GPU named *{name_contains}*; this one is {name!r}")
+    total = int(torch.cuda.get_device_properties(0).total_memory)
+    board = accelerator_for_cuda_name(name)
+    return Outcome(measured=total / 2**20, quantities={"total_memory_bytes": total, "mem_get_info_total_bytes": int(torch.cuda.mem_get_info(0)[1]),
+                                                       "datasheet_memory_bytes": raw_memory_bytes(board.name) if board is not None else None})
+
+
 @check("hardware.cuda_memory_ratio", quantities=("total_memory_bytes", "datasheet_memory_bytes"))
 def cuda_memory_ratio() -> Outcome:
     """``get_device_properties(0).total_memory`` ÷ the datasheet's capacity for this board."""

@@ -209,7 +209,7 @@ def _interleaved_samples_sec(functions: list[Callable[[], object]], repeats: int
     return samples
 
 
-@check("perf.cpu_speed_ratio", quantities=("matmul_flops_per_sec", "add_flops_per_sec"))
+@check("perf.cpu_speed_ratio", quantities=("matmul_flops_per_sec", "add_flops_per_sec"), timing=True)
 def cpu_speed_ratio(matmul_size: int = 512, add_elements: int = 2**23, repeats: int = 9) -> Outcome:
     """FLOP/s a float32 matmul_size³ matmul reaches ÷ what an ``add`` over ``add_elements``
     elements reaches, timed here in turn with one thread. "Reaches" is the best of the samples
@@ -228,7 +228,7 @@ def cpu_speed_ratio(matmul_size: int = 512, add_elements: int = 2**23, repeats: 
     return Outcome(measured=matmul_speed / add_speed, quantities={"matmul_flops_per_sec": matmul_speed, "add_flops_per_sec": add_speed})
 
 
-@check("perf.cpu_matmul_mfu", quantities=("achieved_flops_per_sec", "ceiling_flops_per_sec"))
+@check("perf.cpu_matmul_mfu", quantities=("achieved_flops_per_sec", "ceiling_flops_per_sec"), timing=True)
 def cpu_matmul_mfu(m: int, k: int, n: int, ceiling_size: int = 512, repeats: int = 7) -> Outcome:
     """MFU of a real float32 (m×k)@(k×n) matmul on this CPU: FLOPs (FlopCounterMode) ÷ its median
     seconds, ÷ this machine's matmul ceiling (the best FLOP/s of a ceiling_size³ matmul, timed in
@@ -246,7 +246,13 @@ def cpu_matmul_mfu(m: int, k: int, n: int, ceiling_size: int = 512, repeats: int
     return Outcome(measured=achieved / ceiling, quantities={"achieved_flops_per_sec": achieved, "ceiling_flops_per_sec": ceiling})
 
 
-@check("perf.cpu_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"))
+def _forget_machine_roofline() -> None:
+    from resacct.measurement.measured_roofline import this_machine_roofline
+
+    this_machine_roofline.cache_clear()
+
+
+@check("perf.cpu_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"), timing=True, forget=(_forget_machine_roofline,))
 def cpu_roofline_bound(operation: str, size: int, dtype: str = "float32") -> Outcome:
     """"memory" or "compute" on THIS machine: the operation's measured intensity (torch's FLOPs
     and bytes) against the measured ridge point (best matmul FLOP/s ÷ best triad bytes/s, see
@@ -280,12 +286,12 @@ def _cuda_board_of_family(family: str) -> tuple[str, str]:
     return name, board.name
 
 
-def _cuda_matmul_seconds(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 10) -> float:
+def _cuda_matmul_seconds(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 10, *, tf32: bool = False) -> float:
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     allowed = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means the fp32 path, as its peak does
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # off by default: float32 means the fp32 path, as its peak does
     try:
         return time_callable(functools.partial(torch.matmul, a, b, out=out), device="cuda", warmup=3, repeats=repeats).median_sec
     finally:
@@ -295,7 +301,7 @@ def _cuda_matmul_seconds(m: int, k: int, n: int, dtype: torch.dtype, repeats: in
 _TABLE_FORMAT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-@check("perf.gpu_matmul_mfu", quantities=("achieved_flops_per_sec", "peak_flops_per_sec"))
+@check("perf.gpu_matmul_mfu", quantities=("achieved_flops_per_sec", "peak_flops_per_sec"), timing=True)
 def gpu_matmul_mfu(m: int, k: int, n: int, dtype: str, family: str) -> Outcome:
     """MFU of an (m×k)@(k×n) matmul timed on GPU 0 with CUDA events (median of 10), FLOPs from
     FlopCounterMode, against the board's dense datasheet peak for ``dtype`` (TF32 off)."""
@@ -308,7 +314,7 @@ def gpu_matmul_mfu(m: int, k: int, n: int, dtype: str, family: str) -> Outcome:
     return Outcome(measured=achieved / peak, quantities={"achieved_flops_per_sec": achieved, "peak_flops_per_sec": peak})
 
 
-@check("perf.gpu_matmul_speedup", quantities=("fast_sec", "slow_sec"))
+@check("perf.gpu_matmul_speedup", quantities=("fast_sec", "slow_sec"), timing=True)
 def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str, family: str) -> Outcome:
     """Seconds of the matmul in ``slow_dtype`` ÷ seconds in ``fast_dtype`` on GPU 0 (TF32 off)."""
     _cuda_board_of_family(family)
@@ -319,7 +325,22 @@ def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str,
     return Outcome(measured=slow / fast, quantities={"fast_sec": fast, "slow_sec": slow})
 
 
-@check("perf.roofline_points_share_of_roof", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"))
+@check("perf.gpu_tf32_matmul_fp32_mfu", quantities=("achieved_flops_per_sec", "fp32_peak_flops_per_sec", "tf32_peak_flops_per_sec"), timing=True)
+def gpu_tf32_matmul_fp32_mfu(m: int, k: int, n: int, family: str) -> Outcome:
+    """"MFU" of a float32 (m×k)@(k×n) matmul timed on GPU 0 with TF32 on
+    (``torch.backends.cuda.matmul.allow_tf32 = True``: cuBLAS may round the inputs to TF32 and use
+    the tensor cores) against the board's plain fp32 peak (no tensor cores). The datasheet's TF32
+    peak is a quantity: the measured rate should sit under it, and far above the fp32 one."""
+    _, board = _cuda_board_of_family(family)
+    flops, _ = _matmul_flops_and_bytes(m, k, n, torch.float32, "meta")
+    achieved = flops / _cuda_matmul_seconds(m, k, n, torch.float32, tf32=True)
+    fp32_peak = raw_peak_flops_per_sec(board, "fp32")
+    return Outcome(measured=achieved / fp32_peak, quantities={"achieved_flops_per_sec": achieved, "fp32_peak_flops_per_sec": fp32_peak,
+                                                              "tf32_peak_flops_per_sec": raw_peak_flops_per_sec(board, "tf32")})
+
+
+@check("perf.roofline_points_share_of_roof", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"), timing=True,
+       forget=(_forget_machine_roofline,))
 def roofline_points_share_of_roof() -> Outcome:
     """The largest (best FLOP/s ÷ attainable FLOP/s under the measured roofs) over the points of
     this machine's measured roofline (:func:`resacct.measurement.measured_roofline.this_machine_roofline`):

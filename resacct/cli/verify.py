@@ -25,8 +25,8 @@ from resacct.errors import ResacctError
 
 __all__ = ["register", "run_verify", "default_specs_dir"]
 
-STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "failed": "bold red", "invalid": "bold red"}
-_OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
+STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "inconclusive": "yellow", "failed": "bold red", "invalid": "bold red"}
+_OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
 
 def default_specs_dir() -> Path:
@@ -46,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--specs", type=Path, default=None, help="a folder of *.claims.yaml files, or one such file (default: the claims shipped with resacct)")
     parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes; the report is partial")
     parser.add_argument("-k", dest="pattern", default=None, help="only claims whose id matches this pytest -k expression; the report is partial")
+    parser.add_argument("--machine-dependent", action="store_true",
+                        help="only the claims whose outcome depends on the machine (a when: condition, or timed here); the report is partial")
     shown = parser.add_argument_group("what is printed (the report files always hold every claim that ran)")
     shown.add_argument("--all", action="store_true", help="list every claim, not only those that do not hold")
     shown.add_argument("--status", action="append", choices=_OUTCOMES, default=[], metavar="STATUS",
@@ -120,16 +122,19 @@ def run_verify(args: argparse.Namespace) -> int:
         raise ResacctError(f"--workers must be 0 or more, got {args.workers}")
     specs = args.specs or default_specs_dir()
     files = _claim_files(specs, args.area)
+    pattern = _selection_pattern(args)
     staging = ReportStaging(args.report_dir)  # refuses a --report-dir that cannot be one before any claim runs
+    if not (args.json or args.quiet):
+        _print_machine_line()
     started = time.monotonic()
     try:
-        run = run_claims(files, staging.path, pattern=args.pattern, workers=args.workers, gpu_required=args.gpu_required,
+        run = run_claims(files, staging.path, pattern=pattern, workers=args.workers, gpu_required=args.gpu_required,
                          show_progress=not (args.quiet or args.json), tracebacks=args.verbose)
         document = run.document
         document["run"] = {
-            "complete": not (args.area or args.pattern or run.interrupted),
+            "complete": not (args.area or pattern or run.interrupted),
             "interrupted": "Ctrl-C" if run.interrupted else False,
-            "selection": {"areas": sorted(area.lower() for area in args.area), "pattern": args.pattern},
+            "selection": {"areas": sorted(area.lower() for area in args.area), "pattern": pattern},
             "specs": str(Path(specs).resolve()),
             "rootdir": str(files[0].parent.parent.resolve()),
             "seconds": round(time.monotonic() - started, 1),
@@ -149,6 +154,28 @@ def run_verify(args: argparse.Namespace) -> int:
         return 130
     failed = any(record["outcome"] in {"failed", "invalid"} for record in document["claims"])
     return 1 if failed or run.exit_code not in (0, 1, 5) else 0
+
+
+def _selection_pattern(args: argparse.Namespace) -> str | None:
+    """The pytest -k expression: ``-k`` as given, and/or the machine-dependent claims' keyword."""
+    from resacct.harness.plugin import MACHINE_DEPENDENT_KEYWORD
+
+    if not args.machine_dependent:
+        return args.pattern
+    return f"{MACHINE_DEPENDENT_KEYWORD} and ({args.pattern})" if args.pattern else MACHINE_DEPENDENT_KEYWORD
+
+
+def _print_machine_line() -> None:
+    """The first line: the kind of machine every claim's ``when:`` is decided on (``resacct machine``
+    shows it whole). A reader that already left (``| head -0``) stops the printing, not the run."""
+    from resacct.measurement.machine_profile import this_machine
+
+    line = f"machine: {this_machine().summary()}"
+    width = output_width_columns()
+    try:
+        print(line if len(line) <= width else line[: width - 1] + "…", flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _print_result(args: argparse.Namespace, document: dict[str, Any], destination: Path, files_written: list[str]) -> None:
@@ -176,7 +203,7 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
         sys.stdout.write(strict_json_text(fields, non_finite="string"))
         return
     if args.quiet:
-        print(summary_line(document))
+        print(summary_line(document, output_width_columns()))
     else:
         print(render_summary(document, statuses=_shown_statuses(args), width=output_width_columns(), verbose=args.verbose))
     print(moved)

@@ -23,7 +23,8 @@ from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import NotMeasurable, Outcome, get_check
 from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
 
-__all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements", "MATCH_TIMEOUT_SECONDS"]
+__all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements",
+           "measure_claim", "remember_measurement", "MATCH_TIMEOUT_SECONDS"]
 
 
 class ClaimFailure(AssertionError):
@@ -168,6 +169,16 @@ def remembered_measurement(claim: LoadedClaim) -> Measurement | None:
 def forget_measurements() -> None:
     """Empty the session's remembered measurements."""
     _SESSION_MEASUREMENTS.clear()
+
+
+def remember_measurement(claim: LoadedClaim, measurement: Measurement) -> None:
+    """Keep ``measurement`` as this claim's remembered one (a timing claim's deciding round)."""
+    _SESSION_MEASUREMENTS[_claim_key(claim)] = measurement
+
+
+def measure_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
+    """Run the claim's check once on ``inputs`` (an exception is the measurement when the claim expects one)."""
+    return _measure(claim, inputs)
 
 
 def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:

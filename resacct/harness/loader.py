@@ -265,6 +265,13 @@ def _resolve(claim: Claim, law: Law | None, key_lines: dict[str, int], line: int
             get_strategy(strategy)
         except ResacctError as error:
             raise SpecError(f"forall.{name}: {error}", line=key_lines.get("forall", line)) from None
+    if claim.truth:
+        from resacct.harness.schema import truth_template_names
+
+        quoted = sorted(truth_template_names(claim.truth) - {"measured"} - set(check.quantities) - inputs)
+        if quoted:
+            raise SpecError(f"truth quotes {{{quoted[0]}}}, which is neither 'measured', an input nor a quantity measured by "
+                            f"{check.name!r} (quantities: {', '.join(check.quantities) or 'none'})", line=key_lines.get("truth", line))
     if law is not None:
         known = inputs | set(check.quantities) | set(_defaults(check))
         unknown_names = sorted(law.names - known)

@@ -16,8 +16,9 @@ from resacct.errors import ResacctError, SpecError
 from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
 from resacct.harness.loader import LoadedClaim, load_claims_file
 from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings
+from resacct.harness.timing import INCONCLUSIVE_PREFIX
 
-__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group"]
+__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group", "is_machine_dependent", "MACHINE_DEPENDENT_KEYWORD"]
 
 REQUIRE_GPU_VARIABLE = "RESACCT_REQUIRE_GPU"
 
@@ -34,6 +35,9 @@ class ClaimsFile(pytest.File):
             return str(self.path)
 
     def collect(self):  # type: ignore[no-untyped-def]
+        from resacct.measurement.machine_profile import this_machine
+
+        this_machine()  # the profile (and its load average at start) is read once, before any claim runs
         display = self._display_path()
         loaded = load_claims_file(self.path, display_path=display)
         area = loaded.area or self.path.name.split(".")[0]
@@ -47,6 +51,17 @@ class ClaimsFile(pytest.File):
                 continue
             self.seen_ids[claim.id] = f"{display}:{claim.line}"
             yield ClaimItem.from_parent(self, name=claim.id, loaded=claim)
+
+
+MACHINE_DEPENDENT_KEYWORD = "resacct_machine_dependent"
+
+
+def is_machine_dependent(claim: LoadedClaim) -> bool:
+    """A claim whose outcome depends on the machine: it names a kind of machine (``when:``) or is
+    timed on this one (its check is registered with ``timing=True``)."""
+    from resacct.harness.registry import get_check
+
+    return bool(claim.claim.when) or get_check(claim.claim.measure).timing
 
 
 def spec_group(claim: LoadedClaim) -> str:
@@ -86,6 +101,8 @@ class ClaimItem(pytest.Item):
         claim = loaded.claim
         for mark in claim.marks:
             self.add_marker(getattr(pytest.mark, mark))
+        if is_machine_dependent(loaded):  # `-k resacct_machine_dependent` (resacct verify --machine-dependent) selects these
+            self.extra_keyword_matches.add(MACHINE_DEPENDENT_KEYWORD)
         if self.config.pluginmanager.hasplugin("xdist"):  # under --dist loadgroup a file's claims (and their meta-tests) share a worker
             self.add_marker(pytest.mark.xdist_group(spec_group(loaded)))
         self.record = _base_record(loaded.area, loaded.path, loaded.line, claim.id)
@@ -99,16 +116,20 @@ class ClaimItem(pytest.Item):
             truth=claim.truth,
             marks=list(claim.marks),
             requires_torch=claim.requires_torch,
+            when=_plain(dict(claim.when)),
             given=_plain(dict(claim.given)),
             forall=dict(claim.forall),
         )
         self.user_properties.append((CLAIM_PROPERTY, self.record))
 
     def runtest(self) -> None:
-        from resacct.harness.registry import NotMeasurable
+        from resacct.harness.registry import NotMeasurable, get_check
+        from resacct.harness.timing import REQUIRE_TIMING_VARIABLE, Inconclusive, decide_timing_claim
 
         self.last_inputs = None
         claim = self.loaded.claim
+        if claim.when:
+            _require_machine(claim.when)
         if claim.requires_torch:
             _require_torch(claim.requires_torch)
         if "gpu" in claim.marks:
@@ -116,11 +137,19 @@ class ClaimItem(pytest.Item):
         try:
             if claim.forall:
                 self._run_forall()
+            elif get_check(claim.measure).timing:
+                self.last_inputs = dict(claim.given)
+                self._remember(decide_timing_claim(self.loaded, self.last_inputs))
             else:
                 self.last_inputs = dict(claim.given)
                 self._remember(evaluate_claim(self.loaded, self.last_inputs, remember=True))
         except NotMeasurable as reason:
             pytest.skip(f"not measurable here: {reason}")
+        except Inconclusive as noisy:
+            self._remember(noisy.verdict)
+            if os.environ.get(REQUIRE_TIMING_VARIABLE, "") not in {"", "0"}:
+                pytest.fail(f"{REQUIRE_TIMING_VARIABLE} is set, and this timing claim is {noisy}", pytrace=False)
+            pytest.skip(str(noisy))
         except ClaimFailure as failure:  # the report shows the failing example's law, prediction and measurement
             self._remember(failure.verdict, failing=True)
             raise
@@ -150,6 +179,10 @@ class ClaimItem(pytest.Item):
         """Record the example to show: the failing one, else (forall) the one farthest from the law."""
         from resacct.harness.report import remember_example
 
+        if self.loaded.claim.truth and verdict.measured is not None:
+            from resacct.harness.schema import fill_truth
+
+            self.record["truth"] = fill_truth(self.loaded.claim.truth, {**verdict.inputs, **verdict.quantities, "measured": verdict.measured})
         remember_example(self.record, dict(
             inputs=_plain(verdict.inputs),
             law_value=_plain(verdict.law_value),
@@ -226,6 +259,14 @@ def _require_torch(specifier: str) -> None:
         pytest.skip(f"claim is about torch {specifier}; this is torch {torch.__version__}")
 
 
+def _require_machine(when: dict[str, Any]) -> None:
+    from resacct.measurement.machine_profile import this_machine, unmet_conditions
+
+    unmet = unmet_conditions(this_machine(), when)
+    if unmet:
+        pytest.skip(f"about machines where {'; '.join(unmet)}")
+
+
 def _require_gpu() -> None:
     import torch
 
@@ -253,14 +294,14 @@ def _plain(value: Any) -> Any:
 
 
 def finish_record(record: dict[str, Any], report: pytest.TestReport) -> dict[str, Any]:
-    """The record of a finished claim item, with its outcome: holds, refuted, skipped, failed, invalid."""
+    """The record of a finished claim item, with its outcome: holds, refuted, skipped, inconclusive, failed, invalid."""
     finished = dict(record)
     if finished.get("status") == "invalid":
         finished["outcome"] = "invalid"
     elif report.skipped:
-        finished["outcome"] = "skipped"
         longrepr = report.longrepr
         finished["message"] = longrepr[2].removeprefix("Skipped: ") if isinstance(longrepr, tuple) else str(longrepr)
+        finished["outcome"] = "inconclusive" if finished["message"].startswith(INCONCLUSIVE_PREFIX) else "skipped"
     elif report.failed:
         finished["outcome"] = "failed"
         finished["message"] = str(report.longrepr)

@@ -54,6 +54,13 @@ class Check:
     function: Callable[..., Outcome]
     quantities: tuple[str, ...]
     doc: str
+    timing: bool = False  # the outcome is a timing on this machine: decided in rounds, may be inconclusive
+    forget: tuple[Callable[[], object], ...] = ()  # clears what the check caches, so a new round measures afresh
+
+    def forget_cached(self) -> None:
+        """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
+        for clear in self.forget:
+            clear()
 
     @property
     def parameters(self) -> Mapping[str, inspect.Parameter]:
@@ -85,13 +92,18 @@ _BROKEN_MODULES: dict[str, str] = {}  # checks module → why it failed to impor
 _discovered = False
 
 
-def check(name: str, *, quantities: tuple[str, ...] = ()) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
-    """Register ``function`` as the check called ``name`` (``area.what``)."""
+def check(name: str, *, quantities: tuple[str, ...] = (), timing: bool = False,
+          forget: tuple[Callable[[], object], ...] = ()) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+    """Register ``function`` as the check called ``name`` (``area.what``).
+
+    ``timing=True``: what it measures is a time on this machine, so the harness decides its claims
+    in rounds and may call them inconclusive (:mod:`resacct.harness.timing`); ``forget``: the
+    ``cache_clear`` of each cache the check reads, called before every round but the first."""
 
     def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
         if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
             raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
-        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "")
+        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget))
         return function
 
     return register

@@ -31,7 +31,7 @@ __all__ = [
     "remember_example",
 ]
 
-OUTCOMES = ("holds", "refuted", "skipped", "failed", "invalid")
+OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
 
 def count_outcomes(records: list[dict[str, Any]]) -> dict[str, Counter]:
@@ -53,16 +53,6 @@ def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
     terminal.write_line(f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}")
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment_fingerprint() -> dict[str, Any]:
     import datetime
     import os
@@ -72,11 +62,14 @@ def environment_fingerprint() -> dict[str, Any]:
     from resacct import __version__
     from resacct.harness.pytest_settings import hypothesis_profile_name
 
+    from resacct.measurement.machine_profile import load_average_now, this_machine
+
+    machine = this_machine()
     device = "cpu"
-    device_name = _cpu_name()
-    if torch.cuda.is_available():
+    device_name = machine.cpu_model
+    if machine.gpu:
         device = "cuda"
-        device_name = torch.cuda.get_device_name(0)
+        device_name = machine.gpu_name
     return {
         "resacct": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -87,6 +80,8 @@ def environment_fingerprint() -> dict[str, Any]:
         "platform": platform.platform(),
         "device": device,
         "device_name": device_name,
+        "machine": machine.to_dict(),  # resacct.measurement.machine_profile: what a claim's `when:` is decided on
+        "load_average_end": load_average_now(),
     }
 
 

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Claim", "ClaimsFileHeader", "Expect", "Raises", "Tolerance", "json_schema", "KNOWN_MARKS"]
+from resacct.measurement.machine_conditions import CONDITION_FIELDS, condition_value_problem
+
+__all__ = ["Claim", "ClaimsFileHeader", "Expect", "Raises", "Tolerance", "json_schema", "KNOWN_MARKS", "truth_template_names", "fill_truth"]
 
 CLAIM_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 KNOWN_MARKS = ("gpu", "slow", "distributed")
@@ -41,6 +43,22 @@ def _flattened(value: Any) -> list[Any]:
     if isinstance(value, list):
         return [element for item in value for element in _flattened(item)]
     return [value]
+
+
+def _when_json_schema() -> dict[str, Any]:
+    """``when:`` for editors: each machine field a condition may name, with the values it takes."""
+    properties: dict[str, Any] = {}
+    for name, kind in CONDITION_FIELDS.items():
+        if kind is bool:
+            properties[name] = {"type": "boolean"}
+        elif kind is int:
+            properties[name] = {"anyOf": [{"type": "integer", "minimum": 0},
+                                          {"type": "object", "additionalProperties": False, "minProperties": 1,
+                                           "properties": {"at_least": {"type": "integer", "minimum": 0}, "at_most": {"type": "integer", "minimum": 0}}}]}
+        else:
+            properties[name] = {"anyOf": [{"enum": list(kind)}, {"type": "array", "minItems": 1, "items": {"enum": list(kind)}}]}
+    return {"properties": properties, "additionalProperties": False,
+            "description": "the kind of machine the claim is about (resacct machine prints this one's); other machines skip it"}
 
 
 class Tolerance(_Strict):
@@ -123,6 +141,27 @@ class Claim(_Strict):
     marks: list[str] = Field(default_factory=list)
     examples: int | None = Field(default=None, ge=1, le=1000)
     requires_torch: str | None = None  # a version specifier such as ">=2.6"; other versions skip the claim
+    # The kind of machine the claim is about, over resacct.measurement.machine_profile's fields:
+    # ``when: {cpu_bf16_units: false}``; other machines skip it, naming the condition.
+    when: dict[str, Any] = Field(default_factory=dict, json_schema_extra=lambda schema: schema.update(_when_json_schema()))
+
+    @field_validator("when")
+    @classmethod
+    def _known_conditions(cls, when: dict[str, Any]) -> dict[str, Any]:
+        for key, value in when.items():
+            problem = condition_value_problem(key, value)
+            if problem:
+                raise ValueError(problem)
+        return when
+
+    @field_validator("truth")
+    @classmethod
+    def _template_fields(cls, truth: str | None) -> str | None:
+        """A truth may quote this run's measurement: ``{measured}``, ``{measured:.0%}``, ``{name:.3g}``
+        for a quantity the check measures (names are checked against the check at load)."""
+        if truth is not None:
+            truth_template_names(truth)
+        return truth
 
     @field_validator("requires_torch")
     @classmethod
@@ -179,6 +218,43 @@ class Claim(_Strict):
         if both:
             raise ValueError(f"input {both[0]!r} is in both given and forall")
         return self
+
+
+TRUTH_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([^{}]*))?\}")
+_FORMAT_SPEC = re.compile(r"^[,_]?(\.\d{1,2})?[efgdn%]?$")
+
+
+def truth_template_names(truth: str) -> set[str]:
+    """The measured names a truth quotes (``{measured:.0%}`` → ``measured``); a malformed field is an error."""
+    names = set()
+    for match in TRUTH_FIELD.finditer(truth):
+        name, spec = match.group(1), match.group(2)
+        if spec is not None and not _FORMAT_SPEC.match(spec):
+            raise ValueError(f"truth field {match.group(0)!r}: format {spec!r} is not a number format such as .3g, .0% or ,d")
+        names.add(name)
+    return names
+
+
+def fill_truth(truth: str, values: dict[str, Any]) -> str:
+    """The truth with this run's numbers in its fields; a field with no value stays as written.
+
+    >>> fill_truth("bf16 reaches {measured:.0%} of fp32 here ({fp32:.3g} FLOP/s)", {"measured": 0.0171, "fp32": 1.64e11})
+    'bf16 reaches 2% of fp32 here (1.64e+11 FLOP/s)'
+    """
+
+    def one(match: re.Match[str]) -> str:
+        name, spec = match.group(1), match.group(2) or ""
+        value = values.get(name)
+        if value is None:
+            return match.group(0)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                return format(value, spec)
+            except ValueError:  # e.g. 'd' for a float: the plain number
+                return format(value, "")
+        return str(value)
+
+    return TRUTH_FIELD.sub(one, truth)
 
 
 class ClaimsFileHeader(_Strict):

@@ -26,7 +26,7 @@ from resacct.reporting.markdown import environment_line, note_text
 
 __all__ = ["render_html"]
 
-_COLOURS = {"holds": "#1a7f37", "refuted": "#8250df", "skipped": "#9a6700", "failed": "#cf222e", "invalid": "#cf222e"}
+_COLOURS = {"holds": "#1a7f37", "refuted": "#8250df", "skipped": "#9a6700", "inconclusive": "#bc4c00", "failed": "#cf222e", "invalid": "#cf222e"}
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #1f2328; }

@@ -16,13 +16,34 @@ from resacct.reporting.documents import (
     statement_text,
 )
 
-__all__ = ["render_markdown", "render_errata_markdown", "environment_line", "by_area", "note_text"]
+__all__ = ["render_markdown", "render_errata_markdown", "environment_line", "machine_text", "by_area", "note_text"]
 
 
 def environment_line(environment: dict[str, Any]) -> str:
+    """torch, Python, the device, the machine profile the claims' ``when:`` were decided on, the date."""
+    machine = machine_text(environment)
     return (f"torch {environment.get('torch', '?')} · Python {environment.get('python', '?')} · "
             f"{environment.get('device', '?')}: {environment.get('device_name', '?')} · "
-            f"hypothesis profile {environment.get('hypothesis_profile', '?')} · {environment.get('created', '')}")
+            + (f"{machine} · " if machine else "")
+            + f"hypothesis profile {environment.get('hypothesis_profile', '?')} · {environment.get('created', '')}")
+
+
+def machine_text(environment: dict[str, Any]) -> str:
+    """``ISA avx512 · bf16 matmul amx · 2 cores, 2 torch threads · load 1.9 → 2.0`` from a report's
+    ``environment.machine`` ('' for a report written before resacct recorded it).
+
+    >>> machine_text({"machine": {"cpu_isa": "avx2", "cpu_bf16_matmul": "converted", "onednn_max_isa": "AVX2", "physical_cores": 2,
+    ...     "torch_threads": 1, "load_average_start": 0.5, "faked": []}, "load_average_end": 2.25})
+    'ISA avx2 · bf16 matmul converted (ONEDNN_MAX_CPU_ISA=AVX2) · 2 cores, 1 torch threads · load 0.5 → 2.25'
+    """
+    machine = environment.get("machine")
+    if not isinstance(machine, dict):
+        return ""
+    cap = f" (ONEDNN_MAX_CPU_ISA={machine['onednn_max_isa']})" if machine.get("onednn_max_isa") else ""
+    faked = f" · FAKED: {', '.join(map(str, machine['faked']))}" if machine.get("faked") else ""
+    return (f"ISA {machine.get('cpu_isa', '?')} · bf16 matmul {machine.get('cpu_bf16_matmul', '?')}{cap} · "
+            f"{machine.get('physical_cores', '?')} cores, {machine.get('torch_threads', '?')} torch threads · "
+            f"load {machine.get('load_average_start', '?')} → {environment.get('load_average_end', '?')}{faked}")
 
 
 def by_area(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -36,7 +57,7 @@ def note_text(record: dict[str, Any]) -> str:
     """The truth of a refuted claim; the message of a skipped, failed or invalid one (whole)."""
     if record["outcome"] == "refuted":
         return record.get("truth") or ""
-    if record["outcome"] in {"skipped", "failed", "invalid"}:
+    if record["outcome"] in {"skipped", "inconclusive", "failed", "invalid"}:
         return (record.get("message") or "").strip()
     return ""
 

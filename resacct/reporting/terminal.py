@@ -28,34 +28,39 @@ from resacct.reporting.documents import (
 
 __all__ = ["DEFAULT_STATUSES", "render_summary", "claim_lines", "summary_line", "counts_lines"]
 
-DEFAULT_STATUSES = ("failed", "invalid", "refuted")
-_SECTION_ORDER = ("failed", "invalid", "refuted", "skipped", "holds")
+DEFAULT_STATUSES = ("failed", "invalid", "inconclusive", "refuted")
+_SECTION_ORDER = ("failed", "invalid", "inconclusive", "refuted", "skipped", "holds")
 _SECTION_TITLES = {
     "failed": "FAILED: the claim did not come out as its spec says",
     "invalid": "INVALID: the spec could not be loaded",
     "refuted": "REFUTED: the source says it, torch measures otherwise (the truth; whole in errata.md)",
+    "inconclusive": "INCONCLUSIVE: timing claims this machine was too noisy to decide (RESACCT_REQUIRE_TIMING=1 fails them)",
     "skipped": "SKIPPED",
     "holds": "HOLDS",
 }
 
 
-def summary_line(document: dict[str, Any]) -> str:
+def summary_line(document: dict[str, Any], width: int = 100) -> str:
+    """``claims: 633 holds, …, 0 invalid  (torch 2.13.0+cpu, cpu: <model>)``, the model cut to fit ``width``."""
     totals = outcome_counts(document["claims"])
     environment = document.get("environment", {})
-    return (f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}"
-            f"  (torch {environment.get('torch', '?')}, {environment.get('device', '?')}: {environment.get('device_name', '?')})")
+    counts = f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}"
+    where = f"  (torch {environment.get('torch', '?')}, {environment.get('device', '?')}: {environment.get('device_name', '?')})"
+    if len(counts) + len(where) > width:
+        where = f"  (torch {environment.get('torch', '?')})"
+    return counts + where if len(counts) + len(where) <= width else counts
 
 
 def counts_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
-    """The per-area table (holds, refuted, skipped, failed; invalid only when there are some), in
+    """The per-area table (holds, refuted, skipped, failed; inconclusive and invalid only when there are some), in
     two columns of areas when that fits ``width``, then the total."""
     by_area = counts_by_area(records)
     totals = outcome_counts(records)
-    columns = [name for name in OUTCOMES if name != "invalid" or totals[name]]
+    columns = [name for name in OUTCOMES if name not in ("invalid", "inconclusive") or totals[name]]
     name_width = max([len("total"), *(len(area) for area in by_area)])
 
     def row(name: str, counts: Counter | dict[str, str]) -> str:
-        return name.ljust(name_width) + "".join(str(counts[column]).rjust(8) for column in columns)
+        return name.ljust(name_width) + "".join(str(counts[column]).rjust(max(8, len(column) + 1)) for column in columns)
 
     header = row("area", {column: column for column in columns})
     rows = [row(area, counts) for area, counts in by_area.items()]
@@ -103,6 +108,9 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
         if verbose and len(message.splitlines()) > 1:
             lines += ["    " + line for line in message.splitlines()[1:]]
         return lines
+    if outcome == "inconclusive":
+        reason = (record.get("message") or "").strip().removeprefix("inconclusive (noisy): ")
+        return _wrap(f"{record['id']}  {location}", width, "      ", first="  ") + _wrap(reason, width, "      ", first="    ")
     if outcome == "skipped":
         reason = ((record.get("message") or "").strip().splitlines() or ["skipped"])[0]
         if verbose:
@@ -186,5 +194,5 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
             lines.append(_clip(f"  … and {len(chosen) - len(shown)} more refuted: resacct verify --status refuted, or errata.md", width))
     if "skipped" not in statuses and any(record["outcome"] == "skipped" for record in records):
         lines += ["", "skipped, by reason (--status skipped lists them):", *_skip_reasons(records, width)]
-    lines += ["", summary_line(document)]
+    lines += ["", summary_line(document, width)]
     return lines

@@ -59,3 +59,10 @@ import resacct.harness.plugin  # noqa: E402,F401
 from resacct.harness.registry import all_checks  # noqa: E402
 
 all_checks()
+
+
+@check("testing.timed", timing=True)
+def timed(value: float) -> Outcome:
+    """A stand-in timing check: measures ``value`` (tests script the rounds through
+    ``resacct.harness.timing.measure_with_cpu_share``)."""
+    return Outcome(measured=value)

@@ -37,7 +37,7 @@ def test_holding_claims_pass_and_summary_counts_them(pytester, write_spec):
     write_spec("demo.claims.yaml", GOOD)
     result = pytester.runpytest()
     assert outcomes(result) == {"passed": 2}
-    result.stdout.fnmatch_lines(["*resacct claims*", "demo *2 *0 *0 *0 *0", "claims: 2 holds, 0 refuted, 0 skipped, 0 failed, 0 invalid"])
+    result.stdout.fnmatch_lines(["*resacct claims*", "demo *2 *0 *0 *0 *0 *0", "claims: 2 holds, 0 refuted, 0 skipped, 0 inconclusive, 0 failed, 0 invalid"])
 
 
 def test_other_yaml_files_are_not_collected(pytester, write_spec):
@@ -117,7 +117,7 @@ def test_refuted_claim_passes_while_false(pytester, write_spec):
     )
     result = pytester.runpytest()
     assert outcomes(result) == {"passed": 1}
-    result.stdout.fnmatch_lines(["claims: 0 holds, 1 refuted, 0 skipped, 0 failed, 0 invalid"])
+    result.stdout.fnmatch_lines(["claims: 0 holds, 1 refuted, 0 skipped, 0 inconclusive, 0 failed, 0 invalid"])
 
 
 def test_refuted_claim_fails_once_it_holds(pytester, write_spec):

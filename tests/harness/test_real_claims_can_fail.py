@@ -112,6 +112,16 @@ def skip_unless_for_this_torch(claim: LoadedClaim) -> None:
             pytest.skip(f"claim is about torch {claim.claim.requires_torch}")
 
 
+def skip_unless_for_this_machine(claim: LoadedClaim) -> None:
+    """Skip, as the plugin does, a claim whose ``when:`` is about another kind of machine."""
+    if claim.claim.when:
+        from resacct.measurement.machine_profile import this_machine, unmet_conditions
+
+        unmet = unmet_conditions(this_machine(), claim.claim.when)
+        if unmet:
+            pytest.skip(f"about machines where {'; '.join(unmet)}")
+
+
 def measurable_here(claim: LoadedClaim) -> bool:
     """Not a GPU claim, and not one that spawns ranks (measured afresh, each would start a process group)."""
     return not (set(claim.claim.marks) & {"gpu", "distributed"})
@@ -150,6 +160,7 @@ def test_every_claim_fails_when_its_statement_is_changed(claim):
     """Holding claims must fail with a wrong statement; refuted ones are already false, so their
     mutation must stay false (and the original must pass) — either way the check decides."""
     skip_unless_for_this_torch(claim)
+    skip_unless_for_this_machine(claim)
     measurement = remembered_measurement(claim)  # the claim's own item measured it earlier in this session
     if measurement is None and not (full_sweep() or in_todays_sample(claim.id, sample_seed())
                                     or Path(claim.path).name in changed_spec_files()):

@@ -142,7 +142,7 @@ def test_a_bad_claim_does_not_stop_the_good_ones_or_other_files(pytester, write_
     write_spec("broken.claims.yaml", "area: [\n")
     result = pytester.runpytest("-q")
     assert outcomes(result) == {"passed": 2, "failed": 2}
-    result.stdout.fnmatch_lines(["claims: 2 holds, 0 refuted, 0 skipped, 0 failed, 2 invalid"])
+    result.stdout.fnmatch_lines(["claims: 2 holds, 0 refuted, 0 skipped, 0 inconclusive, 0 failed, 2 invalid"])
 
 
 def test_duplicate_ids_within_and_across_files(pytester, write_spec):

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `resacct verify` on several kinds of machine that this one can behave like (issue 20):
+#   native       every claim, as the README's main command runs it;
+#   avx2-cap     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2: a CPU without bf16/AVX-512 units
+#                (a bf16-capable CPU then converts bf16 element by element, as an AVX2 one does);
+#   one-thread   OMP_NUM_THREADS=1;
+#   loaded       a busy loop on every core for the whole run (bounded by `timeout`).
+# The last three run the claims whose outcome can depend on the machine (`--machine-dependent`:
+# a `when:` condition, or timed here); every run must exit 0: a timing claim under load holds or
+# is inconclusive, never failed. The reports are merged into one claims × machine-kinds matrix.
+#   usage: bash tools/machine_kinds.sh [RESACCT] [OUT_DIR]     (RESACCT default: .venv/bin/resacct)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESACCT="${1:-.venv/bin/resacct}"
+OUT="${2:-$(mktemp -d)}"
+mkdir -p "$OUT"
+status=0
+
+run_kind() {  # name, then env assignments, then verify arguments after --
+    local name="$1"; shift
+    local assignments=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do assignments+=("$1"); shift; done
+    shift
+    local began=$SECONDS
+    env "${assignments[@]}" "$RESACCT" verify -q --no-roofline --report-dir "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+    local code=$?
+    echo "== $name: exit $code in $((SECONDS - began)) s: $(grep '^claims:' "$OUT/$name.log" | tail -1)"
+    if [ "$code" -ne 0 ]; then
+        status=1
+        tail -40 "$OUT/$name.log" >&2
+    fi
+}
+
+run_kind native RESACCT_KIND=native --
+run_kind avx2-cap ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 -- --machine-dependent
+run_kind one-thread OMP_NUM_THREADS=1 -- --machine-dependent
+
+cores="$(python3 -c 'import os; print(os.cpu_count() or 1)')"
+loaders=()
+for _ in $(seq "$cores"); do
+    timeout 600 python3 -c 'while True: pass' &
+    loaders+=("$!")
+done
+run_kind loaded RESACCT_KIND=loaded -- --machine-dependent
+kill "${loaders[@]}" 2>/dev/null
+wait "${loaders[@]}" 2>/dev/null
+
+reports=()
+for name in native avx2-cap one-thread loaded; do
+    [ -f "$OUT/$name/report.json" ] && reports+=("$OUT/$name/report.json")
+    [ -f "$OUT/$name-partial/report.json" ] && reports+=("$OUT/$name-partial/report.json")
+done
+if [ "${#reports[@]}" -gt 1 ]; then
+    "$RESACCT" verify -q --merge "${reports[@]}" --report-dir "$OUT/matrix" | tail -1
+fi
+exit "$status"
