@@ -6,9 +6,9 @@
 
 A timing claim (its check registered with ``timing=True``) is decided in rounds by
 ``resacct.harness.timing``; its bound must sit far enough from what an idle machine measures that
-noise cannot flip it: the standard is **margin ≥ 3 × spread** (spread = (max − min) ÷ median of the
-runs, margin = the median's distance to the nearest ``at_least``/``at_most`` bound, relative to the
-bound). Each run here is one call of the claim's check with its caches cleared, as a round is.
+noise cannot flip it: the standard is **margin ≥ 3 × spread on a log scale**, (1 + margin) ≥
+(1 + spread)³ (spread = max ÷ min − 1 of the runs; margin = the factor between the median and the
+nearest ``at_least``/``at_most`` bound, − 1; ``ratio`` = ln(1 + margin) ÷ ln(1 + spread)). Each run here is one call of the claim's check with its caches cleared, as a round is.
 The table prints both and flags a claim whose margin is under 3 × its spread; run it on an idle
 machine and quote its figures in the spec's comment. Claims with a non-numeric statement (a
 roofline's "memory"/"compute") print their values only.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resacct.harness.evaluate import measure_claim  # noqa: E402
 from resacct.harness.loader import load_claims_file  # noqa: E402
 from resacct.harness.registry import NotMeasurable, get_check  # noqa: E402
-from resacct.harness.timing import relative_margin  # noqa: E402
+from resacct.harness.timing import relative_margin, spread  # noqa: E402
 from resacct.measurement.machine_profile import this_machine, unmet_conditions  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[1] / "resacct" / "specs"
@@ -80,14 +81,14 @@ def main() -> int:
             rows.append({"id": claim.id, "values": values, "seconds": round(seconds, 2)})
             continue
         middle = statistics.median(values)
-        spread = (max(values) - min(values)) / abs(middle) if middle else float("nan")
+        apart = spread(values)
         expect = claim.expect
         margin = relative_margin(middle, at_least=expect.at_least if expect else None, at_most=expect.at_most if expect else None)
-        ratio = margin / spread if margin is not None and spread else float("inf")
+        ratio = math.log1p(margin) / math.log1p(apart) if margin is not None and apart else float("inf")
         flag = "  < 3x" if margin is not None and ratio < 3 else ""
         margin_text = f"{margin:7.1%}" if margin is not None else "      —"
-        print(f"{claim.id:<52} {min(values):8.3g} {middle:8.3g} {max(values):8.3g} {spread:7.1%} {margin_text} {ratio:6.1f}{flag}")
-        rows.append({"id": claim.id, "values": values, "spread": spread, "margin": margin, "seconds": round(seconds, 2)})
+        print(f"{claim.id:<52} {min(values):8.3g} {middle:8.3g} {max(values):8.3g} {apart:7.1%} {margin_text} {ratio:6.1f}{flag}")
+        rows.append({"id": claim.id, "values": values, "spread": apart, "margin": margin, "seconds": round(seconds, 2)})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"load average at the end: {load}")
     if args.json_path:

@@ -6,20 +6,28 @@ a CPU this process got meanwhile (process CPU seconds ÷ wall seconds: a loaded 
 core away and the share drops).
 
 - A round is **quiet** when the process had ≥ 85 % of a core, and **clear** when its value lies
-  at least 10 % away from every ``at_least``/``at_most`` bound (non-numeric statements, such as a
+  at least a factor 1.1 away from every ``at_least``/``at_most`` bound (non-numeric statements, such as a
   roofline's "memory"/"compute", are clear).
 - One quiet, clear round decides, either way.
-- Otherwise up to three rounds run. Rounds that all pass, with their spread (max − min ÷ median)
+- Otherwise up to three rounds run. Rounds that all pass, with their spread (max ÷ min − 1)
   smaller than the median's margin to the bound, decide *holds* (a load cannot make them agree by
   chance). A claim **fails only on quiet rounds**: load only ever adds time, and a time measured
   under load is the load's, not the machine's.
 - Anything else is **inconclusive (noisy)**: the message gives every round's value, its CPU share,
   the spread, the margin and the load average. ``RESACCT_REQUIRE_TIMING=1`` turns it into a failure.
 
+Spread and margin are both factors (timings and their ratios are positive): the spread of rounds
+0.9 and 1.2 is 1.2 ÷ 0.9 − 1 = 33 %; a median of 1.0 under ``at_most: 1.5`` has a margin of
+1.5 ÷ 1.0 − 1 = 50 %. A spec's bound should sit at least the cube of its idle spread away
+((1 + margin) ≥ (1 + spread)³, "3× the spread" on a log scale; ``benchmarks/timing_spread.py``
+prints both).
+
 >>> relative_margin(1.2, at_least=1.0, at_most=None)
 0.2
 >>> relative_margin(0.96, at_least=0.4, at_most=1.5)
-0.36
+0.5625
+>>> spread([0.9, 1.2, 1.0])
+0.333333
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from resacct.harness.evaluate import ClaimFailure, Measurement, Verdict, evaluat
 from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import get_check
 
-__all__ = ["Inconclusive", "Round", "decide_timing_claim", "measure_with_cpu_share", "relative_margin", "INCONCLUSIVE_PREFIX", "REQUIRE_TIMING_VARIABLE",
+__all__ = ["Inconclusive", "Round", "decide_timing_claim", "measure_with_cpu_share", "relative_margin", "spread", "INCONCLUSIVE_PREFIX", "REQUIRE_TIMING_VARIABLE",
            "MAX_ROUNDS", "QUIET_CPU_SHARE", "CLEAR_MARGIN"]
 
 REQUIRE_TIMING_VARIABLE = "RESACCT_REQUIRE_TIMING"
@@ -75,11 +83,18 @@ class Round:
         return self.verdict.measured
 
 
+def _factor_apart(one: float, other: float) -> float:
+    """larger ÷ smaller − 1 for two positive numbers; else their difference relative to the larger magnitude."""
+    if one > 0 and other > 0:
+        return max(one, other) / min(one, other) - 1
+    return abs(one - other) / max(abs(one), abs(other), 1e-12)
+
+
 def relative_margin(value: Any, *, at_least: float | None, at_most: float | None) -> float | None:
-    """How far ``value`` lies from the nearest bound, relative to that bound (None: no numeric bound)."""
+    """How far ``value`` lies from the nearest bound, as a factor − 1 (None: no numeric bound)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    distances = [abs(value - bound) / max(abs(bound), 1e-12) for bound in (at_least, at_most) if bound is not None]
+    distances = [_factor_apart(value, bound) for bound in (at_least, at_most) if bound is not None]
     return round(min(distances), 6) if distances else None
 
 
@@ -107,11 +122,11 @@ def _one_round(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Round:
     return Round(measurement, verdict, failure, round(share, 3), round(seconds, 3))
 
 
-def _spread(values: list[Any]) -> float | None:
+def spread(values: list[Any]) -> float | None:
+    """How far apart the rounds lie: max ÷ min − 1 (None for non-numeric values)."""
     if any(isinstance(value, bool) or not isinstance(value, (int, float)) for value in values):
         return None
-    middle = statistics.median(values)
-    return (max(values) - min(values)) / abs(middle) if middle else None
+    return round(_factor_apart(min(values), max(values)), 6)
 
 
 def _decided(claim: LoadedClaim, rounds: list[Round]) -> Round | None:
@@ -123,9 +138,9 @@ def _decided(claim: LoadedClaim, rounds: list[Round]) -> Round | None:
     if len(rounds) < 2 or len({one.passed for one in rounds}) > 1:
         return None
     values = [one.value for one in rounds]
-    spread = _spread(values)
-    median_margin = _margin(claim, statistics.median(values)) if spread is not None else None
-    agree = spread is None or median_margin is None or spread < median_margin
+    apart = spread(values)
+    median_margin = _margin(claim, statistics.median(values)) if apart is not None else None
+    agree = apart is None or median_margin is None or apart < median_margin
     if not agree:
         return None
     if last.passed:
@@ -141,9 +156,9 @@ def _describe(claim: LoadedClaim, rounds: list[Round], load_start: float | None)
         bounds.append(f"at_least {expect.at_least:g}")
     if expect is not None and expect.at_most is not None:
         bounds.append(f"at_most {expect.at_most:g}")
-    spread = _spread([one.value for one in rounds])
-    spread_text = f"; spread {spread:.0%}" if spread is not None else ""
-    margin = _margin(claim, statistics.median([one.value for one in rounds])) if spread is not None else None
+    apart = spread([one.value for one in rounds])
+    spread_text = f"; spread {apart:.0%}" if apart is not None else ""
+    margin = _margin(claim, statistics.median([one.value for one in rounds])) if apart is not None else None
     margin_text = f", margin to the bound {margin:.0%}" if margin is not None else ""
     load_end = _load_average()
     load = f"load average {_number(load_start)} → {_number(load_end)} on {os.cpu_count()} CPUs"
