@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from resacct.cli._recipes import recipe_type
+from resacct.cli._units import add_units_flag, unit_scale
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
@@ -26,6 +27,10 @@ _PLAN_EXAMPLES = """examples:
   resacct plan --params 70B --layers 80 --hidden 8192 --heads 64 --seq 4096 --tp 8 --pp 4 --dp 16 --zero 1 --sp --recompute selective --device h100
   resacct plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 --tp 8 --pp 8 --device a100 --recompute full --json
       (no --params: 12·L·h²·(1 + 13/(12h) + (V+s)/(12·L·h)), Narayanan et al. 2021 eq. 2)
+  resacct plan --hf-config llama-3-405b --seq 8192 --tp 8 --pp 16 --dp 64 --zero 1 --sp --recompute selective --device h100 --units binary
+      (shape, GQA and parameters from the config: the count `resacct account --hf-config` predicts)
+  resacct plan --layers 70 --hidden 8192 --heads 64 --kv-heads 8 --mlp 28672 --vocab 32000 --seq 4096 --tp 8 --pp 12 --memory-gb 80
+      (an uneven split: 70 layers over 12 stages, the first ten with 6; or --first-stage-layers / --last-stage-layers)
 """
 
 _OPTIMAL_EXAMPLES = """examples:
@@ -56,24 +61,60 @@ def _device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float]:
     return None, args.memory_gb * 1e9
 
 
-def _run_plan(args: argparse.Namespace) -> int:
-    from resacct.formulas.plan import megatron_parameter_count, plan_memory
+def _shape(args: argparse.Namespace) -> tuple[float, Any]:
+    """The parameter count and the architecture (None without --hf-config/--kv-heads/--mlp); fills
+    --layers, --hidden, --heads, --kv-heads, --seq from a config."""
+    from resacct.formulas.plan import megatron_parameter_count
 
-    if args.params is None and args.vocab is None:
+    if args.hf_config is not None:
+        from resacct.formulas.config_shapes import architecture_from_values
+        from resacct.hf_formulas import predict_parameters
+        from resacct.hf_models import load_hf_config
+
+        given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab") if getattr(args, name) is not None]
+        if given:
+            raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the shape by one of them, not both")
+        architecture = architecture_from_values(load_hf_config(args.hf_config).values)
+        args.layers, args.hidden, args.heads, args.kv_heads = architecture.layers, architecture.hidden, architecture.heads, architecture.kv_heads
+        args.seq = args.seq or architecture.positions
+        return (args.params if args.params is not None else float(predict_parameters(architecture))), architecture
+    missing = [f"--{name}" for name in ("layers", "hidden", "heads", "seq") if getattr(args, name) is None]
+    if missing:
+        raise ResacctError(f"give --hf-config NAME, or {', '.join(missing)}")
+    if args.params is not None:
+        return args.params, None
+    if args.vocab is None:
         raise ResacctError("give --params N, or --vocab V so resacct counts a GPT's parameters from its shape")
-    parameters = args.params if args.params is not None else megatron_parameter_count(args.layers, args.hidden, args.vocab, args.seq)
+    if args.kv_heads is None and args.mlp is None:
+        return megatron_parameter_count(args.layers, args.hidden, args.vocab, args.seq), None
+    from resacct.hf_formulas import HfArchitecture, predict_parameters
+
+    if args.mlp is None:
+        raise ResacctError("--kv-heads counts a Llama-style model (GQA, SwiGLU, untied head): give its --mlp width too, or --params")
+    architecture = HfArchitecture(family="llama", vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                                  kv_heads=args.kv_heads or args.heads, head_dim=args.hidden // args.heads, mlp=args.mlp, positions=args.seq)
+    return float(predict_parameters(architecture)), architecture
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from resacct.formulas.plan import plan_memory
+
+    parameters, _ = _shape(args)
     board, memory_bytes = _device_memory_bytes(args)
     device = board.name if board is not None else None
     layout = _layout(args)
     plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                        micro_batch=args.micro_batch, layout=layout, recipe=get_sharding_recipe(args.recipe), recompute=args.recompute,
-                       device_memory_bytes=memory_bytes, reserved_bytes=args.reserve_gb * 1e9)
+                       device_memory_bytes=memory_bytes, reserved_bytes=args.reserve_gb * 1e9, kv_heads=args.kv_heads,
+                       first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     fields = {
-        "parameters": parameters,
-        "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq": args.seq, "micro_batch": args.micro_batch,
+        "parameters": parameters, "hf_config": args.hf_config,
+        "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads or args.heads, "seq": args.seq,
+        "micro_batch": args.micro_batch,
         "tensor_parallel": layout.tensor, "pipeline_parallel": layout.pipeline, "data_parallel": layout.data,
         "context_parallel": layout.context, "world_size": layout.world_size, "zero_stage": layout.zero_stage,
         "sequence_parallel": layout.sequence_parallel, "interleaved_chunks": layout.interleaved_chunks,
+        "stage_layers": list(plan.stage_layers), "stage": plan.stage,
         "recompute": args.recompute, "recipe": plan.recipe.name, "device": device,
         "parameters_per_gpu": plan.parameters_per_gpu,
         "parameter_bytes": plan.state.parameters_bytes, "gradient_bytes": plan.state.gradients_bytes,
@@ -82,23 +123,29 @@ def _run_plan(args: argparse.Namespace) -> int:
         "total_bytes": plan.total_bytes, "reserved_bytes": plan.reserved_bytes, "device_memory_bytes": plan.device_memory_bytes,
         "fits": plan.fits, "largest_micro_batch": plan.largest_micro_batch,
     }
-    where = device or f"{args.memory_gb:g} GB"
+    scale, unit = unit_scale(args.units)
+    where = device or f"{memory_bytes / scale:.4g} {unit}"
     sp = " + SP" if layout.sequence_parallel else ""
+    gqa = f", {args.kv_heads} key/value heads (GQA)" if args.kv_heads and args.kv_heads != args.heads else ""
+    uneven = len(set(plan.stage_layers)) > 1
+    stage = (f"pipeline stage {plan.stage} of {layout.pipeline}, {plan.stage_layers[plan.stage]} layers; split {'/'.join(map(str, plan.stage_layers))}"
+             if uneven else "first pipeline stage")
     lines = [
         f"{parameters:.4g} parameters on {layout.world_size} × {where}: TP {layout.tensor}{sp} × PP {layout.pipeline} × CP {layout.context} × DP {layout.data}, "
-        f"ZeRO-{layout.zero_stage}, {plan.recipe.name} ({plan.recipe.total_bytes_per_parameter:g} bytes/param between steps), recompute {args.recompute}",
-        f"  per GPU (first pipeline stage): {plan.parameters_per_gpu:.4g} parameters",
-        f"    parameters {plan.state.parameters_bytes / 1e9:9.2f} GB",
-        f"    gradients  {plan.state.gradients_bytes / 1e9:9.2f} GB",
-        f"    optimizer  {plan.state.optimizer_state_bytes / 1e9:9.2f} GB",
-        f"    activations{plan.activation_bytes / 1e9:9.2f} GB  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
-        f"{plan.activation_bytes_per_sample / 1e9:.3g} GB a sequence)",
-        f"    total      {plan.total_bytes / 1e9:9.2f} GB of {plan.device_memory_bytes / 1e9:g} GB"
-        + (f" ({plan.reserved_bytes / 1e9:g} GB reserved)" if plan.reserved_bytes else "")
+        f"ZeRO-{layout.zero_stage}, {plan.recipe.name} ({plan.recipe.total_bytes_per_parameter:g} bytes/param between steps), recompute {args.recompute}{gqa}",
+        f"  per GPU ({stage}): {plan.parameters_per_gpu:.4g} parameters",
+        f"    parameters {plan.state.parameters_bytes / scale:9.2f} {unit}",
+        f"    gradients  {plan.state.gradients_bytes / scale:9.2f} {unit}",
+        f"    optimizer  {plan.state.optimizer_state_bytes / scale:9.2f} {unit}",
+        f"    activations{plan.activation_bytes / scale:9.2f} {unit}  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
+        f"{plan.activation_bytes_per_sample / scale:.3g} {unit} a sequence)",
+        f"    total      {plan.total_bytes / scale:9.2f} {unit} of {plan.device_memory_bytes / scale:.4g} {unit}"
+        + (f" ({plan.reserved_bytes / scale:.4g} {unit} reserved)" if plan.reserved_bytes else "")
         + f" — {'fits' if plan.fits else 'does NOT fit'}",
-        f"  largest micro-batch that fits: {plan.largest_micro_batch}"
+        f"  largest micro-batch that fits{' every stage' if uneven else ''}: {plan.largest_micro_batch}"
         + ("" if plan.largest_micro_batch else " (the training state alone does not leave room for one sequence)"),
-        "  not counted: LayerNorm statistics, embedding/output-layer activations, temporaries, communication buffers, fragmentation",
+        "  not counted: LayerNorm statistics, embedding/output-layer activations, temporaries, communication buffers, fragmentation"
+        + ("; activations use Korthikanti's 4h GeLU MLP" if args.kv_heads or args.mlp else ""),
     ]
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
 
@@ -174,10 +221,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser("plan", help="does a TP × PP × DP × ZeRO layout fit per GPU (state + activations), and the largest micro-batch",
                                  description=plan_summary, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("--params", type=count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")
-    plan.add_argument("--layers", type=positive_int, required=True, help="transformer layers L")
-    plan.add_argument("--hidden", type=positive_int, required=True, help="hidden size h")
-    plan.add_argument("--heads", type=positive_int, required=True, help="attention heads a")
-    plan.add_argument("--seq", type=positive_int, required=True, help="sequence length s")
+    plan.add_argument("--hf-config", default=None, metavar="NAME|config.json",
+                      help="layers, hidden, heads, key/value heads and parameters from a config (shipped: see 'resacct account --help')")
+    plan.add_argument("--layers", type=positive_int, default=None, help="transformer layers L")
+    plan.add_argument("--hidden", type=positive_int, default=None, help="hidden size h")
+    plan.add_argument("--heads", type=positive_int, default=None, help="attention (query) heads a")
+    plan.add_argument("--kv-heads", type=positive_int, default=None,
+                      help="key/value heads g (grouped-query attention): smaller K, V activations; with --vocab and --mlp, a Llama-style count")
+    plan.add_argument("--mlp", type=positive_int, default=None, help="MLP width of a SwiGLU block (with --vocab: counts a Llama-style model)")
+    plan.add_argument("--seq", type=positive_int, default=None, help="sequence length s (default with --hf-config: its positions)")
     plan.add_argument("--vocab", type=positive_int, default=None, help="vocabulary V (only to count parameters when --params is absent)")
     plan.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch b (default: 1)")
     plan.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size t (default: 1)")
@@ -187,6 +239,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=DEFAULT_ZERO_STAGE,
                       help=f"ZeRO stage over the data-parallel ranks (default: {DEFAULT_ZERO_STAGE}, as in every command)")
     plan.add_argument("--sp", action="store_true", help="sequence parallelism within the tensor-parallel group (needs --tp > 1)")
+    plan.add_argument("--first-stage-layers", type=positive_int, default=None,
+                      help="layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); default: as even as possible")
+    plan.add_argument("--last-stage-layers", type=positive_int, default=None,
+                      help="layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers)")
     plan.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved schedule; default: 1)")
     plan.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation recomputation (default: none)")
     plan.add_argument("--recipe", type=recipe_type, default=parse_recipe("mixed-adam"), metavar="NAME",
@@ -195,6 +251,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
     plan.add_argument("--memory-gb", type=count, default=None, help="memory per GPU in GB instead of --device")
     plan.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="GB per GPU to keep free (buffers, fragmentation; default: 0)")
+    add_units_flag(plan)
     add_json_flag(plan)
     plan.set_defaults(run=_run_plan)
 

@@ -3,13 +3,22 @@ and the largest micro-batch that fits.
 
 Per GPU (the first pipeline stage, the busiest):
 
-- training state: the model's parameters split evenly over TP × PP (N/(t·p); the embeddings
-  on the first and last stage are not singled out), with parameters, gradients and optimizer
-  state sharded over the data-parallel ranks by the ZeRO stage (:mod:`resacct.sharding`);
-- activations: Korthikanti et al. 2022's per-layer bytes (:mod:`resacct.parallelism`) × L
-  layers' worth for the first stage, with the sequence split over the context-parallel ranks
-  (the attention-core term then uses the local sequence squared: an underestimate for ring
-  attention, whose local queries score every key — selective recomputation has no such term).
+- training state: the model's parameters split over TP × PP in proportion to each stage's layers
+  (N·ℓᵢ/(L·t); the embeddings on the first and last stage are not singled out), with parameters,
+  gradients and optimizer state sharded over the data-parallel ranks by the ZeRO stage
+  (:mod:`resacct.sharding`);
+- activations: Korthikanti et al. 2022's per-layer bytes (:mod:`resacct.parallelism`), with the
+  sequence split over the context-parallel ranks (the attention-core term then uses the local
+  sequence squared: an underestimate for ring attention, whose local queries score every key —
+  selective recomputation has no such term). With grouped-query attention (g key/value heads of
+  a query heads) K and V are g/a of Korthikanti's 2sbh each: 4·sbh·(1 − g/a)/t less per layer
+  (not with full recomputation, which keeps only the layer's input).
+- pipeline stages: ``stage_layers`` splits L layers over p stages — evenly, or unevenly as
+  Megatron-LM does with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
+  (the middle stages share the rest evenly), or as evenly as possible (the first L mod p stages one
+  layer more). Under 1F1B stage i (from 0) holds p − i micro-batches in flight: ℓᵢ·(p − i) layers'
+  worth of activations (L for the first stage of an even split). The plan reports the stage with
+  the most bytes; the largest micro-batch is the one every stage fits.
 
 Activations grow linearly with the micro-batch, so the largest micro-batch is a division.
 
@@ -18,18 +27,23 @@ Activations grow linearly with the micro-batch, so the largest micro-batch is a 
 ...                    recipe="mixed-adam", recompute="selective", device_memory_bytes=80e9)
 >>> round(plan.state.total_bytes / 1e9, 2), round(plan.activation_bytes / 1e9, 2), plan.fits, plan.largest_micro_batch
 (10.39, 11.41, True, 6)
+>>> stage_layers(70, 12)                     # as evenly as possible: ten stages of 6, two of 5
+(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5)
+>>> stage_layers(126, 16, first=7, last=7)   # Megatron's first/last stage layers: 14 middle stages of 8
+(7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.parallelism import ParallelLayout, first_stage_activation_bytes
+from resacct.parallelism import ParallelLayout, first_stage_activation_bytes, pipeline_activation_factor
 from resacct.sharding import PerRankBytes, ShardingRecipe, get_sharding_recipe, per_rank_bytes
 
-__all__ = ["MemoryPlan", "plan_memory", "megatron_parameter_count"]
+__all__ = ["MemoryPlan", "plan_memory", "megatron_parameter_count", "stage_layers", "gqa_activation_saving_bytes_per_layer"]
 
 
 def megatron_parameter_count(layers: int, hidden: int, vocab: int, seq: int) -> float:
@@ -52,6 +66,9 @@ class MemoryPlan:
     activation_bytes_per_sample: float
     device_memory_bytes: float
     reserved_bytes: float
+    stage: int = 0
+    stage_layers: tuple[int, ...] = ()
+    micro_batch_limit: int | None = None  # the largest micro-batch every other stage fits
 
     @property
     def total_bytes(self) -> float:
@@ -65,7 +82,8 @@ class MemoryPlan:
     def largest_micro_batch(self) -> int:
         """The most sequences per micro-batch whose activations fit beside the state (0: none)."""
         room = self.device_memory_bytes - self.reserved_bytes - self.state.total_bytes
-        return max(0, math.floor(room / self.activation_bytes_per_sample)) if room > 0 else 0
+        own = max(0, math.floor(room / self.activation_bytes_per_sample)) if room > 0 else 0
+        return own if self.micro_batch_limit is None else min(own, self.micro_batch_limit)
 
 
 def _check_divides(part: int, whole: int, what: str, by: str) -> None:
@@ -73,9 +91,43 @@ def _check_divides(part: int, whole: int, what: str, by: str) -> None:
         raise ResacctError(f"{what} {whole} is not divisible by {by} {part}; choose a {by} that divides it")
 
 
+def stage_layers(layers: int, pipeline: int, *, first: int | None = None, last: int | None = None) -> tuple[int, ...]:
+    """Layers on each of ``pipeline`` stages (see the module doc); refused when a stage would get none
+    or the middle stages cannot share the rest evenly."""
+    if pipeline > layers:
+        raise ResacctError(f"{layers} layers over {pipeline} pipeline stages leave a stage without layers; choose a pipeline size ≤ {layers}")
+    if first is None and last is None:
+        base, extra = divmod(layers, pipeline)
+        return tuple(base + (1 if stage < extra else 0) for stage in range(pipeline))
+    if pipeline < 2:
+        raise ResacctError("first/last pipeline-stage layers need a pipeline size ≥ 2")
+    ends = [value for value in (first, last) if value is not None]
+    if any(value < 1 for value in ends):
+        raise ResacctError(f"first/last pipeline-stage layers {ends}: expected whole numbers ≥ 1")
+    middle_stages = pipeline - len(ends)
+    rest = layers - sum(ends)
+    if middle_stages == 0 and rest != 0 or middle_stages and (rest < middle_stages or rest % middle_stages):
+        raise ResacctError(f"{layers} layers with {ends} on the end stage(s) leave {rest} for {middle_stages} middle stages; "
+                           "they must share them evenly (as Megatron-LM requires)")
+    middle = [rest // middle_stages] * middle_stages if middle_stages else []
+    return tuple(([first] if first is not None else []) + middle + ([last] if last is not None else []))
+
+
+def gqa_activation_saving_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, kv_heads: int, *, tensor_parallel: int = 1,
+                                          recompute: str = "none") -> float:
+    """Bytes per layer Korthikanti's table over-counts for g = ``kv_heads`` < a = ``heads``: K and V are
+    2·s·b·h·g/a bytes each, not 2sbh — 4·sbh·(1 − g/a)/t (0 under full recomputation)."""
+    if kv_heads < 1 or heads % kv_heads:
+        raise ResacctError(f"{heads} query heads are not a multiple of {kv_heads} key/value heads")
+    if recompute == "full":
+        return 0.0
+    return 4.0 * seq * micro_batch * hidden * (1 - kv_heads / heads) / tensor_parallel
+
+
 def plan_memory(*, parameters: float, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, layout: ParallelLayout,
-                recipe: str | ShardingRecipe, recompute: str, device_memory_bytes: float, reserved_bytes: float = 0.0) -> MemoryPlan:
-    """Training state and activations on the first pipeline stage's GPU (see the module doc)."""
+                recipe: str | ShardingRecipe, recompute: str, device_memory_bytes: float, reserved_bytes: float = 0.0, kv_heads: int | None = None,
+                first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> MemoryPlan:
+    """Training state and activations on the busiest pipeline stage's GPU (see the module doc)."""
     chosen = get_sharding_recipe(recipe)
     if isinstance(parameters, bool) or not isinstance(parameters, (int, float)) or not math.isfinite(parameters) or parameters <= 0:
         raise ResacctError(f"parameters is {parameters!r}; expected a number > 0 such as 70e9")
@@ -84,15 +136,25 @@ def plan_memory(*, parameters: float, layers: int, hidden: int, heads: int, seq:
     if not math.isfinite(reserved_bytes) or reserved_bytes < 0:
         raise ResacctError(f"reserved memory is {reserved_bytes!r} bytes; expected 0 or more")
     _check_divides(layout.tensor, heads, "heads", "tensor-parallel size")
-    _check_divides(layout.pipeline, layers, "layers", "pipeline-parallel size")
     _check_divides(layout.context, seq, "sequence length", "context-parallel size")
-    parameters_per_gpu = parameters / (layout.tensor * layout.pipeline)
-    state = per_rank_bytes(parameters_per_gpu, chosen, layout.zero_stage, layout.data)
-    common = dict(tensor_parallel=layout.tensor, sequence_parallel=layout.sequence_parallel, recompute=recompute,
-                  pipeline_parallel=layout.pipeline, interleaved_chunks=layout.interleaved_chunks)
+    stages = stage_layers(layers, layout.pipeline, first=first_stage_layers, last=last_stage_layers)
+    if layout.interleaved_chunks > 1 and len(set(stages)) > 1:
+        raise ResacctError(f"an interleaved schedule needs an even pipeline split; {layers} layers over {layout.pipeline} stages is {list(stages)}")
     local_seq = seq // layout.context
-    per_sample = first_stage_activation_bytes(layers, local_seq, 1, hidden, heads, **common)
-    activations = first_stage_activation_bytes(layers, local_seq, micro_batch, hidden, heads, **common)
-    return MemoryPlan(layout=layout, recipe=chosen, recompute=recompute, micro_batch=int(micro_batch), parameters_per_gpu=parameters_per_gpu,
-                      state=state, activation_bytes=activations, activation_bytes_per_sample=per_sample,
-                      device_memory_bytes=float(device_memory_bytes), reserved_bytes=float(reserved_bytes))
+    common = dict(tensor_parallel=layout.tensor, sequence_parallel=layout.sequence_parallel, recompute=recompute)
+    gqa = gqa_activation_saving_bytes_per_layer(local_seq, 1, hidden, heads, kv_heads or heads, tensor_parallel=layout.tensor, recompute=recompute)
+    plans = []
+    for index, held in enumerate(stages):
+        # 1F1B: stage i keeps p − i micro-batches in flight (the interleaved factor for an even split)
+        held_layers = layers if len(set(stages)) == 1 else held * (layout.pipeline - index)
+        per_sample = first_stage_activation_bytes(held_layers, local_seq, 1, hidden, heads, pipeline_parallel=layout.pipeline,
+                                                  interleaved_chunks=layout.interleaved_chunks, **common)
+        per_sample -= gqa * held_layers * pipeline_activation_factor(layout.pipeline, layout.interleaved_chunks)
+        parameters_per_gpu = parameters * held / layers / layout.tensor
+        plans.append(MemoryPlan(layout=layout, recipe=chosen, recompute=recompute, micro_batch=int(micro_batch), parameters_per_gpu=parameters_per_gpu,
+                                state=per_rank_bytes(parameters_per_gpu, chosen, layout.zero_stage, layout.data),
+                                activation_bytes=per_sample * micro_batch, activation_bytes_per_sample=per_sample,
+                                device_memory_bytes=float(device_memory_bytes), reserved_bytes=float(reserved_bytes), stage=index, stage_layers=stages))
+    busiest = max(plans, key=lambda plan: plan.total_bytes)
+    limit = min(plan.largest_micro_batch for plan in plans)
+    return dataclasses.replace(busiest, micro_batch_limit=limit)

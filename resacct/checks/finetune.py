@@ -1,0 +1,111 @@
+"""LoRA fine-tuning measured with a real ``peft`` step on the CPU: a tiny LlamaForCausalLM built
+from a config (no weights downloaded) wrapped by ``peft.get_peft_model``, one forward, backward and
+``torch.optim.AdamW`` step over the trainable parameters, every piece of state counted by storage
+— beside :mod:`resacct.formulas.lora`. Skipped (not measurable) when transformers or peft is not
+installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+
+from resacct.errors import ResacctError
+from resacct.harness.registry import NotMeasurable, Outcome, check
+
+_MISSING = "{name} is not installed (the optional extra: pip install 'resacct[finetune]')"
+_DTYPES = {"float32": (torch.float32, "fp32"), "bfloat16": (torch.bfloat16, "bf16"), "float16": (torch.float16, "fp16")}
+_QUANTITIES = ("trainable_parameters", "trainable_tensors", "adapter_element_bytes", "frozen_bytes", "adapter_bytes", "gradient_bytes",
+               "frozen_gradients", "optimizer_state_bytes", "state_bytes", "saved_activation_bytes", "saved_activation_ratio")
+
+
+def _require(name: str) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        __import__(name)
+    except ImportError:
+        raise NotMeasurable(_MISSING.format(name=name)) from None
+
+
+@check("finetune.lora_step", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "full_saved_activation_bytes"))
+def lora_step(quantity: str, rank: int, targets: str, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96,
+              vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16) -> Outcome:
+    """One quantity of a real peft LoRA step (rank ``rank`` on the comma-separated ``targets``,
+    or ``all-linear``) on a tiny Llama in ``dtype``, with torch.optim.AdamW: trainable parameters
+    and tensors, the adapters' element bytes, the bytes of the frozen base, of the adapters, of
+    every gradient (``frozen_gradients``: how many frozen parameters got one), of the optimizer
+    state (step counters included) and all of it (``state_bytes``), and the bytes autograd saved
+    in the forward (``saved_activation_bytes``, by storage; ``saved_activation_ratio``: over what
+    the fully trainable model saves). Quantities: the base's and the
+    adapters' parameters (measured), adapter tensors, head size, and what the same model saves
+    without adapters when fully trainable (``full_saved_activation_bytes``)."""
+    _require("peft")  # first: peft needs transformers, and a missing peft is then said at no import cost
+    _require("transformers")
+    if quantity not in _QUANTITIES or dtype not in _DTYPES:
+        raise ResacctError(f"quantity {quantity!r} / dtype {dtype!r}: expected one of {', '.join(_QUANTITIES)} / {', '.join(_DTYPES)}")
+    outcome = _lora_step(rank, targets, hidden, layers, heads, kv_heads, mlp, vocab, dtype, dropout, batch, seq)
+    return outcome[quantity]
+
+
+def _config(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, dtype: str, dropout: float,
+               batch: int, seq: int) -> dict[str, Outcome]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    from resacct.activation_recording import record_saved_activations
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.formulas.lora import lora_training_memory
+    from resacct.memory import distinct_storage_bytes, optimizer_state_tensors
+
+    torch_dtype, base_format = _DTYPES[dtype]
+    config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
+    target_list = [t.strip() for t in targets.split(",")]
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    full = LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+    with record_saved_activations(full) as full_saved:
+        full(input_ids=ids, labels=ids).loss
+    with warnings.catch_warnings():  # transformers' FutureWarning about is_gradient_checkpointing, raised inside peft
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation="sdpa"),
+                               LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout,
+                                          target_modules="all-linear" if target_list == ["all-linear"] else target_list))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    with record_saved_activations(model) as saved:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    state = optimizer_state_tensors(optimizer)
+    predicted = lora_training_memory(architecture_from_values(config.to_dict()), rank=rank, targets=tuple(target_list), base_format=base_format)
+    adapter_parameters = sum(p.numel() for p in trainable)
+    quantities = {"base_parameters": sum(p.numel() for p in frozen), "adapter_parameters": adapter_parameters, "adapter_tensors": len(trainable),
+                  "head_dim": hidden // heads, "full_saved_activation_bytes": full_saved.activation_bytes}
+    measured = {
+        "trainable_parameters": (adapter_parameters, predicted.adapter_parameters),
+        "trainable_tensors": (len(trainable), predicted.adapter_tensors),
+        "adapter_element_bytes": (trainable[0].element_size(), predicted.adapter_element_bytes),
+        "frozen_bytes": (distinct_storage_bytes(frozen), predicted.base_bytes),
+        "adapter_bytes": (distinct_storage_bytes(trainable), predicted.adapter_bytes),
+        "gradient_bytes": (distinct_storage_bytes(gradients), predicted.gradient_bytes),
+        "frozen_gradients": (sum(p.grad is not None for p in frozen), 0),
+        "optimizer_state_bytes": (distinct_storage_bytes(state), predicted.optimizer_state_bytes),
+        "state_bytes": (distinct_storage_bytes([*model.parameters(), *gradients, *state]), predicted.state_bytes),
+        "saved_activation_bytes": (saved.activation_bytes, None),
+        "saved_activation_ratio": (saved.activation_bytes / full_saved.activation_bytes, None),
+    }
+    return {name: Outcome(measured=value, predicted=guess, quantities=quantities) for name, (value, guess) in measured.items()}

@@ -1,0 +1,76 @@
+"""Arguments ``infer`` and ``lora`` share: the model (``--hf-config`` or its shape) and the device
+(``--device`` from the datasheet table, or ``--memory-gb``), read into resacct's objects."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from resacct.cli.arguments import count, non_negative_float, positive_int
+from resacct.errors import ResacctError
+
+__all__ = ["add_model_arguments", "add_device_arguments", "model_architecture", "device_memory_bytes"]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from resacct.hf_models import known_hf_configs
+
+    parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
+                        help="the model's shape from a config: shipped " + ", ".join(known_hf_configs()) + "; or a model card's config.json")
+    parser.add_argument("--layers", type=positive_int, default=None, help="transformer layers L (without --hf-config)")
+    parser.add_argument("--hidden", type=positive_int, default=None, help="hidden size d (without --hf-config)")
+    parser.add_argument("--heads", type=positive_int, default=None, help="query heads h (without --hf-config)")
+    parser.add_argument("--kv-heads", type=positive_int, default=None, help="key/value heads g (GQA; 1 = MQA; default: --heads)")
+    parser.add_argument("--head-dim", type=positive_int, default=None, help="head size e (default: hidden / heads)")
+    parser.add_argument("--mlp", type=positive_int, default=None, help="MLP width f of a SwiGLU (Llama-style) block (without --hf-config)")
+    parser.add_argument("--vocab", type=positive_int, default=None, help="vocabulary V (without --hf-config; untied LM head)")
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
+    parser.add_argument("--memory-gb", type=count, default=None, help="memory per device in GB (10^9 bytes) instead of --device")
+    parser.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="GB to keep free (CUDA context, fragmentation; default: 0)")
+    parser.set_defaults(device_required=required)
+
+
+def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
+    """The model's name (a config's, or "a custom model") and its :class:`HfArchitecture` (llama
+    family when given by shape)."""
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.hf_formulas import HfArchitecture
+
+    shape = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
+             "mlp": args.mlp, "vocab": args.vocab}
+    if args.hf_config is not None:
+        given = [f"--{name.replace('_', '-')}" for name, value in shape.items() if value is not None]
+        if given:
+            raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+        from resacct.hf_models import load_hf_config
+
+        spec = load_hf_config(args.hf_config)
+        return spec.name, architecture_from_values(spec.values)
+    missing = [f"--{name}" for name in ("layers", "hidden", "heads", "mlp", "vocab") if shape[name] is None]
+    if missing:
+        raise ResacctError(f"give --hf-config NAME, or the model's shape: {', '.join(missing)} missing")
+    heads = args.heads
+    head_dim = args.head_dim or args.hidden // heads
+    if args.head_dim is None and args.hidden % heads:
+        raise ResacctError(f"--hidden {args.hidden} is not divisible by --heads {heads}; give --head-dim")
+    return "a custom model", HfArchitecture(family="llama", vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=heads,
+                                            kv_heads=args.kv_heads or heads, head_dim=head_dim, mlp=args.mlp, positions=0)
+
+
+def device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float | None]:
+    """The board (None for --memory-gb or no device) and its memory in bytes (None: no device given)."""
+    if args.device is not None and args.memory_gb is not None:
+        raise ResacctError("give --device NAME (memory from the datasheet table) or --memory-gb GB, not both")
+    if args.device is not None:
+        from resacct.facts.hardware import get_accelerator
+
+        board = get_accelerator(args.device)
+        return board, float(board.memory_bytes)
+    if args.memory_gb is not None:
+        return None, args.memory_gb * 1e9
+    if getattr(args, "device_required", False):
+        raise ResacctError("give --device NAME (see 'resacct devices') or --memory-gb GB")
+    return None, None

@@ -1,0 +1,113 @@
+"""``resacct infer``: serving memory — the weights in their format plus the KV cache of a batch at a
+context length (2 × batch × context × layers × kv_heads × head_dim × bytes; GQA and MQA through
+the key/value heads) — and, on a device, whether it fits, the largest batch at that context and
+the largest context at that batch.
+
+The cache term is checked against a real transformers ``generate`` loop's cache on the CPU
+(``resacct/specs/inference.claims.yaml``); NF4 is QLoRA's 4.127 bits (double quantisation).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
+from resacct.cli._units import add_units_flag, gigabytes_text
+from resacct.cli.arguments import positive_int
+from resacct.cli.output import add_json_flag, emit, with_caveat
+
+__all__ = ["register"]
+
+_EXAMPLES = """examples:
+  resacct infer --hf-config llama-3-8b --batch 8 --context 8192 --device h100
+  resacct infer --hf-config llama-2-70b --weights int4 --kv-format fp8 --batch 32 --context 4096 --device a100 --units binary
+  resacct infer --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --mlp 14336 --vocab 128256 --context 32768 --memory-gb 24 --json
+"""
+
+_NOT_COUNTED = "not counted: the forward's activations and logits, temporaries, quantisation scales of int8/int4, the CUDA context, fragmentation"
+
+
+def _choice(table: dict[str, Any], what: str) -> Any:
+    def parse(text: str) -> str:
+        key = text.strip().lower()
+        if key not in table:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}; choose one of {', '.join(table)}")
+        return key
+
+    return parse
+
+
+def _row(label: str, value_bytes: float, units: str) -> str:
+    return f"  {label:<32}{gigabytes_text(value_bytes, units):>12}"
+
+
+def _run_infer(args: argparse.Namespace) -> int:
+    from resacct.formulas.kv_cache import KV_FORMAT_BYTES, WEIGHT_FORMAT_BITS, inference_memory
+    from resacct.hf_formulas import predict_parameters
+
+    name, architecture = model_architecture(args)
+    context = args.context or architecture.positions
+    if not context:
+        from resacct.errors import ResacctError
+
+        raise ResacctError("give --context TOKENS (a custom model has no max_position_embeddings to default to)")
+    board, memory_bytes = device_memory_bytes(args)
+    parameters = predict_parameters(architecture)
+    memory = inference_memory(parameters=parameters, layers=architecture.layers, kv_heads=architecture.kv_heads, head_dim=architecture.head_dim,
+                              batch=args.batch, context=context, weight_format=args.weights, kv_format=args.kv_format,
+                              device_memory_bytes=memory_bytes if memory_bytes is not None else float("inf"),
+                              reserved_bytes=args.reserve_gb * 1e9)
+    fields: dict[str, Any] = {
+        "model": name, "parameters": parameters, "layers": architecture.layers, "heads": architecture.heads, "kv_heads": architecture.kv_heads,
+        "head_dim": architecture.head_dim, "max_position_embeddings": architecture.positions or None, "batch": args.batch, "context": context,
+        "weight_format": memory.weight_format, "weight_bits_per_parameter": WEIGHT_FORMAT_BITS[memory.weight_format],
+        "kv_format": memory.kv_format, "kv_element_bytes": KV_FORMAT_BYTES[memory.kv_format],
+        "weight_bytes": memory.weight_bytes, "kv_cache_bytes_per_token": memory.kv_cache_bytes_per_token, "kv_cache_bytes": memory.kv_cache_bytes,
+        "total_bytes": memory.total_bytes, "device": board.name if board is not None else None, "device_memory_bytes": memory_bytes,
+        "reserved_bytes": memory.reserved_bytes,
+        "fits": memory.fits if memory_bytes is not None else None,
+        "largest_batch": memory.largest_batch if memory_bytes is not None else None,
+        "largest_context": memory.largest_context if memory_bytes is not None else None,
+    }
+    units = args.units
+    where = f" on {board.name if board is not None else gigabytes_text(memory_bytes, units) + ' per device'}" if memory_bytes is not None else ""
+    lines = [
+        f"{name}: {parameters:.4g} parameters, {architecture.layers} layers, {architecture.kv_heads} key/value heads × {architecture.head_dim} "
+        f"({architecture.heads} query heads) — batch {args.batch} × context {context}{where}",
+        _row(f"weights ({memory.weight_format}, {WEIGHT_FORMAT_BITS[memory.weight_format]:.4g} bits/param)", memory.weight_bytes, units),
+        _row(f"KV cache ({memory.kv_format})", memory.kv_cache_bytes, units) + "  "
+        f"({memory.kv_cache_bytes_per_token:,} bytes a token: 2 × {architecture.layers} layers × {architecture.kv_heads} kv heads × "
+        f"{architecture.head_dim} × {KV_FORMAT_BYTES[memory.kv_format]} bytes)",
+    ]
+    total = _row("total", memory.total_bytes, units)
+    if memory_bytes is None:
+        lines.append(total)
+    else:
+        reserved = f" ({gigabytes_text(memory.reserved_bytes, units)} reserved)" if memory.reserved_bytes else ""
+        lines.append(f"{total} of {gigabytes_text(memory_bytes, units)}{reserved} — {'fits' if memory.fits else 'does NOT fit'}")
+        beyond = (f" (beyond the config's {architecture.positions} positions)"
+                  if architecture.positions and memory.largest_context > architecture.positions else "")
+        lines += [f"  largest batch at context {context}: {memory.largest_batch}"
+                  + ("" if memory.room_bytes > 0 else " (the weights alone do not fit)"),
+                  f"  largest context at batch {args.batch}: {memory.largest_context} tokens{beyond}"]
+    lines.append(f"  {_NOT_COUNTED}")
+    return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from resacct.formulas.kv_cache import KV_FORMAT_BYTES, WEIGHT_FORMAT_BITS
+
+    parser = subparsers.add_parser("infer", help="serving memory: weights by format + KV cache (GQA/MQA); the largest batch and context that fit",
+                                   description=__doc__, epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (default: 1)")
+    parser.add_argument("--context", type=positive_int, default=None, help="tokens per sequence, prompt + generated (default: the config's positions)")
+    parser.add_argument("--weights", type=_choice(WEIGHT_FORMAT_BITS, "weight format"), default="bf16", metavar="FORMAT",
+                        help=f"weight format: {', '.join(WEIGHT_FORMAT_BITS)} (default: bf16; nf4 = QLoRA's 4.127 bits)")
+    parser.add_argument("--kv-format", type=_choice(KV_FORMAT_BYTES, "KV-cache format"), default="bf16", metavar="FORMAT",
+                        help=f"KV-cache element format: {', '.join(KV_FORMAT_BYTES)} (default: bf16)")
+    add_device_arguments(parser, required=False)
+    add_units_flag(parser)
+    add_json_flag(parser)
+    parser.set_defaults(run=_run_infer)
