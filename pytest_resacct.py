@@ -16,11 +16,9 @@ import fnmatch
 
 import pytest
 
-GPU_MARKER_DESCRIPTION = (
-    "gpu: a resacct claim that needs a CUDA GPU; resacct skips such claims without one "
-    "(RESACCT_REQUIRE_GPU=1 makes that a failure). resacct does not skip your own tests marked gpu: "
-    "give them a skipif"
-)
+# resacct registers no markers: its claim items carry their marks (gpu, slow, distributed; `-m gpu`
+# selects them) without registering the names, so a host project's --strict-markers means the same
+# with or without resacct installed (its own @pytest.mark.gpu still needs its own registration).
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,9 +33,6 @@ def pytest_configure(config: pytest.Config) -> None:
     from resacct.harness.pytest_settings import SEEN_CLAIM_IDS, hypothesis_profile_name
     from resacct.harness.recorder import CLAIMS_RECORDER, RECORDER_PLUGIN_NAME, ClaimsRecorder
 
-    config.addinivalue_line("markers", GPU_MARKER_DESCRIPTION)
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
-    config.addinivalue_line("markers", "distributed: starts torch.distributed process groups")
     hypothesis_profile_name()  # a bad RESACCT_HYPOTHESIS_PROFILE is a usage error up front
     config.stash[SEEN_CLAIM_IDS] = {}
     config.stash[CLAIMS_RECORDER] = recorder = ClaimsRecorder(config)

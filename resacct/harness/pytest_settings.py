@@ -21,6 +21,7 @@ __all__ = [
     "CLAIM_HYPOTHESIS_SETTINGS",
     "hypothesis_profile_name",
     "claim_hypothesis_settings",
+    "claims_example_database",
 ]
 
 CLAIM_PROPERTY = "resacct_claim"
@@ -48,12 +49,31 @@ def hypothesis_profile_name() -> str:
     return name
 
 
+def claims_example_database():  # type: ignore[no-untyped-def]
+    """Where the claims' failing examples are kept: the user's cache folder
+    (``$XDG_CACHE_HOME/resacct/hypothesis``, else ``~/.cache/resacct/hypothesis``), never a
+    ``.hypothesis/`` folder in whatever directory the run started from; None (no database) where
+    that folder cannot be made."""
+    from pathlib import Path
+
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "resacct" / "hypothesis"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return DirectoryBasedExampleDatabase(str(folder))
+
+
 def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]
     """The ``hypothesis.settings`` of one claim item: Hypothesis' own ``default`` profile (never
     the host's loaded one) with resacct's values; ``max_examples`` from the claim's ``examples``."""
     from hypothesis import HealthCheck, settings
 
     values = dict(CLAIM_HYPOTHESIS_SETTINGS[hypothesis_profile_name()])
+    values.setdefault("database", claims_example_database())
     if max_examples is not None:
         values["max_examples"] = max_examples
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]

@@ -128,13 +128,62 @@ GPU_USER_TEST = """
 """
 
 
-def test_gpu_marker_says_user_tests_are_not_skipped_and_they_are_not(pytester: pytest.Pytester, monkeypatch):
+def test_the_plugin_registers_no_markers_and_leaves_user_tests_alone(pytester: pytest.Pytester, monkeypatch):
+    """A host's --strict-markers means the same with resacct installed: its own unregistered
+    ``gpu`` mark is still an error, and resacct's claims still carry (and select by) theirs."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("RESACCT_REQUIRE_GPU", "1")
     pytester.makepyfile(test_user=textwrap.dedent(GPU_USER_TEST))
     markers = pytester.runpytest("--markers")
-    markers.stdout.fnmatch_lines(["@pytest.mark.gpu: a resacct claim that needs a CUDA GPU*does not skip your own tests marked gpu*"])
+    assert not any(line.startswith(("@pytest.mark.gpu", "@pytest.mark.slow", "@pytest.mark.distributed")) for line in markers.stdout.lines)
+    strict = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")  # in-process runs share pytest.mark's cache of known names
+    strict.stdout.fnmatch_lines(["*'gpu' not found in `markers` configuration option*"])
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: the host's own\n")  # a host registers its own marks
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
-    assert result.parseoutcomes().get("passed") == 1 and "skipped" not in result.parseoutcomes()
+    assert result.parseoutcomes().get("passed") == 1 and "skipped" not in result.parseoutcomes()  # resacct never skips a user's test
+
+
+def test_claims_carry_their_marks_without_registering_them(pytester: pytest.Pytester, write_spec, monkeypatch):
+    monkeypatch.setenv("RESACCT_RUN_SLOW", "1")  # this repository's quick tier (active in-process) would leave the slow claim out
+    write_spec("demo.claims.yaml", """
+        area: demo
+        source: test
+        claims:
+          - id: slow-one
+            says: s
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            marks: [slow]
+          - id: plain-one
+            says: s
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+        """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-m", "slow", "--collect-only", "-q")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*demo.claims.yaml::slow-one*"])
+    assert not any("plain-one" in line for line in result.stdout.lines)
+
+
+def test_no_hypothesis_folder_is_left_where_the_run_started(pytester: pytest.Pytester, write_spec, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("RESACCT_HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    write_spec("demo.claims.yaml", """
+        area: demo
+        source: test
+        claims:
+          - id: square-law
+            says: x squared
+            measure: testing.square
+            forall: {x: small_dim}
+            law: x*x
+        """)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.parseoutcomes()["passed"] == 1
+    assert not (pytester.path / ".hypothesis").exists()
+    assert (tmp_path / "cache" / "resacct" / "hypothesis").is_dir()

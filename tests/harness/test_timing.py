@@ -140,11 +140,14 @@ def test_the_cpu_share_tells_a_busy_round_from_a_starved_one():
     from resacct.harness.registry import Check
 
     claim = _claim({"at_least": 0.0})
-    for function, low, high in ((spin, 0.3, 2.5), (wait, 0.0, 0.3)):
+    shares = {}
+    for function in (spin, wait):
         fake = Check("testing.timed", function, (), "", True)
         with mock.patch("resacct.harness.evaluate.get_check", return_value=fake):
-            _, share, seconds = timing.measure_with_cpu_share(claim, {"value": 1.0})
-        assert low <= share <= high and seconds >= 0.04, (function.__name__, share)
+            _, shares[function.__name__], seconds = timing.measure_with_cpu_share(claim, {"value": 1.0})
+        assert seconds >= 0.04
+    # a spin gets what the machine gives it (0.25 seen at load 6 on 2 cores); a wait gets nothing
+    assert shares["wait"] < 0.1 and shares["spin"] > max(0.1, 3 * shares["wait"]), shares
 
 
 TIMED_SPEC = """
