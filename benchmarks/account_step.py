@@ -10,10 +10,10 @@ Each row times one analysis on the same model and batch, beside the bare measure
   :func:`resacct.account.trace_step_flops` (nested counters for the forward/backward split, the
   per-module breakdown made exclusive, a dispatch mode listing the ops the counter misses);
 - activations — *bare*: ``saved_tensors_hooks`` keeping every saved tensor; *resacct*:
-  :func:`resacct.activations.record_saved_activations` (a module stack from forward hooks,
+  :func:`resacct.measurement.activations.record_saved_activations` (a module stack from forward hooks,
   storage deduplication, parameters flagged);
 - allocator — *bare*: forward + backward with no profiler; *resacct*: the same under
-  :func:`resacct.activations.trace_allocations` (torch.profiler, ``profile_memory=True``);
+  :func:`resacct.measurement.activations.trace_allocations` (torch.profiler, ``profile_memory=True``);
 - training state — *bare*: two AdamW steps; *resacct*:
   :func:`resacct.account.measure_training_state` (a copy of the model, the recipe, the counts);
 - the whole account — *bare*: one training step (forward, backward, AdamW); *resacct*:
@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resacct.account import account_gpt, measure_training_state, trace_step_flops  # noqa: E402
-from resacct.activations import gpt_loss, record_saved_activations, trace_allocations  # noqa: E402
+from resacct.measurement.activations import gpt_loss, record_saved_activations, trace_allocations  # noqa: E402
 from resacct.training.gpt import build_gpt, get_gpt_config  # noqa: E402
 
 

@@ -6,7 +6,7 @@
 Both count one training step (forward, MSE loss, backward) of the same model on the same input:
 
 - *bare*: one ``FlopCounterMode`` around the whole step, ``get_total_flops()``;
-- *resacct*: :func:`resacct.flops.trace_flops` — forward and backward in separate counters, a
+- *resacct*: :func:`resacct.formulas.flops.trace_flops` — forward and backward in separate counters, a
   dispatch mode beside them that records every aten op (for the per-op breakdown and the list of
   ops FlopCounterMode does not count), and the model's ``.grad`` saved and restored.
 
@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resacct.flops import trace_flops  # noqa: E402
+from resacct.formulas.flops import trace_flops  # noqa: E402
 from resacct.training.models import Cruncher, TwoLayerNetwork  # noqa: E402
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], int, int]] = {

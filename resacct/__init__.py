@@ -10,8 +10,8 @@ predicted beside measured (:mod:`resacct.api`)::
     print(report.render())                       # the table `resacct account` prints
     report.flops.predicted, report.flops.measured, report.state.measured
 
-Everything else lives in its area (``resacct.facts.dtypes``, ``resacct.flops``, ``resacct.memory``,
-``resacct.facts.recipes``, ``resacct.sharding`` …). Importing this package imports nothing heavy:
+Everything else lives in its area (``resacct.facts.dtypes``, ``resacct.formulas.flops``, ``resacct.measurement.memory``,
+``resacct.facts.recipes``, ``resacct.formulas.sharding`` …). Importing this package imports nothing heavy:
 ``account_model`` and the report types load torch when first used.
 """
 

@@ -10,7 +10,7 @@ True
 True
 
 Built on :func:`resacct.account.account_gpt` (a :mod:`resacct.training.gpt` config name such as
-``"gpt-nano"``) and :func:`resacct.account_generic.account_module` (any ``nn.Module``, or a
+``"gpt-nano"``) and :func:`resacct.account.generic.account_module` (any ``nn.Module``, or a
 ``"module:factory"`` string): the same measurements ``resacct account`` prints, and
 :meth:`TrainingReport.render` prints the same table.
 """
@@ -55,7 +55,7 @@ class TrainingReport:
     optimizer state while ``optimizer.step()`` runs), ``state_between_steps``, ``activations``
     (what autograd saves for backward) and ``peak`` (the allocator's forward + backward peak
     above the parameters; measured on the CPU only). ``account`` is the whole account
-    (:class:`resacct.account.StepAccount` or :class:`resacct.account_generic.ModelAccount`)."""
+    (:class:`resacct.account.StepAccount` or :class:`resacct.account.generic.ModelAccount`)."""
 
     model: str
     parameters: int
@@ -127,7 +127,7 @@ def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple
     if has_example:
         raise ResacctError(f"model {name!r}: example_input goes with an nn.Module; a name makes its own input from batch and seq")
     if ":" in name:
-        from resacct.account_generic import account_model as account_factory
+        from resacct.account.generic import account_model as account_factory
 
         return account_factory(name, batch=batch, seq=seq, input_shape=input_shape, loss=loss, recipe=recipe, optimizer=optimizer, measure=measure)
     from resacct.account import account_gpt
@@ -137,8 +137,8 @@ def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple
 
 def _account_module(model: nn.Module, *, batch: int, seq: int | None, example_input: Any, input_shape: tuple[int, ...] | None, recipe: str,
                     optimizer: str, loss: str) -> Any:
-    from resacct.account_generic import account_module
-    from resacct.model_io import default_inputs
+    from resacct.account.generic import account_module
+    from resacct.account.model_io import default_inputs
 
     if not list(model.parameters()):
         raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")

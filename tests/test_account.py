@@ -16,7 +16,7 @@ from resacct.account import (
     sdpa_gap_formulas,
     trace_step_flops,
 )
-from resacct.activations import gpt_loss
+from resacct.measurement.activations import gpt_loss
 from resacct.errors import ResacctError, UnknownNameError
 from resacct.training.gpt import GPT_CONFIGS, GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.formulas.gpt_formulas import (
@@ -265,9 +265,9 @@ def json_roundtrips(data) -> bool:
 
 
 def test_generic_account_of_an_mlp_is_predicted_exactly():
-    from resacct.account_generic import account_model
+    from resacct.account.generic import account_model
 
-    account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16, "depth": 2, "activation": "relu"}, batch=3, loss="mse")
+    account = account_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16, "depth": 2, "activation": "relu"}, batch=3, loss="mse")
     p = account.predicted
     assert (account.flops.forward_flops, account.flops.backward_flops) == (p.forward_flops, p.backward_flops)
     assert dict(account.flops.forward_by_module) == p.forward_by_module and dict(account.flops.backward_by_module) == p.backward_by_module
@@ -278,7 +278,7 @@ def test_generic_account_of_an_mlp_is_predicted_exactly():
 
 
 def test_generic_account_without_a_formula_shows_measurements_only():
-    from resacct.account_generic import account_model
+    from resacct.account.generic import account_model
 
     account = account_model("tests.fixtures_user_model:build_conv", batch=2, optimizer="sgd")
     assert account.predicted is None and account.flops.forward_flops > 0 and account.saved.activation_bytes > 0
@@ -288,7 +288,7 @@ def test_generic_account_without_a_formula_shows_measurements_only():
 
 
 def test_generic_account_on_meta_and_with_a_factory_example():
-    from resacct.account_generic import account_model
+    from resacct.account.generic import account_model
 
     meta = account_model("resacct.training.models:Cruncher", model_args={"dim": 16, "num_layers": 3}, batch=4, measure=False, recipe="bf16")
     assert meta.device == "meta" and meta.step_peak_bytes is None
@@ -310,7 +310,7 @@ def test_generic_account_on_meta_and_with_a_factory_example():
     ],
 )
 def test_generic_account_refuses_bad_factories(spec, args, match):
-    from resacct.account_generic import account_model
+    from resacct.account.generic import account_model
 
     with pytest.raises(ResacctError, match=match):
         account_model(spec, model_args=args, measure=True)

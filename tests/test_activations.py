@@ -1,4 +1,4 @@
-"""resacct.activations: saved tensors by module and storage, the allocator trace, checkpointed
+"""resacct.measurement.activations: saved tensors by module and storage, the allocator trace, checkpointed
 forwards, and the predictions of held bytes, peaks and recomputation against torch."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct.activations import (
+from resacct.measurement.activations import (
     MODEL_SCOPE,
     OUTSIDE_SCOPE,
     best_segment_count,
@@ -26,7 +26,7 @@ from resacct.activations import (
     segment_bounds,
     trace_allocations,
 )
-from resacct.memory import distinct_storage_bytes, storage_key
+from resacct.measurement.memory import distinct_storage_bytes, storage_key
 from resacct.errors import ResacctError
 from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config
 from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, gpt_saved_terms
@@ -259,8 +259,8 @@ def test_accumulation_steps_must_divide_the_batch():
 @pytest.mark.parametrize("loss", ["mean", "sum", "mse", "cross-entropy"])
 def test_stack_formula_matches_what_autograd_saves(activation, loss):
     from resacct.formulas.account_formulas import mlp_saved_bytes, predict_stack_step
-    from resacct.account_generic import mlp
-    from resacct.model_io import loss_of_output
+    from resacct.account.generic import mlp
+    from resacct.account.model_io import loss_of_output
 
     model, x = mlp(dim=6, hidden=10, depth=2, outputs=5, activation=activation), torch.randn(3, 6)
     with record_saved_activations(model) as saved:

@@ -17,9 +17,9 @@ from resacct.formulas.kv_cache import generate_cache_tokens, inference_memory, k
 from resacct.formulas.lora import NF4_DOUBLE_QUANT_BITS, lora_adapter_parameters, lora_training_memory
 from resacct.formulas.offload import deepspeed_zero2_bytes, deepspeed_zero3_bytes
 from resacct.formulas.plan import gqa_activation_saving_bytes_per_layer, plan_memory, stage_layers
-from resacct.hf_formulas import HfArchitecture, predict_parameters
-from resacct.hf_models import load_hf_config
-from resacct.parallelism import ParallelLayout
+from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
+from resacct.account.hf_models import load_hf_config
+from resacct.formulas.parallelism import ParallelLayout
 
 LLAMA2_7B = HfArchitecture(family="llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp=11008, positions=4096)
 

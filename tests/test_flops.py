@@ -1,4 +1,4 @@
-"""Unit tests of resacct.flops: formulas, errors, tracing, tracer gaps — and the requirement that
+"""Unit tests of resacct.formulas.flops: formulas, errors, tracing, tracer gaps — and the requirement that
 resacct's exact per-matmul prediction equals FlopCounterMode's count (ratio 1.000) for the
 Cruncher and the two-layer network, forward and backward, over many sizes."""
 
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from jaxtyping import Float
 from torch.utils.flop_counter import FlopCounterMode
 
-import resacct.flops as flops
+import resacct.formulas.flops as flops
 from resacct.errors import ResacctError
-from resacct.flops import (
+from resacct.formulas.flops import (
     backward_flops_rule,
     build_on_meta,
     einsum_flops,

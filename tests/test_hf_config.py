@@ -1,5 +1,5 @@
 """``resacct account --hf-config``: shipped configs and config.json files built on the meta device,
-resacct's closed forms (resacct.hf_formulas) beside torch's measurements. Needs transformers."""
+resacct's closed forms (resacct.formulas.hf_formulas) beside torch's measurements. Needs transformers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from resacct.cli import main  # noqa: E402
-from resacct.hf_formulas import HfArchitecture, predict_active_parameters, predict_parameter_tensors, predict_parameters  # noqa: E402
-from resacct.hf_models import known_hf_configs, load_hf_config  # noqa: E402
+from resacct.formulas.hf_formulas import HfArchitecture, predict_active_parameters, predict_parameter_tensors, predict_parameters  # noqa: E402
+from resacct.account.hf_models import known_hf_configs, load_hf_config  # noqa: E402
 
 _SHIPPED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3-405b",
             "mistral-7b", "mixtral-8x7b")
@@ -68,7 +68,7 @@ def test_a_formula_with_a_term_removed_fails_against_the_measurement(monkeypatch
     """The check measures with saved_tensors_hooks: drop one term from resacct's formula (the
     float32 softmax of eager Llama attention) and the prediction no longer agrees."""
     pytest.importorskip("transformers")
-    import resacct.hf_activation_formulas as formulas
+    import resacct.formulas.hf_activation_formulas as formulas
     from resacct.checks.hf import saved_activations
     from resacct.harness.evaluate import agrees
     from resacct.harness.schema import Tolerance
@@ -85,7 +85,7 @@ def test_a_formula_with_a_term_removed_fails_against_the_measurement(monkeypatch
 
 def test_the_activation_formula_refuses_what_it_does_not_model():
     from resacct.errors import ResacctError
-    from resacct.hf_activation_formulas import predict_hf_saved_bytes
+    from resacct.formulas.hf_activation_formulas import predict_hf_saved_bytes
 
     llama = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=48, positions=64, sliding_window=4)
     with pytest.raises(ResacctError, match="resacct predicts Hugging Face activations on cpu and meta"):

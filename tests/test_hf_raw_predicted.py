@@ -1,7 +1,7 @@
 """A raw transformers model under ``resacct account --model module:factory`` is predicted as
-``--hf-config`` predicts it (resacct.raw_predictions): resacct's formulas from the model's config
+``--hf-config`` predicts it (resacct.account.providers): resacct's formulas from the model's config
 beside the raw path's own measurements — activations against torch's ``saved_tensors_hooks``
-(resacct.activations.record_saved_activations, by storage), never the formula against itself.
+(resacct.measurement.activations.record_saved_activations, by storage), never the formula against itself.
 Skipped when transformers is not installed (the ``resacct[hf]`` extra)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account_generic import ModelAccount, account_model  # noqa: E402
+from resacct.account.generic import ModelAccount, account_model  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 LLAMA = "tests.fixtures_hf_models:tiny_llama"  # GQA: 4 query heads, 2 key/value heads
@@ -54,7 +54,7 @@ def test_a_raw_model_is_predicted_to_the_byte(spec, model_args, batch, seq, meas
 
 def test_a_broken_formula_term_fails_the_comparison(monkeypatch):
     """The comparison has teeth: drop RMSNorm's float32 rsqrt (4·T bytes) from the formula."""
-    import resacct.hf_activation_formulas as formulas
+    import resacct.formulas.hf_activation_formulas as formulas
 
     account = account_model(LLAMA, batch=2, seq=8, measure=True)
     assert_predicted_equals_measured(account)

@@ -12,7 +12,7 @@ import pytest
 
 from resacct.cli import main
 from resacct.errors import ResacctError
-from resacct.input_files import read_regular_file
+from resacct.training.input_files import read_regular_file
 from resacct.reporting import documents
 from resacct.reporting.documents import load_report
 

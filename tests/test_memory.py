@@ -1,4 +1,4 @@
-"""Unit tests of resacct.memory: recipes, the Cruncher totals and the storage-level counters."""
+"""Unit tests of resacct.measurement.memory: recipes, the Cruncher totals and the storage-level counters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.memory import (
+from resacct.measurement.memory import (
     STATE_RECIPES,
     StateRecipe,
     cruncher_saved_activation_count,

@@ -1,4 +1,4 @@
-"""resacct.flops against torch's FlopCounterMode and torch's own shape rules, written to kill the
+"""resacct.formulas.flops against torch's FlopCounterMode and torch's own shape rules, written to kill the
 mutants mutmut left alive (docs/mutation.md)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct import flops
+from resacct.formulas import flops
 from resacct.measurement import flop_tracing
 from resacct.errors import ResacctError
 from resacct.training.models import Cruncher, TwoLayerNetwork

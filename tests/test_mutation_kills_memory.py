@@ -1,4 +1,4 @@
-"""resacct.memory against real torch training steps, written to kill the mutants mutmut left alive
+"""resacct.measurement.memory against real torch training steps, written to kill the mutants mutmut left alive
 (docs/mutation.md). Bytes are measured as distinct storages of real tensors; the optimizers are
 torch.optim's."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resacct import memory
+from resacct.measurement import memory
 from resacct.errors import ResacctError, UnknownNameError
 from resacct.training.models import Cruncher
 

@@ -1,6 +1,6 @@
-"""Tests that kill mutants of resacct/sharding.py (see docs/mutation.md): refusals that name the
+"""Tests that kill mutants of resacct/formulas/sharding.py (see docs/mutation.md): refusals that name the
 value, the edges of FSDP's row split (checked against ``torch.chunk``, which FSDP uses) and the
-precision recipes of resacct.memory (checked against the bytes of real torch tensors)."""
+precision recipes of resacct.measurement.memory (checked against the bytes of real torch tensors)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from resacct.errors import ResacctError
-from resacct.memory import StateRecipe
-from resacct.sharding import fits_in_memory, fsdp_padded_shard_numel, fsdp_shard_rows, sharding_recipe_from_state_recipe
+from resacct.measurement.memory import StateRecipe
+from resacct.formulas.sharding import fits_in_memory, fsdp_padded_shard_numel, fsdp_shard_rows, sharding_recipe_from_state_recipe
 
 
 @pytest.mark.parametrize("memory_bytes", [0, -1.0, float("nan")])
@@ -60,7 +60,7 @@ def test_sub_byte_dtypes_are_refused_not_counted_as_zero_bytes():
 def test_largest_model_is_the_largest_that_fits_where_division_rounds_up(memory_bytes, devices, recipe, stage):
     import math
 
-    from resacct.sharding import largest_model_parameters, per_rank_bytes, per_rank_bytes_per_parameter
+    from resacct.formulas.sharding import largest_model_parameters, per_rank_bytes, per_rank_bytes_per_parameter
 
     quotient = math.floor(memory_bytes / per_rank_bytes_per_parameter(recipe, stage, devices))
     assert per_rank_bytes(float(quotient), recipe, stage, devices).total_bytes > memory_bytes  # the case the correction is for
@@ -70,13 +70,13 @@ def test_largest_model_is_the_largest_that_fits_where_division_rounds_up(memory_
 
 
 def test_custom_recipes_say_what_they_are():
-    from resacct.sharding import get_sharding_recipe
+    from resacct.formulas.sharding import get_sharding_recipe
 
     assert get_sharding_recipe("1+2+3").description == "custom: parameters + gradients + optimizer state bytes per parameter"
 
 
 def test_bools_are_not_counts():
-    from resacct.sharding import per_rank_bytes, zero_redundancy_partition
+    from resacct.formulas.sharding import per_rank_bytes, zero_redundancy_partition
 
     with pytest.raises(ResacctError, match=r"^parameter count True: expected a finite number greater than 0$"):
         per_rank_bytes(True, "fp32-adamw", 0, 1)
@@ -85,7 +85,7 @@ def test_bools_are_not_counts():
 
 
 def test_refusals_say_everything():
-    from resacct.sharding import per_rank_bytes, zero_redundancy_partition
+    from resacct.formulas.sharding import per_rank_bytes, zero_redundancy_partition
 
     with pytest.raises(ResacctError) as error:
         per_rank_bytes(3, "fp32-adamw", 1, 8)
@@ -98,7 +98,7 @@ def test_refusals_say_everything():
 
 
 def test_custom_recipe_names_and_bad_numbers():
-    from resacct.sharding import get_sharding_recipe
+    from resacct.formulas.sharding import get_sharding_recipe
 
     assert get_sharding_recipe("2 + 2 + 12").name == "2+2+12"
     with pytest.raises(ResacctError) as error:
@@ -108,7 +108,7 @@ def test_custom_recipe_names_and_bad_numbers():
 
 def test_an_unknown_recipe_lists_the_custom_form():
     from resacct.errors import UnknownNameError
-    from resacct.sharding import get_sharding_recipe
+    from resacct.formulas.sharding import get_sharding_recipe
 
     with pytest.raises(UnknownNameError) as error:
         get_sharding_recipe("nonsense")
@@ -117,7 +117,7 @@ def test_an_unknown_recipe_lists_the_custom_form():
 
 
 def test_the_recipe_says_which_optimizer_and_moment_its_bytes_are_for():
-    from resacct.sharding import get_sharding_recipe
+    from resacct.formulas.sharding import get_sharding_recipe
 
     assert (get_sharding_recipe("2+2+12").optimizer, get_sharding_recipe("2+2+12").moment) == (None, "after_backward")  # custom: no optimizer
     at_step = get_sharding_recipe("mixed-adam", moment="at_step")
@@ -126,13 +126,13 @@ def test_the_recipe_says_which_optimizer_and_moment_its_bytes_are_for():
 
 
 def test_sharding_recipes_is_built_when_asked_for():
-    import resacct.sharding
+    import resacct.formulas.sharding
     from resacct.facts.recipes import RECIPE_NAMES
-    from resacct.sharding import get_sharding_recipe
+    from resacct.formulas.sharding import get_sharding_recipe
 
-    recipes = getattr(resacct.sharding, "SHARDING_RECIPES")  # the module's __getattr__, at run time
+    recipes = getattr(resacct.formulas.sharding, "SHARDING_RECIPES")  # the module's __getattr__, at run time
     assert list(recipes) == list(RECIPE_NAMES)
     assert all(recipe == get_sharding_recipe(name) for name, recipe in recipes.items())
     with pytest.raises(AttributeError) as error:
-        getattr(resacct.sharding, "NO_SUCH_TABLE")
-    assert str(error.value) == "module 'resacct.sharding' has no attribute 'NO_SUCH_TABLE'"
+        getattr(resacct.formulas.sharding, "NO_SUCH_TABLE")
+    assert str(error.value) == "module 'resacct.formulas.sharding' has no attribute 'NO_SUCH_TABLE'"

@@ -1,11 +1,11 @@
-"""resacct.tensors against torch, written to kill the mutants mutmut left alive (docs/mutation.md)."""
+"""resacct.measurement.tensors against torch, written to kill the mutants mutmut left alive (docs/mutation.md)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from resacct import tensors
+from resacct.measurement import tensors
 from resacct.errors import ResacctError, UnknownNameError
 
 

@@ -112,15 +112,15 @@ def test_days_scale_inversely_with_devices(total, devices, utilization):
 
 
 def test_the_shared_number_checks_run_their_examples_and_keep_one_wording():
-    """napkin, scaling, utilization and parallelism check numbers through resacct.validation."""
+    """napkin, scaling, utilization and parallelism check numbers through resacct.formulas.validation."""
     import doctest
 
-    import resacct.validation
-    from resacct import parallelism
+    import resacct.formulas.validation
+    from resacct.formulas import parallelism
     from resacct.formulas import scaling, utilization
     from resacct.errors import ResacctError
 
-    failed, attempted = doctest.testmod(resacct.validation)
+    failed, attempted = doctest.testmod(resacct.formulas.validation)
     assert attempted >= 4 and failed == 0
     with pytest.raises(ResacctError, match=r"^goodput is True; expected a finite number > 0$"):
         scaling._positive("goodput", True)

@@ -1,4 +1,4 @@
-"""Unit tests of resacct.parallelism, resacct.formulas.plan, resacct.formulas.scaling, resacct.formulas.utilization and the
+"""Unit tests of resacct.formulas.parallelism, resacct.formulas.plan, resacct.formulas.scaling, resacct.formulas.utilization and the
 ``plan``, ``optimal`` and ``mfu`` commands (fast; the published figures are claims in
 resacct/specs/scale.claims.yaml)."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from resacct.cli import main
 from resacct.errors import ResacctError
-from resacct.parallelism import ParallelLayout, activation_bytes_per_layer, pipeline_activation_factor
+from resacct.formulas.parallelism import ParallelLayout, activation_bytes_per_layer, pipeline_activation_factor
 from resacct.formulas.plan import plan_memory
 from resacct.formulas.scaling import chinchilla_approach3_optimum, chinchilla_loss, gpu_hours, tokens_per_parameter_optimum
 from resacct.formulas.utilization import gpt_iteration_flops, palm_model_flops_per_token
@@ -130,7 +130,7 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: 
 def test_eager_layer_model_reduces_to_table2_with_korthikantis_assumptions(t: int, sp: bool, recompute: str) -> None:
     """1-byte masks, no LayerNorm statistics, no causal mask, shard-only storage under SP: the
     eager-layer model (written term by term) gives Table 2's row (written as printed)."""
-    from resacct.parallelism import torch_layer_saved_bytes
+    from resacct.formulas.parallelism import torch_layer_saved_bytes
 
     kwargs = dict(tensor_parallel=t, sequence_parallel=sp, recompute=recompute)
     assert torch_layer_saved_bytes(32, 3, 128, 8, **kwargs) == pytest.approx(activation_bytes_per_layer(32, 3, 128, 8, **kwargs))

@@ -1,4 +1,4 @@
-"""The sharding arithmetic of resacct.sharding: ZeRO stages, largest models, engine rounding."""
+"""The sharding arithmetic of resacct.formulas.sharding: ZeRO stages, largest models, engine rounding."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import resacct.sharding
+import resacct.formulas.sharding
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.sharding import (
+from resacct.formulas.sharding import (
     SHARDING_RECIPES,
     ZERO_STAGES,
     adam_state_bytes,
@@ -32,7 +32,7 @@ world_sizes = st.integers(1, 4096)
 
 
 def test_docstring_examples():
-    assert doctest.testmod(resacct.sharding).failed == 0
+    assert doctest.testmod(resacct.formulas.sharding).failed == 0
 
 
 @pytest.mark.parametrize(("stage", "expected_gb"), [(0, 120.0), (1, 31.40625), (2, 16.640625), (3, 1.875)])
@@ -186,8 +186,8 @@ def test_fsdp_padding_examples():
 
 
 def test_precision_recipes_of_resacct_memory_shard_as_zero_counts_them():
-    memory = pytest.importorskip("resacct.memory")
+    memory = pytest.importorskip("resacct.measurement.memory")
     for name in memory.STATE_RECIPES:
-        recipe = get_sharding_recipe(name)  # found by name through resacct.memory
+        recipe = get_sharding_recipe(name)  # found by name through resacct.measurement.memory
         assert recipe.total_bytes_per_parameter == memory.training_state_bytes_per_parameter(name, "adamw", moment="after_backward")
     assert get_sharding_recipe("bf16-fp32-master").optimizer_state_bytes_per_parameter == 12  # the ZeRO paper's K

@@ -2,7 +2,7 @@
 module), a real torch.optim.AdamW for the training state, ``saved_tensors_hooks`` and the CPU
 allocator (``torch.profiler``) for activations, peaks, checkpointing and accumulation.
 
-resacct's formulas (:mod:`resacct.formulas.gpt_formulas`, :mod:`resacct.activations`,
+resacct's formulas (:mod:`resacct.formulas.gpt_formulas`, :mod:`resacct.measurement.activations`,
 :mod:`resacct.account`) only supply the ``predicted`` side. Big models run on the meta device.
 """
 
@@ -19,7 +19,7 @@ from resacct.account import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.activations import (
+from resacct.measurement.activations import (
     best_segment_count,
     gpt_loss,
     predict_gpt_held_after_forward_bytes,
@@ -165,7 +165,7 @@ def bytes_per_parameter(model: str, batch: int, seq: int, recipe: str) -> Outcom
     """(training state at the optimizer step + activations saved for backward) ÷ parameters of a
     GPT on the meta device: the state from a real torch.optim.AdamW under ``recipe``, the
     activations from ``saved_tensors_hooks`` on the model in the recipe's parameter dtype."""
-    from resacct.memory import get_state_recipe
+    from resacct.measurement.memory import get_state_recipe
 
     config = get_gpt_config(model)
     net = build_gpt(config, device="meta")
@@ -281,7 +281,7 @@ def checkpoint_recompute_flops(layers: int, segments: int, batch: int = 2, seq: 
     """Backward FLOPs with ``segments`` checkpoint segments − without (FlopCounterMode), for a
     narrow GPT on the meta device; the forward FLOPs of one layer and of its MLP down
     projection (FlopCounterMode's per-module counts) as quantities."""
-    from resacct.activations import predict_gpt_recompute_flops
+    from resacct.measurement.activations import predict_gpt_recompute_flops
 
     plain, modules = _backward_flops_and_modules(layers, batch, seq, 0)
     checkpointed, _ = _backward_flops_and_modules(layers, batch, seq, segments)
@@ -327,7 +327,7 @@ def checkpoint_best_segments(model: str, layers: int = 16) -> Outcome:
 
 @functools.lru_cache(maxsize=4)
 def _accumulation(micro_batch: int, steps: int, model: str, seq: int) -> tuple[int, int, int]:
-    from resacct.activations import measure_grad_accumulation
+    from resacct.measurement.activations import measure_grad_accumulation
 
     config = get_gpt_config(model)
     torch.manual_seed(0)
@@ -427,7 +427,7 @@ def stack_saved_activations(model: str, batch: int, dim: int, layers: int, hidde
     (``layers`` hidden layers of ``hidden``, ``activation``) on a (batch, dim) batch; predicted
     by :func:`resacct.formulas.account_formulas.predict_stack_step`."""
     from resacct.formulas.account_formulas import predict_stack_step
-    from resacct.account_generic import cruncher, mlp
+    from resacct.account.generic import cruncher, mlp
 
     if model == "cruncher":
         net = cruncher(dim=dim, layers=layers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from resacct.harness.registry import Outcome, check
-from resacct.tensors import tensor_bytes
+from resacct.measurement.tensors import tensor_bytes
 
 
 @check("devices.default_device")

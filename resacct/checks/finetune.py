@@ -63,10 +63,10 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from resacct.activation_recording import record_saved_activations
+    from resacct.measurement.activation_recording import record_saved_activations
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.lora import lora_training_memory
-    from resacct.memory import distinct_storage_bytes, optimizer_state_tensors
+    from resacct.measurement.memory import distinct_storage_bytes, optimizer_state_tensors
 
     torch_dtype, base_format = _DTYPES[dtype]
     config = _config(hidden, layers, heads, kv_heads, mlp, vocab)

@@ -3,7 +3,7 @@ element-wise ops (which FlopCounterMode counts as 0), autograd for gradients.
 
 Every measurement here is torch's own: ``FlopCounterMode.get_total_flops()``, the aten ops torch
 dispatches (seen through a ``TorchDispatchMode``), ``.grad`` and ``.shape``. resacct's formulas
-(:mod:`resacct.flops`) only supply the ``predicted`` side. Big shapes run on the meta device.
+(:mod:`resacct.formulas.flops`) only supply the ``predicted`` side. Big shapes run on the meta device.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct.flops import (
+from resacct.formulas.flops import (
     PredictedFlops,
     einsum_flops,
     elementwise_flops,

@@ -1,6 +1,6 @@
 """Hugging Face decoders (transformers, built from configs on the meta device) measured with
 torch — parameters and optimizer state by storage, FLOPs by FlopCounterMode — beside
-resacct's closed forms (:mod:`resacct.hf_formulas`), and the fused-attention fill on a real CPU
+resacct's closed forms (:mod:`resacct.formulas.hf_formulas`), and the fused-attention fill on a real CPU
 step against the eager-attention twin. Every check is skipped (not measurable) when
 transformers is not installed.
 """
@@ -28,7 +28,7 @@ def _require_transformers() -> None:
 
 def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
                 experts_per_token: int) -> object:
-    from resacct.hf_models import HfConfigSpec
+    from resacct.account.hf_models import HfConfigSpec
 
     if model_type == "gpt2":
         values = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": positions, "n_embd": hidden, "n_layer": layers, "n_head": heads,
@@ -46,7 +46,7 @@ def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads:
 @functools.lru_cache(maxsize=16)
 def _account(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
              experts_per_token: int, batch: int, seq: int, recipe: str):  # type: ignore[no-untyped-def]
-    from resacct.hf_account import account_hf_config
+    from resacct.account.hf import account_hf_config
 
     spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, experts, experts_per_token)
     return account_hf_config(spec, batch=batch, seq=seq, recipe=recipe)  # type: ignore[arg-type]
@@ -89,9 +89,9 @@ def shipped_parameters(config: str) -> Outcome:
 
 @functools.lru_cache(maxsize=8)
 def _shipped_parameters(config: str) -> Outcome:
-    from resacct.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
-    from resacct.hf_models import build_hf_model, load_hf_config
-    from resacct.memory import distinct_storage_bytes
+    from resacct.formulas.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.measurement.memory import distinct_storage_bytes
 
     model = build_hf_model(load_hf_config(config), device="meta")
     parameters = list(model.parameters())
@@ -119,7 +119,7 @@ def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from resacct.step_measurements import trace_step_flops
+    from resacct.account.step_measurements import trace_step_flops
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=64)
@@ -147,7 +147,7 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
     a small transformers causal LM built on ``device`` (cpu: a real forward; meta: shapes only)
     with ``attention`` (eager or sdpa) in ``dtype``: ``saved_tensors_hooks``, one entry per
     storage (``record_saved_activations``) — the whole forward, the second layer (``layer``) or the
-    first (``first_layer``, RoPE's shared cos/sin included). Predicted: resacct.hf_activation_formulas.
+    first (``first_layer``, RoPE's shared cos/sin included). Predicted: resacct.formulas.hf_activation_formulas.
     Quantities: ``element_bytes``, ``head_dim``, ``tokens``, LayerNorm ``stats_bytes`` (E on CPU, 4
     on meta) and the math kernel's ``math_bytes`` (4)."""
     _require_transformers()
@@ -155,7 +155,7 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
         raise ResacctError(f"scope {scope!r}: expected one of {', '.join(_SCOPES)}")
     by_module, architecture = _saved_by_module(model_type, attention, device, hidden, layers, heads, kv_heads or heads, mlp, vocab, experts,
                                                experts_per_token, dtype, dropout, batch, seq)
-    from resacct.hf_activation_formulas import hf_saved_terms
+    from resacct.formulas.hf_activation_formulas import hf_saved_terms
 
     terms = hf_saved_terms(architecture, batch, seq, dtype=dtype, attention=attention, device_type=device)
     layer = {"layer": 1, "first_layer": 0}.get(scope)
@@ -173,9 +173,9 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
 @functools.lru_cache(maxsize=64)
 def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int,
                      experts: int, experts_per_token: int, dtype: str, dropout: float, batch: int, seq: int):  # type: ignore[no-untyped-def]
-    from resacct.activations import record_saved_activations
-    from resacct.hf_formulas import architecture_of
-    from resacct.hf_models import HfConfigSpec, build_hf_model
+    from resacct.measurement.activations import record_saved_activations
+    from resacct.formulas.hf_formulas import architecture_of
+    from resacct.account.hf_models import HfConfigSpec, build_hf_model
 
     spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, max(64, seq), experts, experts_per_token)
     values = dict(spec.values)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ def _generate_kv_cache(layers: int, heads: int, kv_heads: int, head_dim: int, ba
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from resacct.formulas.kv_cache import generate_cache_tokens, kv_cache_bytes, weight_bytes
-    from resacct.memory import distinct_storage_bytes
+    from resacct.measurement.memory import distinct_storage_bytes
 
     config = LlamaConfig(vocab_size=64, hidden_size=heads * head_dim, head_dim=head_dim, intermediate_size=2 * heads * head_dim,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,

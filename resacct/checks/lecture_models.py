@@ -25,7 +25,7 @@ from resacct.training.lecture import (
     linear_regression_batch,
     train,
 )
-from resacct.memory import distinct_storage_bytes, record_saved_tensors
+from resacct.measurement.memory import distinct_storage_bytes, record_saved_tensors
 from resacct.training.models import Cruncher as SeedsCruncher
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from resacct.facts.dtypes import parse_dtype
 from resacct.harness.registry import Outcome, check
-from resacct.memory import (
+from resacct.measurement.memory import (
     StateRecipe,
     cruncher_saved_activation_count,
     cruncher_training_memory_bytes,

@@ -4,7 +4,7 @@ The layer is Megatron's (Korthikanti et al. 2022, Figure 2): LayerNorm → QKV �
 mask → softmax → dropout → ·V → projection → dropout → residual → LayerNorm → h→4h → GELU →
 4h→h → dropout → residual, in bfloat16 with dropout on, activations laid out (s, b, h). What
 autograd saves for its backward is recorded with ``torch.autograd.graph.saved_tensors_hooks``
-(:func:`resacct.activations.record_saved_activations`, one count per storage, parameters
+(:func:`resacct.measurement.activations.record_saved_activations`, one count per storage, parameters
 apart). "Selective" wraps the attention core in ``torch.utils.checkpoint`` (non-reentrant), as
 Megatron's selective recomputation does.
 """
@@ -17,9 +17,9 @@ from jaxtyping import Float
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from resacct.activations import record_saved_activations
+from resacct.measurement.activations import record_saved_activations
 from resacct.harness.registry import Outcome, check
-from resacct.parallelism import torch_layer_saved_bytes
+from resacct.formulas.parallelism import torch_layer_saved_bytes
 from resacct.training.seeding import preserved_global_rng
 
 
@@ -165,7 +165,7 @@ def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: 
     """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout
     on) saves for backward: the largest over the ranks (``min_rank_bytes`` the smallest);
     resacct predicts it with Korthikanti's tensor-parallel terms plus eager PyTorch's extras."""
-    from resacct.distributed import run_on_ranks
+    from resacct.measurement.distributed import run_on_ranks
 
     per_rank = run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
                             timeout_seconds=120)
@@ -201,7 +201,7 @@ def full_recompute_census(layers: int, seq: int, batch: int, heads: int, head_di
     - ``outside_bytes``: what the same model saves outside its layers without recomputation
       (embeddings, final norm, LM head, loss), attributed by module.
     """
-    from resacct.activation_checkpointing import gpt_loss
+    from resacct.measurement.activation_checkpointing import gpt_loss
 
     with preserved_global_rng():
         model, tokens, targets = _bf16_gpt(layers, seq, batch, heads, head_dim, vocab)
@@ -225,7 +225,7 @@ def full_recompute_saved_bytes(layers: int, seq: int, batch: int, heads: int, he
     per layer plus its own count of what lies outside the layers."""
     from resacct.training.gpt import GPTConfig
     from resacct.formulas.gpt_formulas import gpt_outside_layers_saved_bytes
-    from resacct.parallelism import activation_bytes_per_layer
+    from resacct.formulas.parallelism import activation_bytes_per_layer
 
     census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)
     hidden = heads * head_dim
@@ -242,9 +242,9 @@ def full_recompute_held_bytes(layers: int, seq: int, batch: int, heads: int, hea
     layer checkpointed, above what existed before it (``torch.profiler`` memory events: every
     allocation, whether autograd's hooks see it or not); ``saved_bytes`` is the saved-tensor
     census of the same forward, ``rng_state_bytes`` the size of ``torch.get_rng_state()``.
-    resacct predicts it with :func:`resacct.activation_checkpointing.predict_gpt_held_after_forward_bytes`."""
-    from resacct.activation_checkpointing import gpt_loss, predict_gpt_held_after_forward_bytes
-    from resacct.activation_recording import trace_allocations
+    resacct predicts it with :func:`resacct.measurement.activation_checkpointing.predict_gpt_held_after_forward_bytes`."""
+    from resacct.measurement.activation_checkpointing import gpt_loss, predict_gpt_held_after_forward_bytes
+    from resacct.measurement.activation_recording import trace_allocations
 
     census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)
     with preserved_global_rng():

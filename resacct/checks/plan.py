@@ -33,9 +33,9 @@ def hf_config_parameters(config: str) -> Outcome:
 @functools.lru_cache(maxsize=8)
 def _hf_config_parameters(config: str) -> Outcome:
     from resacct.cli import main
-    from resacct.hf_formulas import architecture_of
-    from resacct.hf_models import build_hf_model, load_hf_config
-    from resacct.memory import distinct_storage_bytes
+    from resacct.formulas.hf_formulas import architecture_of
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.measurement.memory import distinct_storage_bytes
 
     model = build_hf_model(load_hf_config(config), device="meta")
     parameters = list(model.parameters())

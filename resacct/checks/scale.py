@@ -22,7 +22,7 @@ from resacct.training.gpt import GPTConfig, gpt_parameter_count
 from resacct.facts.hardware import peak_flops_per_sec
 from resacct.harness.registry import Outcome, check
 from resacct.formulas.napkin import training_days, training_flops
-from resacct.parallelism import ParallelLayout, selective_recompute_memory_saving
+from resacct.formulas.parallelism import ParallelLayout, selective_recompute_memory_saving
 from resacct.formulas.scaling import CHINCHILLA_APPROACH3, chinchilla_approach1_fit, chinchilla_approach2_fit, chinchilla_approach3_optimum
 from resacct.formulas.utilization import (
     dense_model_flops_per_token,

@@ -1,4 +1,4 @@
-"""Checks of sharded training memory: resacct's per-rank formulas (:mod:`resacct.sharding`)
+"""Checks of sharded training memory: resacct's per-rank formulas (:mod:`resacct.formulas.sharding`)
 against what torch's real engines hold — ZeroRedundancyOptimizer, FSDP2 ``fully_shard`` — on
 gloo ranks and at paper scale on the meta device. The measuring (child processes, caches) is in
 :mod:`resacct.checks.sharding_runs`; its public names are importable from here too.
@@ -22,7 +22,7 @@ from resacct.checks.sharding_runs import (
     small_scale_measurements,
 )
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.sharding import (
+from resacct.formulas.sharding import (
     adam_state_bytes,
     fsdp_padded_shard_numel,
     fsdp_shard_rows,
@@ -159,7 +159,7 @@ def largest_model_on_devices(zero_stage: int, devices: int, device_memory_bytes:
     """The most parameters whose training state fits ``devices`` devices of
     ``device_memory_bytes``: device memory ÷ the bytes per parameter the busiest rank holds,
     measured on the 7.5B meta state sharded over ``devices`` ranks."""
-    from resacct.sharding import largest_model_parameters
+    from resacct.formulas.sharding import largest_model_parameters
 
     params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
     per_parameter = sum(paper_scale_measurements(devices, recipe)[zero_stage]) / params

@@ -15,7 +15,7 @@ Two scales, both in child processes (this process never joins a process group):
   the partition ``ZeroRedundancyOptimizer`` chose or on FSDP's sharded DTensors.
 
 Results are cached per configuration, so the claims of one world size share one launch. The
-claims' checks, which compare these measurements with :mod:`resacct.sharding`'s formulas, are in
+claims' checks, which compare these measurements with :mod:`resacct.formulas.sharding`'s formulas, are in
 :mod:`resacct.checks.sharding` (which re-exports the names here).
 """
 
@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
-from resacct.distributed import DistributedError, DistributedUnavailableError, run_isolated, run_on_ranks
-from resacct.memory import distinct_storage_bytes
+from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, run_isolated, run_on_ranks
+from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
 
 __all__ = [

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from resacct.facts.dtypes import parse_dtype
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
-from resacct.tensors import (
+from resacct.measurement.tensors import (
     contiguous_strides,
     element_offset,
     makes_view,

@@ -13,7 +13,7 @@ __all__ = ["add_model_arguments", "add_device_arguments", "model_architecture", 
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from resacct.hf_models import known_hf_configs
+    from resacct.account.hf_models import known_hf_configs
 
     parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
                         help="the model's shape from a config: shipped " + ", ".join(known_hf_configs()) + "; or a model card's config.json")
@@ -37,7 +37,7 @@ def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
     """The model's name (a config's, or "a custom model") and its :class:`HfArchitecture` (llama
     family when given by shape)."""
     from resacct.formulas.config_shapes import architecture_from_values
-    from resacct.hf_formulas import HfArchitecture
+    from resacct.formulas.hf_formulas import HfArchitecture
 
     shape = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
              "mlp": args.mlp, "vocab": args.vocab}
@@ -45,7 +45,7 @@ def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
         given = [f"--{name.replace('_', '-')}" for name, value in shape.items() if value is not None]
         if given:
             raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
-        from resacct.hf_models import load_hf_config
+        from resacct.account.hf_models import load_hf_config
 
         spec = load_hf_config(args.hf_config)
         return spec.name, architecture_from_values(spec.values)

@@ -1,5 +1,5 @@
 """The recipe, optimizer, moment and ZeRO-stage arguments ``memory`` and ``fit`` share, parsed
-once into a :class:`resacct.facts.recipes.Recipe` and a :class:`resacct.sharding.ShardingRecipe`;
+once into a :class:`resacct.facts.recipes.Recipe` and a :class:`resacct.formulas.sharding.ShardingRecipe`;
 and the words every output uses for them.
 
 >>> parameters_in_words(40e9), parameters_in_words(7.5e9), parameters_in_words(125e6)
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from resacct.cli.output import amount_text
 from resacct.errors import ResacctError
 from resacct.facts.recipes import ALIASES, DEFAULT_ZERO_STAGE, MOMENT_WORDS, OPTIMIZER_CHOICES, RECIPES, Recipe, parse_recipe
-from resacct.sharding import ShardingRecipe, get_sharding_recipe
+from resacct.formulas.sharding import ShardingRecipe, get_sharding_recipe
 
 __all__ = [
     "recipe_type",
@@ -81,7 +81,7 @@ class ChosenRecipe:
 
     def recipe_words(self) -> str:
         """Two lines: ``bf16-fp32-master with Adam`` and ``  bytes/param: 2 + 2 + 12 = 16 between steps, 20 at the optimizer step``."""
-        from resacct.account_optimizers import optimizer_display_name
+        from resacct.account.optimizers import optimizer_display_name
 
         s = self.sharding
         with_optimizer = f" with {optimizer_display_name(s.optimizer)}" if s.optimizer else ""

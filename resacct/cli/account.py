@@ -48,7 +48,7 @@ _EXAMPLES = """examples:
       mixed precision state (20 B/param at the step), fused attention, as JSON
   resacct account --train-tokens 1B --accelerator h100-sxm
       projects a run of 1B tokens at the measured speed; MFU against a named peak
-  resacct account --model resacct.account_generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
+  resacct account --model resacct.account.generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
       any nn.Module from a factory (module:factory): traced FLOPs, real optimizer state, saved bytes
   resacct account --model resacct.training.models:Cruncher --model-arg dim=64 --model-arg num_layers=4 --optimizer sgd-momentum
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
@@ -135,14 +135,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _hf_config_names() -> list[str]:
-    from resacct.hf_models import known_hf_configs
+    from resacct.account.hf_models import known_hf_configs
 
     return list(known_hf_configs())
 
 
 def _run_hf_config(args: argparse.Namespace) -> int:
-    from resacct.account_optimizers import optimizer_display_name
-    from resacct.hf_account import account_hf_config
+    from resacct.account.optimizers import optimizer_display_name
+    from resacct.account.hf import account_hf_config
 
     other = [flag for flag, used in (("--model", args.model != "gpt-tiny"), ("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
                                      ("--loss", args.loss != "auto"), ("--attention", args.attention != "math"),
@@ -177,8 +177,8 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
 def _run_generic(args: argparse.Namespace) -> int:
     import os
 
-    from resacct.account_generic import account_model
-    from resacct.model_factory import parse_model_arg
+    from resacct.account.generic import account_model
+    from resacct.account.model_factory import parse_model_arg
 
     gpt_only = [flag for flag, used in (("--attention", args.attention != "math"),
                                         ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
@@ -267,7 +267,7 @@ def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=150, no_color=True, highlight=False)
-    from resacct.account_optimizers import optimizer_display_name
+    from resacct.account.optimizers import optimizer_display_name
 
     title = title or (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.state.optimizer)}, {account.attention} attention, on {account.device}")

@@ -116,7 +116,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from resacct.cli._recipes import chosen_recipe, parameters_in_words, zero_words
     from resacct.facts.hardware import get_accelerator
     from resacct.facts.recipes import DEFAULT_ZERO_STAGE
-    from resacct.sharding import largest_model_parameters
+    from resacct.formulas.sharding import largest_model_parameters
 
     if (args.memory_gb is None) == (args.device is None):
         raise ResacctError("give exactly one of --memory-gb (per device) or --device NAME")

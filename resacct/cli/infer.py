@@ -44,7 +44,7 @@ def _row(label: str, value_bytes: float, units: str) -> str:
 
 def _run_infer(args: argparse.Namespace) -> int:
     from resacct.formulas.kv_cache import KV_FORMAT_BYTES, WEIGHT_FORMAT_BITS, inference_memory
-    from resacct.hf_formulas import predict_parameters
+    from resacct.formulas.hf_formulas import predict_parameters
 
     name, architecture = model_architecture(args)
     context = args.context or architecture.positions

@@ -5,7 +5,7 @@ on the CPU: ``resacct/specs/finetune.claims.yaml``) — plus an activation estim
 largest batch that fits.
 
 Activations are an **estimate**, not a LoRA prediction: what full fine-tuning of the model saves
-(``resacct.hf_activation_formulas``, sdpa's flash kernel, 16-bit compute), or with
+(``resacct.formulas.hf_activation_formulas``, sdpa's flash kernel, 16-bit compute), or with
 ``--gradient-checkpointing`` every layer's input plus one layer's saved tensors during its
 recomputation. On a measured tiny model LoRA saved 0.85× (q, v) to 1.39× (all linear layers,
 bf16: peft's float32 input copies) of full fine-tuning's bytes.
@@ -50,7 +50,7 @@ def _base(text: str) -> str:
 
 
 def _activation_bytes(architecture: Any, batch: int, seq: int, dtype: str, checkpointing: bool) -> int:
-    from resacct.hf_activation_formulas import predict_hf_layer_saved_bytes, predict_hf_saved_bytes
+    from resacct.formulas.hf_activation_formulas import predict_hf_layer_saved_bytes, predict_hf_saved_bytes
 
     common = dict(dtype=dtype, attention="sdpa", device_type="cpu")
     total = predict_hf_saved_bytes(architecture, batch, seq, **common)

@@ -17,7 +17,7 @@ from resacct.cli._recipes import RECIPES_EPILOG, ChosenRecipe, add_recipe_argume
 from resacct.cli.arguments import count, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
-from resacct.sharding import SHARDED_PIECES, ZERO_STAGES, ShardingRecipe, fits_in_memory, get_sharding_recipe, largest_model_parameters, per_rank_bytes
+from resacct.formulas.sharding import SHARDED_PIECES, ZERO_STAGES, ShardingRecipe, fits_in_memory, get_sharding_recipe, largest_model_parameters, per_rank_bytes
 
 __all__ = ["register", "run_memory", "memory_report"]
 

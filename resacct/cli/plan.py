@@ -19,7 +19,7 @@ from resacct.cli.arguments import count, fraction, non_negative_float, positive_
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 from resacct.facts.recipes import DEFAULT_ZERO_STAGE, parse_recipe
-from resacct.sharding import get_sharding_recipe
+from resacct.formulas.sharding import get_sharding_recipe
 
 __all__ = ["register"]
 
@@ -43,7 +43,7 @@ _OPTIMAL_EXAMPLES = """examples:
 
 
 def _layout(args: argparse.Namespace) -> Any:
-    from resacct.parallelism import ParallelLayout
+    from resacct.formulas.parallelism import ParallelLayout
 
     return ParallelLayout(tensor=args.tp, pipeline=args.pp, data=args.dp, context=args.cp, zero_stage=args.zero,
                           sequence_parallel=args.sp, interleaved_chunks=args.interleave)
@@ -68,8 +68,8 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
 
     if args.hf_config is not None:
         from resacct.formulas.config_shapes import architecture_from_values
-        from resacct.hf_formulas import predict_parameters
-        from resacct.hf_models import load_hf_config
+        from resacct.formulas.hf_formulas import predict_parameters
+        from resacct.account.hf_models import load_hf_config
 
         given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab") if getattr(args, name) is not None]
         if given:
@@ -87,7 +87,7 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
         raise ResacctError("give --params N, or --vocab V so resacct counts a GPT's parameters from its shape")
     if args.kv_heads is None and args.mlp is None:
         return megatron_parameter_count(args.layers, args.hidden, args.vocab, args.seq), None
-    from resacct.hf_formulas import HfArchitecture, predict_parameters
+    from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
 
     if args.mlp is None:
         raise ResacctError("--kv-heads counts a Llama-style model (GQA, SwiGLU, untied head): give its --mlp width too, or --params")

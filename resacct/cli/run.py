@@ -34,7 +34,7 @@ def _model(args: argparse.Namespace) -> tuple[float, float, int | None, int | No
         if args.params is not None or args.active_params is not None:
             raise ResacctError("give --hf-config NAME or --params (with --active-params), not both")
         from resacct.formulas.run_accounting import run_model_from_hf_values
-        from resacct.hf_models import load_hf_config
+        from resacct.account.hf_models import load_hf_config
 
         spec = load_hf_config(args.hf_config)
         model = run_model_from_hf_values(spec.values, spec.source)

@@ -1,9 +1,9 @@
-"""An :class:`~resacct.hf_formulas.HfArchitecture` from a config's values alone — a shipped config
+"""An :class:`~resacct.formulas.hf_formulas.HfArchitecture` from a config's values alone — a shipped config
 (``resacct/hf_configs/known.yaml``) or a config.json read as JSON — without transformers: what
 ``plan``, ``infer`` and ``lora`` need to count parameters, key/value heads and adapter shapes.
 transformers' defaults are filled in where a GPT-2 config leaves a key out.
 
->>> from resacct.hf_models import load_hf_config
+>>> from resacct.account.hf_models import load_hf_config
 >>> a = architecture_from_values(load_hf_config("llama-3-8b").values)
 >>> a.layers, a.heads, a.kv_heads, a.head_dim
 (32, 32, 8, 128)
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from resacct.errors import ResacctError
-from resacct.hf_formulas import FAMILIES, HfArchitecture, architecture_of
+from resacct.formulas.hf_formulas import FAMILIES, HfArchitecture, architecture_of
 
 __all__ = ["architecture_from_values"]
 

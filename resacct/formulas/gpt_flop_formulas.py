@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.flops import MatmulTerm
+from resacct.formulas.flops import MatmulTerm
 from resacct.training.gpt import GPTConfig
 
 __all__ = [

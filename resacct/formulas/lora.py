@@ -20,7 +20,7 @@ Targets (the module names of transformers' Llama): q_proj d → h·e, k_proj and
 o_proj h·e → d, gate_proj and up_proj d → f, down_proj f → d; ``all-linear`` is all seven
 (peft's shorthand; the LM head is never a target).
 
->>> from resacct.hf_formulas import HfArchitecture
+>>> from resacct.formulas.hf_formulas import HfArchitecture
 >>> llama7b = HfArchitecture(family="llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp=11008, positions=4096)
 >>> lora_adapter_parameters(llama7b, rank=16, targets=("q_proj", "v_proj"))      # 32 layers × 2 × 16·(4096 + 4096)
 8388608
@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.hf_formulas import HfArchitecture, predict_parameters
+from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
 
 __all__ = ["LORA_TARGETS", "BASE_FORMAT_BITS", "NF4_DOUBLE_QUANT_BITS", "target_shapes", "lora_adapter_parameters", "lora_adapter_tensors",
            "quantized_linear_parameters", "LoraMemory", "lora_training_memory"]

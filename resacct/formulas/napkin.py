@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError, UnknownNameError
-from resacct.validation import positive_number as _positive
+from resacct.formulas.validation import positive_number as _positive
 
 __all__ = [
     "SECONDS_PER_DAY",

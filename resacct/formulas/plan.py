@@ -6,8 +6,8 @@ Per GPU (the first pipeline stage, the busiest):
 - training state: the model's parameters split over TP × PP in proportion to each stage's layers
   (N·ℓᵢ/(L·t); the embeddings on the first and last stage are not singled out), with parameters,
   gradients and optimizer state sharded over the data-parallel ranks by the ZeRO stage
-  (:mod:`resacct.sharding`);
-- activations: Korthikanti et al. 2022's per-layer bytes (:mod:`resacct.parallelism`), with the
+  (:mod:`resacct.formulas.sharding`);
+- activations: Korthikanti et al. 2022's per-layer bytes (:mod:`resacct.formulas.parallelism`), with the
   sequence split over the context-parallel ranks (the attention-core term then uses the local
   sequence squared: an underestimate for ring attention, whose local queries score every key —
   selective recomputation has no such term). With grouped-query attention (g key/value heads of
@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.parallelism import ParallelLayout, first_stage_activation_bytes, pipeline_activation_factor
-from resacct.sharding import PerRankBytes, ShardingRecipe, get_sharding_recipe, per_rank_bytes
+from resacct.formulas.parallelism import ParallelLayout, first_stage_activation_bytes, pipeline_activation_factor
+from resacct.formulas.sharding import PerRankBytes, ShardingRecipe, get_sharding_recipe, per_rank_bytes
 
 __all__ = ["MemoryPlan", "plan_memory", "megatron_parameter_count", "stage_layers", "gqa_activation_saving_bytes_per_layer"]
 

@@ -20,8 +20,8 @@ from typing import Literal
 
 from resacct.errors import UnknownNameError
 from resacct.facts.hardware import Accelerator, get_accelerator, peak_flops_per_sec
-from resacct.validation import positive_number as _positive
-from resacct.validation import whole_number as _whole
+from resacct.formulas.validation import positive_number as _positive
+from resacct.formulas.validation import whole_number as _whole
 
 __all__ = [
     "matmul_flops",
@@ -45,9 +45,9 @@ Bound = Literal["memory", "compute"]
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
-    """2mkn of an (m×k) @ (k×n) product: :func:`resacct.flops.matmul_flops` for the sizes the
+    """2mkn of an (m×k) @ (k×n) product: :func:`resacct.formulas.flops.matmul_flops` for the sizes the
     roofline speaks in."""
-    from resacct.flops import matmul_flops as matmul_flops_of_shapes
+    from resacct.formulas.flops import matmul_flops as matmul_flops_of_shapes
 
     return matmul_flops_of_shapes((_whole("m", m), _whole("k", k)), (k, _whole("n", n)))
 

@@ -269,13 +269,13 @@ def run_model_from_hf_values(values: dict, source: str = "") -> RunModel:
     """
     from types import SimpleNamespace
 
-    from resacct.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
+    from resacct.formulas.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
 
     defaults = {"n_inner": None, "tie_word_embeddings": values.get("model_type") == "gpt2", "attn_pdrop": 0.0, "resid_pdrop": 0.0,
                 "embd_pdrop": 0.0, "activation_function": "gelu_new"}
     architecture = architecture_of(SimpleNamespace(**{**defaults, **values}))
     if architecture is None:
-        from resacct.hf_formulas import FAMILIES
+        from resacct.formulas.hf_formulas import FAMILIES
 
         raise UnknownNameError("model_type for run accounting", values.get("model_type"), sorted(FAMILIES))
     return RunModel(total_parameters=predict_parameters(architecture), active_parameters=predict_active_parameters(architecture),

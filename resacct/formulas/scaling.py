@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.validation import positive_number as _positive
+from resacct.formulas.validation import positive_number as _positive
 
 __all__ = [
     "ParametricLossFit",

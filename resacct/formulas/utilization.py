@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Literal
 
 from resacct.errors import ResacctError
-from resacct.validation import positive_number as _positive
-from resacct.validation import whole_number as _whole
+from resacct.formulas.validation import positive_number as _positive
+from resacct.formulas.validation import whole_number as _whole
 
 __all__ = [
     "Recompute",

@@ -2,7 +2,7 @@
 that ran recorded, and the ops FlopCounterMode has no formula for (element-wise, reductions,
 losses, matmuls with a 1-D operand …) listed with resacct's estimate — never a silent zero.
 
-The formulas these traces are compared with live in :mod:`resacct.flops`.
+The formulas these traces are compared with live in :mod:`resacct.formulas.flops`.
 
 >>> from resacct.training.models import Cruncher
 >>> trace = trace_flops(Cruncher(dim=8, num_layers=2), torch.randn(4, 8))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from resacct.errors import ResacctError
-from resacct.input_files import read_regular_file
+from resacct.training.input_files import read_regular_file
 
 __all__ = [
     "OUTCOMES",

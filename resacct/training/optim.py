@@ -17,7 +17,7 @@ AdamW         AdamW                  ``exp_avg``, ``exp_avg_sq``              0.
 ============  =====================  ======================================  ==============
 
 resacct keeps ``state["step"]`` as a Python int; torch keeps it as a float32 0-dim tensor
-(4 bytes per parameter tensor), which ``resacct.memory`` accounts for. The update rules, one
+(4 bytes per parameter tensor), which ``resacct.measurement.memory`` accounts for. The update rules, one
 tensor at a time, live in :mod:`resacct.training.optim_updates` (re-exported here).
 
 >>> import torch

@@ -1,7 +1,7 @@
 """Measuring activation memory: what autograd saves, per module; what the allocator holds; and
 activation checkpointing over segments of layers. The names live in two modules, all importable
-from here: recording in :mod:`resacct.activation_recording`, checkpointing (formulas and
-measurements) and gradient accumulation in :mod:`resacct.activation_checkpointing`.
+from here: recording in :mod:`resacct.measurement.activation_recording`, checkpointing (formulas and
+measurements) and gradient accumulation in :mod:`resacct.measurement.activation_checkpointing`.
 
 - :func:`record_saved_activations` — every tensor autograd saves for backward
   (``torch.autograd.graph.saved_tensors_hooks``), deduplicated by storage, each attributed to
@@ -30,7 +30,7 @@ without allocating.
 
 from __future__ import annotations
 
-from resacct.activation_checkpointing import (
+from resacct.measurement.activation_checkpointing import (
     WRAPPED_SCALAR_BYTES,
     CheckpointPoint,
     GradAccumulation,
@@ -46,7 +46,7 @@ from resacct.activation_checkpointing import (
     run_in_segments,
     segment_bounds,
 )
-from resacct.activation_recording import (
+from resacct.measurement.activation_recording import (
     MODEL_SCOPE,
     OUTSIDE_SCOPE,
     AllocationTrace,
@@ -57,7 +57,7 @@ from resacct.activation_recording import (
     trace_allocations,
 )
 
-from resacct import activation_recording
-from resacct import activation_checkpointing
+from resacct.measurement import activation_recording
+from resacct.measurement import activation_checkpointing
 
 __all__ = [*activation_recording.__all__, *activation_checkpointing.__all__]  # every name of both parts, re-exported

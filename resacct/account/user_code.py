@@ -34,7 +34,7 @@ class UserCodeError(ResacctError):
 
 #: resacct's own folder (this module lives in it; not ``import resacct``, which would point the
 #: import graph from here back up at the package's API).
-_RESACCT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+_RESACCT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 
 
 def _is_library(filename: str) -> bool:

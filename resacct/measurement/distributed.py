@@ -62,7 +62,7 @@ __all__ = [
 MAX_LOCAL_WORLD_SIZE = 16
 #: Modules the forkserver imports once, so that each rank starts warm.
 _PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
-            "torch.distributed.fsdp", "resacct.distributed"]
+            "torch.distributed.fsdp", "resacct.measurement.distributed"]
 _GRACE_SECONDS = 5.0
 _ERROR_GATHER_SECONDS = 1.0
 

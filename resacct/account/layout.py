@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from resacct.account_optimizers import optimizer_display_name
-from resacct.account_rows import ModuleRow, Row, sections_of
-from resacct.activations import SavedActivations, predict_gpt_held_after_forward_bytes
+from resacct.account.optimizers import optimizer_display_name
+from resacct.account.rows import ModuleRow, Row, sections_of
+from resacct.measurement.activations import SavedActivations, predict_gpt_held_after_forward_bytes
 from resacct.facts.dtypes import parse_dtype
 from resacct.formulas.gpt_formulas import predict_gpt_step_flops
-from resacct.memory import get_state_recipe
+from resacct.measurement.memory import get_state_recipe
 
 if TYPE_CHECKING:
     from resacct.account import StepAccount, StepTiming
@@ -27,7 +27,7 @@ def _per_layer_measured(saved: SavedActivations) -> int:
 
 def step_account_rows(a: StepAccount) -> list[Row]:
     """The GPT account as rows: FLOPs, training state, activations, peaks, checkpointing, accumulation, time."""
-    from resacct.activations import predict_gpt_recompute_flops
+    from resacct.measurement.activations import predict_gpt_recompute_flops
     from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, korthikanti_layer_activation_bytes, palm_step_flops, six_n_step_flops
 
     p, f, n, t = a.predicted_flops, a.flops, a.parameters, a.tokens

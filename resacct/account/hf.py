@@ -1,9 +1,9 @@
 """``resacct account --hf-config NAME|config.json``: a Hugging Face causal LM built from its
 config on the meta device, one training step **measured** (FlopCounterMode; storages of
 parameters, optimizer state and saved tensors) beside resacct's **predicted** closed forms for the
-architecture (:mod:`resacct.hf_formulas`: GQA, SwiGLU, untied heads, RoPE without parameters,
+architecture (:mod:`resacct.formulas.hf_formulas`: GQA, SwiGLU, untied heads, RoPE without parameters,
 MoE active vs total) — parameters, FLOPs, training state per recipe, activations
-(:mod:`resacct.hf_activation_formulas`: every tensor saved for backward, term by term) and
+(:mod:`resacct.formulas.hf_activation_formulas`: every tensor saved for backward, term by term) and
 checkpoint size.
 
 The measurement never uses the formulas: parameters and state are distinct storages of the
@@ -21,13 +21,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from resacct.account_rows import ModuleRow, Row, sections_of
-from resacct.activations import SavedActivations, record_saved_activations
+from resacct.account.rows import ModuleRow, Row, sections_of
+from resacct.measurement.activations import SavedActivations, record_saved_activations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.formulas.gpt_activation_formulas import SavedTerm
-from resacct.hf_activation_formulas import hf_saved_terms
-from resacct.hf_formulas import (
+from resacct.formulas.hf_activation_formulas import hf_saved_terms
+from resacct.formulas.hf_formulas import (
     HfArchitecture,
     HfStepFlops,
     architecture_of,
@@ -36,12 +36,12 @@ from resacct.hf_formulas import (
     predict_parameters,
     predict_step_flops,
 )
-from resacct.memory import distinct_storage_bytes, get_state_recipe, step_counter_bytes, training_state_bytes
-from resacct.hf_models import HfConfigSpec
-from resacct.model_io import call_model, context_length, default_inputs, loss_of_output
+from resacct.measurement.memory import distinct_storage_bytes, get_state_recipe, step_counter_bytes, training_state_bytes
+from resacct.account.hf_models import HfConfigSpec
+from resacct.account.model_io import call_model, context_length, default_inputs, loss_of_output
 from resacct.training.optim import state_tensors_per_parameter
-from resacct.account_optimizers import memory_optimizer_name, optimizer_display_name
-from resacct.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
+from resacct.account.optimizers import memory_optimizer_name, optimizer_display_name
+from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
 
 __all__ = ["HfAccount", "account_hf_config", "checkpoint_bytes_predicted"]
 
@@ -237,9 +237,9 @@ def _checkpoint_rows(a: HfAccount) -> list[Row]:
 
 def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str = "fp32", optimizer: str = "adamw") -> HfAccount:
     """Build the config's causal LM (a shipped name, a config.json path, or an
-    :class:`~resacct.hf_models.HfConfigSpec`) on the meta device and account one step of
+    :class:`~resacct.account.hf_models.HfConfigSpec`) on the meta device and account one step of
     ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss."""
-    from resacct.hf_models import build_hf_model, load_hf_config
+    from resacct.account.hf_models import build_hf_model, load_hf_config
 
     spec = config if isinstance(config, HfConfigSpec) else load_hf_config(config)
     chosen = get_state_recipe(recipe)

@@ -11,7 +11,7 @@
 
 Storages are told apart by ``untyped_storage().data_ptr()``; on the meta device, where every
 pointer is 0, by the storage object's identity — so a GPT-2-sized forward can be measured there
-without allocating. Re-exported by :mod:`resacct.activations`.
+without allocating. Re-exported by :mod:`resacct.measurement.activations`.
 
 >>> import torch
 >>> layer = torch.nn.Linear(3, 2)
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.memory import storage_key
+from resacct.measurement.memory import storage_key
 
 __all__ = [
     "SavedActivation",

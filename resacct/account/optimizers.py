@@ -5,7 +5,7 @@ Names as on the command line (``--optimizer``): ``adamw`` (the default), ``adam`
 ``sgd-momentum`` (momentum 0.9), ``adagrad``, ``rmsprop``. Each keeps, per parameter tensor, the
 parameter-sized state tensors of :data:`resacct.training.optim.STATE_TENSORS_PER_PARAMETER` (0 / 1 / 1 / 1
 / 2 / 2 for sgd / sgd-momentum / adagrad / rmsprop / adam / adamw) and, for adagrad, rmsprop, adam
-and adamw, a float32 0-dim ``step`` counter (:data:`resacct.memory.OPTIMIZERS_WITH_STEP_TENSORS`).
+and adamw, a float32 0-dim ``step`` counter (:data:`resacct.measurement.memory.OPTIMIZERS_WITH_STEP_TENSORS`).
 
 >>> import torch
 >>> weight = torch.nn.Parameter(torch.zeros(3))
@@ -60,7 +60,7 @@ def build_optimizer(name: str, parameters: Iterable[torch.Tensor], *, foreach: b
 
 
 def memory_optimizer_name(name: str) -> str:
-    """The name :mod:`resacct.memory` and :mod:`resacct.training.optim` use for ``name``.
+    """The name :mod:`resacct.measurement.memory` and :mod:`resacct.training.optim` use for ``name``.
 
     >>> memory_optimizer_name("adamw")
     'adamw'

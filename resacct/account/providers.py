@@ -1,15 +1,15 @@
 """Which formula predicts a step of a raw model (``resacct account --model module:factory``,
-:mod:`resacct.account_generic`), and the one line that says so when none does.
+:mod:`resacct.account.generic`), and the one line that says so when none does.
 
 A ``transformers`` causal LM whose ``config`` maps to an architecture resacct models (GPT-2,
-Llama, Mistral, Mixtral: :func:`resacct.hf_formulas.architecture_of`) is predicted exactly as
+Llama, Mistral, Mixtral: :func:`resacct.formulas.hf_formulas.architecture_of`) is predicted exactly as
 ``--hf-config`` predicts it: :func:`hf_raw_account` wraps the raw path's own measurements (FLOPs,
 training state, saved tensors: nothing is measured twice) in an
-:class:`~resacct.hf_account.HfAccount`, whose rows are ``--hf-config``'s — parameters, FLOPs,
+:class:`~resacct.account.hf.HfAccount`, whose rows are ``--hf-config``'s — parameters, FLOPs,
 training state, activations term by term and checkpoint, predicted beside measured. Where the
 step leaves the formula's ground (another loss, other inputs, autocast, activation
 checkpointing, experts other than ``batched_mm``), the activations say "measured only" and why;
-the refusals of :mod:`resacct.hf_activation_formulas` (CUDA, the CPU flash kernel past a sliding
+the refusals of :mod:`resacct.formulas.hf_activation_formulas` (CUDA, the CPU flash kernel past a sliding
 window) come out with their own messages.
 
 >>> no_formula_note(torch.nn.Conv1d(2, 2, 3))
@@ -24,12 +24,12 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from resacct.activations import SavedActivations
-from resacct.hf_account import HfAccount
-from resacct.hf_formulas import FAMILIES, architecture_of
-from resacct.memory import get_state_recipe
-from resacct.model_io import StepInputs
-from resacct.step_measurements import StepFlopTrace, TrainingStateMeasurement
+from resacct.measurement.activations import SavedActivations
+from resacct.account.hf import HfAccount
+from resacct.formulas.hf_formulas import FAMILIES, architecture_of
+from resacct.measurement.memory import get_state_recipe
+from resacct.account.model_io import StepInputs
+from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement
 
 __all__ = ["MODELLED_HF_TYPES", "transformers_class", "hf_raw_account", "no_formula_note"]
 
@@ -108,7 +108,7 @@ def hf_raw_account(
         step_gap=_step_gap(model, inputs, loss, recipe, architecture.experts),
     )
     return account, (f"predicted by resacct's {architecture.family} formulas from {class_name}'s config (model_type {model_type}), "
-                     "as --hf-config predicts it (resacct.hf_formulas, resacct.hf_activation_formulas)")
+                     "as --hf-config predicts it (resacct.formulas.hf_formulas, resacct.formulas.hf_activation_formulas)")
 
 
 def no_formula_note(model: nn.Module) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
-from resacct.validation import whole_number as _whole
+from resacct.formulas.validation import whole_number as _whole
 from resacct.formulas.utilization import RECOMPUTE_MODES
 
 __all__ = [

@@ -23,7 +23,7 @@ from resacct.errors import ResacctError, UnknownNameError
 __all__ = ["HfConfigSpec", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
-_KNOWN = Path(__file__).parent / "hf_configs" / "known.yaml"
+_KNOWN = Path(__file__).resolve().parents[1] / "hf_configs" / "known.yaml"
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def load_hf_config(name_or_path: str) -> HfConfigSpec:
     refused, not read), UTF-8 JSON (not nested past Python's limit, no integer of more than 4,300
     digits), an object with a ``"model_type"``, and its sizes (:data:`SIZE_KEYS`) whole numbers in
     1..:data:`MAX_SIZE` (layers at most :data:`MAX_LAYERS`); each refusal is one line naming the file."""
-    from resacct.input_files import read_regular_file
+    from resacct.training.input_files import read_regular_file
 
     known = known_hf_configs()
     if name_or_path in known:

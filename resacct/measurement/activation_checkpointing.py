@@ -6,9 +6,9 @@ accumulation measured.
 - :func:`predict_gpt_held_after_forward_bytes`, :func:`predict_gpt_step_peak_bytes`,
   :func:`predict_gpt_recompute_flops` — resacct's formulas for what checkpointing keeps and
   recomputes; :func:`measure_checkpointing` / :func:`measure_grad_accumulation` — the allocator's
-  figures for the same (:func:`resacct.activation_recording.trace_allocations`).
+  figures for the same (:func:`resacct.measurement.activation_recording.trace_allocations`).
 
-Re-exported by :mod:`resacct.activations`.
+Re-exported by :mod:`resacct.measurement.activations`.
 
 >>> segment_bounds(layers=16, segments=4)
 [(0, 4), (4, 8), (8, 12), (12, 16)]
@@ -26,7 +26,7 @@ from jaxtyping import Float, Int, Shaped
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from resacct.activation_recording import trace_allocations
+from resacct.measurement.activation_recording import trace_allocations
 from resacct.errors import ResacctError
 from resacct.training.gpt import GPTConfig, gpt_parameter_count
 from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, gpt_outside_layers_saved_bytes

@@ -1,8 +1,8 @@
 """Exact saved-activation bytes of one training forward (with its own next-token loss) of the
-Hugging Face decoders resacct knows (:class:`~resacct.hf_formulas.HfArchitecture`: GPT-2, Llama —
+Hugging Face decoders resacct knows (:class:`~resacct.formulas.hf_formulas.HfArchitecture`: GPT-2, Llama —
 grouped-query attention and untied heads included —, Mistral, Mixtral with transformers'
 ``batched_mm`` experts), term by term: which op keeps which tensor for backward. Storages are
-counted once, as :func:`resacct.activations.record_saved_activations` counts them (a tensor two
+counted once, as :func:`resacct.measurement.activations.record_saved_activations` counts them (a tensor two
 ops save, or a view of one, is one term; the rotary cos/sin every layer shares is saved once).
 
 Derived by recording ``saved_tensors_hooks`` on small models of **transformers 5.23.0** with
@@ -54,7 +54,7 @@ LayerNorm statistics' bytes (E on CPU, 4 on meta), M the math attention's bytes 
   to float32 and keeps their log-softmax (4·T·V), the shifted labels (int64, 8·T) and a 0-dim
   float32 total weight.
 
->>> from resacct.hf_formulas import HfArchitecture
+>>> from resacct.formulas.hf_formulas import HfArchitecture
 >>> tiny = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=48, positions=64)
 >>> predict_hf_saved_bytes(tiny, batch=2, seq=8, dtype="float32", attention="eager")     # measured: 83012
 83012
@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from resacct.errors import ResacctError
 from resacct.formulas.gpt_activation_formulas import SavedTerm, layer_norm_stats_bytes
-from resacct.hf_formulas import HfArchitecture
+from resacct.formulas.hf_formulas import HfArchitecture
 
 __all__ = ["TRANSFORMERS_VERSION_DERIVED", "HF_ATTENTIONS", "attention_kernel", "hf_saved_terms", "hf_layer_saved_terms",
            "predict_hf_saved_bytes", "predict_hf_layer_saved_bytes"]
@@ -84,7 +84,7 @@ def attention_kernel(a: HfArchitecture, attention: str, device_type: str, seq: i
     kernel: sdpa on CPU without attention dropout) or ``math`` (sdpa's decomposition: on meta,
     and on CPU with dropout, which the flash kernel does not do).
 
-    >>> from resacct.hf_formulas import HfArchitecture
+    >>> from resacct.formulas.hf_formulas import HfArchitecture
     >>> gpt2 = HfArchitecture(family="gpt2", vocab=96, hidden=32, layers=2, heads=4, kv_heads=4, head_dim=8, mlp=128, positions=64, attention_dropout=0.1)
     >>> attention_kernel(gpt2, "sdpa", "cpu"), attention_kernel(gpt2, "eager", "meta")
     ('math', 'eager')

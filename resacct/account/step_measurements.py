@@ -8,7 +8,7 @@ predictions.
   matmuls (:mod:`resacct.formulas.attention_flops`), the fused backward's recomputation apart.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
-  :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
+  :data:`resacct.measurement.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
 - :func:`measure_optimizer_step_transient` — the allocator's peak inside ``optimizer.step()``.
 """
 
@@ -22,15 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.account_optimizers import build_optimizer, memory_optimizer_name
-from resacct.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
+from resacct.account.optimizers import build_optimizer, memory_optimizer_name
+from resacct.measurement.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.formulas.attention_flops import FusedAttentionCount
-from resacct.flops import DispatchedOps, UncountedOp, uncounted_ops
+from resacct.formulas.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.measurement.flop_tracing import flop_warnings
 from resacct.training.gpt import parameter_count
-from resacct.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
+from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
 
 __all__ = [
     "AUTO_MEASURE_MAX_STEP_FLOPS",
@@ -47,7 +47,7 @@ __all__ = [
 
 #: Above this many FLOPs a step, ``measure=None`` stays on the meta device (no arithmetic):
 #: the rule both accounts (:func:`resacct.account.account_gpt`,
-#: :func:`resacct.account_generic.account_model`) use to decide whether to measure.
+#: :func:`resacct.account.generic.account_model`) use to decide whether to measure.
 AUTO_MEASURE_MAX_STEP_FLOPS = 2e10
 
 
@@ -119,7 +119,7 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     model's matmuls (:mod:`resacct.formulas.attention_flops`); False: FlopCounterMode alone.
 
     >>> from resacct.training.gpt import build_gpt
-    >>> from resacct.activations import gpt_loss
+    >>> from resacct.measurement.activations import gpt_loss
     >>> model = build_gpt("gpt-nano", device="meta")
     >>> tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
     >>> trace = trace_step_flops(model, lambda: gpt_loss(model, tokens, tokens))
@@ -162,7 +162,7 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
 class TrainingStateMeasurement:
     """Bytes of distinct storages a real optimizer (``optimizer``: adamw, adam, sgd, sgd-momentum,
     adagrad, rmsprop) holds under ``recipe``, beside resacct's prediction
-    (:func:`resacct.memory.training_state_bytes`, step counters included).
+    (:func:`resacct.measurement.memory.training_state_bytes`, step counters included).
 
     ``after_backward_bytes``: what is kept between steps (parameters, their gradients, master
     weights, optimizer state). ``at_step_bytes``: when ``optimizer.step()`` runs (a master
@@ -195,7 +195,7 @@ def measure_training_state(
     model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], recipe: str | StateRecipe = "fp32", optimizer: str = "adamw",
 ) -> TrainingStateMeasurement:
     """Train a copy of ``model`` for real under ``recipe`` with the ``torch.optim`` optimizer
-    ``optimizer`` (:data:`resacct.account_optimizers.OPTIMIZER_NAMES`: adamw, adam, sgd,
+    ``optimizer`` (:data:`resacct.account.optimizers.OPTIMIZER_NAMES`: adamw, adam, sgd,
     sgd-momentum, adagrad, rmsprop) and count what it holds. Recipes with a master (``bf16-fp32-master``…) are built for real: a bf16 copy
     of the model runs forward and backward; fp32 master parameters carry the AdamW state; each
     step hands the bf16 gradients to the masters (as fp32 gradients), steps, and copies back.

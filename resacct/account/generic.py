@@ -8,7 +8,7 @@ The contract of a factory (``--model my_pkg.models:build --model-arg width=128``
   integers 0: a valid index for any embedding); ``input_ids`` (and ``labels``) of (batch, seq)
   for a model whose forward takes ``input_ids`` (``transformers`` causal LMs);
   ``module.example_input(batch)``; ``(batch, in_features)`` (or ``(batch, seq, in_features)``)
-  floats when the first module run is a Linear — :func:`resacct.model_io.default_inputs`,
+  floats when the first module run is a Linear — :func:`resacct.account.model_io.default_inputs`,
   made where the model is (nothing allocated on meta). Otherwise resacct asks for ``--input-shape``;
 - the output is a tensor, an object with ``.loss`` / ``.logits`` (``transformers``' outputs), a
   mapping with those keys, or a tuple (its first tensor); the loss is the model's own ``.loss``
@@ -21,19 +21,19 @@ For every module resacct measures: FlopCounterMode's FLOPs forward and backward,
 optimizer after a step, by storage; the bytes autograd saves for backward per module
 (``saved_tensors_hooks``, by storage); on a measured CPU run the allocator's forward + backward
 peak and the optimizer step's scratch. Predictions come where resacct has a formula: the state
-always (:func:`resacct.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
+always (:func:`resacct.measurement.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
 Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`: Cruncher, MLPs); a
 ``transformers`` causal LM of gpt2, llama, mistral or mixtral as ``--hf-config`` predicts it
-(:mod:`resacct.raw_predictions`); the AdamW step's scratch. Elsewhere the table shows "—" and a
+(:mod:`resacct.account.providers`); the AdamW step's scratch. Elsewhere the table shows "—" and a
 note says why.
 
->>> account = account_model("resacct.account_generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
+>>> account = account_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
 >>> account.saved.activation_bytes == account.predicted.saved_bytes == 4 * 3 * (8 + 2 * 16)
 True
 >>> account.state.at_step_bytes == account.state.predicted_at_step_bytes
 True
 >>> account.to_dict()["model"]
-'resacct.account_generic:mlp'
+'resacct.account.generic:mlp'
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from resacct.step_measurements import (
+from resacct.account.step_measurements import (
     AUTO_MEASURE_MAX_STEP_FLOPS,
     StepFlopTrace,
     TrainingStateMeasurement,
@@ -56,23 +56,23 @@ from resacct.step_measurements import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account_rows import ModuleRow, Row, sections_of
+from resacct.account.rows import ModuleRow, Row, sections_of
 from resacct.formulas.account_formulas import StackPrediction, predict_stack_step
-from resacct.account_optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
-from resacct.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
+from resacct.account.optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
+from resacct.measurement.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
-from resacct.memory import distinct_storage_bytes, get_state_recipe
-from resacct.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
-from resacct.model_factory import load_model, parse_model_arg
-from resacct.raw_predictions import hf_raw_account, no_formula_note
+from resacct.measurement.memory import distinct_storage_bytes, get_state_recipe
+from resacct.account.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
+from resacct.account.model_factory import load_model, parse_model_arg
+from resacct.account.providers import hf_raw_account, no_formula_note
 from resacct.training.models import Cruncher
-from resacct.user_code import calling_user_code, code_location
+from resacct.account.user_code import calling_user_code, code_location
 
 if TYPE_CHECKING:
-    from resacct.hf_account import HfAccount
+    from resacct.account.hf import HfAccount
 
-__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]  # the factory loading: resacct.model_factory
+__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]  # the factory loading: resacct.account.model_factory
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU}
 
@@ -133,7 +133,7 @@ class ModelAccount:
     optimizer_transient: AllocationTrace | None = None
     predicted_optimizer_transient_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
-    #: a transformers causal LM resacct models: ``--hf-config``'s rows over this step's measurements (:mod:`resacct.raw_predictions`)
+    #: a transformers causal LM resacct models: ``--hf-config``'s rows over this step's measurements (:mod:`resacct.account.providers`)
     hf: HfAccount | None = None
 
     @property
@@ -227,7 +227,7 @@ def account_module(
     """Account one step of ``model`` on ``example_input`` (a tensor, or keyword tensors such as
     ``{"input_ids": …, "labels": …}``) where both already are (CPU or meta). Whatever the model's
     code raises (forward, loss, backward) is one line naming the user's frame
-    (:class:`resacct.user_code.UserCodeError`).
+    (:class:`resacct.account.user_code.UserCodeError`).
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     >>> account = account_module(model, torch.randn(5, 4), optimizer="sgd", measure_peaks=False)
@@ -312,13 +312,13 @@ def account_model(
     input_dtype: str = "float32", loss: str = "auto", recipe: str = "fp32", optimizer: str = "adamw", measure: bool | None = None,
 ) -> ModelAccount:
     """Build ``spec`` (``module:factory``) with ``model_args`` and account one step of it on the
-    inputs of :func:`resacct.model_io.default_inputs` (``seq``: tokens per sequence of a token
+    inputs of :func:`resacct.account.model_io.default_inputs` (``seq``: tokens per sequence of a token
     model — a ``transformers`` causal LM gets ``input_ids`` and ``labels`` — or the middle axis
     of a Linear's input).
 
     ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``,
     and the inputs are made there: no memory); ``True`` on the CPU; ``None``: the CPU when a step
-    is at most :data:`resacct.step_measurements.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
+    is at most :data:`resacct.account.step_measurements.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
     """
     for label, value in (("batch", batch), ("seq", 1 if seq is None else seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

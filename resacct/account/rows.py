@@ -1,6 +1,6 @@
 """The rows every account is laid out in — ``resacct account``'s table and ``--json`` — shared by
-the GPT path (:mod:`resacct.account_layout`), any module (:mod:`resacct.account_generic`) and
-Hugging Face configs (:mod:`resacct.hf_account`): one :class:`Row` per quantity, predicted beside
+the GPT path (:mod:`resacct.account.layout`), any module (:mod:`resacct.account.generic`) and
+Hugging Face configs (:mod:`resacct.account.hf`): one :class:`Row` per quantity, predicted beside
 measured, and the JSON sections built from them (units in the field names).
 
 >>> row = Row("FLOPs", "step", 100, 100, "FLOPs", "FlopCounterMode")

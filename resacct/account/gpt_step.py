@@ -1,7 +1,7 @@
 """Account one training step of a model: FLOPs, training-state memory, activations, peak and
 time — each formula's prediction beside PyTorch's measurement, per module.
 
-The measuring half (re-exported here) lives in :mod:`resacct.step_measurements`:
+The measuring half (re-exported here) lives in :mod:`resacct.account.step_measurements`:
 
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
   module tracking), with the ops it has no formula for; fused attention kernels (the CPU one,
@@ -9,7 +9,7 @@ The measuring half (re-exported here) lives in :mod:`resacct.step_measurements`:
   model's matmuls (:mod:`resacct.formulas.attention_flops`).
 - :func:`measure_training_state` — parameters, gradients, master weights and AdamW state held by
   a real ``torch.optim.AdamW`` after real steps under a precision recipe of
-  :data:`resacct.memory.STATE_RECIPES`, deduplicated by storage (the tied LM head is the
+  :data:`resacct.measurement.memory.STATE_RECIPES`, deduplicated by storage (the tied LM head is the
   embedding's storage), step counters included.
 - :func:`measure_optimizer_step_transient` — the allocator's peak inside ``optimizer.step()``.
 - :func:`account_gpt` — all of it for a :mod:`resacct.training.gpt` model, with resacct's exact formulas
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.activations import (
+from resacct.measurement.activations import (
     AllocationTrace,
     CheckpointPoint,
     GradAccumulation,
@@ -49,10 +49,10 @@ from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
 from resacct.formulas.gpt_formulas import GptStepFlops, predict_gpt_step_flops
-from resacct.account_optimizers import memory_optimizer_name
-from resacct.account_rows import UNIT_SUFFIX, ModuleRow, Row, json_key
-from resacct import step_measurements
-from resacct.memory import StateRecipe, get_state_recipe
+from resacct.account.optimizers import memory_optimizer_name
+from resacct.account.rows import UNIT_SUFFIX, ModuleRow, Row, json_key
+from resacct.account import step_measurements
+from resacct.measurement.memory import StateRecipe, get_state_recipe
 
 __all__ = [
     *step_measurements.__all__,  # re-exported below: the measuring half of the account API
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 
-from resacct.step_measurements import (  # noqa: E402  (re-exported: part of the account API)
+from resacct.account.step_measurements import (  # noqa: E402  (re-exported: part of the account API)
     AUTO_MEASURE_MAX_STEP_FLOPS,
     StepFlopTrace,
     TrainingStateMeasurement,
@@ -153,25 +153,25 @@ class StepAccount:
 
     def rows(self) -> list[Row]:
         """The account as (section, quantity, predicted, measured, unit, note) rows."""
-        from resacct.account_layout import step_account_rows
+        from resacct.account.layout import step_account_rows
 
         return step_account_rows(self)
 
     def per_module_rows(self) -> list[ModuleRow]:
         """FLOPs and saved bytes per module, predicted beside measured (modules with either)."""
-        from resacct.account_layout import step_account_module_rows
+        from resacct.account.layout import step_account_module_rows
 
         return step_account_module_rows(self)
 
     def to_json(self) -> dict[str, Any]:
         """Named fields with units in the names, for ``--json``."""
-        from resacct.account_layout import step_account_json
+        from resacct.account.layout import step_account_json
 
         return step_account_json(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
-        from resacct.account_layout import step_account_json
+        from resacct.account.layout import step_account_json
 
         return step_account_json(self)
 
@@ -285,7 +285,7 @@ def account_gpt(
 
 def _token_batch(vocab_size: int, batch: int, seq: int, where: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids and targets, made where the model is: on meta nothing is allocated."""
-    from resacct.model_io import MAX_TENSOR_ELEMENTS
+    from resacct.account.model_io import MAX_TENSOR_ELEMENTS
 
     if batch * seq > MAX_TENSOR_ELEMENTS:
         raise ResacctError(f"batch {batch} × seq {seq} = {batch * seq:.3g} tokens, more than a torch tensor can hold (2^63 − 1); expected a smaller --batch")
@@ -371,12 +371,12 @@ _GENERIC = ("ModelAccount", "account_model", "account_module")
 
 
 def __getattr__(name: str) -> Any:
-    """The generic path (:mod:`resacct.account_generic`) is importable from here too, lazily:
+    """The generic path (:mod:`resacct.account.generic`) is importable from here too, lazily:
     ``from resacct.account import account_model``. The import runs one way only:
-    account_generic builds on :mod:`resacct.step_measurements`, never on this module
+    account_generic builds on :mod:`resacct.account.step_measurements`, never on this module
     (tests/test_import_layers.py checks there is no circle)."""
     if name in _GENERIC:
-        import resacct.account_generic as generic
+        import resacct.account.generic as generic
 
         return getattr(generic, name)
     raise AttributeError(f"module 'resacct.account' has no attribute {name!r}")

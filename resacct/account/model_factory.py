@@ -1,7 +1,7 @@
 """Loading a ``--model module:factory`` model: ``module:factory`` imported, called with the
 ``--model-arg key=value`` pairs (:func:`parse_model_arg`), and its result checked
-(:func:`load_model`); what the factory raises is one line (:mod:`resacct.user_code`). The step
-that accounts the model: :mod:`resacct.account_generic`."""
+(:func:`load_model`); what the factory raises is one line (:mod:`resacct.account.user_code`). The step
+that accounts the model: :mod:`resacct.account.generic`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.model_io import StepInputs
-from resacct.user_code import calling_user_code
+from resacct.account.model_io import StepInputs
+from resacct.account.user_code import calling_user_code
 
 __all__ = ["parse_model_arg", "load_model"]
 
