@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from resacct.errors import ResacctError
+from resacct.facts.recipes import Recipe
 
 __all__ = ["Quantity", "TrainingReport", "account_model"]
 
@@ -92,7 +93,8 @@ def account_model(
     seq: int | None = None,
     example_input: Any = None,
     input_shape: tuple[int, ...] | None = None,
-    recipe: str = "fp32",
+    input_dtype: str = "float32",
+    recipe: str | Recipe = "fp32",
     optimizer: str | None = None,
     loss: str = "auto",
     measure: bool | None = None,
@@ -100,8 +102,11 @@ def account_model(
     """Account one training step of ``model``: an ``nn.Module`` (on the CPU or the meta device),
     a :mod:`resacct.training.gpt` config name (``"gpt-nano"``, ``"gpt2-small"`` …) or ``"module:factory"``.
 
-    The input is ``example_input`` if given, else made from ``batch`` and ``seq`` (tokens per
-    sequence of a token model, or the middle axis of a Linear's input) or ``input_shape``.
+    The input is ``example_input`` if given — a tensor (``model(x)``), a tuple of tensors
+    (``model(*xs)``) or a dict of name → tensor (``model(**inputs)``) — else made from ``batch`` and
+    ``seq`` (tokens per sequence of a token model: a forward taking ``input_ids``, or an
+    ``nn.Embedding`` first; else the middle axis of a Linear's input) or ``input_shape`` (in
+    ``input_dtype``, e.g. ``"int64"`` for ids).
     ``recipe`` is a name or alias of :data:`resacct.facts.recipes.RECIPES` (``"mixed"`` is
     ``bf16-fp32-master``); ``optimizer`` defaults to the one the recipe name pins, else AdamW.
     ``measure`` (GPT names and factories): False builds on the meta device (sizes, no
@@ -112,38 +117,39 @@ def account_model(
     chosen = parse_recipe(recipe, allow_custom=False)
     chosen_optimizer = chosen.optimizer_for(optimizer)
     if isinstance(model, str):
-        account = _account_named(model, batch=batch, seq=seq, input_shape=input_shape, recipe=chosen.name, optimizer=chosen_optimizer,
-                                 loss=loss, measure=measure, has_example=example_input is not None)
+        account = _account_named(model, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype, recipe=chosen,
+                                 optimizer=chosen_optimizer, loss=loss, measure=measure, has_example=example_input is not None)
     elif isinstance(model, nn.Module):
-        account = _account_module(model, batch=batch, seq=seq, example_input=example_input, input_shape=input_shape, recipe=chosen.name,
-                                  optimizer=chosen_optimizer, loss=loss)
+        account = _account_module(model, batch=batch, seq=seq, example_input=example_input, input_shape=input_shape, input_dtype=input_dtype,
+                                  recipe=chosen, optimizer=chosen_optimizer, loss=loss)
     else:
         raise ResacctError(f"model {type(model).__name__}: expected an nn.Module, a resacct.training.gpt config name or 'module:factory'")
     return _report(account)
 
 
-def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple[int, ...] | None, recipe: str, optimizer: str, loss: str,
-                   measure: bool | None, has_example: bool) -> Any:
+def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple[int, ...] | None, input_dtype: str, recipe: Recipe,
+                   optimizer: str, loss: str, measure: bool | None, has_example: bool) -> Any:
     if has_example:
         raise ResacctError(f"model {name!r}: example_input goes with an nn.Module; a name makes its own input from batch and seq")
     if ":" in name:
-        from resacct.account.generic import account_model as account_factory
+        from resacct.account.generic import account_named_model
 
-        return account_factory(name, batch=batch, seq=seq, input_shape=input_shape, loss=loss, recipe=recipe, optimizer=optimizer, measure=measure)
+        return account_named_model(name, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype, loss=loss, recipe=recipe,
+                                   optimizer=optimizer, measure=measure)
     from resacct.account import account_gpt
 
     return account_gpt(name, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, measure=measure, time_step=False)
 
 
-def _account_module(model: nn.Module, *, batch: int, seq: int | None, example_input: Any, input_shape: tuple[int, ...] | None, recipe: str,
-                    optimizer: str, loss: str) -> Any:
+def _account_module(model: nn.Module, *, batch: int, seq: int | None, example_input: Any, input_shape: tuple[int, ...] | None,
+                    input_dtype: str, recipe: Recipe, optimizer: str, loss: str) -> Any:
     from resacct.account.generic import account_module
     from resacct.account.model_io import default_inputs
 
     if not list(model.parameters()):
         raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
     if example_input is None:
-        example_input = default_inputs(model, batch=batch, seq=seq, input_shape=input_shape)
+        example_input = default_inputs(model, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype)
     return account_module(model, example_input, loss=loss, recipe=recipe, optimizer=optimizer)
 
 
@@ -162,7 +168,7 @@ def _report(account: Any) -> TrainingReport:
         peak = Quantity(None, account.step_peak_bytes, "bytes")
         optimizer = account.optimizer
     return TrainingReport(
-        model=account.model, parameters=account.parameters, recipe=account.recipe, optimizer=optimizer, flops=flops,
+        model=account.model, parameters=account.parameters, recipe=account.recipe.name, optimizer=optimizer, flops=flops,
         state=Quantity(state.predicted_at_step_bytes, state.at_step_bytes, "bytes"),
         state_between_steps=Quantity(state.predicted_after_backward_bytes, state.after_backward_bytes, "bytes"),
         activations=activations, peak=peak, account=account,

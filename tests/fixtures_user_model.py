@@ -34,7 +34,7 @@ def build_conv(channels: int = 4) -> nn.Module:
 
 
 def build_embedding(vocab: int = 10, dim: int = 4) -> nn.Module:
-    """Integer input: needs --input-shape with an integer --input-dtype."""
+    """Token ids in (an Embedding first): --seq makes them, or --input-shape with an integer --input-dtype."""
     return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, vocab))
 
 

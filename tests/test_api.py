@@ -59,3 +59,68 @@ def test_bad_calls_are_one_resacct_error(call, message):
         call()
     if isinstance(error.value, ResacctError):
         assert message in str(error.value) and "\n" not in str(error.value)
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right = torch.nn.Linear(4, 3), torch.nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.left(x) + self.right(y)
+
+
+class _TokenModel(torch.nn.Module):  # token ids in, but the forward's argument is not called input_ids
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+@pytest.mark.parametrize("as_given", [tuple, list], ids=["tuple", "list"])
+def test_a_tuple_of_inputs_is_passed_as_positional_arguments(as_given):
+    """Issue 21: a tuple example_input crashed with a raw AttributeError."""
+    model = _TwoInputs()
+    report = resacct.account_model(model, example_input=as_given([torch.randn(5, 4), torch.randn(5, 2)]), optimizer="sgd")
+    assert report.flops.measured == 2 * 5 * 3 * (4 + 2) * 2  # both Linears forward, and their weight gradients
+    assert report.state.measured == 2 * 4 * (4 * 3 + 3 + 2 * 3 + 3)
+
+
+def test_seq_makes_token_ids_for_a_model_with_an_embedding_first():
+    """Issue 21: seq= was ignored unless the forward took input_ids."""
+    report = resacct.account_model(_TokenModel(), batch=2, seq=7, optimizer="sgd")
+    assert report.account.input_shape == (2, 7)
+    assert report.flops.measured == 2 * 14 * 8 * 50 * 3  # the head: forward, weight and input gradients (the embedding trains); a lookup costs none
+
+
+def test_input_dtype_makes_integer_inputs_from_a_shape():
+    report = resacct.account_model(_TokenModel(), input_shape=(3, 5), input_dtype="int64", optimizer="sgd")
+    assert report.account.input_shape == (3, 5)
+
+
+@pytest.mark.parametrize(("given", "shown"), [
+    ("not a tensor", "example_input is str"),
+    ((torch.randn(2, 4), "x"), "example_input is a tuple of Tensor, str"),
+    ({"x": 1}, "example_input is a dict of int"),
+    ((), "example_input is a tuple of nothing"),
+])
+def test_a_bad_example_input_is_one_line_saying_what_is_expected(given, shown):
+    with pytest.raises(ResacctError) as error:
+        resacct.account_model(torch.nn.Linear(4, 3), example_input=given)
+    message = str(error.value)
+    assert message.startswith(shown) and "expected a tensor (model(x)), a tuple of tensors (model(*xs)) or a dict" in message and "\n" not in message
+
+
+def test_a_missing_seq_is_worded_for_python_callers_too():
+    class NoContext(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.embed(tokens)
+
+    with pytest.raises(ResacctError, match=r"expected seq=N \(--seq N on the command line\)"):
+        resacct.account_model(NoContext(), batch=2)

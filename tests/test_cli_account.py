@@ -169,7 +169,7 @@ def test_input_shape_dtype_and_loss_flags(capsys):
         (["--model", "resacct.training.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
         (["--model", "resacct.training.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
         (["--model", "resacct.account.generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.training.gpt models"),
-        (["--model", "resacct.account.generic:mlp", "--seq", "3", "--input-shape", "2,8"], "--seq 3 and --input-shape 2,8 both give the input"),
+        (["--model", "resacct.account.generic:mlp", "--seq", "3", "--input-shape", "2,8"], "seq 3 and input shape 2,8 both give the input (--seq and --input-shape"),
         (["--input-shape", "2,3"], "--input-shape apply to --model module:factory"),
         (["--model", "resacct.account.generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),
         (["--optimizer", "adamx"], "argument --optimizer: invalid choice: 'adamx'"),
@@ -225,3 +225,34 @@ def test_an_uncounted_matmul_is_a_warning_line_never_cut_off(capsys):
     assert any("aten.mv.default" in line and "(forward)" in line for line in warnings), out
     report = _json(capsys, "--model", "tests.fixtures_user_model:matrix_vector", "--input-shape", "4", "--no-measure")
     assert report["warnings"] == [line.removeprefix("warning: ") for line in warnings]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [
+    ["--model", "gpt-nano", "--batch", "1", "--seq", "8"],                       # resacct's GPT
+    ["--model", "tests.fixtures_user_model:build_conv", "--batch", "2"],         # any nn.Module
+], ids=["gpt", "generic"])
+def test_the_recipe_is_parsed_once_at_the_command_line(monkeypatch, capsys, argv):
+    """Issue 21: the recipe becomes one typed Recipe at the CLI edge and travels as that object —
+    no function downstream looks a recipe name up again."""
+    from resacct.account import generic, gpt_step, hf, step_measurements
+    from resacct.facts import recipes
+    from resacct.measurement import memory
+
+    looked_up: list[str] = []
+    original = recipes.get_recipe
+
+    def spy(recipe):  # type: ignore[no-untyped-def]
+        if isinstance(recipe, str):
+            looked_up.append(recipe)
+        return original(recipe)
+
+    for module in (recipes, memory, generic, gpt_step, hf, step_measurements):
+        for name in ("get_recipe", "get_state_recipe"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, spy)
+    assert main(["account", *argv, "--recipe", "mixed", "--no-time", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recipe"] == "bf16-fp32-master"
+    # argparse's type looked "mixed" up once (the other names are the commands' defaults, built with the
+    # parser); the old code handed "bf16-fp32-master" (recipe.name) on, to be looked up again downstream
+    assert looked_up.count("mixed") == 1 and "bf16-fp32-master" not in looked_up, looked_up

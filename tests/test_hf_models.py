@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account.generic import account_model  # noqa: E402
+from resacct.account.generic import account_named_model  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 
@@ -59,5 +59,5 @@ def test_seq_longer_than_the_config_allows_is_one_line(capsys):
 
 
 def test_default_seq_of_a_token_model_is_its_context():
-    account = account_model("tests.fixtures_hf_models:tiny_gpt2", batch=1, measure=False)
+    account = account_named_model("tests.fixtures_hf_models:tiny_gpt2", batch=1, measure=False)
     assert account.input_shape == (1, 32) and account.device == "meta"

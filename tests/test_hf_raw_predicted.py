@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account.generic import ModelAccount, account_model  # noqa: E402
+from resacct.account.generic import ModelAccount, account_named_model  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 LLAMA = "tests.fixtures_hf_models:tiny_llama"  # GQA: 4 query heads, 2 key/value heads
@@ -45,7 +45,7 @@ def assert_predicted_equals_measured(account: ModelAccount) -> None:
 ])
 @pytest.mark.parametrize("measure", [True, False], ids=["cpu", "meta"])
 def test_a_raw_model_is_predicted_to_the_byte(spec, model_args, batch, seq, measure):
-    account = account_model(spec, model_args=model_args, batch=batch, seq=seq, measure=measure)
+    account = account_named_model(spec, model_args=model_args, batch=batch, seq=seq, measure=measure)
     assert account.device == ("cpu" if measure else "meta")
     assert_predicted_equals_measured(account)
     if not measure:  # FlopCounterMode alone (on the CPU sdpa's fused kernel is filled by resacct: not a measurement)
@@ -56,7 +56,7 @@ def test_a_broken_formula_term_fails_the_comparison(monkeypatch):
     """The comparison has teeth: drop RMSNorm's float32 rsqrt (4·T bytes) from the formula."""
     import resacct.formulas.hf_activation_formulas as formulas
 
-    account = account_model(LLAMA, batch=2, seq=8, measure=True)
+    account = account_named_model(LLAMA, batch=2, seq=8, measure=True)
     assert_predicted_equals_measured(account)
     right = formulas._rms_norm
     monkeypatch.setattr(formulas, "_rms_norm", lambda *args: [term for term in right(*args) if "rsqrt" not in term.what])
@@ -68,7 +68,7 @@ def test_a_broken_formula_term_fails_the_comparison(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("measure", [True, False], ids=["cpu", "meta"])
 def test_a_raw_mixtral_with_batched_mm_experts_is_predicted_to_the_byte(measure):
-    assert_predicted_equals_measured(account_model("tests.fixtures_hf_models:tiny_mixtral", batch=2, seq=8, measure=measure))
+    assert_predicted_equals_measured(account_named_model("tests.fixtures_hf_models:tiny_mixtral", batch=2, seq=8, measure=measure))
 
 
 @pytest.mark.parametrize(("spec", "model_args", "options", "gap"), [
@@ -79,7 +79,7 @@ def test_a_raw_mixtral_with_batched_mm_experts_is_predicted_to_the_byte(measure)
     (GPT2, {}, {"loss": "mean", "measure": False}, "loss 'mean': resacct's activation formula is for the model's own next-token loss"),
 ])
 def test_a_step_outside_the_formula_says_why_and_keeps_the_rest(spec, model_args, options, gap):
-    account = account_model(spec, model_args=model_args, batch=2, **{"seq": 8, **options})
+    account = account_named_model(spec, model_args=model_args, batch=2, **{"seq": 8, **options})
     assert account.hf is not None and account.predicted_saved_bytes is None
     assert gap in account.hf.activation_formula_gap()
     saved = {row.quantity: row for row in account.rows() if row.section == "activations"}["saved for backward"]
@@ -91,9 +91,9 @@ def test_a_step_outside_the_formula_says_why_and_keeps_the_rest(spec, model_args
 def test_the_sliding_window_boundary_is_measured():
     """One token short of the window the CPU flash kernel gets no mask: exact; at the window it
     does (refused above), and keeps more than the maskless formula says."""
-    below = account_model("tests.fixtures_hf_models:tiny_mistral", model_args={"sliding_window": 9}, batch=2, seq=8, measure=True)
+    below = account_named_model("tests.fixtures_hf_models:tiny_mistral", model_args={"sliding_window": 9}, batch=2, seq=8, measure=True)
     assert_predicted_equals_measured(below)
-    at = account_model("tests.fixtures_hf_models:tiny_mistral", model_args={"sliding_window": 8}, batch=2, seq=8, measure=True)
+    at = account_named_model("tests.fixtures_hf_models:tiny_mistral", model_args={"sliding_window": 8}, batch=2, seq=8, measure=True)
     assert at.saved.activation_bytes > below.saved.activation_bytes
 
 

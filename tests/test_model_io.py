@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from resacct.account.generic import account_model
+from resacct.account.generic import account_named_model
 from resacct.errors import ResacctError
 from resacct.account.model_io import default_inputs, loss_of_output, output_tensor, resolve_loss
 
@@ -41,7 +41,7 @@ def test_a_meta_account_of_a_huge_batch_allocates_no_input_on_the_cpu():
     assert batch * 64 * 4 == 2 * 2**30
     before = _max_rss_bytes()
     with _CpuTensorsMade() as made:
-        account = account_model("resacct.account.generic:mlp", model_args={"dim": 64, "hidden": 64}, batch=batch, measure=False)
+        account = account_named_model("resacct.account.generic:mlp", model_args={"dim": 64, "hidden": 64}, batch=batch, measure=False)
     assert account.device == "meta" and account.input_shape == (batch, 64)
     assert account.saved.activation_bytes == account.predicted.saved_bytes == 4 * batch * (64 + 2 * 64)  # sizes still measured
     assert made.largest_cpu_bytes < 2**20

@@ -14,7 +14,7 @@ The pipeline, module by module:
 - **compare and render**: :mod:`~resacct.account.rows`, :mod:`~resacct.account.layout`,
   :mod:`~resacct.account.optimizers`; any ``nn.Module``: :mod:`~resacct.account.generic`.
 
-``from resacct.account import account_gpt, account_model`` keeps working: this package re-exports
+``from resacct.account import account_gpt, account_named_model`` keeps working: this package re-exports
 the GPT account's API and, lazily, the generic one.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 from resacct.account.gpt_step import *  # noqa: F401,F403  (the GPT account's API)
 from resacct.account.gpt_step import __all__ as _GPT_STEP_ALL
 
-__all__ = [*_GPT_STEP_ALL, "ModelAccount", "account_model", "account_module"]
+__all__ = [*_GPT_STEP_ALL, "ModelAccount", "account_named_model", "account_module"]
 
-_GENERIC = ("ModelAccount", "account_model", "account_module")
+_GENERIC = ("ModelAccount", "account_named_model", "account_module")
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`
 (:mod:`resacct.account.providers`); the AdamW step's scratch. Elsewhere the table shows "—" and a
 note says why.
 
->>> account = account_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
+>>> account = account_named_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
 >>> account.saved.activation_bytes == account.predicted.saved_bytes == 4 * 3 * (8 + 2 * 16)
 True
 >>> account.state.at_step_bytes == account.state.predicted_at_step_bytes
@@ -62,8 +62,20 @@ from resacct.account.optimizers import build_optimizer, memory_optimizer_name, o
 from resacct.measurement.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
+from resacct.facts.recipes import Recipe
 from resacct.measurement.memory import distinct_storage_bytes, get_state_recipe
-from resacct.account.model_io import LOSS_CHOICES, StepInputs, call_model, cast_inputs, default_inputs, loss_of_output, main_input, resolve_loss
+from resacct.account.model_io import (
+    LOSS_CHOICES,
+    StepInputs,
+    call_model,
+    cast_inputs,
+    check_inputs,
+    default_inputs,
+    inputs_on,
+    loss_of_output,
+    main_input,
+    resolve_loss,
+)
 from resacct.account.model_factory import load_model, parse_model_arg
 from resacct.account.providers import hf_raw_account, no_formula_note
 from resacct.training.models import Cruncher
@@ -72,7 +84,7 @@ from resacct.account.user_code import calling_user_code, code_location
 if TYPE_CHECKING:
     from resacct.account.hf import HfAccount
 
-__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_model"]  # the factory loading: resacct.account.model_factory
+__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model"]  # the factory loading: resacct.account.model_factory
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU}
 
@@ -122,7 +134,7 @@ class ModelAccount:
     input_dtype: str
     loss: str
     device: str
-    recipe: str
+    recipe: Recipe
     optimizer: str
     parameters: int
     flops: StepFlopTrace
@@ -209,7 +221,7 @@ class ModelAccount:
         sections = sections_of(self.rows())
         return {
             "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
-            "loss": self.loss, "device": self.device, "recipe": self.recipe, "optimizer": self.optimizer, "parameters": self.parameters,
+            "loss": self.loss, "device": self.device, "recipe": self.recipe.name, "optimizer": self.optimizer, "parameters": self.parameters,
             "hf_model_type": None if self.hf is None else self.hf.model_type, **sections,
             "per_module": [vars(row) for row in self.per_module_rows()],
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
@@ -221,11 +233,12 @@ class ModelAccount:
 
 
 def account_module(
-    model: nn.Module, example_input: StepInputs, *, name: str | None = None, loss: str = "auto", recipe: str = "fp32",
+    model: nn.Module, example_input: Any, *, name: str | None = None, loss: str = "auto", recipe: str | Recipe = "fp32",
     optimizer: str = "adamw", measure_peaks: bool = True,
 ) -> ModelAccount:
-    """Account one step of ``model`` on ``example_input`` (a tensor, or keyword tensors such as
-    ``{"input_ids": …, "labels": …}``) where both already are (CPU or meta). Whatever the model's
+    """Account one step of ``model`` on ``example_input`` (a tensor, a tuple of tensors for a
+    forward with several arguments, or keyword tensors such as ``{"input_ids": …, "labels": …}``)
+    where both already are (CPU or meta). Whatever the model's
     code raises (forward, loss, backward) is one line naming the user's frame
     (:class:`resacct.account.user_code.UserCodeError`).
 
@@ -234,6 +247,7 @@ def account_module(
     >>> account.flops.forward_flops, account.state.at_step_bytes, account.saved.activation_bytes   # 2·5·(32+16); 8·58; 4·5·(4+8)
     (480, 464, 240)
     """
+    example_input = check_inputs(example_input)
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
     parameters = list(model.parameters())
@@ -264,12 +278,12 @@ def account_module(
     predictable = chosen.compute_dtype is None and isinstance(example_input, torch.Tensor) and first.is_floating_point() and resolved_loss != "model"
     predicted = predict_stack_step(model, tuple(first.shape), element_bytes=element, loss=resolved_loss) if predictable else None
     count = sum(p.numel() for p in parameters)
-    hf, note = hf_raw_account(model, example_input, name=name or type(model).__name__, loss=resolved_loss, recipe=chosen.name, optimizer=optimizer,
+    hf, note = hf_raw_account(model, example_input, name=name or type(model).__name__, loss=resolved_loss, recipe=chosen, optimizer=optimizer,
                               parameters=count, flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights_bytes)
     notes = [note] if note else [] if predicted is not None else [no_formula_note(model)]
     account = ModelAccount(
         model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(first.shape),
-        input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen.name, optimizer=optimizer,
+        input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen, optimizer=optimizer,
         parameters=count, flops=flops, state=state, saved=saved, predicted=predicted, notes=notes, hf=hf,
     )
     if measure_peaks and where == "cpu":
@@ -283,6 +297,8 @@ def account_module(
 def _describe_inputs(inputs: StepInputs) -> str:
     if isinstance(inputs, Mapping):
         return ", ".join(f"{name} {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}" for name, value in inputs.items())
+    if isinstance(inputs, tuple):
+        return ", ".join(f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}" for value in inputs)
     return f"{tuple(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}"
 
 
@@ -307,9 +323,9 @@ def _measure_peaks(account: ModelAccount, model: nn.Module, loss_of: Any, optimi
         account.predicted_optimizer_transient_bytes = predict_optimizer_step_transient_bytes([p.numel() for p in parameters], foreach=True)
 
 
-def account_model(
+def account_named_model(
     spec: str, *, model_args: Mapping[str, Any] | None = None, batch: int = 4, seq: int | None = None, input_shape: tuple[int, ...] | None = None,
-    input_dtype: str = "float32", loss: str = "auto", recipe: str = "fp32", optimizer: str = "adamw", measure: bool | None = None,
+    input_dtype: str = "float32", loss: str = "auto", recipe: str | Recipe = "fp32", optimizer: str = "adamw", measure: bool | None = None,
 ) -> ModelAccount:
     """Build ``spec`` (``module:factory``) with ``model_args`` and account one step of it on the
     inputs of :func:`resacct.account.model_io.default_inputs` (``seq``: tokens per sequence of a token
@@ -338,10 +354,8 @@ def account_model(
         if example is None:
             with calling_user_code(f"making the input of {type(model).__name__}"):
                 example = default_inputs(model, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype, device=device)
-        elif isinstance(example, Mapping):
-            example = {key: value.to(device) for key, value in example.items()}
         else:
-            example = example.to(device)
+            example = inputs_on(check_inputs(example), device)
         return model, example
 
     if measure is None:

@@ -125,7 +125,7 @@ class StepAccount:
     batch: int
     seq: int
     device: str
-    recipe: str
+    recipe: StateRecipe
     attention: str
     parameters: int
     predicted_flops: GptStepFlops
@@ -193,7 +193,7 @@ def account_gpt(
     *,
     batch: int = 4,
     seq: int | None = None,
-    recipe: str = "fp32",
+    recipe: str | StateRecipe = "fp32",
     attention: str = "math",
     checkpoint_segments: int = 0,
     grad_accum: int = 1,
@@ -267,7 +267,7 @@ def account_gpt(
         notes.append("no activation formula for this case (autocast's mixed dtypes, or sdpa off CPU): measured only")
     state = measure_training_state(net, loss_of, chosen, optimizer)
     account = StepAccount(
-        model=name, config=config, batch=batch, seq=seq, device=where, recipe=chosen.name, attention=attention, parameters=parameter_count(net),
+        model=name, config=config, batch=batch, seq=seq, device=where, recipe=chosen, attention=attention, parameters=parameter_count(net),
         predicted_flops=predicted, flops=flops, state=state, saved=saved, predicted_saved_bytes=predicted_saved,
         predicted_saved_by_module=predicted_by_module, checkpoint_segments=checkpoint_segments, train_tokens=train_tokens,
         devices=devices, notes=notes,
@@ -354,7 +354,7 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
 
         board = current_accelerator()
         if board is not None:
-            dtype = "bf16" if account.recipe != "fp32" else "fp32"
+            dtype = "bf16" if account.recipe.name != "fp32" else "fp32"
             peak, source = peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
     timing = time_callable(step, device=account.device, warmup=1, repeats=3, min_sample_sec=0.0)
     from resacct.measurement.runtime_model import predict_training_step
@@ -367,12 +367,12 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
     )
 
 
-_GENERIC = ("ModelAccount", "account_model", "account_module")
+_GENERIC = ("ModelAccount", "account_named_model", "account_module")
 
 
 def __getattr__(name: str) -> Any:
     """The generic path (:mod:`resacct.account.generic`) is importable from here too, lazily:
-    ``from resacct.account import account_model``. The import runs one way only:
+    ``from resacct.account import account_named_model``. The import runs one way only:
     account_generic builds on :mod:`resacct.account.step_measurements`, never on this module
     (tests/test_import_layers.py checks there is no circle)."""
     if name in _GENERIC:

@@ -36,6 +36,7 @@ from resacct.formulas.hf_formulas import (
     predict_parameters,
     predict_step_flops,
 )
+from resacct.facts.recipes import Recipe
 from resacct.measurement.memory import distinct_storage_bytes, get_state_recipe, step_counter_bytes, training_state_bytes
 from resacct.account.hf_models import HfConfigSpec
 from resacct.account.model_io import call_model, context_length, default_inputs, loss_of_output
@@ -59,7 +60,7 @@ class HfAccount:
     architecture: HfArchitecture | None
     batch: int
     seq: int
-    recipe: str
+    recipe: Recipe
     optimizer: str
     parameters: int
     parameter_tensors: int
@@ -88,7 +89,7 @@ class HfAccount:
     @property
     def activation_dtype(self) -> str:
         """The dtype the activations were recorded in: the recipe's parameter dtype (no autocast)."""
-        return get_state_recipe(self.recipe).parameter_dtype
+        return self.recipe.parameter_dtype
 
     def predicted_saved_terms(self) -> tuple[SavedTerm, ...] | None:
         """resacct's saved-tensor terms for this step (None without a formula; see :meth:`activation_formula_gap`)."""
@@ -136,7 +137,7 @@ class HfAccount:
         sections = sections_of(self.rows())
         return {
             "hf_config": self.name, "source": self.source, "model_type": self.model_type, "model_class": self.model_class,
-            "batch": self.batch, "seq": self.seq, "tokens": self.tokens, "device": self.device, "recipe": self.recipe,
+            "batch": self.batch, "seq": self.seq, "tokens": self.tokens, "device": self.device, "recipe": self.recipe.name,
             "optimizer": self.optimizer, "parameters": self.parameters, **sections,
             "per_module": [vars(row) for row in self.per_module_rows()],
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
@@ -210,7 +211,7 @@ def _activation_rows(a: HfAccount) -> list[Row]:
     ]
 
 
-def checkpoint_bytes_predicted(parameters: int, parameter_tensors: int, recipe: str, optimizer: str) -> tuple[int, int]:
+def checkpoint_bytes_predicted(parameters: int, parameter_tensors: int, recipe: str | Recipe, optimizer: str) -> tuple[int, int]:
     """(weights only, full training checkpoint) bytes: parameters in the recipe's parameter dtype;
     plus master weights, optimizer state and step counters.
 
@@ -229,13 +230,13 @@ def _checkpoint_rows(a: HfAccount) -> list[Row]:
     predicted = (None, None) if a.architecture is None else checkpoint_bytes_predicted(
         predict_parameters(a.architecture), predict_parameter_tensors(a.architecture), a.recipe, a.optimizer)
     return [
-        Row("checkpoint", f"weights ({get_state_recipe(a.recipe).parameter_dtype})", predicted[0], a.checkpoint_weights_bytes, "bytes",
+        Row("checkpoint", f"weights ({a.recipe.parameter_dtype})", predicted[0], a.checkpoint_weights_bytes, "bytes",
             "state_dict, distinct storages"),
         Row("checkpoint", "weights + master + optimizer state", predicted[1], a.checkpoint_full_bytes, "bytes", "the state at the step less its gradients"),
     ]
 
 
-def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str = "fp32", optimizer: str = "adamw") -> HfAccount:
+def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str | Recipe = "fp32", optimizer: str = "adamw") -> HfAccount:
     """Build the config's causal LM (a shipped name, a config.json path, or an
     :class:`~resacct.account.hf_models.HfConfigSpec`) on the meta device and account one step of
     ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss."""
@@ -272,6 +273,6 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
         notes.append(f"resacct has no formula for model_type {spec.model_type!r} (it has: gpt2, llama, mistral, mixtral): measured only")
     return HfAccount(
         name=spec.name, source=spec.source, model_type=spec.model_type, model_class=type(model).__name__, architecture=architecture,
-        batch=batch, seq=length, recipe=chosen.name, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
+        batch=batch, seq=length, recipe=chosen, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
         parameter_tensors=len(parameters), flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights, notes=notes,
     )

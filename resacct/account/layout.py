@@ -12,7 +12,6 @@ from resacct.account.rows import ModuleRow, Row, sections_of
 from resacct.measurement.activations import SavedActivations, predict_gpt_held_after_forward_bytes
 from resacct.facts.dtypes import parse_dtype
 from resacct.formulas.gpt_formulas import predict_gpt_step_flops
-from resacct.measurement.memory import get_state_recipe
 
 if TYPE_CHECKING:
     from resacct.account import StepAccount, StepTiming
@@ -53,7 +52,7 @@ def step_account_rows(a: StepAccount) -> list[Row]:
         Row("training state", "bytes per parameter at step", s.predicted_at_step_bytes / n, s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
     ]
     rows += [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
-    element = parse_dtype(get_state_recipe(a.recipe).parameter_dtype).itemsize
+    element = parse_dtype(a.recipe.parameter_dtype).itemsize
     measured_layer = _per_layer_measured(a.saved)
     rows += [
         Row("activations", "saved for backward (resacct formula)", a.predicted_saved_bytes, a.saved.activation_bytes, "bytes", "saved_tensors_hooks, by storage"),
@@ -143,7 +142,7 @@ def step_account_json(a: StepAccount) -> dict[str, Any]:
         "config": {"vocab_size": a.config.vocab_size, "context_length": a.config.context_length, "n_layers": a.config.n_layers,
                    "n_heads": a.config.n_heads, "d_model": a.config.d_model, "mlp_ratio": a.config.mlp_ratio},
         "attention": a.attention,
-        "batch": a.batch, "seq": a.seq, "tokens": a.tokens, "device": a.device, "recipe": a.recipe, "optimizer": a.state.optimizer,
+        "batch": a.batch, "seq": a.seq, "tokens": a.tokens, "device": a.device, "recipe": a.recipe.name, "optimizer": a.state.optimizer,
         "parameters": a.parameters,
         "checkpoint_segments": a.checkpoint_segments,
         **sections,

@@ -33,13 +33,15 @@ from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 
 __all__ = ["LOSS_CHOICES", "StepInputs", "MAX_TENSOR_ELEMENTS", "forward_parameters", "is_token_model", "context_length", "default_inputs",
-           "call_model", "main_input", "cast_inputs", "output_tensor", "model_loss", "loss_of_output", "resolve_loss"]
+           "call_model", "main_input", "cast_inputs", "check_inputs", "inputs_on", "output_tensor", "model_loss", "loss_of_output", "resolve_loss"]
 
 #: ``--loss``: ``auto`` is the model's own loss when its output carries one, else ``mean``
 LOSS_CHOICES = ("auto", "model", "mean", "sum", "mse", "cross-entropy")
 MAX_TENSOR_ELEMENTS = 2**63 - 1  # torch counts elements in int64
 
-StepInputs = Shaped[torch.Tensor, "batch *rest"] | Mapping[str, torch.Tensor]
+#: One step's input: a tensor (``model(x)``), a tuple of tensors (``model(*xs)``) or a mapping of
+#: keyword tensors (``model(**inputs)``, e.g. ``input_ids`` and ``labels``).
+StepInputs = Shaped[torch.Tensor, "batch *rest"] | tuple[torch.Tensor, ...] | Mapping[str, torch.Tensor]
 
 
 def forward_parameters(model: nn.Module) -> tuple[str, ...]:
@@ -51,15 +53,22 @@ def forward_parameters(model: nn.Module) -> tuple[str, ...]:
 
 
 def is_token_model(model: nn.Module) -> bool:
-    """A model whose forward takes ``input_ids`` (every ``transformers`` language model)."""
-    return "input_ids" in forward_parameters(model)
+    """A model whose forward takes ``input_ids`` (every ``transformers`` language model), or whose
+    first module with weights is an ``nn.Embedding`` (token ids in, whatever the argument's name)."""
+    return "input_ids" in forward_parameters(model) or _first_embedding(model) is not None
+
+
+def _first_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The model's first module with weights of its own, when that is an ``nn.Embedding``."""
+    first = next((module for module in model.modules() if next(module.parameters(recurse=False), None) is not None), None)
+    return first if isinstance(first, nn.Embedding) else None
 
 
 def _vocabulary(model: nn.Module) -> int:
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if isinstance(vocab, int) and vocab > 0:
         return vocab
-    embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else _first_embedding(model)
     if isinstance(embeddings, nn.Embedding):
         return embeddings.num_embeddings
     raise ResacctError(f"cannot tell the vocabulary of {type(model).__name__}; expected a config.vocab_size or an input embedding")
@@ -103,16 +112,19 @@ def default_inputs(model: nn.Module, *, batch: int, seq: int | None = None, inpu
     where = device if device is not None else next(model.parameters()).device
     if input_shape is not None:
         if seq is not None:
-            raise ResacctError(f"--seq {seq} and --input-shape {','.join(map(str, input_shape))} both give the input; expected one of them")
+            raise ResacctError(f"seq {seq} and input shape {','.join(map(str, input_shape))} both give the input (--seq and --input-shape "
+                               "on the command line); expected one of them")
         return _tensor(tuple(input_shape), parse_dtype(input_dtype), where)
     if is_token_model(model):
         length = seq if seq is not None else context_length(model)
         if length is None:
-            raise ResacctError(f"cannot tell the sequence length of {type(model).__name__}; expected --seq N")
+            raise ResacctError(f"cannot tell the sequence length of {type(model).__name__}; expected seq=N (--seq N on the command line)")
         limit = context_length(model)
         if limit is not None and length > limit:
             raise ResacctError(f"seq {length} is longer than the model's context length {limit}; expected seq ≤ {limit}")
         ids = _tensor((batch, length), torch.long, where, high=_vocabulary(model))
+        if "input_ids" not in forward_parameters(model):
+            return ids  # an embedding first: the ids go in as the forward's first argument
         return {"input_ids": ids, "labels": ids} if "labels" in forward_parameters(model) else {"input_ids": ids}
     if callable(getattr(model, "example_input", None)):
         with torch.device(where):  # a method that builds its tensor without a device builds it here
@@ -122,27 +134,60 @@ def default_inputs(model: nn.Module, *, batch: int, seq: int | None = None, inpu
         first = next(iter(module_leaves(model, "")))[1]
         width = linear_widths(first)[0]
     except (NoFormula, StopIteration, AttributeError, IndexError):
-        raise ResacctError(f"cannot tell the input of {type(model).__name__}; expected --input-shape (e.g. 8,64), an example_input(batch) "
-                           "method, a forward taking input_ids, or a factory returning (model, example_input)") from None
+        raise ResacctError(f"cannot tell the input of {type(model).__name__}; expected an input shape (input_shape=(8, 64); --input-shape 8,64), "
+                           "an example input, an example_input(batch) method, a forward taking input_ids, or a factory returning "
+                           "(model, example_input)") from None
     shape = (batch, width) if seq is None else (batch, seq, width)
     return _tensor(shape, torch.float32, where)
 
 
 def call_model(model: nn.Module, inputs: StepInputs) -> Any:
-    """``model(**inputs)`` for a mapping (``input_ids=…, labels=…``), else ``model(inputs)``."""
-    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+    """``model(**inputs)`` for a mapping (``input_ids=…, labels=…``), ``model(*inputs)`` for a
+    tuple, else ``model(inputs)``."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
 def main_input(inputs: StepInputs) -> torch.Tensor:
-    """The tensor that names the step's input: the tensor itself, or the mapping's first."""
-    return next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs
+    """The tensor that names the step's input: the tensor itself, or the mapping's or tuple's first."""
+    if isinstance(inputs, Mapping):
+        return next(iter(inputs.values()))
+    return inputs[0] if isinstance(inputs, tuple) else inputs
 
 
 def cast_inputs(inputs: StepInputs, dtype: torch.dtype) -> StepInputs:
     """Floating inputs in ``dtype`` (a bf16 model gets bf16 inputs); integer ids unchanged."""
     if isinstance(inputs, Mapping):
         return {name: value.to(dtype) if value.is_floating_point() else value for name, value in inputs.items()}
+    if isinstance(inputs, tuple):
+        return tuple(value.to(dtype) if value.is_floating_point() else value for value in inputs)
     return inputs.to(dtype) if inputs.is_floating_point() else inputs
+
+
+def inputs_on(inputs: StepInputs, device: str | torch.device) -> StepInputs:
+    """The same inputs on ``device``."""
+    if isinstance(inputs, Mapping):
+        return {name: value.to(device) for name, value in inputs.items()}
+    if isinstance(inputs, tuple):
+        return tuple(value.to(device) for value in inputs)
+    return inputs.to(device)
+
+
+def check_inputs(inputs: Any) -> StepInputs:
+    """``inputs`` if it is a step's input (a tensor, a non-empty tuple of tensors, or a mapping of
+    names to tensors); else one error saying what was given and what is expected."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs
+    if isinstance(inputs, list):
+        inputs = tuple(inputs)
+    if isinstance(inputs, tuple) and inputs and all(isinstance(value, torch.Tensor) for value in inputs):
+        return inputs
+    if isinstance(inputs, Mapping) and inputs and all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in inputs.items()):
+        return dict(inputs)
+    shown = type(inputs).__name__ if not isinstance(inputs, (tuple, Mapping)) else f"a {type(inputs).__name__} of {', '.join(sorted({type(v).__name__ for v in (inputs.values() if isinstance(inputs, Mapping) else inputs)})) or 'nothing'}"
+    raise ResacctError(f"example_input is {shown}; expected a tensor (model(x)), a tuple of tensors (model(*xs)) "
+                       "or a dict of name → tensor (model(**inputs))")
 
 
 def _field(output: Any, name: str) -> Any:

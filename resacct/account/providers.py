@@ -27,7 +27,7 @@ from torch import nn
 from resacct.measurement.activations import SavedActivations
 from resacct.account.hf import HfAccount
 from resacct.formulas.hf_formulas import FAMILIES, architecture_of
-from resacct.measurement.memory import get_state_recipe
+from resacct.facts.recipes import Recipe
 from resacct.account.model_io import StepInputs
 from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement
 
@@ -54,17 +54,17 @@ def _causal_lm_class(model_type: str) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _step_gap(model: nn.Module, inputs: StepInputs, loss: str, recipe: str, experts: int) -> str | None:
+def _step_gap(model: nn.Module, inputs: StepInputs, loss: str, recipe: Recipe, experts: int) -> str | None:
     """Why this step is outside the activation formula (derived for input_ids and labels, the
     model's own loss, one dtype, no checkpointing, ``batched_mm`` experts); None when it is not."""
-    names = sorted(inputs) if isinstance(inputs, Mapping) else ["a tensor"]
+    names = sorted(inputs) if isinstance(inputs, Mapping) else ["a tuple of tensors" if isinstance(inputs, tuple) else "a tensor"]
     if names != ["input_ids", "labels"] or tuple(inputs["labels"].shape) != tuple(inputs["input_ids"].shape):  # type: ignore[index]
         return f"inputs {', '.join(names)}: resacct's activation formula is for input_ids and labels of (batch, seq)"
     if loss != "model":
         return f"loss {loss!r}: resacct's activation formula is for the model's own next-token loss (labels given, --loss auto)"
-    compute = get_state_recipe(recipe).compute_dtype
+    compute = recipe.compute_dtype
     if compute is not None:
-        return f"recipe {recipe!r} runs under autocast ({compute}): resacct's activation formula is for one dtype"
+        return f"recipe {recipe.name!r} runs under autocast ({compute}): resacct's activation formula is for one dtype"
     if getattr(model, "is_activation_checkpointing", False):
         return "activation checkpointing is on: resacct's activation formula is for a step without it"
     implementation = getattr(model.config, "_experts_implementation", None)
@@ -75,7 +75,7 @@ def _step_gap(model: nn.Module, inputs: StepInputs, loss: str, recipe: str, expe
 
 
 def hf_raw_account(
-    model: nn.Module, inputs: StepInputs, *, name: str, loss: str, recipe: str, optimizer: str, parameters: int, flops: StepFlopTrace,
+    model: nn.Module, inputs: StepInputs, *, name: str, loss: str, recipe: Recipe, optimizer: str, parameters: int, flops: StepFlopTrace,
     state: TrainingStateMeasurement, saved: SavedActivations, checkpoint_weights_bytes: int,
 ) -> tuple[HfAccount | None, str | None]:
     """(account, note) for a raw model's step, from the measurements the raw path took.
@@ -95,7 +95,7 @@ def hf_raw_account(
     expected = _causal_lm_class(model_type)
     if not any(cls.__name__ == expected and cls.__module__.startswith("transformers.") for cls in type(model).__mro__):
         return None, f"predicted: — (transformers {class_name}: resacct models {model_type} as {expected}, with its own next-token loss)"
-    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else (inputs[0] if isinstance(inputs, tuple) else inputs)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
         return None, f"predicted: — (transformers {class_name}: resacct predicts from input_ids of (batch, seq); this step's input has none)"
     batch, seq = (int(size) for size in ids.shape)

@@ -47,7 +47,7 @@ __all__ = [
 
 #: Above this many FLOPs a step, ``measure=None`` stays on the meta device (no arithmetic):
 #: the rule both accounts (:func:`resacct.account.account_gpt`,
-#: :func:`resacct.account.generic.account_model`) use to decide whether to measure.
+#: :func:`resacct.account.generic.account_named_model`) use to decide whether to measure.
 AUTO_MEASURE_MAX_STEP_FLOPS = 2e10
 
 
@@ -168,7 +168,7 @@ class TrainingStateMeasurement:
     weights, optimizer state). ``at_step_bytes``: when ``optimizer.step()`` runs (a master
     recipe has made fp32 gradients by then). ``parts_bytes`` splits ``at_step_bytes``."""
 
-    recipe: str
+    recipe: StateRecipe
     parameters: int
     parameter_tensors: int
     after_backward_bytes: int
@@ -253,7 +253,7 @@ def measure_training_state(
     at_step = parts()
     numbers, tensors = parameter_count(work), len(params)
     return TrainingStateMeasurement(
-        recipe=chosen.name,
+        recipe=chosen,
         optimizer=optimizer_name,
         parameters=numbers,
         parameter_tensors=tensors,

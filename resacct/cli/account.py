@@ -151,7 +151,7 @@ def _run_hf_config(args: argparse.Namespace) -> int:
                                      ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
     if other:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
-    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe.name, optimizer=args.optimizer)
+    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
     fields = account.to_dict()
     if not args.per_module:
         fields.pop("per_module")
@@ -177,7 +177,7 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
 def _run_generic(args: argparse.Namespace) -> int:
     import os
 
-    from resacct.account.generic import account_model
+    from resacct.account.generic import account_named_model
     from resacct.account.model_factory import parse_model_arg
 
     gpt_only = [flag for flag, used in (("--attention", args.attention != "math"),
@@ -189,8 +189,8 @@ def _run_generic(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
     model_args = dict(parse_model_arg(text) for text in args.model_arg)
-    account = account_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape, input_dtype=args.input_dtype,
-                            loss=args.loss, recipe=args.recipe.name, optimizer=args.optimizer, measure=args.measure)
+    account = account_named_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape, input_dtype=args.input_dtype,
+                            loss=args.loss, recipe=args.recipe, optimizer=args.optimizer, measure=args.measure)
     fields = account.to_dict()
     if not args.per_module:
         fields.pop("per_module")
@@ -222,7 +222,7 @@ def run_account(args: argparse.Namespace) -> int:
     get_gpt_config(args.model)  # unknown names: one line with close matches
     peak, source = _peak(args)
     account = account_gpt(
-        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe.name, attention=args.attention,
+        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
         checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=args.measure, device=args.device,
         time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens, devices=args.devices,
         optimizer=args.optimizer,

@@ -112,6 +112,10 @@ class Recipe:
     custom_bytes: tuple[float, float, float] | None = None
     alias: str | None = None
 
+    def __str__(self) -> str:
+        """The recipe's name: records keep the typed recipe, text shows ``bf16-fp32-master``."""
+        return self.name
+
     @property
     def is_custom(self) -> bool:
         return self.custom_bytes is not None
