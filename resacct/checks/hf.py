@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
@@ -88,14 +89,22 @@ def shipped_parameters(config: str) -> Outcome:
 
 
 @functools.lru_cache(maxsize=8)
-def _shipped_parameters(config: str) -> Outcome:
-    from resacct.formulas.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
+def meta_model_parameters(config: str) -> tuple[Any, int]:
+    """A shipped config's model as transformers builds it on the meta device, and its parameter
+    count (distinct storages: a tied head counts once). Shared by the hf and plan checks."""
     from resacct.account.hf_models import build_hf_model, load_hf_config
     from resacct.measurement.memory import distinct_storage_bytes
 
     model = build_hf_model(load_hf_config(config), device="meta")
     parameters = list(model.parameters())
-    measured = distinct_storage_bytes(parameters) // parameters[0].element_size()
+    return model, distinct_storage_bytes(parameters) // parameters[0].element_size()
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped_parameters(config: str) -> Outcome:
+    from resacct.formulas.hf_formulas import architecture_of, predict_active_parameters, predict_parameters
+
+    model, measured = meta_model_parameters(config)
     architecture = architecture_of(model.config)
     predicted = None if architecture is None else predict_parameters(architecture)
     active = None if architecture is None else predict_active_parameters(architecture)

@@ -32,14 +32,11 @@ def hf_config_parameters(config: str) -> Outcome:
 
 @functools.lru_cache(maxsize=8)
 def _hf_config_parameters(config: str) -> Outcome:
+    from resacct.checks.hf import meta_model_parameters
     from resacct.cli import main
     from resacct.formulas.hf_formulas import architecture_of
-    from resacct.account.hf_models import build_hf_model, load_hf_config
-    from resacct.measurement.memory import distinct_storage_bytes
 
-    model = build_hf_model(load_hf_config(config), device="meta")
-    parameters = list(model.parameters())
-    measured = distinct_storage_bytes(parameters) // parameters[0].element_size()
+    model, measured = meta_model_parameters(config)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = main(["plan", "--hf-config", config, "--seq", "4096", "--memory-gb", "80", "--json"])
