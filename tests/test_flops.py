@@ -376,5 +376,8 @@ def test_annotated_only_check_function_really_carries_the_annotation() -> None:
 
 
 def test_docstring_examples_of_resacct_flops() -> None:
+    from resacct.formulas import flop_rules
+
     results = doctest.testmod(flops, optionflags=doctest.ELLIPSIS)
-    assert results.attempted >= 25 and results.failed == 0
+    rules = doctest.testmod(flop_rules, optionflags=doctest.ELLIPSIS)
+    assert results.attempted + rules.attempted >= 25 and results.failed == rules.failed == 0
