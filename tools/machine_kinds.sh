@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # `resacct verify` on several kinds of machine that this one can behave like (issue 20):
-#   native       every claim, as the README's main command runs it;
+#   native       as the machine is (every claim with --all-claims; .ci/run's test tiers already run every claim);
 #   avx2-cap     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2: a CPU without bf16/AVX-512 units
 #                (a bf16-capable CPU then converts bf16 element by element, as an AVX2 one does);
 #   one-thread   OMP_NUM_THREADS=1;
 #   loaded       a busy loop on every core for the whole run (bounded by `timeout`).
-# The last three run the claims whose outcome can depend on the machine (`--machine-dependent`:
-# a `when:` condition, or timed here); every run must exit 0: a timing claim under load holds or
+# Each runs the claims whose outcome can depend on the machine (`--machine-dependent`: a `when:`
+# condition, or timed here); every run must exit 0: a timing claim under load holds or
 # is inconclusive, never failed. The reports are merged into one claims × machine-kinds matrix.
-#   usage: bash tools/machine_kinds.sh [RESACCT] [OUT_DIR]     (RESACCT default: .venv/bin/resacct)
+#   usage: bash tools/machine_kinds.sh [--all-claims] [RESACCT] [OUT_DIR]     (RESACCT default: .venv/bin/resacct)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ALL=0
+if [ "${1:-}" = "--all-claims" ]; then ALL=1; shift; fi
 RESACCT="${1:-.venv/bin/resacct}"
 OUT="${2:-$(mktemp -d)}"
 mkdir -p "$OUT"
@@ -31,7 +33,7 @@ run_kind() {  # name, then env assignments, then verify arguments after --
     fi
 }
 
-run_kind native RESACCT_KIND=native --
+if [ "$ALL" = 1 ]; then run_kind native RESACCT_KIND=native --; else run_kind native RESACCT_KIND=native -- --machine-dependent; fi
 run_kind avx2-cap ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 -- --machine-dependent
 run_kind one-thread OMP_NUM_THREADS=1 -- --machine-dependent
 
