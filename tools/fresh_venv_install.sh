@@ -41,4 +41,9 @@ pyargs_status=$?
 set -e
 grep -E "^claims:|passed|failed" pyargs.out | tail -n 2
 echo "== pytest --pyargs exit status: $pyargs_status"
-[ "$status" -eq 0 ] && [ "$pyargs_status" -eq 0 ]
+# A host project sees no warnings from resacct's claims and gets no .hypothesis/ folder (issue 21).
+warnings="$(grep -cE "Warning" pyargs.out || true)"
+echo "== lines naming a warning in pytest --pyargs' output: $warnings"
+leftover=0
+if [ -e "$WORK/run/.hypothesis" ]; then echo "== a .hypothesis/ folder was left in $WORK/run" >&2; leftover=1; fi
+[ "$status" -eq 0 ] && [ "$pyargs_status" -eq 0 ] && [ "$warnings" -eq 0 ] && [ "$leftover" -eq 0 ]

@@ -56,6 +56,7 @@ from resacct.account.step_measurements import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
+from resacct.account.peak import StepPeakAccount, account_model_step_peak
 from resacct.account.rows import ModuleRow, Row, sections_of
 from resacct.formulas.account_formulas import StackPrediction, predict_stack_step
 from resacct.account.optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
@@ -147,6 +148,8 @@ class ModelAccount:
     notes: list[str] = field(default_factory=list)
     #: a transformers causal LM resacct models: ``--hf-config``'s rows over this step's measurements (:mod:`resacct.account.providers`)
     hf: HfAccount | None = None
+    #: the whole step's peak, predicted on fake tensors beside the allocator's (:mod:`resacct.account.peak`)
+    step_peak: StepPeakAccount | None = None
 
     @property
     def predicted_step_flops(self) -> int | None:
@@ -163,7 +166,8 @@ class ModelAccount:
 
     def rows(self) -> list[Row]:
         """(section, quantity, predicted, measured, unit, note) rows; predicted None → "—"."""
-        return (self._formula_rows() if self.hf is None else self.hf.rows()) + self._peak_rows()
+        return ((self._formula_rows() if self.hf is None else self.hf.rows()) + self._peak_rows()
+                + ([] if self.step_peak is None else self.step_peak.rows()))
 
     def _formula_rows(self) -> list[Row]:
         p, f, s, n = self.predicted, self.flops, self.state, self.parameters
@@ -227,6 +231,7 @@ class ModelAccount:
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
             "warnings": self.flops.warnings,
             "notes": self.notes,
+            "step_peak": None if self.step_peak is None else self.step_peak.to_dict(),
         }
 
     to_json = to_dict
@@ -286,6 +291,9 @@ def account_module(
         input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen, optimizer=optimizer,
         parameters=count, flops=flops, state=state, saved=saved, predicted=predicted, notes=notes, hf=hf,
     )
+    with user_step():
+        account.step_peak = account_model_step_peak(model, example_input, loss=resolved_loss, recipe=chosen, optimizer=optimizer,
+                                                    measure=measure_peaks and where == "cpu")
     if measure_peaks and where == "cpu":
         with user_step():
             _measure_peaks(account, model, loss_of, optimizer, parameters)

@@ -146,6 +146,8 @@ class StepAccount:
     train_tokens: float | None = None
     devices: int = 1
     notes: list[str] = field(default_factory=list)
+    #: the whole step's peak predicted on fake tensors, beside the allocator's on a CPU run (:mod:`resacct.account.peak`)
+    step_peak: Any = None
 
     @property
     def tokens(self) -> int:
@@ -155,7 +157,7 @@ class StepAccount:
         """The account as (section, quantity, predicted, measured, unit, note) rows."""
         from resacct.account.layout import step_account_rows
 
-        return step_account_rows(self)
+        return step_account_rows(self) + ([] if self.step_peak is None else self.step_peak.rows())
 
     def per_module_rows(self) -> list[ModuleRow]:
         """FLOPs and saved bytes per module, predicted beside measured (modules with either)."""
@@ -167,13 +169,11 @@ class StepAccount:
         """Named fields with units in the names, for ``--json``."""
         from resacct.account.layout import step_account_json
 
-        return step_account_json(self)
+        return {**step_account_json(self), "step_peak": None if self.step_peak is None else self.step_peak.to_dict()}
 
     def to_dict(self) -> dict[str, Any]:
         """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
-        from resacct.account.layout import step_account_json
-
-        return step_account_json(self)
+        return self.to_json()
 
 
 def _check_sizes(config: GPTConfig, batch: object, seq: object, checkpoint_segments: object, grad_accum: object) -> None:
@@ -272,6 +272,7 @@ def account_gpt(
         predicted_saved_by_module=predicted_by_module, checkpoint_segments=checkpoint_segments, train_tokens=train_tokens,
         devices=devices, notes=notes,
     )
+    account.step_peak = _step_peak(net, tokens, targets, chosen, optimizer, checkpoint_segments, grad_accum, measure=measure and where == "cpu")
     if recipe != "fp32" and measure:
         notes.append(f"peaks, checkpointing, accumulation and time run the float32 model; the {chosen.name} recipe is applied to the state and activations")
     if not measure:
@@ -281,6 +282,21 @@ def account_gpt(
     else:
         _measure_for_real(account, net, tokens, targets, loss_of, chosen, attention, grad_accum, time_step, peak_flops_per_sec, peak_source)
     return account
+
+
+def _step_peak(net: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, recipe: StateRecipe, optimizer: str, checkpoint_segments: int,
+               grad_accum: int, *, measure: bool) -> Any:
+    """The whole step's peak (:func:`resacct.account.peak.account_step_peak`): predicted on fake tensors, measured on a CPU run."""
+    from resacct.account.optimizers import build_optimizer
+    from resacct.account.peak import account_step_peak
+
+    gap = None if recipe.compute_dtype is None and recipe.master_dtype is None else (
+        f"recipe {recipe.name}: the step peak is predicted for recipes without autocast or master weights (fp32, bf16) so far")
+    if grad_accum > 1:
+        gap, measure = f"--grad-accum {grad_accum}: the step peak is predicted for one un-accumulated step so far", False
+    work = net if recipe.parameter_dtype == "float32" else copy.deepcopy(net).to(parse_dtype(recipe.parameter_dtype))
+    return account_step_peak(work, (tokens, targets), lambda m, i: gpt_loss(m, i[0], i[1], checkpoint_segments=checkpoint_segments),
+                             lambda parameters: build_optimizer(optimizer, parameters), measure=measure, gap=gap)
 
 
 def _token_batch(vocab_size: int, batch: int, seq: int, where: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,6 +73,8 @@ class HfAccount:
     notes: list[str] = field(default_factory=list)
     #: why the step itself is outside the activation formula (a raw model's loss, inputs, autocast …; None: it is not)
     step_gap: str | None = None
+    #: the whole step's peak predicted on fake CPU tensors (:mod:`resacct.account.peak`); None on a raw model's account
+    step_peak: Any = None
 
     @property
     def tokens(self) -> int:
@@ -118,7 +120,8 @@ class HfAccount:
 
     def rows(self) -> list[Row]:
         """(section, quantity, predicted, measured, unit, note); predicted None → "—"."""
-        return _parameter_rows(self) + _flop_rows(self) + _state_rows(self) + _activation_rows(self) + _checkpoint_rows(self)
+        return (_parameter_rows(self) + _flop_rows(self) + _state_rows(self) + _activation_rows(self) + _checkpoint_rows(self)
+                + ([] if self.step_peak is None else self.step_peak.rows()))
 
     def per_module_rows(self) -> list[ModuleRow]:
         names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *self.saved.by_module()]))
@@ -142,6 +145,7 @@ class HfAccount:
             "per_module": [vars(row) for row in self.per_module_rows()],
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
             "warnings": self.flops.warnings, "notes": self.notes,
+            **({} if self.step_peak is None else {"step_peak": self.step_peak.to_dict()}),
         }
 
     to_json = to_dict
@@ -271,8 +275,12 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     notes = [f"{spec.name}: {spec.source}", "built on the meta device: shapes, storages and FlopCounterMode, no arithmetic and no memory"]
     if architecture is None:
         notes.append(f"resacct has no formula for model_type {spec.model_type!r} (it has: gpt2, llama, mistral, mixtral): measured only")
+    from resacct.account.peak import account_model_step_peak
+
+    step_peak = account_model_step_peak(model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False)
     return HfAccount(
         name=spec.name, source=spec.source, model_type=spec.model_type, model_class=type(model).__name__, architecture=architecture,
         batch=batch, seq=length, recipe=chosen, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
         parameter_tensors=len(parameters), flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights, notes=notes,
+        step_peak=step_peak,
     )

@@ -58,6 +58,10 @@ _EXAMPLES = """examples:
       Llama-2-7B from its config on meta: parameters, FLOPs, state, checkpoint predicted = measured
   resacct account --hf-config mixtral-8x7b --batch 1 --seq 4096
       a mixture of experts: total and active parameters, k experts' FLOPs per token
+  resacct account --hf-config llama-2-7b --seq 4096 --json
+      the step's peak predicted on fake CPU tensors (step_peak: bytes, what is live at it, when, attention kernel)
+  resacct account --model tests.fixtures_hf_models:tiny_llama --batch 2 --seq 16 --timeline step.png
+      predicted and measured memory over the step as a picture, phases marked, peak annotated
   resacct account --model my_pkg.hf:build_llama --batch 2 --seq 128
       a transformers causal LM (LlamaForCausalLM …): input_ids and labels of 2 × 128, its own loss
 
@@ -124,6 +128,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--train-tokens", type=count, default=None, metavar="N", help="project a run of N tokens (e.g. 15T) at the measured speed")
     parser.add_argument("--devices", type=positive_int, default=1, metavar="N", help="devices sharing the projected run (default: 1)")
     parser.add_argument("--per-module", action="store_true", help="also show FLOPs and saved bytes per module")
+    parser.add_argument("--timeline", default=None, metavar="PATH.png",
+                        help="draw the step's memory over forward, backward, optimizer step and zero_grad: predicted (fake tensors) "
+                             "and, on a CPU run, measured (allocator); the peak annotated with what is live")
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
 
@@ -157,7 +164,23 @@ def _run_hf_config(args: argparse.Namespace) -> int:
         fields.pop("per_module")
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
+    _timeline(args, account, title)
     return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module, title=title))
+
+
+def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
+    """Write ``--timeline``'s PNG from the account's step peak (one line, exit 2, when there is none)."""
+    if args.timeline is None:
+        return
+    from resacct.account.timeline_plot import write_timeline_png
+
+    step_peak = account.step_peak
+    if step_peak is None or (step_peak.predicted is None and step_peak.measured is None):
+        raise ResacctError(f"--timeline {args.timeline}: no step timeline for this account ({getattr(step_peak, 'gap', None) or 'no step peak'}); "
+                           "expected a step resacct can predict or run")
+    write_timeline_png(args.timeline, step_peak.predicted, step_peak.measured, title=title)
+    if not args.json:
+        print(f"timeline: {args.timeline}", file=sys.stderr)
 
 
 def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
@@ -194,6 +217,7 @@ def _run_generic(args: argparse.Namespace) -> int:
     fields = account.to_dict()
     if not args.per_module:
         fields.pop("per_module")
+    _timeline(args, account, f"{account.model}: input {tuple(account.input_shape)} {account.input_dtype}, {account.recipe} {account.optimizer}")
     return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
 
 
@@ -211,6 +235,10 @@ def run_account(args: argparse.Namespace) -> int:
     from resacct.training.gpt import get_gpt_config
 
     args.optimizer = args.recipe.optimizer_for(args.optimizer)  # a recipe alias such as mixed-adam pins its optimizer
+    if args.timeline is not None:
+        from resacct.account.timeline_plot import check_timeline_path
+
+        check_timeline_path(args.timeline)  # a path that cannot be written: one line before any work
     if args.hf_config is not None:
         return _run_hf_config(args)
     if ":" in args.model:
@@ -230,6 +258,7 @@ def run_account(args: argparse.Namespace) -> int:
     fields = account.to_json()
     if not args.per_module:
         fields.pop("per_module")
+    _timeline(args, account, f"{account.model}: batch {account.batch} × seq {account.seq}, {account.recipe}, {account.attention} attention")
     return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
 
 

@@ -1,0 +1,114 @@
+"""What CPU kernels allocate that the dispatcher never shows — the part of the allocator's peak a
+census of op outputs misses, from the kernels' source (torch 2.13) and checked against the
+allocator (``tests/test_peak.py``).
+
+- **Python numbers** where an op takes a tensor (``x * 0.5``; the ``.Scalar`` overloads of
+  add/sub/mul/div; ``mean``'s division by the count): each is wrapped in a 0-d CPU tensor (8 bytes
+  for a float or int) and copied to the op's dtype when that differs (4 more for float32).
+- **mse_loss** forward: the element-wise loss and one more tensor of the input's size.
+- **CPU flash attention** (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``): forward, per
+  thread, q·kᵀ block, row max, row sum and output block in the accumulation dtype,
+  T·(qS·kvS + 2·qS + qS·e)·4 bytes (16-bit inputs: + T·qS·kvS of their dtype); backward, per
+  thread, the attention block and its gradient, T·2·qS·kvS·4 (16-bit: + the same in their dtype),
+  the calling thread's row sums qS·4, and a contiguous copy of the output gradient when it is not
+  contiguous. Blocks: qS = min(256 if s ≥ 768, 64 if s ≥ 192, else 32; s), kvS = min(512, s_kv);
+  T = ``torch.get_num_threads()`` (the workspace grows with threads; worker threads' own row sums
+  are not reported by the profiler, so they are not counted).
+
+>>> import torch
+>>> q = torch.empty(2, 4, 1024, 16)
+>>> op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+>>> kernel_workspace_bytes(op, (q, q, q), {}) == torch.get_num_threads() * (256 * 512 + 2 * 256 + 256 * 16) * 4
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["WRAPPED_NUMBER_BYTES", "wrapped_number_bytes", "kernel_workspace_bytes", "flash_block_sizes"]
+
+#: Bytes of the CPU tensor torch wraps a Python number in where an op takes a tensor.
+WRAPPED_NUMBER_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
+
+#: Ops whose CPU kernel wraps their Scalar operand in a tensor and calls the Tensor overload.
+_WRAPS_SCALAR_OPERAND = frozenset(f"aten.{op}.Scalar" for op in ("add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_"))
+#: Ops whose CPU kernel divides by the element count internally (``sum`` then ``div_(count)``).
+_DIVIDES_BY_COUNT = frozenset({"aten.mean.default", "aten.mean.dim"})
+_WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def wrapped_number_bytes(func: Any, args: Any, out: Any) -> int:
+    """Bytes of the CPU tensors torch makes for this call's Python numbers while it runs: each
+    number in a Tensor slot (or the operand of a ``.Scalar`` add/sub/mul/div) is wrapped in a
+    0-d tensor (8 bytes for a float or an int), and copied to the op's dtype when that differs
+    (4 more for float32). ``mean`` does the same for its element count inside the kernel."""
+    name = str(func)
+    numbers = [value for argument, value in zip(func._schema.arguments, args)
+               if isinstance(value, (bool, int, float, complex)) and
+               (isinstance(argument.type, torch.TensorType) or (name in _WRAPS_SCALAR_OPERAND and argument.name == "other"))]
+    if name in _DIVIDES_BY_COUNT:
+        numbers.append(1)
+    result = next((value for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)), None)
+    total = 0
+    for number in numbers:
+        total += WRAPPED_NUMBER_BYTES[type(number)]
+        if result is not None and result.dtype != _WRAPPED_DTYPE[type(number)]:
+            total += result.element_size()
+    return total
+
+
+def flash_block_sizes(q_seq: int, kv_seq: int) -> tuple[int, int]:
+    """(qS, kvS): the CPU flash kernels' query and key/value block sizes.
+
+    >>> flash_block_sizes(4096, 4096), flash_block_sizes(256, 256), flash_block_sizes(16, 16)
+    ((256, 512), (64, 256), (16, 16))
+    """
+    q_split = 256 if q_seq >= 768 else 64 if q_seq >= 192 else 32
+    return min(q_split, q_seq), min(512, kv_seq)
+
+
+_FLASH_FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+_FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+
+
+_MSE = ("aten.mse_loss.default", "aten.mse_loss_backward.default")
+
+
+def _mse_workspace_bytes(name: str, args: Any, kwargs: Any) -> int:
+    """``mse_loss`` on the CPU: forward builds the element-wise loss and a second tensor of the
+    input's size before reducing (the mean's count wrapped too: measured, tests/test_peak.py).
+    Backward: nothing beyond its output is modelled (a gap of one input-sized tensor less 4 bytes
+    was measured in the backward of an MLP under mse, where the step's peak is not)."""
+    values = [*args, *kwargs.values()]
+    tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    source = tensors[0] if name.endswith("mse_loss.default") else tensors[1]
+    size = source.numel() * source.element_size()
+    reduction = next((value for value in values[2:] if isinstance(value, int) and not isinstance(value, bool)), 1)
+    if name.endswith("mse_loss.default"):
+        return 2 * size + (8 if reduction == 1 else -source.element_size() if reduction == 2 else 0)
+    return 0
+
+
+def kernel_workspace_bytes(func: Any, args: Any, kwargs: Any) -> int:
+    """Bytes a CPU kernel allocates for itself while it runs (0 for the ops resacct knows nothing
+    to add for): the flash attention kernels' buffers."""
+    name = str(func)
+    if name in _MSE:
+        return _mse_workspace_bytes(name, args, kwargs)
+    if name not in (_FLASH_FORWARD, _FLASH_BACKWARD):
+        return 0
+    threads = torch.get_num_threads()
+    if name == _FLASH_FORWARD:
+        query, key = args[0], args[1]  # (b, h, s, e)
+        q_block, kv_block = flash_block_sizes(query.shape[-2], key.shape[-2])
+        reduced = query.element_size() if query.dtype in (torch.bfloat16, torch.float16) else 0
+        return threads * ((q_block * kv_block + 2 * q_block + q_block * query.shape[-1]) * 4 + q_block * kv_block * reduced)
+    grad_out, query, key = args[0], args[1], args[2]  # (b, h, s, e)
+    q_block, kv_block = flash_block_sizes(query.shape[-2], key.shape[-2])
+    reduced = query.element_size() if query.dtype in (torch.bfloat16, torch.float16) else 0
+    copy = 0 if grad_out.transpose(1, 2).is_contiguous() else grad_out.numel() * grad_out.element_size()
+    return copy + threads * 2 * q_block * kv_block * (4 + reduced) + q_block * 4

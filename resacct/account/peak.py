@@ -1,0 +1,258 @@
+"""Will it fit: the peak memory of one training step, **predicted before it runs** — for any
+``nn.Module`` resacct accounts — with what is live at the peak and when.
+
+:func:`predict_step_peak` runs the step of :func:`resacct.measurement.memory_timeline.run_training_step`
+(forward, backward, ``optimizer.step()``, ``zero_grad``; the optimizer state made beforehand, so a
+steady step) on a copy of the model made of **fake CPU tensors** (``FakeTensorMode``: shapes,
+dtypes and strides, no memory, no arithmetic) under resacct's
+:class:`~resacct.account.peak_tracker.LiveStorageTracker`. Fake *CPU* tensors make torch choose the
+kernels a CPU run chooses — ``F.scaled_dot_product_attention`` dispatches to the CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``), not the math path a meta tensor decomposes
+into — so attention memory follows the kernel that will run; the kernels seen are named.
+Nothing of the model is allocated: a config on the meta device is converted as it is.
+
+:func:`measure_step_peak` is the same step for real on the CPU, counted by the allocator
+(:func:`resacct.measurement.memory_timeline.measure_step_memory`). The prediction never reads it.
+
+>>> import torch
+>>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+>>> adamw = lambda parameters: torch.optim.AdamW(parameters, lr=1e-3)
+>>> loss = lambda m, x: m(x).mean()
+>>> predicted = predict_step_peak(model, torch.randn(32, 64), loss, adamw)
+>>> measured = measure_step_peak(model, torch.randn(32, 64), loss, adamw)
+>>> predicted.peak_bytes == measured.peak_bytes, predicted.peak.phase, predicted.peak.op
+(True, 'optimizer step', 'aten.div.Tensor')
+>>> predicted.peak.bytes_by_kind["parameters"], predicted.peak.bytes_by_kind["optimizer state"]   # 4·33,088; 2·that + 4·4 counters
+(132352, 264720)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from resacct.account.peak_tracker import LiveStorageTracker, PeakMoment
+from resacct.account.rows import Row
+from resacct.errors import ResacctError
+from resacct.measurement.memory_timeline import (
+    STEP_PHASES,
+    LossFn,
+    MakeOptimizer,
+    MemoryTimeline,
+    copy_inputs,
+    gc_paused,
+    make_optimizer_state,
+    measure_step_memory,
+    run_training_step,
+)
+
+__all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "ENGINE"]
+
+ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): nothing allocated"
+
+_ATTENTION_KERNELS = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": "flash (CPU): keeps the output and a float32 logsumexp, no s² scores",
+    "aten._scaled_dot_product_flash_attention.default": "flash (CUDA)",
+    "aten._scaled_dot_product_efficient_attention.default": "memory-efficient (CUDA)",
+    "aten._scaled_dot_product_cudnn_attention.default": "cuDNN (CUDA)",
+    "aten._scaled_dot_product_fused_attention_overrideable.default": "a backend's fused kernel",
+}
+
+
+@dataclass(frozen=True)
+class PredictedStepPeak:
+    """resacct's prediction of one steady training step: the peak, what is live at it and when
+    (:class:`~resacct.account.peak_tracker.PeakMoment`), the timeline, the aten ops seen."""
+
+    peak: PeakMoment
+    timeline: MemoryTimeline
+    ops_seen: dict[str, int]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.bytes
+
+    @property
+    def attention_kernel(self) -> str:
+        return attention_kernel_of(self.ops_seen)
+
+
+def attention_kernel_of(ops_seen: dict[str, int]) -> str:
+    """Which attention kernel ran, from the aten ops a step dispatched.
+
+    >>> attention_kernel_of({"aten._scaled_dot_product_flash_attention_for_cpu.default": 2})
+    'flash (CPU): keeps the output and a float32 logsumexp, no s² scores'
+    >>> attention_kernel_of({"aten.bmm.default": 4, "aten._softmax.default": 2}), attention_kernel_of({"aten.mm.default": 3})
+    ('math: scores and softmax as tensors (bmm, softmax)', 'none (no attention)')
+    """
+    for op, description in _ATTENTION_KERNELS.items():
+        if ops_seen.get(op):
+            return description
+    if any(op.startswith(("aten._softmax", "aten._safe_softmax")) for op in ops_seen) and any(op.startswith(("aten.bmm", "aten.matmul")) for op in ops_seen):
+        return "math: scores and softmax as tensors (bmm, softmax)"
+    return "none (no attention)"
+
+
+def _fake_copy(model: nn.Module) -> nn.Module:
+    """``model`` (on the CPU or the meta device) with every parameter, buffer and tensor attribute
+    replaced by a fake CPU tensor of the same shape, stride and dtype (under ``FakeTensorMode``); ties kept."""
+    memo: dict[int, Any] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        made = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+        return nn.Parameter(made, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else made
+
+    for module in model.modules():
+        tensors = [*module._parameters.values(), *module._buffers.values(),
+                   *(value for value in vars(module).values() if isinstance(value, torch.Tensor))]
+        for tensor in tensors:
+            if tensor is not None and id(tensor) not in memo:
+                memo[id(tensor)] = fake(tensor)
+    return copy.deepcopy(model, memo)
+
+
+def _tensors_of(inputs: Any) -> list[Any]:
+    if isinstance(inputs, dict):
+        return list(inputs.values())
+    return list(inputs) if isinstance(inputs, tuple) else [inputs]
+
+
+def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> PredictedStepPeak:
+    """Predict the peak of one steady training step of ``model`` on ``inputs`` (a tensor, a tuple,
+    or a mapping of tensors; on the CPU or the meta device — only their shapes are used) with the
+    optimizer ``make_optimizer(parameters)`` builds, ``loss_fn(model, inputs)`` the scalar loss.
+
+    Raises :class:`~resacct.errors.ResacctError` when the step cannot run on fake tensors (an
+    op that needs the data, such as routing that loops over the experts a batch hits)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = LiveStorageTracker()
+    original_rng_state = torch.get_rng_state
+
+    def rng_state() -> torch.Tensor:  # a real CPU tensor made outside the dispatcher (checkpoint keeps one per segment)
+        state = original_rng_state()
+        tracker.classify((state,), "RNG states checkpoint keeps")
+        return state
+
+    with gc_paused():
+        torch.get_rng_state = rng_state
+        try:
+            with mode, tracker:  # the tracker above fake mode: it sees the tensors autograd sees (requires_grad, grad_fn)
+                fake_model = _fake_copy(model)
+                fake_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu"))
+                parameters = [p for p in fake_model.parameters() if p.requires_grad]
+                optimizer = make_optimizer(parameters)
+                make_optimizer_state(fake_model, optimizer)
+                tracker.classify(fake_model.parameters(), "parameters")
+                tracker.classify(fake_model.buffers(), "buffers")
+                tracker.classify(_tensors_of(fake_inputs), "inputs")
+                tracker.classify((v for state in optimizer.state.values() for v in state.values()), "optimizer state")
+                hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.classify((p.grad,), "gradients")) for p in parameters]
+                tracker.name_modules(fake_model)
+                run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark)
+                for hook in hooks:
+                    hook.remove()
+        except ResacctError:
+            raise
+        except Exception as error:  # an op fake tensors cannot run (data-dependent shapes, .item() …)
+            first = (str(error).strip().splitlines() or [""])[0]
+            raise ResacctError(f"the step of {type(model).__name__} cannot run on fake tensors ({type(error).__name__}: {first[:240]}); "
+                               "expected a step whose shapes do not depend on the data") from None
+        finally:
+            torch.get_rng_state = original_rng_state
+    if tracker.peak is None:
+        raise ResacctError(f"the step of {type(model).__name__} dispatched no aten op; expected a forward that computes something")
+    start = next(held for phase, held in tracker.timeline if phase == "forward")
+    points = [("zero_grad" if phase == "end" else phase, held) for phase, held in tracker.timeline if phase in (*STEP_PHASES, "end")]
+    timeline = MemoryTimeline(phases=tuple(p for p, _ in points), bytes_held=tuple(h for _, h in points), start_bytes=start,
+                              peak_bytes=tracker.peak.bytes, peak_phase=tracker.peak.phase, source=ENGINE)
+    return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen))
+
+
+def measure_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> MemoryTimeline:
+    """The same step for real on the CPU, counted by the allocator
+    (:func:`~resacct.measurement.memory_timeline.measure_step_memory`)."""
+    return measure_step_memory(model, inputs, loss_fn, make_optimizer)
+
+
+@dataclass
+class StepPeakAccount:
+    """The predicted peak of a step beside the measured one (None: not measured), for the account's
+    table (:meth:`rows`) and ``--json`` (:meth:`to_dict`). ``gap``: why there is no prediction."""
+
+    predicted: PredictedStepPeak | None
+    measured: MemoryTimeline | None = None
+    gap: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[Row]:
+        section = "step peak"
+        if self.predicted is None:
+            measured = None if self.measured is None else self.measured.peak_bytes
+            return [Row(section, "training step (fwd, bwd, optimizer, zero_grad)", None, measured, "bytes", f"predicted: — ({self.gap})")]
+        p, m = self.predicted, self.measured
+        where = f" in {p.peak.where}" if p.peak.where else ""
+        rows = [
+            Row(section, "training step (fwd, bwd, optimizer, zero_grad)", p.peak_bytes, None if m is None else m.peak_bytes, "bytes",
+                f"at {p.peak.phase}: {p.peak.op}{where}; measured: CPU allocator"),
+            Row(section, "held before the step", p.timeline.start_bytes, None if m is None else m.start_bytes, "bytes",
+                "parameters, inputs, optimizer state"),
+        ]
+        rows += [Row(section, f"  at the peak: {kind}", value, None, "bytes", "") for kind, value in p.peak.bytes_by_kind.items()]
+        rows.append(Row(section, "attention kernel (CPU)", None, None, "", p.attention_kernel))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """``--json``'s ``step_peak``: bytes with units in the names, what is live at the peak, when."""
+        if self.predicted is None:
+            return {"predicted_peak_bytes": None, "why_not_predicted": self.gap,
+                    "measured_peak_bytes": None if self.measured is None else self.measured.peak_bytes, "notes": self.notes}
+        p, m = self.predicted, self.measured
+        return {
+            "predicted_peak_bytes": p.peak_bytes, "measured_peak_bytes": None if m is None else m.peak_bytes,
+            "predicted_start_bytes": p.timeline.start_bytes, "measured_start_bytes": None if m is None else m.start_bytes,
+            "peak_phase": p.peak.phase, "peak_op": p.peak.op, "peak_where": p.peak.where,
+            "live_at_peak_bytes": dict(p.peak.bytes_by_kind),
+            "predicted_phase_peak_bytes": {phase: p.timeline.peak_of_phase(phase) for phase in STEP_PHASES},
+            "measured_phase_peak_bytes": None if m is None else {phase: m.peak_of_phase(phase) for phase in STEP_PHASES},
+            "attention_kernel": p.attention_kernel, "predicted_by": ENGINE, "measured_by": None if m is None else m.source, "notes": self.notes,
+        }
+
+
+def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *, measure: bool,
+                      gap: str | None = None) -> StepPeakAccount:
+    """Predict (unless ``gap`` says why not) and, when ``measure`` and the model is on the CPU, measure."""
+    predicted, notes = None, []
+    if gap is None:
+        try:
+            predicted = predict_step_peak(model, inputs, loss_fn, make_optimizer)
+        except ResacctError as error:
+            gap = str(error)
+    measured = measure_step_peak(model, inputs, loss_fn, make_optimizer) if measure else None
+    return StepPeakAccount(predicted=predicted, measured=measured, gap=gap, notes=notes)
+
+
+
+def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool) -> StepPeakAccount:
+    """The step peak of an account's model: ``loss`` as :func:`resacct.account.model_io.loss_of_output`
+    reads it, parameters in ``recipe``'s dtype, the ``torch.optim`` ``optimizer`` (torch's default
+    implementation). Recipes with autocast or master weights are not predicted yet (``gap`` says so)."""
+    from resacct.account.model_io import call_model, cast_inputs, loss_of_output
+    from resacct.account.optimizers import build_optimizer
+    from resacct.facts.dtypes import parse_dtype
+
+    gap = None
+    if recipe.compute_dtype is not None or recipe.master_dtype is not None:
+        gap = f"recipe {recipe.name}: the step peak is predicted for recipes without autocast or master weights (fp32, bf16) so far"
+    dtype = parse_dtype(recipe.parameter_dtype)
+    work = model if all(p.dtype == dtype for p in model.parameters()) else copy.deepcopy(model).to(dtype)
+
+    def loss_fn(module: nn.Module, step_inputs: Any) -> torch.Tensor:
+        return loss_of_output(call_model(module, cast_inputs(step_inputs, dtype)), loss)
+
+    return account_step_peak(work, inputs, loss_fn, lambda parameters: build_optimizer(optimizer, parameters), measure=measure, gap=gap)

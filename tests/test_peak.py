@@ -1,0 +1,130 @@
+"""The step peak predicted on fake tensors (resacct.account.peak) against the CPU allocator
+(resacct.measurement.memory_timeline), the breakdown at the peak, the timeline PNG and the CLI."""
+
+from __future__ import annotations
+
+import json
+import resource
+
+import pytest
+import torch
+
+from resacct.account import kernel_workspace, peak_tracker
+from resacct.account.peak import account_model_step_peak, measure_step_peak, predict_step_peak
+from resacct.account.peak_models import peak_model
+from resacct.cli import main
+from resacct.errors import ResacctError
+from resacct.facts.recipes import parse_recipe
+from resacct.measurement.memory_timeline import STEP_PHASES
+
+
+def _adamw(parameters):
+    return torch.optim.AdamW(parameters, lr=1e-3)
+
+
+def _both(name: str, batch: int, seq: int):
+    model, inputs, loss_fn = peak_model(name, batch=batch, seq=seq)
+    return predict_step_peak(model, inputs, loss_fn, _adamw), measure_step_peak(model, inputs, loss_fn, _adamw)
+
+
+@pytest.mark.parametrize(("name", "batch", "seq"), [("mlp", 16, 1), ("sdpa-block", 2, 64), ("gpt-math", 2, 16), ("gpt-sdpa", 2, 16),
+                                                    ("gpt-checkpointed", 2, 16), ("llama-sdpa", 2, 16)])
+def test_predicted_peak_equals_the_allocator_to_the_byte_in_every_phase(name, batch, seq):
+    pytest.importorskip("transformers") if name.startswith("llama") else None
+    predicted, measured = _both(name, batch, seq)
+    assert predicted.peak_bytes == measured.peak_bytes
+    assert predicted.timeline.start_bytes == measured.start_bytes
+    assert predicted.peak.phase == measured.peak_phase
+    assert {p: predicted.timeline.peak_of_phase(p) for p in STEP_PHASES} == {p: measured.peak_of_phase(p) for p in STEP_PHASES}
+
+
+def test_the_breakdown_at_the_peak_sums_to_the_peak_and_names_the_state():
+    predicted, _ = _both("mlp", 32, 1)
+    kinds = predicted.peak.bytes_by_kind
+    assert sum(kinds.values()) == predicted.peak_bytes
+    parameters = sum(p.numel() for p in peak_model("mlp", batch=1, seq=1)[0].parameters())
+    assert kinds["parameters"] == kinds["gradients"] == 4 * parameters
+    assert kinds["optimizer state"] == 8 * parameters + 4 * 4  # m and v, and 4 float32 step counters
+    assert predicted.peak.phase == "optimizer step" and predicted.attention_kernel == "none (no attention)"
+
+
+def test_the_flash_kernel_workspace_follows_the_thread_count_and_without_it_the_prediction_is_wrong(monkeypatch):
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            predicted, measured = _both("sdpa-block", 4, 256)
+            assert predicted.peak_bytes == measured.peak_bytes, count
+            assert predicted.attention_kernel.startswith("flash (CPU)")
+        assert predicted.peak.op.startswith("aten._scaled_dot_product_flash_attention_for_cpu")  # 2 threads: the backward's buffers decide
+        monkeypatch.setattr(peak_tracker, "kernel_workspace_bytes", lambda *args: 0)
+        blind, measured = _both("sdpa-block", 4, 256)
+        assert blind.peak_bytes < measured.peak_bytes
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_python_numbers_wrapped_by_torch_are_counted_and_without_them_the_prediction_is_wrong(monkeypatch):
+    pytest.importorskip("transformers")
+    predicted, measured = _both("gpt2-eager", 2, 16)  # gelu_new keeps 0.5, 0.044715, √(2/π) per layer
+    assert predicted.peak_bytes == measured.peak_bytes
+    monkeypatch.setattr(peak_tracker, "wrapped_number_bytes", lambda *args: 0)
+    blind, measured = _both("gpt2-eager", 2, 16)
+    assert blind.peak_bytes != measured.peak_bytes
+
+
+def test_a_meta_model_is_predicted_without_allocating_it():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(8192, 8192), torch.nn.GELU(), torch.nn.Linear(8192, 8192))  # 537 MB of float32
+        inputs = torch.empty(64, 8192)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    predicted = predict_step_peak(model, inputs, lambda m, x: m(x).mean(), _adamw)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    parameters = 2 * (8192 * 8192 + 8192)
+    assert predicted.peak.bytes_by_kind["parameters"] == 4 * parameters
+    assert predicted.peak_bytes > 16 * parameters
+    assert grown_kib < 100 * 1024  # far below the 2.1 GB the step would hold
+
+
+def test_a_step_fake_tensors_cannot_run_is_one_line():
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ResacctError, match="cannot run on fake tensors"):
+        predict_step_peak(model, torch.ones(3, 4), lambda m, x: m(x)[m(x).sum(1) > 0].sum() * float(m(x).sum()), _adamw)
+
+
+def test_a_recipe_with_master_weights_says_why_there_is_no_prediction():
+    model, inputs, _ = peak_model("mlp", batch=2, seq=1)
+    account = account_model_step_peak(model, inputs, loss="mean", recipe=parse_recipe("bf16-fp32-master"), optimizer="adamw", measure=False)
+    assert account.predicted is None and "bf16-fp32-master" in account.gap
+    assert account.to_dict()["predicted_peak_bytes"] is None
+
+
+def test_the_workspace_formula_block_sizes():
+    assert kernel_workspace.flash_block_sizes(1024, 1024) == (256, 512)
+    assert kernel_workspace.flash_block_sizes(200, 100) == (64, 100)
+
+
+def test_cli_json_has_the_step_peak_with_its_breakdown_and_the_timeline_png(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "step.png"
+    assert main(["account", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--json", "--timeline", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    peak = report["step_peak"]
+    assert peak["predicted_peak_bytes"] == peak["measured_peak_bytes"] > 0
+    assert peak["attention_kernel"].startswith("flash (CPU)")
+    assert sum(peak["live_at_peak_bytes"].values()) == peak["predicted_peak_bytes"]
+    assert set(peak["predicted_phase_peak_bytes"]) == set(STEP_PHASES)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_gpt_table_shows_the_step_peak(capsys):
+    assert main(["account", "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--no-time"]) == 0
+    out = capsys.readouterr().out
+    assert "step peak" in out and "at the peak: parameters" in out
+
+
+@pytest.mark.parametrize(("path", "message"), [("/no/such/dir/x.png", "does not exist"), ("step.jpg", "ending in .png")])
+def test_cli_bad_timeline_paths_are_one_line_exit_2(capsys, path, message):
+    assert main(["account", "--timeline", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
