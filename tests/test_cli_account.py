@@ -196,14 +196,14 @@ _FIXTURES = "tests.fixtures_user_model:"
         ([_FIXTURES + "detached", "--input-shape", "2,4"], "needs no gradient (no trainable parameter reaches it)", ""),
         ([_FIXTURES + "returns_text", "--input-shape", "2,4"], "the model returned a str; expected a tensor", ""),
         ([_FIXTURES + "backward_raises", "--input-shape", "2,4"], "raised ArithmeticError: no gradient for you", "fixtures_user_model.py:"),
-        (["resacct.account.generic:mlp", "--batch", "1e18"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
-        (["gpt-tiny", "--batch", "1e18", "--no-time"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
+        (["resacct.account.generic:mlp", "--batch", "9e15", "--seq", "4096"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
+        (["gpt-tiny", "--batch", "9e15", "--seq", "128", "--no-time"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
         (["resacct.account.generic:mlp", "--loss", "model"], "--loss model: the model returned a Tensor without a .loss", ""),
     ],
 )
 def test_errors_inside_user_code_are_one_line_naming_the_frame(capsys, argv, fragment, frame):
     """Issue 13: a factory that raises, a forward needing two inputs, a shape mismatch, a failing
-    backward, --batch 1e18 …: one line, exit 2, the user's file:line where there is one."""
+    backward, --batch 9e15 × --seq 4096 …: one line, exit 2, the user's file:line where there is one."""
     assert main(["account", "--model", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err

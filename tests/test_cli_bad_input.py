@@ -58,6 +58,19 @@ CASES = [
     (["account", "--recipe", "fp3"], "unknown precision recipe 'fp3'; did you mean 'fp32'?"),
     (["account", "--model", "resacct.training.models:Cruncher", "--model-arg", "dim"], "expected key=value"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
+    # issue 26: absurd values are refused, never a traceback
+    (["optimal", "--flops", "1e24", "--mfu", "1e-300", "--goodput", "1e-300", "--device", "h100"], "'1e-300' is too small for a utilisation"),
+    (["time", *NAPKIN, "--devices", "1e300", "--device", "h100", "--json"], "'1e300' is too large; expected a whole number up to 2^53"),
+    (["plan", "--hidden", "1e300", "--heads", "64", "--layers", "80", "--seq", "4096", "--params", "70B", "--device", "h100"], "'1e300' is too large"),
+    (["plan", "--hidden", "8192", "--heads", "63", "--layers", "80", "--seq", "4096", "--params", "70B", "--device", "h100"],
+     "--hidden 8192 is not a multiple of --heads 63"),
+    (["plan", "--hidden", "8192", "--heads", "64", "--kv-heads", "3", "--layers", "80", "--seq", "4096", "--params", "70B", "--device", "h100"],
+     "--kv-heads 3 does not divide --heads 64"),
+    (["roofline", "--png", "x.txt"], "--png 'x.txt' does not end in an image format matplotlib writes"),
+    (["roofline", "--png", ""], "--png '' is empty"),
+    (["roofline", "--threads", "100000"], "--threads 100000: this machine has"),
+    (["devices", ""], "accelerator name '' is empty"),
+    (["verify", "--workers", "100000"], "--workers 100000: this machine has"),
 ]
 
 
@@ -73,16 +86,17 @@ def test_bad_input_exits_2_with_one_line(arguments, fragment, capsys):
 
 
 def test_absurd_but_valid_values_are_answered_not_crashed(capsys):
-    """10^30 devices is absurd but well-defined: a tiny, finite number of days and the same
-    device-hours as with 1024 devices (the work does not change)."""
+    """9·10^15 devices (about the most a count takes: 2^53; 10^30 and 1e300 are refused since
+    issue 26) is absurd but well-defined: a tiny, finite number of days and the same device-hours
+    as with 1024 devices (the work does not change)."""
     import json
     import math
 
-    assert main(["time", *NAPKIN, "--devices", "1e30", "--device", "h100", "--json"]) == 0
+    assert main(["time", *NAPKIN, "--devices", "9e15", "--device", "h100", "--json"]) == 0
     absurd = json.loads(capsys.readouterr().out)
     assert main(["time", *NAPKIN, "--devices", "1024", "--device", "h100", "--json"]) == 0
     sane = json.loads(capsys.readouterr().out)
-    assert 0 < absurd["training_days"] < 1e-20 and math.isfinite(absurd["training_days"])
+    assert 0 < absurd["training_days"] < 1e-9 and math.isfinite(absurd["training_days"])
     assert absurd["device_hours"] == pytest.approx(sane["device_hours"])
 
 
@@ -192,3 +206,12 @@ def test_json_is_strict_and_text_names_no_inf_or_zero_days_at_extremes(arguments
     text = capsys.readouterr().out
     for wrong in ("inf days", "0.0 days", " inf ", "nan", "Infinity"):
         assert wrong not in text, (wrong, text)
+
+
+def test_an_mfu_above_the_peak_is_answered_with_a_warning(capsys):
+    """issue 26: 2000 TFLOP/s on an H100 (989.5 bf16 peak) printed utilization 2.02 and nothing else."""
+    assert main(["mfu", "--achieved-tflops", "2000", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "utilization: 2.021" in out and "warning: 2.02× the datasheet peak is impossible" in out
+    assert main(["mfu", "--achieved-tflops", "400", "--device", "h100"]) == 0
+    assert "warning" not in capsys.readouterr().out

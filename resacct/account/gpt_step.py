@@ -186,6 +186,10 @@ def _check_sizes(config: GPTConfig, batch: object, seq: object, checkpoint_segme
         raise ResacctError(f"checkpoint segments {checkpoint_segments} exceed the {config.n_layers} layers; expected 0 (off) to {config.n_layers}")
     if batch % grad_accum:  # type: ignore[operator]
         raise ResacctError(f"batch {batch} is not divisible by {grad_accum} gradient accumulation steps; expected a batch that splits into equal micro-batches")
+    widest = max(config.vocab_size, int(config.mlp_ratio * config.d_model), config.n_heads * seq)  # logits, the MLP's hidden, attention scores per token
+    if batch * seq * widest > 2**63 - 1:  # type: ignore[operator]
+        raise ResacctError(f"batch {batch} × seq {seq} × {widest} (the step's widest tensor) is {batch * seq * widest:.3g} elements, "  # type: ignore[operator]
+                           "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch or --seq")
 
 
 def account_gpt(
@@ -381,18 +385,3 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
         step_flops=account.flops.step_flops,  # model FLOPs: recomputation is not counted (MFU, not HFU)
         tokens=account.tokens, peak_flops_per_sec=peak, peak_source=source, prediction=prediction,
     )
-
-
-_GENERIC = ("ModelAccount", "account_named_model", "account_module")
-
-
-def __getattr__(name: str) -> Any:
-    """The generic path (:mod:`resacct.account.generic`) is importable from here too, lazily:
-    ``from resacct.account import account_named_model``. The import runs one way only:
-    account_generic builds on :mod:`resacct.account.step_measurements`, never on this module
-    (tests/test_import_layers.py checks there is no circle)."""
-    if name in _GENERIC:
-        import resacct.account.generic as generic
-
-        return getattr(generic, name)
-    raise AttributeError(f"module 'resacct.account' has no attribute {name!r}")

@@ -1,8 +1,13 @@
 """The ``resacct`` command line.
 
-Every module in this package (but ``app`` and ``arguments``) defines ``register(subparsers)``;
-``main`` builds the parser from all of them, runs the chosen command, and turns every
-ResacctError into one line ``resacct: error: …`` on stderr with exit status 2.
+Every module in this package (but ``app``, ``arguments``, ``output`` and the ``_private`` ones)
+defines ``register(subparsers)``; ``main`` builds the parser, runs the chosen command, and turns
+every ResacctError into one line ``resacct <command>: error: …`` on stderr with exit status 2,
+and Ctrl-C at any moment into ``resacct: interrupted``, exit status 130.
+
+Only the chosen command's module is imported and registered (``COMMAND_MODULES``): a napkin
+command such as ``resacct memory`` never pays for another command's imports (``account``'s pull
+in torch). ``resacct --help``, ``--version`` or an unknown command register them all.
 """
 
 from __future__ import annotations
@@ -15,21 +20,43 @@ __all__ = ["main"]
 
 _NOT_COMMANDS = {"app", "arguments", "output"}
 
+COMMAND_MODULES = {
+    "account": "account", "devices": "devices", "fit": "compute", "flops": "compute", "mfu": "compute", "roofline": "compute",
+    "time": "compute", "dtypes": "formats", "formats": "formats", "infer": "infer", "lora": "lora", "machine": "machine",
+    "memory": "memory", "optimal": "plan", "plan": "plan", "run": "run", "verify": "verify",
+}
+"""Each command and the module of this package that registers it (``tests/test_cli_startup.py``
+checks it against what the modules register)."""
 
-def _command_modules() -> list[object]:
-    package = sys.modules[__name__]
-    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_COMMANDS and not m.name.startswith("_"))
+
+def _command_modules(argv: list[str] | None = None) -> list[object]:
+    """The command modules to register: the one ``argv``'s command lives in, or all of them."""
+    command = next((word for word in argv or [] if not word.startswith("-")), None)
+    if command in COMMAND_MODULES:
+        names = [COMMAND_MODULES[command]]
+    else:
+        package = sys.modules[__name__]
+        names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_COMMANDS and not m.name.startswith("_"))
     return [importlib.import_module(f"{__name__}.{name}") for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``resacct`` script; returns the exit status."""
+    """Entry point of the ``resacct`` script; returns the exit status. Ctrl-C at any moment,
+    imports included, is ``resacct: interrupted`` and 130, never a traceback."""
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:
+        print("resacct: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     from resacct.cli.app import build_parser, subparsers_of
     from resacct.errors import ResacctError
 
     parser = build_parser()
     subparsers = subparsers_of(parser)
-    for module in _command_modules():
+    for module in _command_modules(argv):
         module.register(subparsers)  # type: ignore[attr-defined]
     try:
         args = parser.parse_args(argv)
@@ -43,9 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except ResacctError as error:
         print(f"resacct {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("resacct: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # e.g. `resacct devices --json | head`: the reader left; stop quietly
         import os
 

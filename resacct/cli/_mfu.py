@@ -84,6 +84,9 @@ def _from_achieved(args: argparse.Namespace, peak: float, board: Any) -> int:
     fields = {"achieved_flops_per_sec_per_device": achieved, "devices": args.devices, "achieved_flops_per_sec": achieved * args.devices,
               "device": device, "peak_flops_per_sec": peak, "mfu": utilization, "above_peak": utilization > 1}
     text = f"{achieved:.4g} FLOP/s per device ÷ peak {peak:.4g} ({device or 'custom'})\n  utilization: {utilization:.3f}"
+    if utilization > 1:
+        text += (f"\n  warning: {utilization:.3g}× the datasheet peak is impossible — check --achieved-tflops (per device, "
+                 "in TFLOP/s) and the peak's format (--dtype)")
     return emit(args, fields, with_caveat(fields, text, board))
 
 

@@ -9,14 +9,23 @@ from typing import Any
 from resacct.cli.arguments import count, non_negative_float, positive_int
 from resacct.errors import ResacctError
 
-__all__ = ["add_model_arguments", "add_device_arguments", "model_architecture", "device_memory_bytes"]
+__all__ = ["shipped_hf_config_names", "add_model_arguments", "add_device_arguments", "model_architecture", "device_memory_bytes"]
+
+
+def shipped_hf_config_names() -> list[str]:
+    """The names in ``resacct/hf_configs/known.yaml``, read without ``resacct.account`` (whose
+    package imports torch: ``--help`` of a napkin command must not wait for it)."""
+    from pathlib import Path
+
+    import yaml
+
+    known = Path(__file__).resolve().parents[1] / "hf_configs" / "known.yaml"
+    return list(yaml.safe_load(known.read_text(encoding="utf-8")))
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from resacct.account.hf_models import known_hf_configs
-
     parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
-                        help="the model's shape from a config: shipped " + ", ".join(known_hf_configs()) + "; or a model card's config.json")
+                        help="the model's shape from a config: shipped " + ", ".join(shipped_hf_config_names()) + "; or a model card's config.json")
     parser.add_argument("--layers", type=positive_int, default=None, help="transformer layers L (without --hf-config)")
     parser.add_argument("--hidden", type=positive_int, default=None, help="hidden size d (without --hf-config)")
     parser.add_argument("--heads", type=positive_int, default=None, help="query heads h (without --hf-config)")

@@ -81,10 +81,10 @@ class ChosenRecipe:
 
     def recipe_words(self) -> str:
         """Two lines: ``bf16-fp32-master with Adam`` and ``  bytes/param: 2 + 2 + 12 = 16 between steps, 20 at the optimizer step``."""
-        from resacct.account.optimizers import optimizer_display_name
+        from resacct.facts.optimizer_state import OPTIMIZER_DISPLAY_NAMES  # not resacct.account's: that loads torch
 
         s = self.sharding
-        with_optimizer = f" with {optimizer_display_name(s.optimizer)}" if s.optimizer else ""
+        with_optimizer = f" with {OPTIMIZER_DISPLAY_NAMES.get(s.optimizer, s.optimizer)}" if s.optimizer else ""
         bytes_text = (f"\n  bytes/param: {s.parameter_bytes_per_parameter:g} + {s.gradient_bytes_per_parameter:g} + "
                       f"{s.optimizer_state_bytes_per_parameter:g} = {s.total_bytes_per_parameter:g}")
         if self.recipe.is_custom:

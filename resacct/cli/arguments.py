@@ -58,16 +58,28 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+MAX_WHOLE_NUMBER = 2**53
+"""The largest whole number (a size, a device count) taken: beyond it a float cannot hold every
+whole number, and nothing a training run counts comes near (``1e300`` devices is a typo)."""
+
+MIN_FRACTION = 1e-6
+"""The smallest utilisation taken: below a millionth of the peak, a run's time overflows."""
+
+
 def positive_int(text: str) -> int:
     value = _number(text)
     if value <= 0 or value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a whole number greater than 0")
+    if value > MAX_WHOLE_NUMBER:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large; expected a whole number up to 2^53 ({MAX_WHOLE_NUMBER:.4g})")
     return int(value)
 
 
 def fraction(text: str) -> float:
-    """A utilisation such as MFU: in (0, 1]."""
+    """A utilisation such as MFU: in (0, 1] (at least :data:`MIN_FRACTION`)."""
     value = _number(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1], e.g. 0.5 for 50%")
+    if value < MIN_FRACTION:
+        raise argparse.ArgumentTypeError(f"{text!r} is too small for a utilisation; expected at least {MIN_FRACTION:g} (a millionth)")
     return value

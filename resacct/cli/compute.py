@@ -1,4 +1,4 @@
-"""Compute commands: ``flops``, ``time``, ``fit``, ``mfu``, ``roofline``, ``devices``.
+"""Compute commands: ``flops``, ``time``, ``fit``, ``mfu``, ``roofline`` (``devices``: :mod:`resacct.cli.devices`).
 
 Each prints text, or with ``--json`` one object whose field names carry their units.
 Bad sizes (zero, negative, NaN), an MFU outside (0, 1] and unknown devices are refused with one
@@ -8,6 +8,7 @@ line ``resacct <command>: error: …`` and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from resacct.cli.arguments import count, fraction, positive_float, positive_int
@@ -250,7 +251,9 @@ def _run_roofline(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ResacctError(f"--cuda: torch {torch.__version__} sees no CUDA GPU")
-    if args.png:
+    if args.threads is not None and args.threads > (os.cpu_count() or 1):
+        raise ResacctError(f"--threads {args.threads}: this machine has {os.cpu_count()} CPUs; expected 1 to {os.cpu_count()}")
+    if args.png is not None:
         _check_png_target(args.png)  # before measuring, not after
     roofline, rows, about = _datasheet_roofline(args) if args.device else _measured_roofline(args)
     board = about.pop("board", None)
@@ -273,11 +276,20 @@ def _run_roofline(args: argparse.Namespace) -> int:
     return emit(args, fields, with_caveat(fields, _roofline_text(roofline, rows, args.png), board))
 
 
+_IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".eps", ".ps")
+"""What matplotlib's Agg backend writes, by the file name's ending."""
+
+
 def _check_png_target(path: str) -> None:
     from pathlib import Path
 
+    if not path.strip():
+        raise ResacctError(f"--png {path!r} is empty; give a file name such as 'roofline.png'")
     target = Path(path)
     folder = target.parent
+    if not target.is_dir() and target.suffix.lower() not in _IMAGE_SUFFIXES:
+        raise ResacctError(f"--png {path!r} does not end in an image format matplotlib writes ({', '.join(_IMAGE_SUFFIXES)}); "
+                           f"give a file name such as {str(target.with_suffix('.png'))!r}")
     if target.is_dir():
         raise ResacctError(f"--png {path!r} is a directory; give a file name such as {str(target / 'roofline.png')!r}")
     if not folder.is_dir():
@@ -300,58 +312,6 @@ def _roofline_text(roofline: Any, rows: list[dict[str, Any]], png: str | None) -
     if png:
         lines.append(f"\nwrote {png}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# devices
-
-
-def _device_fields(board: Any) -> dict[str, Any]:
-    return {
-        "name": board.name,
-        "display_name": board.display_name,
-        "family": board.family,
-        "memory_bytes": board.memory_bytes,
-        "memory_bandwidth_bytes_per_sec": board.memory_bandwidth_bytes_per_sec,
-        "peaks_flops_per_sec": {fmt: {"dense": peak.dense_flops_per_sec, "sparse": peak.sparse_flops_per_sec} for fmt, peak in board.peaks.items()},
-        "bf16_dense_intensity_flops_per_byte": board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else None,
-        "aliases": list(board.aliases),
-        "cuda_names": list(board.cuda_names),
-        "source": board.source,
-        "confidence": board.confidence,
-        "note": board.note,
-    }
-
-
-def _tera(board: Any, fmt: str, sparse: bool = False) -> str:
-    peak = board.peaks.get(fmt)
-    value = None if peak is None else (peak.sparse_flops_per_sec if sparse else peak.dense_flops_per_sec)
-    return "—" if value is None else f"{value / 1e12:g}"
-
-
-def _short_source(source: str) -> str:
-    """The datasheet's name, without the column and footnotes that follow it."""
-    cut = min((index for index in (source.find(mark) for mark in (",", "(", ":")) if index > 0), default=len(source))
-    return source[:cut].strip()
-
-
-def _run_devices(args: argparse.Namespace) -> int:
-    from resacct.facts.hardware import accelerators, get_accelerator
-
-    boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
-    fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
-    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
-    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
-    for board in boards:
-        matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
-        intensity = f"{matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec:.0f}" if matrix_16 else "—"
-        flag = f" {board.flag}" if board.flag else ""
-        lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
-                     f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
-                     f"{_tera(board, 'fp8', True):>8}{intensity:>8}  {_short_source(board.source)}{flag}")
-    if args.name:
-        lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
-    return emit(args, fields, "\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,9 +368,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     roofline.add_argument("--quick", action="store_true", help="smaller sizes: about a quarter of a second")
     roofline.add_argument("--png", metavar="PATH", help="also draw the roofline to PATH (matplotlib, Agg)")
     roofline.set_defaults(run=_run_roofline)
-
-    devices = _add_command(subparsers, "devices", "the accelerator table: peaks per format (dense and 2:4 sparse), memory, bandwidth, sources",
-                           "resacct devices   |   resacct devices h100 --json")
-    devices.add_argument("name", nargs="?", help="show one accelerator (name, alias or CUDA name)")
-    devices.set_defaults(run=_run_devices)
 

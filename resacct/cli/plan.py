@@ -81,6 +81,11 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
     missing = [f"--{name}" for name in ("layers", "hidden", "heads", "seq") if getattr(args, name) is None]
     if missing:
         raise ResacctError(f"give --hf-config NAME, or {', '.join(missing)}")
+    if args.hidden % args.heads:
+        raise ResacctError(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}; expected heads that divide the hidden size "
+                           f"(each head is hidden / heads wide)")
+    if args.kv_heads is not None and (args.kv_heads > args.heads or args.heads % args.kv_heads):
+        raise ResacctError(f"--kv-heads {args.kv_heads} does not divide --heads {args.heads}; expected a divisor of it (1 = MQA)")
     if args.params is not None:
         return args.params, None
     if args.vocab is None:

@@ -113,38 +113,42 @@ def _shown_statuses(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from resacct.harness.run import run_claims
-    from resacct.reporting import ReportStaging, write_report_files
+    from resacct.harness.run import InterruptLatch
 
     if args.merge:
         return run_merge(args.merge, args.report_dir, quiet=args.quiet)
     if args.workers < 0:
         raise ResacctError(f"--workers must be 0 or more, got {args.workers}")
+    if args.workers > (os.cpu_count() or 1):
+        raise ResacctError(f"--workers {args.workers}: this machine has {os.cpu_count()} CPUs and the claims are CPU-bound; "
+                           f"expected 0 to {os.cpu_count()}")
+    with InterruptLatch().installed() as latch:
+        return _run_verify(args, latch)
+
+
+def _run_verify(args: argparse.Namespace, latch: Any) -> int:
+    """The run under ``latch``: Ctrl-C at any moment is 130 with the complete report kept — before the
+    claims run (torch's import completes first), while they run (the finished ones go to a
+    partial report), or after (nothing is published)."""
+    from resacct.reporting import ReportStaging
+
     specs = args.specs or default_specs_dir()
     files = _claim_files(specs, args.area)
     pattern = _selection_pattern(args)
     staging = ReportStaging(args.report_dir)  # refuses a --report-dir that cannot be one before any claim runs
-    if not (args.json or args.quiet):
-        _print_machine_line()
     started = time.monotonic()
     try:
-        run = run_claims(files, staging.path, pattern=pattern, workers=args.workers, gpu_required=args.gpu_required,
-                         show_progress=not (args.quiet or args.json), tracebacks=args.verbose)
-        document = run.document
-        document["run"] = {
-            "complete": not (args.area or pattern or run.interrupted),
-            "interrupted": "Ctrl-C" if run.interrupted else False,
-            "selection": {"areas": sorted(area.lower() for area in args.area), "pattern": pattern},
-            "specs": str(Path(specs).resolve()),
-            "rootdir": str(files[0].parent.parent.resolve()),
-            "seconds": round(time.monotonic() - started, 1),
-        }
-        roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
-        write_report_files(document, staging.path, roofline.read_bytes() if roofline else None)
-        destination = staging.publish(complete=document["run"]["complete"])
+        with latch.deferred():
+            _import_what_claims_need()
+        if not (args.json or args.quiet):
+            _print_machine_line()
+        latch.check()
+        with staging.writing():
+            run, destination = _run_and_publish(args, latch, files, specs, pattern, staging, started)
     except BaseException:
         staging.discard()
         raise
+    document = run.document
     files_written = [name for name in ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "pytest.log")
                      if (destination / name).exists()]
     _print_result(args, document, destination, files_written)
@@ -154,6 +158,39 @@ def run_verify(args: argparse.Namespace) -> int:
         return 130
     failed = any(record["outcome"] in {"failed", "invalid"} for record in document["claims"])
     return 1 if failed or run.exit_code not in (0, 1, 5) else 0
+
+
+def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], specs: Path, pattern: str | None,
+                     staging: Any, started: float) -> tuple[Any, Path]:
+    from resacct.harness.run import run_claims
+    from resacct.reporting import write_report_files
+
+    run = run_claims(files, staging.path, pattern=pattern, workers=args.workers, gpu_required=args.gpu_required,
+                     show_progress=not (args.quiet or args.json), tracebacks=args.verbose, latch=latch)
+    document = run.document
+    document["run"] = {
+        "complete": not (args.area or pattern or run.interrupted),
+        "interrupted": "Ctrl-C" if run.interrupted else False,
+        "selection": {"areas": sorted(area.lower() for area in args.area), "pattern": pattern},
+        "specs": str(Path(specs).resolve()),
+        "rootdir": str(files[0].parent.parent.resolve()),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
+    if not run.interrupted:
+        latch.check()  # a Ctrl-C that Python dropped after the last claim: nothing is published
+    write_report_files(document, staging.path, roofline.read_bytes() if roofline else None)
+    return run, staging.publish(complete=document["run"]["complete"])
+
+
+def _import_what_claims_need() -> None:
+    """torch, pytest, hypothesis and the claims plugin, imported before the run (under the latch's
+    ``deferred``: about a second, on a first run several)."""
+    import hypothesis  # noqa: F401
+    import pytest  # noqa: F401
+    import torch  # noqa: F401
+
+    import resacct.harness.plugin  # noqa: F401
 
 
 def _selection_pattern(args: argparse.Namespace) -> str | None:

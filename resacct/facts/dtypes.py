@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch loads when a torch dtype is asked for: layouts and bytes (napkin math) never need it
+    import torch
 
 from resacct.errors import ResacctError, UnknownNameError
 
@@ -105,6 +106,8 @@ _ALIASES = {
 
 
 def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
     names = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8",
              "int16", "int32", "int64", "bool", "complex64", "complex128", "uint16", "uint32", "uint64"]
     return {name: getattr(torch, name) for name in names if isinstance(getattr(torch, name, None), torch.dtype)}
@@ -116,6 +119,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     >>> parse_dtype("bf16")
     torch.bfloat16
     """
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
     key = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower()).removeprefix("torch.")

@@ -24,9 +24,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported only where a GPU is asked about: napkin commands never load it
+    import torch
 
 from resacct.errors import ResacctError, UnknownNameError
 
@@ -238,6 +239,8 @@ def get_accelerator(name: str | Accelerator) -> Accelerator:
 
 def current_accelerator() -> Accelerator | None:
     """The table's entry for CUDA device 0, or None without a GPU (or for a board not in the table)."""
+    import torch
+
     if not torch.cuda.is_available():
         return None
     return accelerator_for_cuda_name(torch.cuda.get_device_name(0))
@@ -246,6 +249,7 @@ def current_accelerator() -> Accelerator | None:
 def peak_format(dtype: str | torch.dtype) -> str:
     """The peak-table key for a dtype: ``torch.bfloat16`` → ``"bf16"``, ``"float32"`` → ``"fp32"``.
 
+    >>> import torch
     >>> peak_format(torch.float8_e4m3fn)
     'fp8'
     """

@@ -152,7 +152,7 @@ class Recipe:
             raise ResacctError(f"moment {moment!r}: expected one of {', '.join(MOMENTS)}")
         if self.custom_bytes is not None:
             return StateBytes(*self.custom_bytes)
-        from resacct.training.optim import state_tensors_per_parameter
+        from resacct.facts.optimizer_state import state_tensors_per_parameter
 
         chosen = self.optimizer_for(optimizer)
         optimizer_only = state_tensors_per_parameter(chosen.replace("-", "_")) * _element_bytes(self.optimizer_state_dtype)

@@ -10,6 +10,7 @@ so that the harness never imports the entry point: the dependency points one way
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -22,6 +23,8 @@ __all__ = [
     "hypothesis_profile_name",
     "claim_hypothesis_settings",
     "claims_example_database",
+    "claims_cache_folder",
+    "claims_hypothesis_home",
 ]
 
 CLAIM_PROPERTY = "resacct_claim"
@@ -49,14 +52,10 @@ def hypothesis_profile_name() -> str:
     return name
 
 
-def claims_example_database():  # type: ignore[no-untyped-def]
-    """Where the claims' failing examples are kept: the user's cache folder
-    (``$XDG_CACHE_HOME/resacct/hypothesis``, else ``~/.cache/resacct/hypothesis``), never a
-    ``.hypothesis/`` folder in whatever directory the run started from; None (no database) where
-    that folder cannot be made."""
+def claims_cache_folder():  # type: ignore[no-untyped-def]
+    """resacct's Hypothesis folder: ``$XDG_CACHE_HOME/resacct/hypothesis`` (else
+    ``~/.cache/resacct/hypothesis``), made if missing; None where it cannot be made."""
     from pathlib import Path
-
-    from hypothesis.database import DirectoryBasedExampleDatabase
 
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(base) / "resacct" / "hypothesis"
@@ -64,7 +63,36 @@ def claims_example_database():  # type: ignore[no-untyped-def]
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return DirectoryBasedExampleDatabase(str(folder))
+    return folder
+
+
+def claims_example_database():  # type: ignore[no-untyped-def]
+    """Where the claims' failing examples are kept: :func:`claims_cache_folder`'s ``examples``,
+    never a ``.hypothesis/`` folder in whatever directory the run started from; None (no
+    database) where that folder cannot be made."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    folder = claims_cache_folder()
+    return None if folder is None else DirectoryBasedExampleDatabase(str(folder / "examples"))
+
+
+@contextlib.contextmanager
+def claims_hypothesis_home():  # type: ignore[no-untyped-def]
+    """While a claim's examples run, Hypothesis writes what it keeps beside the database (its
+    cache of the constants in the code under test, ``.hypothesis/constants``) into
+    :func:`claims_cache_folder` too; the host's own setting is restored afterwards."""
+    from hypothesis import configuration
+
+    folder = claims_cache_folder()
+    if folder is None:
+        yield
+        return
+    previous = getattr(configuration, "__hypothesis_home_directory", None)
+    configuration.set_hypothesis_home_dir(folder)
+    try:
+        yield
+    finally:
+        configuration.set_hypothesis_home_dir(previous)
 
 
 def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]

@@ -3,7 +3,9 @@
 pytest runs with the claims plugin (jaxtyping's hook is left out: the caller has already imported
 resacct), its own output goes to ``pytest.log``, and a rich progress bar on stderr advances as
 claims finish. Ctrl-C inside the run stops it; the claims that finished are kept and the result
-says it was interrupted.
+says it was interrupted — also when Python drops the KeyboardInterrupt (one raised inside a gc
+callback or a ``__del__`` is only reported as "ignored": hypothesis registers gc callbacks), as
+the next claim's hook raises it again.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import contextlib
 import io
 import json
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["ClaimsRun", "run_claims"]
+__all__ = ["ClaimsRun", "InterruptLatch", "run_claims"]
 
 
 @dataclass
@@ -28,19 +32,71 @@ class ClaimsRun:
     interrupted: bool
 
 
-class _Progress:
-    """pytest plugin that advances a rich progress bar as claims finish."""
+class InterruptLatch:
+    """Ctrl-C for a whole command: SIGINT raises KeyboardInterrupt as Python's own handler does, and
+    is remembered, so one that Python dropped (see the module's docstring) is raised again by
+    :meth:`check`; inside :meth:`deferred` it is only remembered."""
 
-    def __init__(self, progress: Any):
+    def __init__(self) -> None:
+        self.received = False
+        self._raised_again = False
+        self._deferring = False
+
+    def handler(self, signal_number: int, frame: Any) -> None:
+        self.received = True
+        if not self._deferring:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt once if a Ctrl-C came and was not raised (deferred) or was dropped."""
+        if self.received and not self._raised_again:
+            self._raised_again = True
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        """This latch as the SIGINT handler (in the main thread; elsewhere signals are not ours)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Ctrl-C inside the block is raised when it ends: an import of torch completes (interrupted
+        half-way, torch cannot be imported again in the process: ``duplicate registrations``, a segfault)."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        self.check()
+
+
+class _Progress:
+    """pytest plugin that advances a rich progress bar as claims finish, and stops the run at the
+    first hook after a Ctrl-C that Python dropped."""
+
+    def __init__(self, progress: Any, latch: InterruptLatch):
         self.progress = progress
+        self.latch = latch
         self.task = None
 
     def pytest_collection_finish(self, session: Any) -> None:
+        self.latch.check()
         self.task = self.progress.add_task("verifying claims", total=len(session.items))
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.latch.check()
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if self.task is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
             self.progress.advance(self.task)
+        self.latch.check()
 
 
 @contextlib.contextmanager
@@ -66,10 +122,12 @@ def _pytest_error(log_text: str) -> str | None:
 
 
 def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 0,
-               gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False) -> ClaimsRun:
+               gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False,
+               latch: InterruptLatch | None = None) -> ClaimsRun:
     """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
     (which should be the run's own; see :class:`resacct.reporting.ReportStaging`). With
-    ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback."""
+    ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback.
+    ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise)."""
     import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -86,13 +144,21 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     if workers:
         args += ["-n", str(workers)]
     log = io.StringIO()
-    with _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
+    latch = latch or InterruptLatch()
+    with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                exit_code = int(pytest.main(args, plugins=[_Progress(progress)]))
+                try:
+                    exit_code = int(pytest.main(args, plugins=[_Progress(progress, latch)]))
+                except Exception:
+                    if not latch.received:
+                        raise
+                    # pytest's own report of the Ctrl-C can fail (a traceback entry without a line number:
+                    # TypeError in _pytest/_code/code.py); the run was interrupted all the same
+                    exit_code = int(pytest.ExitCode.INTERRUPTED)
     (directory / "pytest.log").write_text(log.getvalue(), encoding="utf-8")
-    interrupted = exit_code == int(pytest.ExitCode.INTERRUPTED)
+    interrupted = exit_code == int(pytest.ExitCode.INTERRUPTED) or latch.received
     if json_path.exists():
         document = json.loads(json_path.read_text(encoding="utf-8"))
     elif interrupted:

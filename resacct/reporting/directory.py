@@ -80,6 +80,17 @@ class ReportStaging:
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """An OSError while the run writes its files (a full disk, a quota, a file system gone
+        read-only) is one line naming the report directory and the reason; what ``target`` held is kept."""
+        try:
+            yield
+        except OSError as error:
+            where = f": {error.filename}" if error.filename else ""
+            raise ResacctError(f"report directory {str(self.target)!r} cannot be written ({error.strerror or error}{where}); "
+                               f"its earlier files are unchanged; free space there or pass another --report-dir") from None
+
     def publish(self, *, complete: bool) -> Path:
         """Move the run's files into ``target`` (or ``target-partial`` when the run is partial and
         ``target`` holds a complete report); returns where they went. The staging directory is removed."""

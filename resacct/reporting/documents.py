@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,8 @@ __all__ = [
     "is_complete",
     "merge_reports",
     "render_matrix_markdown",
+    "markdown_text",
+    "markdown_code",
 ]
 
 OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
@@ -118,6 +121,10 @@ def _report_problem(document: Any) -> str | None:
         return f"'environment' is {_type_name(document['environment'])}; expected an object"
     if not isinstance(document["claims"], list):
         return f"'claims' is {_type_name(document['claims'])}; expected a list of claim records"
+    problem = _environment_problem(document["environment"]) or _run_problem(document.get("run", {}))
+    if problem:
+        return problem
+    first_index: dict[str, int] = {}
     for index, record in enumerate(document["claims"]):
         if not isinstance(record, dict):
             return f"claims[{index}] is {_type_name(record)}; expected an object"
@@ -127,6 +134,44 @@ def _report_problem(document: Any) -> str | None:
                 return f"claims[{index}] key {key!r} is {found}; expected a string"
         if record["outcome"] not in OUTCOMES:
             return f"claims[{index}] ({record['id']!r}) has outcome {record['outcome']!r}; expected one of {', '.join(OUTCOMES)}"
+        if record["id"] in first_index:
+            return f"claims[{index}] repeats the id {record['id']!r} of claims[{first_index[record['id']]}]; expected each claim once"
+        first_index[record["id"]] = index
+    return None
+
+
+def _environment_problem(environment: dict[str, Any]) -> str | None:
+    """The fields a merge names its columns by must be text (a number as a torch version is refused)."""
+    for key in ("torch", "device"):
+        if key in environment and not isinstance(environment[key], str):
+            return f"'environment.{key}' is {_type_name(environment[key])} ({environment[key]!r}); expected a string such as '2.4.1'"[:300]
+    machine = environment.get("machine")
+    if machine is not None and not isinstance(machine, dict):
+        return f"'environment.machine' is {_type_name(machine)}; expected an object"
+    if isinstance(machine, dict) and not isinstance(machine.get("cpu_bf16_matmul", ""), (str, type(None))):
+        return f"'environment.machine.cpu_bf16_matmul' is {_type_name(machine['cpu_bf16_matmul'])}; expected a string"
+    return None
+
+
+def _run_problem(run: Any) -> str | None:
+    """``run`` (absent in reports of older versions) as :func:`run_notice` reads it."""
+    if run is None:
+        return None
+    if not isinstance(run, dict):
+        return f"'run' is {_type_name(run)} ({run!r}); expected an object (complete, interrupted, selection …)"[:300]
+    if not isinstance(run.get("complete", True), bool):
+        return f"'run.complete' is {_type_name(run['complete'])}; expected true or false"
+    if not isinstance(run.get("interrupted", False), (bool, str)):
+        return f"'run.interrupted' is {_type_name(run['interrupted'])}; expected false or a string such as 'Ctrl-C'"
+    selection = run.get("selection", {})
+    if selection is not None and not isinstance(selection, dict):
+        return f"'run.selection' is {_type_name(selection)}; expected an object with 'areas' and 'pattern'"
+    if isinstance(selection, dict):
+        areas, pattern = selection.get("areas") or [], selection.get("pattern")
+        if not isinstance(areas, list) or not all(isinstance(area, str) for area in areas):
+            return "'run.selection.areas' must be a list of area names (strings)"
+        if pattern is not None and not isinstance(pattern, str):
+            return f"'run.selection.pattern' is {_type_name(pattern)}; expected a string or null"
     return None
 
 
@@ -250,14 +295,41 @@ def merge_reports(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return {"columns": columns, "rows": ordered}
 
 
+_MARKDOWN_ESCAPES = {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "[": "\\[", "]": "\\]", "`": "\\`",
+                     "\r": "", "\n": "<br>"}
+
+
+def markdown_text(value: Any, *, newline: str = "<br>") -> str:
+    """``value`` as it reads (:func:`format_value`), inert in Markdown: no HTML (``<script>``, ``<img
+    onerror>``, ``<!--`` become text), no table cell break (``|``), no link or code span, and
+    each newline ``newline`` (``<br>`` in a table cell, a space in a heading or a list item).
+
+    >>> markdown_text("<img src=x onerror=alert(1)> | a\\nb")
+    '&lt;img src=x onerror=alert(1)&gt; \\\\| a<br>b'
+    """
+    escapes = {**_MARKDOWN_ESCAPES, "\n": newline}
+    return "".join(escapes.get(character, character) for character in format_value(value))
+
+
+def markdown_code(value: Any, *, in_table: bool = False) -> str:
+    """``value`` as an inline code span that its own backticks cannot close, on one line."""
+    text = " ".join(format_value(value).split())
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    if in_table:
+        text = text.replace("|", "\\|")
+    padded = f" {text} " if text.startswith("`") or text.endswith("`") else text
+    return f"{fence}{padded}{fence}"
+
+
 def render_matrix_markdown(matrix: dict[str, Any]) -> str:
     columns = matrix["columns"]
     changed = [row for row in matrix["rows"] if row["changes"]]
     lines = ["# Claims across torch versions", "",
              f"{len(matrix['rows'])} claims × {len(columns)} environments; {len(changed)} change status between them (marked ⚠).", "",
-             "| area | claim | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+             "| area | claim | " + " | ".join(map(markdown_text, columns)) + " |", "|---|---|" + "---|" * len(columns)]
     for row in matrix["rows"]:
         marker = " ⚠" if row["changes"] else ""
-        cells = [row["outcomes"].get(column, "—") for column in columns]
-        lines.append(f"| {row['area']} | {row['id']}{marker} | " + " | ".join(cells) + " |")
+        cells = [markdown_text(row["outcomes"].get(column, "—")) for column in columns]
+        lines.append(f"| {markdown_text(row['area'])} | {markdown_text(row['id'])}{marker} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

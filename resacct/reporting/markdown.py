@@ -9,8 +9,9 @@ from resacct.reporting.documents import (
     OUTCOMES,
     counts_by_area,
     example_text,
-    format_value,
     location_text,
+    markdown_code,
+    markdown_text,
     outcome_counts,
     run_notice,
     statement_text,
@@ -63,33 +64,38 @@ def note_text(record: dict[str, Any]) -> str:
 
 
 def _cell(text: Any) -> str:
-    return format_value(text).replace("|", "\\|").replace("\n", "<br>")
+    """A table cell: whatever a spec or a report.json holds is shown as text, never as HTML or Markdown."""
+    return markdown_text(text)
+
+
+def _line(text: Any) -> str:
+    """Text for a heading or a list item: inert, on one line."""
+    return markdown_text(text, newline=" ")
 
 
 def _banner(document: dict[str, Any]) -> list[str]:
     notice = run_notice(document)
-    return [f"> **{notice}**", ""] if notice else []
+    return [f"> **{_line(notice)}**", ""] if notice else []
 
 
 def render_markdown(document: dict[str, Any]) -> str:
     records = document["claims"]
     counts = outcome_counts(records)
-    lines = ["# resacct claims report", "", *_banner(document), environment_line(document["environment"]), "",
+    lines = ["# resacct claims report", "", *_banner(document), _line(environment_line(document["environment"])), "",
              f"**{', '.join(f'{counts[name]} {name}' for name in OUTCOMES)}**", "",
              "| area | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
-    lines += [f"| {area} | " + " | ".join(str(area_counts[name]) for name in OUTCOMES) + " |"
+    lines += [f"| {_cell(area)} | " + " | ".join(str(area_counts[name]) for name in OUTCOMES) + " |"
               for area, area_counts in counts_by_area(records).items()]
     lines.append("")
     for area, area_records in by_area(records).items():
-        lines += [f"## {area}", "", "| claim | says | law = value / expect | predicted | measured | status | note |",
+        lines += [f"## {_line(area)}", "", "| claim | says | law = value / expect | predicted | measured | status | note |",
                   "|---|---|---|---|---|---|---|"]
         for record in area_records:
-            claim = f"{record['id']}<br>`{location_text(record)}`"
+            claim = f"{_cell(record['id'])}<br>{markdown_code(location_text(record), in_table=True)}"
             example = example_text(record)
-            statement = statement_text(record) + (f"<br>{example}" if example else "")
-            lines.append("| " + " | ".join(_cell(cell) for cell in (
-                claim, record.get("says"), statement, record.get("predicted"), record.get("measured"),
-                record["outcome"], note_text(record))) + " |")
+            statement = _cell(statement_text(record)) + (f"<br>{_cell(example)}" if example else "")
+            lines.append("| " + " | ".join([claim, _cell(record.get("says")), statement] + [_cell(cell) for cell in (
+                record.get("predicted"), record.get("measured"), record["outcome"], note_text(record))]) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -98,12 +104,13 @@ def render_errata_markdown(document: dict[str, Any]) -> str:
     refuted = [record for record in document["claims"] if record["outcome"] == "refuted"]
     lines = ["# Errata: what the sources get wrong, measured", "", *_banner(document),
              f"{len(refuted)} statements of the lecture write-ups are false by measurement "
-             f"({environment_line(document['environment'])}). Each stays in the specs as a refuted claim: "
+             f"({_line(environment_line(document['environment']))}). Each stays in the specs as a refuted claim: "
              "if it ever became true, its item would fail.", ""]
     for record in sorted(refuted, key=lambda r: (r.get("source") or "", r["id"])):
         example = example_text(record)
-        lines += [f"## {record['id']}", "", f"- **Source:** {record.get('source')}", f"- **Says:** {record.get('says')}",
-                  f"- **Law / expectation:** `{statement_text(record)}`" if record.get("law") else f"- **Expectation:** {statement_text(record)}",
-                  f"- **Measured:** {format_value(record.get('measured'))}" + (f" ({example})" if example else ""),
-                  f"- **Truth:** {record.get('truth')}", f"- **Spec:** `{location_text(record)}`", ""]
+        lines += [f"## {_line(record['id'])}", "", f"- **Source:** {_line(record.get('source'))}", f"- **Says:** {_line(record.get('says'))}",
+                  f"- **Law / expectation:** {markdown_code(statement_text(record))}" if record.get("law")
+                  else f"- **Expectation:** {_line(statement_text(record))}",
+                  f"- **Measured:** {_line(record.get('measured'))}" + (f" ({_line(example)})" if example else ""),
+                  f"- **Truth:** {_line(record.get('truth'))}", f"- **Spec:** {markdown_code(location_text(record))}", ""]
     return "\n".join(lines)

@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float
 
 from resacct.errors import ResacctError
+from resacct.facts.optimizer_state import STATE_TENSORS_PER_PARAMETER, state_tensors_per_parameter  # re-exported
 from resacct.training.optim_updates import adagrad_update_, adam_update_, rmsprop_update_, sgd_update_
 
 __all__ = [
@@ -325,27 +326,3 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": Adam,
     "adamw": AdamW,
 }
-
-# Tensors of the parameter's shape each optimizer keeps per parameter (the step counter aside).
-STATE_TENSORS_PER_PARAMETER: dict[str, int] = {
-    "sgd": 0,
-    "sgd_momentum": 1,  # momentum_buffer
-    "adagrad": 1,  # sum of squared gradients
-    "rmsprop": 1,  # square_avg
-    "adam": 2,  # exp_avg, exp_avg_sq
-    "adamw": 2,
-}
-
-
-def state_tensors_per_parameter(optimizer: str) -> int:
-    """How many parameter-sized tensors ``optimizer`` keeps per parameter (step counters aside).
-
-    >>> state_tensors_per_parameter("adamw")
-    2
-    """
-    try:
-        return STATE_TENSORS_PER_PARAMETER[optimizer]
-    except KeyError:
-        from resacct.errors import UnknownNameError
-
-        raise UnknownNameError("optimizer", optimizer, list(STATE_TENSORS_PER_PARAMETER)) from None

@@ -169,21 +169,24 @@ def test_claims_carry_their_marks_without_registering_them(pytester: pytest.Pyte
     assert not any("plain-one" in line for line in result.stdout.lines)
 
 
-def test_no_hypothesis_folder_is_left_where_the_run_started(pytester: pytest.Pytester, write_spec, monkeypatch, tmp_path):
+@pytest.mark.slow
+def test_no_hypothesis_folder_is_left_where_the_run_started(pytester: pytest.Pytester, monkeypatch, tmp_path):
+    """A fresh process, as `pytest --pyargs resacct` in a user's folder is: Hypothesis keeps its
+    example database and its constants cache (``.hypothesis/constants``) in resacct's cache folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("RESACCT_HYPOTHESIS_PROFILE", raising=False)
     monkeypatch.delenv("CI", raising=False)
-    write_spec("demo.claims.yaml", """
-        area: demo
+    pytester.path.joinpath("strides.claims.yaml").write_text(textwrap.dedent("""
+        area: storage
         source: test
         claims:
-          - id: square-law
-            says: x squared
-            measure: testing.square
-            forall: {x: small_dim}
-            law: x*x
-        """)
-    result = pytester.runpytest("-p", "no:cacheprovider")
-    assert result.parseoutcomes()["passed"] == 1
+          - id: strides-2d-row-major
+            says: A contiguous rows×cols tensor skips cols elements to the next row and 1 to the next column.
+            measure: tensors.strides
+            forall: {d0: dim, d1: dim}
+            law: "[d1, 1]"
+        """), encoding="utf-8")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    assert result.ret == 0, result.stdout.lines[-5:]
     assert not (pytester.path / ".hypothesis").exists()
-    assert (tmp_path / "cache" / "resacct" / "hypothesis").is_dir()
+    assert (tmp_path / "cache" / "resacct" / "hypothesis" / "constants").is_dir()

@@ -1,0 +1,71 @@
+"""``resacct devices``: the accelerator table — dense and 2:4 sparse peaks per format, memory,
+bandwidth, and each board's source (flagged where it is not the vendor's datasheet).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from resacct.cli.compute import _add_command
+from resacct.cli.output import emit
+from resacct.errors import ResacctError
+
+__all__ = ["register"]
+
+
+def _device_fields(board: Any) -> dict[str, Any]:
+    return {
+        "name": board.name,
+        "display_name": board.display_name,
+        "family": board.family,
+        "memory_bytes": board.memory_bytes,
+        "memory_bandwidth_bytes_per_sec": board.memory_bandwidth_bytes_per_sec,
+        "peaks_flops_per_sec": {fmt: {"dense": peak.dense_flops_per_sec, "sparse": peak.sparse_flops_per_sec} for fmt, peak in board.peaks.items()},
+        "bf16_dense_intensity_flops_per_byte": board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else None,
+        "aliases": list(board.aliases),
+        "cuda_names": list(board.cuda_names),
+        "source": board.source,
+        "confidence": board.confidence,
+        "note": board.note,
+    }
+
+
+def _tera(board: Any, fmt: str, sparse: bool = False) -> str:
+    peak = board.peaks.get(fmt)
+    value = None if peak is None else (peak.sparse_flops_per_sec if sparse else peak.dense_flops_per_sec)
+    return "—" if value is None else f"{value / 1e12:g}"
+
+
+def _short_source(source: str) -> str:
+    """The datasheet's name, without the column and footnotes that follow it."""
+    cut = min((index for index in (source.find(mark) for mark in (",", "(", ":")) if index > 0), default=len(source))
+    return source[:cut].strip()
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    from resacct.facts.hardware import accelerators, get_accelerator
+
+    if args.name is not None and not args.name.strip():
+        raise ResacctError(f"accelerator name {args.name!r} is empty; give a name such as h100, or none to list every board")
+    boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
+    fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
+    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
+    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
+    for board in boards:
+        matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
+        intensity = f"{matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec:.0f}" if matrix_16 else "—"
+        flag = f" {board.flag}" if board.flag else ""
+        lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
+                     f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
+                     f"{_tera(board, 'fp8', True):>8}{intensity:>8}  {_short_source(board.source)}{flag}")
+    if args.name:
+        lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
+    return emit(args, fields, "\n".join(lines))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    devices = _add_command(subparsers, "devices", "the accelerator table: peaks per format (dense and 2:4 sparse), memory, bandwidth, sources",
+                           "resacct devices   |   resacct devices h100 --json")
+    devices.add_argument("name", nargs="?", help="show one accelerator (name, alias or CUDA name)")
+    devices.set_defaults(run=_run_devices)
