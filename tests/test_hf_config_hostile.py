@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
+
+from tests.test_input_files import within
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -146,17 +147,8 @@ def test_the_shipped_configs_pass_the_checks():
 
 
 def run_with_deadline(arguments: list[str], seconds: float, unblock: Path | None = None) -> int:
-    """``main(arguments)`` in a thread; fails (after unblocking a FIFO reader) if it is still running after ``seconds``."""
-    result: list[int] = []
-    worker = threading.Thread(target=lambda: result.append(main(arguments)), daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        if unblock is not None:
-            with open(os.open(unblock, os.O_WRONLY | os.O_NONBLOCK), "wb"):
-                pass
-        pytest.fail(f"resacct {' '.join(arguments)} still running after {seconds} s (it hangs)")
-    return result[0]
+    """``main(arguments)`` within ``seconds`` (:func:`tests.test_input_files.within`)."""
+    return within(seconds, lambda: main(arguments), unblock)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")

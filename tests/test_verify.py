@@ -199,22 +199,31 @@ def test_a_k_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys
     assert not list(tmp_path.glob(".reports.*"))  # no temporary directory left behind
 
 
-@pytest.mark.slow
-def test_ctrl_c_inside_the_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
+def at_the_second_claim(monkeypatch, interrupt) -> None:  # type: ignore[no-untyped-def]
+    """Call ``interrupt()`` when the run judges its second claim (the Ctrl-C tests' moment)."""
     import resacct.harness.plugin as plugin
 
-    report_dir = tmp_path / "reports"
-    before = _complete_report(specs_dir, report_dir)
-    judged = []
+    judged: list[int] = []
     real_evaluate = plugin.evaluate_claim
 
-    def interrupted_at_the_second_claim(*args, **kwargs):
+    def judge(*args, **kwargs):  # type: ignore[no-untyped-def]
         judged.append(1)
         if len(judged) == 2:
-            raise KeyboardInterrupt
+            interrupt()
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(plugin, "evaluate_claim", interrupted_at_the_second_claim)
+    monkeypatch.setattr(plugin, "evaluate_claim", judge)
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_the_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
+    report_dir = tmp_path / "reports"
+    before = _complete_report(specs_dir, report_dir)
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    at_the_second_claim(monkeypatch, interrupt)
     assert verify(specs_dir, report_dir) == 130
     captured = capsys.readouterr()
     assert "interrupted" in captured.err

@@ -17,7 +17,7 @@ import pytest
 from resacct.cli import main
 from resacct.harness.run import InterruptLatch
 from resacct.reporting import load_report
-from tests.test_verify import _complete_report, complete_report, specs_dir, verify  # noqa: F401  (fixtures)
+from tests.test_verify import _complete_report, at_the_second_claim, complete_report, specs_dir, verify  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped Ctrl-C, on purpose
@@ -85,20 +85,9 @@ def test_ctrl_c_during_the_imports_is_raised_when_they_complete(specs_dir, tmp_p
 
 @pytest.mark.slow
 def test_a_ctrl_c_that_python_drops_still_stops_the_run(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
-    import resacct.harness.plugin as plugin
-
     report_dir = tmp_path / "reports"
     before = _complete_report(specs_dir, report_dir)
-    judged = []
-    real_evaluate = plugin.evaluate_claim
-
-    def dropped_at_the_second_claim(*args, **kwargs):
-        judged.append(1)
-        if len(judged) == 2:
-            _InterruptedWhileCollected()
-        return real_evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(plugin, "evaluate_claim", dropped_at_the_second_claim)
+    at_the_second_claim(monkeypatch, _InterruptedWhileCollected)
     assert verify(specs_dir, report_dir) == 130
     assert "interrupted" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in report_dir.iterdir()} == before
@@ -112,23 +101,13 @@ def test_a_ctrl_c_that_pytest_fails_to_report_still_stops_the_run(specs_dir, tmp
     without a line number (TypeError: NoneType - int): 1 in 20 tries of the bar before this was handled."""
     import _pytest.terminal
 
-    import resacct.harness.plugin as plugin
-
     report_dir = tmp_path / "reports"
     before = _complete_report(specs_dir, report_dir)
-    judged = []
-    real_evaluate = plugin.evaluate_claim
-
-    def interrupted_at_the_second_claim(*args, **kwargs):
-        judged.append(1)
-        if len(judged) == 2:
-            _sigint_now()
-        return real_evaluate(*args, **kwargs)
+    at_the_second_claim(monkeypatch, _sigint_now)
 
     def reporter_fails(self, excinfo):
         raise TypeError("unsupported operand type(s) for -: 'NoneType' and 'int'")
 
-    monkeypatch.setattr(plugin, "evaluate_claim", interrupted_at_the_second_claim)
     monkeypatch.setattr(_pytest.terminal.TerminalReporter, "pytest_keyboard_interrupt", reporter_fails)
     assert verify(specs_dir, report_dir) == 130
     err = capsys.readouterr().err
