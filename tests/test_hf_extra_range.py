@@ -33,3 +33,21 @@ def test_the_hf_extra_admits_the_tested_floor_and_the_installed_transformers():
     assert specifier.contains(Version("5.23.0"))
     transformers = pytest.importorskip("transformers")
     assert specifier.contains(Version(transformers.__version__)), f"transformers {transformers.__version__} is installed but outside {specifier}"
+
+
+def test_the_tox_floor_env_installs_the_lowest_versions_the_extras_admit():
+    """``tox -e hf-floor`` tests the floor of the declared range: its pins must be that floor, so
+    raising (or lowering) the floor in pyproject.toml without moving the env fails here."""
+    import configparser
+    import tomllib
+
+    tox = configparser.ConfigParser()
+    tox.read(PYPROJECT.parent / "tox.ini", encoding="utf-8")
+    pins = dict(line.strip().split("==") for line in tox["testenv:hf-floor"]["deps"].split("\n") if "==" in line)
+    extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    for name in ("transformers", "peft"):
+        requirements = [Requirement(text) for group in ("hf", "finetune") for text in extras[group] if Requirement(text).name == name]
+        floors = {spec.version for requirement in requirements for spec in requirement.specifier if spec.operator == ">="}
+        assert len(floors) == 1, f"{name}: expected one >= floor across the extras, got {floors}"
+        (floor,) = floors
+        assert Version(pins[name]) == Version(floor), f"tox hf-floor pins {name}=={pins[name]}, the extras' floor is {floor}"

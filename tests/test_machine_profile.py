@@ -164,13 +164,29 @@ def test_a_faked_machine_says_so_and_refuses_nonsense(monkeypatch):
         assert "FAKED: cpu_bf16_matmul, cpu_bf16_units" in profile.summary()
         for text, problem in (("{", "is not JSON"), ("[1]", "must be a JSON object"), ('{"cores": 2}', "unknown profile field 'cores'"),
                               ('{"torch_threads": "two"}', "torch_threads: expected a whole number"),
-                              ('{"cpu_model": 5}', "cpu_model: expected str, got 5")):
+                              ('{"cpu_model": 5}', "cpu_model: expected str, got 5"),
+                              ('{"cpu_bf16_units": true}', "cpu_bf16_units follows cpu_bf16_matmul; fake cpu_bf16_matmul instead"),
+                              ('{"cpu_bf16_matmul": "converted", "cpu_bf16_units": true}', "contradicts cpu_bf16_matmul 'converted'")):
             machine_profile.this_machine.cache_clear()
             monkeypatch.setenv(machine_profile.FAKE_MACHINE_VARIABLE, text)
             with pytest.raises(ResacctError, match=problem):
                 machine_profile.this_machine()
     finally:
         machine_profile.this_machine.cache_clear()
+
+
+def test_faking_the_bf16_path_fakes_the_units_with_it(monkeypatch):
+    """cpu_bf16_units is derived from cpu_bf16_matmul: a fake of the path alone cannot leave the
+    units of the real machine behind (an AMX machine faked as 'converted' has no units)."""
+    for path, units in (("converted", False), ("emulated", False), ("amx", True), ("avx512_bf16", True)):
+        machine_profile.this_machine.cache_clear()
+        try:
+            monkeypatch.setenv(machine_profile.FAKE_MACHINE_VARIABLE, json.dumps({"cpu_bf16_matmul": path}))
+            profile = machine_profile.this_machine()
+            assert (profile.cpu_bf16_matmul, profile.cpu_bf16_units) == (path, units)
+            assert profile.faked == ("cpu_bf16_matmul", "cpu_bf16_units")
+        finally:
+            machine_profile.this_machine.cache_clear()
 
 
 def test_the_machine_command_prints_the_profile_and_json(capsys):

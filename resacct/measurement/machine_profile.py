@@ -261,7 +261,7 @@ def profile_from(inputs: DetectionInputs) -> MachineProfile:
         onednn_max_isa=cap,
         cpu_flags_bf16=flags_bf16,
         cpu_bf16_matmul=bf16_path,
-        cpu_bf16_units=bf16_path in ("avx512_bf16", "amx", "arm_bf16"),
+        cpu_bf16_units=bf16_units_for(bf16_path),
         cpu_fp16_units=fp16_units,
         cpu_amx_units=amx_units,
         physical_cores=_physical_cores(inputs.cpuinfo_text, inputs.sysctl, inputs.logical_cores),
@@ -363,12 +363,32 @@ def gather_detection_inputs() -> DetectionInputs:
     )
 
 
+def bf16_units_for(bf16_matmul: str) -> bool:
+    """Whether a bf16 matmul that runs this way uses bf16 instructions (``cpu_bf16_units``)."""
+    return bf16_matmul in ("avx512_bf16", "amx", "arm_bf16")
+
+
+def _derived_bf16_units(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``cpu_bf16_units`` follows ``cpu_bf16_matmul``: faking the path fakes the units with it, and
+    a faked pair that contradicts itself (``converted`` with units) is refused."""
+    if "cpu_bf16_matmul" not in overrides:
+        if "cpu_bf16_units" in overrides:
+            raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: cpu_bf16_units follows cpu_bf16_matmul; fake cpu_bf16_matmul instead "
+                               "(avx512_bf16, amx or arm_bf16 for units; converted or emulated for none)")
+        return overrides
+    units = bf16_units_for(overrides["cpu_bf16_matmul"])
+    if overrides.get("cpu_bf16_units", units) != units:
+        raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: cpu_bf16_units {overrides['cpu_bf16_units']!r} contradicts cpu_bf16_matmul "
+                           f"{overrides['cpu_bf16_matmul']!r} (that path has cpu_bf16_units {units!r})")
+    return {**overrides, "cpu_bf16_units": units}
+
+
 def _faked(profile: MachineProfile, text: str) -> MachineProfile:
     try:
         overrides = json.loads(text)
     except json.JSONDecodeError as error:
         raise ResacctError(f"{FAKE_MACHINE_VARIABLE} is not JSON ({error.msg}); expected an object such as "
-                           '\'{"cpu_bf16_units": true, "cpu_bf16_matmul": "amx"}\'') from None
+                           '\'{"cpu_bf16_matmul": "amx"}\'') from None
     if not isinstance(overrides, dict):
         raise ResacctError(f"{FAKE_MACHINE_VARIABLE} must be a JSON object of profile fields, got {type(overrides).__name__}")
     names = {item.name for item in dataclasses.fields(MachineProfile)} - {"faked"}
@@ -382,6 +402,7 @@ def _faked(profile: MachineProfile, text: str) -> MachineProfile:
             problem = f"{key}: expected {type(current).__name__}, got {value!r}"
         if problem:
             raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: {problem}")
+    overrides = _derived_bf16_units(overrides)
     return dataclasses.replace(profile, **overrides, faked=tuple(sorted(overrides)))
 
 

@@ -6,7 +6,7 @@ claims run first, so the sweep covers every claim at almost no cost. A claim wit
 measurement (this file run on its own, or under xdist on another worker) is measured again only
 when it is in today's sample — about a quarter of the claims, chosen by a hash of the id and the
 UTC date (``RESACCT_META_SEED`` overrides the date) — or in a spec file changed against ``main``;
-the others skip, saying so. ``RESACCT_FULL_META=1`` (as ``.ci/run`` sets) measures every claim.
+the others skip, saying so. ``RESACCT_FULL_META=1`` (as ``RESACCT_CI_FULL_META=1 .ci/run`` sets) measures every claim.
 """
 
 from __future__ import annotations
