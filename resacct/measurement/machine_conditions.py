@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from resacct.errors import ResacctError
+
 if TYPE_CHECKING:
     from resacct.measurement.machine_profile import MachineProfile
 
-__all__ = ["BF16_MATMUL_PATHS", "CONDITION_FIELDS", "condition_value_problem", "condition_holds", "condition_text", "unmet_conditions"]
+__all__ = ["BF16_MATMUL_PATHS", "CONDITION_FIELDS", "condition_value_problem", "condition_holds", "condition_text", "unmet_conditions", "bf16_units_for", "with_derived_bf16_units"]
 
 #: How a bfloat16 matmul runs on this CPU, slowest to fastest kind:
 #: ``converted`` — no oneDNN bf16 path: ATen converts to float32 element by element (AVX2 and older);
@@ -93,3 +95,23 @@ def unmet_conditions(profile: MachineProfile, conditions: Mapping[str, Any]) -> 
     """The conditions this profile does not meet, each as ``wanted (this machine: actual)``."""
     return [f"{condition_text(key, value)} (this machine: {_plain(getattr(profile, key))})"
             for key, value in conditions.items() if not condition_holds(profile, key, value)]
+
+
+def bf16_units_for(bf16_matmul: str) -> bool:
+    """Whether a bf16 matmul that runs this way uses bf16 instructions (``cpu_bf16_units``)."""
+    return bf16_matmul in ("avx512_bf16", "amx", "arm_bf16")
+
+
+def with_derived_bf16_units(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``cpu_bf16_units`` follows ``cpu_bf16_matmul``: faking the path fakes the units with it, and
+    a faked pair that contradicts itself (``converted`` with units) is refused."""
+    if "cpu_bf16_matmul" not in overrides:
+        if "cpu_bf16_units" in overrides:
+            raise ResacctError("cpu_bf16_units follows cpu_bf16_matmul; fake cpu_bf16_matmul instead "
+                               "(avx512_bf16, amx or arm_bf16 for units; converted or emulated for none)")
+        return overrides
+    units = bf16_units_for(overrides["cpu_bf16_matmul"])
+    if overrides.get("cpu_bf16_units", units) != units:
+        raise ResacctError(f"cpu_bf16_units {overrides['cpu_bf16_units']!r} contradicts cpu_bf16_matmul "
+                           f"{overrides['cpu_bf16_matmul']!r} (that path has cpu_bf16_units {units!r})")
+    return {**overrides, "cpu_bf16_units": units}

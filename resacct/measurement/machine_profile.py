@@ -39,10 +39,12 @@ from resacct.errors import ResacctError
 from resacct.measurement.machine_conditions import (
     BF16_MATMUL_PATHS,
     CONDITION_FIELDS,
+    bf16_units_for,
     condition_holds,
     condition_text,
     condition_value_problem,
     unmet_conditions,
+    with_derived_bf16_units,
 )
 
 __all__ = ["DetectionInputs", "GpuProfile", "MachineProfile", "condition_value_problem", "condition_holds", "unmet_conditions", "load_average_now", "CONDITION_FIELDS", "BF16_MATMUL_PATHS", "ONEDNN_ISA_LEVELS",
@@ -363,26 +365,6 @@ def gather_detection_inputs() -> DetectionInputs:
     )
 
 
-def bf16_units_for(bf16_matmul: str) -> bool:
-    """Whether a bf16 matmul that runs this way uses bf16 instructions (``cpu_bf16_units``)."""
-    return bf16_matmul in ("avx512_bf16", "amx", "arm_bf16")
-
-
-def _derived_bf16_units(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``cpu_bf16_units`` follows ``cpu_bf16_matmul``: faking the path fakes the units with it, and
-    a faked pair that contradicts itself (``converted`` with units) is refused."""
-    if "cpu_bf16_matmul" not in overrides:
-        if "cpu_bf16_units" in overrides:
-            raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: cpu_bf16_units follows cpu_bf16_matmul; fake cpu_bf16_matmul instead "
-                               "(avx512_bf16, amx or arm_bf16 for units; converted or emulated for none)")
-        return overrides
-    units = bf16_units_for(overrides["cpu_bf16_matmul"])
-    if overrides.get("cpu_bf16_units", units) != units:
-        raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: cpu_bf16_units {overrides['cpu_bf16_units']!r} contradicts cpu_bf16_matmul "
-                           f"{overrides['cpu_bf16_matmul']!r} (that path has cpu_bf16_units {units!r})")
-    return {**overrides, "cpu_bf16_units": units}
-
-
 def _faked(profile: MachineProfile, text: str) -> MachineProfile:
     try:
         overrides = json.loads(text)
@@ -402,7 +384,10 @@ def _faked(profile: MachineProfile, text: str) -> MachineProfile:
             problem = f"{key}: expected {type(current).__name__}, got {value!r}"
         if problem:
             raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: {problem}")
-    overrides = _derived_bf16_units(overrides)
+    try:
+        overrides = with_derived_bf16_units(overrides)
+    except ResacctError as error:
+        raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: {error}") from None
     return dataclasses.replace(profile, **overrides, faked=tuple(sorted(overrides)))
 
 
