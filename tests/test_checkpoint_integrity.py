@@ -234,11 +234,12 @@ def _set(path: str, value: object):  # type: ignore[no-untyped-def]
 
     def change(content: dict) -> None:
         for key in parents:
-            content = content[key]
+            content = content[int(key) if key.isdigit() else key]  # "optimizer.param_groups.0.lr"
+        key = int(last) if last.isdigit() else last
         if value is DELETE:
-            del content[last]
+            del content[key]
         else:
-            content[last] = value
+            content[key] = value
 
     return change
 
@@ -269,6 +270,25 @@ CRAFTED = [
     ("extra-list", _set("extra", [1]), r"field 'extra' is \[1\]; expected a dict"),
     ("version-text", _set("format_version", "2"), r"format version '2' is not one this resacct reads"),
     ("version-zero", _set("format_version", 0), r"format version 0 is not one this resacct reads"),
+    # issue 26: values of the right container but a wrong kind, not finite, or out of range
+    ("step-1e30", _set("step", 10**30), r"field 'step' is 1000000000000000000000000000000; expected the number of optimizer steps taken, an int ≥ 0, at most 2\*\*63 - 1 \(int64\)$"),
+    ("lr-text", _set("optimizer.param_groups.0.lr", "fast"), r"field 'optimizer\.param_groups\[0\]\.lr' is 'fast'; expected a finite number ≥ 0$"),
+    ("lr-nan", _set("optimizer.param_groups.0.lr", float("nan")), r"field 'optimizer\.param_groups\[0\]\.lr' is nan; expected a finite number ≥ 0$"),
+    ("lr-infinite", _set("optimizer.param_groups.0.lr", float("inf")), r"field 'optimizer\.param_groups\[0\]\.lr' is inf; expected a finite number ≥ 0$"),
+    ("lr-negative", _set("optimizer.param_groups.0.lr", -0.1), r"field 'optimizer\.param_groups\[0\]\.lr' is -0\.1; expected a finite number ≥ 0$"),
+    ("lr-nan-tensor", _set("optimizer.param_groups.0.lr", torch.tensor(float("nan"))), r"'optimizer\.param_groups\[0\]\.lr' is a torch\.float32 tensor of shape \(\) holding nan; expected a finite number ≥ 0$"),
+    ("lr-bool", _set("optimizer.param_groups.0.lr", True), r"'optimizer\.param_groups\[0\]\.lr' is True; expected a finite number ≥ 0$"),
+    ("weight-decay-nan", _set("optimizer.param_groups.0.weight_decay", float("nan")), r"'optimizer\.param_groups\[0\]\.weight_decay' is nan; expected a finite number ≥ 0$"),
+    ("eps-text", _set("optimizer.param_groups.0.eps", "tiny"), r"'optimizer\.param_groups\[0\]\.eps' is 'tiny'; expected a finite number ≥ 0$"),
+    ("betas-text", _set("optimizer.param_groups.0.betas", "high"), r"'optimizer\.param_groups\[0\]\.betas' is 'high'; expected a pair of numbers in \[0, 1\)$"),
+    ("betas-one", _set("optimizer.param_groups.0.betas", (0.9, 1.0)), r"'optimizer\.param_groups\[0\]\.betas' is \(0\.9, 1\.0\); expected a pair of numbers in \[0, 1\)$"),
+    ("betas-three", _set("optimizer.param_groups.0.betas", (0.9, 0.99, 0.5)), r"'optimizer\.param_groups\[0\]\.betas' is \(0\.9, 0\.99, 0\.5\); expected a pair"),
+    ("other-hyperparameter-nan", _set("optimizer.param_groups.0.warmup", float("nan")), r"'optimizer\.param_groups\[0\]\.warmup' is nan; expected a finite number$"),
+    ("state-step-nan", _set("optimizer.state.0.step", torch.tensor(float("nan"))), r"'optimizer\.state\[0\]\.step' is a torch\.float32 tensor of shape \(\) holding nan; expected the steps this parameter took"),
+    ("state-step-negative", _set("optimizer.state.0.step", torch.tensor(-1.0)), r"'optimizer\.state\[0\]\.step' is .* holding -1\.0; expected the steps this parameter took, a number ≥ 0"),
+    ("state-step-text", _set("optimizer.state.0.step", "two"), r"'optimizer\.state\[0\]\.step' is 'two'; expected"),
+    ("scaler-scale-nan", _set("grad_scaler", {"scale": float("nan"), "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 0}),
+     r"field 'grad_scaler\.scale' is nan; expected a finite number ≥ 0$"),
 ]
 
 
@@ -308,3 +328,70 @@ def test_refusal_leaves_the_global_generators_alone(tmp_path: Path):
             load_checkpoint(path, model=target)
         assert torch.equal(torch.get_rng_state(), states["torch"])
         assert torch.equal(capture_rng_states()["numpy"]["keys"], states["numpy"]["keys"])
+
+
+def test_a_hyperparameter_of_another_kind_than_the_optimizer_holds_is_refused(tmp_path: Path):
+    """A hyperparameter resacct does not know by name (here a scheduler's 'warmup') must still be
+    of the kind the optimizer it is loaded into holds: a number, not "ten"."""
+    model, optimizer = trained()
+    optimizer.param_groups[0]["warmup"] = 10
+    content = read_checkpoint(save_checkpoint(tmp_path / "good.pt", model=model, optimizer=optimizer, step=4))
+    content["optimizer"]["param_groups"][0]["warmup"] = "ten"
+    path = write_checkpoint_file(tmp_path / "crafted.pt", content)
+    target, target_optimizer = trained(seed=1)
+    target_optimizer.param_groups[0]["warmup"] = 10
+    before = snapshot(target, target_optimizer)
+    with pytest.raises(CheckpointError, match=r"crafted\.pt: checkpoint field 'optimizer\.param_groups\[0\]\.warmup' is 'ten'; expected a number, as this AdamW holds \(10\)$") as error:
+        load_checkpoint(path, model=target, optimizer=target_optimizer)
+    assert_one_line_naming(error, path)
+    assert unchanged(before, snapshot(target, target_optimizer)) and target_optimizer.param_groups[0]["warmup"] == 10
+
+
+def test_a_nan_learning_rate_is_refused_at_save_and_the_good_checkpoint_stays(tmp_path: Path):
+    model, optimizer = trained()
+    path = save_checkpoint(tmp_path / "c.pt", model=model, optimizer=optimizer, step=4)
+    good = path.read_bytes()
+    optimizer.param_groups[0]["lr"] = float("nan")
+    with pytest.raises(CheckpointError, match=r"c\.pt: refusing to save: checkpoint field 'optimizer\.param_groups\[0\]\.lr' is nan; expected a finite number ≥ 0; nothing was written$"):
+        save_checkpoint(path, model=model, optimizer=optimizer, step=5)
+    assert path.read_bytes() == good
+
+
+@pytest.mark.parametrize("name", ["Adadelta", "Adafactor", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD"])
+def test_every_torch_optimizer_still_round_trips(tmp_path: Path, name: str):
+    """The range checks know torch's hyperparameters (Adafactor's eps is a pair with None in it)."""
+    if not hasattr(torch.optim, name):
+        pytest.skip(f"torch {torch.__version__} has no torch.optim.{name}")
+    model, target = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    make = getattr(torch.optim, name)
+    optimizer = make(model.parameters()) if name == "LBFGS" else make(model.parameters(), lr=0.01)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model(torch.ones(4, 3)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    path = save_checkpoint(tmp_path / "c.pt", model=model, optimizer=optimizer, step=1)
+    target_optimizer = make(target.parameters()) if name == "LBFGS" else make(target.parameters(), lr=0.01)
+    assert load_checkpoint(path, model=target, optimizer=target_optimizer) == 1
+
+
+def test_a_step_beyond_int64_is_refused_at_save_in_one_line(tmp_path: Path):
+    model, optimizer = trained()
+    for step, shown in [(2**63, "9223372036854775808"), (10**5000, "an integer of about 5001 digits")]:
+        with pytest.raises(CheckpointError, match=rf"c\.pt: refusing to save: checkpoint field 'step' is {shown}; expected the number of optimizer steps taken, "
+                                                  r"an int ≥ 0, at most 2\*\*63 - 1 \(int64\); nothing was written$"):
+            save_checkpoint(tmp_path / "c.pt", model=model, optimizer=optimizer, step=step)
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_a_file_holding_an_integer_too_long_for_torch_names_the_reason(tmp_path: Path):
+    """torch.load(weights_only=True) refuses pickle's LONG4 (an int of thousands of digits) over
+    three lines; the refusal quotes the line that says why, not an empty one."""
+    path = tmp_path / "plain.pt"
+    torch.save({"step": 10**5000}, path)
+    with pytest.raises(CheckpointError, match=r"Unsupported operand 139") as error:
+        read_checkpoint(path, require_checksum=False)
+    assert_one_line_naming(error, path)

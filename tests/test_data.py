@@ -198,8 +198,8 @@ def test_token_beyond_vocabulary_is_refused_with_its_position():
 @pytest.mark.parametrize(
     ("call", "expected"),
     [
-        (lambda: window_start_count(10, 0), r"context_length 0: expected ≥ 1"),
-        (lambda: sample_window_starts(10, 0, 2), r"batch_size 0: expected ≥ 1"),
+        (lambda: window_start_count(10, 0), r"context_length 0: expected an int in 1\.\.268435456"),
+        (lambda: sample_window_starts(10, 0, 2), r"batch_size 0: expected an int in 1\.\.268435456"),
     ],
 )
 def test_bad_arguments_are_refused(call, expected: str):
@@ -355,3 +355,70 @@ def test_sampler_state_that_does_not_fit_changes_nothing():
         with pytest.raises(ResacctError, match=expected):
             sampler.load_state_dict(bad)
         assert sampler.batches_drawn == 1 and torch.equal(sampler.generator.get_state(), before["generator_state"])
+
+
+# --- absurd arguments (issue 26): one line naming the value and the range, before any allocation ---
+
+TOKENS = np.arange(100, dtype=np.uint16)
+
+
+def unchecked(function):  # type: ignore[no-untyped-def]
+    """``function`` without the test hook's type checking: what a user calls (a float batch_size
+    or device=7 would otherwise be refused by jaxtyping before resacct's own one-line check)."""
+    return getattr(function, "__wrapped__", function)
+
+
+def sampler(*args, **kwargs) -> TokenBatchSampler:  # type: ignore[no-untyped-def]
+    instance = TokenBatchSampler.__new__(TokenBatchSampler)
+    unchecked(TokenBatchSampler.__init__)(instance, *args, **kwargs)
+    return instance
+
+
+ABSURD = [
+    ("batch-1e12", lambda: get_batch(TOKENS, 10**12, 4), r"^batch_size 1000000000000: expected an int in 1\.\.268435456$"),
+    ("batch-1e30", lambda: get_batch(TOKENS, 10**30, 4), r"^batch_size 1000000000000000000000000000000: expected an int in 1\.\.268435456$"),
+    ("batch-5000-digits", lambda: get_batch(TOKENS, 10**5000, 4), r"^batch_size <an integer of about 5001 digits>: expected an int in 1\.\.268435456$"),
+    ("batch-float", lambda: unchecked(get_batch)(TOKENS, 2.5, 4), r"^batch_size 2\.5: expected an int in 1\.\.268435456$"),
+    ("batch-bool", lambda: unchecked(get_batch)(TOKENS, True, 4), r"^batch_size True: expected an int in"),
+    ("batch-times-context", lambda: get_batch(TOKENS, 2**20, 2**10), r"^batch_size 1048576 × \(context_length 1024 \+ 1\) = 1074790400 tokens per batch: expected at most 268435456 \(2\*\*28\)$"),
+    ("context-1e12", lambda: get_batch(TOKENS, 2, 10**12), r"^context_length 1000000000000: expected an int in 1\.\.268435456$"),
+    ("vocab-zero", lambda: get_batch(TOKENS, 2, 4, vocab_size=0), r"^vocab_size 0: expected an int in 1\.\."),
+    ("device-bogus", lambda: get_batch(TOKENS, 2, 4, device="bogus"), r"^device 'bogus': expected a torch device such as 'cpu', 'cuda', 'cuda:0' or 'mps'$"),
+    ("device-int", lambda: unchecked(get_batch)(TOKENS, 2, 4, device=7), r"^device 7: expected a device name such as 'cpu' or 'cuda:0', or a torch\.device$"),
+    ("device-absent-gpu", lambda: get_batch(TOKENS, 2, 4, device="cuda:99"), r"^device 'cuda:99': this machine has (no|\d+) CUDA devices; use 'cpu'$"),
+    ("seed-2**64", lambda: TokenBatchSampler(TOKENS, 2, 4, seed=2**64), r"^seed 18446744073709551616: expected an int in 0\.\.18446744073709551615 \(torch\.Generator seeds\)$"),
+    ("seed-negative", lambda: TokenBatchSampler(TOKENS, 2, 4, seed=-1), r"^seed -1: expected an int in 0\.\.18446744073709551615"),
+    ("seed-below-int64", lambda: TokenBatchSampler(TOKENS, 2, 4, seed=-(2**63) - 1), r"^seed -9223372036854775809: expected an int in 0\.\."),
+    ("seed-float", lambda: sampler(TOKENS, 2, 4, seed=1.5), r"^seed 1\.5: expected an int in 0\.\."),
+    ("sampler-batch", lambda: TokenBatchSampler(TOKENS, 10**12, 4, seed=0), r"^batch_size 1000000000000: expected an int in"),
+    ("sampler-device", lambda: TokenBatchSampler(TOKENS, 2, 4, seed=0, device="bogus"), r"^device 'bogus': expected a torch device"),
+]
+
+
+@pytest.mark.parametrize(("call", "expected"), [case[1:] for case in ABSURD], ids=[case[0] for case in ABSURD])
+def test_absurd_arguments_are_one_line_before_anything_is_allocated(monkeypatch: pytest.MonkeyPatch, call, expected: str):
+    def allocates(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("allocated before refusing")
+
+    monkeypatch.setattr(torch, "randint", allocates)
+    monkeypatch.setattr(torch, "Generator", allocates)
+    with pytest.raises(ResacctError, match=expected) as error:
+        call()
+    assert "\n" not in str(error.value)
+
+
+def test_the_edges_of_the_ranges_are_accepted():
+    assert TokenBatchSampler(TOKENS, 2, 4, seed=0).state_dict()["batches_drawn"] == 0
+    assert TokenBatchSampler(TOKENS, 2, 4, seed=2**64 - 1, device=torch.device("cpu"))()[0].shape == (2, 4)
+    assert get_batch(TOKENS, 1, 99, generator=seeded(), device="meta")[0].shape == (1, 99)
+    assert unchecked(get_batch)(TOKENS, np.int64(2), np.int32(4), generator=seeded())[0].shape == (2, 4)  # numpy integers are integers
+
+
+@pytest.mark.parametrize("batches_drawn, shown", [(10**30, "1000000000000000000000000000000"), (10**5000, "<an integer of about 5001 digits>"), (-1, "-1")],
+                         ids=["1e30", "5000-digits", "negative"])
+def test_a_sampler_state_beyond_int64_is_refused(batches_drawn: int, shown: str):
+    sampler = TokenBatchSampler(TOKENS, 2, 4, seed=0)
+    state = {"generator_state": sampler.generator.get_state(), "batches_drawn": batches_drawn}
+    with pytest.raises(ResacctError, match=rf"^sampler state 'batches_drawn' is {shown}; expected an int ≥ 0, at most 2\*\*63 - 1$"):
+        sampler.load_state_dict(state)
+    assert sampler.batches_drawn == 0

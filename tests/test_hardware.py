@@ -174,6 +174,33 @@ def test_format_bytes():
     assert (format_bytes("bf16"), format_bytes("tf32"), format_bytes(torch.float8_e4m3fn), format_bytes("fp4")) == (2, 4, 1, 0.5)
 
 
+def test_format_bytes_is_always_a_float():
+    """Issue 26: 2 (an int) for bf16 but 0.5 (a float) for fp4, in --json too; now a float for every format."""
+    from resacct.facts.hardware import PEAK_FORMATS
+
+    assert {type(format_bytes(name)) for name in PEAK_FORMATS} == {float}
+    assert repr(format_bytes("bf16")) == "2.0" and format_bytes(torch.bfloat16) == format_bytes("BF16") == format_bytes(" bf16 ")
+
+
+@pytest.mark.parametrize("value, shown", [(16, "16"), (16.0, "16.0"), (1024, "1024"), (1024.0, "1024.0"), (-1, "-1"), (float("nan"), "nan"),
+                                          (True, "True"), (None, "None"), (10**5000, "<an integer of about 5001 digits>")],
+                         ids=["16", "16.0", "1024", "1024.0", "negative", "nan", "bool", "none", "5000-digits"])
+def test_a_number_is_no_format_name_whatever_its_type(value, shown):
+    """format_bytes(16) suggested 'fp16' while format_bytes(16.0) did not, and 10**5000 raised
+    ValueError from str(); every number is now the same one line."""
+    unchecked = getattr(format_bytes, "__wrapped__", format_bytes)  # what a user calls, without the test hook's type check
+    with pytest.raises(ResacctError) as error:
+        unchecked(value)
+    assert str(error.value) == (f"peak format {shown}: expected a format name such as 'bf16', 'fp8' or 'tf32', or a torch.dtype "
+                                f"(got type {type(value).__name__})")
+
+
+def test_a_long_unknown_format_name_is_cut_in_the_message():
+    with pytest.raises(UnknownNameError) as error:
+        format_bytes("x" * 5000)
+    assert len(str(error.value)) < 600 and "\n" not in str(error.value)
+
+
 def test_raw_table_is_a_copy():
     table = raw_accelerator_table()
     table["h100-sxm"]["memory_bytes"] = 1

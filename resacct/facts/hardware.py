@@ -21,6 +21,7 @@ import copy
 import functools
 import importlib.resources
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -253,23 +254,35 @@ def peak_format(dtype: str | torch.dtype) -> str:
     >>> peak_format(torch.float8_e4m3fn)
     'fp8'
     """
+    if dtype is None or isinstance(dtype, numbers.Number):  # 16 and 16.0 alike: a number is no format name
+        raise ResacctError(f"peak format {_shown_number(dtype)}: expected a format name such as 'bf16', 'fp8' or 'tf32', or a torch.dtype "
+                           f"(got type {type(dtype).__name__})")
     text = str(dtype).removeprefix("torch.").strip().lower()
     key = _FORMAT_ALIASES.get(text, text)
     if key not in PEAK_FORMATS:
-        raise UnknownNameError("peak format", dtype, list(PEAK_FORMATS) + sorted(_FORMAT_ALIASES))
+        shown = dtype if len(str(dtype)) <= 60 else str(dtype)[:56] + "…" + str(dtype)[-3:]
+        raise UnknownNameError("peak format", shown, list(PEAK_FORMATS) + sorted(_FORMAT_ALIASES))
     return key
+
+
+def _shown_number(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 128:  # repr() refuses ints over 4,300 digits
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    return repr(value)
 
 
 _FORMAT_BYTES = {"fp64": 8, "fp64_tensor": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp4": 0.5}
 
 
 def format_bytes(dtype: str | torch.dtype) -> float:
-    """Bytes an operand of this peak format occupies in memory (tf32 is stored as 4-byte fp32).
+    """Bytes an operand of this peak format occupies in memory (tf32 is stored as 4-byte fp32),
+    always a float (fp4 takes half a byte). A number is refused, 16 and 16.0 alike: the argument
+    names a format, it is not a size.
 
     >>> format_bytes("bf16"), format_bytes("tf32"), format_bytes("fp4")
-    (2, 4, 0.5)
+    (2.0, 4.0, 0.5)
     """
-    return _FORMAT_BYTES[peak_format(dtype)]
+    return float(_FORMAT_BYTES[peak_format(dtype)])
 
 
 def peak_flops_per_sec(accelerator: str | Accelerator, dtype: str | torch.dtype = "bf16", *, sparse: bool = False) -> float:

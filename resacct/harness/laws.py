@@ -73,6 +73,10 @@ class Law:
             raise LawError(f"law is {len(text)} characters long; at most {MAX_LAW_CHARS} are allowed")
         if not text.strip():
             raise LawError("law is empty; expected arithmetic such as '2*m*k*n'")
+        foreign = next((character for character in text if not character.isascii()), None)
+        if foreign is not None:  # Python reads 'ｍ' as 'm' (NFKC): a law must say what it computes
+            raise LawError(f"law {_cut(text)} contains the non-ASCII character {foreign!r} (U+{ord(foreign):04X}); "
+                           f"write names, numbers and operators in ASCII")
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as error:
@@ -131,6 +135,8 @@ def _validate(node: ast.AST, text: str, names: set[str], depth: int) -> None:
         _validate(node.operand, text, names, depth + 1)
         return
     if isinstance(node, (ast.List, ast.Tuple)):
+        if not node.elts:
+            raise LawError(f"law {text!r} contains an empty list; a list law needs at least one element, such as '[cols, 1]'")
         for element in node.elts:
             _validate(element, text, names, depth + 1)
         return
@@ -165,6 +171,8 @@ def _check_magnitude(value: Any, text: str) -> Any:
         raise LawError(f"law {text!r} produces NaN")
     if isinstance(value, float) and math.isinf(value):
         raise LawError(f"law {text!r} overflows: its value is beyond the float range (about 1.8e308)")
+    if isinstance(value, complex):  # (-8)**0.5: Python answers with a complex number
+        raise LawError(f"law {text!r} produces a complex number (a negative number to a fractional power); laws compute real numbers")
     return value
 
 

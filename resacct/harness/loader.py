@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from resacct.errors import LawError, ResacctError, SpecError, UnknownNameError
 from resacct.harness.laws import Law
 from resacct.harness.schema import Claim, ClaimsFileHeader
-from resacct.harness.yaml_nodes import MAX_INTEGER_DIGITS, MAX_NESTING, compose, shown, to_python
+from resacct.harness.yaml_nodes import MAX_INTEGER_DIGITS, MAX_NESTING, compose, is_refused, shown, to_python
 
 __all__ = ["LoadedClaim", "LoadedFile", "load_claims_file", "not_a_claims_file", "MAX_FILE_BYTES", "MAX_NESTING", "MAX_INTEGER_DIGITS"]
 
@@ -57,6 +57,9 @@ def _pydantic_problem(error: ValidationError, key_lines: dict[str, int], default
         return f"unknown key {location[-1]!r}", line
     if kind == "missing":
         return f"missing required key {location[-1]!r}", line
+    if kind in {"float_type", "int_type"} and isinstance(first.get("input"), str):  # strict: '0.1' is not 0.1
+        number = "an integer" if kind == "int_type" else "a number"
+        return f"{'.'.join(location)}: must be {number}, got the string {shown(first['input'], 40)}; write it without quotes", line
     if len(location) >= 2 and location[0] == "given":
         return f"given.{location[1]}: expected a number, string, bool or a list of them, got {shown(first.get('input'), 80)}", line
     message = first["msg"].removeprefix("Value error, ")
@@ -163,9 +166,6 @@ def _load(path: Path, shown: str, loaded: LoadedFile) -> LoadedFile:
         except UnicodeDecodeError as error:
             line = raw[: error.start].count(b"\n") + 1
             raise SpecError(f"file is not UTF-8 text: {error.reason} at byte {error.start}", path=shown, line=line) from None
-        if "\t" in text:
-            line = text[: text.index("\t")].count("\n") + 1
-            raise SpecError("tab character; YAML indentation must use spaces", path=shown, line=line)
         root = compose(text, shown)
         if root is None:
             raise SpecError("file is empty; expected keys 'area', 'source' and 'claims'", path=shown, line=1)
@@ -202,7 +202,7 @@ def _header_data(root: yaml.MappingNode, path: str) -> dict[Any, Any]:
     """The top-level mapping as Python data, except that a ``claims`` list keeps its claims as
     nodes: each claim is converted on its own, so one bad value costs one claim."""
     claims_value = next((value for key, value in root.value if isinstance(key, yaml.ScalarNode) and key.value == "claims"), None)
-    if not isinstance(claims_value, yaml.SequenceNode) or claims_value.tag != "tag:yaml.org,2002:seq":
+    if not isinstance(claims_value, yaml.SequenceNode) or claims_value.tag != "tag:yaml.org,2002:seq" or is_refused(claims_value):
         return to_python(root, path)
     placeholder = yaml.SequenceNode("tag:yaml.org,2002:seq", [], claims_value.start_mark, claims_value.end_mark)
     data = to_python(yaml.MappingNode(root.tag, [(key, placeholder if value is claims_value else value) for key, value in root.value], root.start_mark, root.end_mark), path)
@@ -260,6 +260,10 @@ def _resolve(claim: Claim, law: Law | None, key_lines: dict[str, int], line: int
     if missing:
         raise SpecError(f"check {check.name!r} needs the input {missing[0]!r} in given or forall", line=line)
     _check_given_types(check, claim, key_lines.get("given", line))
+    if claim.expect is not None and claim.expect.raises is not None:
+        problem = _unknown_exception(claim.expect.raises.type)
+        if problem:
+            raise SpecError(problem, line=key_lines.get("expect", line))
     for name, strategy in claim.forall.items():
         try:
             get_strategy(strategy)
@@ -281,6 +285,40 @@ def _resolve(claim: Claim, law: Law | None, key_lines: dict[str, int], line: int
                 f"(known: {', '.join(sorted(known)) or 'none'})",
                 line=key_lines.get("law", line),
             )
+
+
+# Exception classes a check may raise before their module is imported (resacct's own, and the
+# libraries the checks call); every class already defined in this process is known as well.
+_EXCEPTIONS_NOT_YET_IMPORTED = (
+    "ResacctError", "SpecError", "LawError", "UnknownNameError", "CheckpointError", "HyperparameterError", "UserCodeError",
+    "DistributedError", "DistributedUnavailableError", "DistributedRankError", "DistributedTimeoutError",
+    "TypeCheckError", "BeartypeCallHintViolation", "BeartypeCallHintParamViolation", "BeartypeCallHintReturnViolation",
+    "OutOfMemoryError", "AcceleratorError",
+)
+
+
+def _unknown_exception(type_name: str) -> str | None:
+    """Why ``expect.raises.type`` names no exception class (a typo would make the claim fail, or a
+    refuted one pass, for the wrong reason); None when it names one. ``module.Name`` is judged by
+    ``Name``, as the evaluator matches either form."""
+    import builtins
+    import difflib
+
+    suggested = {name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)}
+    suggested.update(_EXCEPTIONS_NOT_YET_IMPORTED)
+    known, pending, seen = set(suggested), [BaseException], set()
+    while pending:  # every exception class defined so far (the check's module is imported by now)
+        cls = pending.pop()
+        if cls not in seen:
+            seen.add(cls)
+            known.add(cls.__name__)
+            pending.extend(type.__subclasses__(cls))
+    if type_name.rpartition(".")[2] in known:
+        return None
+    close = difflib.get_close_matches(type_name.rpartition(".")[2], sorted(suggested), n=1)  # not from whatever is imported: the same hint everywhere
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (f"expect.raises.type {shown(type_name, 60)} is not a known exception class{hint} "
+            f"(expected a builtin such as ValueError, a resacct error, or a class the check's module defines)")
 
 
 _PLAIN_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,), list: (list,)}

@@ -4,8 +4,10 @@ A file is ``area`` + ``source`` + a list of ``claims``. A claim says one thing (
 names the registered check that measures it (``measure``), its inputs (``given`` fixed values
 and/or ``forall`` named hypothesis strategies) and what must be true: a ``law`` (arithmetic
 compared with the measurement) and/or an ``expect`` (equals, approx, at_least, at_most,
-raises). ``status: refuted`` with a ``truth`` records a statement of the sources that
-measurement proves false. ``python -m resacct.harness.schema`` prints the JSON schema.
+raises); with both, both must agree with the measurement. ``status: refuted`` with a ``truth``
+records a statement of the sources that measurement proves false (one statement: a law or an
+expect, never both, so it is clear which one is false). Numbers are numbers: ``rel: '0.1'`` (a
+string) is refused, not converted. ``python -m resacct.harness.schema`` prints the JSON schema.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import re
 from typing import Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from resacct.measurement.machine_conditions import CONDITION_FIELDS, condition_value_problem
@@ -29,7 +32,8 @@ Value = Scalar | list[Scalar] | list[list[Scalar]]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a quoted '0.1' is a string, never silently a number (an int is still a fine float)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _finite(value: Any, key: str = "") -> Any:
@@ -37,6 +41,10 @@ def _finite(value: Any, key: str = "") -> Any:
         subject = f"{key}: must be" if key else "must be"
         raise ValueError(f"{subject} a finite number, got {value!r}")
     return value
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:])
 
 
 def _flattened(value: Any) -> list[Any]:
@@ -79,6 +87,10 @@ DEFAULT_TOLERANCE = Tolerance(rel=1e-9, abs=0.0)
 class Raises(_Strict):
     """The measurement must raise an exception of this type name whose message matches."""
 
+    # (the docstring above is the JSON schema's description.) ``match`` compiles with ``regex``, the
+    # engine resacct.harness.evaluate searches with; ``type`` is checked against the known
+    # exception classes when the loader resolves the claim.
+
     type: str = Field(min_length=1)
     match: str | None = None
 
@@ -87,9 +99,9 @@ class Raises(_Strict):
     def _must_compile(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                re.compile(value)
-            except re.error as error:
-                raise ValueError(f"match {value!r} is not a valid regular expression: {error}") from None
+                regex.compile(value)
+            except (regex.error, OverflowError, RecursionError, MemoryError, ValueError) as error:  # a{4294967295}: OverflowError in re
+                raise ValueError(f"match {_cut(value)} is not a valid regular expression: {error}") from None
         return value
 
 
@@ -206,6 +218,9 @@ class Claim(_Strict):
             raise ValueError("a claim needs a law or an expect: what must be true of the measurement?")
         if self.law is not None and self.expect is not None and self.expect.raises is not None:
             raise ValueError("a claim that expects an exception cannot also have a law")
+        if self.law is not None and self.expect is not None and self.status == "refuted":
+            raise ValueError("a refuted claim has both 'law' and 'expect'; refute one statement per claim "
+                             "(with both, the claim passes when either is false, hiding the other)")
         if self.expect is not None and self.expect.approx is not None and self.tolerance is None:
             raise ValueError("expect.approx needs a 'tolerance' (rel and/or abs): how close is close enough?")
         if self.status == "refuted" and not self.truth:

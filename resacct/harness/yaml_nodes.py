@@ -1,8 +1,11 @@
 """YAML text → PyYAML nodes → plain Python data, for claims files, with every hostile input a
-:class:`SpecError` on its line: no anchors or aliases (no billion laughs), no tags beyond plain
-scalars and collections, no value its tag cannot build (``!!int abc``), no integer over
-MAX_INTEGER_DIGITS digits (Python refuses more than 4,300), no nesting deeper than MAX_NESTING
-(PyYAML's composer recurses per level and its scanner is quadratic in flow depth).
+:class:`SpecError` on its line: no anchors or aliases (no billion laughs: an alias is never
+expanded, and the node that holds an anchor or alias is refused when it is converted, so only
+its claim is lost), no tags beyond plain scalars and collections, no value its tag cannot build
+(``!!int abc``), no integer over MAX_INTEGER_DIGITS digits (Python refuses more than 4,300), no
+nesting deeper than MAX_NESTING (PyYAML's composer recurses per level and its scanner is
+quadratic in flow depth). Tabs are read as libyaml reads them: fine in quoted strings, comments,
+block scalars and between tokens; a tab in indentation is not YAML and refuses the file.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import yaml
 
 from resacct.errors import SpecError
 
-__all__ = ["compose", "to_python", "shown", "MAX_NESTING", "MAX_INTEGER_DIGITS"]
+__all__ = ["compose", "to_python", "is_refused", "shown", "MAX_NESTING", "MAX_INTEGER_DIGITS"]
 
 MAX_NESTING = 32  # a claims file needs about 6 levels (claims → claim → given → list → list)
 MAX_INTEGER_DIGITS = 400  # as for laws (resacct.harness.laws.MAX_MAGNITUDE); Python refuses > 4300 anyway
@@ -56,9 +59,17 @@ def _scalar(node: yaml.ScalarNode, path: str, line: int) -> Any:
         raise SpecError(f"value {shown(node.value)} is tagged {meaning}", path=path, line=line) from None
 
 
+def is_refused(node: yaml.Node) -> bool:
+    """Whether :func:`to_python` refuses this very node (it holds an anchor, or is an alias)."""
+    return getattr(node, _REFUSED, None) is not None
+
+
 def to_python(node: yaml.Node, path: str) -> Any:
     """Plain Python data from a composed node; refuses aliases, duplicate keys and foreign tags."""
     line = node.start_mark.line + 1
+    refused = getattr(node, _REFUSED, None)  # an anchor or alias, kept by the composer for this moment
+    if refused is not None:
+        raise SpecError(refused, path=path, line=line)
     if node.tag not in _ALLOWED_TAGS:
         raise SpecError(f"YAML tag {node.tag!r} is not allowed; claims hold plain strings, numbers, lists and mappings", path=path, line=line)
     if isinstance(node, yaml.ScalarNode):
@@ -78,9 +89,15 @@ def to_python(node: yaml.Node, path: str) -> Any:
     raise SpecError(f"unsupported YAML node {type(node).__name__}", path=path, line=line)
 
 
+_REFUSED = "resacct_refused"  # attribute of a node that to_python must refuse (with this message)
+_LINE_BREAKS = "\0\r\n\x85\u2028\u2029"
+
+
 class _NoAliasComposer(yaml.SafeLoader):
-    """Composes nodes but refuses anchors and aliases outright (bounded work and memory) and
-    nesting deeper than MAX_NESTING (PyYAML's composer recurses once per level)."""
+    """Composes nodes, marking anchors and aliases for refusal without ever expanding an alias
+    (bounded work and memory), refusing nesting deeper than MAX_NESTING (PyYAML's composer
+    recurses once per level), and reading tabs as libyaml does (PyYAML refuses every tab outside
+    quotes and comments; libyaml, the fast path, allows them between tokens)."""
 
     _depth = 0
 
@@ -101,14 +118,47 @@ class _NoAliasComposer(yaml.SafeLoader):
         super().fetch_flow_collection_start(TokenClass)
 
     def _compose_plain_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise SpecError("YAML aliases (*name) are not allowed in claims files", line=event.start_mark.line + 1)
+        if self.check_event(yaml.AliasEvent):  # never resolved: a placeholder its claim refuses
+            event = self.get_event()
+            node = yaml.ScalarNode("tag:yaml.org,2002:null", "", event.start_mark, event.end_mark)
+            setattr(node, _REFUSED, f"YAML aliases (*{event.anchor}) are not allowed in claims files")
+            return node
         event = self.peek_event()
         anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            raise SpecError(f"YAML anchors (&{anchor}) are not allowed in claims files", line=event.start_mark.line + 1)
-        return super().compose_node(parent, index)
+        if anchor is None:
+            return super().compose_node(parent, index)
+        event.anchor = None  # never registered, so no alias can reach it and no duplicate is an error
+        node = super().compose_node(parent, index)
+        setattr(node, _REFUSED, f"YAML anchors (&{anchor}) are not allowed in claims files")
+        return node
+
+    def scan_to_next_token(self) -> None:
+        """PyYAML's, except that a tab is skipped where libyaml skips it: inside flow
+        collections, and in block context where no key may start (so never as indentation)."""
+        if self.index == 0 and self.peek() == "\uFEFF":
+            self.forward()
+        while True:
+            while self.peek() == " " or (self.peek() == "\t" and (self.flow_level or not self.allow_simple_key)):
+                self.forward()
+            if self.peek() == "#":
+                while self.peek() not in _LINE_BREAKS:
+                    self.forward()
+            if self.scan_line_break():
+                if not self.flow_level:
+                    self.allow_simple_key = True
+            else:
+                return
+
+    def scan_plain_spaces(self, indent: int, start_mark: Any) -> Any:
+        """Tabs between the words of a plain scalar (``says: a\tb``) belong to it, as in libyaml."""
+        length = 0
+        while self.peek(length) in " \t":
+            length += 1
+        if "\t" in self.prefix(length) and self.peek(length) not in _LINE_BREAKS:
+            whitespace = self.prefix(length)
+            self.forward(length)
+            return [whitespace]
+        return super().scan_plain_spaces(indent, start_mark)
 
 
 # YAML 1.1 (PyYAML) reads 1e-8 and 3.4e38 as strings; claims mean numbers (as YAML 1.2 does).
@@ -179,6 +229,8 @@ def compose(text: str, path: str) -> yaml.Node | None:
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line = mark.line + 1 if mark is not None else None
+        if "'\\t'" in (error.problem or ""):  # the one place YAML forbids a tab: indentation
+            raise SpecError("tab character; YAML indentation must use spaces", path=path, line=line) from None
         problem = " ".join(part for part in (error.context, error.problem) if part)
         raise SpecError(f"invalid YAML: {problem}", path=path, line=line) from None
     except yaml.reader.ReaderError as error:

@@ -43,9 +43,12 @@ def _first_line(error: BaseException) -> str:
     if isinstance(error, pickle.UnpicklingError):
         # torch's message is a page of advice; the line that says what was refused reads
         # "WeightsUnpickler error: Unsupported global: GLOBAL numpy._core.multiarray.scalar was not …"
-        for line in text.splitlines():
-            if "WeightsUnpickler error:" in line:
-                return line.split("WeightsUnpickler error:", 1)[1].strip().split(". Please", 1)[0]
+        # (or, for an integer too long for it, "WeightsUnpickler error: \n\nUnsupported operand 139" over three lines)
+        if "WeightsUnpickler error:" in text:
+            after = text.split("WeightsUnpickler error:", 1)[1]
+            reason = next((line.strip() for line in after.splitlines() if line.strip()), "")
+            if reason:
+                return reason.split(". Please", 1)[0]
     return text.splitlines()[-1 if isinstance(error, pickle.UnpicklingError) else 0] if text else type(error).__name__
 
 

@@ -9,6 +9,7 @@ and what was expected.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +28,19 @@ __all__ = [
     "check_optimizer_fits",
     "optimizer_class_name",
     "ELEMENTWISE_OPTIMIZER_STATE",
+    "MAX_STEP",
 ]
+
+MAX_STEP = 2**63 - 1
+"""The largest step a checkpoint may record (int64, as torch and loggers keep it); 10**30 is refused."""
+
+_AT_LEAST_ZERO = frozenset({"lr", "initial_lr", "max_lr", "min_lr", "weight_decay", "momentum", "dampening", "alpha", "lr_decay",
+                            "initial_accumulator_value", "lambd", "t0", "eps"})
+_FRACTION_PAIRS = frozenset({"betas"})  # each in [0, 1)
+_PAIRS_AT_LEAST_ZERO = frozenset({"etas", "step_sizes"})
+"""Hyperparameters of torch's (and resacct's) optimizers whose kind and range are known: a crafted
+``lr: "fast"`` or ``lr: nan`` would otherwise load and poison every later step. Any other number in
+a param group must still be finite, and of the kind the optimizer it is loaded into holds."""
 
 ELEMENTWISE_OPTIMIZER_STATE = frozenset(
     {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "grad_avg", "acc_delta", "sum", "ax", "prev", "step_size", "exp_inf"}
@@ -39,7 +52,14 @@ _TORCH_RNG_STATE_BYTES = torch.get_rng_state().numel()
 
 
 def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, torch.Tensor) else f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, torch.Tensor):
+        text = f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+        if value.numel() == 1 and not value.is_meta:
+            text += f" holding {value.detach().reshape(()).cpu().item()!r}"
+    elif isinstance(value, int) and value.bit_length() > 256:  # repr() refuses ints over 4,300 digits
+        text = f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    else:
+        text = repr(value)
     text = " ".join(text.split())
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -50,6 +70,56 @@ def _refuse(path: Path, field: str, value: Any, expected: str) -> CheckpointErro
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> float | None:
+    """A plain number or a one-element real tensor (torch takes ``lr`` as a tensor) as a float; None otherwise."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
+        return float(value.detach().reshape(()).cpu())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float range is no hyperparameter
+            return math.inf
+    return None
+
+
+def _validate_hyperparameters(path: Path, index: int, group: Mapping[str, Any]) -> None:
+    """Each hyperparameter of a saved param group is of its kind, finite and in its range (a
+    known one may also be a tuple of them, as Adafactor's ``eps=(None, 1e-3)``)."""
+    for name, value in group.items():
+        known = name in _AT_LEAST_ZERO or name in _FRACTION_PAIRS or name in _PAIRS_AT_LEAST_ZERO
+        if name == "params" or value is None or not known and isinstance(value, (bool, str)):
+            continue
+        field = f"optimizer.param_groups[{index}].{name}"
+        if name in _FRACTION_PAIRS:
+            low, high, expected = 0.0, 1.0, "a pair of numbers in [0, 1)"
+        elif name in _PAIRS_AT_LEAST_ZERO:
+            low, high, expected = 0.0, math.inf, "a pair of finite numbers ≥ 0"
+        else:
+            low, high, expected = (0.0, math.inf, "a finite number ≥ 0") if known else (-math.inf, math.inf, "a finite number")
+        pair_needed = name in _FRACTION_PAIRS or name in _PAIRS_AT_LEAST_ZERO
+        if isinstance(value, (tuple, list)):
+            if pair_needed and len(value) != 2:
+                raise _refuse(path, field, value, expected)
+            numbers = [_number(item) for item in value if item is not None]
+        elif pair_needed:
+            raise _refuse(path, field, value, expected)
+        else:
+            numbers = [_number(value)]
+        if known and any(number is None for number in numbers):
+            raise _refuse(path, field, value, expected)
+        if any(number is not None and not (math.isfinite(number) and low <= number < high) for number in numbers):
+            raise _refuse(path, field, value, expected)
+
+
+def _validate_state_steps(path: Path, state: Mapping[Any, Any]) -> None:
+    """An optimizer's per-parameter ``step`` counts steps: a finite number in 0..MAX_STEP."""
+    for key, entry in state.items():
+        if "step" in entry:
+            step = _number(entry["step"])
+            if step is None or not math.isfinite(step) or not 0 <= step <= MAX_STEP:
+                raise _refuse(path, f"optimizer.state[{key!r}].step", entry["step"], "the steps this parameter took, a number ≥ 0, at most 2**63 - 1")
 
 
 def optimizer_class_name(optimizer: torch.optim.Optimizer) -> str:
@@ -64,20 +134,22 @@ def _validate_optimizer_state(path: Path, state: Any) -> None:
         params = group.get("params") if isinstance(group, Mapping) else None
         if not isinstance(params, list) or not all(_is_int(i) for i in params):
             raise _refuse(path, f"optimizer.param_groups[{index}]", group, "a dict whose 'params' is a list of parameter ids (ints)")
+        _validate_hyperparameters(path, index, group)
         ids.extend(params)
     if len(set(ids)) != len(ids):
         raise _refuse(path, "optimizer.param_groups", ids, "each parameter id in one group only")
     for key, value in state["state"].items():
         if key not in ids or not isinstance(value, Mapping):
             raise _refuse(path, f"optimizer.state[{key!r}]", value, f"a dict keyed by one of the parameter ids {sorted(ids)[:8]}")
+    _validate_state_steps(path, state["state"])
 
 
 def validate_content(path: Path, content: dict[str, Any]) -> None:
     """Every field of a resacct checkpoint has the type it must have (the RNG states are
     checked by restoring them into fresh generators)."""
     step = content["step"]
-    if not _is_int(step) or step < 0:
-        raise _refuse(path, "step", step, "the number of optimizer steps taken, an int ≥ 0")
+    if not _is_int(step) or not 0 <= step <= MAX_STEP:
+        raise _refuse(path, "step", step, "the number of optimizer steps taken, an int ≥ 0, at most 2**63 - 1 (int64)")
     model = content["model"]
     if not isinstance(model, Mapping) or not all(isinstance(key, str) for key in model):
         raise _refuse(path, "model", model, "a model.state_dict(): a dict of names to tensors")
@@ -92,6 +164,10 @@ def validate_content(path: Path, content: dict[str, Any]) -> None:
     for key in ("data", "grad_scaler"):
         if content.get(key) is not None and not isinstance(content[key], Mapping):
             raise _refuse(path, key, content[key], "None or a state_dict() (a dict)")
+    for name, value in (content.get("grad_scaler") or {}).items():  # scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
+        number = _number(value)
+        if number is not None and (not math.isfinite(number) or number < 0):
+            raise _refuse(path, f"grad_scaler.{name}", value, "a finite number ≥ 0")
     if not isinstance(content.get("extra", {}), Mapping):
         raise _refuse(path, "extra", content["extra"], "a dict of plain values")
     validate_rng_states(path, content["rng"])
@@ -193,6 +269,10 @@ def check_optimizer_fits(path: Path, optimizer: torch.optim.Optimizer, state: Ma
             raise CheckpointError(
                 f"{path}: the optimizer state is not from a {kind}: its param group {index} has {sorted(only_saved)}, a {kind} has {sorted(only_here)}"
             )
+        for name in sorted(_hyperparameter_names(saved) & _hyperparameter_names(group)):
+            if _number(group[name]) is not None and saved[name] is not None and _number(saved[name]) is None:
+                raise CheckpointError(f"{path}: checkpoint field 'optimizer.param_groups[{index}].{name}' is {_shown(saved[name])}; "
+                                      f"expected a number, as this {kind} holds ({_shown(group[name])})")
         parameters.update(zip(saved["params"], group["params"]))
     for parameter_id, entry in state["state"].items():
         parameter = parameters[parameter_id]

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import numbers
 import os
 import struct
 from collections.abc import Sequence
@@ -58,6 +59,39 @@ MAGIC = b"RESACTOK"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sI8sIQ")
 HEADER_BYTES = _HEADER.size  # 32
+MAX_BATCH_TOKENS = 2**28  # batch_size × (context_length + 1): 2 GiB per int64 copy, 16× Llama 3's 16M-token batch
+MAX_SEED = 2**64 - 1  # torch.Generator's seeds; a negative one would alias 2**64 + seed, so it is refused
+
+
+def _whole_number(name: str, value: Any, low: int, high: int, why: str = "") -> int:
+    """``value`` as an int in ``low..high``, or one ResacctError naming it and the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
+        raise ResacctError(f"{name} {_shown(value)}: expected an int in {low}..{high}{why}")
+    return int(value)
+
+
+def _checked_device(device: Any) -> torch.device:
+    """``device`` parsed and present, before anything is allocated: 'bogus' or a missing GPU is one line."""
+    if not isinstance(device, (str, torch.device)):
+        raise ResacctError(f"device {device!r}: expected a device name such as 'cpu' or 'cuda:0', or a torch.device")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ResacctError(f"device {device!r}: expected a torch device such as 'cpu', 'cuda', 'cuda:0' or 'mps'") from None
+    if parsed.type == "cuda" and (not torch.cuda.is_available() or (parsed.index or 0) >= torch.cuda.device_count()):
+        raise ResacctError(f"device {device!r}: this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA devices; use 'cpu'")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ResacctError(f"device {device!r}: MPS is not available on this machine; use 'cpu'")
+    return parsed
+
+
+def _checked_batch_shape(batch_size: Any, context_length: Any) -> tuple[int, int]:
+    batch_size = _whole_number("batch_size", batch_size, 1, MAX_BATCH_TOKENS)
+    context_length = _whole_number("context_length", context_length, 1, MAX_BATCH_TOKENS)
+    if batch_size * (context_length + 1) > MAX_BATCH_TOKENS:
+        raise ResacctError(f"batch_size {batch_size} × (context_length {context_length} + 1) = {batch_size * (context_length + 1)} tokens "
+                           f"per batch: expected at most {MAX_BATCH_TOKENS} (2**28)")
+    return batch_size, context_length
 
 
 def _token_dtype(dtype: str | np.dtype | type) -> np.dtype:
@@ -194,8 +228,7 @@ def window_start_count(token_count: int, context_length: int) -> int:
     >>> window_start_count(12, 4)
     8
     """
-    if context_length < 1:
-        raise ResacctError(f"context_length {context_length}: expected ≥ 1")
+    context_length = _whole_number("context_length", context_length, 1, MAX_BATCH_TOKENS)
     if token_count < context_length + 1:
         raise ResacctError(
             f"{token_count} tokens are too few for context_length {context_length}: a window needs {context_length + 1} (inputs plus the next-token target)"
@@ -208,8 +241,7 @@ def sample_window_starts(
 ) -> Int64[torch.Tensor, " batch"]:
     """``batch_size`` uniform start positions in ``0 .. token_count − C − 1`` (as the lecture:
     ``torch.randint(len(tokens) − C, ...)``, whose upper bound is exclusive)."""
-    if batch_size < 1:
-        raise ResacctError(f"batch_size {batch_size}: expected ≥ 1")
+    batch_size, context_length = _checked_batch_shape(batch_size, context_length)
     starts = window_start_count(token_count, context_length)
     return torch.randint(starts, (batch_size,), generator=generator)
 
@@ -235,7 +267,16 @@ def get_batch(
     >>> x, y = get_batch(np.arange(100, dtype=np.uint16), 3, 8, generator=torch.Generator().manual_seed(1))
     >>> x.shape, x.dtype, bool((y == x + 1).all())
     (torch.Size([3, 8]), torch.int64, True)
+
+    Refused in one line, before anything is allocated: a ``batch_size`` or ``context_length``
+    that is not an int ≥ 1, a batch of more than :data:`MAX_BATCH_TOKENS` tokens
+    (``batch_size × (context_length + 1)``), a ``vocab_size`` below 1, a ``device`` torch does not
+    know (``"bogus"``) or this machine lacks (``"cuda:3"`` without it).
     """
+    batch_size, context_length = _checked_batch_shape(batch_size, context_length)
+    device = _checked_device(device)
+    if vocab_size is not None:
+        vocab_size = _whole_number("vocab_size", vocab_size, 1, 2**63 - 1)
     if tokens.ndim != 1:
         raise ResacctError(f"tokens have shape {tokens.shape}; expected a 1-D array of token ids")
     if not np.issubdtype(tokens.dtype, np.integer):
@@ -303,6 +344,11 @@ class TokenBatchSampler:
         vocab_size: int | None = None,
         pin_memory: bool = False,
     ):
+        """Refuses now, not at step 1: what :func:`get_batch` refuses, a file too short for one
+        window, a ``seed`` outside 0..2**64-1 (a negative one would silently be ``2**64 + seed``)."""
+        batch_size, context_length = _checked_batch_shape(batch_size, context_length)
+        device = _checked_device(device)
+        seed = _whole_number("seed", seed, 0, MAX_SEED, " (torch.Generator seeds)")
         window_start_count(len(tokens), context_length)  # refuse a too-short file now, not at step 1
         self.tokens = tokens
         self.batch_size = batch_size
@@ -334,8 +380,8 @@ class TokenBatchSampler:
         if not isinstance(state, dict) or not {"generator_state", "batches_drawn"} <= set(state):
             raise ResacctError(f"sampler state {_shown(state)}: expected a dict with 'generator_state' and 'batches_drawn'")
         generator_state, batches_drawn = state["generator_state"], state["batches_drawn"]
-        if isinstance(batches_drawn, bool) or not isinstance(batches_drawn, int) or batches_drawn < 0:
-            raise ResacctError(f"sampler state 'batches_drawn' is {batches_drawn!r}; expected an int ≥ 0")
+        if isinstance(batches_drawn, bool) or not isinstance(batches_drawn, int) or not 0 <= batches_drawn <= 2**63 - 1:
+            raise ResacctError(f"sampler state 'batches_drawn' is {_shown(batches_drawn)}; expected an int ≥ 0, at most 2**63 - 1")
         try:
             torch.Generator().set_state(generator_state)
         except (RuntimeError, TypeError, ValueError) as error:
@@ -347,5 +393,7 @@ class TokenBatchSampler:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, numbers.Integral) and int(value).bit_length() > 128:  # repr() refuses ints over 4,300 digits
+        return f"<an integer of about {int(int(value).bit_length() * 0.30103) + 1} digits>"
     text = f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
