@@ -11,7 +11,7 @@ The pipeline, module by module:
 - **predict** with one provider per model family: :mod:`~resacct.account.providers` (which formula
   predicts a raw model, or the one line that says none does), :mod:`~resacct.account.gpt_step`
   (resacct's GPT), :mod:`~resacct.account.hf` (transformers causal LMs);
-- **compare and render**: :mod:`~resacct.account.rows`, :mod:`~resacct.account.layout`,
+- **compare and render**: :mod:`~resacct.account.rows`, :mod:`~resacct.account.step_account` (the GPT account),
   :mod:`~resacct.account.optimizers`; any ``nn.Module``: :mod:`~resacct.account.generic`.
 
 ``from resacct.account import account_gpt, account_named_model`` keeps working: this package re-exports

@@ -23,9 +23,9 @@ optimizer after a step, by storage; the bytes autograd saves for backward per mo
 peak and the optimizer step's scratch. Predictions come where resacct has a formula: the state
 always (:func:`resacct.measurement.memory.training_state_bytes`); FLOPs and saved bytes for stacks of
 Linear layers and activation functions (:mod:`resacct.formulas.account_formulas`: Cruncher, MLPs); a
-``transformers`` causal LM of gpt2, llama, mistral or mixtral as ``--hf-config`` predicts it
-(:mod:`resacct.account.providers`); the AdamW step's scratch. Elsewhere the table shows "—" and a
-note says why.
+``transformers`` causal LM of gpt2, llama, mistral or mixtral as ``--hf-config`` predicts it; the
+AdamW step's scratch. Which formula predicts a model is the provider registry's answer, asked once
+(:mod:`resacct.account.providers`). Elsewhere the table shows "—" and a note says why.
 
 >>> account = account_named_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16}, batch=3)
 >>> account.saved.activation_bytes == account.predicted.saved_bytes == 4 * 3 * (8 + 2 * 16)
@@ -41,8 +41,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,10 +56,8 @@ from resacct.account.step_measurements import (
     trace_step_flops,
 )
 from resacct.account.peak import StepPeakAccount, account_model_step_peak
-from resacct.account.rows import ModuleRow, Row, sections_of
-from resacct.formulas.account_formulas import StackPrediction, predict_stack_step
 from resacct.account.optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
-from resacct.measurement.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
+from resacct.measurement.activations import SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.facts.recipes import Recipe
@@ -77,13 +74,12 @@ from resacct.account.model_io import (
     main_input,
     resolve_loss,
 )
+from resacct.account.model_account import ModelAccount
 from resacct.account.model_factory import load_model, parse_model_arg
-from resacct.account.providers import hf_raw_account, no_formula_note
+from resacct.account.providers import MeasuredStep, predict_step, untraced_note
+from resacct.account.untraced import UnmeasuredState, UnrecordedActivations, UntracedFlops, unmeasured_state
 from resacct.training.models import Cruncher
 from resacct.account.user_code import calling_user_code, code_location
-
-if TYPE_CHECKING:
-    from resacct.account.hf import HfAccount
 
 __all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model"]  # the factory loading: resacct.account.model_factory
 
@@ -123,120 +119,6 @@ def mlp(dim: int = 64, hidden: int = 256, depth: int = 1, outputs: int | None = 
     return nn.Sequential(*modules, nn.Linear(hidden, dim if outputs is None else outputs, bias=bias))
 
 
-@dataclass
-class ModelAccount:
-    """Everything :func:`account_module` found for one step of any ``nn.Module`` (the typed
-    result of the generic path). ``predicted`` is None where resacct has no FLOP/activation
-    formula for the architecture; :meth:`rows` lays it out, :meth:`to_dict` gives JSON values."""
-
-    model: str
-    model_class: str
-    input_shape: tuple[int, ...]
-    input_dtype: str
-    loss: str
-    device: str
-    recipe: Recipe
-    optimizer: str
-    parameters: int
-    flops: StepFlopTrace
-    state: TrainingStateMeasurement
-    saved: SavedActivations
-    predicted: StackPrediction | None
-    step_peak_bytes: int | None = None
-    optimizer_transient: AllocationTrace | None = None
-    predicted_optimizer_transient_bytes: int | None = None
-    notes: list[str] = field(default_factory=list)
-    #: a transformers causal LM resacct models: ``--hf-config``'s rows over this step's measurements (:mod:`resacct.account.providers`)
-    hf: HfAccount | None = None
-    #: the whole step's peak, predicted on fake tensors beside the allocator's (:mod:`resacct.account.peak`)
-    step_peak: StepPeakAccount | None = None
-
-    @property
-    def predicted_step_flops(self) -> int | None:
-        if self.hf is not None:
-            return None if self.hf.predicted_flops is None else self.hf.predicted_flops.step_flops
-        return None if self.predicted is None else self.predicted.step_flops
-
-    @property
-    def predicted_saved_bytes(self) -> int | None:
-        if self.hf is not None:
-            terms = self.hf.predicted_saved_terms()
-            return None if terms is None else sum(term.bytes for term in terms)
-        return None if self.predicted is None else self.predicted.saved_bytes
-
-    def rows(self) -> list[Row]:
-        """(section, quantity, predicted, measured, unit, note) rows; predicted None → "—"."""
-        return ((self._formula_rows() if self.hf is None else self.hf.rows()) + self._peak_rows()
-                + ([] if self.step_peak is None else self.step_peak.rows()))
-
-    def _formula_rows(self) -> list[Row]:
-        p, f, s, n = self.predicted, self.flops, self.state, self.parameters
-        how = "FlopCounterMode (matmuls)"
-        rows = [
-            Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", how),
-            Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", how),
-            Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", how),
-        ]
-        label = f"{s.recipe}, {optimizer_display_name(s.optimizer)}"
-        rows += [
-            Row("training state", f"after backward ({label})", s.predicted_after_backward_bytes, s.after_backward_bytes, "bytes", "kept between steps"),
-            Row("training state", f"at optimizer step ({label})", s.predicted_at_step_bytes, s.at_step_bytes, "bytes", "step counters included"),
-            Row("training state", "bytes per parameter at step", s.predicted_at_step_bytes / n, s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
-        ]
-        rows += [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
-        rows += [
-            Row("activations", "saved for backward", None if p is None else p.saved_bytes, self.saved.activation_bytes, "bytes",
-                "saved_tensors_hooks, by storage"),
-            Row("activations", "saved weights (parameters, not activations)", None, self.saved.parameter_bytes, "bytes", "no extra memory"),
-        ]
-        return rows
-
-    def _peak_rows(self) -> list[Row]:
-        rows = []
-        if self.optimizer_transient is not None:
-            rows.append(Row("peak", f"{optimizer_display_name(self.optimizer)} step transient (foreach)", self.predicted_optimizer_transient_bytes,
-                            self.optimizer_transient.peak_bytes, "bytes", "allocator, above the state"))
-        if self.step_peak_bytes is not None:
-            rows.append(Row("peak", "forward + backward peak", None, self.step_peak_bytes, "bytes", "allocator, above params"))
-        return rows
-
-    def per_module_rows(self) -> list[ModuleRow]:
-        """Traced FLOPs and saved bytes per module (exclusive), beside resacct's where it has them."""
-        if self.hf is not None:
-            return self.hf.per_module_rows()
-        p, measured = self.predicted, self.saved.by_module()
-        names = list(dict.fromkeys([*self.flops.forward_by_module, *self.flops.backward_by_module, *measured,
-                                    *([] if p is None else p.saved_by_module)]))
-        return [
-            ModuleRow(
-                module=name,
-                predicted_forward_flops=None if p is None else p.forward_by_module.get(name, 0),
-                traced_forward_flops=self.flops.forward_by_module.get(name, 0),
-                predicted_backward_flops=None if p is None else p.backward_by_module.get(name, 0),
-                traced_backward_flops=self.flops.backward_by_module.get(name, 0),
-                predicted_saved_bytes=None if p is None else p.saved_by_module.get(name, 0),
-                measured_saved_bytes=measured.get(name, 0),
-            )
-            for name in names
-        ]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for JSON: the rows by section (units in the field names), per module, gaps."""
-        sections = sections_of(self.rows())
-        return {
-            "model": self.model, "model_class": self.model_class, "input_shape": list(self.input_shape), "input_dtype": self.input_dtype,
-            "loss": self.loss, "device": self.device, "recipe": self.recipe.name, "optimizer": self.optimizer, "parameters": self.parameters,
-            "hf_model_type": None if self.hf is None else self.hf.model_type, **sections,
-            "per_module": [vars(row) for row in self.per_module_rows()],
-            "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
-            "warnings": self.flops.warnings,
-            "notes": self.notes,
-            "step_peak": None if self.step_peak is None else self.step_peak.to_dict(),
-        }
-
-    to_json = to_dict
-
-
 def account_module(
     model: nn.Module, example_input: Any, *, name: str | None = None, loss: str = "auto", recipe: str | Recipe = "fp32",
     optimizer: str = "adamw", measure_peaks: bool = True,
@@ -245,7 +127,9 @@ def account_module(
     forward with several arguments, or keyword tensors such as ``{"input_ids": …, "labels": …}``)
     where both already are (CPU or meta). Whatever the model's
     code raises (forward, loss, backward) is one line naming the user's frame
-    (:class:`resacct.account.user_code.UserCodeError`).
+    (:class:`resacct.account.user_code.UserCodeError`) — but on meta, where the model's provider
+    (:func:`resacct.account.providers.untraced_note`) knows the kernel that raised cannot run
+    there, the account keeps the predictions (measured "—") and a note names the kernel and what to do.
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     >>> account = account_module(model, torch.randn(5, 4), optimizer="sgd", measure_peaks=False)
@@ -269,28 +153,44 @@ def account_module(
 
     user_step = functools.partial(calling_user_code, f"the step of {type(model).__name__} (forward, loss or backward)",
                                   hint=f"; input {_describe_inputs(example_input)}", fallback=code_location(type(model).forward))
+    untraced = None
     with user_step():
-        flops = trace_step_flops(model, lambda: loss_of(model))
-        state = measure_training_state(model, loss_of, chosen, optimizer)
-        activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-        with record_saved_activations(activation_model) as saved, recipe_autocast(chosen, where):
-            output = loss_of(activation_model)
+        try:
+            flops: StepFlopTrace | UntracedFlops = trace_step_flops(model, lambda: loss_of(model))
+            state: TrainingStateMeasurement | UnmeasuredState = measure_training_state(model, loss_of, chosen, optimizer)
+            activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
+            with record_saved_activations(activation_model) as recorded, recipe_autocast(chosen, where):
+                output = loss_of(activation_model)
+            saved: SavedActivations | UnrecordedActivations = recorded
+            del output
+        except ResacctError:
+            raise
+        except Exception as error:  # a kernel the meta device cannot run, where the model's provider knows it: predictions only
+            untraced = untraced_note(model, error) if where == "meta" else None
+            if untraced is None:
+                raise
+            flops, state, saved = UntracedFlops(), unmeasured_state(model, chosen, optimizer), UnrecordedActivations()
+            activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
         weights_bytes = distinct_storage_bytes(list(activation_model.state_dict().values()))
-        del output, activation_model
-    element = parse_dtype(chosen.parameter_dtype).itemsize
+        del activation_model
     first = main_input(example_input)
-    resolved_loss = resolved[0]
-    predictable = chosen.compute_dtype is None and isinstance(example_input, torch.Tensor) and first.is_floating_point() and resolved_loss != "model"
-    predicted = predict_stack_step(model, tuple(first.shape), element_bytes=element, loss=resolved_loss) if predictable else None
+    if resolved:
+        resolved_loss = resolved[0]
+    else:  # the forward never returned (untraced): a transformers causal LM given labels scores itself
+        resolved_loss = "model" if loss == "auto" and isinstance(example_input, Mapping) and "labels" in example_input else resolve_loss(None, loss)
     count = sum(p.numel() for p in parameters)
-    hf, note = hf_raw_account(model, example_input, name=name or type(model).__name__, loss=resolved_loss, recipe=chosen, optimizer=optimizer,
-                              parameters=count, flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights_bytes)
-    notes = [note] if note else [] if predicted is not None else [no_formula_note(model)]
+    prediction = predict_step(MeasuredStep(model=model, inputs=example_input, name=name or type(model).__name__, loss=resolved_loss, recipe=chosen,
+                                           optimizer=optimizer, parameters=count, flops=flops, state=state, saved=saved,
+                                           checkpoint_weights_bytes=weights_bytes))
+    notes = [note for note in (prediction.note, untraced) if note]
     account = ModelAccount(
         model=name or type(model).__name__, model_class=type(model).__name__, input_shape=tuple(first.shape),
         input_dtype=str(first.dtype).removeprefix("torch."), loss=resolved_loss, device=where, recipe=chosen, optimizer=optimizer,
-        parameters=count, flops=flops, state=state, saved=saved, predicted=predicted, notes=notes, hf=hf,
+        parameters=count, flops=flops, state=state, saved=saved, predicted=prediction.stack, notes=notes, hf=prediction.hf,
     )
+    if untraced is not None:
+        account.step_peak = StepPeakAccount(predicted=None, gap="the step could not be traced on the meta device: see the note")
+        return account
     with user_step():
         account.step_peak = account_model_step_peak(model, example_input, loss=resolved_loss, recipe=chosen, optimizer=optimizer,
                                                     measure=measure_peaks and where == "cpu")
@@ -342,7 +242,8 @@ def account_named_model(
 
     ``measure=False`` builds it on the meta device (the factory runs under ``torch.device("meta")``,
     and the inputs are made there: no memory); ``True`` on the CPU; ``None``: the CPU when a step
-    is at most :data:`resacct.account.step_measurements.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta.
+    is at most :data:`resacct.account.step_measurements.AUTO_MEASURE_MAX_STEP_FLOPS` (traced on meta first), else meta
+    (also where meta cannot trace the step, in a kernel the model's provider knows: predicted only, one note says so).
     """
     for label, value in (("batch", batch), ("seq", 1 if seq is None else seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -368,11 +269,18 @@ def account_named_model(
 
     if measure is None:
         model, example = build("meta")
+        traced: StepFlopTrace | None = None
         with calling_user_code(f"the step of {type(model).__name__} (forward, loss or backward)", hint=f"; input {_describe_inputs(example)}",
                                fallback=code_location(type(model).forward)):
-            traced = trace_step_flops(model, lambda: loss_of_output(call_model(model, example), loss))
-        measure = traced.step_flops <= AUTO_MEASURE_MAX_STEP_FLOPS
-        if not measure:
+            try:
+                traced = trace_step_flops(model, lambda: loss_of_output(call_model(model, example), loss))
+            except ResacctError:
+                raise
+            except Exception as error:  # a kernel meta cannot run that the model's provider knows: stays on meta, predicted only
+                if untraced_note(model, error) is None:
+                    raise
+        if traced is None or traced.step_flops > AUTO_MEASURE_MAX_STEP_FLOPS:
             return account_module(model, example, name=spec, loss=loss, recipe=recipe, optimizer=optimizer)
+        measure = True
     model, example = build("cpu" if measure else "meta")
     return account_module(model, example, name=spec, loss=loss, recipe=recipe, optimizer=optimizer)

@@ -14,7 +14,8 @@ The measuring half (re-exported here) lives in :mod:`resacct.account.step_measur
 - :func:`measure_optimizer_step_transient` — the allocator's peak inside ``optimizer.step()``.
 - :func:`account_gpt` — all of it for a :mod:`resacct.training.gpt` model, with resacct's exact formulas
   (:mod:`resacct.formulas.gpt_formulas`), the 6N and PaLM conventions, activations (and Korthikanti et
-  al.'s formula), checkpointing, gradient accumulation, time, MFU and a run projection.
+  al.'s formula), checkpointing, gradient accumulation, time, MFU and a run projection; what it
+  finds is a :class:`~resacct.account.step_account.StepAccount` (its rows and JSON there too).
 
 >>> account = account_gpt("gpt-nano", batch=2, seq=16, measure=False)
 >>> account.flops.forward_flops == account.predicted_flops.forward_flops
@@ -26,18 +27,13 @@ True
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from resacct.measurement.activations import (
-    AllocationTrace,
-    CheckpointPoint,
-    GradAccumulation,
-    SavedActivations,
     gpt_loss,
     measure_checkpointing,
     measure_grad_accumulation,
@@ -48,9 +44,10 @@ from resacct.measurement.activations import (
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config, parameter_count
-from resacct.formulas.gpt_formulas import GptStepFlops, predict_gpt_step_flops
+from resacct.formulas.gpt_formulas import predict_gpt_step_flops
 from resacct.account.optimizers import memory_optimizer_name
 from resacct.account.rows import UNIT_SUFFIX, ModuleRow, Row, json_key
+from resacct.account.step_account import StepAccount, StepTiming
 from resacct.account import step_measurements
 from resacct.measurement.memory import StateRecipe, get_state_recipe
 
@@ -80,100 +77,6 @@ from resacct.account.step_measurements import (  # noqa: E402  (re-exported: par
 
 
 # ───────────────────────────── the whole account ─────────────────────────────
-
-
-@dataclass(frozen=True)
-class StepTiming:
-    """Seconds of one real training step (forward, backward, AdamW step), and what follows."""
-
-    device: str
-    median_sec: float
-    samples_sec: tuple[float, ...]
-    step_flops: int
-    tokens: int
-    peak_flops_per_sec: float | None = None
-    peak_source: str | None = None
-    prediction: Any = None  # resacct.measurement.runtime_model.StepPrediction (CPU): the step predicted op by op
-
-    @property
-    def achieved_flops_per_sec(self) -> float:
-        return self.step_flops / self.median_sec
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.tokens / self.median_sec
-
-    @property
-    def mfu(self) -> float | None:
-        return None if self.peak_flops_per_sec is None else self.achieved_flops_per_sec / self.peak_flops_per_sec
-
-
-@dataclass
-class StepAccount:
-    """Everything :func:`account_gpt` found (the typed result of the GPT path); :meth:`rows`
-    lays it out predicted | measured, :meth:`to_dict` as plain JSON-ready values.
-
-    >>> account = account_gpt("gpt-nano", batch=1, seq=8, measure=False)
-    >>> account.flops.step_flops == account.predicted_flops.step_flops, account.saved.activation_bytes == account.predicted_saved_bytes
-    (True, True)
-    >>> [row.quantity for row in account.rows()][:2]
-    ['forward (exact per-matmul formula)', 'backward (exact per-matmul formula)']
-    """
-
-    model: str
-    config: GPTConfig
-    batch: int
-    seq: int
-    device: str
-    recipe: StateRecipe
-    attention: str
-    parameters: int
-    predicted_flops: GptStepFlops
-    flops: StepFlopTrace
-    state: TrainingStateMeasurement
-    saved: SavedActivations
-    predicted_saved_bytes: int | None
-    predicted_saved_by_module: Mapping[str, int] = field(default_factory=dict)
-    optimizer_transient: AllocationTrace | None = None
-    predicted_optimizer_transient_bytes: int | None = None
-    step_peak_bytes: int | None = None
-    predicted_step_peak_bytes: int | None = None
-    gpu_peak_bytes: int | None = None
-    checkpoint_segments: int = 0
-    checkpointing: list[CheckpointPoint] = field(default_factory=list)
-    grad_accumulation: GradAccumulation | None = None
-    timing: StepTiming | None = None
-    train_tokens: float | None = None
-    devices: int = 1
-    notes: list[str] = field(default_factory=list)
-    #: the whole step's peak predicted on fake tensors, beside the allocator's on a CPU run (:mod:`resacct.account.peak`)
-    step_peak: Any = None
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
-
-    def rows(self) -> list[Row]:
-        """The account as (section, quantity, predicted, measured, unit, note) rows."""
-        from resacct.account.layout import step_account_rows
-
-        return step_account_rows(self) + ([] if self.step_peak is None else self.step_peak.rows())
-
-    def per_module_rows(self) -> list[ModuleRow]:
-        """FLOPs and saved bytes per module, predicted beside measured (modules with either)."""
-        from resacct.account.layout import step_account_module_rows
-
-        return step_account_module_rows(self)
-
-    def to_json(self) -> dict[str, Any]:
-        """Named fields with units in the names, for ``--json``."""
-        from resacct.account.layout import step_account_json
-
-        return {**step_account_json(self), "step_peak": None if self.step_peak is None else self.step_peak.to_dict()}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
-        return self.to_json()
 
 
 def _check_sizes(config: GPTConfig, batch: object, seq: object, checkpoint_segments: object, grad_accum: object) -> None:

@@ -21,7 +21,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from resacct.account.rows import ModuleRow, Row, sections_of
+from resacct.account.rows import ModuleRow, Row, sections_of, traced_flops_note
 from resacct.measurement.activations import SavedActivations, record_saved_activations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
@@ -43,6 +43,7 @@ from resacct.account.model_io import call_model, context_length, default_inputs,
 from resacct.training.optim import state_tensors_per_parameter
 from resacct.account.optimizers import memory_optimizer_name, optimizer_display_name
 from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
+from resacct.account.untraced import UnmeasuredState, UnrecordedActivations, UntracedFlops
 
 __all__ = ["HfAccount", "account_hf_config", "checkpoint_bytes_predicted"]
 
@@ -64,9 +65,10 @@ class HfAccount:
     optimizer: str
     parameters: int
     parameter_tensors: int
-    flops: StepFlopTrace
-    state: TrainingStateMeasurement
-    saved: SavedActivations
+    #: a raw model whose step could not run on meta: :mod:`resacct.account.untraced`'s stand-ins (measured None)
+    flops: StepFlopTrace | UntracedFlops
+    state: TrainingStateMeasurement | UnmeasuredState
+    saved: SavedActivations | UnrecordedActivations
     checkpoint_weights_bytes: int
     device: str = "meta"
     attention: str = "sdpa"
@@ -113,9 +115,11 @@ class HfAccount:
         return None
 
     @property
-    def checkpoint_full_bytes(self) -> int:
+    def checkpoint_full_bytes(self) -> int | None:
         """Weights, master weights and optimizer state (step counters included): what a
-        training checkpoint holds — the state at the step without its gradients."""
+        training checkpoint holds — the state at the step without its gradients (None: not measured)."""
+        if self.state.at_step_bytes is None:
+            return None
         return sum(value for part, value in self.state.parts_bytes.items() if part not in _NOT_CHECKPOINTED)
 
     def rows(self) -> list[Row]:
@@ -165,11 +169,11 @@ def _parameter_rows(a: HfAccount) -> list[Row]:
 
 def _flop_rows(a: HfAccount) -> list[Row]:
     p, f = a.predicted_flops, a.flops
-    how = "FlopCounterMode" + (" + sdpa fill" if f.gap_filled_flops else "")  # sdpa on a real CPU step
+    how = traced_flops_note(f)  # resacct's sdpa fill: the CPU flash kernel on a real CPU step
     rows = [
         Row("FLOPs", "forward", None if p is None else p.forward_flops, f.forward_flops, "FLOPs", how),
         Row("FLOPs", "backward", None if p is None else p.backward_flops, f.backward_flops, "FLOPs", how),
-        Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", how),
+        Row("FLOPs", "step", None if p is None else p.step_flops, f.step_flops, "FLOPs", traced_flops_note(f, whole_step=True)),
     ]
     if a.architecture is not None:
         active = predict_active_parameters(a.architecture)
@@ -184,7 +188,7 @@ def _state_rows(a: HfAccount) -> list[Row]:
         Row("training state", f"after backward ({label})", _predicted_state(a, "after_backward"), s.after_backward_bytes, "bytes", "kept between steps"),
         Row("training state", f"at optimizer step ({label})", _predicted_state(a, "at_step"), s.at_step_bytes, "bytes", "step counters included"),
         Row("training state", "bytes per parameter at step", None if a.architecture is None else _predicted_state(a, "at_step") / predict_parameters(a.architecture),
-            s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
+            None if s.at_step_bytes is None else s.at_step_bytes / n, "B/param", f"{n:,} parameters"),
     ]
     return rows + [Row("training state", f"  {part}", None, value, "bytes", f"{value / n:.3g} B/param") for part, value in s.parts_bytes.items()]
 
@@ -201,11 +205,14 @@ def _first_layer(module: str) -> bool:
 
 
 def _activation_rows(a: HfAccount) -> list[Row]:
-    layer = sum(value for module, value in a.saved.by_module().items() if _first_layer(module))
+    recorded = a.saved.activation_bytes is not None
+    layer = sum(value for module, value in a.saved.by_module().items() if _first_layer(module)) if recorded else None
     terms = a.predicted_saved_terms()
     gap = a.activation_formula_gap()
     note = "saved_tensors_hooks, by storage" + (f"; measured only: {gap}" if gap else f"; predicted {a.activation_dtype}, {a.attention} on {a.device}")
-    if a.architecture is not None and a.architecture.experts:
+    if not recorded:  # the step could not run (resacct.account.untraced)
+        note = "not recorded (see the note)" + (f"; no prediction: {gap}" if gap else f"; predicted {a.activation_dtype}, {a.attention} on {a.device}")
+    elif a.architecture is not None and a.architecture.experts:
         note += " (batched_mm experts keep each token's expert weights: more than the default kernels save)"
     return [
         Row("activations", "saved for backward", None if terms is None else sum(t.bytes for t in terms), a.saved.activation_bytes, "bytes", note),

@@ -1,5 +1,5 @@
 """The rows every account is laid out in — ``resacct account``'s table and ``--json`` — shared by
-the GPT path (:mod:`resacct.account.layout`), any module (:mod:`resacct.account.generic`) and
+the GPT path (:mod:`resacct.account.step_account`), any module (:mod:`resacct.account.generic`) and
 Hugging Face configs (:mod:`resacct.account.hf`): one :class:`Row` per quantity, predicted beside
 measured, and the JSON sections built from them (units in the field names).
 
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Row", "ModuleRow", "json_key", "UNIT_SUFFIX", "sections_of"]
+__all__ = ["Row", "ModuleRow", "json_key", "UNIT_SUFFIX", "sections_of", "traced_flops_note"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,22 @@ def sections_of(rows: Iterable[Row]) -> dict[str, list[dict[str, Any]]]:
         sections.setdefault(json_key(row.section), []).append(
             {"quantity": row.quantity, f"predicted_{unit}": row.predicted, f"measured_{unit}": row.measured, "ratio": row.ratio, "note": row.note})
     return sections
+
+
+def traced_flops_note(flops: Any, *, counter: str = "FlopCounterMode", whole_step: bool = False) -> str:
+    """Where a traced FLOP figure comes from: ``counter`` alone; FlopCounterMode plus what resacct
+    filled in from the sdpa calls' shapes for a fused attention kernel it counts as 0 (how much of
+    the step, on the ``whole_step`` row); or nothing traced (a step that could not run).
+
+    >>> from resacct.account.step_measurements import StepFlopTrace
+    >>> traced_flops_note(StepFlopTrace(300, 600, {}, {}), counter="FlopCounterMode (matmuls)")
+    'FlopCounterMode (matmuls)'
+    >>> traced_flops_note(StepFlopTrace(300, 600, {}, {}, gap_filled_flops=96), whole_step=True)
+    "FlopCounterMode + resacct's sdpa fill (96 of 900 FLOPs)"
+    """
+    if flops.step_flops is None:
+        return "not traced (see the note)"
+    if not flops.gap_filled_flops:
+        return counter
+    filled = "FlopCounterMode + resacct's sdpa fill"
+    return f"{filled} ({flops.gap_filled_flops:,} of {flops.step_flops:,} FLOPs)" if whole_step else filled

@@ -44,7 +44,7 @@ from resacct.errors import ResacctError
 from resacct.training.models import Cruncher
 from resacct.training.models import Linear as LectureLinear
 
-__all__ = ["LOSSES", "SAVES_OUTPUT", "SAVES_INPUT", "StackPrediction", "predict_stack_step", "mlp_saved_bytes"]
+__all__ = ["LOSSES", "SAVES_OUTPUT", "SAVES_INPUT", "StackPrediction", "is_stack", "predict_stack_step", "mlp_saved_bytes"]
 
 LOSSES = ("mean", "sum", "mse", "cross-entropy")
 SAVES_OUTPUT = (nn.ReLU, nn.Tanh, nn.Sigmoid)  # derivative from the output
@@ -97,6 +97,20 @@ def module_leaves(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Modu
         yield prefix.rstrip(".") or "(model)", module
     else:
         raise NoFormula(type(module).__name__)
+
+
+def is_stack(model: nn.Module) -> bool:
+    """Whether ``model`` is a stack resacct has formulas for: Linear layers and activation
+    functions, in an ``nn.Sequential`` or a :class:`~resacct.training.models.Cruncher`.
+
+    >>> is_stack(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.GELU())), is_stack(torch.nn.Conv1d(1, 1, 1))
+    (True, False)
+    """
+    try:
+        list(module_leaves(model, ""))
+    except NoFormula:
+        return False
+    return True
 
 
 def linear_widths(module: nn.Module) -> tuple[int, int]:

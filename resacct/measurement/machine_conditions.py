@@ -13,12 +13,9 @@ profile itself is :mod:`resacct.measurement.machine_profile`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from resacct.errors import ResacctError
-
-if TYPE_CHECKING:
-    from resacct.measurement.machine_profile import MachineProfile
 
 __all__ = ["BF16_MATMUL_PATHS", "CONDITION_FIELDS", "condition_value_problem", "condition_holds", "condition_text", "unmet_conditions", "bf16_units_for", "with_derived_bf16_units"]
 
@@ -70,7 +67,9 @@ def condition_value_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def condition_holds(profile: MachineProfile, key: str, value: Any) -> bool:
+def condition_holds(profile: object, key: str, value: Any) -> bool:
+    """Whether ``profile`` (a :class:`~resacct.measurement.machine_profile.MachineProfile`: any
+    object with the :data:`CONDITION_FIELDS` attributes) meets ``key: value``."""
     actual = getattr(profile, key)
     if isinstance(value, dict):
         return value.get("at_least", actual) <= actual <= value.get("at_most", actual)
@@ -91,7 +90,7 @@ def _plain(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def unmet_conditions(profile: MachineProfile, conditions: Mapping[str, Any]) -> list[str]:
+def unmet_conditions(profile: object, conditions: Mapping[str, Any]) -> list[str]:
     """The conditions this profile does not meet, each as ``wanted (this machine: actual)``."""
     return [f"{condition_text(key, value)} (this machine: {_plain(getattr(profile, key))})"
             for key, value in conditions.items() if not condition_holds(profile, key, value)]

@@ -1,23 +1,127 @@
-"""The GPT account (:class:`resacct.account.StepAccount`) laid out: its rows, per-module rows and
-JSON. One function per group of rows, so a new figure is a new row where it belongs
-(:func:`time_rows` for the step's time, MFU and the run projection).
+"""The GPT account's record — :class:`StepAccount` (what :func:`resacct.account.account_gpt`
+found) and :class:`StepTiming` (a real step's seconds) — and how it is laid out: its rows,
+per-module rows and JSON. One function per group of rows, so a new figure is a new row where it
+belongs (:func:`time_rows` for the step's time, MFU and the run projection).
+
+The record and its layout share this module so that neither imports the other: the measuring
+and predicting (:mod:`resacct.account.gpt_step`) builds a :class:`StepAccount`; nothing here
+imports it back. ``from resacct.account import StepAccount`` keeps working (re-exported there).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from resacct.account.optimizers import optimizer_display_name
-from resacct.account.rows import ModuleRow, Row, sections_of
-from resacct.measurement.activations import SavedActivations, predict_gpt_held_after_forward_bytes
+from resacct.account.rows import ModuleRow, Row, sections_of, traced_flops_note
+from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement
 from resacct.facts.dtypes import parse_dtype
-from resacct.formulas.gpt_formulas import predict_gpt_step_flops
+from resacct.formulas.gpt_formulas import GptStepFlops, predict_gpt_step_flops
+from resacct.measurement.activations import (
+    AllocationTrace,
+    CheckpointPoint,
+    GradAccumulation,
+    SavedActivations,
+    predict_gpt_held_after_forward_bytes,
+)
+from resacct.measurement.memory import StateRecipe
+from resacct.training.gpt import GPTConfig
 
-if TYPE_CHECKING:
-    from resacct.account import StepAccount, StepTiming
+__all__ = ["StepTiming", "StepAccount", "step_account_rows", "time_rows", "step_account_module_rows", "step_account_json"]
 
-__all__ = ["step_account_rows", "time_rows", "step_account_module_rows", "step_account_json"]
 
+@dataclass(frozen=True)
+class StepTiming:
+    """Seconds of one real training step (forward, backward, AdamW step), and what follows."""
+
+    device: str
+    median_sec: float
+    samples_sec: tuple[float, ...]
+    step_flops: int
+    tokens: int
+    peak_flops_per_sec: float | None = None
+    peak_source: str | None = None
+    prediction: Any = None  # resacct.measurement.runtime_model.StepPrediction (CPU): the step predicted op by op
+
+    @property
+    def achieved_flops_per_sec(self) -> float:
+        return self.step_flops / self.median_sec
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / self.median_sec
+
+    @property
+    def mfu(self) -> float | None:
+        return None if self.peak_flops_per_sec is None else self.achieved_flops_per_sec / self.peak_flops_per_sec
+
+
+@dataclass
+class StepAccount:
+    """Everything :func:`account_gpt` found (the typed result of the GPT path); :meth:`rows`
+    lays it out predicted | measured, :meth:`to_dict` as plain JSON-ready values.
+
+    >>> from resacct.account import account_gpt
+    >>> account = account_gpt("gpt-nano", batch=1, seq=8, measure=False)
+    >>> account.flops.step_flops == account.predicted_flops.step_flops, account.saved.activation_bytes == account.predicted_saved_bytes
+    (True, True)
+    >>> [row.quantity for row in account.rows()][:2]
+    ['forward (exact per-matmul formula)', 'backward (exact per-matmul formula)']
+    """
+
+    model: str
+    config: GPTConfig
+    batch: int
+    seq: int
+    device: str
+    recipe: StateRecipe
+    attention: str
+    parameters: int
+    predicted_flops: GptStepFlops
+    flops: StepFlopTrace
+    state: TrainingStateMeasurement
+    saved: SavedActivations
+    predicted_saved_bytes: int | None
+    predicted_saved_by_module: Mapping[str, int] = field(default_factory=dict)
+    optimizer_transient: AllocationTrace | None = None
+    predicted_optimizer_transient_bytes: int | None = None
+    step_peak_bytes: int | None = None
+    predicted_step_peak_bytes: int | None = None
+    gpu_peak_bytes: int | None = None
+    checkpoint_segments: int = 0
+    checkpointing: list[CheckpointPoint] = field(default_factory=list)
+    grad_accumulation: GradAccumulation | None = None
+    timing: StepTiming | None = None
+    train_tokens: float | None = None
+    devices: int = 1
+    notes: list[str] = field(default_factory=list)
+    #: the whole step's peak predicted on fake tensors, beside the allocator's on a CPU run (:mod:`resacct.account.peak`)
+    step_peak: Any = None
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def rows(self) -> list[Row]:
+        """The account as (section, quantity, predicted, measured, unit, note) rows."""
+        return step_account_rows(self) + ([] if self.step_peak is None else self.step_peak.rows())
+
+    def per_module_rows(self) -> list[ModuleRow]:
+        """FLOPs and saved bytes per module, predicted beside measured (modules with either)."""
+        return step_account_module_rows(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """Named fields with units in the names, for ``--json``."""
+        return {**step_account_json(self), "step_peak": None if self.step_peak is None else self.step_peak.to_dict()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The same as :meth:`to_json`: plain values (``json.dumps``-able), units in the names."""
+        return self.to_json()
+
+
+# ───────────────────────────── the layout ─────────────────────────────
 
 
 def _per_layer_measured(saved: SavedActivations) -> int:
@@ -30,11 +134,11 @@ def step_account_rows(a: StepAccount) -> list[Row]:
     from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes, korthikanti_layer_activation_bytes, palm_step_flops, six_n_step_flops
 
     p, f, n, t = a.predicted_flops, a.flops, a.parameters, a.tokens
-    traced = "FlopCounterMode" + (" + resacct's fill for fused attention" if f.gap_filled_flops else "")
+    traced = traced_flops_note(f)
     rows = [
         Row("FLOPs", "forward (exact per-matmul formula)", p.forward_flops, f.forward_flops, "FLOPs", traced),
         Row("FLOPs", "backward (exact per-matmul formula)", p.backward_flops, f.backward_flops, "FLOPs", traced),
-        Row("FLOPs", "step (exact per-matmul formula)", p.step_flops, f.step_flops, "FLOPs", traced),
+        Row("FLOPs", "step (exact per-matmul formula)", p.step_flops, f.step_flops, "FLOPs", traced_flops_note(f, whole_step=True)),
         Row("FLOPs", "step, 6N rule (lecture)", six_n_step_flops(n, t), f.step_flops, "FLOPs", "6 · params · tokens"),
         Row("FLOPs", "step, 6N + 12·L·d·s (PaLM, nanoGPT)", palm_step_flops(n, a.config, a.batch, a.seq), f.step_flops, "FLOPs",
             "N without position embedding"),
