@@ -144,3 +144,96 @@ class MatrixVector(nn.Module):
 
 def matrix_vector(width: int = 4) -> nn.Module:
     return MatrixVector(width)
+
+
+# ── user code that ends the process, contains itself, hangs or allocates a lot (issue 26: guards) ──
+
+
+def exits_in_factory(code: int | str | None = 0) -> nn.Module:
+    import sys
+
+    sys.exit(code)
+
+
+def raises_system_exit() -> nn.Module:
+    raise SystemExit
+
+
+def interrupted_in_factory() -> nn.Module:
+    raise KeyboardInterrupt
+
+
+class ExitsInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        sys.exit(0)
+
+
+def exits_in_forward() -> nn.Module:
+    return ExitsInForward()
+
+
+def contains_itself() -> nn.Module:
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.again = model  # nn.Module.__setattr__ registers it as a child: model.modules() would recurse
+    return model
+
+
+def two_module_cycle() -> nn.Module:
+    outer, inner = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+    outer.inner = inner
+    inner.outer = outer
+    return outer
+
+
+def shared_module() -> nn.Module:
+    """One Linear under two names (tied): a tree with a shared leaf, no cycle."""
+    shared = nn.Linear(4, 4)
+    return nn.Sequential(shared, nn.Tanh(), shared)
+
+
+class SleepyForward(nn.Module):
+    """A forward that sleeps ``seconds`` (a hanging model)."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.seconds)
+        return self.layer(x)
+
+
+def sleepy(seconds: float = 60.0) -> nn.Module:
+    return SleepyForward(seconds)
+
+
+def slow_factory(seconds: float = 60.0) -> nn.Module:
+    import time
+
+    time.sleep(seconds)
+    return nn.Linear(4, 4)
+
+
+class HungryForward(nn.Module):
+    """A forward that makes a temporary of ``elements`` float32 (4 bytes each), made without a device."""
+
+    def __init__(self, elements: int = 10**9) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.elements = elements
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) + torch.ones(self.elements).sum()
+
+
+def hungry(elements: int = 10**9) -> nn.Module:
+    return HungryForward(elements)

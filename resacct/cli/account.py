@@ -24,12 +24,14 @@ as the Cruncher and MLPs; a transformers causal LM of gpt2, llama, mistral or mi
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import sys
 from typing import Any, NoReturn
 
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
-from resacct.cli.arguments import count, non_negative_float, positive_int
-from resacct.cli.output import add_json_flag, emit
+from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
+from resacct.cli.output import add_json_flag, emit, format_quantity
 from resacct.errors import ResacctError
 from resacct.facts.recipes import OPTIMIZER_CHOICES, parse_recipe
 
@@ -54,6 +56,8 @@ _EXAMPLES = """examples:
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
   resacct account --model my_pkg.models:build --input-shape 8,64 --input-dtype float32 --loss sum
       your own model on an input of that shape
+  resacct account --model my_pkg.models:build --timeout 600 --max-memory 16GiB
+      stopped after 10 minutes; refused before it runs when its predicted peak is above 16 GiB
   resacct account --hf-config llama-2-7b --recipe bf16-fp32-master
       Llama-2-7B from its config on meta: parameters, FLOPs, state, checkpoint predicted = measured
   resacct account --hf-config mixtral-8x7b --batch 1 --seq 4096
@@ -104,7 +108,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "Shipped: " + ", ".join(_hf_config_names()) + "; or a model card's config.json (needs resacct[hf])")
     parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the module:factory (repeatable)")
     parser.add_argument("--input-shape", type=_shape, default=None, metavar="N,N,…", help="input of a module:factory model, batch first (e.g. 8,64)")
-    parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
+    parser.add_argument("--input-dtype", default=None, metavar="DTYPE",
+                        help="dtype of --input-shape's tensor (default: float32); only with --input-shape — a factory's example input, "
+                             "input_ids and example_input() keep their own dtype")
     parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
                         help="loss of a module:factory model's output (default auto: the model's own .loss when it has one, e.g. a "
                              "transformers causal LM given labels, else mean; mse against zeros; cross-entropy against class 0)")
@@ -131,6 +137,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeline", default=None, metavar="PATH.png",
                         help="draw the step's memory over forward, backward, optimizer step and zero_grad: predicted (fake tensors) "
                              "and, on a CPU run, measured (allocator); the peak annotated with what is live")
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                        help="stop the run after SECONDS, exit 2, with one line naming the phase (loading, tracing and measuring, "
+                             "predicting) and your code's line; on POSIX an alarm stops Python code at once, one long C call when it returns "
+                             "(or, 10 s later, the process)")
+    parser.add_argument("--max-memory", type=byte_size, default=None, metavar="SIZE",
+                        help="refuse (exit 2) a step whose predicted peak — traced on the meta device before anything is allocated: "
+                             "parameters, gradients, optimizer state, activations, temporaries — is above SIZE (8GiB, 16GB, 512MiB). "
+                             "A check of the prediction, not an OS cap (an address-space limit counts torch's mappings, not memory; use a cgroup for that)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress line on stderr (phase, seconds) once a phase runs 2 s (default: on a terminal; elsewhere "
+                             "once a phase runs 30 s); never on stdout")
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
 
@@ -147,25 +164,25 @@ def _hf_config_names() -> list[str]:
     return list(known_hf_configs())
 
 
-def _run_hf_config(args: argparse.Namespace) -> int:
-    from resacct.account.optimizers import optimizer_display_name
+def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     from resacct.account.hf import account_hf_config
+    from resacct.account.optimizers import optimizer_display_name
+    from resacct.account.user_code import running_phase
 
     other = [flag for flag, used in (("--model", args.model != "gpt-tiny"), ("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
+                                     ("--input-dtype", args.input_dtype),
                                      ("--loss", args.loss != "auto"), ("--attention", args.attention != "math"),
                                      ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
                                      ("--measure", args.measure), ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator),
                                      ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
     if other:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
-    account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
-    fields = account.to_dict()
-    if not args.per_module:
-        fields.pop("per_module")
+    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"):
+        account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
+    _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
-    _timeline(args, account, title)
-    return emit(args, fields, "" if args.json else _render(account, per_module=args.per_module, title=title))
+    return account, title, lambda: _render(account, per_module=args.per_module, title=title)
 
 
 def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
@@ -197,7 +214,7 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
     return peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
 
 
-def _run_generic(args: argparse.Namespace) -> int:
+def _run_generic(args: argparse.Namespace) -> tuple[Any, str, Any]:
     import os
 
     from resacct.account.generic import account_named_model
@@ -212,13 +229,21 @@ def _run_generic(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
     model_args = dict(parse_model_arg(text) for text in args.model_arg)
-    account = account_named_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape, input_dtype=args.input_dtype,
-                            loss=args.loss, recipe=args.recipe, optimizer=args.optimizer, measure=args.measure)
-    fields = account.to_dict()
-    if not args.per_module:
-        fields.pop("per_module")
-    _timeline(args, account, f"{account.model}: input {tuple(account.input_shape)} {account.input_dtype}, {account.recipe} {account.optimizer}")
-    return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
+
+    def account(measure: bool | None) -> Any:
+        return account_named_model(args.model, model_args=model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape,
+                                   input_dtype=args.input_dtype or "float32", loss=args.loss, recipe=args.recipe, optimizer=args.optimizer,
+                                   measure=measure)
+
+    predicted = None
+    if args.max_memory is not None:
+        from resacct.account.model_factory import predict_named_model_peak
+
+        predicted = predict_named_model_peak(args.model, model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape,
+                                             input_dtype=args.input_dtype or "float32", loss=args.loss, recipe=args.recipe, optimizer=args.optimizer)
+    result = _within_max_memory(args, account, f"--model {args.model}", predicted)
+    title = f"{result.model}: input {tuple(result.input_shape)} {result.input_dtype}, {result.recipe} {result.optimizer}"
+    return result, title, lambda: render_account(result, per_module=args.per_module)
 
 
 def render_account(account: Any, *, per_module: bool = False) -> str:
@@ -231,61 +256,90 @@ def render_account(account: Any, *, per_module: bool = False) -> str:
 
 
 def run_account(args: argparse.Namespace) -> int:
-    from resacct.account import account_gpt
-    from resacct.training.gpt import get_gpt_config
+    """The account under the guards (``--timeout``, the progress line), then its table or JSON and
+    ``--timeline``'s picture outside them."""
+    from resacct.account.user_code import running_phase, showing_progress, stopping_after
 
     args.optimizer = args.recipe.optimizer_for(args.optimizer)  # a recipe alias such as mixed-adam pins its optimizer
+    if args.input_dtype is not None and args.input_shape is None and args.hf_config is None and ":" in args.model:
+        raise ResacctError(f"--input-dtype {args.input_dtype} applies to --input-shape's tensor; expected --input-shape N,N,… with it "
+                           "(a factory's example input, input_ids and example_input() keep their own dtype)")
     if args.timeline is not None:
         from resacct.account.timeline_plot import check_timeline_path
 
         check_timeline_path(args.timeline)  # a path that cannot be written: one line before any work
-    if args.hf_config is not None:
-        return _run_hf_config(args)
-    if ":" in args.model:
-        return _run_generic(args)
+    live = sys.stderr.isatty()
+    progress = contextlib.nullcontext() if args.progress is False else showing_progress(
+        sys.stderr, command="resacct account", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
+    with stopping_after(args.timeout, command="resacct account", hint="expected a run within the limit: raise --timeout, or a smaller "
+                        "--batch, --seq or model"), progress:
+        with running_phase("importing torch and resacct's accounting"):
+            importlib.import_module("resacct.account")  # torch: seconds on a busy machine
+        with running_phase("predicting and comparing (resacct's own work)"):  # the user's code and the builds name their own phases
+            account, title, render = _run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)
+    fields = account.to_dict()
+    if not args.per_module:
+        fields.pop("per_module")
+    _timeline(args, account, title)
+    return emit(args, fields, "" if args.json else render())
+
+
+def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
+    from resacct.account import account_gpt
+    from resacct.account.user_code import running_phase
+    from resacct.training.gpt import get_gpt_config
+
     generic_only = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
-                                            ("--input-dtype", args.input_dtype != "float32"), ("--loss", args.loss != "auto")) if used]
+                                            ("--input-dtype", args.input_dtype), ("--loss", args.loss != "auto")) if used]
     if generic_only:
         raise ResacctError(f"{', '.join(generic_only)} apply to --model module:factory; expected none of them with the GPT config {args.model!r}")
     get_gpt_config(args.model)  # unknown names: one line with close matches
     peak, source = _peak(args)
-    account = account_gpt(
-        args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
-        checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=args.measure, device=args.device,
-        time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens, devices=args.devices,
-        optimizer=args.optimizer,
-    )
-    fields = account.to_json()
-    if not args.per_module:
-        fields.pop("per_module")
-    _timeline(args, account, f"{account.model}: batch {account.batch} × seq {account.seq}, {account.recipe}, {account.attention} attention")
-    return emit(args, fields, "" if args.json else render_account(account, per_module=args.per_module))
+
+    def account(measure: bool | None) -> Any:
+        return account_gpt(
+            args.model, batch=args.batch, seq=args.seq, recipe=args.recipe, attention=args.attention,
+            checkpoint_segments=args.checkpoint_segments, grad_accum=args.grad_accum, measure=measure, device=args.device,
+            time_step=not args.no_time, peak_flops_per_sec=peak, peak_source=source, train_tokens=args.train_tokens,
+            devices=args.devices, optimizer=args.optimizer)
+
+    with running_phase(f"building, tracing, measuring and timing {args.model}"):
+        result = _within_max_memory(args, account, f"--model {args.model}")
+    title = f"{result.model}: batch {result.batch} × seq {result.seq}, {result.recipe}, {result.attention} attention"
+    return result, title, lambda: render_account(result, per_module=args.per_module)
 
 
-_SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+def _predicted_peak(account: Any) -> tuple[int, str]:
+    """The step's predicted peak in bytes and how it was found: the fake-tensor timeline of the whole
+    step (:mod:`resacct.account.peak`), else the training state at the step plus the saved activations."""
+    step_peak = getattr(account, "step_peak", None)
+    if step_peak is not None and step_peak.predicted is not None:
+        return step_peak.predicted.peak_bytes, "the step's peak traced on fake tensors"
+    return account.state.at_step_bytes + account.saved.activation_bytes, "training state at the step + saved activations, on meta"
 
 
-def format_quantity(value: float | None, unit: str) -> str:
-    """A number for the table: 4 significant digits with an SI prefix for FLOPs and bytes.
+def _check_max_memory(args: argparse.Namespace, predicted: tuple[int, str], what: str) -> None:
+    needed, how = predicted
+    if args.max_memory is not None and needed > args.max_memory:
+        raise ResacctError(f"{what}: the step is predicted to need {format_quantity(needed, 'bytes')} ({needed:,} bytes; {how}), more than "
+                           f"--max-memory {format_quantity(args.max_memory, 'bytes')} ({args.max_memory:,} bytes): refused before anything runs for real; expected a smaller "
+                           "--batch, --seq or model, or a larger --max-memory")
 
-    >>> format_quantity(874944921600, "FLOPs"), format_quantity(1432915972, "bytes"), format_quantity(16.0002, "B/param")
-    ('874.9 GFLOPs', '1.433 GB', '16.0002 B/param')
-    >>> format_quantity(6738415616, "parameters")
-    '6,738,415,616'
-    """
-    if value is None:
-        return "—"
-    if unit in ("FLOPs", "bytes", "FLOP/s"):
-        short = {"FLOPs": "FLOPs", "bytes": "B", "FLOP/s": "FLOP/s"}[unit]
-        for scale, prefix in _SCALES:
-            if abs(value) >= scale:
-                return f"{value / scale:.4g} {prefix}{short}"
-        return f"{value:.0f} {short}"
-    if unit == "B/param":
-        return f"{value:.6g} B/param"
-    if unit in ("parameters", "tensors"):
-        return f"{value:,.0f}"
-    return f"{value:.4g} {unit}".rstrip()
+
+def _within_max_memory(args: argparse.Namespace, account: Any, what: str, predicted: tuple[int | None, str] | None = None) -> Any:
+    """``account(args.measure)``; with ``--max-memory``, refused first when the step's peak is above
+    the limit: ``predicted`` (bytes, how) when given, else the account on the meta device."""
+    from resacct.account.user_code import running_phase
+
+    if args.max_memory is None:
+        return account(args.measure)
+    if predicted is not None and predicted[0] is not None:
+        _check_max_memory(args, (predicted[0], predicted[1]), what)
+        return account(args.measure)
+    with running_phase("predicting the step's memory on the meta device (--max-memory)"):
+        on_meta = account(False)
+    _check_max_memory(args, _predicted_peak(on_meta), what)
+    return on_meta if args.measure is False else account(args.measure)
 
 
 def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:

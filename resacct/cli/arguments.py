@@ -2,6 +2,8 @@
 
 >>> count("15T"), count("1,500,000"), count("1.5k")
 (15000000000000.0, 1500000.0, 1500.0)
+>>> byte_size("8GiB"), byte_size("8 GB"), byte_size("512MiB"), byte_size("1e6")
+(8589934592, 8000000000, 536870912, 1000000)
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import argparse
 import math
 import re
 
-__all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float"]
+__all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float", "byte_size", "seconds"]
 
 _SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -82,4 +84,40 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1], e.g. 0.5 for 50%")
     if value < MIN_FRACTION:
         raise argparse.ArgumentTypeError(f"{text!r} is too small for a utilisation; expected at least {MIN_FRACTION:g} (a millionth)")
+    return value
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}
+_BYTE_SIZE = re.compile(r"\s*([0-9.]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+MAX_BYTES = 2**63 - 1
+"""The largest size taken (torch counts bytes in int64)."""
+
+
+def byte_size(text: str) -> int:
+    """A memory size in bytes: ``8GiB`` (2^30), ``8GB`` or ``8G`` (10^9), ``512MiB``, ``1e9`` (bytes)."""
+    match = _BYTE_SIZE.fullmatch(text)
+    unit = match.group(2).upper() if match else ""
+    unit = unit + "B" if unit and not unit.endswith("B") else unit
+    if match is None or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size; expected a number and a unit such as 8GiB, 16GB, 512MiB "
+                                         "(KiB/MiB/GiB/TiB = 2^10.., kB/MB/GB/TB = 10^3..; no unit: bytes)")
+    try:
+        value = float(match.group(1)) * _BYTE_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size; expected a number such as 8GiB") from None
+    if not 1 <= value <= MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte and at most 2^63 − 1 bytes (8 EiB)")
+    return int(value)
+
+
+MAX_SECONDS = 366 * 86400.0
+"""The longest limit taken: a year (a timer beyond it overflows, and no step runs that long)."""
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, above 0 and at most :data:`MAX_SECONDS`: ``30``, ``1.5``, ``3600``."""
+    value = _number(text)
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be seconds above 0 and at most a year ({MAX_SECONDS:.0f})")
     return value

@@ -21,7 +21,7 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["add_json_flag", "emit", "with_caveat", "days_text", "amount_text", "count_text", "ratio_text"]
+__all__ = ["add_json_flag", "emit", "with_caveat", "days_text", "amount_text", "count_text", "ratio_text", "format_quantity"]
 
 _FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"  # 1.8e+308
 
@@ -88,3 +88,29 @@ def days_text(days: float) -> str:
     if days >= 1 / 24:
         return f"{days * 24:.3g} hours"
     return f"{days * 86400:.3g} seconds"
+
+
+_SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def format_quantity(value: float | None, unit: str) -> str:
+    """A number for the table: 4 significant digits with an SI prefix for FLOPs and bytes.
+
+    >>> format_quantity(874944921600, "FLOPs"), format_quantity(1432915972, "bytes"), format_quantity(16.0002, "B/param")
+    ('874.9 GFLOPs', '1.433 GB', '16.0002 B/param')
+    >>> format_quantity(6738415616, "parameters")
+    '6,738,415,616'
+    """
+    if value is None:
+        return "—"
+    if unit in ("FLOPs", "bytes", "FLOP/s"):
+        short = {"FLOPs": "FLOPs", "bytes": "B", "FLOP/s": "FLOP/s"}[unit]
+        for scale, prefix in _SCALES:
+            if abs(value) >= scale:
+                return f"{value / scale:.4g} {prefix}{short}"
+        return f"{value:.0f} {short}"
+    if unit == "B/param":
+        return f"{value:.6g} B/param"
+    if unit in ("parameters", "tensors"):
+        return f"{value:,.0f}"
+    return f"{value:.4g} {unit}".rstrip()

@@ -58,7 +58,21 @@ def _device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float]:
 
         board = get_accelerator(args.device)
         return board, float(board.memory_bytes)
-    return None, args.memory_gb * 1e9
+    return None, _gigabytes_in_bytes("--memory-gb", args.memory_gb)
+
+
+def _gigabytes_in_bytes(option: str, gigabytes: float) -> float:
+    """``gigabytes`` × 10^9, refused with one line when that overflows a float (``--memory-gb 1e300``)."""
+    value = gigabytes * 1e9
+    if value == float("inf"):
+        raise ResacctError(f"{option} {gigabytes:g} is too large: {gigabytes:g} × 10^9 bytes overflows a float; expected at most 1e+299 GB")
+    return value
+
+
+def _column(value_bytes: float, scale: float) -> str:
+    """A GB column: two decimals, in scientific notation from 10^7 GB on (never 300 digits)."""
+    value = value_bytes / scale
+    return f"{value:9.2f}" if abs(value) < 1e7 else f"{value:9.3g}"
 
 
 def _shape(args: argparse.Namespace) -> tuple[float, Any]:
@@ -110,7 +124,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     layout = _layout(args)
     plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                        micro_batch=args.micro_batch, layout=layout, recipe=get_sharding_recipe(args.recipe), recompute=args.recompute,
-                       device_memory_bytes=memory_bytes, reserved_bytes=args.reserve_gb * 1e9, kv_heads=args.kv_heads,
+                       device_memory_bytes=memory_bytes, reserved_bytes=_gigabytes_in_bytes("--reserve-gb", args.reserve_gb), kv_heads=args.kv_heads,
                        first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     fields = {
         "parameters": parameters, "hf_config": args.hf_config,
@@ -139,12 +153,12 @@ def _run_plan(args: argparse.Namespace) -> int:
         f"{parameters:.4g} parameters on {layout.world_size} × {where}: TP {layout.tensor}{sp} × PP {layout.pipeline} × CP {layout.context} × DP {layout.data}, "
         f"ZeRO-{layout.zero_stage}, {plan.recipe.name} ({plan.recipe.total_bytes_per_parameter:g} bytes/param between steps), recompute {args.recompute}{gqa}",
         f"  per GPU ({stage}): {plan.parameters_per_gpu:.4g} parameters",
-        f"    parameters {plan.state.parameters_bytes / scale:9.2f} {unit}",
-        f"    gradients  {plan.state.gradients_bytes / scale:9.2f} {unit}",
-        f"    optimizer  {plan.state.optimizer_state_bytes / scale:9.2f} {unit}",
-        f"    activations{plan.activation_bytes / scale:9.2f} {unit}  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
+        f"    parameters {_column(plan.state.parameters_bytes, scale)} {unit}",
+        f"    gradients  {_column(plan.state.gradients_bytes, scale)} {unit}",
+        f"    optimizer  {_column(plan.state.optimizer_state_bytes, scale)} {unit}",
+        f"    activations{_column(plan.activation_bytes, scale)} {unit}  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
         f"{plan.activation_bytes_per_sample / scale:.3g} {unit} a sequence)",
-        f"    total      {plan.total_bytes / scale:9.2f} {unit} of {plan.device_memory_bytes / scale:.4g} {unit}"
+        f"    total      {_column(plan.total_bytes, scale)} {unit} of {plan.device_memory_bytes / scale:.4g} {unit}"
         + (f" ({plan.reserved_bytes / scale:.4g} {unit} reserved)" if plan.reserved_bytes else "")
         + f" — {'fits' if plan.fits else 'does NOT fit'}",
         f"  largest micro-batch that fits{' every stage' if uneven else ''}: {plan.largest_micro_batch}"
@@ -177,22 +191,27 @@ def _approach_label(approach: int) -> str:
 
 
 def _run_optimal(args: argparse.Namespace) -> int:
-    from resacct.formulas.scaling import chinchilla_loss, chinchilla_optimum, gpu_hours, tokens_per_parameter_optimum
+    from resacct.formulas.scaling import (chinchilla_budget_warning, chinchilla_loss, chinchilla_optimum, check_whole_optimum, gpu_hours,
+                                          tokens_per_parameter_optimum)
 
     n, d = chinchilla_optimum(args.flops, args.approach)
     n20, d20 = tokens_per_parameter_optimum(args.flops, args.tokens_per_param)
+    check_whole_optimum(args.flops, n, d, f"approach {args.approach}")
+    check_whole_optimum(args.flops, n20, d20, f"{args.tokens_per_param:g} tokens per parameter",
+                        remedy="a budget" if args.tokens_per_param == 20 else f"--tokens-per-param near 20 (given {args.tokens_per_param:g}) and a budget")
+    warning = chinchilla_budget_warning(args.flops)
     fields: dict[str, Any] = {
         "training_flops": args.flops, "approach": args.approach,
         "parameters": n, "tokens": d, "loss": chinchilla_loss(n, d),
         "tokens_per_parameter": args.tokens_per_param,
-        "rule_parameters": n20, "rule_tokens": d20, "rule_loss": chinchilla_loss(n20, d20),
+        "rule_parameters": n20, "rule_tokens": d20, "rule_loss": chinchilla_loss(n20, d20), "warning": warning,
     }
     lines = [
         f"compute budget {args.flops:.4g} FLOPs (C = 6·N·D)",
         f"  {_approach_label(args.approach)}: {n:.4g} parameters × {d:.4g} tokens ({d / n:.1f} tokens/parameter),"
         f" fitted loss {fields['loss']:.3f}",
         f"  {args.tokens_per_param:g} tokens per parameter: {n20:.4g} parameters × {d20:.4g} tokens, fitted loss {fields['rule_loss']:.3f}",
-    ]
+    ] + ([f"  warning: {warning}"] if warning else [])
     if args.device is not None or args.peak is not None:
         if args.device is not None and args.peak is not None:
             raise ResacctError("give --device NAME or --peak FLOP/s, not both")

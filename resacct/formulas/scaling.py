@@ -60,6 +60,12 @@ __all__ = [
     "chinchilla_approach3_optimum",
     "tokens_per_parameter_optimum",
     "gpu_hours",
+    "CHINCHILLA_FITTED_PARAMETERS",
+    "CHINCHILLA_FITTED_TOKENS",
+    "CHINCHILLA_FITTED_MIN_FLOPS",
+    "CHINCHILLA_PROJECTED_MAX_FLOPS",
+    "chinchilla_budget_warning",
+    "check_whole_optimum",
 ]
 
 
@@ -127,6 +133,16 @@ CHINCHILLA_TABLE_A3_APPROACH3: tuple[tuple[float, float, float], ...] = (
     (175e9, 1.26e24, 12.0e12), (280e9, 3.52e25, 20.1e12), (520e9, 1.36e26, 43.5e12), (1e12, 5.65e26, 94.1e12),
     (10e12, 8.55e28, 1425.5e12),
 )
+
+#: The runs the paper fitted (Hoffmann et al. 2022, abstract and §3): "over 400 language models
+#: ranging from 70 million to over 16 billion parameters on 5 to 500 billion tokens".
+CHINCHILLA_FITTED_PARAMETERS = (70e6, 16e9)
+CHINCHILLA_FITTED_TOKENS = (5e9, 500e9)
+#: The smallest budget of a fitted run, 6 × 70M × 5B = 2.1e18 FLOPs: below it every optimum is
+#: an extrapolation downwards, which the paper never makes.
+CHINCHILLA_FITTED_MIN_FLOPS = 6 * CHINCHILLA_FITTED_PARAMETERS[0] * CHINCHILLA_FITTED_TOKENS[0]
+#: The largest budget the paper projects to itself (Table 3's and Table A3's last rows: 10T parameters).
+CHINCHILLA_PROJECTED_MAX_FLOPS = max(row[1] for row in (*CHINCHILLA_TABLE3, *CHINCHILLA_TABLE_A3_APPROACH2))
 
 #: The approaches ``resacct optimal --approach`` offers, and its default (see the module docstring).
 CHINCHILLA_APPROACHES = (1, 2, 3)
@@ -227,3 +243,35 @@ def gpu_hours(compute_flops: float, *, peak_flops_per_sec: float, mfu: float, go
     reserved time makes progress (failures, restarts, checkpoint stalls, evaluation)."""
     useful = _positive("peak_flops_per_sec", peak_flops_per_sec) * _fraction("mfu", mfu) * _fraction("goodput", goodput)
     return _positive("compute_flops", compute_flops) / useful / 3600
+
+
+def chinchilla_budget_warning(compute_flops: float) -> str | None:
+    """One line when ``compute_flops`` lies outside what the Chinchilla fits rest on, else None.
+
+    >>> chinchilla_budget_warning(5.76e23) is None
+    True
+    >>> chinchilla_budget_warning(1e10)[:62]
+    '1e+10 FLOPs is below the smallest budget the Chinchilla fits r'
+    """
+    flops = _positive("compute_flops", compute_flops)
+    fitted = (f"the paper fitted runs of 70M-16B parameters on 5B-500B tokens ({CHINCHILLA_FITTED_MIN_FLOPS:.2g} FLOPs and up) "
+              f"and projected up to {CHINCHILLA_PROJECTED_MAX_FLOPS:.3g} FLOPs (10T parameters, Tables 3 and A3)")
+    if flops < CHINCHILLA_FITTED_MIN_FLOPS:
+        return f"{flops:.4g} FLOPs is below the smallest budget the Chinchilla fits rest on: an extrapolation; {fitted}"
+    if flops > CHINCHILLA_PROJECTED_MAX_FLOPS:
+        return f"{flops:.4g} FLOPs is beyond the paper's own projections: an extrapolation; {fitted}"
+    return None
+
+
+def check_whole_optimum(compute_flops: float, parameters: float, tokens: float, what: str, remedy: str = "") -> None:
+    """Refuse an optimum of fewer than one parameter or one token: no fit means anything there.
+
+    >>> check_whole_optimum(1.0, 0.099, 1.68, "approach 1")
+    Traceback (most recent call last):
+    ...
+    resacct.errors.ResacctError: a budget of 1 FLOPs gives approach 1 0.099 parameters × 1.68 tokens, fewer than one; expected a budget of at least 2.1e+18 FLOPs, where the Chinchilla fits rest on runs of 70M-16B parameters on 5B-500B tokens
+    """
+    if parameters < 1 or tokens < 1:
+        raise ResacctError(f"a budget of {compute_flops:.4g} FLOPs gives {what} {parameters:.3g} parameters × {tokens:.3g} tokens, fewer than one; "
+                           f"expected {remedy or 'a budget'} of at least {CHINCHILLA_FITTED_MIN_FLOPS:.2g} FLOPs, where the Chinchilla fits rest on runs of "
+                           "70M-16B parameters on 5B-500B tokens")
