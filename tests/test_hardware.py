@@ -260,7 +260,8 @@ def test_gb200_is_half_a_superchip_and_derived():
 # --- boards with third-party figures only (no vendor document could be read) ----------------------
 
 THIRD_PARTY = {  # name: (aliases and CUDA names that must resolve to it, {format: dense TFLOP/s}, memory bytes, bandwidth bytes/s)
-    "h800-sxm": (["h800", "H800 SXM5", "NVIDIA H800 80GB HBM3", "NVIDIA H800 80GB HBM3 MIG 1g.10gb"], {"fp8": 1979, "fp64": 1}, 80e9, 3.35e12),
+    "h800-sxm": (["h800", "H800 SXM5", "NVIDIA H800 80GB HBM3", "NVIDIA H800 80GB HBM3 MIG 1g.10gb"], {"bf16": 990, "fp8": 1979, "fp64": 1}, 80e9,
+                 3.35e12),
     "h20": (["h20", "h20-96gb", "NVIDIA H20", "NVIDIA H20 MIG 1g.12gb"], {"fp16": 148, "fp8": 296, "int8": 296, "tf32": 74, "fp32": 44, "fp64": 1},
             96e9, 4.0e12),
     "v100-pcie-16gb": (["v100-pcie", "Tesla V100-PCIE-16GB"], {"fp16": 112, "fp32": 14, "fp64": 7}, 16e9, 0.9e12),
@@ -290,10 +291,13 @@ def test_vendor_boards_carry_no_third_party_caveat():
 
 
 def test_third_party_formats_no_page_prints_are_refused_not_guessed():
-    # No cited page prints a bf16 figure for the H800 or H20: resacct does not borrow the H100's.
-    for name in ("h800", "h20"):
-        with pytest.raises(ResacctError, match=r"has no bf16 peak in the table \(its source prints none"):
-            peak_flops_per_sec(name, "bf16")
+    # No cited page prints a bf16 figure for the H20: resacct does not borrow the H100's. (The H800's
+    # bf16 990 is DeepSeek's own figure, cited; its fp16 is still refused.)
+    with pytest.raises(ResacctError, match=r"has no bf16 peak in the table \(its source prints none"):
+        peak_flops_per_sec("h20", "bf16")
+    with pytest.raises(ResacctError, match=r"has no fp16 peak in the table \(its source prints none"):
+        peak_flops_per_sec("h800", "fp16")
+    assert peak_flops_per_sec("h800", "bf16") == 990e12
     assert peak_flops_per_sec("mi325x", "fp8", sparse=True) == 5229.8e12  # the page's "FP8 with sparsity"
     with pytest.raises(ResacctError, match="no structured-sparsity peak"):
         peak_flops_per_sec("mi325x", "bf16", sparse=True)

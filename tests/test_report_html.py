@@ -26,12 +26,14 @@ def _record(claim_id: str, area: str, outcome: str, line: int, **extra) -> dict:
 def _document(**run) -> dict:
     claims = [
         _record("matmul-2mkn", "flops", "holds", 3, law="2*m*k*n", law_value=120, measured=120, inputs={"m": 2, "k": 3, "n": 10},
-                forall={"m": "dim"}, examples=40, example="worst", deviation=0.0),
-        _record("step-6nd", "flops", "refuted", 12, law="6*batch*params", law_value=432, measured=368, truth="autograd skips dx of layer one"),
-        _record("gpt3-ffn-gb", "memory", "refuted", 7, law="2300000000.0", law_value=2.3e9, measured=2415919104, truth="2.42 GB"),
-        _record("h100-peak", "memory", "skipped", 9, message="needs a CUDA GPU"),
+                forall={"m": "dim"}, examples=40, example="worst", deviation=0.0, evidence="measured"),
+        _record("step-6nd", "flops", "refuted", 12, law="6*batch*params", law_value=432, measured=368, truth="autograd skips dx of layer one",
+                evidence="measured"),
+        _record("gpt3-ffn-gb", "memory", "refuted", 7, law="2300000000.0", law_value=2.3e9, measured=2415919104, truth="2.42 GB",
+                evidence="arithmetic"),
+        _record("h100-peak", "memory", "skipped", 9, message="needs a CUDA GPU", evidence="published"),
         _record("adam-16-bytes", "memory", "failed", 20, law="16*params", law_value=160, measured=120, predicted=120,
-                message="specs/memory.claims.yaml:20: claim 'adam-16-bytes' does not hold"),
+                message="specs/memory.claims.yaml:20: claim 'adam-16-bytes' does not hold", evidence="measured"),
     ]
     return {"environment": {"torch": "2.13.0", "device": "cpu"}, "claims": claims, "run": {"rootdir": ROOT, "complete": True, **run}}
 
@@ -49,6 +51,24 @@ def test_the_page_has_counts_filters_search_and_links():
     assert "6*batch*params = 432" in page  # the law's value beside its formula
     assert "40 examples, every one exact; the first: m=2, k=3, n=10" in page
     assert 'class="partial"' not in page and "roofline" not in page.split("<script>")[0].split("<nav>")[1].split("</nav>")[0]
+
+
+def test_the_page_counts_the_evidence_per_area_and_shows_and_filters_it_per_claim():
+    page = render_html(_document())
+    assert "<th>invalid</th><th " in page and ">measured</th><th " in page and ">published</th><th " in page and ">arithmetic</th></tr>" in page
+    everything = "holds,refuted,skipped,inconclusive,failed,invalid"
+    assert re.search(rf'>memory</a></td>(<td>.*?</td>){{6}}<td class="kind"><a href="#status={everything}&amp;area=memory&amp;evidence=measured">1</a></td>'
+                     rf'<td class="kind"><a href="#status={everything}&amp;area=memory&amp;evidence=published">1</a></td>'
+                     rf'<td class="kind"><a href="#status={everything}&amp;area=memory&amp;evidence=arithmetic">1</a></td></tr>', page)
+    assert "<tr><th>total</th><th>1</th><th>2</th><th>1</th><th>0</th><th>1</th><th>0</th><th>3</th><th>1</th><th>1</th></tr>" in page
+    assert ('<select id="evidence"><option value="">any evidence</option><option value="measured">measured (3)</option>'
+            '<option value="published">published (1)</option><option value="arithmetic">arithmetic (1)</option></select>') in page
+    row = page[page.index('<tr data-outcome="refuted" data-area="memory" data-evidence="arithmetic">'):]
+    row = row[:row.index("</tr>")]
+    assert '<div class="note">computed</div>' in row and '<span class="evidence arithmetic" title="resacct&#x27;s own arithmetic' in row
+    assert "Evidence, what decides a claim: <b>measured</b>: PyTorch ran it" in page
+    unstated = render_html({**_document(), "claims": [dict(record, evidence="<b>bold</b>") for record in _document()["claims"]]})
+    assert "<b>bold</b>" not in unstated and unstated.count('data-evidence="unstated"') == 5 and ">unstated</th>" in unstated
 
 
 def test_the_roofline_is_inlined_and_a_partial_run_says_so():
@@ -75,6 +95,8 @@ area.value = ""; area.dispatchEvent(new Event("change")); statuses(["refuted", "
 statuses(["holds", "refuted", "skipped", "failed", "invalid"]); search.value = "AUTOGRAD";
 search.dispatchEvent(new Event("input")); results.push(visible());
 results.push([location.hash, document.getElementById("shown").textContent]);
+const evidence = document.getElementById("evidence"); search.value = ""; search.dispatchEvent(new Event("input"));
+evidence.value = "arithmetic"; evidence.dispatchEvent(new Event("change")); results.push(visible());
 document.body.insertAdjacentHTML("beforeend", "<pre id='results'>" + JSON.stringify(results) + "</pre>");
 </script></body>"""
 
@@ -87,8 +109,9 @@ def test_the_filters_filter_in_a_headless_browser(tmp_path):
                          capture_output=True, text=True, timeout=120, check=True).stdout
     found = re.search(r"<pre id=\"results\">(.*)</pre>", dom)
     assert found, dom[:3000]
-    loaded, refuted_or_failed, searched, (fragment, shown) = json.loads(html.unescape(found.group(1)))
+    loaded, refuted_or_failed, searched, (fragment, shown), arithmetic = json.loads(html.unescape(found.group(1)))
     assert loaded == ["gpt3-ffn-gb"]
     assert refuted_or_failed == ["step-6nd", "gpt3-ffn-gb", "adam-16-bytes"]
     assert searched == ["step-6nd"]  # the search is case-blind and reads every cell (here the truth)
-    assert fragment == "#status=holds%2Crefuted%2Cskipped%2Cfailed%2Cinvalid&area=&q=AUTOGRAD" and shown == "1"
+    assert fragment == "#status=holds%2Crefuted%2Cskipped%2Cfailed%2Cinvalid&area=&evidence=&q=AUTOGRAD" and shown == "1"
+    assert arithmetic == ["gpt3-ffn-gb"]  # the evidence filter

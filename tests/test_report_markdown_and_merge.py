@@ -29,7 +29,7 @@ def _report(**changes) -> dict:
 def _hostile_report(text: str) -> dict:
     record = {"id": f"id {text}", "area": f"area {text}", "says": text, "outcome": "refuted", "truth": text, "source": text,
               "law": f"2*m {text}", "law_value": 3, "measured": text, "path": f"specs/{text}.claims.yaml", "line": 3,
-              "inputs": {"m": text}, "message": text}
+              "inputs": {"m": text}, "message": text, "evidence": text}
     failed = dict(record, id=f"failed {text}", outcome="failed")
     return {"environment": {"torch": f"2.13.0 {text}", "device": text, "device_name": text, "python": text},
             "run": {"complete": False, "interrupted": False, "selection": {"areas": [text], "pattern": text}},
@@ -91,7 +91,35 @@ def test_markdown_reports_show_spec_and_report_text_as_text(text):
                 assert line.endswith("|")
     _table_rows_are_whole(render_markdown(document))
     claims_rows = [line for line in render_markdown(document).splitlines() if line.startswith("| id ") or line.startswith("| failed ")]
-    assert len(claims_rows) == 2 and all(len(re.findall(r"(?<!\\)\|", row)) == 8 for row in claims_rows), claims_rows
+    assert len(claims_rows) == 2 and all(len(re.findall(r"(?<!\\)\|", row)) == 9 for row in claims_rows), claims_rows
+    assert all(" | unstated | " in row for row in claims_rows)  # an evidence that is not a kind is never shown as given
+
+
+def _claims_of_each_evidence() -> dict:
+    claims = [{"id": f"c{index}", "area": area, "outcome": outcome, "evidence": evidence, "says": "s", "measured": 1, "truth": "t"}
+              for index, (area, outcome, evidence) in enumerate([
+                  ("napkin", "holds", "measured"), ("napkin", "refuted", "arithmetic"), ("napkin", "holds", "published"),
+                  ("scale", "refuted", "published"), ("scale", "holds", "published")])]
+    return {"environment": {"torch": "2.13.0", "device": "cpu"}, "claims": claims}
+
+
+def test_report_md_counts_the_evidence_per_area_and_names_it_per_claim():
+    markdown = render_markdown(_claims_of_each_evidence())
+    assert "**3 holds, 2 refuted, 0 skipped, 0 inconclusive, 0 failed, 0 invalid** — evidence: 1 measured · 3 published · 1 arithmetic" in markdown
+    assert "| area | holds | refuted | skipped | inconclusive | failed | invalid | measured | published | arithmetic |" in markdown
+    assert "| napkin | 2 | 1 | 0 | 0 | 0 | 0 | 1 | 1 | 1 |" in markdown and "| scale | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 2 | 0 |" in markdown
+    assert "3 claims, by evidence: 1 measured · 1 published · 1 arithmetic." in markdown
+    assert "| c1<br>`?:?` | s |  | — | 1 | arithmetic | refuted | t |" in markdown
+    assert "**arithmetic**: resacct's own arithmetic over the inputs; nothing measured" in markdown
+    _table_rows_are_whole(markdown)
+
+
+def test_errata_say_what_refuted_each_claim():
+    errata = render_errata_markdown(_claims_of_each_evidence())
+    assert "2 statements of the lecture write-ups are false: 1 by a published figure, 1 by arithmetic (" in errata
+    c1 = errata[errata.index("## c1"):errata.index("## c3")]
+    assert "- **Computed:** 1" in c1 and "- **Evidence:** arithmetic" in c1
+    assert "- **Published:** 1" in errata[errata.index("## c3"):] and "- **Evidence:** published" in errata[errata.index("## c3"):]
 
 
 @pytest.mark.parametrize("text", HOSTILE)

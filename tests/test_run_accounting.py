@@ -104,7 +104,8 @@ def test_cli_device_hours_round_trip_through_the_printed_mfu(capsys) -> None:
     first = _json(capsys, [*base, "--device-hours", "2.664M", "--cost-per-device-hour", "2"])
     assert first["model_flops_per_token"] == 6 * 37e9
     assert first["cost"] == pytest.approx(2 * 2.664e6, rel=1e-15)
-    assert first["mfu_by_peak_format"] == {"fp8": first["mfu"]}
+    # the H800 has an fp8 and (third-party) bf16 peak: the same run is quoted against both
+    assert first["mfu_by_peak_format"] == {"fp8": first["mfu"], "bf16": pytest.approx(first["mfu"] * 1979 / 990)}
     back = _json(capsys, [*base, "--mfu", repr(first["mfu"])])
     assert back["device_hours"] == pytest.approx(2.664e6, rel=4e-16)  # the printed MFU is a float: one rounding
 
@@ -139,7 +140,7 @@ def test_cli_json_is_strict_and_null_without_price(capsys) -> None:
     (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "1.4"], "'1.4' must be in (0, 1]"),
     (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--goodput", "0"], "'0' must be in (0, 1]"),
     (["--params", "7B", "--active-params", "8B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4"], "is more than --params"),
-    (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--device", "h800"], "h800-sxm has no bf16 peak"),
+    (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--device", "h20"], "h20 has no bf16 peak"),
     (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--convention", "attention"], "needs --layers, --attention-width, --seq"),
     (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--recompute", "selective"], "--recompute selective"),
     (["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--device", "h100", "--peak", "1e15"], "not both"),
@@ -161,3 +162,23 @@ def test_help_has_an_example(command, capsys) -> None:
 def test_recipe_takes_custom_bytes(capsys) -> None:
     fields = _json(capsys, ["--params", "7B", "--tokens", "1T", "--devices", "8", "--mfu", "0.4", "--recipe", "2+2+12"])
     assert (fields["recipe"], fields["training_state_bytes"]) == ("2+2+12", 16 * 7e9)
+
+
+def test_boards_added_for_published_runs() -> None:
+    """Gaudi 2 (Intel's Hot Chips 2024 table, read in a transcription: derived) and the H800's bf16
+    (DeepSeek's FlashMLA figure: third-party) give a run its peak; the H800's is flagged."""
+    from resacct.facts.hardware import accelerators, peak_flops_per_sec
+
+    assert peak_flops_per_sec("gaudi2", "bf16") == 432e12 and accelerators()["gaudi2"].confidence == "derived"
+    assert peak_flops_per_sec("h800", "bf16") == 990e12 and accelerators()["h800-sxm"].confidence == "third-party"
+    flops = flops_per_token(37e9)
+    run = account_run(flops, tokens=14.8e12, devices=2048, peak_flops_per_sec=peak_flops_per_sec("h800", "bf16"),
+                      given="device_hours", value=2.664e6)
+    assert run.mfu_against(peak_flops_per_sec("h800", "fp8")) * 2 == pytest.approx(float(run.mfu), rel=1e-3)  # 1979 vs 990
+
+
+def test_cli_h800_bf16_run_carries_the_third_party_note(capsys) -> None:
+    assert main(["run", "--params", "671B", "--active-params", "37B", "--tokens", "14.8T", "--devices", "2048", "--device", "h800",
+                 "--device-hours", "2.664M"]) == 0
+    out = capsys.readouterr().out
+    assert "third-party" in out

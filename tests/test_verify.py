@@ -75,6 +75,7 @@ def test_default_output_lists_only_what_does_not_hold(specs_dir, tmp_path, capsy
     assert lines[0].startswith("machine: ") and "bf16 matmul: " in lines[0]  # the kind of machine, first
     assert lines[1].split() == ["area", "holds", "refuted", "skipped", "failed"]
     assert lines[2].split() == ["devices", "1", "0", "4", "0"] and lines[3].split() == ["storage", "2", "1", "0", "0"]
+    assert lines[5] == "evidence: 8 measured"  # what decides the claims: every check here ran torch
     assert "REFUTED (1)" in out
     assert "  three-indices-on-2d-is-view: equals True; measured IndexError: too many indices" in out
     assert "    x is 2-D, so x[:, 1, :] raises" in out  # its truth
@@ -87,11 +88,17 @@ def test_default_output_lists_only_what_does_not_hold(specs_dir, tmp_path, capsy
     assert document["run"]["complete"] is True
     markdown = (report_dir / "report.md").read_text()
     assert "| three-indices-on-2d-is-view<br>`specs/storage.claims.yaml:17` |" in markdown
-    assert "| storage | 2 | 1 | 0 | 0 | 0 |" in markdown
+    assert "| storage | 2 | 1 | 0 | 0 | 0 | 0 | 3 | 0 | 0 |" in markdown  # outcomes, then measured, published, arithmetic
+    assert " | measured | refuted | " in markdown  # each claim's evidence beside its status
+    assert {record["evidence"] for record in document["claims"]} == {"measured"}
+    assert document["evidence"]["total"] == {"measured": 8, "published": 0, "arithmetic": 0}
+    assert document["evidence"]["by_area"]["storage"] == {"measured": 3, "published": 0, "arithmetic": 0}
     errata = (report_dir / "errata.md").read_text()
     assert "IndexError" in errata and "004_1aa12c422fdb4fbd.txt" in errata and "PARTIAL" not in errata
+    assert "- **Evidence:** measured" in errata
     page = (report_dir / "report.html").read_text()
     assert page.startswith("<!doctype html>") and '<table class="claims">' in page and 'id="errata"' in page
+    assert page.count('data-evidence="measured"') == 8
 
 
 @pytest.mark.slow
@@ -343,9 +350,10 @@ def test_docstring_examples_of_the_report_modules():
 
     import resacct.harness.report
     import resacct.reporting.documents
+    import resacct.reporting.evidence
     import resacct.reporting.terminal
 
-    for module in (resacct.harness.report, resacct.reporting.documents, resacct.reporting.terminal):
+    for module in (resacct.harness.report, resacct.reporting.documents, resacct.reporting.evidence, resacct.reporting.terminal):
         failed, attempted = doctest.testmod(module)
         assert attempted > 0 and failed == 0, module.__name__
 
@@ -356,6 +364,7 @@ def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_line
     the real run prints), and the default output must stay within 100 columns and 150 lines."""
     import yaml
 
+    from resacct.harness.registry import get_check
     from resacct.reporting.terminal import render_summary
 
     records = []
@@ -365,6 +374,7 @@ def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_line
             outcome = "skipped" if "gpu" in (spec.get("marks") or []) else spec.get("status", "holds")
             records.append({
                 "id": spec["id"], "area": data["area"], "path": f"specs/{path.name}", "line": line, "outcome": outcome,
+                "evidence": get_check(spec["measure"]).evidence,
                 "says": spec["says"], "law": None if spec.get("law") is None else str(spec["law"]),
                 "law_value": None if spec.get("law") is None else 764558180352,
                 "forall": spec.get("forall") or {}, "expect": spec.get("expect"), "truth": spec.get("truth"),
@@ -381,6 +391,32 @@ def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_line
     assert len(listed) == refuted or more == [f"  … and {refuted - len(listed)} more refuted: resacct verify --status refuted, or errata.md"]
     assert max(len(line) for line in lines) <= 100
     assert len(lines) < 150, f"{len(lines)} lines for {len(records)} claims ({refuted} refuted)"
+    evidence = lines.index(next(line for line in lines if line.startswith("evidence: ")))
+    assert lines[evidence - 1].startswith("total ") and " published · " in lines[evidence] and "arithmetic only" in lines[evidence]
+    assert "napkin " in " ".join(lines[evidence + 1:evidence + 5]) and "other " in " ".join(lines[evidence + 1:evidence + 5])
+
+
+def test_the_evidence_of_each_claim_is_counted_per_area_and_names_its_value():
+    """Issue 26: a reader sees what decides each claim — counted per area under the table, and a
+    claim decided by resacct's arithmetic shows a *computed* value, not a *measured* one."""
+    from resacct.reporting.terminal import claim_lines, render_summary
+
+    def record(claim_id: str, area: str, evidence: str | None, outcome: str = "holds") -> dict:
+        return {"id": claim_id, "area": area, "outcome": outcome, "evidence": evidence, "law": "4.377e22", "law_value": 4.377e22,
+                "measured": 8.755e22, "truth": "the sparse peak", "path": f"specs/{area}.claims.yaml", "line": 3}
+
+    records = [record("a", "flops", "measured"), record("b", "flops", "measured"), record("c", "napkin", "measured"),
+               record("d", "napkin", "published"), record("e", "napkin", "arithmetic", "refuted"), record("f", "scale", None)]
+    lines = render_summary({"environment": {}, "claims": records}).splitlines()
+    start = lines.index("evidence: 3 measured · 1 published · 1 arithmetic only · 1 unstated")
+    assert lines[start - 1].startswith("total ")
+    assert lines[start + 1] == "  napkin 1m 1p 1a · scale 1u (m measured, p published, a arithmetic, u unstated); the other area:"
+    assert lines[start + 2] == "  measured only"
+    assert claim_lines(records[4], verbose=True)[0] == "  e: 4.377e22; computed 8.755e+22"
+    assert claim_lines(dict(records[4], evidence="published"))[0] == "  e: 4.377e22; published 8.755e+22"
+    assert claim_lines(records[0])[0] == "  a: 4.377e22; measured 8.755e+22"
+    only_measured = render_summary({"environment": {}, "claims": records[:3]}).splitlines()
+    assert "evidence: 3 measured" in only_measured and not any(line.startswith("  flops ") for line in only_measured)
 
 
 def test_many_refuted_claims_get_one_line_each_to_keep_the_default_short():

@@ -45,7 +45,7 @@ def _tokens(config: GPTConfig, batch: int, seq: int, device: str) -> tuple[torch
     return tokens.to(device), targets.to(device)
 
 
-@check("account.gpt_parameters", quantities=("state_dict_elements",))
+@check("account.gpt_parameters", evidence="measured", quantities=("state_dict_elements",))
 def gpt_parameters(model: str) -> Outcome:
     """Parameters of a resacct.training.gpt model built on the meta device, each storage once
     (``model.parameters()`` skips the tied LM head); the state_dict's elements (which list the
@@ -71,7 +71,7 @@ def _traced_step(model: str, batch: int, seq: int, attention: str, device: str, 
     return trace.forward_flops, trace.backward_flops, parameter_count(net), trace.attention_recompute_flops
 
 
-@check("account.gpt_step_flops", quantities=_FLOP_QUANTITIES)
+@check("account.gpt_step_flops", evidence="measured", quantities=_FLOP_QUANTITIES)
 def gpt_step_flops(model: str, batch: int, seq: int, phase: str = "step", attention: str = "math", device: str = "meta",
                    fill_tracer_gaps: bool = False) -> Outcome:
     """FLOPs FlopCounterMode traces in one forward (+ cross-entropy) and backward of a GPT on
@@ -102,7 +102,7 @@ def gpt_step_flops(model: str, batch: int, seq: int, phase: str = "step", attent
     )
 
 
-@check("account.gpt_training_state", quantities=("params", "parameter_tensors", "step_counter_bytes"))
+@check("account.gpt_training_state", evidence="measured", quantities=("params", "parameter_tensors", "step_counter_bytes"))
 def gpt_training_state(model: str, recipe: str, moment: str, include_step_counters: bool = True, device: str = "cpu") -> Outcome:
     """Bytes of distinct storages a real torch.optim.AdamW run of a GPT holds under ``recipe``
     (bf16 model copy + fp32 master + fp32 AdamW state for the master recipes), during its second
@@ -126,7 +126,7 @@ def gpt_training_state(model: str, recipe: str, moment: str, include_step_counte
 _ACTIVATION_QUANTITIES = ("hidden", "heads", "layers", "element_bytes", "stats_bytes", "vocab")
 
 
-@check("account.gpt_saved_activations", quantities=_ACTIVATION_QUANTITIES)
+@check("account.gpt_saved_activations", evidence="measured", quantities=_ACTIVATION_QUANTITIES)
 def gpt_saved_activations(model: str, batch: int, seq: int, scope: str = "all", dtype: str = "float32", attention: str = "math",
                           device: str = "cpu") -> Outcome:
     """Bytes autograd saves for backward (``saved_tensors_hooks``, distinct storages, parameters
@@ -154,7 +154,7 @@ def gpt_saved_activations(model: str, batch: int, seq: int, scope: str = "all", 
         "stats_bytes": layer_norm_stats_bytes(element, device), "vocab": config.vocab_size})
 
 
-@check("account.bytes_per_parameter", quantities=("params", "state_bytes", "activation_bytes"))
+@check("account.bytes_per_parameter", evidence="measured", quantities=("params", "state_bytes", "activation_bytes"))
 def bytes_per_parameter(model: str, batch: int, seq: int, recipe: str) -> Outcome:
     """(training state at the optimizer step + activations saved for backward) ÷ parameters of a
     GPT on the meta device: the state from a real torch.optim.AdamW under ``recipe``, the
@@ -180,7 +180,7 @@ def bytes_per_parameter(model: str, batch: int, seq: int, recipe: str) -> Outcom
     )
 
 
-@check("account.optimizer_step_transient", quantities=("params", "largest_tensor"))
+@check("account.optimizer_step_transient", evidence="measured", quantities=("params", "largest_tensor"))
 def optimizer_step_transient(model: str, foreach: bool) -> Outcome:
     """The CPU allocator's peak inside the second torch.optim.AdamW step of a float32 GPT, above
     what existed just before it (traced with torch.profiler, profile_memory=True)."""
@@ -200,7 +200,7 @@ def optimizer_step_transient(model: str, foreach: bool) -> Outcome:
 # ───────────────────────────── checkpointing and accumulation ─────────────────────────────
 
 
-@check("account.gpu_step_peak", quantities=("params", "saved_bytes", "logit_gradient_bytes"))
+@check("account.gpu_step_peak", evidence="measured", quantities=("params", "saved_bytes", "logit_gradient_bytes"))
 def gpu_step_peak(model: str, batch: int, seq: int) -> Outcome:
     """``torch.cuda.max_memory_allocated`` over a float32 GPT forward + backward on GPU 0, above
     what was allocated before it (parameters; gradients start at None; second run); what
@@ -227,7 +227,7 @@ def gpu_step_peak(model: str, batch: int, seq: int) -> Outcome:
                                "logit_gradient_bytes": 2 * batch * seq * config.vocab_size * 4})
 
 
-@check("account.gpu_step_time_over_flops_floor", quantities=("step_sec", "step_flops", "peak_flops_per_sec", "mfu"), timing=True)
+@check("account.gpu_step_time_over_flops_floor", evidence="measured", quantities=("step_sec", "step_flops", "peak_flops_per_sec", "mfu"), timing=True)
 def gpu_step_time_over_flops_floor(model: str, batch: int, seq: int) -> Outcome:
     """Median seconds of a float32 GPT training step (forward, backward, AdamW; TF32 off) on
     GPU 0, timed with CUDA events (:func:`resacct.measurement.perf.time_callable`), ÷ the
@@ -269,7 +269,7 @@ def gpu_step_time_over_flops_floor(model: str, batch: int, seq: int) -> Outcome:
 # ── Linear / activation stacks (Cruncher, MLP): resacct's formula against saved_tensors_hooks ──
 
 
-@check("account.stack_saved_activations", quantities=("params",))
+@check("account.stack_saved_activations", evidence="measured", quantities=("params",))
 def stack_saved_activations(model: str, batch: int, dim: int, layers: int, hidden: int = 0, activation: str = "gelu") -> Outcome:
     """Bytes autograd saves for backward (``saved_tensors_hooks``, distinct storages, parameters
     left out) in one float32 forward + mean loss of a Cruncher (``layers`` D×D layers) or an MLP

@@ -67,7 +67,7 @@ def _unsegmented_measurements(layers: int, batch: int, seq: int) -> tuple[int, i
     return layer_bytes, boundary.untyped_storage().nbytes(), _held_after_forward(net, tokens, targets, 0)
 
 
-@check("account.checkpoint_freed_bytes", quantities=("layer_bytes", "boundary_bytes", "rng_bytes"))
+@check("account.checkpoint_freed_bytes", evidence="measured", quantities=("layer_bytes", "boundary_bytes", "rng_bytes"))
 def checkpoint_freed_bytes(layers: int, segments: int, batch: int = 2, seq: int = 32) -> Outcome:
     """Bytes the CPU allocator no longer holds after a forward when the layers of a narrow GPT
     are checkpointed in ``segments`` segments (torch.utils.checkpoint, use_reentrant=False):
@@ -100,7 +100,7 @@ def _backward_flops_and_modules(layers: int, batch: int, seq: int, segments: int
     return int(backward_counter.get_total_flops()), modules
 
 
-@check("account.checkpoint_recompute_flops", quantities=("layer_forward_flops", "down_projection_flops"))
+@check("account.checkpoint_recompute_flops", evidence="measured", quantities=("layer_forward_flops", "down_projection_flops"))
 def checkpoint_recompute_flops(layers: int, segments: int, batch: int = 2, seq: int = 32) -> Outcome:
     """Backward FLOPs with ``segments`` checkpoint segments − without (FlopCounterMode), for a
     narrow GPT on the meta device; the forward FLOPs of one layer and of its MLP down
@@ -116,7 +116,7 @@ def checkpoint_recompute_flops(layers: int, segments: int, batch: int = 2, seq: 
 _SEGMENT_CHOICES = (1, 2, 4, 8, 16)
 
 
-@check("account.checkpoint_best_segments", quantities=("layers", "peaks_bytes"))
+@check("account.checkpoint_best_segments", evidence="measured", quantities=("layers", "peaks_bytes"))
 def checkpoint_best_segments(model: str, layers: int = 16) -> Outcome:
     """The number of checkpoint segments k ∈ {1, 2, 4, 8, 16} (divisors of L = 16) whose
     forward + backward has the lowest CPU-allocator peak: for a narrow GPT (``gpt``: a layer
@@ -162,7 +162,7 @@ def _accumulation(micro_batch: int, steps: int, model: str, seq: int) -> tuple[i
     return accumulated.max_micro_held_bytes, single, accumulated.effective_batch_held_bytes
 
 
-@check("account.grad_accumulation_held", quantities=("single_micro_batch_bytes", "effective_batch_bytes", "steps"))
+@check("account.grad_accumulation_held", evidence="measured", quantities=("single_micro_batch_bytes", "effective_batch_bytes", "steps"))
 def grad_accumulation_held(micro_batch: int, steps: int, model: str = "gpt-nano", seq: int = 32) -> Outcome:
     """The most the CPU allocator holds after any micro-batch's forward while ``steps``
     micro-batches of ``micro_batch`` sequences accumulate gradients (loss / steps, backward after

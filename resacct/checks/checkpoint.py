@@ -116,7 +116,7 @@ def _load(saved_as: str, path: Path, model: Cruncher, optimizer: torch.optim.Opt
         load_checkpoint(path, model=model, optimizer=optimizer if saved_as == "resacct" else None, data=sampler)
 
 
-@check("checkpoint.resume_is_exact")
+@check("checkpoint.resume_is_exact", evidence="measured")
 def resume_is_exact(saved_as: str, sampler: str, steps_before: int = 3, steps_after: int = 3) -> Outcome:
     """Train a Cruncher with AdamW, batches drawn by ``sampler``; save after ``steps_before``
     steps as ``saved_as``; start a fresh "process" (seed everything as at start, rebuild model
@@ -147,7 +147,7 @@ def _trained_model_and_optimizer() -> tuple[Cruncher, torch.optim.Optimizer]:
     return model, optimizer
 
 
-@check("checkpoint.torch_load_with_defaults")
+@check("checkpoint.torch_load_with_defaults", evidence="measured")
 def torch_load_with_defaults(content: str) -> Outcome:
     """``torch.save`` a checkpoint holding ``content`` (``lecture-003-dict``: model and optimizer
     state; ``with-numpy-rng-state``: plus ``np.random.get_state()`` and ``random.getstate()``;
@@ -198,7 +198,7 @@ class _CrashingTensor(torch.Tensor):
         raise _SimulatedCrash("the job died while the checkpoint was being written")
 
 
-@check("checkpoint.previous_survives_crash_while_saving")
+@check("checkpoint.previous_survives_crash_while_saving", evidence="measured")
 def previous_survives_crash_while_saving(writer: str) -> Outcome:
     """Save a checkpoint at step 1; then save step 2 to the same path and make ``torch.save``
     fail half-way (an object whose pickling raises). ``writer``: ``torch.save`` (the lecture's

@@ -38,7 +38,7 @@ def sparse_token_file(path: Path, token_count: int, dtype: str = "uint16") -> in
     return size
 
 
-@check("data.resident_growth_fraction", quantities=("file_bytes", "growth_bytes"))
+@check("data.resident_growth_fraction", evidence="measured", quantities=("file_bytes", "growth_bytes"))
 def resident_growth_fraction(file_megabytes: int, reader: str, batches: int = 10, batch_size: int = 8, context_length: int = 256) -> Outcome:
     """Growth of resident memory (VmRSS), as a fraction of the file size, when ``reader``
     touches a sparse token file: ``memmap`` = ``read_tokens`` + ``batches`` calls of
@@ -75,7 +75,7 @@ def _token_count(token_count: int | None, context_length: int, extra_tokens: int
     return token_count if token_count is not None else context_length + extra_tokens  # type: ignore[operator]
 
 
-@check("data.window_starts", quantities=("token_count", "highest_target_position", "lowest_start"))
+@check("data.window_starts", evidence="measured", quantities=("token_count", "highest_target_position", "lowest_start"))
 def window_starts(
     context_length: int,
     token_count: int | None = None,
@@ -107,7 +107,7 @@ def window_starts(
     )
 
 
-@check("data.lecture_sampling_code", quantities=("full_windows",))
+@check("data.lecture_sampling_code", evidence="measured", quantities=("full_windows",))
 def lecture_sampling_code(token_count: int, seq_len: int, batch_size: int = 4000, upper_bound_extra: int = 0, seed: int = 0) -> Outcome:
     """Runs the lecture's sampling code verbatim on a memmap of tokens 0 … n−1::
 
@@ -133,7 +133,7 @@ def lecture_sampling_code(token_count: int, seq_len: int, batch_size: int = 4000
     return Outcome(measured=distinct, predicted=window_start_count(token_count, seq_len), quantities={"full_windows": full / batch_size})
 
 
-@check("data.targets_are_next_tokens")
+@check("data.targets_are_next_tokens", evidence="measured")
 def targets_are_next_tokens(
     context_length: int, batch_size: int, token_count: int | None = None, extra_tokens: int | None = None, seed: int = 0
 ) -> Outcome:
@@ -150,7 +150,7 @@ def targets_are_next_tokens(
     return Outcome(measured=holds, predicted=True)
 
 
-@check("data.batch_dtype")
+@check("data.batch_dtype", evidence="measured")
 def batch_dtype(file_dtype: str = "uint16") -> Outcome:
     """The dtype of the tensors ``get_batch`` returns for a token file of ``file_dtype``."""
     x, y = get_batch(np.arange(64, dtype=file_dtype), 2, 8, generator=torch.Generator().manual_seed(0))
@@ -158,7 +158,7 @@ def batch_dtype(file_dtype: str = "uint16") -> Outcome:
     return Outcome(measured=str(x.dtype).removeprefix("torch."), predicted="int64")
 
 
-@check("data.memmap_reinterpreted")
+@check("data.memmap_reinterpreted", evidence="measured")
 def memmap_reinterpreted(first: int, second: int, written_as: str = "uint16", read_as: str = "int32") -> Outcome:
     """Token ids [first, second] written raw as ``written_as``, mapped back with ``np.memmap``
     as ``read_as``: the first value numpy hands out."""
@@ -171,13 +171,13 @@ def memmap_reinterpreted(first: int, second: int, written_as: str = "uint16", re
     return Outcome(measured=value)
 
 
-@check("data.stored_as")
+@check("data.stored_as", evidence="measured")
 def stored_as(token_ids: list, dtype: str = "uint16") -> Outcome:
     """``np.array(token_ids).astype(dtype)`` read back as Python ints: what a raw token file keeps."""
     return Outcome(measured=[int(value) for value in np.array(token_ids, dtype=np.int64).astype(dtype)])
 
 
-@check("data.index_dtype_accepted")
+@check("data.index_dtype_accepted", evidence="measured")
 def index_dtype_accepted(consumer: str, dtype: str) -> Outcome:
     """Feed indices of ``dtype`` (made with ``torch.from_numpy``) to ``consumer``:
     ``embedding`` (``F.embedding``) or ``cross_entropy`` targets. Measures ``accepted`` or lets
@@ -199,7 +199,7 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-@check("data.pin_memory_without_accelerator")
+@check("data.pin_memory_without_accelerator", evidence="measured")
 def pin_memory_without_accelerator() -> Outcome:
     """``torch.ones(4).pin_memory()`` on a machine with no accelerator; torch's error is the
     measurement. Not measurable where an accelerator exists."""
@@ -209,7 +209,7 @@ def pin_memory_without_accelerator() -> Outcome:
     return Outcome(measured=f"pinned={pinned.is_pinned()}")
 
 
-@check("data.pinned_batch_on_gpu", quantities=("is_pinned",))
+@check("data.pinned_batch_on_gpu", evidence="measured", quantities=("is_pinned",))
 def pinned_batch_on_gpu(batch_size: int = 8, context_length: int = 64) -> Outcome:
     """``get_batch(..., device="cuda", pin_memory=True)`` equals the CPU batch drawn with the same
     seed; the host copy's ``is_pinned()`` is a quantity."""
@@ -230,7 +230,7 @@ def _copy_seconds(host: torch.Tensor, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-@check("data.pinned_transfer_speedup", timing=True)
+@check("data.pinned_transfer_speedup", evidence="measured", timing=True)
 def pinned_transfer_speedup(megabytes: int = 64, repeats: int = 10) -> Outcome:
     """Host→GPU copy time of a pageable tensor divided by that of a pinned one (``non_blocking``)."""
     pageable = torch.ones(megabytes * 2**20 // 4)

@@ -8,13 +8,13 @@ from resacct.harness.registry import Outcome, check
 from resacct.measurement.tensors import tensor_bytes
 
 
-@check("devices.default_device")
+@check("devices.default_device", evidence="measured")
 def default_device() -> Outcome:
     """``torch.zeros(32, 32).device.type`` with no device given."""
     return Outcome(measured=torch.zeros(32, 32).device.type, predicted="cpu")
 
 
-@check("devices.cuda_allocated_bytes")
+@check("devices.cuda_allocated_bytes", evidence="measured")
 def cuda_allocated_bytes(rows: int = 32, cols: int = 32, tensors: int = 2) -> Outcome:
     """Growth of ``torch.cuda.memory_allocated()`` after moving one float32 tensor to the GPU
     and creating the others there (the caching allocator rounds each block up to 512 bytes)."""
@@ -30,7 +30,7 @@ def cuda_allocated_bytes(rows: int = 32, cols: int = 32, tensors: int = 2) -> Ou
     return Outcome(measured=grown, predicted=tensors * per_tensor)
 
 
-@check("devices.moved_device")
+@check("devices.moved_device", evidence="measured")
 def moved_device() -> Outcome:
     """The device of ``torch.zeros(32, 32).to("cuda:0")``."""
     return Outcome(measured=str(torch.zeros(32, 32).to("cuda:0").device), predicted="cuda:0")

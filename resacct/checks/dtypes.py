@@ -60,7 +60,7 @@ def _stored(value: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.float64).to(dtype)
 
 
-@check("dtypes.bits")
+@check("dtypes.bits", evidence="measured")
 def bits(dtype: str) -> Outcome:
     """Bits per element: torch.finfo/iinfo(dtype).bits."""
     torch_dtype = parse_dtype(dtype)
@@ -68,7 +68,7 @@ def bits(dtype: str) -> Outcome:
     return Outcome(measured=info.bits, predicted=dtype_bits(dtype))
 
 
-@check("dtypes.element_size", quantities=("bits",))
+@check("dtypes.element_size", evidence="measured", quantities=("bits",))
 def element_size(dtype: str) -> Outcome:
     """Bytes per element of a real tensor (``element_size()``), with the dtype's bits."""
     torch_dtype = parse_dtype(dtype)
@@ -79,7 +79,7 @@ def element_size(dtype: str) -> Outcome:
     return Outcome(measured=tensor.element_size(), predicted=dtype_bits(dtype) // 8, quantities={"bits": measured_bits})
 
 
-@check("dtypes.layout", quantities=("sign_bits", "exponent_bits", "fraction_bits"))
+@check("dtypes.layout", evidence="measured", quantities=("sign_bits", "exponent_bits", "fraction_bits"))
 def layout(dtype: str, field: str) -> Outcome:
     """Sign, exponent and fraction widths, measured from torch's raw bit patterns.
 
@@ -100,7 +100,7 @@ def layout(dtype: str, field: str) -> Outcome:
 _FINFO_FIELDS = {"max": "max", "smallest_normal": "tiny", "eps": "eps"}
 
 
-@check("dtypes.finfo")
+@check("dtypes.finfo", evidence="measured")
 def finfo(dtype: str, field: str) -> Outcome:
     """A number from torch.finfo (max, smallest_normal, eps) or the smallest subnormal read from
     the bit pattern 0…01; predicted from the layout."""
@@ -115,7 +115,7 @@ def finfo(dtype: str, field: str) -> Outcome:
     return Outcome(measured=measured, predicted=predicted)
 
 
-@check("dtypes.log10_range")
+@check("dtypes.log10_range", evidence="measured")
 def log10_range(dtype: str, end: str) -> Outcome:
     """log10 of the largest finite value (end=max) or of the smallest normal (end=min)."""
     info = torch.finfo(parse_dtype(dtype))
@@ -125,7 +125,7 @@ def log10_range(dtype: str, end: str) -> Outcome:
     return Outcome(measured=math.log10(float(info.tiny)), predicted=math.log10(smallest_normal(fmt)))
 
 
-@check("dtypes.decimal_digits")
+@check("dtypes.decimal_digits", evidence="measured")
 def decimal_digits(dtype: str) -> Outcome:
     """Decimal digits of precision, −log10(eps) from torch.finfo; predicted from the fraction bits."""
     from resacct.facts.dtypes import decimal_digits as predicted_digits
@@ -134,7 +134,7 @@ def decimal_digits(dtype: str) -> Outcome:
     return Outcome(measured=-math.log10(eps), predicted=predicted_digits(FORMATS[dtype]))
 
 
-@check("dtypes.stored_value")
+@check("dtypes.stored_value", evidence="measured")
 def stored_value(value: float, dtype: str) -> Outcome:
     """The value torch stores for ``torch.tensor([value], dtype=dtype)``; predicted by rounding
     in resacct's layout (decode of the nearest pattern)."""
@@ -157,21 +157,21 @@ def _round_to_format(value: float, dtype: str) -> float:
     return math.copysign(rounded, value)
 
 
-@check("dtypes.is_zero_after_cast")
+@check("dtypes.is_zero_after_cast", evidence="measured")
 def is_zero_after_cast(value: float, dtype: str) -> Outcome:
     """Whether ``value`` becomes exactly 0 when stored in ``dtype``."""
     measured = bool(torch.tensor([value], dtype=parse_dtype(dtype)).item() == 0)
     return Outcome(measured=measured, predicted=_round_to_format(value, dtype) == 0)
 
 
-@check("dtypes.is_inf_after_cast")
+@check("dtypes.is_inf_after_cast", evidence="measured")
 def is_inf_after_cast(value: float, dtype: str) -> Outcome:
     """Whether ``value`` becomes infinite when stored in ``dtype``."""
     measured = bool(torch.isinf(torch.tensor([value], dtype=parse_dtype(dtype))).item())
     return Outcome(measured=measured, predicted=math.isinf(_round_to_format(value, dtype)))
 
 
-@check("dtypes.decode_with_layout", quantities=("decoded",))
+@check("dtypes.decode_with_layout", evidence="measured", quantities=("decoded",))
 def decode_with_layout(value: float, dtype: str, exponent_bits: int, fraction_bits: int) -> Outcome:
     """Decode torch's raw bits of ``value`` in ``dtype`` with the claimed layout (quantity
     ``decoded``); measured is the value torch stores. A wrong layout decodes to another number."""
@@ -189,14 +189,14 @@ def decode_with_layout(value: float, dtype: str, exponent_bits: int, fraction_bi
     return Outcome(measured=measured, predicted=decode_bits(raw, FORMATS[dtype]), quantities={"decoded": decoded})
 
 
-@check("dtypes.relative_rounding_error")
+@check("dtypes.relative_rounding_error", evidence="measured")
 def relative_rounding_error(value: float, dtype: str) -> Outcome:
     """|stored − value| / |value| for a value stored in ``dtype`` (measured with torch)."""
     stored = float(torch.tensor([value], dtype=parse_dtype(dtype)).to(torch.float64).item())
     return Outcome(measured=abs(stored - value) / abs(value))
 
 
-@check("dtypes.ratio")
+@check("dtypes.ratio", evidence="measured")
 def ratio(dtype: str, other: str, field: str) -> Outcome:
     """torch.finfo(dtype).field / torch.finfo(other).field."""
     mine = float(getattr(torch.finfo(parse_dtype(dtype)), _FINFO_FIELDS[field]))
@@ -206,13 +206,13 @@ def ratio(dtype: str, other: str, field: str) -> Outcome:
     return Outcome(measured=mine / theirs, predicted=getter(fmt) / getter(other_fmt))
 
 
-@check("dtypes.default_dtype")
+@check("dtypes.default_dtype", evidence="measured")
 def default_dtype() -> Outcome:
     """The dtype of ``torch.zeros(4, 8)`` with no dtype given."""
     return Outcome(measured=str(torch.zeros(4, 8).dtype).removeprefix("torch."), predicted="float32")
 
 
-@check("dtypes.packed_fp4_bits")
+@check("dtypes.packed_fp4_bits", evidence="measured")
 def packed_fp4_bits() -> Outcome:
     """Bits per fp4 value in torch's packed ``float4_e2m1fn_x2`` (two values per byte)."""
     packed = getattr(torch, "float4_e2m1fn_x2", None)

@@ -170,7 +170,7 @@ def _error_text(error: Exception) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-@check("einops.same_as_torch", quantities=("new_shape", "old_shape"))
+@check("einops.same_as_torch", evidence="measured", quantities=("new_shape", "old_shape"))
 def same_as_torch(form: str, seed: int = 0, batch: int = 2, seq: int = 3, seq2: int = 3, hidden: int = 4, heads: int = 2) -> Outcome:
     """Whether the einops call of ``form`` equals its traditional torch code on the same random
     float64 tensors (same shape and ``torch.allclose``). If einops or torch refuses the call, the
@@ -192,7 +192,7 @@ _REARRANGE_PATTERNS = {
 }
 
 
-@check("einops.rearrange_is_view")
+@check("einops.rearrange_is_view", evidence="measured")
 def rearrange_is_view(pattern: str, batch: int, seq: int, heads: int, hidden: int) -> Outcome:
     """Whether ``rearrange(x, pattern)`` of a contiguous x returns a view: same untyped storage."""
     x = torch.zeros(batch, seq, heads * hidden)
@@ -225,7 +225,7 @@ def _annotates_a_local_variable() -> list:
     return list(x.shape)
 
 
-@check("einops.jaxtyping_annotation")
+@check("einops.jaxtyping_annotation", evidence="measured")
 def jaxtyping_annotation(function: str) -> Outcome:
     """Whether a function annotated ``Float[torch.Tensor, "batch seq"]`` accepts a wrong-shaped
     (2×1×3) tensor: ``annotated_only`` (no checking), ``jaxtyped_beartype`` (decorated with

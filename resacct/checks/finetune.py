@@ -30,7 +30,7 @@ def _require(name: str) -> None:
         raise NotMeasurable(_MISSING.format(name=name)) from None
 
 
-@check("finetune.lora_step", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "full_saved_activation_bytes"))
+@check("finetune.lora_step", evidence="measured", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "full_saved_activation_bytes"))
 def lora_step(quantity: str, rank: int, targets: str, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96,
               vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16) -> Outcome:
     """One quantity of a real peft LoRA step (rank ``rank`` on the comma-separated ``targets``,

@@ -84,14 +84,14 @@ def _broadcast_matmul_shapes() -> st.SearchStrategy:
     return pairs()
 
 
-@check("flops.matmul")
+@check("flops.matmul", evidence="measured")
 def matmul(m: int, k: int, n: int) -> Outcome:
     """FlopCounterMode's count for an m×k @ k×n matmul on the meta device."""
     measured = _flop_counter_total(lambda: _meta(m, k) @ _meta(k, n))
     return Outcome(measured=measured, predicted=matmul_flops((m, k), (k, n)))
 
 
-@check("flops.matmul_shapes", quantities=("batch", "m", "k", "n"))
+@check("flops.matmul_shapes", evidence="measured", quantities=("batch", "m", "k", "n"))
 def matmul_shapes(shapes: list) -> Outcome:
     """FlopCounterMode's count for ``a @ b`` with ``shapes = [a_shape, b_shape]`` (meta device);
     quantities from torch's output shape: batch (product of its batch dims), m, n, and k."""
@@ -106,7 +106,7 @@ def matmul_shapes(shapes: list) -> Outcome:
     )
 
 
-@check("flops.matmul_output_shape")
+@check("flops.matmul_output_shape", evidence="measured")
 def matmul_output_shape_of_ones(shapes: list) -> Outcome:
     """``(torch.ones(a_shape) @ torch.ones(b_shape)).size()``, as in the lecture's code."""
     a_shape, b_shape = (tuple(shape) for shape in shapes)
@@ -114,7 +114,7 @@ def matmul_output_shape_of_ones(shapes: list) -> Outcome:
     return Outcome(measured=list(result.size()), predicted=list(matmul_output_shape(a_shape, b_shape)))
 
 
-@check("flops.per_multiply_accumulate")
+@check("flops.per_multiply_accumulate", evidence="measured")
 def flops_per_multiply_accumulate(m: int, k: int, n: int) -> Outcome:
     """FlopCounterMode's count for ``torch.addmm(c, a, b)`` (c + a@b: m·k·n multiply-accumulates
     ``a×b + c``) divided by m·k·n."""
@@ -144,7 +144,7 @@ def _run_elementwise(operation: str, m: int, n: int) -> _PointwiseOps:
     return recorder
 
 
-@check("flops.elementwise", quantities=("aten_ops",))
+@check("flops.elementwise", evidence="measured", quantities=("aten_ops",))
 def elementwise(operation: str, m: int, n: int) -> Outcome:
     """Operations torch performs for an element-wise op on m×n matrices: the output elements of
     the pointwise aten ops it dispatches (one arithmetic operation each), seen through a dispatch
@@ -157,7 +157,7 @@ def elementwise(operation: str, m: int, n: int) -> Outcome:
     )
 
 
-@check("flops.flop_counter_elementwise", quantities=("dispatched_elements",))
+@check("flops.flop_counter_elementwise", evidence="measured", quantities=("dispatched_elements",))
 def flop_counter_on_elementwise(operation: str, m: int, n: int) -> Outcome:
     """FlopCounterMode's count for an element-wise op on m×n matrices; resacct predicts it from
     whether FlopCounterMode has a formula for each aten op torch dispatched."""
@@ -170,7 +170,7 @@ def flop_counter_on_elementwise(operation: str, m: int, n: int) -> Outcome:
 # ───────────────────────────── einsum ─────────────────────────────
 
 
-@check("flops.einsum")
+@check("flops.einsum", evidence="measured")
 def einsum(pattern: str, a_shape: list, b_shape: list) -> Outcome:
     """FlopCounterMode's count for ``einops.einsum(a, b, pattern)`` on the meta device."""
     import einops
@@ -179,7 +179,7 @@ def einsum(pattern: str, a_shape: list, b_shape: list) -> Outcome:
     return Outcome(measured=measured, predicted=einsum_flops(pattern, a_shape, b_shape))
 
 
-@check("flops.attention_scores_einsum")
+@check("flops.attention_scores_einsum", evidence="measured")
 def attention_scores_einsum(batch: int, seq1: int, seq2: int, hidden: int) -> Outcome:
     """FlopCounterMode's count for ``einsum(x, y, "batch seq1 hidden, batch seq2 hidden -> batch seq1 seq2")``."""
     pattern = "batch seq1 hidden, batch seq2 hidden -> batch seq1 seq2"
@@ -222,7 +222,7 @@ def _measure_phases(network: nn.Module, inputs: Float[torch.Tensor, "batch dim"]
     return forward_flops, backward_flops
 
 
-@check("flops.model", quantities=("params", "weight_params", "tokens"))
+@check("flops.model", evidence="measured", quantities=("params", "weight_params", "tokens"))
 def model_flops(
     model: str,
     phase: str,
@@ -270,7 +270,7 @@ _GRADIENT_TERMS = {
 }
 
 
-@check("flops.two_layer_gradient")
+@check("flops.two_layer_gradient", evidence="measured")
 def two_layer_gradient(target: str, batch: int, dim: int, outputs: int) -> Outcome:
     """FlopCounterMode's count for ``torch.autograd.grad(h2, target, dL/dh2)`` in x → w1 → h1 → w2 → h2
     (meta device): only what autograd needs for that one gradient (target: w2, h1 or w1)."""
@@ -301,7 +301,7 @@ def _two_layer_with_gradients(batch: int, dim: int, outputs: int, seed: int) -> 
     return {"x": x, "target": target, "w1": w1, "w2": w2, "h1": h1, "h2": h2}
 
 
-@check("flops.two_layer_manual_gradients")
+@check("flops.two_layer_manual_gradients", evidence="measured")
 def two_layer_manual_gradients(batch: int, dim: int, outputs: int, seed: int) -> Outcome:
     """Whether the chain rule by hand — dL/dh2 = h2 − y, dL/dw2 = h1ᵀ·dL/dh2, dL/dh1 = dL/dh2·w2ᵀ,
     dL/dw1 = xᵀ·dL/dh1 — equals autograd's gradients (float64, torch.allclose) for L = ½‖h2 − y‖²."""
@@ -315,7 +315,7 @@ def two_layer_manual_gradients(batch: int, dim: int, outputs: int, seed: int) ->
     return Outcome(measured=all(torch.allclose(manual, automatic) for manual, automatic in pairs))
 
 
-@check("flops.two_layer_gradient_shapes")
+@check("flops.two_layer_gradient_shapes", evidence="measured")
 def two_layer_gradient_shapes(batch: int, dim: int, outputs: int) -> Outcome:
     """Shapes autograd gives dL/dw1, dL/dw2, dL/dh1, dL/dh2 in x → w1 → h1 → w2 → h2."""
     t = _two_layer_with_gradients(batch, dim, outputs, seed=0)
@@ -351,7 +351,7 @@ def _gradients_basics() -> dict[str, Any]:
     }
 
 
-@check("flops.autograd_example")
+@check("flops.autograd_example", evidence="measured")
 def autograd_example(example: str) -> Outcome:
     """What autograd computes for the lecture's small examples (picked by name, never evaluated):
     ``x*x + 3*x at x=2`` (x.grad), or a line of seed 003's gradients_basics."""

@@ -39,7 +39,7 @@ def _predicted(name: str) -> list[float]:
     return [float(v) for v in values if v is not None]
 
 
-@check("formats.torch_properties")
+@check("formats.torch_properties", evidence="measured")
 def torch_properties(format: str) -> Outcome:
     """[largest value, smallest normal, smallest subnormal, eps] as torch reports them
     (``torch.finfo``; the subnormal from the bit pattern 1), against the table's row. e8m0 has no
@@ -53,13 +53,13 @@ def torch_properties(format: str) -> Outcome:
     return Outcome(measured=measured, predicted=_predicted(format))
 
 
-@check("formats.torch_bits")
+@check("formats.torch_bits", evidence="measured")
 def torch_bits(format: str) -> Outcome:
     """Bits of one value, ``torch.finfo(dtype).bits``, against the table's row."""
     return Outcome(measured=int(torch.finfo(_torch_dtype(format)).bits), predicted=format_row(format).bits)
 
 
-@check("formats.tf32_patterns")
+@check("formats.tf32_patterns", evidence="measured")
 def tf32_patterns() -> Outcome:
     """tf32's [largest value, smallest normal, smallest subnormal, eps] read by torch from fp32 bit
     patterns whose 13 low mantissa bits are zero (0x7F7FE000, 0x00800000, 0x00002000, and
@@ -69,7 +69,7 @@ def tf32_patterns() -> Outcome:
     return Outcome(measured=read, predicted=_predicted("tf32"))
 
 
-@check("formats.published_properties")
+@check("formats.published_properties", evidence="published")
 def published_properties(format: str, reported: list[float]) -> Outcome:
     """[largest value, smallest normal, smallest subnormal] as a specification prints them
     (``reported``), for a format torch cannot convert, against the table's row."""

@@ -53,13 +53,13 @@ def raw_memory_bytes(device: str) -> int:
     return int(raw_entry(device)["memory_bytes"])
 
 
-@check("hardware.peak")
+@check("hardware.peak", evidence="published")
 def datasheet_peak(device: str, dtype: str, sparse: bool = False) -> Outcome:
     """Peak FLOP/s of ``device`` for ``dtype`` (dense, or 2:4-sparse), as its datasheet prints it."""
     return Outcome(measured=raw_peak_flops_per_sec(device, dtype, sparse), predicted=peak_flops_per_sec(device, dtype, sparse=sparse))
 
 
-@check("hardware.sparse_speedup", quantities=("dense_flops_per_sec", "sparse_flops_per_sec"))
+@check("hardware.sparse_speedup", evidence="arithmetic", quantities=("dense_flops_per_sec", "sparse_flops_per_sec"))
 def sparse_speedup(device: str, dtype: str) -> Outcome:
     """Sparse ÷ dense peak of ``device`` for ``dtype`` on its datasheet."""
     dense, sparse = raw_peak_flops_per_sec(device, dtype), raw_peak_flops_per_sec(device, dtype, sparse=True)
@@ -67,13 +67,13 @@ def sparse_speedup(device: str, dtype: str) -> Outcome:
     return Outcome(measured=sparse / dense, predicted=predicted, quantities={"dense_flops_per_sec": dense, "sparse_flops_per_sec": sparse})
 
 
-@check("hardware.memory_bytes")
+@check("hardware.memory_bytes", evidence="published")
 def memory_bytes(device: str) -> Outcome:
     """HBM capacity of ``device`` in bytes, as its datasheet prints it (decimal GB)."""
     return Outcome(measured=raw_memory_bytes(device), predicted=get_accelerator(device).memory_bytes)
 
 
-@check("hardware.accelerator_intensity", quantities=("peak_flops_per_sec", "bandwidth_bytes_per_sec"))
+@check("hardware.accelerator_intensity", evidence="arithmetic", quantities=("peak_flops_per_sec", "bandwidth_bytes_per_sec"))
 def accelerator_intensity(device: str, dtype: str, sparse: bool = False) -> Outcome:
     """Datasheet peak FLOP/s ÷ datasheet memory bandwidth: FLOPs per byte at the ridge point."""
     peak, bandwidth = raw_peak_flops_per_sec(device, dtype, sparse), raw_bandwidth_bytes_per_sec(device)
@@ -84,7 +84,7 @@ def accelerator_intensity(device: str, dtype: str, sparse: bool = False) -> Outc
     )
 
 
-@check("hardware.has_peak")
+@check("hardware.has_peak", evidence="published")
 def has_peak(device: str, dtype: str) -> Outcome:
     """Whether the datasheet of ``device`` lists a peak for ``dtype`` at all."""
     try:
@@ -95,7 +95,7 @@ def has_peak(device: str, dtype: str) -> Outcome:
     return Outcome(measured=dtype in raw_entry(device)["peaks_tera_per_sec"], predicted=predicted)
 
 
-@check("hardware.boards_with_peak")
+@check("hardware.boards_with_peak", evidence="published")
 def boards_with_peak(dtype: str) -> Outcome:
     """Sorted names of the boards in the table whose datasheets list a ``dtype`` peak."""
     table = raw_accelerator_table()
@@ -110,7 +110,7 @@ def _cuda_device_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
-@check("hardware.cuda_device_in_table")
+@check("hardware.cuda_device_in_table", evidence="measured")
 def cuda_device_in_table() -> Outcome:
     """Whether torch's name for GPU 0 is one of the table's CUDA names (or one of them plus a
     suffix, as MIG slices have)."""
@@ -120,7 +120,7 @@ def cuda_device_in_table() -> Outcome:
     return Outcome(measured=measured, predicted=current_accelerator() is not None)
 
 
-@check("hardware.cuda_total_memory_mib", quantities=("total_memory_bytes", "mem_get_info_total_bytes", "datasheet_memory_bytes"))
+@check("hardware.cuda_total_memory_mib", evidence="measured", quantities=("total_memory_bytes", "mem_get_info_total_bytes", "datasheet_memory_bytes"))
 def cuda_total_memory_mib(name_contains: str) -> Outcome:
     """``torch.cuda.get_device_properties(0).total_memory`` in MiB (2**20 bytes), on a GPU whose
     name contains ``name_contains`` (skipped on others); ``torch.cuda.mem_get_info()``'s total
@@ -134,7 +134,7 @@ def cuda_total_memory_mib(name_contains: str) -> Outcome:
                                                        "datasheet_memory_bytes": raw_memory_bytes(board.name) if board is not None else None})
 
 
-@check("hardware.cuda_memory_ratio", quantities=("total_memory_bytes", "datasheet_memory_bytes"))
+@check("hardware.cuda_memory_ratio", evidence="measured", quantities=("total_memory_bytes", "datasheet_memory_bytes"))
 def cuda_memory_ratio() -> Outcome:
     """``get_device_properties(0).total_memory`` ÷ the datasheet's capacity for this board."""
     name = _cuda_device_name()

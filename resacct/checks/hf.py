@@ -56,7 +56,7 @@ def _account(model_type: str, hidden: int, layers: int, heads: int, kv_heads: in
 _QUANTITIES = ("parameters", "parameter_tensors", "forward_flops", "step_flops", "state_at_step_bytes", "checkpoint_full_bytes")
 
 
-@check("hf.small_model", quantities=("head_dim", "tokens", "params", "tensors"))
+@check("hf.small_model", evidence="measured", quantities=("head_dim", "tokens", "params", "tensors"))
 def small_model(model_type: str, quantity: str, hidden: int, layers: int, heads: int, mlp: int, vocab: int, positions: int = 64, kv_heads: int = 0,
                 experts: int = 0, experts_per_token: int = 0, batch: int = 2, seq: int = 16, recipe: str = "fp32") -> Outcome:
     """One quantity of a small transformers causal LM built on meta: ``parameters`` and
@@ -79,7 +79,7 @@ def small_model(model_type: str, quantity: str, hidden: int, layers: int, heads:
                                                                             "params": account.parameters, "tensors": account.parameter_tensors})
 
 
-@check("hf.shipped_parameters", quantities=("active_parameters",))
+@check("hf.shipped_parameters", evidence="measured", quantities=("active_parameters",))
 def shipped_parameters(config: str) -> Outcome:
     """Parameters of a config shipped with resacct (resacct/hf_configs/known.yaml), built on
     the meta device: distinct parameter storages; resacct's closed form beside (and its active
@@ -111,7 +111,7 @@ def _shipped_parameters(config: str) -> Outcome:
     return Outcome(measured=measured, predicted=predicted, quantities={"active_parameters": active})
 
 
-@check("hf.sdpa_over_eager_flops", quantities=("eager_flops", "flop_counter_alone_flops", "gap_filled_flops", "attention_recompute_flops",
+@check("hf.sdpa_over_eager_flops", evidence="measured", quantities=("eager_flops", "flop_counter_alone_flops", "gap_filled_flops", "attention_recompute_flops",
                                               "alone_warnings", "filled_warnings"))
 def sdpa_over_eager_flops(layers: int = 2, batch: int = 2, seq: int = 16) -> Outcome:
     """A real CPU training step of a tiny LlamaForCausalLM (4 query heads, 2 key/value heads)
@@ -148,7 +148,7 @@ def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
 _SCOPES = ("all", "layer", "first_layer")
 
 
-@check("hf.saved_activations", quantities=("element_bytes", "head_dim", "tokens", "stats_bytes", "math_bytes"))
+@check("hf.saved_activations", evidence="measured", quantities=("element_bytes", "head_dim", "tokens", "stats_bytes", "math_bytes"))
 def saved_activations(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq: int,
                       kv_heads: int = 0, experts: int = 0, experts_per_token: int = 0, dtype: str = "float32", dropout: float = 0.0,
                       scope: str = "all") -> Outcome:

@@ -30,7 +30,7 @@ def _require_transformers() -> None:
 _QUANTITIES = ("kv_cache_bytes", "weight_bytes")
 
 
-@check("inference.generate_kv_cache", quantities=("heads", "tokens_held", "element_bytes", "parameters"))
+@check("inference.generate_kv_cache", evidence="measured", quantities=("heads", "tokens_held", "element_bytes", "parameters"))
 def generate_kv_cache(layers: int, kv_heads: int, groups: int, head_dim: int, batch: int, prompt: int, new_tokens: int,
                       dtype: str = "bfloat16", cache: str = "dynamic", quantity: str = "kv_cache_bytes") -> Outcome:
     """One quantity of a real transformers ``generate`` loop (greedy, exactly ``new_tokens`` new

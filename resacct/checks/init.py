@@ -62,7 +62,7 @@ _WEIGHT_STD: dict[str, Callable[[int], float]] = {
 }
 
 
-@check("init.matmul_output_std")
+@check("init.matmul_output_std", evidence="measured")
 def matmul_output_spread(fan_in: int, weights: str, seed: int, batch: int = 256, fan_out: int = 256) -> Outcome:
     """``y.std()`` of y = x @ w with x ~ N(0, 1) of shape (batch, fan_in) and w ~ N(0, σ²):
     σ = 1 (weights: unit) or 1/√fan_in (weights: scaled)."""
@@ -98,7 +98,7 @@ _INITIALISERS: dict[str, tuple[Callable[[torch.Tensor, torch.Generator], None], 
 }
 
 
-@check("init.deep_variance_ratio")
+@check("init.deep_variance_ratio", evidence="measured")
 def deep_variance_ratio(init: str, width: int, depth: int, seed: int, batch: int = 256) -> Outcome:
     """mean(h²) / mean(x²) after ``depth`` bias-free linear layers (width×width, weights stored
     (out, in) as in nn.Linear, filled by the named torch.nn.init function), x ~ N(0, 1)."""
@@ -114,7 +114,7 @@ def deep_variance_ratio(init: str, width: int, depth: int, seed: int, batch: int
     return Outcome(measured=ratio, predicted=deep_linear_output_rms(width, std_of(width), depth) ** 2)
 
 
-@check("init.trunc_normal")
+@check("init.trunc_normal", evidence="measured")
 def trunc_normal(statistic: str, std: float, a: float, b: float, seed: int = 0, numel: int = 65536) -> Outcome:
     """A statistic of ``torch.nn.init.trunc_normal_(x, mean=0, std=std, a=a, b=b)`` over
     ``numel`` draws: ``std_ratio`` (x.std() / std), ``max_abs`` (max |x|) or
@@ -129,7 +129,7 @@ def trunc_normal(statistic: str, std: float, a: float, b: float, seed: int = 0, 
     return Outcome(measured=measure(), predicted=predict())
 
 
-@check("init.xavier_normal_std", quantities=("xavier_std",))
+@check("init.xavier_normal_std", evidence="measured", quantities=("xavier_std",))
 def xavier_normal_spread(fan_in: int, seed: int, fan_out: int | None = None) -> Outcome:
     """``w.std()`` of ``torch.nn.init.xavier_normal_(w)`` for w stored (fan_out, fan_in) as in
     nn.Linear (fan_out defaults to fan_in)."""
@@ -139,7 +139,7 @@ def xavier_normal_spread(fan_in: int, seed: int, fan_out: int | None = None) -> 
     return Outcome(measured=weight.std().item(), predicted=predicted, quantities={"xavier_std": predicted})
 
 
-@check("init.shape0_fix_output_std")
+@check("init.shape0_fix_output_std", evidence="measured")
 def shape0_fix_output_std(layout: str, fan_in: int, fan_out: int, seed: int = 0, batch: int = 512) -> Outcome:
     """``y.std()`` for x ~ N(0, 1) through one bias-free layer whose weight was filled with
     ``normal_(w, std=1/√w.shape[0])`` — seed 004's fix. ``layout``: ``nn.Linear`` (weight stored

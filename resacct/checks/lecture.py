@@ -74,7 +74,7 @@ _EXPRESSIONS: dict[str, Callable[[], Any]] = {
 }
 
 
-@check("lecture.tensor")
+@check("lecture.tensor", evidence="measured")
 def tensor_of_expression(expression: str, field: str = "values") -> Outcome:
     """What a tensor expression of the lecture's code produces, by ``field``: ``values``
     (``tolist()``, up to 2-D), ``shape``, ``dtype`` (name), ``unique`` (sorted distinct values),
@@ -163,7 +163,7 @@ _ASSERTS: dict[str, Callable[[], bool]] = {
 }
 
 
-@check("lecture.assert_passes")
+@check("lecture.assert_passes", evidence="measured")
 def assert_passes(assertion: str) -> Outcome:
     """Whether one of the lecture's asserts (picked by its source text) passes on this torch."""
     if assertion not in _ASSERTS:
@@ -186,7 +186,7 @@ _PAIRS: dict[str, Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {
 }
 
 
-@check("lecture.same_storage", quantities=("writes_through",))
+@check("lecture.same_storage", evidence="measured", quantities=("writes_through",))
 def same_storage_helper(pair: str) -> Outcome:
     """The lecture's ``same_storage(a, b)`` for a named pair, as 1 (True) or 0; quantity
     ``writes_through``: 1 when writing 100 into every element of ``a`` changes ``b``, else 0 (also
@@ -211,7 +211,7 @@ _MEMORY_SUBJECTS: dict[str, Callable[[list], torch.Tensor]] = {
 }
 
 
-@check("lecture.memory_usage", quantities=("storage_bytes",))
+@check("lecture.memory_usage", evidence="measured", quantities=("storage_bytes",))
 def memory_usage_helper(shape: list, subject: str = "new") -> Outcome:
     """The lecture's ``get_memory_usage`` of a float32 tensor of ``shape`` (``new``), of an
     ``expand`` of one row to that shape, or of row 0 of it; quantity: the bytes of the storage
@@ -223,14 +223,14 @@ def memory_usage_helper(shape: list, subject: str = "new") -> Outcome:
 # ─────────────────────────────── get_promised_flop_per_sec ───────────────────────────────
 
 
-@check("lecture.promised_flop_per_sec")
+@check("lecture.promised_flop_per_sec", evidence="arithmetic")
 def promised_flop_per_sec(dtype: str, device_name: str = "") -> Outcome:
     """The lecture's peak lookup for a device name as ``torch.cuda.get_device_properties`` reports
     it ("" = no CUDA device). Its ValueError for an unknown device or dtype is the measurement."""
     return Outcome(measured=get_promised_flop_per_sec(device_name or None, parse_dtype(dtype)))
 
 
-@check("lecture.promised_over_datasheet", quantities=("lookup_flops_per_sec", "datasheet_flops_per_sec"))
+@check("lecture.promised_over_datasheet", evidence="arithmetic", quantities=("lookup_flops_per_sec", "datasheet_flops_per_sec"))
 def promised_over_datasheet(device_name: str, dtype: str, board: str, table_dtype: str, sparse: bool = False) -> Outcome:
     """The lookup's answer for ``device_name`` ÷ the dense (or 2:4-sparse) peak the datasheet
     prints for ``board`` (``resacct/facts/datasheets/accelerators.yaml``); when the lookup raises, its
@@ -243,7 +243,7 @@ def promised_over_datasheet(device_name: str, dtype: str, board: str, table_dtyp
     return Outcome(measured=lookup / datasheet, quantities={"lookup_flops_per_sec": lookup, "datasheet_flops_per_sec": datasheet})
 
 
-@check("lecture.facts_over_datasheet", quantities=("fact_flops_per_sec", "datasheet_flops_per_sec"))
+@check("lecture.facts_over_datasheet", evidence="arithmetic", quantities=("fact_flops_per_sec", "datasheet_flops_per_sec"))
 def facts_over_datasheet(year: int, fact: str, board: str, table_dtype: str, sparse: bool = False) -> Outcome:
     """A ``facts.py`` constant of that year's lecture ÷ the datasheet peak of ``board``."""
     facts = {2024: FACTS_2024, 2025: FACTS_2025}[year]
@@ -251,7 +251,7 @@ def facts_over_datasheet(year: int, fact: str, board: str, table_dtype: str, spa
     return Outcome(measured=facts[fact] / datasheet, quantities={"fact_flops_per_sec": facts[fact], "datasheet_flops_per_sec": datasheet})
 
 
-@check("lecture.datasheet_ratio")
+@check("lecture.datasheet_ratio", evidence="arithmetic")
 def datasheet_ratio(board: str, table_dtype: str, other_board: str, other_dtype: str) -> Outcome:
     """Dense datasheet peak of (board, dtype) ÷ that of (other_board, other_dtype)."""
     return Outcome(measured=raw_peak_flops_per_sec(board, table_dtype) / raw_peak_flops_per_sec(other_board, other_dtype))
@@ -267,7 +267,7 @@ def _float_dtype(dtype: str) -> torch.dtype:
     return found
 
 
-@check("lecture.finfo")
+@check("lecture.finfo", evidence="measured")
 def finfo_field(dtype: str, field: str) -> Outcome:
     """A field of ``torch.finfo(torch.<dtype>)`` (the lecture's float32_info … and the fp8 formats):
     ``max``, ``min``, ``eps``, ``tiny`` (smallest normal) or ``resolution``."""
@@ -276,7 +276,7 @@ def finfo_field(dtype: str, field: str) -> Outcome:
     return Outcome(measured=float(getattr(torch.finfo(_float_dtype(dtype)), field)))
 
 
-@check("lecture.e4m3_variants")
+@check("lecture.e4m3_variants", evidence="measured")
 def e4m3_variants() -> Outcome:
     """The largest finite value of every E4M3 dtype torch ships (float8_e4m3*), sorted by name."""
     names = sorted(name for name in dir(torch) if name.startswith("float8_e4m3") and isinstance(getattr(torch, name), torch.dtype))
@@ -286,7 +286,7 @@ def e4m3_variants() -> Outcome:
 # ─────────────────────────────── causal mask ───────────────────────────────
 
 
-@check("lecture.triu_mask_attention")
+@check("lecture.triu_mask_attention", evidence="measured")
 def triu_mask_attention(mask_layout: str, size: int = 4) -> Outcome:
     """Largest |difference| between F.scaled_dot_product_attention(is_causal=True) and attention
     whose scores[query, key] are masked with ``ones(size, size).triu()`` (``as_scores``) or with
@@ -308,7 +308,7 @@ def _require_cuda() -> None:
         raise NotMeasurable("needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 
-@check("lecture.gpu_total_memory_bytes")
+@check("lecture.gpu_total_memory_bytes", evidence="measured")
 def gpu_total_memory_bytes(name_contains: str = "") -> Outcome:
     """``torch.cuda.get_device_properties(0).total_memory`` (tensors_on_gpus, L176-178); skipped
     unless the device name contains ``name_contains``."""
@@ -319,7 +319,7 @@ def gpu_total_memory_bytes(name_contains: str = "") -> Outcome:
     return Outcome(measured=int(properties.total_memory))
 
 
-@check("lecture.gpu_allocated_bytes")
+@check("lecture.gpu_allocated_bytes", evidence="measured")
 def gpu_allocated_bytes(elements: int) -> Outcome:
     """Growth of ``torch.cuda.memory_allocated()`` for one float32 tensor of ``elements``."""
     _require_cuda()
@@ -331,7 +331,7 @@ def gpu_allocated_bytes(elements: int) -> Outcome:
     return Outcome(measured=int(grown))
 
 
-@check("lecture.get_device")
+@check("lecture.get_device", evidence="measured")
 def get_device_name(needs: str = "any") -> Outcome:
     """What the lecture's ``get_device()`` picks here (L980-985): ``cuda:0`` if CUDA is available,
     else ``cpu``. ``needs: cpu`` / ``cuda`` skips the claim on the other kind of machine."""

@@ -21,7 +21,7 @@ from resacct.harness.registry import Outcome, check
 from resacct.training.lecture import LectureAdaGrad, LectureCruncher, get_batch, get_num_parameters
 
 
-@check("lecture.get_batch", quantities=("last_window_start", "window_count"))
+@check("lecture.get_batch", evidence="measured", quantities=("last_window_start", "window_count"))
 def get_batch_result(field: str, data_length: int = 10, batch_size: int = 2, sequence_length: int = 4, draws: int = 2000) -> Outcome:
     """The lecture's ``get_batch`` on ``np.memmap`` of an int32 arange(1, data_length+1) file
     (data_loading, L726-738): ``shape``, ``dtype``, ``type`` (of what it returns) or, over ``draws`` sampled rows,
@@ -49,7 +49,7 @@ def get_batch_result(field: str, data_length: int = 10, batch_size: int = 2, seq
     )
 
 
-@check("lecture.tofile")
+@check("lecture.tofile", evidence="measured")
 def tofile(field: str) -> Outcome:
     """``orig_data.tofile("data.npy")`` of int32 1..10 (L726-733) in a temporary folder:
     ``file_bytes``, ``np_load`` (what ``np.load`` says: "ok" or the exception's type),
@@ -79,7 +79,7 @@ def tofile(field: str) -> Outcome:
     return Outcome(measured=results[field])
 
 
-@check("lecture.token_file_bytes", quantities=("bytes_per_token",))
+@check("lecture.token_file_bytes", evidence="measured", quantities=("bytes_per_token",))
 def token_file_bytes(tokens: float, vocabulary: int) -> Outcome:
     """Bytes of ``tokens`` token ids stored in the smallest unsigned numpy dtype that holds every
     id below ``vocabulary`` (np.min_scalar_type)."""
@@ -87,7 +87,7 @@ def token_file_bytes(tokens: float, vocabulary: int) -> Outcome:
     return Outcome(measured=tokens * per_token, quantities={"bytes_per_token": per_token})
 
 
-@check("lecture.checkpoint", quantities=("params",))
+@check("lecture.checkpoint", evidence="measured", quantities=("params",))
 def checkpoint(field: str, steps: int = 0) -> Outcome:
     """checkpointing (L882-893): Cruncher(64, 3) and the lecture's AdaGrad (after ``steps`` steps),
     ``torch.save({"model": …, "optimizer": …})`` then ``torch.load`` in a temporary folder:
@@ -124,7 +124,7 @@ def _dropout_statistics(p: float, elements: int, runs: int) -> tuple[torch.Tenso
     return (x == 0).float().mean(dim=1), x.mean(dim=1), float(x.max())
 
 
-@check("lecture.dropout", quantities=("p",))
+@check("lecture.dropout", evidence="measured", quantities=("p",))
 def dropout(field: str, p: float = 0.3, elements: int = 16384, runs: int = 1) -> Outcome:
     """``F.dropout(torch.ones(elements), p)`` (2024 tensor_operations, L262-269), ``runs`` times
     at once (rows of one call, seed 0): ``zero_fraction`` and ``mean`` (of run 0), ``kept_value``
@@ -141,7 +141,7 @@ def dropout(field: str, p: float = 0.3, elements: int = 16384, runs: int = 1) ->
     return Outcome(measured=results[field](), quantities={"p": p})
 
 
-@check("lecture.embedding", quantities=("vocabulary", "hidden"))
+@check("lecture.embedding", evidence="measured", quantities=("vocabulary", "hidden"))
 def embedding(field: str, vocabulary: int = 128, hidden: int = 64, batch: int = 16, length: int = 32) -> Outcome:
     """module_embeddings (2024, L584-598): ``nn.Embedding(V, H)`` applied to randint(V, (B, L)):
     ``is_parameter``, ``output_shape``, ``numel`` (of the weight), ``weight_std``, ``rows_equal``
@@ -160,7 +160,7 @@ def embedding(field: str, vocabulary: int = 128, hidden: int = 64, batch: int = 
     return Outcome(measured=results[field](), quantities={"vocabulary": vocabulary, "hidden": hidden})
 
 
-@check("lecture.unscaled_output_std_ratio")
+@check("lecture.unscaled_output_std_ratio", evidence="measured")
 def unscaled_output_std_ratio(input_dim: int, hidden_dim: int, other_hidden_dim: int) -> Outcome:
     """std of x @ w (x ~ randn(input_dim), w ~ randn(input_dim, h), unscaled) at h = hidden_dim ÷
     at h = other_hidden_dim, each over 4096 output elements (module_parameters, 2024 L566-573)."""
@@ -177,7 +177,7 @@ def _unscaled_output_std(input_dim: int, hidden: int) -> float:
     return float((x @ w).std())
 
 
-@check("lecture.kaiming_normal_warning")
+@check("lecture.kaiming_normal_warning", evidence="measured")
 def kaiming_normal_warning() -> Outcome:
     """The first warning ``nn.init.kaiming_normal(x)`` (2024 tensors_basics, L82) raises, up to its
     first period, or "none"."""

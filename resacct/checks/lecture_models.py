@@ -35,7 +35,7 @@ def _cruncher(dim: int, num_layers: int, device: str = "cpu", seed: int = 0) -> 
         return LectureCruncher(dim=dim, num_layers=num_layers)
 
 
-@check("lecture.cruncher_parameters", quantities=("state_dict_numel", "parameter_tensors"))
+@check("lecture.cruncher_parameters", evidence="measured", quantities=("state_dict_numel", "parameter_tensors"))
 def cruncher_parameters(dim: int, num_layers: int, count: str = "parameters") -> Outcome:
     """The lecture's ``get_num_parameters`` of its own Cruncher (built on the meta device), or with
     ``count: tensors`` the number of parameter tensors; the state_dict's total numel and the
@@ -51,14 +51,14 @@ def cruncher_parameters(dim: int, num_layers: int, count: str = "parameters") ->
     )
 
 
-@check("lecture.cruncher_state_dict")
+@check("lecture.cruncher_state_dict", evidence="measured")
 def cruncher_state_dict(dim: int, num_layers: int) -> Outcome:
     """``[(name, param.numel()) for name, param in model.state_dict().items()]`` (custom_model, L615-618)."""
     model = _cruncher(dim, num_layers, device="meta")
     return Outcome(measured=[[name, value.numel()] for name, value in model.state_dict().items()])
 
 
-@check("lecture.cruncher_shapes")
+@check("lecture.cruncher_shapes", evidence="measured")
 def cruncher_shapes(batch: int, dim: int, num_layers: int, stage: str) -> Outcome:
     """Shapes in the lecture's Cruncher forward on x (batch×dim): ``final`` (after the D×1 head,
     L665), ``squeezed`` (L669) or ``output``."""
@@ -68,7 +68,7 @@ def cruncher_shapes(batch: int, dim: int, num_layers: int, stage: str) -> Outcom
     return Outcome(measured=shapes[stage])
 
 
-@check("lecture.mse_against_targets")
+@check("lecture.mse_against_targets", evidence="measured")
 def mse_against_targets(model: str, batch: int = 2, dim: int = 4) -> Outcome:
     """The first warning ``F.mse_loss(model(x), y)`` raises with y of shape [batch] (the
     optimizer demo's ``y = torch.tensor([4., 5.])``), or "none": ``lecture`` (output [B]) or
@@ -87,7 +87,7 @@ def _flops(run: Any) -> int:
     return counter.get_total_flops()
 
 
-@check("lecture.cruncher_step_flops", quantities=("params", "batch_size"))
+@check("lecture.cruncher_step_flops", evidence="measured", quantities=("params", "batch_size"))
 def cruncher_step_flops(batch: int, dim: int, num_layers: int, phase: str) -> Outcome:
     """FlopCounterMode's count for the lecture's Cruncher (meta device) under
     ``F.mse_loss(model(x), y)``: ``forward``, ``backward`` or ``step`` (both)."""
@@ -100,7 +100,7 @@ def cruncher_step_flops(batch: int, dim: int, num_layers: int, phase: str) -> Ou
     return Outcome(measured=measured, quantities={"params": get_num_parameters(model), "batch_size": batch})
 
 
-@check("lecture.two_layer_flops")
+@check("lecture.two_layer_flops", evidence="measured")
 def two_layer_flops(batch: int, dim: int, outputs: int, phase: str) -> Outcome:
     """FlopCounterMode's count for gradients_flops (L517-537): x (ones, no grad) → w1 (D×D) → h1 →
     w2 (D×K) → h2, loss = h2.pow(2).mean(), on the meta device: ``forward`` or ``backward``."""
@@ -114,7 +114,7 @@ def two_layer_flops(batch: int, dim: int, outputs: int, phase: str) -> Outcome:
     return Outcome(measured={"forward": forward, "backward": backward}[phase])
 
 
-@check("lecture.cruncher_step_bytes", quantities=("params", "saved_elements"))
+@check("lecture.cruncher_step_bytes", evidence="measured", quantities=("params", "saved_elements"))
 def cruncher_step_bytes(batch: int, dim: int, num_layers: int) -> Outcome:
     """Bytes of every distinct storage one float32 step of the lecture's optimizer demo holds:
     parameters, what autograd saves (forward + mse_loss), gradients and the lecture's AdaGrad
@@ -136,7 +136,7 @@ def cruncher_step_bytes(batch: int, dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("lecture.cruncher_saved", quantities=("input_elements",))
+@check("lecture.cruncher_saved", evidence="measured", quantities=("input_elements",))
 def cruncher_saved(batch: int, dim: int, num_layers: int, count: str) -> Outcome:
     """Numbers autograd saves (distinct storages, parameters left out) for ``F.mse_loss(model(x), y)``
     with the lecture's Cruncher: ``saved`` (all of them) or ``hidden`` (the layers' outputs only:
@@ -151,7 +151,7 @@ def cruncher_saved(batch: int, dim: int, num_layers: int, count: str) -> Outcome
     return Outcome(measured=saved.elements(excluding=excluded), quantities={"input_elements": x.numel()})
 
 
-@check("lecture.optimizer_demo", quantities=("lr",))
+@check("lecture.optimizer_demo", evidence="measured", quantities=("lr",))
 def optimizer_demo(field: str, seed: int = 0) -> Outcome:
     """The optimizer demo (L777-806) with ``torch.manual_seed(seed)``: ``largest_move`` /
     ``smallest_move`` (max/min |Δp| over all parameters after the step), ``state_keys``,
@@ -185,7 +185,7 @@ def _same_steps(ours: type, theirs: Any, steps: int) -> float:
         return max(float((a - b).abs().max()) for a, b in zip(first.parameters(), second.parameters()))
 
 
-@check("lecture.optimizer_vs_torch")
+@check("lecture.optimizer_vs_torch", evidence="measured")
 def optimizer_vs_torch(optimizer: str, steps: int = 5) -> Outcome:
     """Largest |difference| of parameters after ``steps`` identical steps of the lecture's
     optimizer class and torch's namesake (lr 0.01, defaults otherwise)."""
@@ -193,7 +193,7 @@ def optimizer_vs_torch(optimizer: str, steps: int = 5) -> Outcome:
     return Outcome(measured=_same_steps(*pairs[optimizer], steps))
 
 
-@check("lecture.adagrad_g2_over_g_squared")
+@check("lecture.adagrad_g2_over_g_squared", evidence="measured")
 def adagrad_g2_over_g_squared(steps: int) -> Outcome:
     """The lecture's AdaGrad state g2 ÷ g² after ``steps`` steps under a constant gradient g."""
     weight = nn.Parameter(torch.zeros(3))
@@ -205,7 +205,7 @@ def adagrad_g2_over_g_squared(steps: int) -> Outcome:
     return Outcome(measured=float((optimizer.state[weight]["g2"] / gradient.square()).mean()))
 
 
-@check("lecture.step_with_unused_parameter")
+@check("lecture.step_with_unused_parameter", evidence="measured")
 def step_with_unused_parameter(optimizer: str) -> Outcome:
     """What ``optimizer.step()`` does when one parameter got no gradient (p.grad is None): "ok",
     or the exception's type name."""
@@ -220,7 +220,7 @@ def step_with_unused_parameter(optimizer: str) -> Outcome:
     return Outcome(measured="ok")
 
 
-@check("lecture.train", quantities=("initial_loss", "parameters"))
+@check("lecture.train", evidence="measured", quantities=("initial_loss", "parameters"))
 def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps: int = 10, other_lr: float = 0.1, seed: int = 0,
               as_in_seeds: bool = False) -> Outcome:
     """The lecture's ``train("simple", get_batch, D=16, num_layers, B=4, num_train_steps, lr)`` with
@@ -248,7 +248,7 @@ def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps
     return Outcome(measured=measured, quantities={"initial_loss": initial_loss, "parameters": get_num_parameters(model)})
 
 
-@check("lecture.linear_regression_fit")
+@check("lecture.linear_regression_fit", evidence="measured")
 def linear_regression_fit(batch: int = 64, dim: int = 16) -> Outcome:
     """Least-squares weights (torch.linalg.lstsq) fitted to one batch of train_loop's synthetic
     data (x ~ randn(B, D), y = x @ true_w), rounded to 4 decimals."""

@@ -31,7 +31,7 @@ class _CountMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@check("lecture.time_matmul_calls")
+@check("lecture.time_matmul_calls", evidence="measured")
 def time_matmul_calls() -> Outcome:
     """How many matrix multiplications one call of the lecture's ``time_matmul`` runs (counted
     at torch's dispatcher), no warm-up call included."""
@@ -50,7 +50,7 @@ def _best_sec(function, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return min(samples)
 
 
-@check("lecture.cold_over_warm", quantities=("cold_sec", "warm_sec"), timing=True)
+@check("lecture.cold_over_warm", evidence="measured", quantities=("cold_sec", "warm_sec"), timing=True)
 def cold_over_warm(m: int, k: int, n: int, pairs: int = 7) -> Outcome:
     """What a warm-up changes: the lecture's ``time_matmul`` on freshly made float32 tensors (its
     way: no warm-up) ÷ ``time_matmul`` on the same tensors after two untimed calls, each side the
@@ -85,7 +85,7 @@ def _bf16_over_fp32(m: int, k: int, n: int, repeats: int) -> tuple[float, float,
     return bf16_speed / fp32_speed, fp32_speed, bf16_speed
 
 
-@check("lecture.cpu_bf16_over_fp32_flops", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec"), timing=True,
+@check("lecture.cpu_bf16_over_fp32_flops", evidence="measured", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec"), timing=True,
        forget=(_bf16_over_fp32.cache_clear,))
 def cpu_bf16_over_fp32_flops(m: int, k: int, n: int, repeats: int = 5) -> Outcome:
     """On this CPU: FLOP/s of ``x @ w`` in bfloat16 ÷ in float32 (x = ones(m, k), w = randn(k, n)
@@ -96,7 +96,7 @@ def cpu_bf16_over_fp32_flops(m: int, k: int, n: int, repeats: int = 5) -> Outcom
     return Outcome(measured=ratio, quantities={"fp32_flops_per_sec": fp32_speed, "bf16_flops_per_sec": bf16_speed})
 
 
-@check("lecture.mfu_as_coded", quantities=("actual_flop_per_sec", "promised_flop_per_sec"), timing=True)
+@check("lecture.mfu_as_coded", evidence="measured", quantities=("actual_flop_per_sec", "promised_flop_per_sec"), timing=True)
 def mfu_as_coded(m: int, k: int, n: int, dtype: str = "float32") -> Outcome:
     """tensor_operations_flops (L432-464) as written, on a machine without CUDA: actual FLOP/s =
     2·B·D·K ÷ time_matmul, promised = get_promised_flop_per_sec(device, dtype), mfu = actual ÷ promised."""
@@ -110,7 +110,7 @@ def mfu_as_coded(m: int, k: int, n: int, dtype: str = "float32") -> Outcome:
     return Outcome(measured=actual / promised, quantities={"actual_flop_per_sec": actual, "promised_flop_per_sec": promised})
 
 
-@check("lecture.gpu_bf16_over_fp32_flops", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec", "bf16_mfu"), timing=True)
+@check("lecture.gpu_bf16_over_fp32_flops", evidence="measured", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec", "bf16_mfu"), timing=True)
 def gpu_bf16_over_fp32_flops(m: int, k: int, n: int) -> Outcome:
     """On the GPU, the lecture's own code: actual FLOP/s from ``time_matmul`` in bfloat16 ÷ in
     float32 (after one untimed call each), and the bf16 MFU against its own lookup."""
@@ -130,7 +130,7 @@ def gpu_bf16_over_fp32_flops(m: int, k: int, n: int) -> Outcome:
     return Outcome(measured=bf16_speed / fp32_speed, quantities={"fp32_flops_per_sec": fp32_speed, "bf16_flops_per_sec": bf16_speed, "bf16_mfu": bf16_mfu})
 
 
-@check("lecture.gpu_unsynchronized_over_synchronized", quantities=("unsynchronized_sec", "synchronized_sec"), timing=True)
+@check("lecture.gpu_unsynchronized_over_synchronized", evidence="measured", quantities=("unsynchronized_sec", "synchronized_sec"), timing=True)
 def gpu_unsynchronized_over_synchronized(m: int, k: int, n: int) -> Outcome:
     """On the GPU: seconds per call of ``a @ b`` timed as time_matmul does but without its
     ``torch.cuda.synchronize()`` calls (the queue drained before, not after) ÷ time_matmul's own

@@ -74,7 +74,7 @@ class _MixedPrecisionRun:
         return distinct_storage_bytes(tensors)
 
 
-@check("memory.training_state", quantities=("params", "parameter_tensors"))
+@check("memory.training_state", evidence="measured", quantities=("params", "parameter_tensors"))
 def training_state(recipe: str, moment: str, dim: int, num_layers: int, include_step_counters: bool = False) -> Outcome:
     """Bytes of distinct storages held by parameters, gradients, master weights and AdamW state
     during the second real step of a Cruncher trained under ``recipe``: right after backward
@@ -99,7 +99,7 @@ def training_state(recipe: str, moment: str, dim: int, num_layers: int, include_
     )
 
 
-@check("memory.saved_activations", quantities=("input_elements",))
+@check("memory.saved_activations", evidence="measured", quantities=("input_elements",))
 def saved_activations(batch: int, dim: int, num_layers: int, count: str) -> Outcome:
     """Elements autograd saves for backward in a real Cruncher forward on x (batch×dim), by
     distinct storage, parameters left out: ``all`` of them, or ``hidden`` (the batch x left out
@@ -114,7 +114,7 @@ def saved_activations(batch: int, dim: int, num_layers: int, count: str) -> Outc
     return Outcome(measured=saved.elements(excluding=excluded), predicted=predicted, quantities={"input_elements": x.numel()})
 
 
-@check("memory.lecture_step_total", quantities=("params", "parameter_tensors", "step_counter_bytes", "input_elements"))
+@check("memory.lecture_step_total", evidence="measured", quantities=("params", "parameter_tensors", "step_counter_bytes", "input_elements"))
 def lecture_step_total(batch: int, dim: int, num_layers: int) -> Outcome:
     """Bytes of every distinct storage one real float32 training step of a Cruncher holds,
     each part kept alive from when it appears: the parameters, everything autograd saves in

@@ -20,7 +20,7 @@ def _cruncher(dim: int, num_layers: int, seed: int = 0) -> Cruncher:
     return Cruncher(dim=dim, num_layers=num_layers)
 
 
-@check("models.cruncher_parameters", quantities=("parameter_tensors",))
+@check("models.cruncher_parameters", evidence="measured", quantities=("parameter_tensors",))
 def cruncher_parameters(dim: int, num_layers: int) -> Outcome:
     """Σ numel over ``model.parameters()`` of a real Cruncher, with how many parameter tensors."""
     model = _cruncher(dim, num_layers)
@@ -32,7 +32,7 @@ def cruncher_parameters(dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("models.cruncher_state_dict_numel", quantities=("entries",))
+@check("models.cruncher_state_dict_numel", evidence="measured", quantities=("entries",))
 def cruncher_state_dict_numel(dim: int, num_layers: int) -> Outcome:
     """Σ numel over the values of a real Cruncher's ``state_dict()``, with its number of entries."""
     state = _cruncher(dim, num_layers).state_dict()
@@ -43,7 +43,7 @@ def cruncher_state_dict_numel(dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("models.cruncher_state_dict_entries")
+@check("models.cruncher_state_dict_entries", evidence="measured")
 def cruncher_state_dict_entries(dim: int, num_layers: int) -> Outcome:
     """How many entries a real Cruncher's ``state_dict()`` has."""
     return Outcome(
@@ -52,7 +52,7 @@ def cruncher_state_dict_entries(dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("models.cruncher_state_dict_sizes")
+@check("models.cruncher_state_dict_sizes", evidence="measured")
 def cruncher_state_dict_sizes_measured(dim: int, num_layers: int) -> Outcome:
     """``[[name, numel], …]`` of a real Cruncher's ``state_dict()``, in order."""
     state = _cruncher(dim, num_layers).state_dict()
@@ -62,13 +62,13 @@ def cruncher_state_dict_sizes_measured(dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("models.cruncher_entry_shape")
+@check("models.cruncher_entry_shape", evidence="measured")
 def cruncher_entry_shape(dim: int, num_layers: int, entry: str) -> Outcome:
     """``list(shape)`` of one named ``state_dict()`` entry of a real Cruncher."""
     return Outcome(measured=list(_cruncher(dim, num_layers).state_dict()[entry].shape))
 
 
-@check("models.cruncher_linear_layers", quantities=("final_layers",))
+@check("models.cruncher_linear_layers", evidence="measured", quantities=("final_layers",))
 def cruncher_linear_layers(dim: int, num_layers: int) -> Outcome:
     """How many modules with a ``weight`` parameter a real Cruncher holds, with how many of them
     sit under ``final`` (the output layer)."""
@@ -81,14 +81,14 @@ def cruncher_linear_layers(dim: int, num_layers: int) -> Outcome:
     )
 
 
-@check("models.cruncher_output_shape")
+@check("models.cruncher_output_shape", evidence="measured")
 def cruncher_output_shape(batch: int, dim: int, num_layers: int) -> Outcome:
     """``list(model(x).shape)`` for a real Cruncher and x of shape (batch, dim)."""
     model = _cruncher(dim, num_layers)
     return Outcome(measured=list(model(torch.randn(batch, dim)).shape), predicted=[batch, 1])
 
 
-@check("models.parameter_is_tensor")
+@check("models.parameter_is_tensor", evidence="measured")
 def parameter_is_tensor(rows: int = 2, cols: int = 3) -> Outcome:
     """``[isinstance(p, torch.Tensor), p.requires_grad]`` for ``p = nn.Parameter(torch.randn(rows, cols))``."""
     parameter = nn.Parameter(torch.randn(rows, cols))
@@ -102,7 +102,7 @@ class _Holder(nn.Module):
         self.weight = nn.Parameter(weight) if as_parameter else weight
 
 
-@check("models.registered_parameters")
+@check("models.registered_parameters", evidence="measured")
 def registered_parameters(attribute: str) -> Outcome:
     """How many tensors ``module.parameters()`` yields after ``self.weight = …`` is assigned
     an ``nn.Parameter`` (attribute: parameter) or a plain tensor (attribute: tensor)."""

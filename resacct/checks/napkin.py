@@ -105,7 +105,7 @@ def measured_bytes_per_parameter(recipe: str) -> float:
     return _storage_bytes(held) / parameters
 
 
-@check("napkin.flops_per_token_per_parameter")
+@check("napkin.flops_per_token_per_parameter", evidence="measured")
 def flops_per_token_per_parameter() -> Outcome:
     """Training FLOPs per token per parameter, counted by FlopCounterMode (forward + backward)."""
     from resacct.formulas.napkin import TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER
@@ -113,7 +113,7 @@ def flops_per_token_per_parameter() -> Outcome:
     return Outcome(measured=measured_flops_per_token_per_parameter(), predicted=TRAINING_FLOPS_PER_TOKEN_PER_PARAMETER)
 
 
-@check("napkin.training_flops", quantities=("flops_per_token_per_parameter",))
+@check("napkin.training_flops", evidence="measured", quantities=("flops_per_token_per_parameter",))
 def total_training_flops(parameters: Number, tokens: Number) -> Outcome:
     """Training FLOPs of N parameters over D tokens: counted FLOPs per token per parameter × N × D."""
     per = measured_flops_per_token_per_parameter()
@@ -121,7 +121,7 @@ def total_training_flops(parameters: Number, tokens: Number) -> Outcome:
                    quantities={"flops_per_token_per_parameter": per})
 
 
-@check("napkin.flops_per_day", quantities=("peak_flops_per_sec", "seconds_per_day"))
+@check("napkin.flops_per_day", evidence="arithmetic", quantities=("peak_flops_per_sec", "seconds_per_day"))
 def cluster_flops_per_day(devices: int, device: str, dtype: str, mfu: Number, sparse: bool = False) -> Outcome:
     """FLOPs ``devices`` boards do in a day at ``mfu``: datasheet peak × MFU × devices × timedelta(days=1)."""
     peak, day = raw_peak_flops_per_sec(device, dtype, sparse), seconds_in(days=1)
@@ -132,7 +132,7 @@ def cluster_flops_per_day(devices: int, device: str, dtype: str, mfu: Number, sp
     )
 
 
-@check("napkin.training_days", quantities=("training_flops", "peak_flops_per_sec", "seconds_per_day"))
+@check("napkin.training_days", evidence="measured", quantities=("training_flops", "peak_flops_per_sec", "seconds_per_day"))
 def days_to_train(parameters: Number, tokens: Number, devices: int, device: str, dtype: str, mfu: Number, sparse: bool = False) -> Outcome:
     """Days to train: counted FLOPs/token/parameter × N × D ÷ (datasheet peak × MFU × devices ×
     timedelta(days=1))."""
@@ -143,7 +143,7 @@ def days_to_train(parameters: Number, tokens: Number, devices: int, device: str,
                    quantities={"training_flops": total, "peak_flops_per_sec": peak, "seconds_per_day": day})
 
 
-@check("napkin.cluster_flops", quantities=("seconds", "peak_flops_per_sec"))
+@check("napkin.cluster_flops", evidence="arithmetic", quantities=("seconds", "peak_flops_per_sec"))
 def flops_over_weeks(devices: int, weeks: Number, device: str, dtype: str, sparse: bool = False, mfu: Number = 1.0) -> Outcome:
     """FLOPs ``devices`` boards do in ``weeks``: devices × timedelta(weeks=…) seconds × datasheet peak × MFU."""
     seconds, peak = seconds_in(weeks=weeks), raw_peak_flops_per_sec(device, dtype, sparse)
@@ -151,14 +151,14 @@ def flops_over_weeks(devices: int, weeks: Number, device: str, dtype: str, spars
     return Outcome(measured=devices * seconds * peak * mfu, predicted=predicted, quantities={"seconds": seconds, "peak_flops_per_sec": peak})
 
 
-@check("napkin.bytes_per_parameter")
+@check("napkin.bytes_per_parameter", evidence="measured")
 def bytes_per_parameter(recipe: str) -> Outcome:
     """Bytes held per parameter after one real AdamW step (parameters, gradients, master weights,
     moments — summed from their storages)."""
     return Outcome(measured=measured_bytes_per_parameter(recipe))
 
 
-@check("napkin.max_parameters", quantities=("measured_bytes_per_parameter", "memory_bytes_per_device"))
+@check("napkin.max_parameters", evidence="measured", quantities=("measured_bytes_per_parameter", "memory_bytes_per_device"))
 def largest_model(devices: int, device: str, recipe: str, bytes_per_parameter: Number) -> Outcome:
     """Largest model whose training state fits: devices × datasheet HBM ÷ bytes per parameter
     measured for ``recipe``. resacct predicts with the stated ``bytes_per_parameter``."""
@@ -168,7 +168,7 @@ def largest_model(devices: int, device: str, recipe: str, bytes_per_parameter: N
                    quantities={"measured_bytes_per_parameter": per, "memory_bytes_per_device": memory})
 
 
-@check("napkin.threshold_ratio", quantities=("training_flops",))
+@check("napkin.threshold_ratio", evidence="measured", quantities=("training_flops",))
 def threshold_ratio(parameters: Number, tokens: Number, threshold: str, threshold_flops: Number) -> Outcome:
     """A run's training FLOPs (counted per token per parameter × N × D) ÷ the threshold as the
     source states it; resacct predicts with its own threshold table."""

@@ -11,7 +11,7 @@ from resacct.harness.registry import Outcome, check
 Number = float | int
 
 
-@check("offload.deepspeed_estimate")
+@check("offload.deepspeed_estimate", evidence="published")
 def deepspeed_estimate(stage: int, parameters: Number, gpus_per_node: int, side: str, reported: Number, nodes: int = 1,
                        largest_layer_parameters: Number = 0, offload_optimizer: bool = True, offload_param: bool = False,
                        zero_init: bool = True) -> Outcome:

@@ -119,7 +119,7 @@ def _deviation_from_torch(
     return max(deviations)
 
 
-@check("optim.sgd_matches_torch")
+@check("optim.sgd_matches_torch", evidence="measured")
 def sgd_matches_torch(
     shape: list, seed: int, lr: float, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False
 ) -> Outcome:
@@ -128,7 +128,7 @@ def sgd_matches_torch(
     return Outcome(measured=_deviation_from_torch(lambda p: ours.SGD(p, **kwargs), lambda p: torch.optim.SGD(p, **kwargs), shape, seed))
 
 
-@check("optim.adagrad_matches_torch")
+@check("optim.adagrad_matches_torch", evidence="measured")
 def adagrad_matches_torch(
     shape: list, seed: int, lr: float, lr_decay: float = 0.0, weight_decay: float = 0.0, initial_accumulator_value: float = 0.0, eps: float = 1e-10
 ) -> Outcome:
@@ -137,7 +137,7 @@ def adagrad_matches_torch(
     return Outcome(measured=_deviation_from_torch(lambda p: ours.AdaGrad(p, **kwargs), lambda p: torch.optim.Adagrad(p, **kwargs), shape, seed))
 
 
-@check("optim.rmsprop_matches_torch")
+@check("optim.rmsprop_matches_torch", evidence="measured")
 def rmsprop_matches_torch(
     shape: list, seed: int, lr: float, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False
 ) -> Outcome:
@@ -146,7 +146,7 @@ def rmsprop_matches_torch(
     return Outcome(measured=_deviation_from_torch(lambda p: ours.RMSProp(p, **kwargs), lambda p: torch.optim.RMSprop(p, **kwargs), shape, seed))
 
 
-@check("optim.adam_matches_torch")
+@check("optim.adam_matches_torch", evidence="measured")
 def adam_matches_torch(
     shape: list, seed: int, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False
 ) -> Outcome:
@@ -166,7 +166,7 @@ _TORCH_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 }
 
 
-@check("optim.defaults_match_torch")
+@check("optim.defaults_match_torch", evidence="measured")
 def defaults_match_torch(optimizer: str, shape: list, seed: int) -> Outcome:
     """Relative deviation of resacct's optimizer from torch's, both built with nothing but the
     parameters (every hyper-parameter at its default), after 20 steps."""
@@ -196,7 +196,7 @@ def _torch_optimizer_after_one_step(optimizer: str, dim: int = 4, num_layers: in
     return torch_optimizer, parameters
 
 
-@check("optim.state_tensors_per_parameter", quantities=("scalar_tensors",))
+@check("optim.state_tensors_per_parameter", evidence="measured", quantities=("scalar_tensors",))
 def state_tensors_per_parameter(optimizer: str) -> Outcome:
     """Tensors of the parameter's shape in ``torch.optim``'s ``state[p]`` after one real step on a
     Cruncher (the same for every parameter), with the 0-dim tensors (step counters) per parameter."""
@@ -211,14 +211,14 @@ def state_tensors_per_parameter(optimizer: str) -> Outcome:
     return Outcome(measured=shaped.pop(), predicted=ours.state_tensors_per_parameter(optimizer), quantities={"scalar_tensors": scalars.pop()})
 
 
-@check("optim.torch_state_keys")
+@check("optim.torch_state_keys", evidence="measured")
 def torch_state_keys(optimizer: str) -> Outcome:
     """Sorted keys of ``torch.optim``'s ``state[p]`` for one parameter after one real step."""
     torch_optimizer, parameters = _torch_optimizer_after_one_step(optimizer)
     return Outcome(measured=sorted(torch_optimizer.state[parameters[0]]))
 
 
-@check("optim.torch_step_counter")
+@check("optim.torch_step_counter", evidence="measured")
 def torch_step_counter(optimizer: str) -> Outcome:
     """``[is a tensor, dtype, dim, storage bytes]`` of ``state[p]["step"]`` in torch.optim."""
     torch_optimizer, parameters = _torch_optimizer_after_one_step(optimizer)
@@ -239,7 +239,7 @@ _FIRST_STEP: dict[str, Callable[[list[nn.Parameter], float], torch.optim.Optimiz
 }
 
 
-@check("optim.first_step")
+@check("optim.first_step", evidence="measured")
 def first_step(optimizer: str, start: float, gradient: float, lr: float) -> Outcome:
     """The value of a one-element float64 parameter after one step of ``torch.optim``'s
     optimizer (default hyper-parameters but ``lr``) from ``start`` with gradient ``gradient``."""
@@ -258,7 +258,7 @@ _RUNNING: dict[str, tuple[str, Callable[..., torch.optim.Optimizer]]] = {
 }
 
 
-@check("optim.running_state")
+@check("optim.running_state", evidence="measured")
 def running_state(buffer: str, coefficient: float, steps: int, gradient: float = 1.0, dampening: float = 0.0) -> Outcome:
     """The value ``torch.optim`` holds in a state buffer (``optimizer.buffer``) after ``steps``
     steps with the same gradient; ``coefficient`` is the buffer's decay (momentum, alpha, beta1
@@ -306,7 +306,7 @@ def _parameter_with_gradient() -> nn.Parameter:
     return param
 
 
-@check("optim.seed004_adagrad_updates")
+@check("optim.seed004_adagrad_updates", evidence="measured")
 def seed004_adagrad_updates(lr: float = 0.01) -> Outcome:
     """Whether ``optimizer.step()`` of seed 004's AdaGrad changes the parameters (False when
     torch's ``Optimizer.step`` raises NotImplementedError or leaves them as they were)."""
@@ -319,7 +319,7 @@ def seed004_adagrad_updates(lr: float = 0.01) -> Outcome:
     return Outcome(measured=not torch.equal(before, param.detach()))
 
 
-@check("optim.seed004_adagrad_step")
+@check("optim.seed004_adagrad_step", evidence="measured")
 def seed004_adagrad_step(lr: float = 0.01) -> Outcome:
     """Call ``optimizer.step()`` on seed 004's AdaGrad and report the parameters after it."""
     param = _parameter_with_gradient()
@@ -327,7 +327,7 @@ def seed004_adagrad_step(lr: float = 0.01) -> Outcome:
     return Outcome(measured=param.detach().tolist())
 
 
-@check("optim.seed004_adagrad_renamed_matches_torch")
+@check("optim.seed004_adagrad_renamed_matches_torch", evidence="measured")
 def seed004_adagrad_renamed_matches_torch(shape: list, seed: int, lr: float) -> Outcome:
     """Relative deviation, after 20 steps, of seed 004's AdaGrad body (renamed to ``step``) from
     torch.optim.Adagrad(lr, eps=1e-8)."""
@@ -341,7 +341,7 @@ def seed004_adagrad_renamed_matches_torch(shape: list, seed: int, lr: float) -> 
 # ── zero_grad ───────────────────────────────────────────────────────────────────────────────
 
 
-@check("optim.zero_grad")
+@check("optim.zero_grad", evidence="measured")
 def zero_grad(set_to_none: str) -> Outcome:
     """``[p.grad is None, the old gradient tensor was freed]`` after ``optimizer.zero_grad(...)``
     with ``set_to_none`` true, false or default (called without the argument)."""

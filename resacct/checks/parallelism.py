@@ -65,7 +65,7 @@ def saved_activation_bytes(seq: int, batch: int, hidden: int, heads: int, recomp
     return saved.activation_bytes, statistics, mask
 
 
-@check("parallelism.layer_saved_bytes", quantities=("layernorm_statistics_bytes", "causal_mask_bytes"))
+@check("parallelism.layer_saved_bytes", evidence="measured", quantities=("layernorm_statistics_bytes", "causal_mask_bytes"))
 def layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, recompute: str = "none") -> Outcome:
     """Bytes a bfloat16 Megatron-style layer saves for backward (saved-tensor hooks, CPU);
     resacct predicts it with Korthikanti's terms plus what eager PyTorch adds (2-byte dropout
@@ -159,7 +159,7 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
     return sum(storages.values())
 
 
-@check("parallelism.tensor_parallel_layer_saved_bytes", quantities=("min_rank_bytes",))
+@check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",))
 def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
                                       sequence_parallel: bool = False) -> Outcome:
     """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout
@@ -218,7 +218,7 @@ def full_recompute_census(layers: int, seq: int, batch: int, heads: int, head_di
     }
 
 
-@check("parallelism.full_recompute_saved_bytes", quantities=("outside_bytes", "layer_input_bytes"))
+@check("parallelism.full_recompute_saved_bytes", evidence="measured", quantities=("outside_bytes", "layer_input_bytes"))
 def full_recompute_saved_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int = 64) -> Outcome:
     """Bytes a bfloat16 GPT keeps for backward with every layer checkpointed
     (:func:`full_recompute_census`); resacct predicts L × Korthikanti's full-recomputation bytes
@@ -236,7 +236,7 @@ def full_recompute_saved_bytes(layers: int, seq: int, batch: int, heads: int, he
                    quantities={"outside_bytes": census["outside_bytes"], "layer_input_bytes": census["layer_input_bytes"]})
 
 
-@check("parallelism.full_recompute_held_bytes", quantities=("saved_bytes", "rng_state_bytes"))
+@check("parallelism.full_recompute_held_bytes", evidence="measured", quantities=("saved_bytes", "rng_state_bytes"))
 def full_recompute_held_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int = 64) -> Outcome:
     """Bytes the CPU allocator holds after a bfloat16 GPT forward + loss with every
     layer checkpointed, above what existed before it (``torch.profiler`` memory events: every

@@ -51,14 +51,14 @@ def _step(model: str, batch: int, seq: int) -> Outcome:
     )
 
 
-@check("peak.step_peak", quantities=("state_bytes", "saved_bytes", "input_bytes", "measured_start_bytes", "predicted_start_bytes"))
+@check("peak.step_peak", evidence="measured", quantities=("state_bytes", "saved_bytes", "input_bytes", "measured_start_bytes", "predicted_start_bytes"))
 def step_peak(model: str, batch: int, seq: int) -> Outcome:
     """The CPU allocator's peak over one steady AdamW step (forward, backward, step, zero_grad) of a
     :data:`resacct.account.peak_models.PEAK_MODELS` model; predicted: resacct on fake tensors."""
     return _step(model, batch, seq)
 
 
-@check("peak.phase_matches")
+@check("peak.phase_matches", evidence="measured")
 def phase_matches(model: str, batch: int, seq: int) -> Outcome:
     """1 when the allocator's peak falls in the phase resacct predicts for it (forward, backward,
     optimizer step, zero_grad), else 0."""

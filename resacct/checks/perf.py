@@ -111,7 +111,7 @@ def _predicted_intensity(operation: str, size: int, dtype: str) -> float:
 # Arithmetic intensity
 
 
-@check("perf.matmul_intensity", quantities=("element_size", "flops", "bytes"))
+@check("perf.matmul_intensity", evidence="measured", quantities=("element_size", "flops", "bytes"))
 def matmul_intensity(m: int, k: int, n: int, dtype: str = "float32") -> Outcome:
     """FLOPs of ``a @ b`` (FlopCounterMode) ÷ bytes of the storages of a (m×k), b (k×n) and the
     result (meta tensors: real sizes, nothing allocated)."""
@@ -125,14 +125,14 @@ def matmul_intensity(m: int, k: int, n: int, dtype: str = "float32") -> Outcome:
     )
 
 
-@check("perf.square_matmul_intensity", quantities=("element_size",))
+@check("perf.square_matmul_intensity", evidence="measured", quantities=("element_size",))
 def square_matmul_intensity(n: int, dtype: str = "bfloat16") -> Outcome:
     """Measured intensity of an n×n @ n×n matmul (FlopCounterMode ÷ storage bytes, meta tensors)."""
     outcome = matmul_intensity(n, n, n, dtype)
     return Outcome(measured=outcome.measured, predicted=outcome.predicted, quantities={"element_size": outcome.quantities["element_size"]})
 
 
-@check("perf.elementwise_intensity", quantities=("element_size", "flops", "bytes"))
+@check("perf.elementwise_intensity", evidence="measured", quantities=("element_size", "flops", "bytes"))
 def elementwise_intensity(operation: str, elements: int, dtype: str = "float32") -> Outcome:
     """FLOPs (one per element per pointwise op in torch's decomposition) ÷ bytes of the storages
     of the inputs and the output of ``operation`` on ``elements`` elements."""
@@ -149,7 +149,7 @@ def elementwise_intensity(operation: str, elements: int, dtype: str = "float32")
 # The roofline on a datasheet
 
 
-@check("perf.roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"))
+@check("perf.roofline_bound", evidence="measured", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"))
 def roofline_bound(operation: str, size: int, device: str, dtype: str = "bfloat16", table_dtype: str = "bf16") -> Outcome:
     """"memory" or "compute": the operation's measured intensity (FLOPs and bytes from torch)
     against ``device``'s datasheet ridge point (peak ÷ bandwidth)."""
@@ -164,7 +164,7 @@ def roofline_bound(operation: str, size: int, device: str, dtype: str = "bfloat1
     )
 
 
-@check("perf.roofline_fraction_of_peak")
+@check("perf.roofline_fraction_of_peak", evidence="arithmetic")
 def roofline_fraction_of_peak(intensity: Number, device: str, dtype: str = "bf16") -> Outcome:
     """The fraction of ``device``'s datasheet peak a kernel of ``intensity`` FLOP/byte can reach:
     min(1, intensity × bandwidth ÷ peak)."""
@@ -177,14 +177,14 @@ def roofline_fraction_of_peak(intensity: Number, device: str, dtype: str = "bf16
 # MFU arithmetic on the lecture's numbers
 
 
-@check("perf.achieved_flops_per_sec", quantities=("flops",))
+@check("perf.achieved_flops_per_sec", evidence="measured", quantities=("flops",))
 def achieved_flops_per_sec_of_matmul(m: int, k: int, n: int, seconds: Number) -> Outcome:
     """FLOPs of an (m×k)@(k×n) matmul (FlopCounterMode, meta tensors) ÷ the stated ``seconds``."""
     flops, _ = _matmul_flops_and_bytes(m, k, n, torch.float32, "meta")
     return Outcome(measured=flops / seconds, predicted=achieved_flops_per_sec(matmul_flops(m, k, n), seconds), quantities={"flops": flops})
 
 
-@check("perf.worked_mfu", quantities=("peak_flops_per_sec",))
+@check("perf.worked_mfu", evidence="arithmetic", quantities=("peak_flops_per_sec",))
 def worked_mfu(achieved_flops_per_sec: Number, device: str, dtype: str) -> Outcome:
     """A stated achieved FLOP/s ÷ ``device``'s datasheet peak for ``dtype``."""
     peak = raw_peak_flops_per_sec(device, dtype)
@@ -209,7 +209,7 @@ def _interleaved_samples_sec(functions: list[Callable[[], object]], repeats: int
     return samples
 
 
-@check("perf.cpu_speed_ratio", quantities=("matmul_flops_per_sec", "add_flops_per_sec"), timing=True)
+@check("perf.cpu_speed_ratio", evidence="measured", quantities=("matmul_flops_per_sec", "add_flops_per_sec"), timing=True)
 def cpu_speed_ratio(matmul_size: int = 512, add_elements: int = 2**23, repeats: int = 9) -> Outcome:
     """FLOP/s a float32 matmul_size³ matmul reaches ÷ what an ``add`` over ``add_elements``
     elements reaches, timed here in turn with one thread. "Reaches" is the best of the samples
@@ -228,7 +228,7 @@ def cpu_speed_ratio(matmul_size: int = 512, add_elements: int = 2**23, repeats: 
     return Outcome(measured=matmul_speed / add_speed, quantities={"matmul_flops_per_sec": matmul_speed, "add_flops_per_sec": add_speed})
 
 
-@check("perf.cpu_matmul_mfu", quantities=("achieved_flops_per_sec", "ceiling_flops_per_sec"), timing=True)
+@check("perf.cpu_matmul_mfu", evidence="measured", quantities=("achieved_flops_per_sec", "ceiling_flops_per_sec"), timing=True)
 def cpu_matmul_mfu(m: int, k: int, n: int, ceiling_size: int = 512, repeats: int = 7) -> Outcome:
     """MFU of a real float32 (m×k)@(k×n) matmul on this CPU: FLOPs (FlopCounterMode) ÷ its median
     seconds, ÷ this machine's matmul ceiling (the best FLOP/s of a ceiling_size³ matmul, timed in
@@ -252,7 +252,7 @@ def _forget_machine_roofline() -> None:
     this_machine_roofline.cache_clear()
 
 
-@check("perf.cpu_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"), timing=True, forget=(_forget_machine_roofline,))
+@check("perf.cpu_roofline_bound", evidence="measured", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"), timing=True, forget=(_forget_machine_roofline,))
 def cpu_roofline_bound(operation: str, size: int, dtype: str = "float32") -> Outcome:
     """"memory" or "compute" on THIS machine: the operation's measured intensity (torch's FLOPs
     and bytes) against the measured ridge point (best matmul FLOP/s ÷ best triad bytes/s, see
@@ -301,7 +301,7 @@ def _cuda_matmul_seconds(m: int, k: int, n: int, dtype: torch.dtype, repeats: in
 _TABLE_FORMAT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-@check("perf.gpu_matmul_mfu", quantities=("achieved_flops_per_sec", "peak_flops_per_sec"), timing=True)
+@check("perf.gpu_matmul_mfu", evidence="measured", quantities=("achieved_flops_per_sec", "peak_flops_per_sec"), timing=True)
 def gpu_matmul_mfu(m: int, k: int, n: int, dtype: str, family: str) -> Outcome:
     """MFU of an (m×k)@(k×n) matmul timed on GPU 0 with CUDA events (median of 10), FLOPs from
     FlopCounterMode, against the board's dense datasheet peak for ``dtype`` (TF32 off)."""
@@ -314,7 +314,7 @@ def gpu_matmul_mfu(m: int, k: int, n: int, dtype: str, family: str) -> Outcome:
     return Outcome(measured=achieved / peak, quantities={"achieved_flops_per_sec": achieved, "peak_flops_per_sec": peak})
 
 
-@check("perf.gpu_matmul_speedup", quantities=("fast_sec", "slow_sec"), timing=True)
+@check("perf.gpu_matmul_speedup", evidence="measured", quantities=("fast_sec", "slow_sec"), timing=True)
 def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str, family: str) -> Outcome:
     """Seconds of the matmul in ``slow_dtype`` ÷ seconds in ``fast_dtype`` on GPU 0 (TF32 off)."""
     _cuda_board_of_family(family)
@@ -325,7 +325,7 @@ def gpu_matmul_speedup(m: int, k: int, n: int, fast_dtype: str, slow_dtype: str,
     return Outcome(measured=slow / fast, quantities={"fast_sec": fast, "slow_sec": slow})
 
 
-@check("perf.gpu_tf32_matmul_fp32_mfu", quantities=("achieved_flops_per_sec", "fp32_peak_flops_per_sec", "tf32_peak_flops_per_sec"), timing=True)
+@check("perf.gpu_tf32_matmul_fp32_mfu", evidence="measured", quantities=("achieved_flops_per_sec", "fp32_peak_flops_per_sec", "tf32_peak_flops_per_sec"), timing=True)
 def gpu_tf32_matmul_fp32_mfu(m: int, k: int, n: int, family: str) -> Outcome:
     """"MFU" of a float32 (m×k)@(k×n) matmul timed on GPU 0 with TF32 on
     (``torch.backends.cuda.matmul.allow_tf32 = True``: cuBLAS may round the inputs to TF32 and use
@@ -339,7 +339,7 @@ def gpu_tf32_matmul_fp32_mfu(m: int, k: int, n: int, family: str) -> Outcome:
                                                               "tf32_peak_flops_per_sec": raw_peak_flops_per_sec(board, "tf32")})
 
 
-@check("perf.roofline_points_share_of_roof", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"), timing=True,
+@check("perf.roofline_points_share_of_roof", evidence="measured", quantities=("points", "memory_roof_bytes_per_sec", "compute_roof_flops_per_sec"), timing=True,
        forget=(_forget_machine_roofline,))
 def roofline_points_share_of_roof() -> Outcome:
     """The largest (best FLOP/s ÷ attainable FLOP/s under the measured roofs) over the points of

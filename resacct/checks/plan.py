@@ -17,7 +17,7 @@ from resacct.harness.registry import NotMeasurable, Outcome, check
 _NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 
 
-@check("plan.hf_config_parameters", quantities=("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab", "plan_parameters"))
+@check("plan.hf_config_parameters", evidence="measured", quantities=("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab", "plan_parameters"))
 def hf_config_parameters(config: str) -> Outcome:
     """Parameters of a shipped config's model built by transformers on meta (distinct storages);
     predicted: the ``parameters`` field of ``resacct plan --hf-config CONFIG --json``. Quantities:

@@ -53,14 +53,14 @@ def predicted_step(model: str, batch: int) -> StepPrediction:
 _FORGET = (predicted_step.cache_clear, machine_costs.cache_clear)  # a new round re-measures the rates and the step
 
 
-@check("runtime_model.step_time_ratio", quantities=("predicted_sec", "measured_sec"), timing=True, forget=_FORGET)
+@check("runtime_model.step_time_ratio", evidence="measured", quantities=("predicted_sec", "measured_sec"), timing=True, forget=_FORGET)
 def step_time_ratio(model: str, batch: int) -> Outcome:
     """Predicted ÷ measured seconds of one training step (forward, backward, AdamW) on this CPU."""
     step = predicted_step(model, batch)
     return Outcome(measured=step.ratio, quantities={"predicted_sec": step.predicted_step_sec, "measured_sec": step.measured_step_sec})
 
 
-@check("runtime_model.phase_time_ratio", quantities=("predicted_sec", "measured_sec", "optimizer_op_overhead_sec"), timing=True,
+@check("runtime_model.phase_time_ratio", evidence="measured", quantities=("predicted_sec", "measured_sec", "optimizer_op_overhead_sec"), timing=True,
        forget=_FORGET)
 def phase_time_ratio(model: str, batch: int, phase: str) -> Outcome:
     """Predicted ÷ measured seconds of one phase (forward, backward, optimizer) of a training step
@@ -73,7 +73,7 @@ def phase_time_ratio(model: str, batch: int, phase: str) -> Outcome:
                                                                 "optimizer_op_overhead_sec": step.optimizer_op_overhead_sec})
 
 
-@check("runtime_model.op_roofline_bound", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"), timing=True, forget=_FORGET)
+@check("runtime_model.op_roofline_bound", evidence="measured", quantities=("intensity_flops_per_byte", "ridge_flops_per_byte"), timing=True, forget=_FORGET)
 def op_roofline_bound(model: str, batch: int, op: str) -> Outcome:
     """"memory" or "compute": the op's arithmetic intensity over one training step of ``model``
     (its FLOPs ÷ the bytes it read and wrote, write-allocate included as the roof counts them)

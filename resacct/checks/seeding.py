@@ -69,7 +69,7 @@ _DRAWS: dict[str, Callable[[], list[float]]] = {
 }
 
 
-@check("seeding.same_seed_same_draws")
+@check("seeding.same_seed_same_draws", evidence="measured")
 def same_seed_same_draws(seed: int, draws: str) -> Outcome:
     """Whether two runs of ``seed_everything(seed)`` followed by the same draws (8 numbers from
     a generator, an nn.Linear init, a dropout mask or a shuffled DataLoader order) give
@@ -84,7 +84,7 @@ def same_seed_same_draws(seed: int, draws: str) -> Outcome:
     return Outcome(measured=first == second)
 
 
-@check("seeding.different_seeds_differ")
+@check("seeding.different_seeds_differ", evidence="measured")
 def different_seeds_differ(seed: int, offset: int, draws: str) -> Outcome:
     """Whether ``seed_everything(seed)`` and ``seed_everything(seed + offset mod 2³²)`` lead to
     different draws."""
@@ -97,7 +97,7 @@ def different_seeds_differ(seed: int, offset: int, draws: str) -> Outcome:
     return Outcome(measured=first != second)
 
 
-@check("seeding.torch_seed_alone")
+@check("seeding.torch_seed_alone", evidence="measured")
 def torch_seed_alone(seed: int, draws: str) -> Outcome:
     """Whether ``torch.manual_seed(seed)`` alone, set twice, reproduces draws from ``draws``
     (python, numpy, torch)."""
@@ -110,7 +110,7 @@ def torch_seed_alone(seed: int, draws: str) -> Outcome:
     return Outcome(measured=first == second)
 
 
-@check("seeding.generator_isolated")
+@check("seeding.generator_isolated", evidence="measured")
 def generator_isolated(seed: int) -> Outcome:
     """Whether draws from a ``torch.Generator`` seeded with ``seed`` are the same whether or not
     the global generator (and another generator) are used in between."""
@@ -126,7 +126,7 @@ def generator_isolated(seed: int) -> Outcome:
     return Outcome(measured=reference == interleaved)
 
 
-@check("seeding.derived_seeds_differ")
+@check("seeding.derived_seeds_differ", evidence="measured")
 def derived_seeds_differ(seed: int, purpose: str, other_purpose: str) -> Outcome:
     """Whether torch generators seeded with ``derive_seed(seed, purpose)`` and
     ``derive_seed(seed, other_purpose)`` draw different numbers."""

@@ -26,7 +26,7 @@ def _index_fractions() -> st.SearchStrategy:
     return st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 
 
-@check("tensors.storage_bytes", quantities=("numel", "element_size"))
+@check("tensors.storage_bytes", evidence="measured", quantities=("numel", "element_size"))
 def storage_bytes_of_new_tensor(shape: list, dtype: str, device: str = "cpu") -> Outcome:
     """Bytes of the storage behind a new tensor (``untyped_storage().nbytes()``), with its
     ``numel()`` and ``element_size()`` as quantities. ``device: meta`` allocates nothing."""
@@ -38,20 +38,20 @@ def storage_bytes_of_new_tensor(shape: list, dtype: str, device: str = "cpu") ->
     )
 
 
-@check("tensors.numel")
+@check("tensors.numel", evidence="measured")
 def numel_of_new_tensor(shape: list) -> Outcome:
     """``numel()`` of a tensor of ``shape`` (on the meta device: nothing is allocated)."""
     return Outcome(measured=torch.empty(tuple(shape), device="meta").numel(), predicted=numel(shape))
 
 
-@check("tensors.strides")
+@check("tensors.strides", evidence="measured")
 def strides_of_new_tensor(d0: int, d1: int | None = None, d2: int | None = None, d3: int | None = None) -> Outcome:
     """``stride()`` of a new (contiguous) tensor of shape (d0[, d1[, d2[, d3]]])."""
     shape = [dim for dim in (d0, d1, d2, d3) if dim is not None]
     return Outcome(measured=list(torch.empty(tuple(shape), device="meta").stride()), predicted=list(contiguous_strides(shape)))
 
 
-@check("tensors.transposed_strides", quantities=("original",))
+@check("tensors.transposed_strides", evidence="measured", quantities=("original",))
 def transposed_strides(rows: int, cols: int) -> Outcome:
     """``stride()`` of ``x.transpose(0, 1)`` for a contiguous rows×cols ``x``."""
     x = torch.empty(rows, cols, device="meta")
@@ -62,7 +62,7 @@ def transposed_strides(rows: int, cols: int) -> Outcome:
     )
 
 
-@check("tensors.element_offset", quantities=("row", "col", "stride0", "stride1", "storage_offset"))
+@check("tensors.element_offset", evidence="measured", quantities=("row", "col", "stride0", "stride1", "storage_offset"))
 def element_offset_in_storage(rows: int, cols: int, row_fraction: float, col_fraction: float, layout: str = "contiguous") -> Outcome:
     """Where element (row, col) lives in storage, measured by filling the storage with 0, 1, 2 …
     and reading the element back. ``layout``: contiguous, transposed (a ``.t()`` view) or
@@ -100,7 +100,7 @@ _OPERATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-@check("tensors.shares_storage")
+@check("tensors.shares_storage", evidence="measured")
 def operation_shares_storage(operation: str, rows: int = 2, cols: int = 3) -> Outcome:
     """Whether the result of ``operation`` on a rows×cols tensor shares its input's storage."""
     x = torch.randn(rows, max(cols, 2))
@@ -108,7 +108,7 @@ def operation_shares_storage(operation: str, rows: int = 2, cols: int = 3) -> Ou
     return Outcome(measured=shares_storage(x, result), predicted=makes_view(operation))
 
 
-@check("tensors.mutation_visible")
+@check("tensors.mutation_visible", evidence="measured")
 def mutation_visible(operation: str) -> Outcome:
     """After ``y = operation(x)``, does writing ``x[0, 0] = 100`` change what ``y`` holds?"""
     x = torch.tensor([[1.0, 2, 3], [4, 5, 6]])
@@ -118,7 +118,7 @@ def mutation_visible(operation: str) -> Outcome:
     return Outcome(measured=not torch.equal(before, y), predicted=makes_view(operation))
 
 
-@check("tensors.new_storage_bytes", quantities=("numel", "element_size"))
+@check("tensors.new_storage_bytes", evidence="measured", quantities=("numel", "element_size"))
 def new_storage_bytes(operation: str, shape: list, dtype: str = "float32") -> Outcome:
     """Bytes of new storage the result of ``operation`` brings (0 when it is a view), with the
     result's ``numel()`` and ``element_size()`` as quantities."""
@@ -143,7 +143,7 @@ _INDEX_EXPRESSIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-@check("tensors.index_is_view")
+@check("tensors.index_is_view", evidence="measured")
 def index_is_view(expression: str) -> Outcome:
     """Whether indexing ``x = torch.arange(6).view(2, 3)`` with ``expression`` gives a view of x;
     if torch refuses the expression, the measurement is its error message."""
@@ -155,7 +155,7 @@ def index_is_view(expression: str) -> Outcome:
     return Outcome(measured=shares_storage(x, result))
 
 
-@check("tensors.is_contiguous")
+@check("tensors.is_contiguous", evidence="measured")
 def is_contiguous(operation: str, rows: int = 2, cols: int = 3) -> Outcome:
     """``is_contiguous()`` of the result of ``operation`` on a rows×cols tensor."""
     result = _OPERATIONS[operation](torch.empty(rows, cols))
@@ -163,7 +163,7 @@ def is_contiguous(operation: str, rows: int = 2, cols: int = 3) -> Outcome:
     return Outcome(measured=result.is_contiguous(), predicted=predicted)
 
 
-@check("tensors.view_of_transposed")
+@check("tensors.view_of_transposed", evidence="measured")
 def view_of_transposed(rows: int = 2, cols: int = 3) -> Outcome:
     """``x.transpose(1, 0).view(rows, cols)``: raises for a non-contiguous transpose."""
     x = torch.arange(rows * cols).view(rows, cols)
@@ -171,7 +171,7 @@ def view_of_transposed(rows: int = 2, cols: int = 3) -> Outcome:
     return Outcome(measured=y.tolist())
 
 
-@check("tensors.values_after")
+@check("tensors.values_after", evidence="measured")
 def values_after(expression: str) -> Outcome:
     """The values (``tolist()``) a small expression from the lecture notes produces.
 

@@ -34,7 +34,7 @@ def _regression_batches(seed: int, count: int, batch_size: int, dim: int) -> lis
 # --- zero_grad -----------------------------------------------------------------------------
 
 
-@check("train.zero_grad_frees", quantities=("grads_none",))
+@check("train.zero_grad_frees", evidence="measured", quantities=("grads_none",))
 def zero_grad_frees(mode: str) -> Outcome:
     """After a backward pass, call ``optimizer.zero_grad(...)`` (``mode``: ``set_to_none`` →
     ``set_to_none=True``, ``zeros`` → ``set_to_none=False``, ``default`` → no argument) and
@@ -81,7 +81,7 @@ def _run_loop(order: str, steps: int, seed: int) -> list[torch.Tensor]:
     return [parameter.detach().clone() for parameter in model.parameters()]
 
 
-@check("train.loop_order_same_parameters")
+@check("train.loop_order_same_parameters", evidence="measured")
 def loop_order_same_parameters(order: str, steps: int = 5, seed: int = 0) -> Outcome:
     """Train a Cruncher with SGD+momentum for ``steps`` steps with the loop ``order`` and with the
     lecture-001 order (zero_grad, backward, step); measure whether every parameter ends
@@ -98,7 +98,7 @@ def _gradients(model: nn.Module) -> list[torch.Tensor]:
     return [parameter.grad.detach().clone() for parameter in model.parameters()]  # type: ignore[union-attr]
 
 
-@check("train.accumulated_gradient_difference")
+@check("train.accumulated_gradient_difference", evidence="measured")
 def accumulated_gradient_difference(micro_batches: int, micro_batch_size: int, seed: int = 0, dim: int = 8) -> Outcome:
     """Largest relative difference between the gradients of one batch of
     ``micro_batches × micro_batch_size`` rows (mean loss) and the gradients accumulated over the
@@ -116,7 +116,7 @@ def accumulated_gradient_difference(micro_batches: int, micro_batch_size: int, s
     return Outcome(measured=difference / scale)
 
 
-@check("train.micro_batch_activation_fraction")
+@check("train.micro_batch_activation_fraction", evidence="measured")
 def micro_batch_activation_fraction(micro_batches: int, micro_batch_size: int, dim: int = 16, num_layers: int = 3) -> Outcome:
     """Bytes autograd saves for backward (``saved_tensors_hooks``, parameters excluded) for one
     micro-batch, divided by those for the whole ``micro_batches × micro_batch_size`` batch."""
@@ -145,7 +145,7 @@ def _torch_warmup_cosine(max_lr: float, min_lr: float, warmup_steps: int, total_
     return learning_rates
 
 
-@check("train.warmup_cosine_endpoints")
+@check("train.warmup_cosine_endpoints", evidence="measured")
 def warmup_cosine_endpoints(max_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> Outcome:
     """Torch's warm-up + cosine learning rate at step 0, at the end of warm-up and at the last
     step; resacct's :func:`cosine_lr` predicts them."""
@@ -157,7 +157,7 @@ def warmup_cosine_endpoints(max_lr: float, min_lr: float, warmup_steps: int, tot
     )
 
 
-@check("train.warmup_cosine_largest_deviation")
+@check("train.warmup_cosine_largest_deviation", evidence="measured")
 def warmup_cosine_largest_deviation(max_lr: float, min_lr_fraction: float, warmup_steps: int, decay_steps: int) -> Outcome:
     """Largest |torch − resacct| learning rate over every step of a warm-up + cosine schedule
     (``min_lr = min_lr_fraction · max_lr``, ``total = warmup + decay``)."""
@@ -181,7 +181,7 @@ def _torch_total_norm(model: nn.Module) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])))  # type: ignore[arg-type]
 
 
-@check("train.clipped_norm_fraction", quantities=("norm_before",))
+@check("train.clipped_norm_fraction", evidence="measured", quantities=("norm_before",))
 def clipped_norm_fraction(max_norm: float, gradient_scale: float, seed: int = 0) -> Outcome:
     """Global gradient norm after ``clip_grad_norm_(parameters, max_norm)``, measured with
     ``torch.linalg.vector_norm`` and divided by ``max_norm``; the norm before is a quantity."""
@@ -196,7 +196,7 @@ def clipped_norm_fraction(max_norm: float, gradient_scale: float, seed: int = 0)
     )
 
 
-@check("train.clip_return_value", quantities=("norm_before", "norm_after"))
+@check("train.clip_return_value", evidence="measured", quantities=("norm_before", "norm_after"))
 def clip_return_value(max_norm: float, gradient_scale: float, seed: int = 0) -> Outcome:
     """What ``clip_grad_norm_`` returns; the global norms before and after clipping (measured
     with ``torch.linalg.vector_norm``) are quantities. resacct predicts the norm before."""
@@ -207,7 +207,7 @@ def clip_return_value(max_norm: float, gradient_scale: float, seed: int = 0) -> 
     return Outcome(measured=returned, predicted=predicted, quantities={"norm_before": before, "norm_after": _torch_total_norm(model)})
 
 
-@check("train.clip_below_threshold_untouched")
+@check("train.clip_below_threshold_untouched", evidence="measured")
 def clip_below_threshold_untouched(seed: int = 0) -> Outcome:
     """Whether ``clip_grad_norm_`` leaves gradients bit-identical when their norm is half of
     ``max_norm``."""

@@ -63,7 +63,7 @@ def _one_step_dtypes(recipe_name: str) -> tuple[list[str], Cruncher, torch.optim
     return dtypes, model, optimizer
 
 
-@check("train.training_dtypes")
+@check("train.training_dtypes", evidence="measured")
 def training_dtypes(recipe: str) -> Outcome:
     """One AdamW step of a Cruncher under a precision recipe (``bf16-autocast``:
     ``torch.autocast("cpu", dtype=bfloat16)``; ``bf16-cast-model``: ``model.to(bfloat16)``);
@@ -73,7 +73,7 @@ def training_dtypes(recipe: str) -> Outcome:
     return Outcome(measured=dtypes, predicted=get_recipe(recipe).as_list())
 
 
-@check("train.persistent_bytes_per_parameter")
+@check("train.persistent_bytes_per_parameter", evidence="measured")
 def measured_persistent_bytes_per_parameter(recipe: str) -> Outcome:
     """Bytes that outlive one AdamW step under ``recipe`` — parameters, gradients and the
     optimizer states other than its scalar ``step`` (``untyped_storage().nbytes()``) — per parameter."""
@@ -86,7 +86,7 @@ def measured_persistent_bytes_per_parameter(recipe: str) -> Outcome:
     return Outcome(measured=total / count, predicted=persistent_bytes_per_parameter(recipe, optimizer_states=2))
 
 
-@check("train.saved_bytes_ratio")
+@check("train.saved_bytes_ratio", evidence="measured")
 def saved_bytes_ratio(recipe: str, batch_size: int = 32, dim: int = 64, num_layers: int = 4) -> Outcome:
     """Bytes autograd saves for backward (``saved_tensors_hooks``, weights' copies included) under
     the recipe's autocast, divided by the same forward in float32."""
@@ -98,7 +98,7 @@ def saved_bytes_ratio(recipe: str, batch_size: int = 32, dim: int = 64, num_laye
     return Outcome(measured=mixed / full, predicted=saved_activation_bytes_ratio(recipe))
 
 
-@check("train.cuda_amp_entry_point")
+@check("train.cuda_amp_entry_point", evidence="measured")
 def cuda_amp_entry_point(name: str, report: str = "exists") -> Outcome:
     """``torch.cuda.amp.<name>`` (autocast or GradScaler): ``report: exists`` → whether the
     attribute is there; ``report: warning`` → the category of the first warning other than
@@ -140,7 +140,7 @@ def _fp16_underflow_setup() -> tuple[nn.Parameter, torch.Tensor, Callable[[], to
     return weight, x, loss
 
 
-@check("train.fp16_gradient_kept_fraction")
+@check("train.fp16_gradient_kept_fraction", evidence="measured")
 def fp16_gradient_kept_fraction(loss_scale: float) -> Outcome:
     """Under ``torch.autocast("cpu", dtype=float16)``, a loss whose true gradient is 2e-8 per
     weight; backward with ``torch.amp.GradScaler("cpu", init_scale=loss_scale)`` (no scaler
@@ -162,7 +162,7 @@ def fp16_gradient_kept_fraction(loss_scale: float) -> Outcome:
     return Outcome(measured=kept, predicted=1.0 if survives else 0.0)
 
 
-@check("train.grad_scaler_dynamics")
+@check("train.grad_scaler_dynamics", evidence="measured")
 def grad_scaler_dynamics(init_scale: float, steps: int, growth_interval: int = 2000, report: str = "scale") -> Outcome:
     """``steps`` SGD steps with ``torch.amp.GradScaler("cpu", init_scale, growth_interval)`` on
     the float16 problem above (whose scaled gradient overflows float16 at 65536). ``report``:

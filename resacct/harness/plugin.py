@@ -65,6 +65,14 @@ def is_machine_dependent(claim: LoadedClaim) -> bool:
     return bool(claim.claim.when) or get_check(claim.claim.measure).timing
 
 
+def _declared_evidence(measure: str) -> str | None:
+    """What decides the claim: the evidence its check declares (``@check(..., evidence=...)``:
+    measured, published or arithmetic), None when the check declares none."""
+    from resacct.harness.registry import get_check
+
+    return get_check(measure).evidence
+
+
 def spec_group(claim: LoadedClaim) -> str:
     """The xdist group of a claim: its spec file's name (``account.claims.yaml``)."""
     return "claims:" + claim.path.replace("\\", "/").rsplit("/", 1)[-1]
@@ -111,6 +119,7 @@ class ClaimItem(pytest.Item):
             says=claim.says,
             source=loaded.source,
             measure=claim.measure,
+            evidence=_declared_evidence(claim.measure),
             status=claim.status,
             law=claim.law,
             expect=_plain(claim.expect.model_dump(exclude_none=True)) if claim.expect else None,

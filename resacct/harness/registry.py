@@ -11,6 +11,20 @@ for its prediction, and returns an :class:`Outcome`::
 Extra measured quantities that a law may name (``law: 6*batch*params``) are declared in
 ``quantities=`` and returned in ``Outcome.quantities``. Check modules live in
 ``resacct.checks``; every module there is imported on first lookup.
+
+Every check declares its **evidence**, what its ``measured`` value is, so that every report can
+say what decides each claim (:data:`EVIDENCE_KINDS`):
+
+- ``measured``: PyTorch itself ran it (tensors, ``torch.finfo``, FlopCounterMode, storages, the
+  allocator, a clock, an optimizer step, a training run; numpy for the token-file claims);
+- ``published``: a figure as a paper or a datasheet prints it (``resacct/facts``, or the spec's
+  ``reported:``), read without arithmetic (units converted at most);
+- ``arithmetic``: resacct's own arithmetic over the inputs (products, ratios, fits of printed
+  figures; the lecture's code transcribed): nothing is measured, no printed figure is the answer.
+
+Between two kinds a check gets the weaker one (arithmetic, then published). A check that touches
+torch is never ``arithmetic`` or ``published`` (``tests/test_evidence_kind.py`` runs them under a
+profiler to show it).
 """
 
 from __future__ import annotations
@@ -24,9 +38,17 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_checks", "broken_check_modules"]
+__all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_checks", "broken_check_modules", "EVIDENCE_KINDS",
+           "EVIDENCE_MEANINGS"]
 
 CHECKS_PACKAGE = "resacct.checks"
+
+EVIDENCE_KINDS = ("measured", "published", "arithmetic")
+EVIDENCE_MEANINGS = {
+    "measured": "PyTorch ran it (tensors, FlopCounterMode, storages, the allocator, a clock, a training step; numpy for token files)",
+    "published": "a figure as a paper or a datasheet prints it",
+    "arithmetic": "resacct's own arithmetic over the inputs; nothing measured",
+}
 
 
 class NotMeasurable(ResacctError):
@@ -56,6 +78,7 @@ class Check:
     doc: str
     timing: bool = False  # the outcome is a timing on this machine: decided in rounds, may be inconclusive
     forget: tuple[Callable[[], object], ...] = ()  # clears what the check caches, so a new round measures afresh
+    evidence: str | None = None  # one of EVIDENCE_KINDS: what the measured value is (None: not declared)
 
     def forget_cached(self) -> None:
         """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
@@ -92,18 +115,25 @@ _BROKEN_MODULES: dict[str, str] = {}  # checks module → why it failed to impor
 _discovered = False
 
 
-def check(name: str, *, quantities: tuple[str, ...] = (), timing: bool = False,
+def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...] = (), timing: bool = False,
           forget: tuple[Callable[[], object], ...] = ()) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
     """Register ``function`` as the check called ``name`` (``area.what``).
 
-    ``timing=True``: what it measures is a time on this machine, so the harness decides its claims
-    in rounds and may call them inconclusive (:mod:`resacct.harness.timing`); ``forget``: the
-    ``cache_clear`` of each cache the check reads, called before every round but the first."""
+    ``evidence``: what its measured value is, one of :data:`EVIDENCE_KINDS` (see the module's
+    docstring); every check of ``resacct.checks`` declares one (a test fails otherwise; a check
+    without one reads "unstated" in the reports). ``timing=True``: what it measures is a time on
+    this machine, so the harness decides its claims in rounds and may call them inconclusive
+    (:mod:`resacct.harness.timing`); ``forget``: the ``cache_clear`` of each cache the check reads,
+    called before every round but the first."""
+    if evidence is not None and evidence not in EVIDENCE_KINDS:
+        raise ResacctError(f"check {name!r}: evidence={evidence!r}; expected one of {', '.join(EVIDENCE_KINDS)}")
+    if timing and evidence not in (None, "measured"):
+        raise ResacctError(f"check {name!r}: a timing check measures a time, so its evidence is 'measured', not {evidence!r}")
 
     def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
         if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
             raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
-        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget))
+        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget), evidence)
         return function
 
     return register

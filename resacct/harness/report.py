@@ -42,15 +42,28 @@ def count_outcomes(records: list[dict[str, Any]]) -> dict[str, Counter]:
 
 
 def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
+    """Outcomes per area, then the evidence that decides them (measured, published, arithmetic:
+    :mod:`resacct.reporting.evidence`), then the totals line."""
+    from resacct.reporting.evidence import EVIDENCE_KINDS, UNSTATED, evidence_by_area, evidence_counts, evidence_text
+
     by_area = count_outcomes(records)
+    evidence = evidence_by_area(records)
     totals: Counter = sum(by_area.values(), Counter())
     terminal.section("resacct claims", sep="=")
     width = max(len("total"), *(len(area) for area in by_area))
-    terminal.write_line("  ".join(["area".ljust(width)] + [name.rjust(7) for name in OUTCOMES]))
+
+    def row(name: str, counts: Counter | dict[str, str], kinds: Counter | dict[str, str]) -> str:
+        return "  ".join([name.ljust(width)] + [str(counts[outcome]).rjust(7) for outcome in OUTCOMES]
+                         + [" "] + [str(kinds[kind]).rjust(len(kind)) for kind in EVIDENCE_KINDS])
+
+    terminal.write_line(row("area", {name: name for name in OUTCOMES}, {kind: kind for kind in EVIDENCE_KINDS}))
     for area, counts in by_area.items():
-        terminal.write_line("  ".join([area.ljust(width)] + [str(counts[name]).rjust(7) for name in OUTCOMES]))
-    terminal.write_line("  ".join(["total".ljust(width)] + [str(totals[name]).rjust(7) for name in OUTCOMES]))
+        terminal.write_line(row(area, counts, evidence.get(area, Counter())))
+    terminal.write_line(row("total", totals, evidence_counts(records)))
     terminal.write_line(f"claims: {', '.join(f'{totals[name]} {name}' for name in OUTCOMES)}")
+    unstated = evidence_counts(records)[UNSTATED]
+    if unstated:
+        terminal.write_line(f"evidence: {evidence_text(evidence_counts(records))} (a check without @check(..., evidence=...), or a spec that did not load)")
 
 
 def environment_fingerprint() -> dict[str, Any]:
@@ -89,7 +102,10 @@ def write_claims_json(path: str | Path, records: list[dict[str, Any]]) -> None:
     """Strict JSON (a NaN or an infinity is written as the string ``"nan"``/``"inf"``), written atomically."""
     from resacct.reporting.documents import strict_json_text
 
-    document = {"environment": environment_fingerprint(), "claims": sorted(records, key=lambda r: (r["area"], r["path"] or "", r["line"] or 0))}
+    from resacct.reporting.evidence import evidence_summary
+
+    document = {"environment": environment_fingerprint(), "evidence": evidence_summary(records),
+                "claims": sorted(records, key=lambda r: (r["area"], r["path"] or "", r["line"] or 0))}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")

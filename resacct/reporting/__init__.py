@@ -1,6 +1,7 @@
 """The claims report in the forms people read: the terminal summary of ``resacct verify``,
 Markdown, a single-file HTML page, the errata (every refuted claim with the source's words and
-the measured truth), the report directory that is never lost to a partial run, and the matrix of
+the measured truth), the evidence that decides each claim (measured, published, arithmetic,
+counted per area), the report directory that is never lost to a partial run, and the matrix of
 claim status across torch versions (and devices) built from several ``report.json`` files.
 
 >>> outcome_counts([{"outcome": "holds"}, {"outcome": "refuted"}])["holds"]
@@ -24,14 +25,20 @@ from resacct.reporting.documents import (
     statement_text,
     strict_json_text,
 )
+from resacct.reporting.evidence import EVIDENCE_KINDS, evidence_by_area, evidence_counts, evidence_of, evidence_summary
 from resacct.reporting.html import render_html
 from resacct.reporting.markdown import render_errata_markdown, render_markdown
 
 __all__ = [
+    "EVIDENCE_KINDS",
     "OUTCOMES",
     "REPORT_FILES",
     "ReportStaging",
     "counts_by_area",
+    "evidence_by_area",
+    "evidence_counts",
+    "evidence_of",
+    "evidence_summary",
     "format_value",
     "holds_complete_report",
     "is_complete",

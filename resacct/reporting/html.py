@@ -22,6 +22,7 @@ from resacct.reporting.documents import (
     run_notice,
     statement_text,
 )
+from resacct.reporting.evidence import EVIDENCE_MEANINGS, evidence_by_area, evidence_columns, evidence_counts, evidence_of, value_label
 from resacct.reporting.markdown import environment_line, note_text
 
 __all__ = ["render_html"]
@@ -44,36 +45,42 @@ table.claims th:nth-child(4), table.claims th:nth-child(5) { width: 9% } table.c
 .filters { position: sticky; top: 0; background: white; padding: .5rem 0; border-bottom: 1px solid #d0d7de; z-index: 1 }
 .filters label { margin-right: .7rem } .filters input[type=search] { width: 18rem }
 tr[hidden] { display: none } img.roofline { max-width: 100%; border: 1px solid #d0d7de }
+.evidence { display: inline-block; margin-left: .3rem; padding: 0 .35rem; border: 1px solid #d0d7de; border-radius: .3rem; font-size: 12px }
+.evidence.published { background: #ddf4ff } .evidence.arithmetic { background: #fff8c5 } .evidence.unstated { background: #ffebe9 }
+table.counts td.kind { background: #f6f8fa } .evidence-summary { margin: .4rem 0 } .evidence-summary p { margin: .2rem 0 }
 """
 
 _SCRIPT = """
 (function () {
   const rows = Array.from(document.querySelectorAll("tr[data-outcome]"));
   const boxes = Array.from(document.querySelectorAll("input[name=status]"));
-  const area = document.getElementById("area"), search = document.getElementById("search");
+  const area = document.getElementById("area"), evidence = document.getElementById("evidence"), search = document.getElementById("search");
   function apply() {
     const wanted = new Set(boxes.filter(b => b.checked).map(b => b.value));
     const text = search.value.trim().toLowerCase();
     let shown = 0;
     for (const row of rows) {
       const visible = wanted.has(row.dataset.outcome) && (!area.value || row.dataset.area === area.value)
+        && (!evidence.value || row.dataset.evidence === evidence.value)
         && (!text || row.textContent.toLowerCase().includes(text));
       row.hidden = !visible;
       if (visible) shown++;
     }
     document.getElementById("shown").textContent = shown;
-    const state = new URLSearchParams({status: Array.from(wanted).join(","), area: area.value, q: search.value});
+    const state = new URLSearchParams({status: Array.from(wanted).join(","), area: area.value, evidence: evidence.value, q: search.value});
     try { history.replaceState(null, "", "#" + state.toString()); } catch (error) { /* file:// in some browsers */ }
   }
   function load() {
     const state = new URLSearchParams(location.hash.slice(1));
     if (state.has("status")) { const wanted = new Set(state.get("status").split(",")); boxes.forEach(b => b.checked = wanted.has(b.value)); }
     if (state.has("area")) area.value = state.get("area");
+    if (state.has("evidence")) evidence.value = state.get("evidence");
     if (state.has("q")) search.value = state.get("q");
     apply();
   }
   boxes.forEach(b => b.addEventListener("change", apply));
   area.addEventListener("change", apply);
+  evidence.addEventListener("change", apply);
   search.addEventListener("input", apply);
   window.addEventListener("hashchange", load);
   load();
@@ -96,16 +103,41 @@ def _spec_link(record: dict[str, Any], rootdir: str | None) -> str:
 
 
 def _counts_table(records: list[dict[str, Any]]) -> list[str]:
+    """Outcomes per area, then the evidence deciding them (each count links to its claims)."""
     escape = html.escape
     everything = ",".join(OUTCOMES)
-    parts = ['<table class="counts"><thead><tr><th>area</th>' + "".join(f"<th>{name}</th>" for name in OUTCOMES) + "</tr></thead><tbody>"]
+    kinds = evidence_columns(records)
+    evidence = evidence_by_area(records)
+    parts = ['<table class="counts"><thead><tr><th>area</th>' + "".join(f"<th>{name}</th>" for name in OUTCOMES)
+             + "".join(f'<th title="{escape(EVIDENCE_MEANINGS.get(kind, "no evidence declared"))}">{kind}</th>' for kind in kinds)
+             + "</tr></thead><tbody>"]
     for area, counts in counts_by_area(records).items():
         cells = "".join(f'<td><a href="#status={name}&amp;area={escape(area)}">{counts[name]}</a></td>' if counts[name] else "<td>0</td>"
                         for name in OUTCOMES)
+        cells += "".join(f'<td class="kind"><a href="#status={everything}&amp;area={escape(area)}&amp;evidence={kind}">{evidence[area][kind]}</a></td>'
+                         if evidence[area][kind] else '<td class="kind">0</td>' for kind in kinds)
         parts.append(f'<tr><td><a href="#status={everything}&amp;area={escape(area)}">{escape(area)}</a></td>{cells}</tr>')
-    totals = outcome_counts(records)
-    parts.append("<tr><th>total</th>" + "".join(f"<th>{totals[name]}</th>" for name in OUTCOMES) + "</tr></tbody></table>")
+    totals, kind_totals = outcome_counts(records), evidence_counts(records)
+    parts.append("<tr><th>total</th>" + "".join(f"<th>{totals[name]}</th>" for name in OUTCOMES)
+                 + "".join(f"<th>{kind_totals[kind]}</th>" for kind in kinds) + "</tr></tbody></table>")
     return parts
+
+
+def _evidence_tag(record: dict[str, Any]) -> str:
+    kind = evidence_of(record)
+    meaning = EVIDENCE_MEANINGS.get(kind, "no evidence declared for this claim's check")
+    return f'<span class="evidence {kind}" title="{html.escape(meaning)}">{kind}</span>'
+
+
+def _value_note(record: dict[str, Any]) -> str:
+    """Under a value that no torch run measured: ``computed`` (arithmetic) or ``published``."""
+    label = value_label(record)
+    return f'<div class="note">{label}</div>' if label != "measured" else ""
+
+
+def _evidence_legend() -> str:
+    return ('<p class="note">Evidence, what decides a claim: '
+            + "; ".join(f"<b>{kind}</b>: {html.escape(meaning)}" for kind, meaning in EVIDENCE_MEANINGS.items()) + ".</p>")
 
 
 def _filters(records: list[dict[str, Any]]) -> str:
@@ -113,7 +145,10 @@ def _filters(records: list[dict[str, Any]]) -> str:
     counts = outcome_counts(records)
     boxes = "".join(f'<label><input type="checkbox" name="status" value="{name}" checked> {name} ({counts[name]})</label>' for name in OUTCOMES)
     areas = "".join(f'<option value="{escape(area)}">{escape(area)}</option>' for area in counts_by_area(records))
+    kind_counts = evidence_counts(records)
+    kinds = "".join(f'<option value="{kind}">{kind} ({kind_counts[kind]})</option>' for kind in evidence_columns(records))
     return (f'<div class="filters">{boxes}<label>area <select id="area"><option value="">all areas</option>{areas}</select></label>'
+            f'<label>evidence <select id="evidence"><option value="">any evidence</option>{kinds}</select></label>'
             f'<label>search <input type="search" id="search" placeholder="id, words, law, truth…"></label>'
             f'showing <span id="shown">{len(records)}</span> of {len(records)}</div>')
 
@@ -121,13 +156,13 @@ def _filters(records: list[dict[str, Any]]) -> str:
 def _claim_row(record: dict[str, Any], rootdir: str | None) -> str:
     escape = html.escape
     example = example_text(record)
-    return (f'<tr data-outcome="{escape(record["outcome"])}" data-area="{escape(record["area"])}">'
+    return (f'<tr data-outcome="{escape(record["outcome"])}" data-area="{escape(record["area"])}" data-evidence="{evidence_of(record)}">'
             f'<td class="id">{escape(record["id"])}<div class="note">{_spec_link(record, rootdir)}</div></td>'
             f'<td>{escape(record.get("says") or "")}<div class="note">{escape(record.get("source") or "")}</div></td>'
             f'<td class="num">{escape(statement_text(record))}<div class="note">{escape(example)}</div></td>'
             f'<td class="num">{escape(format_value(record.get("predicted")))}</td>'
-            f'<td class="num">{escape(format_value(record.get("measured")))}</td>'
-            f'<td>{_badge(record["outcome"])}<div class="note">{escape(note_text(record))}</div></td></tr>')
+            f'<td class="num">{escape(format_value(record.get("measured")))}{_value_note(record)}</td>'
+            f'<td>{_badge(record["outcome"])}{_evidence_tag(record)}<div class="note">{escape(note_text(record))}</div></td></tr>')
 
 
 def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> str:
@@ -142,11 +177,14 @@ def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> 
              f'<div class="partial">{escape(notice)}</div>' if notice else "",
              f'<div class="env">{escape(environment_line(document["environment"]))}</div><div class="summary">']
     parts += [f'<span style="background:{_COLOURS[name]}">{counts[name]} {name}</span>' for name in OUTCOMES]
+    kind_counts = evidence_counts(records)
+    parts.append('</div><div class="evidence-summary">evidence: ' + " · ".join(
+        f"{kind_counts[kind]} {_evidence_tag({'evidence': kind})}" for kind in evidence_columns(records)) + _evidence_legend())
     parts.append('</div><nav><a href="#claims">claims</a> · <a href="#errata">errata</a>'
                  + (' · <a href="#roofline">roofline</a>' if roofline_png else "") + "</nav>")
     parts += _counts_table(records)
     parts.append(f'<h2 id="claims">Claims</h2>{_filters(records)}<table class="claims"><thead><tr><th>claim</th><th>says</th>'
-                 "<th>law = value / expect</th><th>predicted</th><th>measured</th><th>status</th></tr></thead><tbody>")
+                 "<th>law = value / expect</th><th>predicted</th><th>measured</th><th>status, evidence</th></tr></thead><tbody>")
     parts += [_claim_row(record, rootdir) for record in records]
     parts.append("</tbody></table>")
     refuted = [record for record in records if record["outcome"] == "refuted"]
@@ -155,7 +193,8 @@ def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> 
     for record in refuted:
         parts.append(f'<tr><td class="id">{escape(record["id"])}<div class="note">{_spec_link(record, rootdir)}</div></td>'
                      f'<td>{escape(record.get("says") or "")}<div class="note">{escape(record.get("source") or "")}</div></td>'
-                     f'<td class="num">{escape(format_value(record.get("measured")))}</td><td>{escape(record.get("truth") or "")}</td></tr>')
+                     f'<td class="num">{escape(format_value(record.get("measured")))}{_value_note(record)}</td>'
+                     f'<td>{_evidence_tag(record)} {escape(record.get("truth") or "")}</td></tr>')
     parts.append("</tbody></table>")
     if roofline_png:
         encoded = base64.b64encode(roofline_png).decode("ascii")

@@ -16,8 +16,17 @@ from resacct.reporting.documents import (
     run_notice,
     statement_text,
 )
+from resacct.reporting.evidence import (
+    EVIDENCE_MEANINGS,
+    evidence_by_area,
+    evidence_columns,
+    evidence_counts,
+    evidence_of,
+    evidence_text,
+    value_label,
+)
 
-__all__ = ["render_markdown", "render_errata_markdown", "environment_line", "machine_text", "by_area", "note_text"]
+__all__ = ["render_markdown", "render_errata_markdown", "environment_line", "machine_text", "by_area", "note_text", "evidence_legend"]
 
 
 def environment_line(environment: dict[str, Any]) -> str:
@@ -78,39 +87,58 @@ def _banner(document: dict[str, Any]) -> list[str]:
     return [f"> **{_line(notice)}**", ""] if notice else []
 
 
+def evidence_legend() -> str:
+    """One sentence: what each evidence kind means (every report says it where it counts them)."""
+    return "Evidence, what decides a claim: " + "; ".join(f"**{kind}**: {meaning}" for kind, meaning in EVIDENCE_MEANINGS.items()) + "."
+
+
 def render_markdown(document: dict[str, Any]) -> str:
     records = document["claims"]
     counts = outcome_counts(records)
+    kinds = evidence_columns(records)
+    evidence = evidence_by_area(records)
     lines = ["# resacct claims report", "", *_banner(document), _line(environment_line(document["environment"])), "",
-             f"**{', '.join(f'{counts[name]} {name}' for name in OUTCOMES)}**", "",
-             "| area | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
-    lines += [f"| {_cell(area)} | " + " | ".join(str(area_counts[name]) for name in OUTCOMES) + " |"
+             f"**{', '.join(f'{counts[name]} {name}' for name in OUTCOMES)}** — evidence: {evidence_text(evidence_counts(records))}", "",
+             evidence_legend(), "",
+             "| area | " + " | ".join(OUTCOMES + kinds) + " |", "|---|" + "---:|" * (len(OUTCOMES) + len(kinds))]
+    lines += [f"| {_cell(area)} | " + " | ".join([str(area_counts[name]) for name in OUTCOMES] + [str(evidence[area][kind]) for kind in kinds]) + " |"
               for area, area_counts in counts_by_area(records).items()]
     lines.append("")
     for area, area_records in by_area(records).items():
-        lines += [f"## {_line(area)}", "", "| claim | says | law = value / expect | predicted | measured | status | note |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"## {_line(area)}", "", f"{len(area_records)} claim{'' if len(area_records) == 1 else 's'}, by evidence: {evidence_text(evidence_counts(area_records))}.", "",
+                  "| claim | says | law = value / expect | predicted | measured | evidence | status | note |",
+                  "|---|---|---|---|---|---|---|---|"]
         for record in area_records:
             claim = f"{_cell(record['id'])}<br>{markdown_code(location_text(record), in_table=True)}"
             example = example_text(record)
             statement = _cell(statement_text(record)) + (f"<br>{_cell(example)}" if example else "")
             lines.append("| " + " | ".join([claim, _cell(record.get("says")), statement] + [_cell(cell) for cell in (
-                record.get("predicted"), record.get("measured"), record["outcome"], note_text(record))]) + " |")
+                record.get("predicted"), record.get("measured"), evidence_of(record), record["outcome"], note_text(record))]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+_REFUTED_BY = {"measured": "by measurement", "published": "by a published figure", "arithmetic": "by arithmetic", "unstated": "by evidence not stated"}
+
+
+def _refuted_by(refuted: list[dict[str, Any]]) -> str:
+    """``: 100 by measurement, 5 by arithmetic`` (what decided the refuted claims)."""
+    counts = evidence_counts(refuted)
+    return (": " + ", ".join(f"{counts[kind]} {words}" for kind, words in _REFUTED_BY.items() if counts[kind])) if refuted else ""
 
 
 def render_errata_markdown(document: dict[str, Any]) -> str:
     refuted = [record for record in document["claims"] if record["outcome"] == "refuted"]
     lines = ["# Errata: what the sources get wrong, measured", "", *_banner(document),
-             f"{len(refuted)} statements of the lecture write-ups are false by measurement "
+             f"{len(refuted)} statements of the lecture write-ups are false{_refuted_by(refuted)} "
              f"({_line(environment_line(document['environment']))}). Each stays in the specs as a refuted claim: "
-             "if it ever became true, its item would fail.", ""]
+             "if it ever became true, its item would fail.", "", evidence_legend(), ""]
     for record in sorted(refuted, key=lambda r: (r.get("source") or "", r["id"])):
         example = example_text(record)
         lines += [f"## {_line(record['id'])}", "", f"- **Source:** {_line(record.get('source'))}", f"- **Says:** {_line(record.get('says'))}",
                   f"- **Law / expectation:** {markdown_code(statement_text(record))}" if record.get("law")
                   else f"- **Expectation:** {_line(statement_text(record))}",
-                  f"- **Measured:** {_line(record.get('measured'))}" + (f" ({_line(example)})" if example else ""),
+                  f"- **{value_label(record).capitalize()}:** {_line(record.get('measured'))}" + (f" ({_line(example)})" if example else ""),
+                  f"- **Evidence:** {evidence_of(record)}",
                   f"- **Truth:** {_line(record.get('truth'))}", f"- **Spec:** {markdown_code(location_text(record))}", ""]
     return "\n".join(lines)

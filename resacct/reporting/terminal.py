@@ -25,8 +25,9 @@ from resacct.reporting.documents import (
     run_notice,
     statement_text,
 )
+from resacct.reporting.evidence import MARKS_LEGEND, area_marks, evidence_by_area, evidence_counts, value_label
 
-__all__ = ["DEFAULT_STATUSES", "render_summary", "claim_lines", "summary_line", "counts_lines"]
+__all__ = ["DEFAULT_STATUSES", "render_summary", "claim_lines", "summary_line", "counts_lines", "evidence_lines"]
 
 DEFAULT_STATUSES = ("failed", "invalid", "inconclusive", "refuted")
 _SECTION_ORDER = ("failed", "invalid", "inconclusive", "refuted", "skipped", "holds")
@@ -72,6 +73,33 @@ def counts_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
     return [f"{header}    {header}"] + [f"{a}    {b}".rstrip() for a, b in zip(left, right)] + [total]
 
 
+_EVIDENCE_NAMES = {"measured": "measured", "published": "published", "arithmetic": "arithmetic only", "unstated": "unstated"}
+
+
+def evidence_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
+    """What decides the claims: the count of each evidence kind, then each area that is not
+    measured only, with one letter per kind (``napkin 15m 3a``).
+
+    >>> print("\\n".join(evidence_lines([{"area": "napkin", "evidence": "measured"}, {"area": "napkin", "evidence": "arithmetic"},
+    ...                                    {"area": "flops", "evidence": "measured"}])))
+    evidence: 2 measured · 1 arithmetic only
+      napkin 1m 1a (m measured, p published, a arithmetic); the other area: measured only
+    """
+    if not records:
+        return []
+    totals = evidence_counts(records)
+    head = "evidence: " + " · ".join(f"{totals[kind]} {name}" for kind, name in _EVIDENCE_NAMES.items() if totals[kind])
+    by_area = evidence_by_area(records)
+    mixed = {area: counts for area, counts in by_area.items() if set(counts) != {"measured"}}
+    if not mixed or set(totals) == {"unstated"}:  # measured only, or a report from before resacct recorded evidence
+        return _wrap(head, width, "  ", first="")
+    legend = MARKS_LEGEND + (", u unstated" if totals["unstated"] else "")
+    others = len(by_area) - len(mixed)
+    rest = f"; the other {'area' if others == 1 else f'{others} areas'}: measured only" if others else ""
+    areas = " · ".join(f"{area} {area_marks(counts)}" for area, counts in mixed.items()) + f" ({legend}){rest}"
+    return _wrap(head, width, "  ", first="") + _wrap(areas, width, "  ")
+
+
 def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=first if first is not None else indent, subsequent_indent=indent,
                          break_on_hyphens=False, break_long_words=True) or [first or indent]
@@ -100,7 +128,7 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
         lines += _wrap(_headline(record), width, "      ", first="    ")
         if outcome == "failed" and "measured" in record:  # the check returned: law, prediction, measurement
             for name, value in (("law", statement_text(record) or "—"), ("predicted", format_value(record.get("predicted"))),
-                                ("measured", format_value(record.get("measured")))):
+                                (value_label(record), format_value(record.get("measured")))):
                 lines += _wrap(f"{name:<10} {value}", width, " " * 15, first="    ")
         example = example_text(record)
         if example:
@@ -117,7 +145,7 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
             return _wrap(f"{record['id']}  {location}", width, "      ", first="  ") + _wrap(reason, width, "      ", first="    ")
         return [_clip(f"  {record['id']}: {reason}", width)]
     statement = statement_text(record)
-    measured = f"measured {format_value(record.get('measured'), None if verbose else 60)}"
+    measured = f"{value_label(record)} {format_value(record.get('measured'), None if verbose else 60)}"
     body = f"{record['id']}: {statement}; {measured}" if statement else f"{record['id']}: {measured}"
     if verbose or outcome != "refuted" or len(body) + 2 <= width:
         lines = _wrap(body, width, "      ", first="  ")
@@ -175,7 +203,7 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
     notice = run_notice(document)
     if notice:
         lines += _wrap(notice, width, "  ", first="") + [""]
-    lines += counts_lines(records, width)
+    lines += counts_lines(records, width) + evidence_lines(records, width)
     for outcome in _SECTION_ORDER:
         chosen = [record for record in records if record["outcome"] == outcome]
         if outcome not in statuses or not chosen:
