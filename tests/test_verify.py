@@ -141,6 +141,9 @@ def test_json_output_is_strict_json_with_every_claim(specs_dir, tmp_path, capsys
     fields = strict_json(capsys.readouterr().out)
     assert fields["counts"] == {"holds": 3, "refuted": 1, "skipped": 4, "inconclusive": 0, "failed": 0, "invalid": 0}
     assert fields["counts_by_area"]["devices"] == {"holds": 1, "refuted": 0, "skipped": 4, "inconclusive": 0, "failed": 0, "invalid": 0}
+    evidence = fields["evidence"]  # what decides each claim, counted as report.json counts it
+    assert evidence["total"] == {kind: sum(1 for record in fields["claims"] if record["evidence"] == kind) for kind in evidence["total"]}
+    assert sum(evidence["by_area"]["devices"].values()) == 5
     assert fields["environment"]["machine"]["cpu_bf16_matmul"] in ("converted", "emulated", "avx512_bf16", "amx", "arm_bf16")
     assert len(fields["claims"]) == 8 and fields["complete"] is True and fields["notice"] is None
     forall = next(record for record in fields["claims"] if record["id"] == "strides-2d-row-major")

@@ -216,7 +216,7 @@ def _print_machine_line() -> None:
 
 
 def _print_result(args: argparse.Namespace, document: dict[str, Any], destination: Path, files_written: list[str]) -> None:
-    from resacct.reporting import counts_by_area, outcome_counts, run_notice, strict_json_text
+    from resacct.reporting import counts_by_area, evidence_summary, outcome_counts, run_notice, strict_json_text
     from resacct.reporting.terminal import render_summary, summary_line
 
     diverted = destination.resolve() != Path(args.report_dir).resolve()
@@ -229,6 +229,7 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
         fields = {
             "counts": {name: totals[name] for name in _OUTCOMES},
             "counts_by_area": {area: {name: counts[name] for name in _OUTCOMES} for area, counts in counts_by_area(document["claims"]).items()},
+            "evidence": evidence_summary(document["claims"]),
             "complete": document["run"]["complete"],
             "notice": run_notice(document),
             "run": document["run"],
