@@ -59,7 +59,9 @@ def test_an_unknown_kind_or_a_timing_check_that_is_not_measured_is_refused():
 
 
 def test_timing_checks_are_measured():
-    assert {one.evidence for one in all_checks().values() if one.timing} == {"measured"}
+    """The shipped ones (tests register their own timing checks in the same process under xdist)."""
+    shipped = [one for one in all_checks().values() if one.timing and one.function.__module__.startswith("resacct.checks")]
+    assert len(shipped) >= 5 and {one.evidence for one in shipped} == {"measured"}
 
 
 _WORKER = r'''

@@ -14,6 +14,7 @@ from resacct.account.peak import account_model_step_peak, measure_step_peak, pre
 from resacct.account.peak_models import peak_model
 from resacct.cli import main
 from resacct.errors import ResacctError
+from resacct.account.peak_recipes import recipe_step
 from resacct.facts.recipes import parse_recipe
 from resacct.measurement.memory_timeline import STEP_PHASES
 
@@ -27,8 +28,9 @@ def _both(name: str, batch: int, seq: int):
     return predict_step_peak(model, inputs, loss_fn, _adamw), measure_step_peak(model, inputs, loss_fn, _adamw)
 
 
-@pytest.mark.parametrize(("name", "batch", "seq"), [("mlp", 16, 1), ("sdpa-block", 2, 64), ("gpt-math", 2, 16), ("gpt-sdpa", 2, 16),
-                                                    ("gpt-checkpointed", 2, 16), ("llama-sdpa", 2, 16)])
+@pytest.mark.parametrize(("name", "batch", "seq"), [("mlp", 16, 1), ("mlp-mse", 16, 1), ("sdpa-block", 2, 64), ("gpt-math", 2, 16), ("gpt-sdpa", 2, 16),
+                                                    ("gpt-checkpointed", 2, 16), ("gpt-checkpointed-selective", 2, 32),
+                                                    ("gpt-checkpointed-first-block", 2, 32), ("llama-sdpa", 2, 16)])
 def test_predicted_peak_equals_the_allocator_to_the_byte_in_every_phase(name, batch, seq):
     pytest.importorskip("transformers") if name.startswith("llama") else None
     predicted, measured = _both(name, batch, seq)
@@ -92,11 +94,76 @@ def test_a_step_fake_tensors_cannot_run_is_one_line():
         predict_step_peak(model, torch.ones(3, 4), lambda m, x: m(x)[m(x).sum(1) > 0].sum() * float(m(x).sum()), _adamw)
 
 
-def test_a_recipe_with_master_weights_says_why_there_is_no_prediction():
+def _phase_peaks(timeline) -> dict[str, int]:
+    return {phase: timeline.peak_of_phase(phase) for phase in STEP_PHASES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["bf16", "bf16-autocast", "bf16-fp32-master", "bf16-fp32-master-free-bf16-grads"])
+def test_a_recipe_step_is_predicted_to_the_byte_in_every_phase(recipe):
+    """A Llama (no bias: its matmuls' oneDNN scratchpads stay below each phase's peak) under each recipe runnable on fake tensors."""
+    pytest.importorskip("transformers")
+    model, inputs, loss_fn = peak_model("llama-sdpa", batch=2, seq=16)
+    step = recipe_step(parse_recipe(recipe), model, inputs, loss_fn, "adamw")
+    predicted = predict_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
+    measured = measure_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured) and predicted.timeline.start_bytes == measured.start_bytes
+    kinds = predicted.peak.bytes_by_kind
+    parameters = sum(p.numel() for p in model.parameters())
+    if "master" in recipe:
+        assert kinds["master weights"] == 4 * parameters and kinds["parameters"] == 2 * parameters
+        assert kinds["master gradients"] == 4 * parameters and predicted.peak.phase == "optimizer step"
+
+
+@pytest.mark.slow
+def test_recipes_in_the_account_are_predicted_and_loss_scaling_says_why_not():
     model, inputs, _ = peak_model("mlp", batch=2, seq=1)
-    account = account_model_step_peak(model, inputs, loss="mean", recipe=parse_recipe("bf16-fp32-master"), optimizer="adamw", measure=False)
-    assert account.predicted is None and "bf16-fp32-master" in account.gap
-    assert account.to_dict()["predicted_peak_bytes"] is None
+    account = account_model_step_peak(model, inputs, loss="mean", recipe=parse_recipe("bf16-fp32-master"), optimizer="adamw", measure=True)
+    assert account.predicted.peak_bytes == account.measured.peak_bytes
+    assert any("float32 master weights" in note for note in account.notes)
+    scaled = account_model_step_peak(model, inputs, loss="mean", recipe=parse_recipe("fp16-autocast-scaled"), optimizer="adamw", measure=False)
+    assert scaled.predicted is None and "GradScaler" in scaled.gap and len(scaled.gap.splitlines()) == 1
+    assert scaled.to_dict()["predicted_peak_bytes"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "batch", "seq"), [("mlp", 256, 1), ("gpt-math", 2, 16)])
+def test_gradient_accumulation_is_predicted_to_the_byte_in_every_phase(name, batch, seq):
+    model, inputs, loss_fn = peak_model(name, batch=batch, seq=seq)
+    predicted = predict_step_peak(model, inputs, loss_fn, _adamw, micro_batches=2)
+    measured = measure_step_peak(model, inputs, loss_fn, _adamw, micro_batches=2)
+    single = measure_step_peak(model, inputs, loss_fn, _adamw)
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured)
+    assert predicted.peak_bytes == measured.peak_bytes > single.peak_bytes  # the first micro-step's gradients live on
+    assert predicted.timeline.phases.count("forward") > 1 and predicted.peak.bytes_by_kind["gradients"] > 0
+    with pytest.raises(ResacctError, match="whole number ≥ 1"):
+        predict_step_peak(model, inputs, loss_fn, _adamw, micro_batches=0)
+
+
+@pytest.mark.slow
+def test_mse_loss_keeps_its_elementwise_loss_and_without_that_the_backward_is_low(monkeypatch):
+    """The reduced mse loss lives in the storage of the element-wise loss (input-sized) until it dies after backward."""
+    predicted, measured = _both("mlp-mse", 16, 1)
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured)
+    monkeypatch.setattr(peak_tracker, "output_storage_bytes", lambda *args: None)
+    blind, _ = _both("mlp-mse", 16, 1)
+    assert measured.peak_of_phase("backward") - blind.timeline.peak_of_phase("backward") == 16 * 64 * 4 - 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mse_loss_reductions_and_dtypes_are_exact(reduction, dtype):
+    weight = torch.nn.Parameter(torch.ones(16, 64, dtype=dtype))
+    model = torch.nn.ParameterList([weight])
+    x = torch.randn(16, 64, dtype=dtype)
+
+    def loss(m, inputs):
+        out = torch.nn.functional.mse_loss(inputs * m[0], torch.zeros_like(inputs), reduction=reduction)
+        return out.sum() if reduction == "none" else out
+
+    predicted, measured = predict_step_peak(model, x, loss, _adamw), measure_step_peak(model, x, loss, _adamw)
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured)
 
 
 def test_the_workspace_formula_block_sizes():

@@ -5,7 +5,8 @@ allocator (``tests/test_peak.py``).
 - **Python numbers** where an op takes a tensor (``x * 0.5``; the ``.Scalar`` overloads of
   add/sub/mul/div; ``mean``'s division by the count): each is wrapped in a 0-d CPU tensor (8 bytes
   for a float or int) and copied to the op's dtype when that differs (4 more for float32).
-- **mse_loss** forward: the element-wise loss and one more tensor of the input's size.
+- **mse_loss** forward: the element-wise loss, input-sized, which stays as the storage of the
+  reduced loss (:func:`output_storage_bytes`), and one more input-sized tensor while reducing.
 - **CPU flash attention** (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``): forward, per
   thread, q·kᵀ block, row max, row sum and output block in the accumulation dtype,
   T·(qS·kvS + 2·qS + qS·e)·4 bytes (16-bit inputs: + T·qS·kvS of their dtype); backward, per
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["WRAPPED_NUMBER_BYTES", "wrapped_number_bytes", "kernel_workspace_bytes", "flash_block_sizes"]
+__all__ = ["WRAPPED_NUMBER_BYTES", "wrapped_number_bytes", "kernel_workspace_bytes", "output_storage_bytes", "flash_block_sizes"]
 
 #: Bytes of the CPU tensor torch wraps a Python number in where an op takes a tensor.
 WRAPPED_NUMBER_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
@@ -76,21 +77,50 @@ _FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.def
 
 
 _MSE = ("aten.mse_loss.default", "aten.mse_loss_backward.default")
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _mse_arguments(args: Any, kwargs: Any) -> tuple[torch.Tensor, str]:
+    """(the input, the reduction's name) of an ``aten.mse_loss`` call."""
+    values = [*args, *kwargs.values()]
+    source = next(value for value in values if isinstance(value, torch.Tensor))
+    reduction = next((value for value in values[2:] if isinstance(value, int) and not isinstance(value, bool)), 1)
+    return source, _REDUCTIONS.get(reduction, "mean")
 
 
 def _mse_workspace_bytes(name: str, args: Any, kwargs: Any) -> int:
-    """``mse_loss`` on the CPU: forward builds the element-wise loss and a second tensor of the
-    input's size before reducing (the mean's count wrapped too: measured, tests/test_peak.py).
-    Backward: nothing beyond its output is modelled (a gap of one input-sized tensor less 4 bytes
-    was measured in the backward of an MLP under mse, where the step's peak is not)."""
-    values = [*args, *kwargs.values()]
-    tensors = [value for value in values if isinstance(value, torch.Tensor)]
-    source = tensors[0] if name.endswith("mse_loss.default") else tensors[1]
+    """``mse_loss`` forward on the CPU, as the allocator records it (torch 2.13; float32, float64,
+    bfloat16 checked in ``tests/test_peak.py``): the element-wise loss is made (it stays: the reduced loss is written
+    into its storage, :func:`output_storage_bytes`), then a second tensor of the input's size while
+    reducing; ``mean`` adds its count wrapped (8 bytes) and a 0-d sum in the input's dtype — for
+    16-bit inputs a 4-byte float32 sum and the float32 copy of the element-wise loss instead.
+    ``reduction='none'`` returns the element-wise loss itself: nothing more. Backward: its output only."""
+    if not name.endswith("mse_loss.default"):
+        return 0
+    source, reduction = _mse_arguments(args, kwargs)
     size = source.numel() * source.element_size()
-    reduction = next((value for value in values[2:] if isinstance(value, int) and not isinstance(value, bool)), 1)
-    if name.endswith("mse_loss.default"):
-        return 2 * size + (8 if reduction == 1 else -source.element_size() if reduction == 2 else 0)
-    return 0
+    if reduction == "none":
+        return 0
+    if reduction == "sum":
+        return size
+    if source.dtype in (torch.bfloat16, torch.float16):
+        return size + 4 + source.numel() * 4
+    return size + 8 + source.element_size()
+
+
+def output_storage_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
+    """Bytes of the storage a CPU kernel really returns its output in, where that differs from
+    the output's own size (None elsewhere): ``mse_loss`` with ``mean`` or ``sum`` returns its 0-d
+    loss inside the storage of the element-wise loss — input-sized, alive as long as the loss is.
+
+    >>> op = torch.ops.aten.mse_loss.default
+    >>> output_storage_bytes(op, (torch.empty(16, 64), torch.empty(16, 64), 1), {}), output_storage_bytes(op, (torch.empty(3), torch.empty(3), 0), {})
+    (4096, None)
+    """
+    if str(func) != "aten.mse_loss.default":
+        return None
+    source, reduction = _mse_arguments(args, kwargs)
+    return None if reduction == "none" else source.numel() * source.element_size()
 
 
 def kernel_workspace_bytes(func: Any, args: Any, kwargs: Any) -> int:

@@ -13,6 +13,10 @@ Nothing of the model is allocated: a config on the meta device is converted as i
 
 :func:`measure_step_peak` is the same step for real on the CPU, counted by the allocator
 (:func:`resacct.measurement.memory_timeline.measure_step_memory`). The prediction never reads it.
+Both take ``micro_batches`` (gradient accumulation: :mod:`resacct.account.peak_accumulation`);
+:func:`account_recipe_step_peak` runs a precision recipe's step (autocast, master weights:
+:mod:`resacct.account.peak_recipes`); :mod:`resacct.account.fit_search` searches the largest
+micro-batch or sequence whose predicted peak fits a device.
 
 >>> import torch
 >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
@@ -28,13 +32,18 @@ Nothing of the model is allocated: a config on the meta device is converted as i
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from resacct.account.peak_accumulation import check_micro_batches, measure_accumulated_step_memory, run_accumulated_step
+from resacct.account.peak_recipes import master_parameters_of, optimizer_state_tensors
 from resacct.account.peak_tracker import LiveStorageTracker, PeakMoment
 from resacct.account.rows import Row
 from resacct.errors import ResacctError
@@ -44,13 +53,12 @@ from resacct.measurement.memory_timeline import (
     MakeOptimizer,
     MemoryTimeline,
     copy_inputs,
-    gc_paused,
     make_optimizer_state,
     measure_step_memory,
     run_training_step,
 )
 
-__all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "ENGINE"]
+__all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "account_recipe_step_peak", "ENGINE"]
 
 ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): nothing allocated"
 
@@ -121,15 +129,33 @@ def _tensors_of(inputs: Any) -> list[Any]:
     return list(inputs) if isinstance(inputs, tuple) else [inputs]
 
 
-def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> PredictedStepPeak:
+@contextlib.contextmanager
+def _gc_disabled() -> Iterator[None]:
+    """Python's cyclic collector off for the block, so frees follow reference counts as in the
+    measured run; no collection first (a full ``gc.collect`` costs 0.1–0.2 s a prediction, and the
+    tracker counts only storages made while it runs)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *,
+                      micro_batches: int = 1) -> PredictedStepPeak:
     """Predict the peak of one steady training step of ``model`` on ``inputs`` (a tensor, a tuple,
     or a mapping of tensors; on the CPU or the meta device — only their shapes are used) with the
     optimizer ``make_optimizer(parameters)`` builds, ``loss_fn(model, inputs)`` the scalar loss.
+    ``micro_batches`` > 1: gradient accumulation over that many micro-steps on ``inputs``
+    (:func:`resacct.account.peak_accumulation.run_accumulated_step`).
 
     Raises :class:`~resacct.errors.ResacctError` when the step cannot run on fake tensors (an
     op that needs the data, such as routing that loops over the experts a batch hits)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    check_micro_batches(micro_batches)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = LiveStorageTracker()
     original_rng_state = torch.get_rng_state
@@ -139,7 +165,7 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
         tracker.classify((state,), "RNG states checkpoint keeps")
         return state
 
-    with gc_paused():
+    with _gc_disabled():
         torch.get_rng_state = rng_state
         try:
             with mode, tracker:  # the tracker above fake mode: it sees the tensors autograd sees (requires_grad, grad_fn)
@@ -151,10 +177,16 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                 tracker.classify(fake_model.parameters(), "parameters")
                 tracker.classify(fake_model.buffers(), "buffers")
                 tracker.classify(_tensors_of(fake_inputs), "inputs")
-                tracker.classify((v for state in optimizer.state.values() for v in state.values()), "optimizer state")
+                tracker.classify(master_parameters_of(optimizer), "master weights")
+                if hasattr(optimizer, "on_master_gradient"):
+                    optimizer.on_master_gradient = lambda grad: tracker.classify((grad,), "master gradients")
+                tracker.classify(optimizer_state_tensors(optimizer), "optimizer state")
                 hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.classify((p.grad,), "gradients")) for p in parameters]
                 tracker.name_modules(fake_model)
-                run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark)
+                if micro_batches == 1:
+                    run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark)
+                else:
+                    run_accumulated_step(fake_model, fake_inputs, loss_fn, optimizer, micro_batches, tracker.mark)
                 for hook in hooks:
                     hook.remove()
         except ResacctError:
@@ -174,9 +206,13 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
     return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen))
 
 
-def measure_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> MemoryTimeline:
+def measure_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *,
+                      micro_batches: int = 1) -> MemoryTimeline:
     """The same step for real on the CPU, counted by the allocator
-    (:func:`~resacct.measurement.memory_timeline.measure_step_memory`)."""
+    (:func:`~resacct.measurement.memory_timeline.measure_step_memory`; with ``micro_batches`` > 1,
+    :func:`~resacct.account.peak_accumulation.measure_accumulated_step_memory`)."""
+    if check_micro_batches(micro_batches) > 1:
+        return measure_accumulated_step_memory(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches)
     return measure_step_memory(model, inputs, loss_fn, make_optimizer)
 
 
@@ -225,34 +261,59 @@ class StepPeakAccount:
 
 
 def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *, measure: bool,
-                      gap: str | None = None) -> StepPeakAccount:
-    """Predict (unless ``gap`` says why not) and, when ``measure`` and the model is on the CPU, measure."""
+                      gap: str | None = None, micro_batches: int = 1) -> StepPeakAccount:
+    """Predict (unless ``gap`` says why not) and, when ``measure`` and the model is on the CPU, measure;
+    ``micro_batches`` > 1: a step accumulating gradients over that many micro-steps on ``inputs``."""
     predicted, notes = None, []
     if gap is None:
         try:
-            predicted = predict_step_peak(model, inputs, loss_fn, make_optimizer)
+            predicted = predict_step_peak(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches)
         except ResacctError as error:
             gap = str(error)
-    measured = measure_step_peak(model, inputs, loss_fn, make_optimizer) if measure else None
+    measured = measure_step_peak(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches) if measure else None
+    if micro_batches > 1:
+        notes.append(f"gradient accumulation: {micro_batches} micro-steps on the same micro-batch, gradients kept between them")
     return StepPeakAccount(predicted=predicted, measured=measured, gap=gap, notes=notes)
 
 
 
-def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool) -> StepPeakAccount:
-    """The step peak of an account's model: ``loss`` as :func:`resacct.account.model_io.loss_of_output`
-    reads it, parameters in ``recipe``'s dtype, the ``torch.optim`` ``optimizer`` (torch's default
-    implementation). Recipes with autocast or master weights are not predicted yet (``gap`` says so)."""
-    from resacct.account.model_io import call_model, cast_inputs, loss_of_output
-    from resacct.account.optimizers import build_optimizer
-    from resacct.facts.dtypes import parse_dtype
+def _onednn_matmuls(dtype: str) -> bool:
+    """Whether this CPU's ``dtype`` matmuls go through oneDNN (bf16/fp16 units), which allocates a scratchpad."""
+    try:
+        check = torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == "bfloat16" else torch.ops.mkldnn._is_mkldnn_fp16_supported
+        return bool(torch.backends.mkldnn.is_available() and check())
+    except (AttributeError, RuntimeError):
+        return False
 
-    gap = None
-    if recipe.compute_dtype is not None or recipe.master_dtype is not None:
-        gap = f"recipe {recipe.name}: the step peak is predicted for recipes without autocast or master weights (fp32, bf16) so far"
-    dtype = parse_dtype(recipe.parameter_dtype)
-    work = model if all(p.dtype == dtype for p in model.parameters()) else copy.deepcopy(model).to(dtype)
+
+def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool,
+                            micro_batches: int = 1) -> StepPeakAccount:
+    """The step peak of an account's model: ``loss`` as :func:`resacct.account.model_io.loss_of_output`
+    reads it (see :func:`account_recipe_step_peak`)."""
+    from resacct.account.model_io import call_model, loss_of_output
 
     def loss_fn(module: nn.Module, step_inputs: Any) -> torch.Tensor:
-        return loss_of_output(call_model(module, cast_inputs(step_inputs, dtype)), loss)
+        return loss_of_output(call_model(module, step_inputs), loss)
 
-    return account_step_peak(work, inputs, loss_fn, lambda parameters: build_optimizer(optimizer, parameters), measure=measure, gap=gap)
+    return account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=measure, micro_batches=micro_batches)
+
+
+def account_recipe_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, *, recipe: Any, optimizer: str, measure: bool,
+                             micro_batches: int = 1) -> StepPeakAccount:
+    """The step peak of the step ``recipe`` (a :class:`~resacct.facts.recipes.Recipe`) runs
+    (:func:`resacct.account.peak_recipes.recipe_step`: parameters in its dtype, autocast, master
+    weights) with the ``torch.optim`` ``optimizer`` (torch's default implementation), ``loss_fn``
+    as the float32 model computes it. A recipe fake tensors cannot run (loss scaling) leaves ``gap``
+    saying why."""
+    from resacct.account.peak_recipes import recipe_step
+
+    try:
+        step = recipe_step(recipe, model, inputs, loss_fn, optimizer)
+    except ResacctError as error:
+        return StepPeakAccount(predicted=None, gap=str(error))
+    account = account_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer, measure=measure, micro_batches=micro_batches)
+    account.notes.append(f"recipe {recipe.name}: {step.description}")
+    if recipe.computes_in in ("bfloat16", "float16") and _onednn_matmuls(recipe.computes_in):
+        account.notes.append(f"{recipe.computes_in} matmuls on this CPU run through oneDNN, whose scratchpad (kB to hundreds of kB per matmul, by its "
+                             "blocking heuristics) is not predicted: forward and backward may hold that much more than predicted")
+    return account
