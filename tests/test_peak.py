@@ -195,3 +195,19 @@ def test_cli_bad_timeline_paths_are_one_line_exit_2(capsys, path, message):
     assert main(["account", "--timeline", path]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "grad_accum"), [("bf16-fp32-master", 1), ("mixed", 1), ("fp32", 2), ("mixed", 2)])
+def test_account_gpt_predicts_the_step_peak_under_recipes_and_accumulation(recipe, grad_accum):
+    """``resacct account --model gpt-* --recipe … --grad-accum k``: the whole step's peak is predicted
+    (it said "predicted for recipes without autocast or master weights so far" before) and equals
+    the CPU allocator's peak over the same step to the byte."""
+    from resacct.account import account_gpt
+
+    account = account_gpt("gpt-nano", batch=4, seq=32, recipe=recipe, grad_accum=grad_accum, measure=True, time_step=False)
+    peak = account.step_peak
+    assert peak.gap is None and peak.predicted is not None and peak.measured is not None
+    assert peak.predicted.peak_bytes == peak.measured.peak_bytes
+    if grad_accum > 1:
+        assert peak.measured.phases.count("forward") >= grad_accum

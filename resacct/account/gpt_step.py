@@ -181,7 +181,7 @@ def account_gpt(
     )
     account.step_peak = _step_peak(net, tokens, targets, chosen, optimizer, checkpoint_segments, grad_accum, measure=measure and where == "cpu")
     if recipe != "fp32" and measure:
-        notes.append(f"peaks, checkpointing, accumulation and time run the float32 model; the {chosen.name} recipe is applied to the state and activations")
+        notes.append(f"the step peak runs the {chosen.name} recipe; the other peaks, checkpointing, accumulation and time run the float32 model (the recipe is applied to their state and activations)")
     if not measure:
         if checkpoint_segments or grad_accum > 1:
             notes.append("checkpointing and gradient accumulation are measured on a real device: add --measure")
@@ -193,17 +193,15 @@ def account_gpt(
 
 def _step_peak(net: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, recipe: StateRecipe, optimizer: str, checkpoint_segments: int,
                grad_accum: int, *, measure: bool) -> Any:
-    """The whole step's peak (:func:`resacct.account.peak.account_step_peak`): predicted on fake tensors, measured on a CPU run."""
-    from resacct.account.optimizers import build_optimizer
-    from resacct.account.peak import account_step_peak
+    """The whole step's peak (:func:`resacct.account.peak.account_recipe_step_peak`) under ``recipe``
+    (parameters in its dtype, autocast, master weights) over ``grad_accum`` micro-batches of
+    ``batch ÷ grad_accum`` sequences: predicted on fake tensors, measured on a CPU run."""
+    from resacct.account.peak import account_recipe_step_peak
 
-    gap = None if recipe.compute_dtype is None and recipe.master_dtype is None else (
-        f"recipe {recipe.name}: the step peak is predicted for recipes without autocast or master weights (fp32, bf16) so far")
-    if grad_accum > 1:
-        gap, measure = f"--grad-accum {grad_accum}: the step peak is predicted for one un-accumulated step so far", False
-    work = net if recipe.parameter_dtype == "float32" else copy.deepcopy(net).to(parse_dtype(recipe.parameter_dtype))
-    return account_step_peak(work, (tokens, targets), lambda m, i: gpt_loss(m, i[0], i[1], checkpoint_segments=checkpoint_segments),
-                             lambda parameters: build_optimizer(optimizer, parameters), measure=measure, gap=gap)
+    micro = tokens.shape[0] // grad_accum
+    return account_recipe_step_peak(net, (tokens[:micro], targets[:micro]),
+                                    lambda m, i: gpt_loss(m, i[0], i[1], checkpoint_segments=checkpoint_segments),
+                                    recipe=recipe, optimizer=optimizer, measure=measure, micro_batches=grad_accum)
 
 
 def _token_batch(vocab_size: int, batch: int, seq: int, where: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
