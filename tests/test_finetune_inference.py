@@ -100,9 +100,32 @@ def test_gqa_shrinks_k_and_v_activations_only() -> None:
     assert gqa_activation_saving_bytes_per_layer(4096, 1, 8192, 64, 8, recompute="full") == 0
 
 
+def test_tensor_parallel_must_divide_kv_heads() -> None:
+    common = dict(parameters=7e9, layers=32, hidden=4096, heads=32, seq=4096, micro_batch=1, recipe="mixed-adam", recompute="none",
+                  device_memory_bytes=80e9)
+    with pytest.raises(ResacctError, match="tensor-parallel size 8 does not divide 4 key/value heads: Megatron-LM"):
+        plan_memory(layout=ParallelLayout(tensor=8), kv_heads=4, **common)
+    assert plan_memory(layout=ParallelLayout(tensor=4), kv_heads=4, **common).fits is not None
+
+
+def test_swiglu_mlp_term_replaces_korthikantis_gelu_mlp() -> None:
+    from resacct.formulas.plan import mlp_activation_bytes_per_layer, mlp_activation_extra_bytes_per_layer
+
+    s, b, h, f = 4096, 1, 4096, 11008
+    assert mlp_activation_bytes_per_layer(s, b, h, 4 * h, gated=False) == 18 * s * b * h            # Korthikanti's MLP without its mask
+    assert mlp_activation_extra_bytes_per_layer(s, b, h, f, gated=True) == (8 * f - 16 * h) * s * b
+    assert mlp_activation_extra_bytes_per_layer(s, b, h, f, gated=True, tensor_parallel=8) == (8 * f - 16 * h) * s * b / 8
+    assert mlp_activation_extra_bytes_per_layer(s, b, h, f, gated=True, recompute="full") == 0
+    assert mlp_activation_extra_bytes_per_layer(s, b, h, 4 * h, gated=False) == 0
+    common = dict(parameters=7e9, layers=32, hidden=h, heads=32, seq=s, micro_batch=1, recipe="mixed-adam", recompute="selective",
+                  device_memory_bytes=80e9, layout=ParallelLayout())
+    assert plan_memory(mlp=f, gated_mlp=True, **common).activation_bytes - plan_memory(**common).activation_bytes == 32 * (8 * f - 16 * h) * s
+
+
 def test_deepspeed_docs_figures() -> None:
-    cpu, gpu = deepspeed_zero2_bytes(2851e6, gpus_per_node=8, offload_optimizer=False)
+    cpu, gpu = deepspeed_zero2_bytes(2851e6, gpus_per_node=8, offload_optimizer=False, estimator="docs")
     assert (round(cpu / 2**30, 2), round(gpu / 2**30, 2)) == (127.45, 15.93)
+    assert round(deepspeed_zero2_bytes(2851e6, gpus_per_node=8, offload_optimizer=False)[1] / 2**30, 2) == 11.28   # DeepSpeed ≥ 0.14.3
     cpu, gpu = deepspeed_zero3_bytes(2851e6, 32e6, gpus_per_node=8, offload_optimizer=False, offload_param=False)
     assert (round(cpu / 2**30, 2), round(gpu / 2**30, 2)) == (1.43, 6.09)
 
@@ -130,7 +153,8 @@ def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> N
     fields = _json(capsys, "lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24",
                    "--gradient-checkpointing")
     assert fields["adapter_parameters"] == 8388608 and fields["fits"] is True and fields["largest_batch"] >= 1
-    assert fields["total_bytes"] == pytest.approx(fields["training_state_bytes"] + fields["activation_bytes_estimate"])
+    assert fields["total_bytes"] == pytest.approx(fields["training_state_bytes"] + fields["activation_bytes"])
+    assert fields["activation_basis"] == "estimate" and fields["headroom_bytes"] == pytest.approx(24e9 - fields["total_bytes"])
     assert main(["lora", "--hf-config", "llama-2-7b", "--base", "nf4", "--targets", "all-linear", "--memory-gb", "24"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("QLoRA r=16") and "frozen base (nf4)" in text and "largest batch" in text
@@ -143,6 +167,20 @@ def test_plan_hf_config_and_uneven_split(capsys: pytest.CaptureFixture[str]) -> 
     assert fields["kv_heads"] == 8 and fields["stage_layers"] == [7] * 8 + [6] * 4
     assert main(["plan", "--hf-config", "llama-3-70b", "--pp", "8", "--memory-gb", "80", "--units", "binary"]) == 0
     assert "GiB" in capsys.readouterr().out
+
+
+def test_plan_parameter_breakdown_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    fields = _json(capsys, "plan", "--hf-config", "llama-3-8b", "--memory-gb", "80")
+    b = fields["parameter_breakdown"]
+    assert b["total"] == fields["parameters"] == b["embeddings"] + b["layers"] * b["per_layer"] + b["final_norm"] + b["lm_head"]
+    assert (b["attention_per_layer"], b["mlp_per_layer"], b["norms_per_layer"], b["tied_head"]) == (41943040, 176160768, 8192, False)
+    assert fields["mlp"] == 14336 and fields["mlp_kind"] == "swiglu"
+    assert _json(capsys, "plan", "--hf-config", "gpt2", "--memory-gb", "80")["parameter_breakdown"]["lm_head"] == 0
+    no_shape = _json(capsys, "plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--memory-gb", "80")
+    assert no_shape["parameter_breakdown"] is None and no_shape["mlp"] is None
+    assert main(["plan", "--hf-config", "gpt2", "--memory-gb", "80"]) == 0
+    text = capsys.readouterr().out
+    assert "parameters by component" in text and "tied to the token embedding" in text and "124,439,808" in text
 
 
 def test_plan_kv_heads_counts_a_llama_shape(capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,6 +206,8 @@ def test_plan_kv_heads_counts_a_llama_shape(capsys: pytest.CaptureFixture[str]) 
     (["plan", "--layers", "8", "--hidden", "64", "--heads", "8", "--kv-heads", "2", "--vocab", "100", "--seq", "64", "--memory-gb", "80"],
      "give its --mlp width"),
     (["plan", "--hf-config", "llama-3-70b", "--memory-gb", "80", "--units", "GiB"], "'GiB' is not a unit system"),
+    (["plan", "--hf-config", "llama-3-8b", "--tp", "16", "--memory-gb", "80"], "tensor-parallel size 16 does not divide 8 key/value heads"),
+    (["lora", "--hf-config", "llama-2-7b", "--dropout", "1.5"], "'1.5' is not a dropout probability; expected a number in [0, 1)"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert main(argv) == 2

@@ -19,7 +19,8 @@ from resacct.harness.registry import NotMeasurable, Outcome, check
 _MISSING = "{name} is not installed (the optional extra: pip install 'resacct[finetune]')"
 _DTYPES = {"float32": (torch.float32, "fp32"), "bfloat16": (torch.bfloat16, "bf16"), "float16": (torch.float16, "fp16")}
 _QUANTITIES = ("trainable_parameters", "trainable_tensors", "adapter_element_bytes", "frozen_bytes", "adapter_bytes", "gradient_bytes",
-               "frozen_gradients", "optimizer_state_bytes", "state_bytes", "saved_activation_bytes", "saved_activation_ratio")
+               "frozen_gradients", "optimizer_state_bytes", "state_bytes", "saved_activation_bytes", "saved_activation_ratio", "forward_flops",
+               "backward_flops", "step_flops_ratio")
 
 
 def _require(name: str) -> None:
@@ -30,23 +31,29 @@ def _require(name: str) -> None:
         raise NotMeasurable(_MISSING.format(name=name)) from None
 
 
-@check("finetune.lora_step", evidence="measured", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "full_saved_activation_bytes"))
+@check("finetune.lora_step", evidence="measured", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "tokens",
+                                                               "element_bytes", "full_saved_activation_bytes", "full_step_flops"))
 def lora_step(quantity: str, rank: int, targets: str, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96,
-              vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16) -> Outcome:
+              vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16, attention: str = "sdpa") -> Outcome:
     """One quantity of a real peft LoRA step (rank ``rank`` on the comma-separated ``targets``,
     or ``all-linear``) on a tiny Llama in ``dtype``, with torch.optim.AdamW: trainable parameters
     and tensors, the adapters' element bytes, the bytes of the frozen base, of the adapters, of
     every gradient (``frozen_gradients``: how many frozen parameters got one), of the optimizer
     state (step counters included) and all of it (``state_bytes``), and the bytes autograd saved
     in the forward (``saved_activation_bytes``, by storage; ``saved_activation_ratio``: over what
-    the fully trainable model saves). Quantities: the base's and the
-    adapters' parameters (measured), adapter tensors, head size, and what the same model saves
-    without adapters when fully trainable (``full_saved_activation_bytes``)."""
+    the fully trainable model saves), the step's matmul FLOPs under FlopCounterMode
+    (``forward_flops``, ``backward_flops``; sdpa's CPU kernel, which FlopCounterMode counts as 0,
+    filled from its shapes by resacct.measurement's tracer; ``attention: eager`` needs no fill) and
+    ``step_flops_ratio``: the LoRA step's FLOPs over the fully trainable model's. Quantities: the
+    base's and the adapters' parameters (measured), adapter tensors, head size, tokens (b·s), the
+    base's element bytes, and what the same model saves and costs without adapters when fully
+    trainable (``full_saved_activation_bytes``, ``full_step_flops``)."""
     _require("peft")  # first: peft needs transformers, and a missing peft is then said at no import cost
     _require("transformers")
-    if quantity not in _QUANTITIES or dtype not in _DTYPES:
-        raise ResacctError(f"quantity {quantity!r} / dtype {dtype!r}: expected one of {', '.join(_QUANTITIES)} / {', '.join(_DTYPES)}")
-    outcome = _lora_step(rank, targets, hidden, layers, heads, kv_heads, mlp, vocab, dtype, dropout, batch, seq)
+    if quantity not in _QUANTITIES or dtype not in _DTYPES or attention not in ("sdpa", "eager"):
+        raise ResacctError(f"quantity {quantity!r} / dtype {dtype!r} / attention {attention!r}: expected one of {', '.join(_QUANTITIES)} / "
+                           f"{', '.join(_DTYPES)} / sdpa, eager")
+    outcome = _lora_step(rank, targets, hidden, layers, heads, kv_heads, mlp, vocab, dtype, dropout, batch, seq, attention)
     return outcome[quantity]
 
 
@@ -59,13 +66,15 @@ def _config(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab
 
 @functools.lru_cache(maxsize=8)
 def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, dtype: str, dropout: float,
-               batch: int, seq: int) -> dict[str, Outcome]:
+               batch: int, seq: int, attention: str) -> dict[str, Outcome]:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
+    from resacct.account.step_measurements import trace_step_flops
     from resacct.measurement.activation_recording import record_saved_activations
     from resacct.formulas.config_shapes import architecture_from_values
-    from resacct.formulas.lora import lora_training_memory
+    from resacct.formulas.hf_formulas import predict_step_flops
+    from resacct.formulas.lora import lora_step_flops, lora_training_memory, predict_lora_saved_bytes
     from resacct.measurement.memory import distinct_storage_bytes, optimizer_state_tensors
 
     torch_dtype, base_format = _DTYPES[dtype]
@@ -73,12 +82,14 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     target_list = [t.strip() for t in targets.split(",")]
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    full = LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+    full = LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation=attention)
     with record_saved_activations(full) as full_saved:
         full(input_ids=ids, labels=ids).loss
+    fill = attention == "sdpa"  # FlopCounterMode counts the CPU flash kernel as 0: resacct's tracer fills it from the call's shapes
+    full_flops = trace_step_flops(full, lambda: full(input_ids=ids, labels=ids).loss, fill_tracer_gaps=fill)
     with warnings.catch_warnings():  # transformers' FutureWarning about is_gradient_checkpointing, raised inside peft
         warnings.simplefilter("ignore", FutureWarning)
-        model = get_peft_model(LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation="sdpa"),
+        model = get_peft_model(LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation=attention),
                                LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout,
                                           target_modules="all-linear" if target_list == ["all-linear"] else target_list))
     model.train()
@@ -91,10 +102,17 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     optimizer.step()
     gradients = [p.grad for p in model.parameters() if p.grad is not None]
     state = optimizer_state_tensors(optimizer)
-    predicted = lora_training_memory(architecture_from_values(config.to_dict()), rank=rank, targets=tuple(target_list), base_format=base_format)
+    architecture = architecture_from_values(config.to_dict())
+    predicted = lora_training_memory(architecture, rank=rank, targets=tuple(target_list), base_format=base_format)
+    shape = dict(rank=rank, targets=tuple(target_list), batch=batch, seq=seq)
+    predicted_flops = lora_step_flops(architecture, attention=attention, **shape)
+    predicted_saved = predict_lora_saved_bytes(architecture, dtype=dtype, attention=attention, dropout=dropout, **shape)
     adapter_parameters = sum(p.numel() for p in trainable)
+    frozen_gradients = sum(p.grad is not None for p in frozen)
+    flops = trace_step_flops(model, lambda: model(input_ids=ids, labels=ids).loss, fill_tracer_gaps=fill)  # last: it sets every .grad to None
     quantities = {"base_parameters": sum(p.numel() for p in frozen), "adapter_parameters": adapter_parameters, "adapter_tensors": len(trainable),
-                  "head_dim": hidden // heads, "full_saved_activation_bytes": full_saved.activation_bytes}
+                  "head_dim": hidden // heads, "tokens": batch * seq, "element_bytes": torch_dtype.itemsize,
+                  "full_saved_activation_bytes": full_saved.activation_bytes, "full_step_flops": full_flops.step_flops}
     measured = {
         "trainable_parameters": (adapter_parameters, predicted.adapter_parameters),
         "trainable_tensors": (len(trainable), predicted.adapter_tensors),
@@ -102,10 +120,14 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
         "frozen_bytes": (distinct_storage_bytes(frozen), predicted.base_bytes),
         "adapter_bytes": (distinct_storage_bytes(trainable), predicted.adapter_bytes),
         "gradient_bytes": (distinct_storage_bytes(gradients), predicted.gradient_bytes),
-        "frozen_gradients": (sum(p.grad is not None for p in frozen), 0),
+        "frozen_gradients": (frozen_gradients, 0),
         "optimizer_state_bytes": (distinct_storage_bytes(state), predicted.optimizer_state_bytes),
         "state_bytes": (distinct_storage_bytes([*model.parameters(), *gradients, *state]), predicted.state_bytes),
-        "saved_activation_bytes": (saved.activation_bytes, None),
+        "saved_activation_bytes": (saved.activation_bytes, predicted_saved),
         "saved_activation_ratio": (saved.activation_bytes / full_saved.activation_bytes, None),
+        "forward_flops": (flops.forward_flops, predicted_flops.forward_flops),
+        "backward_flops": (flops.backward_flops, predicted_flops.backward_flops),
+        "step_flops_ratio": (flops.step_flops / full_flops.step_flops,
+                             predicted_flops.step_flops / predict_step_flops(architecture, batch=batch, seq=seq).step_flops),
     }
     return {name: Outcome(measured=value, predicted=guess, quantities=quantities) for name, (value, guess) in measured.items()}

@@ -151,7 +151,10 @@ def _run_fit(args: argparse.Namespace) -> int:
         "zero_stage_is_default": zero_is_default,
         "max_parameters": largest,
     }
-    where = board.name if board else f"{_g(args.memory_gb)} GB"
+    from resacct.cli._units import gigabytes_text
+
+    memory_text = gigabytes_text(memory_bytes, args.units)
+    where = memory_text if not board else board.name if args.units == "decimal" else f"{board.name} ({memory_text})"
     text = (f"{count_text(args.devices)} × {where}, {zero_words(zero, zero_is_default)}\n  recipe: {recipe_text}\n"
             f"  largest model: {parameters_in_words(largest)} ({amount_text(largest, 'parameters')}), before activations")
     return emit(args, fields, with_caveat(fields, text, board))
@@ -345,6 +348,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from resacct.cli._recipes import RECIPES_EPILOG, add_recipe_arguments
 
     add_recipe_arguments(fit, recipe_default=None)
+    from resacct.cli._units import add_units_flag
+
+    add_units_flag(fit)
     fit.epilog = (fit.epilog or "") + "\n\n" + RECIPES_EPILOG
     fit.set_defaults(run=_run_fit)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from resacct.cli._units import add_units_flag, unit_scale
 from resacct.cli.compute import _add_command
 from resacct.cli.output import emit
 from resacct.errors import ResacctError
@@ -50,13 +51,14 @@ def _run_devices(args: argparse.Namespace) -> int:
         raise ResacctError(f"accelerator name {args.name!r} is empty; give a name such as h100, or none to list every board")
     boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
     fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
-    header = f"{'name':<15}{'memory GB':>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
+    scale, unit = unit_scale(args.units)
+    header = f"{'name':<15}{'memory ' + unit:>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
     lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
     for board in boards:
         matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
         intensity = f"{matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec:.0f}" if matrix_16 else "—"
         flag = f" {board.flag}" if board.flag else ""
-        lines.append(f"{board.name:<15}{board.memory_bytes / 1e9:>10g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
+        lines.append(f"{board.name:<15}{board.memory_bytes / scale:>10.6g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
                      f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
                      f"{_tera(board, 'fp8', True):>8}{intensity:>8}  {_short_source(board.source)}{flag}")
     if args.name:
@@ -68,4 +70,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     devices = _add_command(subparsers, "devices", "the accelerator table: peaks per format (dense and 2:4 sparse), memory, bandwidth, sources",
                            "resacct devices   |   resacct devices h100 --json")
     devices.add_argument("name", nargs="?", help="show one accelerator (name, alias or CUDA name)")
+    add_units_flag(devices)
     devices.set_defaults(run=_run_devices)

@@ -1,16 +1,17 @@
 """``resacct lora``: does LoRA (or QLoRA: ``--base nf4``) fine-tuning of a model fit a device at
 batch × sequence? The state of a step with AdamW, as peft keeps it — frozen base in its format,
-float32 adapters, their gradients and AdamW state (checked to the byte against a real peft step
-on the CPU: ``resacct/specs/finetune.claims.yaml``) — plus an activation estimate, and the
-largest batch that fits.
+float32 adapters, their gradients and AdamW state — plus the activations one step saves and its
+FLOPs, and the largest batch that fits. The state, the saved activations and the FLOPs are each
+checked to the byte / FLOP against a real peft step on the CPU (``resacct/specs/finetune.claims.yaml``).
 
-Activations are an **estimate**, not a LoRA prediction: what full fine-tuning of the model saves
-(``resacct.formulas.hf_activation_formulas``, sdpa's flash kernel, 16-bit compute), or with
-``--gradient-checkpointing`` every layer's input plus one layer's saved tensors during its
-recomputation. On a measured tiny model LoRA saved 0.85× (q, v) to 1.39× (all linear layers,
-bf16: peft's float32 input copies) of full fine-tuning's bytes.
-NF4 (QLoRA) is predicted only: 4.127 bits per weight of the blocks' linear layers (QLoRA §3,
-double quantisation), embeddings, norms and LM head in bf16.
+Activations: what a peft LoRA forward saves (:func:`resacct.formulas.lora.lora_saved_terms`: frozen
+layers keep no inputs, each adapter a float32 copy of its input; sdpa's flash kernel). With
+``--gradient-checkpointing`` an **estimate**: every layer's input plus one layer's saved tensors
+during its recomputation. NF4 (QLoRA) is predicted only: 4.127 bits per weight of the blocks'
+linear layers (QLoRA §3, double quantisation), embeddings, norms and LM head in bf16; its
+activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured here).
+FLOPs: matmuls of one forward and backward (no weight gradients of the base: about 2/3 of full
+fine-tuning's).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def _targets(text: str) -> tuple[str, ...]:
     return names
 
 
+def _dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a dropout probability; expected a number in [0, 1) such as 0.05")
+    return value
+
+
 def _base(text: str) -> str:
     from resacct.formulas.lora import BASE_FORMAT_BITS
 
@@ -49,32 +60,45 @@ def _base(text: str) -> str:
     return text
 
 
-def _activation_bytes(architecture: Any, batch: int, seq: int, dtype: str, checkpointing: bool) -> int:
-    from resacct.formulas.hf_activation_formulas import predict_hf_layer_saved_bytes, predict_hf_saved_bytes
+def _activation_bytes(architecture: Any, args: argparse.Namespace, batch: int, dtype: str) -> int:
+    """What one forward saves (predicted), or with gradient checkpointing an estimate: the layers'
+    inputs, everything outside the layers, and the busiest layer's saved tensors once."""
+    import dataclasses
 
-    common = dict(dtype=dtype, attention="sdpa", device_type="cpu")
-    total = predict_hf_saved_bytes(architecture, batch, seq, **common)
-    if not checkpointing:
-        return total
-    layer = predict_hf_layer_saved_bytes(architecture, batch, seq, first=False, **common)
+    from resacct.formulas.lora import lora_saved_terms
+
+    if architecture.sliding_window is not None:  # a GPU's flash kernel keeps no mask for the window: counted as without one
+        architecture = dataclasses.replace(architecture, sliding_window=None)
+    terms = lora_saved_terms(architecture, rank=args.rank, targets=args.targets, batch=batch, seq=args.seq, dtype=dtype, dropout=args.dropout)
+    if not args.gradient_checkpointing:
+        return sum(term.bytes for term in terms)
+    per_layer: dict[str, int] = {}
+    for term in terms:
+        if term.module.startswith("model.layers."):
+            layer = term.module.split(".")[2]
+            per_layer[layer] = per_layer.get(layer, 0) + term.bytes
+    outside = sum(term.bytes for term in terms if not term.module.startswith("model.layers."))
     element = 4 if dtype == "float32" else 2
-    return total - (architecture.layers - 1) * layer + architecture.layers * element * batch * seq * architecture.hidden
+    return outside + architecture.layers * element * batch * args.seq * architecture.hidden + max(per_layer.values(), default=0)
 
 
 def _run_lora(args: argparse.Namespace) -> int:
-    from resacct.formulas.lora import BASE_FORMAT_BITS, lora_training_memory
+    from resacct.formulas.hf_formulas import predict_step_flops
+    from resacct.formulas.lora import BASE_FORMAT_BITS, lora_step_flops, lora_training_memory
 
     name, architecture = model_architecture(args)
     board, memory_bytes = device_memory_bytes(args)
     state = lora_training_memory(architecture, rank=args.rank, targets=args.targets, base_format=args.base)
-    dtype = "float32" if args.base == "fp32" else "bfloat16"
-    activations = _activation_bytes(architecture, args.batch, args.seq, dtype, args.gradient_checkpointing)
-    per_sample = _activation_bytes(architecture, 1, args.seq, dtype, args.gradient_checkpointing)
+    dtype = {"fp32": "float32", "fp16": "float16"}.get(args.base, "bfloat16")
+    activations = _activation_bytes(architecture, args, args.batch, dtype)
+    per_sample = _activation_bytes(architecture, args, 1, dtype)
+    flops = lora_step_flops(architecture, rank=args.rank, targets=args.targets, batch=args.batch, seq=args.seq)
+    full_flops = predict_step_flops(architecture, batch=args.batch, seq=args.seq).step_flops
     total = state.state_bytes + activations
     reserved = args.reserve_gb * 1e9
     fits = None if memory_bytes is None else total + reserved <= memory_bytes
     room = None if memory_bytes is None else memory_bytes - reserved - state.state_bytes
-    largest = None if room is None else max(0, int(room // per_sample)) if room > 0 else 0
+    largest = None if room is None else _largest_batch(architecture, args, dtype, room, per_sample)
     targets = ", ".join(args.targets)
     fields: dict[str, Any] = {
         "model": name, "base_parameters": state.base_parameters, "base_format": args.base, "base_bits_per_parameter": BASE_FORMAT_BITS[args.base],
@@ -82,9 +106,12 @@ def _run_lora(args: argparse.Namespace) -> int:
         "adapter_parameters": state.adapter_parameters, "adapter_tensors": state.adapter_tensors,
         "base_bytes": state.base_bytes, "adapter_bytes": state.adapter_bytes, "gradient_bytes": state.gradient_bytes,
         "optimizer_state_bytes": state.optimizer_state_bytes, "training_state_bytes": state.state_bytes,
-        "activation_bytes_estimate": activations, "activation_bytes_estimate_per_sample": per_sample, "total_bytes": total,
+        "dropout": args.dropout, "activation_bytes": activations, "activation_bytes_per_sample": per_sample,
+        "activation_basis": "estimate" if args.gradient_checkpointing else "predicted",
+        "forward_flops": flops.forward_flops, "backward_flops": flops.backward_flops, "step_flops": flops.step_flops,
+        "full_finetuning_step_flops": full_flops, "total_bytes": total,
         "device": board.name if board is not None else None, "device_memory_bytes": memory_bytes, "reserved_bytes": reserved,
-        "fits": fits, "largest_batch": largest,
+        "headroom_bytes": None if memory_bytes is None else memory_bytes - reserved - total, "fits": fits, "largest_batch": largest,
     }
     units = args.units
     where = "" if memory_bytes is None else f" on {board.name if board is not None else gigabytes_text(memory_bytes, units) + ' per device'}"
@@ -97,18 +124,43 @@ def _run_lora(args: argparse.Namespace) -> int:
         _row("adapter gradients (fp32)", state.gradient_bytes, units),
         _row("AdamW state (2 moments + step counters)", state.optimizer_state_bytes, units),
         _row("training state", state.state_bytes, units),
-        _row("activations (estimate)", activations, units) + ("  (gradient checkpointing: layer inputs + one layer)"
-                                                              if args.gradient_checkpointing else "  (full fine-tuning's saved bytes)"),
+        _row("activations (estimate)" if args.gradient_checkpointing else "activations (saved for backward)", activations, units)
+        + ("  (gradient checkpointing: layer inputs + one layer)" if args.gradient_checkpointing
+           else f"  ({gigabytes_text(per_sample, units)} a sequence)"),
     ]
     if memory_bytes is None:
         lines.append(_row("total", total, units))
     else:
+        headroom = memory_bytes - reserved - total
         lines += [_row("total", total, units) + f" of {gigabytes_text(memory_bytes, units)}"
-                  + (f" ({gigabytes_text(reserved, units)} reserved)" if reserved else "") + f" — {'fits' if fits else 'does NOT fit'}",
-                  f"  largest batch at seq {args.seq}: {largest}" + ("" if largest else " (the state alone leaves no room for one sequence)")]
-    lines.append("  not counted: temporaries, the allocator's fragmentation, the CUDA context; activations are full fine-tuning's, "
-                 "not a LoRA prediction (see --help)")
+                  + (f" ({gigabytes_text(reserved, units)} reserved)" if reserved else "")
+                  + (f" — fits, {gigabytes_text(headroom, units)} to spare" if fits else f" — does NOT fit: {gigabytes_text(-headroom, units)} over"),
+                  f"  largest batch at seq {args.seq}: {largest}" + ("" if largest else _no_room(room, per_sample, units, args.gradient_checkpointing))]
+    lines.append(f"  FLOPs a step: {flops.step_flops:.4g} (forward {flops.forward_flops:.4g}, backward {flops.backward_flops:.4g}: "
+                 f"{flops.step_flops / full_flops:.2f}× full fine-tuning's {full_flops:.4g})"
+                 + ("; checkpointing runs the layers' forward once more" if args.gradient_checkpointing else ""))
+    lines.append("  not counted: temporaries, the allocator's fragmentation, the CUDA context"
+                 + ("; activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured)" if args.base == "nf4" else ""))
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _largest_batch(architecture: Any, args: argparse.Namespace, dtype: str, room: float, per_sample: int) -> int:
+    """The most sequences whose activations fit in ``room``: activations grow with the batch, but
+    not quite linearly (the labels at batch 1 are a view), so the guess from one sequence is
+    checked and stepped down."""
+    if room < per_sample:
+        return 0
+    batch = int(room // per_sample)
+    while batch > 1 and _activation_bytes(architecture, args, batch, dtype) > room:
+        batch -= 1
+    return batch
+
+
+def _no_room(room: float, per_sample: int, units: str, checkpointing: bool) -> str:
+    if room <= 0:
+        return " (the state alone leaves no room for one sequence)"
+    return (f" (one sequence's activations need {gigabytes_text(per_sample, units)}, the state leaves {gigabytes_text(room, units)}"
+            + ("" if checkpointing else "; try --gradient-checkpointing") + ")")
 
 
 def _row(label: str, value_bytes: float, units: str) -> str:
@@ -123,6 +175,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--targets", type=_targets, default=("q_proj", "v_proj"), metavar="NAMES",
                         help="comma-separated linear layers to adapt (default: q_proj,v_proj, peft's default for Llama), or all-linear")
     parser.add_argument("--base", type=_base, default="bf16", metavar="FORMAT", help="frozen base format: bf16 (default), fp16, fp32, nf4 (QLoRA)")
+    parser.add_argument("--dropout", type=_dropout, default=0.0, metavar="P",
+                        help="LoRA dropout (peft's lora_dropout; default: 0): a mask and a copy per adapter input")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default: 1)")
     parser.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence (default: 2048)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="estimate activations with every layer recomputed")

@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from resacct.cli._recipes import RECIPES_EPILOG, ChosenRecipe, add_recipe_arguments, chosen_recipe, parameters_in_words, zero_words
+from resacct.cli._units import add_units_flag, unit_scale
 from resacct.cli.arguments import count, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
@@ -48,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument("--device-memory-gb", type=count, default=None, metavar="GB", help="memory of one device in GB (10^9 bytes)")
     memory.add_argument("--device", default=None, metavar="NAME", help="an accelerator whose memory to use, e.g. h100, a100-40gb")
+    add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_memory)
 
@@ -102,11 +104,12 @@ def memory_report(parameters: float | None, recipe: ShardingRecipe, zero_stage: 
     return report
 
 
-def _gb(value: float) -> str:
-    return f"{value / 1e9:,.2f} GB"
+def _text(report: dict[str, Any], chosen: ChosenRecipe, units: str = "decimal") -> str:
+    scale, unit = unit_scale(units)
 
+    def _gb(value: float) -> str:
+        return f"{value / scale:,.2f} {unit}"
 
-def _text(report: dict[str, Any], chosen: ChosenRecipe) -> str:
     stage, devices = report["zero_stage"], report["devices"]
     setup = f"{zero_words(stage, chosen.zero_is_default)} over {devices} rank(s)\n  recipe: {chosen.recipe_words()}"
     lines = []
@@ -140,4 +143,4 @@ def run_memory(args: argparse.Namespace) -> int:
     report["zero_stage_is_default"] = chosen.zero_is_default
     report["total_bytes_per_parameter_by_moment"] = {chosen.sharding.moment: chosen.sharding.total_bytes_per_parameter,
                                                      ("at_step" if chosen.sharding.moment == "after_backward" else "after_backward"): chosen.other_moment_total_bytes}
-    return emit(args, report, _text(report, chosen))
+    return emit(args, report, _text(report, chosen, args.units))

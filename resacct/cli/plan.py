@@ -116,18 +116,21 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from resacct.formulas.plan import plan_memory
+    from resacct.formulas.plan import parameter_breakdown, plan_memory
 
-    parameters, _ = _shape(args)
+    parameters, architecture = _shape(args)
+    mlp, gated = _mlp_shape(architecture)
     board, memory_bytes = _device_memory_bytes(args)
     device = board.name if board is not None else None
     layout = _layout(args)
     plan = plan_memory(parameters=parameters, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                        micro_batch=args.micro_batch, layout=layout, recipe=get_sharding_recipe(args.recipe), recompute=args.recompute,
                        device_memory_bytes=memory_bytes, reserved_bytes=_gigabytes_in_bytes("--reserve-gb", args.reserve_gb), kv_heads=args.kv_heads,
-                       first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
+                       first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers, mlp=mlp, gated_mlp=gated)
+    breakdown = None if architecture is None else parameter_breakdown(architecture)
     fields = {
         "parameters": parameters, "hf_config": args.hf_config,
+        "parameter_breakdown": None if breakdown is None else breakdown.to_dict(),
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads or args.heads, "seq": args.seq,
         "micro_batch": args.micro_batch,
         "tensor_parallel": layout.tensor, "pipeline_parallel": layout.pipeline, "data_parallel": layout.data,
@@ -141,6 +144,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         "activation_bytes": plan.activation_bytes, "activation_bytes_per_sample": plan.activation_bytes_per_sample,
         "total_bytes": plan.total_bytes, "reserved_bytes": plan.reserved_bytes, "device_memory_bytes": plan.device_memory_bytes,
         "fits": plan.fits, "largest_micro_batch": plan.largest_micro_batch,
+        "mlp": mlp, "mlp_kind": None if mlp is None else "swiglu" if gated else "gelu",
     }
     scale, unit = unit_scale(args.units)
     where = device or f"{memory_bytes / scale:.4g} {unit}"
@@ -164,9 +168,31 @@ def _run_plan(args: argparse.Namespace) -> int:
         f"  largest micro-batch that fits{' every stage' if uneven else ''}: {plan.largest_micro_batch}"
         + ("" if plan.largest_micro_batch else " (the training state alone does not leave room for one sequence)"),
         "  not counted: LayerNorm statistics, embedding/output-layer activations, temporaries, communication buffers, fragmentation"
-        + ("; activations use Korthikanti's 4h GeLU MLP" if args.kv_heads or args.mlp else ""),
-    ]
+        + ("" if mlp is None else f"; the MLP's activations as a {'SwiGLU' if gated else 'GeLU'} {mlp} wide (Korthikanti's table: a 4h GeLU)"),
+    ] + ([] if breakdown is None else _breakdown_lines(breakdown))
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _mlp_shape(architecture: Any) -> tuple[int | None, bool]:
+    """The MLP width whose activations the plan counts (None: Korthikanti's 4h GeLU) and whether
+    it is gated (SwiGLU); a mixture of experts as the k experts each token runs."""
+    if architecture is None:
+        return None, False
+    if architecture.family == "mixtral":
+        return architecture.mlp * architecture.experts_per_token, True
+    return architecture.mlp, architecture.family != "gpt2"
+
+
+def _breakdown_lines(b: Any) -> list[str]:
+    head = "tied to the token embedding: no parameters of its own" if b.tied_head else "untied"
+    return [
+        "  parameters by component (the config's model, as transformers builds it):",
+        f"    embeddings        {b.embeddings:>17,}",
+        f"    per layer × {b.layers:<4}  {b.per_layer:>17,}  (attention {b.attention_per_layer:,} · MLP {b.mlp_per_layer:,} · norms {b.norms_per_layer:,})",
+        f"    final norm        {b.final_norm:>17,}",
+        f"    LM head           {b.lm_head:>17,}  ({head})",
+        f"    total             {b.total:>17,}",
+    ]
 
 
 def _approach(text: str) -> int:

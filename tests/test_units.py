@@ -1,0 +1,57 @@
+"""``--units decimal|binary`` (resacct/cli/_units.py) in every command that prints bytes — memory,
+devices, infer, lora, offload, the napkin fit and plan: one shared option, GB (10^9) by default,
+GiB (2^30) with ``binary``; ``--json`` gives the same bytes either way; a bad value is one line
+naming it, exit status 2. (``account`` and ``fit-model`` live in other modules: not here.)"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from resacct.cli import main
+
+COMMANDS = {
+    "memory": ["memory", "--params", "7.5B", "--recipe", "mixed-adam", "--zero", "1", "--devices", "64", "--device", "h100"],
+    "devices": ["devices", "h100"],
+    "infer": ["infer", "--hf-config", "llama-3-8b", "--batch", "8", "--context", "8192", "--device", "h100"],
+    "lora": ["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--seq", "2048", "--memory-gb", "24", "--gradient-checkpointing"],
+    "offload": ["offload", "--params", "2851M", "--largest-layer", "32M", "--gpus-per-node", "8", "--device", "h100"],
+    "fit": ["fit", "--devices", "8", "--memory-gb", "80", "--zero", "3"],
+    "plan": ["plan", "--hf-config", "llama-3-8b", "--seq", "4096", "--memory-gb", "80"],
+}
+# what each prints for the device's 80 GB (or the 24 GB given) in either system
+MEMORY_TEXT = {"memory": ("80.00 GB", "74.51 GiB"), "devices": ("80", "74.5058"), "infer": ("80.00 GB", "74.51 GiB"),
+               "lora": ("24.00 GB", "22.35 GiB"), "offload": ("80.00 GB", "74.51 GiB"), "fit": ("80.00 GB", "74.51 GiB"),
+               "plan": ("80 GB", "74.51 GiB")}
+
+
+def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    decimal, binary = MEMORY_TEXT[command]
+    text = _run(capsys, [*COMMANDS[command], "--units", "binary"])
+    assert "GiB" in text and not re.search(r"\bGB\b", text.replace("80GB", "")), text   # a board's display name may say 80GB
+    assert binary in text
+    default = _run(capsys, COMMANDS[command])
+    assert decimal in default and "GiB" not in default
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_json_is_bytes_whatever_the_units(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    plain = json.loads(_run(capsys, [*COMMANDS[command], "--json"]))
+    binary = json.loads(_run(capsys, [*COMMANDS[command], "--json", "--units", "binary"]))
+    assert plain == binary
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_bad_units_one_line_exit_2(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    assert main([*COMMANDS[command], "--units", "gibi"]) == 2
+    err = capsys.readouterr().err
+    assert "'gibi' is not a unit system; choose decimal (GB = 10^9 bytes, the default) or binary (GiB = 2^30 bytes)" in err
+    assert err.count("\n") == 1
