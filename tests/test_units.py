@@ -1,7 +1,7 @@
 """``--units decimal|binary`` (resacct/cli/_units.py) in every command that prints bytes — memory,
 devices, infer, lora, offload, the napkin fit and plan: one shared option, GB (10^9) by default,
 GiB (2^30) with ``binary``; ``--json`` gives the same bytes either way; a bad value is one line
-naming it, exit status 2. (``account`` and ``fit-model`` live in other modules: not here.)"""
+naming it, exit status 2. (``account`` lives in another module: not here.)"""
 
 from __future__ import annotations
 

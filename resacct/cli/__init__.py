@@ -21,7 +21,7 @@ __all__ = ["main"]
 _NOT_COMMANDS = {"app", "arguments", "output"}
 
 COMMAND_MODULES = {
-    "account": "account", "devices": "devices", "fit": "compute", "fit-model": "fit", "flops": "compute", "mfu": "compute", "roofline": "compute",
+    "account": "account", "devices": "devices", "fit": "compute", "flops": "compute", "mfu": "compute", "roofline": "compute",
     "time": "compute", "dtypes": "formats", "formats": "formats", "infer": "infer", "lora": "lora", "machine": "machine",
     "memory": "memory", "offload": "offload", "optimal": "plan", "plan": "plan", "run": "run", "verify": "verify",
 }

@@ -114,6 +114,17 @@ def _run_time(args: argparse.Namespace) -> int:
 
 
 def _run_fit(args: argparse.Namespace) -> int:
+    if args.hf_config is not None or args.model is not None:
+        from resacct.cli._model_fit import run_model_fit
+
+        return run_model_fit(args)
+    model_flags = [flag for flag, used in (("--search", args.search != "batch"), ("--batch", args.batch != 1), ("--seq", args.seq is not None),
+                                           ("--grad-accum", args.grad_accum != 1), ("--reserve-gb", args.reserve_gb != 0.0),
+                                           ("--input-shape", args.input_shape is not None), ("--model-arg", bool(args.model_arg)),
+                                           ("--max-batch", args.max_batch is not None)) if used]
+    if model_flags:
+        raise ResacctError(f"{', '.join(model_flags)} search a real model's step: give --hf-config NAME or --model module:factory "
+                           "(without one, resacct fit answers the largest model from bytes per parameter)")
     from resacct.cli._recipes import chosen_recipe, parameters_in_words, zero_words
     from resacct.facts.hardware import get_accelerator
     from resacct.facts.recipes import DEFAULT_ZERO_STAGE
@@ -339,7 +350,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     time.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation in (0, 1] (default: 0.5)")
     time.set_defaults(run=_run_time)
 
-    fit = _add_command(subparsers, "fit", "the largest model whose parameters, gradients and optimizer state fit",
+    fit = _add_command(subparsers, "fit", "the largest model whose training state fits — or, with --hf-config/--model, a real model's largest micro-batch",
                        "resacct fit --devices 8 --device h100 --bytes-per-param 16 --zero 3   |   resacct fit --devices 8 --device h100 --recipe mixed-adam --zero 1")
     fit.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
     fit.add_argument("--memory-gb", type=positive_float, help="memory per device in GB (10^9 bytes)")
@@ -351,8 +362,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from resacct.cli._units import add_units_flag
 
     add_units_flag(fit)
-    fit.epilog = (fit.epilog or "") + "\n\n" + RECIPES_EPILOG
-    fit.set_defaults(run=_run_fit)
+    from resacct.cli._model_fit import MODEL_FIT_EXAMPLES, add_model_fit_arguments
+
+    add_model_fit_arguments(fit.add_argument_group("a real model (--hf-config or --model): its largest micro-batch or sequence, "
+                                                   "from the step's predicted peak"))
+    fit.epilog = (fit.epilog or "") + "\n\n" + MODEL_FIT_EXAMPLES + "\n" + RECIPES_EPILOG
+    fit.set_defaults(run=_run_fit, device_required=True)
 
     mfu = _add_command(subparsers, "mfu", "MFU (and HFU) of a training run from its step time, throughput or achieved FLOP/s per device",
                        "resacct mfu --params 7B --tokens 4M --step-time 12.5 --devices 64 --device h100\n"

@@ -1,9 +1,11 @@
-"""``resacct fit-model``: the largest micro-batch — or sequence length — of a real model whose
-training step fits a device, from the step's **predicted** peak (:mod:`resacct.account.fit_search`:
-each probe a prediction on fake tensors of the model built on the meta device; nothing allocated).
+"""``resacct fit --hf-config NAME`` / ``--model module:factory``: the largest micro-batch — or
+sequence length — of a real model whose training step fits a device, from the step's **predicted**
+peak (:mod:`resacct.account.fit_search`: each probe a prediction on fake tensors of the model built
+on the meta device; nothing allocated).
 
-The napkin ``resacct fit`` (:mod:`resacct.cli.compute`) answers the other question, the largest
-model whose training state fits, from bytes per parameter alone.
+Without a model, ``resacct fit`` (:mod:`resacct.cli.compute`) answers the napkin question, the
+largest model whose training state fits, from bytes per parameter alone; this module adds the
+model's arguments to that one command and runs the model's form.
 """
 
 from __future__ import annotations
@@ -13,23 +15,25 @@ import sys
 import time
 from typing import Any
 
-from resacct.cli._model_args import add_device_arguments, device_memory_bytes
-from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
-from resacct.cli._units import add_units_flag
-from resacct.cli.arguments import positive_int
-from resacct.cli.output import add_json_flag, emit, with_caveat
+from resacct.cli._model_args import device_memory_bytes
+from resacct.cli.arguments import non_negative_float, positive_int
+from resacct.cli.output import emit, with_caveat
 from resacct.errors import ResacctError
 
-__all__ = ["register", "add_model_fit_arguments", "run_model_fit"]
+__all__ = ["add_model_fit_arguments", "run_model_fit", "MODEL_FIT_EXAMPLES"]
 
-_EXAMPLES = """examples:
-  resacct fit-model --hf-config llama-2-7b --recipe bf16 --seq 4096 --device h100
+MODEL_FIT_EXAMPLES = """a real model's micro-batch (--hf-config or --model; the step's peak predicted on fake tensors):
+  resacct fit --hf-config llama-2-7b --recipe bf16 --seq 4096 --device h100
       the largest micro-batch of 4,096 tokens whose step (bf16 AdamW) fits an H100's 80 GB
-  resacct fit-model --hf-config gpt2 --search seq --batch 32 --device a100-sxm-40gb --reserve-gb 2
-      the longest sequence a batch of 8 fits, 2 GB kept free
-  resacct fit-model --model tests.fixtures_hf_models:tiny_llama --memory-gb 0.004 --seq 16 --grad-accum 2 --json
+  resacct fit --hf-config gpt2 --search seq --batch 32 --device a100-sxm-40gb --reserve-gb 2
+      the longest sequence a micro-batch of 32 fits, 2 GB kept free
+  resacct fit --model tests.fixtures_hf_models:tiny_llama --memory-gb 0.004 --seq 16 --grad-accum 2 --json
       any nn.Module factory; gradients accumulated over 2 micro-steps
 """
+
+#: the napkin form's flags, which mean nothing for a model's step
+NAPKIN_ONLY_FLAGS = (("--devices", "devices", 1), ("--bytes-per-param", "bytes_per_param", None), ("--zero", "zero", None),
+                     ("--moment", "moment", "between-steps"))
 
 
 def _bytes_text(value: float, units: str) -> str:
@@ -42,7 +46,8 @@ def _bytes_text(value: float, units: str) -> str:
 
 
 def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, the step and the search (the device arguments: :func:`resacct.cli._model_args.add_device_arguments`)."""
+    """The model, the step and the search, added to ``resacct fit`` (whose ``--device``,
+    ``--memory-gb``, ``--recipe``, ``--optimizer`` and ``--units`` serve both forms)."""
     from resacct.cli._model_args import shipped_hf_config_names
 
     parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
@@ -58,9 +63,7 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to search: the micro-batch at --seq, or the sequence length at --batch (default: batch)")
     parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences per micro-batch when searching seq (default: 1)")
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence when searching batch (default: the context length)")
-    parser.add_argument("--recipe", type=named_recipe_type, default=None, metavar="NAME", help="precision recipe (see below; default: fp32)")
-    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop"), default=None,
-                        help="the torch.optim optimizer (default: the one the recipe name pins, else adamw)")
+    parser.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="with a model: GB to keep free (CUDA context, fragmentation; default: 0)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="K", help="micro-steps whose gradients accumulate per step (default: 1)")
     parser.add_argument("--max-batch", type=positive_int, default=None, metavar="N", help="the largest micro-batch to try (default: 1,048,576)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -96,8 +99,14 @@ def _target(args: argparse.Namespace) -> Any:
 
 def run_model_fit(args: argparse.Namespace) -> int:
     """Parse the device once, build the model on meta, search, print."""
-    from resacct.facts.recipes import parse_recipe
+    from resacct.facts.recipes import RECIPES, parse_recipe
 
+    used = [flag for flag, name, default in NAPKIN_ONLY_FLAGS if getattr(args, name) != default]
+    if used:
+        raise ResacctError(f"{', '.join(used)} belong to the napkin fit (the largest model); with --hf-config or --model, resacct fit searches "
+                           "one device's micro-batch — drop them")
+    if args.recipe is not None and args.recipe.name not in RECIPES:
+        raise ResacctError(f"--recipe {args.recipe.name!r} is a byte count; a model's step runs a named recipe ({', '.join(RECIPES)})")
     board, memory_bytes = device_memory_bytes(args)
     reserve_bytes = args.reserve_gb * 1e9
     if reserve_bytes >= memory_bytes:
@@ -117,7 +126,7 @@ def run_model_fit(args: argparse.Namespace) -> int:
     def on_probe(probe: Any) -> None:
         if args.progress or (args.progress is None and time.perf_counter() - started > 2.0):
             verdict = "fits" if probe.fits else "does not fit"
-            print(f"resacct fit-model: {args.search} {probe.size:,}: predicted {_bytes_text(probe.peak_bytes, units)} {verdict} "
+            print(f"resacct fit: {args.search} {probe.size:,}: predicted {_bytes_text(probe.peak_bytes, units)} {verdict} "
                   f"({probe.seconds:.1f} s; {time.perf_counter() - started:.0f} s in all)", file=sys.stderr, flush=True)
 
     answer = fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,
@@ -152,14 +161,3 @@ def _text(answer: Any, units: str) -> str:
     lines.append(f"  attention: {answer.attention_kernel}. The peak is the CPU kernels' step as the allocator counts it; a GPU runs "
                  "other kernels and its caching allocator rounds blocks to 512 B and keeps freed segments: keep a reserve")
     return "\n".join(lines)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("fit-model", help="the largest micro-batch or sequence of a real model whose predicted training step fits a device",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                   epilog=_EXAMPLES + "\n" + RECIPES_EPILOG)
-    add_model_fit_arguments(parser)
-    add_device_arguments(parser, required=True)
-    add_units_flag(parser)
-    add_json_flag(parser)
-    parser.set_defaults(run=run_model_fit)
