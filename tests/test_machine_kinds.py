@@ -30,7 +30,7 @@ BF16_FIELDS = {"cpu_bf16_matmul", "cpu_bf16_units"}
 def _verify(tmp_path: Path, name: str, environment: dict[str, str]) -> tuple[int, dict]:
     env = {key: value for key, value in os.environ.items() if key not in CAPPED and key != FAKE_MACHINE_VARIABLE}
     env.update(environment)
-    done = subprocess.run([sys.executable, "-m", "resacct", "verify", "--json", "--all", "--no-roofline", "-k", SELECTION,
+    done = subprocess.run([sys.executable, "-m", "resacct", "verify", "--json", "--all", "--no-roofline", "--no-timeline", "-k", SELECTION,
                            "--report-dir", str(tmp_path / name)], capture_output=True, text=True, env=env, timeout=600)
     return done.returncode, json.loads(done.stdout)
 

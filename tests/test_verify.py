@@ -63,7 +63,7 @@ def specs_dir(tmp_path: Path) -> Path:
 
 
 def verify(specs_dir: Path, report_dir: Path, *extra: str) -> int:
-    return main(["verify", "--specs", str(specs_dir), "--report-dir", str(report_dir), "--no-roofline", *extra])
+    return main(["verify", "--specs", str(specs_dir), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", *extra])
 
 
 @pytest.mark.slow
@@ -272,15 +272,47 @@ def test_the_roofline_belongs_to_the_same_run(specs_dir, tmp_path, capsys, monke
         target.write_bytes(b"\x89PNG\r\n\x1a\n" + b"this run's roofline")
         return target
 
+    def timeline_drawn_quickly(directory: Path) -> Path:  # drawn for real in test_the_step_timeline_is_drawn_for_real
+        target = directory / "step-timeline.png"
+        target.write_bytes(b"\x89PNG\r\n\x1a\n" + b"this run's step")
+        return target
+
     monkeypatch.setattr(verify_command, "_write_roofline", drawn_quickly)
+    monkeypatch.setattr(verify_command, "_write_step_timeline", timeline_drawn_quickly)
     report_dir = tmp_path / "reports"
     assert main(["verify", "--specs", str(specs_dir), "--area", "devices", "--report-dir", str(report_dir), "-q"]) == 0
     page = (report_dir / "report.html").read_text()
     assert (report_dir / "roofline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     encoded = base64.b64encode((report_dir / "roofline.png").read_bytes()).decode()
     assert f'<img class="roofline" alt="measured roofline" src="data:image/png;base64,{encoded}">' in page
+    timeline = base64.b64encode((report_dir / "step-timeline.png").read_bytes()).decode()
+    assert f'src="data:image/png;base64,{timeline}">' in page and '<a href="#step-timeline">' in page
     assert verify(specs_dir, report_dir, "--area", "devices", "-q") == 0  # partial: no complete report there to protect
     assert not (report_dir / "roofline.png").exists()  # an older run's roofline does not pass for this one's
+    assert not (report_dir / "step-timeline.png").exists()  # nor its step timeline
+
+
+@pytest.mark.slow
+def test_the_step_timeline_is_drawn_for_real(tmp_path):
+    """Issue 22: the memory timeline in the HTML report — the reference step predicted on fake
+    tensors and measured by the CPU allocator in the same call, their peaks equal."""
+    from resacct.account import timeline_plot
+
+    calls = []
+    real_write = timeline_plot.write_timeline_png
+
+    def recording(path, predicted, measured, *, title):
+        calls.append((predicted.peak_bytes, measured.peak_bytes, title))
+        real_write(path, predicted, measured, title=title)
+
+    timeline_plot.write_timeline_png = recording
+    try:
+        path = timeline_plot.write_reference_step_timeline_png(tmp_path / "step-timeline.png")
+    finally:
+        timeline_plot.write_timeline_png = real_write
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ((predicted, measured, title),) = calls
+    assert predicted == measured and "equal to the byte" in title
 
 
 @pytest.mark.slow
@@ -521,7 +553,7 @@ def test_the_readme_main_command_runs_the_shipped_claims_from_the_checkout(where
 
     repository = SPECS.parents[1]
     completed = subprocess.run(
-        [sys.executable, "-m", "resacct", "verify", "-q", "--no-roofline", "--report-dir", str(tmp_path / "reports"),
+        [sys.executable, "-m", "resacct", "verify", "-q", "--no-roofline", "--no-timeline", "--report-dir", str(tmp_path / "reports"),
          "-k", "bytes-numel-times-element-size"],
         cwd=repository if where == "repository" else tmp_path, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout + completed.stderr

@@ -24,7 +24,7 @@ run_kind() {  # name, then env assignments, then verify arguments after --
     while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do assignments+=("$1"); shift; done
     shift
     local began=$SECONDS
-    env "${assignments[@]}" "$RESACCT" verify -q --no-roofline --report-dir "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+    env "${assignments[@]}" "$RESACCT" verify -q --no-roofline --no-timeline --report-dir "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
     local code=$?
     echo "== $name: exit $code in $((SECONDS - began)) s: $(grep '^claims:' "$OUT/$name.log" | tail -1)"
     if [ "$code" -ne 0 ]; then

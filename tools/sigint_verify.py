@@ -29,7 +29,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 def _complete_report(resacct: str, into: Path) -> None:
     specs = _ROOT / "resacct" / "specs" / "dtypes.claims.yaml"
-    done = subprocess.run([resacct, "verify", "-q", "--no-roofline", "--specs", str(specs), "--report-dir", str(into)],
+    done = subprocess.run([resacct, "verify", "-q", "--no-roofline", "--no-timeline", "--specs", str(specs), "--report-dir", str(into)],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         sys.exit(f"could not make the starting report (exit {done.returncode}): {done.stderr.strip()[-500:]}")

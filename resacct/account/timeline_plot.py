@@ -24,7 +24,10 @@ from resacct.account.peak import PredictedStepPeak
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, MemoryTimeline
 
-__all__ = ["write_timeline_png", "check_timeline_path", "phase_positions"]
+__all__ = ["write_timeline_png", "check_timeline_path", "phase_positions", "write_reference_step_timeline_png", "REFERENCE_STEP"]
+
+#: the step drawn in verify's report (step-timeline.png): a :data:`resacct.account.peak_models.PEAK_MODELS` name, batch, seq
+REFERENCE_STEP = ("gpt-sdpa", 4, 32)
 
 
 def check_timeline_path(path: str | Path) -> Path:
@@ -96,3 +99,26 @@ def write_timeline_png(path: str | Path, predicted: PredictedStepPeak | None, me
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def write_reference_step_timeline_png(path: str | Path) -> Path:
+    """``resacct verify``'s step-timeline.png: one AdamW step of :data:`REFERENCE_STEP` (gpt-nano,
+    sdpa) predicted on fake tensors beside the CPU allocator's measurement of the same step, in the
+    same run — what the peak claims check, as a picture (about a second)."""
+    import torch
+
+    from resacct.account.peak import measure_step_peak, predict_step_peak
+    from resacct.account.peak_models import PEAK_MODELS, peak_model
+
+    name, batch, seq = REFERENCE_STEP
+    model, inputs, loss_fn = peak_model(name, batch=batch, seq=seq)
+
+    def adamw(parameters: list) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(parameters, lr=1e-3)
+
+    predicted = predict_step_peak(model, inputs, loss_fn, adamw)
+    measured = measure_step_peak(model, inputs, loss_fn, adamw)
+    agreement = "equal to the byte" if predicted.peak_bytes == measured.peak_bytes else f"{predicted.peak_bytes / measured.peak_bytes:.4f}× measured"
+    write_timeline_png(path, predicted, measured, title=f"one AdamW step of {name} ({PEAK_MODELS[name].split(',')[0]}), "
+                                                         f"batch {batch} × {seq} tokens: predicted peak {agreement}")
+    return Path(path)

@@ -5,7 +5,7 @@ Prints the per-area counts (holds / refuted / skipped / failed / invalid), then 
 that do not hold: failed ones first, with the law's value, the prediction, the measurement, the
 inputs and the YAML file:line; then the refuted ones with their truth. --all or --status shows
 others; --json prints everything as strict JSON. The report directory (report.json, report.md,
-report.html, errata.md, roofline.png, pytest.log) is replaced only by a complete run: a run of
+report.html, errata.md, roofline.png, step-timeline.png, pytest.log) is replaced only by a complete run: a run of
 --area or -k, or one stopped by Ctrl-C, goes to <report-dir>-partial/ when <report-dir> holds a
 complete report, and says it is partial in every file. Exit status 1 when a claim failed or is
 invalid, 2 for bad arguments, 130 when interrupted.
@@ -60,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where the report files go (default: reports/)")
     parser.add_argument("--workers", type=int, default=0, help="run claims in N processes with pytest-xdist (default: 0, in this process)")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
+    parser.add_argument("--no-timeline", action="store_true",
+                        help="skip step-timeline.png: one training step's memory, predicted beside the CPU allocator's measurement (~1 s)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
                         help="run nothing: combine report.json files (e.g. one per tox env) into a claims × torch-version matrix")
     parser.set_defaults(run=run_verify)
@@ -149,7 +151,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
         staging.discard()
         raise
     document = run.document
-    files_written = [name for name in ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "pytest.log")
+    files_written = [name for name in ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "step-timeline.png", "pytest.log")
                      if (destination / name).exists()]
     _print_result(args, document, destination, files_written)
     if run.interrupted:
@@ -177,9 +179,10 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "seconds": round(time.monotonic() - started, 1),
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
+    timeline = None if args.no_timeline or run.interrupted else _write_step_timeline(staging.path)
     if not run.interrupted:
         latch.check()  # a Ctrl-C that Python dropped after the last claim: nothing is published
-    write_report_files(document, staging.path, roofline.read_bytes() if roofline else None)
+    write_report_files(document, staging.path, roofline.read_bytes() if roofline else None, timeline.read_bytes() if timeline else None)
     return run, staging.publish(complete=document["run"]["complete"])
 
 
@@ -253,6 +256,13 @@ def output_width_columns() -> int:
     if "COLUMNS" not in os.environ and not sys.stdout.isatty():
         return 100
     return max(60, min(shutil.get_terminal_size((100, 24)).columns, 100))
+
+
+def _write_step_timeline(directory: Path) -> Path:
+    """step-timeline.png: a training step's memory predicted beside measured (resacct.account.timeline_plot)."""
+    from resacct.account.timeline_plot import write_reference_step_timeline_png
+
+    return write_reference_step_timeline_png(directory / "step-timeline.png")
 
 
 def _write_roofline(directory: Path) -> Path:

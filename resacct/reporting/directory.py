@@ -29,11 +29,12 @@ from resacct.reporting.markdown import render_errata_markdown, render_markdown
 
 __all__ = ["REPORT_FILES", "ReportStaging", "write_report_files", "holds_complete_report"]
 
-REPORT_FILES = ("roofline.png", "pytest.log", "errata.md", "report.md", "report.html", "report.json")  # report.json goes last
+REPORT_FILES = ("roofline.png", "step-timeline.png", "pytest.log", "errata.md", "report.md", "report.html", "report.json")  # report.json goes last
 _TEMPORARY_SUFFIX = ".tmp"
 
 
-def write_report_files(document: dict[str, Any], directory: Path, roofline_png: bytes | None = None) -> dict[str, Path]:
+def write_report_files(document: dict[str, Any], directory: Path, roofline_png: bytes | None = None,
+                       timeline_png: bytes | None = None) -> dict[str, Path]:
     """Write report.json (strict JSON), report.md, report.html and errata.md into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     written = {
@@ -44,7 +45,7 @@ def write_report_files(document: dict[str, Any], directory: Path, roofline_png: 
     }
     written["json"].write_text(strict_json_text(document, non_finite="string"), encoding="utf-8")
     written["markdown"].write_text(render_markdown(document), encoding="utf-8")
-    written["html"].write_text(render_html(document, roofline_png), encoding="utf-8")
+    written["html"].write_text(render_html(document, roofline_png, timeline_png), encoding="utf-8")
     written["errata"].write_text(render_errata_markdown(document), encoding="utf-8")
     return written
 

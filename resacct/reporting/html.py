@@ -165,8 +165,9 @@ def _claim_row(record: dict[str, Any], rootdir: str | None) -> str:
             f'<td>{_badge(record["outcome"])}{_evidence_tag(record)}<div class="note">{escape(note_text(record))}</div></td></tr>')
 
 
-def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> str:
-    """One self-contained page (no network, no files beside it): the roofline, when given, is inlined."""
+def render_html(document: dict[str, Any], roofline_png: bytes | None = None, timeline_png: bytes | None = None) -> str:
+    """One self-contained page (no network, no files beside it): the roofline and the step's memory
+    timeline, when given, are inlined."""
     records = sorted(document["claims"], key=lambda r: (r["area"], r.get("path") or "", r.get("line") or 0))
     counts = outcome_counts(records)
     rootdir = (document.get("run") or {}).get("rootdir")
@@ -181,7 +182,8 @@ def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> 
     parts.append('</div><div class="evidence-summary">evidence: ' + " · ".join(
         f"{kind_counts[kind]} {_evidence_tag({'evidence': kind})}" for kind in evidence_columns(records)) + _evidence_legend())
     parts.append('</div><nav><a href="#claims">claims</a> · <a href="#errata">errata</a>'
-                 + (' · <a href="#roofline">roofline</a>' if roofline_png else "") + "</nav>")
+                 + (' · <a href="#roofline">roofline</a>' if roofline_png else "")
+                 + (' · <a href="#step-timeline">a step\'s memory</a>' if timeline_png else "") + "</nav>")
     parts += _counts_table(records)
     parts.append(f'<h2 id="claims">Claims</h2>{_filters(records)}<table class="claims"><thead><tr><th>claim</th><th>says</th>'
                  "<th>law = value / expect</th><th>predicted</th><th>measured</th><th>status, evidence</th></tr></thead><tbody>")
@@ -200,5 +202,9 @@ def render_html(document: dict[str, Any], roofline_png: bytes | None = None) -> 
         encoded = base64.b64encode(roofline_png).decode("ascii")
         parts.append(f'<h2 id="roofline">This machine\'s roofline (measured in the same run)</h2>'
                      f'<img class="roofline" alt="measured roofline" src="data:image/png;base64,{encoded}">')
+    if timeline_png:
+        encoded = base64.b64encode(timeline_png).decode("ascii")
+        parts.append('<h2 id="step-timeline">A training step\'s memory: predicted beside measured (the same run)</h2>'
+                     f'<img class="roofline" alt="memory over one training step, predicted and measured" src="data:image/png;base64,{encoded}">')
     parts.append(f"<script>{_SCRIPT}</script></body></html>")
     return "\n".join(part for part in parts if part)
