@@ -171,3 +171,32 @@ def test_chinchilla_optimum_refuses_other_approaches() -> None:
     for bad in (0, 4, True):
         with pytest.raises(ResacctError, match="not one of 1, 2, 3"):
             chinchilla_optimum(1e24, bad)
+
+
+# ── the ZeRO paper's activation estimate beside Korthikanti's (issue 23) ──────────────────────────
+
+
+def test_zero_paper_estimate_is_12_hbsl_16_bit_values_and_layer_inputs_when_checkpointed() -> None:
+    from resacct.formulas.parallelism import zero_paper_activation_bytes
+
+    # §3.2: the 1.5B GPT-2 (48 layers, hidden 1600; Table 4) at 1K × 32 "requires about 60 GB"
+    assert zero_paper_activation_bytes(48, 1024, 32, 1600) == 12 * 1600 * 32 * 1024 * 48 * 2 == pytest.approx(60e9, rel=0.01)
+    full = zero_paper_activation_bytes(48, 1024, 32, 1600, recompute="full")
+    assert full == 1600 * 32 * 1024 * 48 * 2 == 48 * activation_bytes_per_layer(1024, 32, 1600, 25, recompute="full")
+    assert zero_paper_activation_bytes(48, 1024, 32, 1600, recompute="selective") is None
+    assert zero_paper_activation_bytes(2, 8, 1, 16, element_bytes=4) == 12 * 16 * 8 * 2 * 4
+    with pytest.raises(ResacctError, match="recompute"):
+        zero_paper_activation_bytes(2, 8, 1, 16, recompute="partial")
+
+
+def test_plan_offers_the_zero_paper_estimate_beside_korthikanti(capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ("plan", "--params", "1.5B", "--layers", "48", "--hidden", "1600", "--heads", "25", "--seq", "1024", "--micro-batch", "32",
+             "--memory-gb", "80")
+    plain = _json(capsys, *shape)
+    assert plain["activation_bytes_zero_paper"] == pytest.approx(60.4e9, rel=1e-3)
+    assert plain["total_bytes"] == pytest.approx(plain["training_state_bytes"] + plain["activation_bytes"])  # not in the total
+    assert _json(capsys, *shape, "--recompute", "full")["activation_bytes_zero_paper"] == pytest.approx(5.033e9, rel=1e-3)
+    assert _json(capsys, *shape, "--recompute", "selective")["activation_bytes_zero_paper"] is None
+    assert main(list(shape)) == 0
+    text = capsys.readouterr().out
+    assert "ZeRO paper     60.40 GB" in text and "12·h·b·s·L 16-bit values" in text and "not in the total" in text

@@ -132,7 +132,7 @@ def test_a_full_disk_under_the_report_dir_is_one_line_and_exit_2(specs_dir, tmp_
 
     report_dir = tmp_path / "reports"
     before = _complete_report(specs_dir, report_dir)
-    def disk_full_half_way(document, directory, roofline_png=None):
+    def disk_full_half_way(document, directory, roofline_png=None, timeline_png=None):
         (directory / "report.json").write_text("{")
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -255,3 +255,63 @@ def full_recompute_held_bytes(layers: int, seq: int, batch: int, heads: int, hea
     predicted = predict_gpt_held_after_forward_bytes(model.config, batch, seq, layers, element_bytes=2)
     return Outcome(measured=trace.end_bytes, predicted=predicted,
                    quantities={"saved_bytes": census["full_bytes"], "rng_state_bytes": torch.get_rng_state().numel()})
+
+
+# ─────────── the ZeRO paper's estimate (Rajbhandari et al. 2020, §3.2 footnote 3 and §8) beside torch ───────────
+
+
+def gpt_layers_saved_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int) -> dict[str, int]:
+    """What autograd keeps for backward in one bfloat16 GPT forward + loss on the CPU without
+    recomputation (saved-tensor hooks, one count per storage, parameters apart): ``layers_bytes``
+    saved inside the transformer layers (``blocks.*``), ``whole_model_bytes`` everything."""
+    from resacct.measurement.activation_checkpointing import gpt_loss
+
+    with preserved_global_rng():
+        model, tokens, targets = _bf16_gpt(layers, seq, batch, heads, head_dim, vocab)
+        with record_saved_activations(model) as saved:
+            gpt_loss(model, tokens, targets)
+    activations = [entry for entry in saved.entries if not entry.is_parameter]
+    return {"layers_bytes": sum(entry.bytes for entry in activations if entry.module.startswith("blocks.")),
+            "whole_model_bytes": saved.activation_bytes}
+
+
+@check("parallelism.zero_paper_gpt_saved_bytes", evidence="measured", quantities=("whole_model_bytes", "zero_paper_bytes"))
+def zero_paper_gpt_saved_bytes(layers: int, seq: int, batch: int, heads: int, head_dim: int, vocab: int = 64,
+                               recompute: str = "none") -> Outcome:
+    """Bytes resacct's bfloat16 GPT keeps for backward on the CPU, where the ZeRO paper estimates
+    it: with ``recompute="none"`` what its layers save (resacct predicts L × its per-layer count,
+    :func:`resacct.formulas.gpt_formulas.gpt_layer_saved_bytes`); with ``"full"`` (every layer under
+    ``checkpoint``) the checkpoints' inputs (resacct predicts L × Korthikanti's sbh·2).
+    ``whole_model_bytes``: everything the forward + loss keeps; ``zero_paper_bytes``:
+    :func:`resacct.formulas.parallelism.zero_paper_activation_bytes` for the same model."""
+    from resacct.errors import ResacctError
+    from resacct.formulas.gpt_formulas import gpt_layer_saved_bytes
+    from resacct.formulas.parallelism import activation_bytes_per_layer, zero_paper_activation_bytes
+    from resacct.training.gpt import GPTConfig
+
+    hidden = heads * head_dim
+    zero = zero_paper_activation_bytes(layers, seq, batch, hidden, recompute=recompute)
+    if recompute == "full":
+        census = full_recompute_census(layers, seq, batch, heads, head_dim, vocab)
+        measured, whole = census["layer_input_bytes"], census["full_bytes"]
+        predicted = layers * activation_bytes_per_layer(seq, batch, hidden, heads, recompute="full")
+    elif recompute == "none":
+        saved = gpt_layers_saved_bytes(layers, seq, batch, heads, head_dim, vocab)
+        measured, whole = saved["layers_bytes"], saved["whole_model_bytes"]
+        config = GPTConfig(vocab_size=vocab, context_length=seq, n_layers=layers, n_heads=heads, d_model=hidden)
+        predicted = layers * gpt_layer_saved_bytes(config, batch, seq, element_bytes=2)
+    else:
+        raise ResacctError(f"recompute is {recompute!r}; the ZeRO paper estimates none (§3.2) and full (§8) only")
+    return Outcome(measured=measured, predicted=predicted, quantities={"whole_model_bytes": whole, "zero_paper_bytes": zero})
+
+
+@check("parallelism.zero_paper_estimate", evidence="arithmetic")
+def zero_paper_estimate(layers: int, seq: int, batch: int, hidden: int, element_bytes: int, recompute: str = "none") -> Outcome:
+    """The ZeRO paper's activation estimate for a shape it prints, as plain arithmetic over the
+    inputs — 12·h·b·s·L values (1·h·b·s·L, the layer inputs, with ``recompute="full"``) of
+    ``element_bytes`` each — against :func:`resacct.formulas.parallelism.zero_paper_activation_bytes`."""
+    from resacct.formulas.parallelism import zero_paper_activation_bytes
+
+    values = (1 if recompute == "full" else 12) * hidden * batch * seq * layers
+    return Outcome(measured=values * element_bytes,
+                   predicted=zero_paper_activation_bytes(layers, seq, batch, hidden, recompute=recompute, element_bytes=element_bytes))

@@ -2,7 +2,10 @@
 ``resacct optimal`` (compute-optimal model size for a FLOP budget, and device-hours).
 
 ``plan``: training state (parameters split over TP × PP, sharded over DP by the ZeRO stage) plus
-activations on the first pipeline stage (Korthikanti et al. 2022, Table 2 and eq. 5–6) per GPU.
+activations on the first pipeline stage (Korthikanti et al. 2022, Table 2 and eq. 5–6) per GPU;
+beside them, not in the total, the ZeRO paper's whole-model estimate (Rajbhandari et al. 2020: §3.2
+footnote 3's 12·h·b·s·L 16-bit values; with ``--recompute full`` §8's layer inputs, h·b·s·L) —
+``activation_bytes_zero_paper`` in ``--json``, null for selective recomputation (the paper has none).
 ``optimal``: one of Chinchilla's approaches (Hoffmann et al. 2022: ``--approach 1`` through Table 3,
 the default; ``2`` IsoFLOP profiles through Table A3; ``3`` eq. 4 with the printed constants) beside
 the 20-tokens-per-parameter rule; with a device, the device-hours at an MFU and a goodput.
@@ -145,6 +148,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         "total_bytes": plan.total_bytes, "reserved_bytes": plan.reserved_bytes, "device_memory_bytes": plan.device_memory_bytes,
         "fits": plan.fits, "largest_micro_batch": plan.largest_micro_batch,
         "mlp": mlp, "mlp_kind": None if mlp is None else "swiglu" if gated else "gelu",
+        "activation_bytes_zero_paper": _zero_paper_bytes(args, args.recompute),
     }
     scale, unit = unit_scale(args.units)
     where = device or f"{memory_bytes / scale:.4g} {unit}"
@@ -162,6 +166,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         f"    optimizer  {_column(plan.state.optimizer_state_bytes, scale)} {unit}",
         f"    activations{_column(plan.activation_bytes, scale)} {unit}  (micro-batch {args.micro_batch} × {args.seq // layout.context} tokens; "
         f"{plan.activation_bytes_per_sample / scale:.3g} {unit} a sequence)",
+        _zero_paper_line(args, fields["activation_bytes_zero_paper"], scale, unit),
         f"    total      {_column(plan.total_bytes, scale)} {unit} of {plan.device_memory_bytes / scale:.4g} {unit}"
         + (f" ({plan.reserved_bytes / scale:.4g} {unit} reserved)" if plan.reserved_bytes else "")
         + f" — {'fits' if plan.fits else 'does NOT fit'}",
@@ -171,6 +176,25 @@ def _run_plan(args: argparse.Namespace) -> int:
         + ("" if mlp is None else f"; the MLP's activations as a {'SwiGLU' if gated else 'GeLU'} {mlp} wide (Korthikanti's table: a 4h GeLU)"),
     ] + ([] if breakdown is None else _breakdown_lines(breakdown))
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _zero_paper_bytes(args: argparse.Namespace, recompute: str) -> float | None:
+    """The ZeRO paper's activation estimate for the whole model at this micro-batch and sequence (None: selective)."""
+    from resacct.formulas.parallelism import zero_paper_activation_bytes
+
+    return zero_paper_activation_bytes(args.layers, args.seq, args.micro_batch, args.hidden, recompute=recompute)
+
+
+def _zero_paper_line(args: argparse.Namespace, zero: float | None, scale: float, unit: str) -> str:
+    """The ZeRO paper's estimate beside Korthikanti's: its basis, whole model, 16-bit values."""
+    whole = "whole model, not split by TP/PP/CP; not in the total"
+    if zero is None:
+        plain = _zero_paper_bytes(args, "none")
+        return (f"    ZeRO paper       —     (no selective-recomputation estimate in Rajbhandari et al. 2020; without recomputation "
+                f"12·h·b·s·L 16-bit values = {plain / scale:.4g} {unit}, {whole})")
+    basis = ("§8: each layer's input checkpointed, h·b·s 16-bit values × L" if args.recompute == "full"
+             else "§3.2 fn. 3: about 12·h·b·s·L 16-bit values")
+    return f"    ZeRO paper {_column(zero, scale)} {unit}  (Rajbhandari et al. 2020 {basis}; {whole})"
 
 
 def _mlp_shape(architecture: Any) -> tuple[int | None, bool]:
@@ -267,7 +291,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     plan_summary = ("Does a TP × PP × CP × DP × ZeRO layout fit? Training state (parameters split over TP × PP, sharded over DP by the\n"
                     "ZeRO stage) plus activations on the first pipeline stage (Korthikanti et al. 2022, Table 2, eq. 5-6), per GPU,\n"
-                    "and the largest micro-batch that fits.")
+                    "and the largest micro-batch that fits; beside the activations, the ZeRO paper's estimate (Rajbhandari et al.\n"
+                    "2020 §3.2 footnote 3: 12·h·b·s·L 16-bit values; §8 with full recomputation: the layer inputs).")
     plan = subparsers.add_parser("plan", help="does a TP × PP × DP × ZeRO layout fit per GPU (state + activations), and the largest micro-batch",
                                  description=plan_summary, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan.add_argument("--params", type=count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")

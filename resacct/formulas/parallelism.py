@@ -41,6 +41,7 @@ __all__ = [
     "first_stage_activation_bytes",
     "selective_recompute_memory_saving",
     "torch_layer_saved_bytes",
+    "zero_paper_activation_bytes",
     "ParallelLayout",
 ]
 
@@ -126,6 +127,35 @@ def torch_layer_saved_bytes(seq: int, micro_batch: int, hidden: int, heads: int,
     if recompute == "none":
         kept += a * s * s * b * (4 + dropout_mask_bytes) / t + s * s * causal_mask_bytes
     return float(kept)
+
+
+def zero_paper_activation_bytes(layers: int, seq: int, micro_batch: int, hidden: int, *, recompute: str = "none",
+                                element_bytes: int = 2) -> float | None:
+    """A GPT-2-like model's activations as the ZeRO paper estimates them (Rajbhandari et al. 2020,
+    arXiv:1910.02054), for the whole model, no model parallelism; None for ``recompute="selective"``
+    (the paper has no such estimate).
+
+    - ``"none"`` (§3.2, footnote 3): "the total activations is about 12 × hidden_dim × batch ×
+      seq_length × transformer_layers". The footnote prints no unit; the paper's own example (the
+      1.5B GPT-2 — 48 layers, hidden 1600, Table 4 — at sequence 1K and batch 32 "requires about
+      60 GB") holds with 16-bit values (2 bytes: 60.4 GB), not with bytes (30.2 GB): 12·h·b·s·L
+      values × ``element_bytes``.
+    - ``"full"`` (§8: "we checkpoint the input activation for each transformer block"): one
+      layer input of b·s·h values per layer, L·b·s·h × ``element_bytes`` — Korthikanti's sbh·2 per layer.
+
+    >>> zero_paper_activation_bytes(48, 1024, 32, 1600) / 1e9          # §3.2: "about 60 GB"
+    60.3979776
+    >>> zero_paper_activation_bytes(48, 1024, 32, 1600, recompute="full") / 1e9
+    5.0331648
+    """
+    L, s, b, h, e = (_whole(name, value) for name, value in
+                     (("layers", layers), ("seq", seq), ("micro_batch", micro_batch), ("hidden", hidden), ("element_bytes", element_bytes)))
+    if recompute not in RECOMPUTE_MODES:
+        raise ResacctError(f"recompute is {recompute!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
+    if recompute == "selective":
+        return None
+    values_per_layer_per_token = 1 if recompute == "full" else 12
+    return float(values_per_layer_per_token * h * b * s * L * e)
 
 
 @dataclass(frozen=True)
