@@ -1,0 +1,255 @@
+"""Checks of the sharded step peak: each rank's peak of one steady AdamW step under ZeRO-1 (DDP +
+``ZeroRedundancyOptimizer``) and ZeRO-3 (FSDP2 ``fully_shard``) — predicted by resacct on fake
+tensors under torch's fake process group (:mod:`resacct.account.peak_sharded`), measured on real
+gloo ranks by the CPU allocator (``torch.profiler``, ``profile_memory=True``) and, for what is live
+at the peak, by the same tracker over the real tensors (the census) — against the ZeRO paper's
+per-rank state (:mod:`resacct.formulas.sharding`).
+
+One child process (the fake process group) predicts every engine and rank, one gloo launch per
+world size measures them; both are cached, so the claims of a world size share them.
+
+Each gloo rank keeps the first *complete* record, every rank in step (they share collectives):
+
+- allocator: a steady step ends holding what it started with. A gloo worker thread sometimes
+  drops the last reference to a collective's buffer after the caller has (it releases its work
+  after marking it done); that free happens outside the profiler's thread-local state and is never
+  recorded, so the record would keep the buffer to its end (``lost_free_bytes``);
+- census: no storage freed on another thread during the step — over real tensors such a free
+  waits for the gloo worker to get the GIL, so the census would count it late (``late_free_bytes``).
+
+``attempts`` says how many records it took, ``lost_free_bytes`` / ``late_free_bytes`` the most
+that an incomplete one was off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from resacct.errors import ResacctError
+from resacct.harness.registry import NotMeasurable, Outcome, check
+
+__all__ = ["ENGINE_STAGES", "BREAKDOWN_KINDS", "measured_on_rank", "sharded_peak_measurements"]
+
+#: The ZeRO stage each engine is.
+ENGINE_STAGES = {"zero1": 1, "fsdp2": 3}
+#: The kinds a breakdown claim lists, in order (a tuple of kinds is summed).
+BREAKDOWN_KINDS = {
+    "zero1": (("parameters",), ("gradient buckets (DDP)",), ("optimizer state shard",)),
+    "fsdp2": (("parameter shards",), ("optimizer state shard",), ("all-gather buffers", "all-gathered parameters")),
+}
+MAX_ATTEMPTS = 12
+_LAUNCH_TIMEOUT_SECONDS = 180.0
+
+
+# --- what each gloo rank runs -------------------------------------------------------------
+
+
+def _allocator_record(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
+    """The CPU allocator's timeline of one steady step on this rank, and the bytes it ends above its start."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from resacct.account.peak_sharded import sharded_step, step_copies
+    from resacct.measurement.activation_recording import _native_stderr_silenced
+    from resacct.measurement.memory_timeline import _timeline_of, gc_paused
+
+    ranges = contextlib.ExitStack()
+
+    def mark(phase: str) -> None:
+        ranges.close()
+        if phase != "end":
+            ranges.enter_context(record_function(f"resacct:{phase}"))
+
+    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with gc_paused():
+        with _native_stderr_silenced():
+            profiler.start()
+        try:
+            work, work_inputs = step_copies(model, inputs, fake=False)
+            sharded_step(engine, work, work_inputs, loss_fn, world_size, None, mesh, fake=False, mark=mark)
+        finally:
+            ranges.close()
+            with _native_stderr_silenced():
+                profiler.stop()
+        del work, work_inputs  # freed before the next record starts (that free would count in it)
+    timeline = _timeline_of(profiler.profiler.kineto_results.events())
+    return timeline, timeline.bytes_held[-1] - timeline.start_bytes
+
+
+def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, loss_fn: Any, model: Any) -> dict[str, int]:
+    """The storages of the engine's own state on this rank after one more forward and backward:
+    parameters, gradients (DDP's bucket, FSDP's shards), optimizer state; and the largest FSDP
+    unit's full parameters, counted on the unsharded model."""
+    from resacct.account.peak_sharded import fsdp_units, local_optimizer_state, local_tensor
+    from resacct.measurement.memory import distinct_storage_bytes
+
+    loss_fn(wrapped, work_inputs).backward()
+    parameters = list(work.parameters())
+    return {"parameter_bytes": distinct_storage_bytes([local_tensor(p) for p in parameters]),
+            "gradient_bytes": distinct_storage_bytes([local_tensor(p.grad) for p in parameters if p.grad is not None]),
+            "optimizer_state_bytes": distinct_storage_bytes(local_optimizer_state(optimizer)),
+            "largest_unit_bytes": max(distinct_storage_bytes(list(unit.parameters())) for unit in fsdp_units(model))}
+
+
+def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
+    """What the tracker over the real tensors finds (the peak and what is live at it), the engine's
+    state, and the bytes freed on another thread."""
+    from resacct.account.peak_sharded import ShardedStorageTracker, sharded_step, step_copies, step_summary
+    from resacct.measurement.memory_timeline import gc_paused
+
+    tracker = ShardedStorageTracker()
+    with gc_paused():
+        work, work_inputs = step_copies(model, inputs, fake=False)
+        with tracker:
+            wrapped, optimizer = sharded_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, fake=False)
+        summary, late = step_summary(tracker), tracker.bytes_freed_elsewhere  # during the step (the state's backward frees more)
+        state = _engine_state(wrapped, optimizer, work, work_inputs, loss_fn, model)
+    return (summary, state), late
+
+
+def _first_complete(attempt: Callable[[], tuple[Any, int]], what: str) -> tuple[Any, int, int]:
+    """Run ``attempt`` (→ its result and the bytes that make it incomplete) until every rank has a
+    complete one; (this rank's first complete result, attempts, the largest incompleteness seen)."""
+    import torch.distributed as dist
+
+    kept, attempts, worst = None, 0, 0
+    while attempts < MAX_ATTEMPTS:
+        attempts += 1
+        result, excess = attempt()
+        if excess == 0 and kept is None:
+            kept = result
+        worst = max(worst, excess)
+        done = torch.tensor([0 if kept is None else 1])
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if int(done.item()):  # every rank has one (the minimum over ranks)
+            return kept, attempts, worst
+    raise ResacctError(f"rank {dist.get_rank()}: no complete {what} in {attempts} attempts ({worst} bytes off at most); "
+                       "expected a gloo worker to release its buffers before the caller at least once")
+
+
+def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model_name: str, batch: int, seq: int) -> dict[str, Any]:
+    """What each gloo rank runs (:func:`resacct.measurement.distributed.run_on_ranks`), per engine:
+    the allocator's first complete record and the census's, with the engine's state."""
+    from resacct.account.peak_sharded import build_peak_model, engine_mesh
+    from resacct.measurement.memory_timeline import STEP_PHASES
+
+    model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
+    report = {}
+    for engine in engines:
+        mesh = engine_mesh(engine, world_size)
+        record, attempts, lost = _first_complete(lambda: _allocator_record(engine, model, inputs, loss_fn, world_size, mesh),
+                                                 f"allocator record of the {engine} step")
+        (census, state), census_attempts, late = _first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh),
+                                                                  f"census of the {engine} step")
+        report[engine] = {"allocator": {"peak_bytes": record.peak_bytes, "phase": record.peak_phase, "start_bytes": record.start_bytes,
+                                        "phase_peak_bytes": {phase: record.peak_of_phase(phase) for phase in STEP_PHASES},
+                                        "attempts": attempts, "lost_free_bytes": lost},
+                          "census": {**census, "attempts": census_attempts, "late_free_bytes": late}, "state": state}
+    return report
+
+
+# --- launches, cached -----------------------------------------------------------------------
+
+
+def _require_engines() -> None:
+    """Skip (never fake) where this torch lacks what runs here: FSDP2, ZeRO, the fake process
+    group, and the collectives FSDP2 calls in torch 2.13 (``dist.all_gather_single``,
+    ``dist.reduce_scatter_single``), to which the model of gloo's buffers is attached."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
+    except ImportError as error:
+        raise NotMeasurable(f"torch {torch.__version__} lacks what the sharded step peak runs (FSDP2, ZeRO, the fake process group): {error}") from None
+    if not (hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")):
+        raise NotMeasurable(f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, "
+                            "where resacct adds gloo's buffers (verified on torch 2.13)")
+
+
+@functools.lru_cache(maxsize=4)
+def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int) -> dict[str, Any]:
+    """Per engine: ``predicted`` (per rank, from the fake process group) and ``measured`` (per gloo
+    rank). One child process and one gloo launch serve both engines (cached)."""
+    from resacct.account.peak_sharded import predict_sharded_step_peaks_in_process
+    from resacct.measurement.distributed import DistributedUnavailableError, run_isolated, run_on_ranks
+
+    _require_engines()
+    engines = tuple(ENGINE_STAGES)
+    try:
+        predicted = run_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
+                                 timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+        ranks = run_on_ranks(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+    except DistributedUnavailableError as error:
+        raise NotMeasurable(str(error)) from None
+    return {engine: {"predicted": predicted[engine], "measured": [rank[engine] for rank in ranks]} for engine in engines}
+
+
+def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if engine not in ENGINE_STAGES:
+        raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
+    runs = sharded_peak_measurements(world_size, model, batch, seq)[engine]
+    return runs["predicted"], runs["measured"]
+
+
+def _breakdown_text(bytes_by_kind: dict[str, int]) -> str:
+    return "; ".join(f"{kind} {value:,d}" for kind, value in sorted(bytes_by_kind.items(), key=lambda item: -item[1]) if value)
+
+
+# --- checks ---------------------------------------------------------------------------------
+
+
+@check("peak_sharded.step_peak_per_rank", evidence="measured",
+       quantities=("params", "formula_state_bytes", "state_bytes", "excess_bytes", "peak_phase", "breakdown", "attempts"))
+def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq: int = 1) -> Outcome:
+    """Each gloo rank's CPU-allocator peak over one steady AdamW step of ``engine`` (``zero1``: DDP +
+    ZeroRedundancyOptimizer; ``fsdp2``: fully_shard), ``batch`` × ``seq`` per rank, a list in rank
+    order; predicted: resacct on fake tensors under the fake process group, per rank.
+    ``formula_state_bytes``: the ZeRO paper's per-rank fp32 AdamW state (resacct.formulas.sharding);
+    ``state_bytes``, ``excess_bytes``, ``peak_phase``, ``breakdown`` (resacct's, at the predicted
+    peak): rank 0's; ``attempts``: the most records a rank took to get a complete one."""
+    from resacct.account.peak_sharded import build_peak_model
+    from resacct.formulas.sharding import per_rank_bytes
+
+    predicted, measured = _sides(engine, world_size, model, batch, seq)
+    net = build_peak_model(model, batch, seq)[0]
+    params = sum(parameter.numel() for parameter in net.parameters())
+    formula = per_rank_bytes(params, "fp32-adamw", ENGINE_STAGES[engine], world_size).total_bytes
+    state = measured[0]["state"]
+    return Outcome(
+        measured=[rank["allocator"]["peak_bytes"] for rank in measured],
+        predicted=[rank["allocator"]["peak_bytes"] for rank in predicted],
+        quantities={"params": params, "formula_state_bytes": formula,
+                    "state_bytes": state["parameter_bytes"] + state["gradient_bytes"] + state["optimizer_state_bytes"],
+                    "excess_bytes": measured[0]["allocator"]["peak_bytes"] - formula, "peak_phase": measured[0]["allocator"]["phase"],
+                    "predicted_peak_phase": predicted[0]["allocator"]["phase"], "breakdown": _breakdown_text(predicted[0]["allocator"]["bytes_by_kind"]),
+                    "attempts": max(rank["allocator"]["attempts"] for rank in measured),
+                    "lost_free_bytes": max(rank["allocator"]["lost_free_bytes"] for rank in measured)},
+    )
+
+
+@check("peak_sharded.peak_breakdown", evidence="measured",
+       quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "peak_bytes", "rest_bytes", "peak_phase"))
+def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: int, seq: int = 1) -> Outcome:
+    """What is live at the peak of one steady AdamW step of ``engine`` on gloo rank ``rank``: the
+    bytes of each kind of :data:`BREAKDOWN_KINDS` in order, found by resacct's tracker over the real
+    tensors (the census); predicted: the same tracker on fake tensors under the fake process group.
+    The quantities are the engine's own storages on that rank (parameters, gradients, optimizer
+    state), the largest FSDP unit's full parameters, the census peak and what the listed kinds leave."""
+    predicted, measured = _sides(engine, world_size, model, batch, seq)
+    if not 0 <= rank < world_size:
+        raise ResacctError(f"rank {rank}: expected 0 to {world_size - 1}")
+
+    def listed(summary: dict[str, Any]) -> list[int]:
+        return [sum(summary["bytes_by_kind"].get(kind, 0) for kind in kinds) for kinds in BREAKDOWN_KINDS[engine]]
+
+    census = measured[rank]["census"]
+    return Outcome(measured=listed(census), predicted=listed(predicted[rank]["census"]),
+                   quantities={**measured[rank]["state"], "peak_bytes": census["peak_bytes"], "rest_bytes": census["peak_bytes"] - sum(listed(census)),
+                               "peak_phase": census["phase"], "rest": _breakdown_text({kind: value for kind, value in census["bytes_by_kind"].items()
+                                                                                      if not any(kind in kinds for kinds in BREAKDOWN_KINDS[engine])})})
