@@ -221,3 +221,15 @@ def test_a_deliberately_wrong_law_makes_a_real_item_fail(pytester, claim_id, wro
                 result.stdout.fnmatch_lines([f"*claim '{claim_id}' does not hold*"])
                 return
     pytest.fail(f"no claim {claim_id!r} in specs/")
+
+
+def test_every_shipped_law_leaves_room_for_its_mutation():
+    """The meta-test breaks a law as ``(law) * 2 + 1`` (10 characters more): a shipped law within 10
+    characters of the length limit could not be broken, and its meta-test would fail on the limit
+    instead of on the measurement (it did, at 501 of 500, for a LoRA claim)."""
+    from resacct.harness.laws import MAX_LAW_CHARS
+
+    room = len("() * 2 + 1")
+    too_long = [(loaded.claim.id, len(loaded.claim.law)) for path in sorted(SPECS.glob("*.claims.yaml"))
+                for loaded in load_claims_file(path).claims if loaded.claim.law and len(loaded.claim.law) + room > MAX_LAW_CHARS]
+    assert not too_long, f"laws too long to mutate (limit {MAX_LAW_CHARS} characters): {too_long}"
