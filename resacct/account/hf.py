@@ -7,8 +7,11 @@ MoE active vs total) — parameters, FLOPs, training state per recipe, activatio
 checkpoint size.
 
 The measurement never uses the formulas: parameters and state are distinct storages of the
-built model and of a real ``torch.optim`` optimizer after two meta steps; FLOPs are
-FlopCounterMode over the model's own forward (its own loss on ``labels``) and backward.
+built model and of a real ``torch.optim`` optimizer after a meta step; FLOPs are
+FlopCounterMode over the model's own forward (its own loss on ``labels``) and backward; saved
+tensors are the hooks' — all three in one forward and backward
+(:func:`resacct.account.step_measurements.measure_step_once`). The step's peak is predicted by a
+second run on fake CPU tensors (:mod:`resacct.account.peak`): the only other pass.
 
 >>> account = account_hf_config("llama-2-7b", batch=1, seq=128)                       # doctest: +SKIP
 >>> account.parameters == account.predicted_parameters == 6738415616                 # doctest: +SKIP
@@ -17,12 +20,11 @@ True
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from resacct.account.rows import ModuleRow, Row, sections_of, traced_flops_note
-from resacct.measurement.activations import SavedActivations, record_saved_activations
+from resacct.measurement.activations import SavedActivations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.formulas.gpt_activation_formulas import SavedTerm
@@ -42,7 +44,7 @@ from resacct.account.hf_models import HfConfigSpec
 from resacct.account.model_io import call_model, context_length, default_inputs, loss_of_output
 from resacct.training.optim import state_tensors_per_parameter
 from resacct.account.optimizers import memory_optimizer_name, optimizer_display_name
-from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_training_state, trace_step_flops
+from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement, measure_step_once
 from resacct.account.untraced import UnmeasuredState, UnrecordedActivations, UntracedFlops
 
 __all__ = ["HfAccount", "account_hf_config", "checkpoint_bytes_predicted"]
@@ -264,18 +266,15 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     def loss_of(module: Any) -> Any:
         return loss_of_output(call_model(module, inputs), "model")
 
-    try:
-        flops = trace_step_flops(model, lambda: loss_of(model))  # the model's first run: a config can still break it here
+    try:  # FLOPs, training state and saved tensors in one forward and backward: the model's first run, where a config can still break it
+        measured = measure_step_once(model, loss_of, chosen, optimizer)
     except ResacctError:
         raise
     except Exception as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ResacctError(f"{spec.name} ({spec.source}): the model transformers built from it fails in its first step ({type(error).__name__}: {first[:300]})") from None
-    state = measure_training_state(model, loss_of, chosen, optimizer)
-    in_recipe_dtype = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-    with record_saved_activations(in_recipe_dtype) as saved:
-        loss_of(in_recipe_dtype)
-    weights = distinct_storage_bytes(list(in_recipe_dtype.state_dict().values()))
+    flops, state, saved = measured.flops, measured.state, measured.saved
+    weights = distinct_storage_bytes(list(measured.model.state_dict().values()))  # the model in the recipe's dtype
     parameters = list(model.parameters())
     element = parameters[0].element_size()
     architecture = architecture_of(model.config)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["WRAPPED_NUMBER_BYTES", "wrapped_number_bytes", "kernel_workspace_bytes", "output_storage_bytes", "flash_block_sizes"]
+__all__ = ["WRAPPED_NUMBER_BYTES", "op_name", "wrapped_number_bytes", "kernel_workspace_bytes", "output_storage_bytes", "flash_block_sizes"]
 
 #: Bytes of the CPU tensor torch wraps a Python number in where an op takes a tensor.
 WRAPPED_NUMBER_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
@@ -42,18 +42,42 @@ _DIVIDES_BY_COUNT = frozenset({"aten.mean.default", "aten.mean.dim"})
 _WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
+_NUMBER_TYPES = (bool, int, float, complex)
+_OP_NAMES: dict[int, tuple[Any, str]] = {}  # id(op) -> (op, its name): ops live as long as torch (kept here too)
+_NUMBER_SLOTS: dict[int, tuple[Any, tuple[bool, ...]]] = {}  # id(op) -> (op, per positional argument: may a number there be wrapped)
+
+
+def op_name(func: Any) -> str:
+    """``str(func)`` (``aten.mm.default``), computed once per op: the tracker asks for every call."""
+    known = _OP_NAMES.get(id(func))
+    if known is None or known[0] is not func:
+        known = _OP_NAMES[id(func)] = (func, str(func))
+    return known[1]
+
+
+def _number_slots(func: Any, name: str) -> tuple[bool, ...]:
+    """Per positional argument of ``func``: whether a Python number passed there is wrapped in a
+    tensor (a Tensor slot; the ``other`` operand of a ``.Scalar`` add/sub/mul/div)."""
+    known = _NUMBER_SLOTS.get(id(func))
+    if known is None or known[0] is not func:
+        slots = tuple(isinstance(argument.type, torch.TensorType) or (name in _WRAPS_SCALAR_OPERAND and argument.name == "other")
+                      for argument in func._schema.arguments)
+        known = _NUMBER_SLOTS[id(func)] = (func, slots)
+    return known[1]
+
+
 def wrapped_number_bytes(func: Any, args: Any, out: Any) -> int:
     """Bytes of the CPU tensors torch makes for this call's Python numbers while it runs: each
     number in a Tensor slot (or the operand of a ``.Scalar`` add/sub/mul/div) is wrapped in a
     0-d tensor (8 bytes for a float or an int), and copied to the op's dtype when that differs
     (4 more for float32). ``mean`` does the same for its element count inside the kernel."""
-    name = str(func)
-    numbers = [value for argument, value in zip(func._schema.arguments, args)
-               if isinstance(value, (bool, int, float, complex)) and
-               (isinstance(argument.type, torch.TensorType) or (name in _WRAPS_SCALAR_OPERAND and argument.name == "other"))]
+    name = op_name(func)
+    if name not in _DIVIDES_BY_COUNT and not any(isinstance(value, _NUMBER_TYPES) for value in args):
+        return 0  # most ops: no Python number at all
+    numbers = [value for wrapped, value in zip(_number_slots(func, name), args) if wrapped and isinstance(value, _NUMBER_TYPES)]
     if name in _DIVIDES_BY_COUNT:
         numbers.append(1)
-    result = next((value for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)), None)
+    result = out if isinstance(out, torch.Tensor) else next((value for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)), None)
     total = 0
     for number in numbers:
         total += WRAPPED_NUMBER_BYTES[type(number)]
@@ -117,7 +141,7 @@ def output_storage_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     >>> output_storage_bytes(op, (torch.empty(16, 64), torch.empty(16, 64), 1), {}), output_storage_bytes(op, (torch.empty(3), torch.empty(3), 0), {})
     (4096, None)
     """
-    if str(func) != "aten.mse_loss.default":
+    if op_name(func) != "aten.mse_loss.default":
         return None
     source, reduction = _mse_arguments(args, kwargs)
     return None if reduction == "none" else source.numel() * source.element_size()
@@ -126,7 +150,7 @@ def output_storage_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
 def kernel_workspace_bytes(func: Any, args: Any, kwargs: Any) -> int:
     """Bytes a CPU kernel allocates for itself while it runs (0 for the ops resacct knows nothing
     to add for): the flash attention kernels' buffers."""
-    name = str(func)
+    name = op_name(func)
     if name in _MSE:
         return _mse_workspace_bytes(name, args, kwargs)
     if name not in (_FLASH_FORWARD, _FLASH_BACKWARD):

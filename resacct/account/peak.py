@@ -173,7 +173,8 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                 fake_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu"))
                 parameters = [p for p in fake_model.parameters() if p.requires_grad]
                 optimizer = make_optimizer(parameters)
-                make_optimizer_state(fake_model, optimizer)
+                with _untracked_if(tracker, _state_is_torch_optims(optimizer)):  # its state is named below; its ops are not the step's
+                    make_optimizer_state(fake_model, optimizer)
                 tracker.classify(fake_model.parameters(), "parameters")
                 tracker.classify(fake_model.buffers(), "buffers")
                 tracker.classify(_tensors_of(fake_inputs), "inputs")
@@ -189,6 +190,7 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                     run_accumulated_step(fake_model, fake_inputs, loss_fn, optimizer, micro_batches, tracker.mark)
                 for hook in hooks:
                     hook.remove()
+                del fake_model, fake_inputs, parameters, optimizer, hooks  # freed by their counts now, not by the collector later
         except ResacctError:
             raise
         except Exception as error:  # an op fake tensors cannot run (data-dependent shapes, .item() …)
@@ -197,13 +199,44 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                                "expected a step whose shapes do not depend on the data") from None
         finally:
             torch.get_rng_state = original_rng_state
-    if tracker.peak is None:
-        raise ResacctError(f"the step of {type(model).__name__} dispatched no aten op; expected a forward that computes something")
+        if tracker.peak is None:
+            raise ResacctError(f"the step of {type(model).__name__} dispatched no aten op; expected a forward that computes something")
+        return _prediction(tracker)  # before the collector runs again: the timeline's points are many small objects
+
+
+def _prediction(tracker: LiveStorageTracker) -> PredictedStepPeak:
+    """The tracker's peak and timeline (from the first phase on; ``end`` counted as zero_grad's last point)."""
     start = next(held for phase, held in tracker.timeline if phase == "forward")
-    points = [("zero_grad" if phase == "end" else phase, held) for phase, held in tracker.timeline if phase in (*STEP_PHASES, "end")]
-    timeline = MemoryTimeline(phases=tuple(p for p, _ in points), bytes_held=tuple(h for _, h in points), start_bytes=start,
-                              peak_bytes=tracker.peak.bytes, peak_phase=tracker.peak.phase, source=ENGINE)
+    kept = (*STEP_PHASES, "end")
+    phases = tuple("zero_grad" if phase == "end" else phase for phase, _ in tracker.timeline if phase in kept)
+    held = tuple(value for phase, value in tracker.timeline if phase in kept)
+    tracker.timeline = []
+    timeline = MemoryTimeline(phases=phases, bytes_held=held, start_bytes=start, peak_bytes=tracker.peak.bytes, peak_phase=tracker.peak.phase,
+                              source=ENGINE)
     return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen))
+
+
+def _state_is_torch_optims(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every tensor ``optimizer``'s first step leaves behind is its state: a ``torch.optim``
+    optimizer, or :class:`~resacct.account.peak_recipes.MasterWeightsOptimizer` stepping one."""
+    from resacct.account.peak_recipes import MasterWeightsOptimizer
+
+    inner = optimizer.inner if type(optimizer) is MasterWeightsOptimizer else optimizer
+    return type(inner).__module__.startswith("torch.optim.")
+
+
+@contextlib.contextmanager
+def _untracked_if(tracker: LiveStorageTracker, condition: bool) -> Iterator[None]:
+    """``tracker`` (the innermost dispatch mode) off for the block when ``condition``."""
+    from torch.utils._python_dispatch import _pop_mode_temporarily
+
+    if not condition:
+        yield
+        return
+    with _pop_mode_temporarily() as popped:
+        if popped is not tracker:
+            raise ResacctError(f"the innermost dispatch mode is {type(popped).__name__}, not the tracker; expected the tracker innermost")
+        yield
 
 
 def measure_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *,

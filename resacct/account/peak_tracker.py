@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from resacct.account.kernel_workspace import WRAPPED_NUMBER_BYTES, kernel_workspace_bytes, output_storage_bytes, wrapped_number_bytes
+from resacct.account.kernel_workspace import WRAPPED_NUMBER_BYTES, kernel_workspace_bytes, op_name, output_storage_bytes, wrapped_number_bytes
 
 __all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE"]
 
@@ -162,13 +162,16 @@ class LiveStorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self._resolve_pending_scalars()
-        name = str(func)
+        if self._pending_scalars:
+            self._resolve_pending_scalars()
+        name = op_name(func)
         self.ops_seen[name] += 1
         real_bytes = output_storage_bytes(func, args, kwargs)  # a kernel that returns its output in a larger storage
-        for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor) and value.untyped_storage() not in self._live:
-                self._add(value.untyped_storage(), KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
+        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                if storage not in self._live:
+                    self._add(storage, KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
         wrapped = wrapped_number_bytes(func, args, out)
         # Saved in forward: kept until its node runs. Saved while recomputing a checkpointed segment in
         # backward: the recomputed graph is dropped as soon as its tensors are unpacked, scalars with it.

@@ -9,6 +9,7 @@ predictions.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
   :data:`resacct.measurement.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
+- :func:`measure_step_once` — both, and the tensors autograd saves, in one forward and backward.
 - :func:`measure_optimizer_step_transient` — the allocator's peak inside ``optimizer.step()``.
 """
 
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from resacct.account.optimizers import build_optimizer, memory_optimizer_name
-from resacct.measurement.activations import MODEL_SCOPE, AllocationTrace, trace_allocations
+from resacct.measurement.activations import MODEL_SCOPE, AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.formulas.attention_flops import FusedAttentionCount
@@ -90,26 +91,83 @@ def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
 
 
 def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
-    """Inclusive per-module counts → each module's own (minus its nearest traced descendants)."""
-    exclusive = {}
+    """Inclusive per-module counts → each module's own (minus its nearest traced descendants):
+    each module's count is taken from its nearest traced ancestor's (the longest dotted prefix
+    counted; else the root's), one walk up the path per module.
+
+    >>> _exclusive({"(model)": 10, "layers.0": 6, "layers.0.mlp": 4, "head": 3})
+    {'(model)': 1, 'layers.0': 2, 'layers.0.mlp': 4, 'head': 3}
+    """
+    own = dict(inclusive)
     for name, total in inclusive.items():
-        descendants = [other for other in inclusive if other != name and (name == MODEL_SCOPE or other.startswith(name + "."))]
-        nearest = [other for other in descendants if not any(other.startswith(middle + ".") for middle in descendants)]
-        own = total - sum(inclusive[other] for other in nearest)
-        if own:
-            exclusive[name] = own
-    return exclusive
+        if name == MODEL_SCOPE:
+            continue
+        parent, path = None, name
+        while parent is None and "." in path:
+            path = path.rsplit(".", 1)[0]
+            parent = path if path in inclusive else None
+        if parent is None and MODEL_SCOPE in inclusive:
+            parent = MODEL_SCOPE
+        if parent is not None:
+            own[parent] -= total
+    return {name: value for name, value in own.items() if value}
 
 
-def _module_counts(counter: Any) -> dict[str, int]:
-    """FlopCounterMode's per-module totals, the root's class-name prefix turned into paths."""
+def _module_counts(flop_counts: Mapping[str, Mapping[Any, int]]) -> dict[str, int]:
+    """FlopCounterMode's per-module totals (``get_flop_counts()``), the root's class-name prefix turned into paths."""
     counts: dict[str, int] = {}
-    for name, per_op in counter.get_flop_counts().items():
+    for name, per_op in flop_counts.items():
         if name == "Global":
             continue
         path = name.split(".", 1)[1] if "." in name else MODEL_SCOPE
         counts[path] = int(sum(per_op.values()))
     return counts
+
+
+class _StepFlopTracer:
+    """One FlopCounterMode (and a record of every op) over a forward and its backward: the
+    forward's counts are copied when it ends (:meth:`end_forward`), the backward's are the
+    step's less them — what a second counter around the forward alone would count, at half the
+    tracing cost."""
+
+    def __init__(self, fill_tracer_gaps: bool) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.attention = FusedAttentionCount()
+        mapping = self.attention.custom_mapping() if fill_tracer_gaps else {}
+        self.filled = frozenset({str(op) for op in mapping} | {str(getattr(op, "overloadpacket", op)) for op in mapping})
+        self.counter = FlopCounterMode(display=False, custom_mapping=mapping)
+        self.ops = DispatchedOps()
+        self.forward_counts: dict[str, dict[Any, int]] = {}
+        self.forward_total = 0
+        self.forward_calls: list[tuple[Any, int, int]] = []
+
+    def __enter__(self) -> _StepFlopTracer:
+        self.counter.__enter__()
+        self.ops.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ops.__exit__(*exc)
+        self.counter.__exit__(*exc)
+
+    def end_forward(self) -> None:
+        self.forward_counts = self.counter.get_flop_counts()  # a copy, per module and op
+        self.forward_total = int(self.counter.get_total_flops())
+        self.forward_calls, self.ops.calls = self.ops.calls, []
+
+    def trace(self) -> StepFlopTrace:
+        step_modules, forward_modules = _module_counts(self.counter.get_flop_counts()), _module_counts(self.forward_counts)
+        backward_modules = {name: total - forward_modules.get(name, 0) for name, total in step_modules.items()}
+        return StepFlopTrace(
+            forward_flops=self.forward_total,
+            backward_flops=int(self.counter.get_total_flops()) - self.forward_total,
+            forward_by_module=_exclusive(forward_modules),
+            backward_by_module=_exclusive(backward_modules),
+            uncounted_ops=tuple(uncounted_ops("forward", self.forward_calls, self.filled) + uncounted_ops("backward", self.ops.calls, self.filled)),
+            gap_filled_flops=self.attention.filled_flops,
+            attention_recompute_flops=self.attention.recompute_flops,
+        )
 
 
 def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, fill_tracer_gaps: bool = True) -> StepFlopTrace:
@@ -126,33 +184,15 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     >>> trace.forward_flops, trace.backward_flops, trace.forward_by_module["lm_head"]
     (7602176, 15204352, 1048576)
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    step_attention, forward_attention = FusedAttentionCount(), FusedAttentionCount()
-    mapping = step_attention.custom_mapping() if fill_tracer_gaps else {}
-    filled = {str(op) for op in mapping} | {str(getattr(op, "overloadpacket", op)) for op in mapping}
     for parameter in model.parameters():
         parameter.grad = None
-    with FlopCounterMode(display=False, custom_mapping=mapping) as step_counter:
-        forward_mapping = forward_attention.custom_mapping() if fill_tracer_gaps else {}
-        with FlopCounterMode(display=False, custom_mapping=forward_mapping) as forward_counter, DispatchedOps() as forward_ops:
-            loss = loss_fn()
-        with DispatchedOps() as backward_ops:
-            loss.backward()
+    with _StepFlopTracer(fill_tracer_gaps) as tracer:
+        loss = loss_fn()
+        tracer.end_forward()
+        loss.backward()
     for parameter in model.parameters():
         parameter.grad = None
-    step_modules, forward_modules = _module_counts(step_counter), _module_counts(forward_counter)
-    backward_modules = {name: total - forward_modules.get(name, 0) for name, total in step_modules.items()}
-    forward_total = int(forward_counter.get_total_flops())
-    return StepFlopTrace(
-        forward_flops=forward_total,
-        backward_flops=int(step_counter.get_total_flops()) - forward_total,
-        forward_by_module=_exclusive(forward_modules),
-        backward_by_module=_exclusive(backward_modules),
-        uncounted_ops=tuple(uncounted_ops("forward", forward_ops.calls, frozenset(filled)) + uncounted_ops("backward", backward_ops.calls, frozenset(filled))),
-        gap_filled_flops=step_attention.filled_flops,
-        attention_recompute_flops=step_attention.recompute_flops,
-    )
+    return tracer.trace()
 
 
 # ───────────────────────────── training state, measured on a real optimizer ─────────────────────────────
@@ -183,12 +223,64 @@ class TrainingStateMeasurement:
         return self.parts_bytes.get("step counters", 0)
 
 
-def recipe_autocast(recipe: StateRecipe, device_type: str) -> Any:
-    import contextlib
+class _RecipeTraining:
+    """A copy of a model in ``recipe``'s parameter dtype, trained by a real ``torch.optim``
+    optimizer (on fp32 masters when the recipe has them), and the storages it holds (:meth:`parts`)."""
 
-    if recipe.compute_dtype is None or device_type == "meta":
-        return contextlib.nullcontext()  # meta: no arithmetic, and no state depends on autocast
-    return torch.autocast(device_type, dtype=parse_dtype(recipe.compute_dtype))
+    def __init__(self, model: nn.Module, recipe: StateRecipe, optimizer: str) -> None:
+        self.recipe, self.optimizer_name = recipe, optimizer
+        self.work = copy.deepcopy(model).to(parse_dtype(recipe.parameter_dtype))
+        self.params = list(self.work.parameters())
+        if not self.params:
+            raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
+        self.device_type = self.params[0].device.type
+        self.master = [nn.Parameter(p.detach().to(parse_dtype(recipe.master_dtype))) for p in self.params] if recipe.master_dtype else []
+        self.optimizer = build_optimizer(optimizer, self.master or self.params)
+        self.state_part = "optimizer moments" if optimizer in ("adam", "adamw") else "optimizer state"
+
+    def loss(self, loss_fn: Callable[[nn.Module], torch.Tensor]) -> torch.Tensor:
+        with recipe_autocast(self.recipe, self.device_type):
+            return loss_fn(self.work)
+
+    def hand_gradients_to_master(self) -> None:
+        for master_param, param in zip(self.master, self.params):
+            master_param.grad = param.grad.to(master_param.dtype)
+            if self.recipe.frees_model_gradients:
+                param.grad = None
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for master_param, param in zip(self.master, self.params):
+                param.copy_(master_param)
+        self.work.zero_grad(set_to_none=True)
+
+    def parts(self) -> dict[str, int]:
+        state = [value for per_param in self.optimizer.state.values() for value in per_param.values() if isinstance(value, torch.Tensor)]
+        return {
+            "parameters": distinct_storage_bytes(self.params),
+            "gradients": distinct_storage_bytes([p.grad for p in self.params]),
+            "master weights": distinct_storage_bytes(self.master),
+            "master gradients": distinct_storage_bytes([m.grad for m in self.master]),
+            self.state_part: distinct_storage_bytes([v for v in state if v.dim() > 0]),
+            "step counters": distinct_storage_bytes([v for v in state if v.dim() == 0]),
+        }
+
+    def measurement(self, after_backward: int, at_step: dict[str, int]) -> TrainingStateMeasurement:
+        memory_name = memory_optimizer_name(self.optimizer_name)
+        numbers, tensors = parameter_count(self.work), len(self.params)
+        return TrainingStateMeasurement(
+            recipe=self.recipe,
+            optimizer=self.optimizer_name,
+            parameters=numbers,
+            parameter_tensors=tensors,
+            after_backward_bytes=after_backward,
+            at_step_bytes=sum(at_step.values()),
+            parts_bytes={name: value for name, value in at_step.items() if value},
+            predicted_after_backward_bytes=training_state_bytes(numbers, tensors, self.recipe, memory_name, "after_backward"),
+            predicted_at_step_bytes=training_state_bytes(numbers, tensors, self.recipe, memory_name, "at_step"),
+        )
 
 
 def measure_training_state(
@@ -203,66 +295,70 @@ def measure_training_state(
     Step 1 creates the optimizer state; the counts are taken during step 2. Works on the meta
     device (storages have sizes but no memory). ``loss_fn(model)`` returns a scalar loss.
     """
-    chosen = get_state_recipe(recipe)
-    memory_name = memory_optimizer_name(optimizer)
-    work = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-    params = list(work.parameters())
-    if not params:
-        raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
-    device_type = params[0].device.type
-    master = [nn.Parameter(p.detach().to(parse_dtype(chosen.master_dtype))) for p in params] if chosen.master_dtype else []
-    optimizer_name, optimizer = optimizer, build_optimizer(optimizer, master or params)
-    state_part = "optimizer moments" if optimizer_name in ("adam", "adamw") else "optimizer state"
+    run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
+    run.loss(loss_fn).float().backward()
+    run.hand_gradients_to_master()
+    run.step()
+    run.loss(loss_fn).float().backward()
+    after_backward = sum(run.parts().values())
+    run.hand_gradients_to_master()
+    return run.measurement(after_backward, run.parts())
 
-    def backward() -> None:
-        with recipe_autocast(chosen, device_type):
-            loss = loss_fn(work)
+
+# Not in __all__: resacct.account.gpt_step re-exports every name listed there by name.
+@dataclass(frozen=True)
+class StepMeasurements:
+    """What :func:`measure_step_once` measured in one forward and backward; ``model``: the copy in
+    the recipe's parameter dtype that ran it (gradients cleared)."""
+
+    flops: StepFlopTrace
+    state: TrainingStateMeasurement
+    saved: SavedActivations
+    model: nn.Module
+
+
+def measure_step_once(
+    model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], recipe: str | StateRecipe = "fp32", optimizer: str = "adamw", *,
+    fill_tracer_gaps: bool = True,
+) -> StepMeasurements:
+    """:func:`trace_step_flops`, :func:`measure_training_state` and
+    :func:`~resacct.measurement.activations.record_saved_activations` (of the model in the
+    recipe's parameter dtype) in **one** forward and backward of a copy of ``model`` in the
+    recipe's dtype, then one optimizer step — the same figures, to the byte, for a third of the work.
+
+    The copy's forward runs under FlopCounterMode and the saved-tensor hooks, its backward under
+    FlopCounterMode; the gradients are counted as that backward leaves them (and, handed over,
+    the master gradients), the optimizer state as the first step makes it. A second step holds
+    the same storages (a backward makes gradients of the parameters' shapes whenever it runs;
+    the state exists from the first step on), so "after backward" and "at the step" are what
+    :func:`measure_training_state` counts during its second step — ``tests/test_account_speed.py``
+    checks both ways agree for every optimizer and recipe. FLOP counts do not depend on the
+    parameters' dtype (FlopCounterMode counts from shapes); the gaps it reports are the copy's ops.
+    """
+    run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
+    with _StepFlopTracer(fill_tracer_gaps) as tracer:
+        with record_saved_activations(run.work) as saved:
+            loss = run.loss(loss_fn)
+        tracer.end_forward()
         loss.float().backward()
+    del loss
+    held = run.parts()  # after backward: gradients, no master gradients, no state yet
+    run.hand_gradients_to_master()
+    handed = run.parts()
+    run.step()  # makes the optimizer's state
+    made = run.parts()
+    state = {run.state_part: made[run.state_part], "step counters": made["step counters"]}
+    after_backward = sum({**held, **state}.values())
+    return StepMeasurements(flops=tracer.trace(), state=run.measurement(after_backward, {**handed, **state}), saved=saved,
+                            model=run.work)
 
-    def hand_gradients_to_master() -> None:
-        for master_param, param in zip(master, params):
-            master_param.grad = param.grad.to(master_param.dtype)
-            if chosen.frees_model_gradients:
-                param.grad = None
 
-    def step() -> None:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for master_param, param in zip(master, params):
-                param.copy_(master_param)
-        work.zero_grad(set_to_none=True)
+def recipe_autocast(recipe: StateRecipe, device_type: str) -> Any:
+    import contextlib
 
-    def parts() -> dict[str, int]:
-        state = [value for per_param in optimizer.state.values() for value in per_param.values() if isinstance(value, torch.Tensor)]
-        return {
-            "parameters": distinct_storage_bytes(params),
-            "gradients": distinct_storage_bytes([p.grad for p in params]),
-            "master weights": distinct_storage_bytes(master),
-            "master gradients": distinct_storage_bytes([m.grad for m in master]),
-            state_part: distinct_storage_bytes([v for v in state if v.dim() > 0]),
-            "step counters": distinct_storage_bytes([v for v in state if v.dim() == 0]),
-        }
-
-    backward()
-    hand_gradients_to_master()
-    step()
-    backward()
-    after_backward = sum(parts().values())
-    hand_gradients_to_master()
-    at_step = parts()
-    numbers, tensors = parameter_count(work), len(params)
-    return TrainingStateMeasurement(
-        recipe=chosen,
-        optimizer=optimizer_name,
-        parameters=numbers,
-        parameter_tensors=tensors,
-        after_backward_bytes=after_backward,
-        at_step_bytes=sum(at_step.values()),
-        parts_bytes={name: value for name, value in at_step.items() if value},
-        predicted_after_backward_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "after_backward"),
-        predicted_at_step_bytes=training_state_bytes(numbers, tensors, chosen, memory_name, "at_step"),
-    )
+    if recipe.compute_dtype is None or device_type == "meta":
+        return contextlib.nullcontext()  # meta: no arithmetic, and no state depends on autocast
+    return torch.autocast(device_type, dtype=parse_dtype(recipe.compute_dtype))
 
 
 def predict_optimizer_step_transient_bytes(parameter_sizes: Sequence[int], *, foreach: bool, state_element_bytes: int = 4) -> int:
