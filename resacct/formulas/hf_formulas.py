@@ -99,7 +99,10 @@ def architecture_of(config: Any) -> HfArchitecture | None:
         positions=config.max_position_embeddings, tied_head=bool(getattr(config, "tie_word_embeddings", False)),
         experts=getattr(config, "num_local_experts", 0) if family == "mixtral" else 0,
         experts_per_token=getattr(config, "num_experts_per_tok", 0) if family == "mixtral" else 0,
-        attention_bias=bool(getattr(config, "attention_bias", False)), mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        # only Llama builds the biases these keys ask for; a Mistral or Mixtral config.json may carry them
+        # (transformers keeps unknown keys) and its model has none
+        attention_bias=config.model_type == "llama" and bool(getattr(config, "attention_bias", False)),
+        mlp_bias=config.model_type == "llama" and bool(getattr(config, "mlp_bias", False)),
         activation=str(getattr(config, "hidden_act", "silu")), attention_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         sliding_window=getattr(config, "sliding_window", None),
     )

@@ -1,26 +1,41 @@
-"""Run mutmut's command line with jaxtyping's import hook installed, as pytest.ini would.
+"""Run mutmut's command line with the project's jaxtyping import hook installed, as the suite has it.
 
-pytest.ini installs the hook through ``--jaxtyping-packages=resacct,beartype.beartype(...)``, and
-jaxtyping's pytest plugin refuses to start when ``resacct`` is already imported. mutmut runs
-pytest several times inside one process (stats, clean run, forced failure) and forks every mutant's
-run from it, so from the second run on that refusal would fire. Here the hook is installed once,
-before anything imports ``resacct``, with the same packages and beartype configuration as
-pytest.ini; run.sh then passes ``-o addopts=`` so pytest's own hook stays off. Every mutant is
-therefore run against type-checked code exactly as in the normal suite.
+The root ``conftest.py`` installs jaxtyping's import hook (beartype over the tensor-carrying
+subpackages) and refuses to start when ``resacct`` is already imported: the hook must come before
+any resacct module. mutmut runs pytest several times inside one process (stats, clean run,
+forced failure) and forks every mutant's run from it, and pytest re-executes the root conftest on
+every ``pytest.main`` — so from the second run on ``resacct`` is imported and that refusal fires
+("resacct was imported before the type-checking hook"; pytest exits 4 and mutmut stops).
+
+Here the root conftest of the scratch copy is executed once, before anything imports ``resacct``,
+so it installs its own hook with its own module list and checker; then ``RESACCT_MUTATION_HOOK=1``
+tells the (scratch) conftest, patched by run.sh, that the hook is already in place, and its later
+executions skip the guard and the second install. Every mutant is therefore run against
+type-checked code exactly as in the normal suite.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
+from pathlib import Path
 
-import jaxtyping
 
-PACKAGES = ["resacct"]
-TYPECHECKER = "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
+def install_project_hook() -> None:
+    if os.environ.get("RESACCT_MUTATION_HOOK") == "1":
+        return
+    conftest = Path("conftest.py").resolve()
+    if "RESACCT_MUTATION_HOOK" not in conftest.read_text():
+        raise SystemExit(f"{conftest} is not patched for mutation runs (run tools/mutation/run.sh, which patches its scratch copy)")
+    spec = importlib.util.spec_from_file_location("_resacct_root_conftest_for_mutmut", conftest)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # installs the hook: resacct is not imported yet
+    os.environ["RESACCT_MUTATION_HOOK"] = "1"
 
 
 def main() -> None:
-    jaxtyping.install_import_hook(PACKAGES, TYPECHECKER)
+    install_project_hook()
     from mutmut.__main__ import cli
 
     sys.exit(cli())

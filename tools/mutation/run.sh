@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Mutation testing of one resacct formula module with mutmut (see docs/mutation.md).
 #
-#   tools/mutation/run.sh MODULE [mutmut run args...]     e.g.  tools/mutation/run.sh flops
+#   tools/mutation/run.sh MODULE [mutmut run args...]     e.g.  tools/mutation/run.sh formulas/flops
 #
-# MODULE is one of the names in tools/mutation/modules.txt, a path under resacct/ without .py (facts/dtypes tensors flops
-# measurement/flop_tracing formulas/napkin memory training/optim training/optim_updates
-# sharding). The script
+# MODULE is one of the names in tools/mutation/modules.txt, a path under resacct/ without .py (facts/dtypes
+# measurement/tensors formulas/flops measurement/flop_tracing formulas/napkin measurement/memory training/optim
+# training/optim_updates formulas/sharding formulas/validation formulas/hf_formulas formulas/hf_activation_formulas).
+# Names of mutants after MODULE re-run just those (with KEEP=1: the others keep their results). The script
 #   1. installs mutmut (pinned below) into the project venv if it is missing;
 #   2. copies the project (resacct/ with its specs/, tests/, pytest.ini, conftest.py, pytest_resacct.py) into
 #      a scratch directory, $RESACCT_MUTATION_WORKDIR/MODULE (default /tmp/resacct-mutation/MODULE),
@@ -56,6 +57,21 @@ for item in resacct tests; do
 done
 find "$WORK" -name __pycache__ -type d -prune -exec rm -rf {} +
 cp -a "$REPO/pytest.ini" "$REPO/conftest.py" "$REPO/pytest_resacct.py" "$WORK/"
+# The root conftest installs jaxtyping's hook and refuses a process where resacct is already
+# imported; pytest re-executes it on each of mutmut's in-process runs. mutmut_typed.py installs the
+# hook once through it, then RESACCT_MUTATION_HOOK=1 makes the scratch copy skip the guard and the
+# second install (see mutmut_typed.py). The checkout's conftest.py is not touched.
+"$PY" - "$WORK/conftest.py" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path, encoding="utf-8").read()
+skip = ' and os.environ.get("RESACCT_MUTATION_HOOK") != "1"'
+for line in ("if _already_imported:", 'if os.environ.get("RESACCT_TYPECHECK", "1") != "0":'):
+    if text.count(line) != 1:
+        sys.exit(f"run.sh: cannot patch {path}: expected the line {line!r} once (the root conftest changed?)")
+    text = text.replace(line, line[:-1] + skip + ":")
+open(path, "w", encoding="utf-8").write(text)
+PATCH
 
 # The module's tests: only those that exist in this checkout.
 TESTS=()
