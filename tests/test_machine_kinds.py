@@ -87,3 +87,16 @@ def test_a_faked_amx_machine_selects_the_amx_twins(tmp_path):
         "about machines where cpu_bf16_matmul in [converted, emulated] (this machine: amx)")
     for twin in ("lecture-bf16-actual-flops-higher-cpu-amx", "lecture-lower-precision-less-compute-cpu-amx"):
         assert records[twin]["outcome"] != "skipped", records[twin]
+
+
+def test_the_kinds_script_refuses_an_unknown_kind_and_runs_only_those_named(tmp_path):
+    """.ci/run leaves the native kind out (RESACCT_KINDS); a misspelled kind must not silently run nothing."""
+    script = Path(__file__).resolve().parents[1] / "tools" / "machine_kinds.sh"
+    bad = subprocess.run(["bash", str(script), "/bin/false", str(tmp_path / "a")], capture_output=True, text=True,
+                         env={**os.environ, "RESACCT_KINDS": "native avx2"}, timeout=60)
+    assert bad.returncode == 2 and "RESACCT_KINDS names 'avx2'; expected some of: native avx2-cap one-thread loaded" in bad.stderr
+    none = subprocess.run(["bash", str(script), "/bin/false", str(tmp_path / "b")], capture_output=True, text=True,
+                          env={**os.environ, "RESACCT_KINDS": " "}, timeout=60)
+    assert none.returncode == 0, none.stderr
+    assert [line for line in none.stdout.splitlines() if line.startswith("==")] == [
+        f"== {kind}: not run (RESACCT_KINDS)" for kind in ("native", "avx2-cap", "one-thread")]

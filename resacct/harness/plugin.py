@@ -19,7 +19,7 @@ from resacct.harness.loader import LoadedClaim, load_claims_file
 from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings, claims_hypothesis_home
 from resacct.harness.timing import INCONCLUSIVE_PREFIX
 
-__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group", "is_machine_dependent", "MACHINE_DEPENDENT_KEYWORD"]
+__all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group", "is_machine_dependent", "MACHINE_DEPENDENT_KEYWORD", "TIMED_KEYWORD"]
 
 REQUIRE_GPU_VARIABLE = "RESACCT_REQUIRE_GPU"
 
@@ -55,6 +55,8 @@ class ClaimsFile(pytest.File):
 
 
 MACHINE_DEPENDENT_KEYWORD = "resacct_machine_dependent"
+#: ``-k resacct_timed``: the claims whose check is a time measured here (``timing=True``)
+TIMED_KEYWORD = "resacct_timed"
 
 
 def is_machine_dependent(claim: LoadedClaim) -> bool:
@@ -63,6 +65,12 @@ def is_machine_dependent(claim: LoadedClaim) -> bool:
     from resacct.harness.registry import get_check
 
     return bool(claim.claim.when) or get_check(claim.claim.measure).timing
+
+
+def _is_timed(claim: LoadedClaim) -> bool:
+    from resacct.harness.registry import get_check
+
+    return get_check(claim.claim.measure).timing
 
 
 def _declared_evidence(measure: str) -> str | None:
@@ -112,6 +120,8 @@ class ClaimItem(pytest.Item):
             self.add_marker(pytest.MarkDecorator(pytest.Mark(mark, (), {}, _ispytest=True), _ispytest=True))
         if is_machine_dependent(loaded):  # `-k resacct_machine_dependent` (resacct verify --machine-dependent) selects these
             self.extra_keyword_matches.add(MACHINE_DEPENDENT_KEYWORD)
+        if _is_timed(loaded):
+            self.extra_keyword_matches.add(TIMED_KEYWORD)
         if self.config.pluginmanager.hasplugin("xdist"):  # under --dist loadgroup a file's claims (and their meta-tests) share a worker
             self.add_marker(pytest.mark.xdist_group(spec_group(loaded)))
         self.record = _base_record(loaded.area, loaded.path, loaded.line, claim.id)
