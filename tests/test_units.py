@@ -1,7 +1,7 @@
 """``--units decimal|binary`` (resacct/cli/_units.py) in every command that prints bytes — memory,
 devices, infer, lora, offload, the napkin fit and plan: one shared option, GB (10^9) by default,
 GiB (2^30) with ``binary``; ``--json`` gives the same bytes either way; a bad value is one line
-naming it, exit status 2. (``account`` lives in another module: not here.)"""
+naming it, exit status 2. ``account``'s table and ``fit``'s model form follow it too (below)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,14 @@ def test_bad_units_one_line_exit_2(capsys: pytest.CaptureFixture[str], command: 
     err = capsys.readouterr().err
     assert "'gibi' is not a unit system; choose decimal (GB = 10^9 bytes, the default) or binary (GiB = 2^30 bytes)" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_account_and_a_models_fit_print_binary_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: --units binary in every command that prints bytes, the account's table included."""
+    account = ["account", "--model", "resacct.account.generic:mlp", "--no-time"]
+    binary = _run(capsys, [*account, "--units", "binary"])
+    assert "KiB" in binary and not re.search(r"\d kB\b", binary), binary
+    assert " kB" in _run(capsys, account)
+    fit = ["fit", "--model", "resacct.account.generic:mlp", "--memory-gb", "0.0008", "--no-progress"]
+    assert "781.25 KiB" in _run(capsys, [*fit, "--units", "binary"]) and "800.00 kB" in _run(capsys, fit)

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
+from resacct.cli._units import add_units_flag
 from resacct.cli.output import add_json_flag, emit, format_quantity
 from resacct.errors import ResacctError
 from resacct.facts.recipes import OPTIMIZER_CHOICES, parse_recipe
@@ -148,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress line on stderr (phase, seconds) once a phase runs 2 s (default: on a terminal; elsewhere "
                              "once a phase runs 30 s); never on stdout")
+    add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
 
@@ -182,7 +184,7 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
-    return account, title, lambda: _render(account, per_module=args.per_module, title=title)
+    return account, title, lambda: _render(account, per_module=args.per_module, title=title, units=args.units)
 
 
 def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
@@ -243,16 +245,16 @@ def _run_generic(args: argparse.Namespace) -> tuple[Any, str, Any]:
                                              input_dtype=args.input_dtype or "float32", loss=args.loss, recipe=args.recipe, optimizer=args.optimizer)
     result = _within_max_memory(args, account, f"--model {args.model}", predicted)
     title = f"{result.model}: input {tuple(result.input_shape)} {result.input_dtype}, {result.recipe} {result.optimizer}"
-    return result, title, lambda: render_account(result, per_module=args.per_module)
+    return result, title, lambda: render_account(result, per_module=args.per_module, units=args.units)
 
 
-def render_account(account: Any, *, per_module: bool = False) -> str:
+def render_account(account: Any, *, per_module: bool = False, units: str = "decimal") -> str:
     """The table ``resacct account`` prints, for a GPT's StepAccount or any model's ModelAccount."""
     title = None
     if hasattr(account, "model_class"):
         title = (f"{account.model} ({account.model_class}): input {tuple(account.input_shape)} {account.input_dtype}, {account.loss} loss, "
                  f"{account.parameters:,} parameters, {account.recipe} {account.optimizer}, on {account.device}")
-    return _render(account, per_module=per_module, title=title)
+    return _render(account, per_module=per_module, title=title, units=units)
 
 
 def run_account(args: argparse.Namespace) -> int:
@@ -306,7 +308,7 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
     with running_phase(f"building, tracing, measuring and timing {args.model}"):
         result = _within_max_memory(args, account, f"--model {args.model}")
     title = f"{result.model}: batch {result.batch} × seq {result.seq}, {result.recipe}, {result.attention} attention"
-    return result, title, lambda: render_account(result, per_module=args.per_module)
+    return result, title, lambda: render_account(result, per_module=args.per_module, units=args.units)
 
 
 def _predicted_peak(account: Any) -> tuple[int, str]:
@@ -342,7 +344,7 @@ def _within_max_memory(args: argparse.Namespace, account: Any, what: str, predic
     return on_meta if args.measure is False else account(args.measure)
 
 
-def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
+def _render(account: Any, *, per_module: bool, title: str | None = None, units: str = "decimal") -> str:
     import io
 
     from rich.console import Console
@@ -360,8 +362,8 @@ def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
     last = None
     for row in account.rows():
         ratio = "—" if row.ratio is None else f"{row.ratio:.3f}"
-        table.add_row(row.section if row.section != last else "", row.quantity, format_quantity(row.predicted, row.unit),
-                      format_quantity(row.measured, row.unit), ratio, row.note)
+        table.add_row(row.section if row.section != last else "", row.quantity, format_quantity(row.predicted, row.unit, units),
+                      format_quantity(row.measured, row.unit, units), ratio, row.note)
         last = row.section
     console.print(table)
     if per_module:
@@ -371,7 +373,7 @@ def _render(account: Any, *, per_module: bool, title: str | None = None) -> str:
         for m in account.per_module_rows():
             modules.add_row(m.module, format_quantity(m.predicted_forward_flops, "FLOPs"), format_quantity(m.traced_forward_flops, "FLOPs"),
                             format_quantity(m.predicted_backward_flops, "FLOPs"), format_quantity(m.traced_backward_flops, "FLOPs"),
-                            format_quantity(m.predicted_saved_bytes, "bytes"), format_quantity(m.measured_saved_bytes, "bytes"))
+                            format_quantity(m.predicted_saved_bytes, "bytes", units), format_quantity(m.measured_saved_bytes, "bytes", units))
         console.print(modules)
     from resacct.measurement.flop_tracing import is_matmul_class
 

@@ -93,16 +93,24 @@ def days_text(days: float) -> str:
 _SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def format_quantity(value: float | None, unit: str) -> str:
-    """A number for the table: 4 significant digits with an SI prefix for FLOPs and bytes.
+def format_quantity(value: float | None, unit: str, units: str = "decimal") -> str:
+    """A number for the table: 4 significant digits with an SI prefix for FLOPs and bytes (bytes in
+    powers of 2^10 with ``units="binary"``: ``--units binary``).
 
     >>> format_quantity(874944921600, "FLOPs"), format_quantity(1432915972, "bytes"), format_quantity(16.0002, "B/param")
     ('874.9 GFLOPs', '1.433 GB', '16.0002 B/param')
+    >>> format_quantity(1432915972, "bytes", "binary"), format_quantity(512, "bytes", "binary")
+    ('1.335 GiB', '512 B')
     >>> format_quantity(6738415616, "parameters")
     '6,738,415,616'
     """
     if value is None:
         return "—"
+    if unit == "bytes" and units == "binary":
+        for power, prefix in ((5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+            if abs(value) >= 1024**power:
+                return f"{value / 1024**power:.4g} {prefix}B"
+        return f"{value:.0f} B"
     if unit in ("FLOPs", "bytes", "FLOP/s"):
         short = {"FLOPs": "FLOPs", "bytes": "B", "FLOP/s": "FLOP/s"}[unit]
         for scale, prefix in _SCALES:
