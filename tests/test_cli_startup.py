@@ -28,6 +28,8 @@ NAPKIN_COMMANDS = [
     ["infer", "--layers", "32", "--hidden", "4096", "--heads", "32", "--mlp", "11008", "--vocab", "32000", "--context", "4096",
      "--device", "h100"],
     ["lora", "--help"],
+    ["account", "--help"],  # the help lists the shipped configs without importing resacct.account (~1.4 s of torch)
+    ["fit", "--help"],
 ]
 
 _PROBE = """

@@ -161,9 +161,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _hf_config_names() -> list[str]:
-    from resacct.account.hf_models import known_hf_configs
+    """The shipped config names for ``--help``, read without importing ``resacct.account`` (torch)."""
+    from resacct.cli._model_args import shipped_hf_config_names
 
-    return list(known_hf_configs())
+    return shipped_hf_config_names()
 
 
 def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
