@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,3 +221,20 @@ def test_wrapped_numbers_are_counted_as_when_every_schema_was_read():
         ((x * 0.5 + 2).mean() / 3 - 1 + (x > 0).sum() * 2.0).backward()
         torch.add(x, 1, alpha=2).sum().backward()
     assert seen.calls > 100 and seen.with_numbers > 5
+
+
+@pytest.mark.slow
+def test_per_module_rows_come_in_one_order_whatever_the_hash_seed():
+    """``--per-module``'s rows followed FlopCounterMode's set of modules, so their order changed
+    with PYTHONHASHSEED; now the model first, then by path with indices numerically."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    probe = ("import json, torch; from resacct.account.generic import account_module; from tests.fixtures_hf_models import tiny_llama; "
+             "ids = torch.randint(0, 64, (2, 8)); a = account_module(tiny_llama(), {'input_ids': ids, 'labels': ids}); "
+             "print(json.dumps([r.module for r in a.per_module_rows()]))")
+    root = str(Path(__file__).resolve().parents[1])
+    orders = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120, cwd=root,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(orders) == 1, orders

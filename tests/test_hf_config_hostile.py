@@ -199,10 +199,10 @@ def test_a_model_that_fails_in_its_first_step_is_one_line(tmp_path: Path, capsys
     pytest.importorskip("transformers")
     from resacct.account import hf as hf_account
 
-    def mismatch(model: object, step: object) -> object:
+    def mismatch(*args: object, **kwargs: object) -> object:
         raise RuntimeError("The size of tensor a (4) must match the size of tensor b (3) at non-singleton dimension 1\nmore detail")
 
-    monkeypatch.setattr(hf_account, "trace_step_flops", mismatch)
+    monkeypatch.setattr(hf_account, "measure_step_once", mismatch)
     path = tmp_path / "config.json"
     path.write_text(config(LLAMA))
     line = refused_in_one_line(["account", "--hf-config", str(path), "--seq", "8"], capsys)

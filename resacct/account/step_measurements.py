@@ -96,7 +96,7 @@ def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
     counted; else the root's), one walk up the path per module.
 
     >>> _exclusive({"(model)": 10, "layers.0": 6, "layers.0.mlp": 4, "head": 3})
-    {'(model)': 1, 'layers.0': 2, 'layers.0.mlp': 4, 'head': 3}
+    {'(model)': 1, 'head': 3, 'layers.0': 2, 'layers.0.mlp': 4}
     """
     own = dict(inclusive)
     for name, total in inclusive.items():
@@ -110,7 +110,13 @@ def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
             parent = MODEL_SCOPE
         if parent is not None:
             own[parent] -= total
-    return {name: value for name, value in own.items() if value}
+    return {name: own[name] for name in sorted(own, key=_tree_order) if own[name]}
+
+
+def _tree_order(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A module path's place in a stable order: the model first, indices numerically
+    (``layers.2`` before ``layers.10``) — FlopCounterMode's own order follows a set's hashing."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in ("" if name == MODEL_SCOPE else name).split("."))
 
 
 def _module_counts(flop_counts: Mapping[str, Mapping[Any, int]]) -> dict[str, int]:
