@@ -131,3 +131,92 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
                              predicted_flops.step_flops / predict_step_flops(architecture, batch=batch, seq=seq).step_flops),
     }
     return {name: Outcome(measured=value, predicted=guess, quantities=quantities) for name, (value, guess) in measured.items()}
+
+
+# ── QLoRA's 4-bit base, measured with bitsandbytes on the CPU ─────────────────────────────────────
+# bitsandbytes ≥ 0.48 quantises and runs Linear4bit (NF4, double quantisation) on the CPU; it is not
+# a dependency of resacct: without it these claims skip.
+
+_BNB_MISSING = ("bitsandbytes is not installed (pip install bitsandbytes; 0.50.2 quantises NF4 with double quantisation "
+                "on the CPU), so QLoRA's 4-bit base cannot be measured here")
+_QLORA_QUANTITIES = ("packed_weight_bytes", "absmax_bytes", "nested_absmax_bytes", "constant_bytes", "quantized_weight_bytes",
+                     "bf16_bytes", "frozen_bytes")
+
+
+@check("finetune.qlora_base_bytes", evidence="measured", quantities=("quantized_parameters", "quantized_layers", "base_parameters"))
+def qlora_base_bytes(quantity: str, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 4, mlp: int = 256,
+                     vocab: int = 128) -> Outcome:
+    """Bytes of QLoRA's frozen base as transformers loads it with bitsandbytes
+    (``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)``,
+    ``device_map="cpu"``) from a tiny bf16 Llama saved to a temporary folder, counted by storage:
+    ``packed_weight_bytes`` (two NF4 codes a byte), ``absmax_bytes`` (the uint8 double-quantised
+    constant of each block of 64), ``nested_absmax_bytes`` (the float32 constant of each block of
+    256 of those), ``constant_bytes`` (per quantised layer: the 16-entry NF4 code, the 256-entry
+    code of the nested quantisation and the absmax mean, all float32), ``quantized_weight_bytes``
+    (the first three: what QLoRA's 4 + 8/64 + 32/(64·256) bits per weight count), ``bf16_bytes``
+    (embeddings, norms, LM head) and ``frozen_bytes`` (all of it). Predicted by resacct
+    (resacct.formulas.lora): ``quantized_weight_bytes`` (quantized_linear_parameters ·
+    NF4_DOUBLE_QUANT_BITS / 8) and ``bf16_bytes``; ``frozen_bytes`` has no prediction because
+    lora_training_memory(base_format="nf4").base_bytes leaves out ``constant_bytes``. Quantities:
+    quantised weights and layers, all base parameters (a quantised weight counted by its shape)."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise NotMeasurable(_BNB_MISSING) from None
+    _require("transformers")
+    if quantity not in _QLORA_QUANTITIES:
+        raise ResacctError(f"quantity {quantity!r}: expected one of {', '.join(_QLORA_QUANTITIES)}")
+    return _qlora_base(hidden, layers, heads, kv_heads, mlp, vocab)[quantity]
+
+
+@functools.lru_cache(maxsize=4)
+def _qlora_base(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int) -> dict[str, Outcome]:
+    import logging
+    import math
+    import tempfile
+
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.formulas.hf_formulas import predict_parameters
+    from resacct.formulas.lora import NF4_DOUBLE_QUANT_BITS, quantized_linear_parameters
+    from resacct.measurement.memory import distinct_storage_bytes
+
+    config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+            model = LlamaForCausalLM.from_pretrained(folder, quantization_config=quantization, device_map="cpu", dtype=torch.bfloat16)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    layers4 = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    states = [m.weight.quant_state for m in layers4]
+    if not layers4 or any(s is None or s.state2 is None or s.quant_type != "nf4" for s in states):
+        raise NotMeasurable(f"bitsandbytes {bnb.__version__} did not quantise this model to NF4 with double quantisation on the CPU")
+    packed = [m.weight.data for m in layers4]
+    others = [p for p in model.parameters() if not isinstance(p, bnb.nn.Params4bit)]
+    quantized = sum(math.prod(s.shape) for s in states)
+    parts = {"packed_weight_bytes": distinct_storage_bytes(packed),
+             "absmax_bytes": distinct_storage_bytes([s.absmax for s in states]),
+             "nested_absmax_bytes": distinct_storage_bytes([s.state2.absmax for s in states]),
+             "constant_bytes": distinct_storage_bytes([t for s in states for t in (s.code, s.offset, s.state2.code)]),
+             "bf16_bytes": distinct_storage_bytes(others)}
+    parts["quantized_weight_bytes"] = parts["packed_weight_bytes"] + parts["absmax_bytes"] + parts["nested_absmax_bytes"]
+    parts["frozen_bytes"] = distinct_storage_bytes([*packed, *others, *(t for s in states for t in (s.absmax, s.code, s.offset, s.state2.absmax,
+                                                                                                      s.state2.code))])
+    architecture = architecture_from_values(config.to_dict())
+    predicted_quantized = quantized_linear_parameters(architecture)
+    predicted = {"quantized_weight_bytes": predicted_quantized * NF4_DOUBLE_QUANT_BITS / 8,
+                 "bf16_bytes": (predict_parameters(architecture) - predicted_quantized) * 2}
+    quantities = {"quantized_parameters": quantized, "quantized_layers": len(layers4), "base_parameters": quantized + sum(p.numel() for p in others)}
+    return {name: Outcome(measured=value, predicted=predicted.get(name), quantities=quantities) for name, value in parts.items()}

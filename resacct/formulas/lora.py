@@ -44,7 +44,7 @@ __all__ = ["LORA_TARGETS", "BASE_FORMAT_BITS", "NF4_DOUBLE_QUANT_BITS", "target_
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-#: QLoRA §3: NF4 (4 bits) + a double-quantised constant per block of 64 (8/64) + a float32 constant per 256 of those.
+#: QLoRA (Dettmers et al. 2023, "Double Quantization"; its section number not read here): NF4 (4 bits) + a double-quantised constant per block of 64 (8/64) + a float32 constant per 256 of those.
 NF4_DOUBLE_QUANT_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 
 #: Bits per frozen base parameter (nf4: the blocks' linear layers only; the rest bf16).
