@@ -18,7 +18,6 @@ once per micro-step, then ``optimizer step`` and ``zero_grad``.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -29,11 +28,11 @@ from torch import nn
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import (
     STEP_PHASES,
+    allocator_recording,
     LossFn,
     MakeOptimizer,
     MemoryTimeline,
     copy_inputs,
-    gc_paused,
     make_optimizer_state,
 )
 
@@ -70,37 +69,18 @@ def measure_accumulated_step_memory(model: nn.Module, inputs: Any, loss_fn: Loss
     """The CPU allocator's timeline (``torch.profiler``, ``profile_memory=True``) of one steady
     accumulated step of a copy of ``model`` (its optimizer state made beforehand), as
     :func:`resacct.measurement.memory_timeline.measure_step_memory` measures a plain step."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from resacct.measurement.activation_recording import _native_stderr_silenced
-
     check_micro_batches(micro_batches)
     devices = {parameter.device.type for parameter in model.parameters()}
     if devices != {"cpu"}:
         raise ResacctError(f"the allocator timeline is measured on the CPU; the model's parameters are on {sorted(devices)}")
-    ranges = contextlib.ExitStack()
-
-    def mark(phase: str) -> None:
-        ranges.close()
-        if phase != "end":
-            ranges.enter_context(record_function(f"resacct:{phase}"))
-
-    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with gc_paused():
-        with _native_stderr_silenced():
-            profiler.start()
-        try:
-            work = copy.deepcopy(model)
-            work_inputs = copy_inputs(inputs, torch.clone)
-            step = make_optimizer([p for p in work.parameters() if p.requires_grad])
-            make_optimizer_state(work, step)
-            run_accumulated_step(work, work_inputs, loss_fn, step, micro_batches, mark)
-        finally:
-            ranges.close()
-            with _native_stderr_silenced():
-                profiler.stop()
-        del work, work_inputs, step
-    return _timeline_of(profiler.profiler.kineto_results.events(), micro_batches)
+    with allocator_recording() as (mark, events):
+        work = copy.deepcopy(model)
+        work_inputs = copy_inputs(inputs, torch.clone)
+        step = make_optimizer([p for p in work.parameters() if p.requires_grad])
+        make_optimizer_state(work, step)
+        run_accumulated_step(work, work_inputs, loss_fn, step, micro_batches, mark)
+    del work, work_inputs, step
+    return _timeline_of(events, micro_batches)
 
 
 def _timeline_of(events: Any, micro_batches: int) -> MemoryTimeline:

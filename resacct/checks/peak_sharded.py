@@ -23,7 +23,6 @@ that an incomplete one was off.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -51,32 +50,14 @@ _LAUNCH_TIMEOUT_SECONDS = 180.0
 
 def _allocator_record(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
     """The CPU allocator's timeline of one steady step on this rank, and the bytes it ends above its start."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     from resacct.account.peak_sharded import sharded_step, step_copies
-    from resacct.measurement.activation_recording import _native_stderr_silenced
-    from resacct.measurement.memory_timeline import _timeline_of, gc_paused
+    from resacct.measurement.memory_timeline import _timeline_of, allocator_recording
 
-    ranges = contextlib.ExitStack()
-
-    def mark(phase: str) -> None:
-        ranges.close()
-        if phase != "end":
-            ranges.enter_context(record_function(f"resacct:{phase}"))
-
-    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with gc_paused():
-        with _native_stderr_silenced():
-            profiler.start()
-        try:
-            work, work_inputs = step_copies(model, inputs, fake=False)
-            sharded_step(engine, work, work_inputs, loss_fn, world_size, None, mesh, fake=False, mark=mark)
-        finally:
-            ranges.close()
-            with _native_stderr_silenced():
-                profiler.stop()
-        del work, work_inputs  # freed before the next record starts (that free would count in it)
-    timeline = _timeline_of(profiler.profiler.kineto_results.events())
+    with allocator_recording() as (mark, events):
+        work, work_inputs = step_copies(model, inputs, fake=False)
+        sharded_step(engine, work, work_inputs, loss_fn, world_size, None, mesh, fake=False, mark=mark)
+    del work, work_inputs  # freed before the next record starts (that free would count in it)
+    timeline = _timeline_of(events)
     return timeline, timeline.bytes_held[-1] - timeline.start_bytes
 
 

@@ -36,6 +36,7 @@ from torch import nn
 from resacct.errors import ResacctError
 
 __all__ = [
+    "allocator_recording",
     "STEP_PHASES",
     "MemoryTimeline",
     "run_training_step",
@@ -133,19 +134,16 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> MemoryTimeline:
-    """Run one steady training step of a copy of ``model`` on a copy of ``inputs`` (both made
-    inside the trace, so their bytes count) with the optimizer ``make_optimizer(parameters)``
-    builds (e.g. :func:`resacct.account.optimizers.build_optimizer` with torch's default
-    implementation for the device) and return the CPU allocator's timeline of it.
-    ``loss_fn(model, inputs)`` returns a scalar loss. The model must be on the CPU."""
+@contextlib.contextmanager
+def allocator_recording() -> Iterator[tuple[Callable[[str], None], list[Any]]]:
+    """The CPU allocator's events over the block (``torch.profiler``, ``profile_memory=True``,
+    Python's cyclic collector paused): yields ``(mark, events)``; ``mark(phase)`` opens the range
+    ``resacct:<phase>`` (closing the last; ``"end"`` only closes) and ``events`` is filled when the
+    profiler has stopped. Free what the block made *after* it, or the frees land in the record."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from resacct.measurement.activation_recording import _native_stderr_silenced
 
-    devices = {parameter.device.type for parameter in model.parameters()}
-    if devices != {"cpu"}:
-        raise ResacctError(f"the allocator timeline is measured on the CPU; the model's parameters are on {sorted(devices)}")
     ranges = contextlib.ExitStack()
 
     def mark(phase: str) -> None:
@@ -154,21 +152,36 @@ def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_opt
             ranges.enter_context(record_function(f"resacct:{phase}"))
 
     profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    events: list[Any] = []
     with gc_paused():
         with _native_stderr_silenced():
             profiler.start()
         try:
-            work = copy.deepcopy(model)
-            work_inputs = copy_inputs(inputs, torch.clone)
-            step = make_optimizer([p for p in work.parameters() if p.requires_grad])
-            make_optimizer_state(work, step)
-            run_training_step(work, work_inputs, loss_fn, step, mark)
+            yield mark, events
         finally:
             ranges.close()
             with _native_stderr_silenced():
                 profiler.stop()
-        del work, work_inputs, step
-    return _timeline_of(profiler.profiler.kineto_results.events())
+    events.extend(profiler.profiler.kineto_results.events())
+
+
+def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> MemoryTimeline:
+    """Run one steady training step of a copy of ``model`` on a copy of ``inputs`` (both made
+    inside the trace, so their bytes count) with the optimizer ``make_optimizer(parameters)``
+    builds (e.g. :func:`resacct.account.optimizers.build_optimizer` with torch's default
+    implementation for the device) and return the CPU allocator's timeline of it.
+    ``loss_fn(model, inputs)`` returns a scalar loss. The model must be on the CPU."""
+    devices = {parameter.device.type for parameter in model.parameters()}
+    if devices != {"cpu"}:
+        raise ResacctError(f"the allocator timeline is measured on the CPU; the model's parameters are on {sorted(devices)}")
+    with allocator_recording() as (mark, events):
+        work = copy.deepcopy(model)
+        work_inputs = copy_inputs(inputs, torch.clone)
+        step = make_optimizer([p for p in work.parameters() if p.requires_grad])
+        make_optimizer_state(work, step)
+        run_training_step(work, work_inputs, loss_fn, step, mark)
+    del work, work_inputs, step
+    return _timeline_of(events)
 
 
 def _timeline_of(events: Any) -> MemoryTimeline:
