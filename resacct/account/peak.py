@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,7 @@ from resacct.measurement.memory_timeline import (
     MakeOptimizer,
     MemoryTimeline,
     copy_inputs,
+    gc_paused,
     make_optimizer_state,
     measure_step_memory,
     run_training_step,
@@ -129,20 +129,6 @@ def _tensors_of(inputs: Any) -> list[Any]:
     return list(inputs) if isinstance(inputs, tuple) else [inputs]
 
 
-@contextlib.contextmanager
-def _gc_disabled() -> Iterator[None]:
-    """Python's cyclic collector off for the block, so frees follow reference counts as in the
-    measured run; no collection first (a full ``gc.collect`` costs 0.1–0.2 s a prediction, and the
-    tracker counts only storages made while it runs)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *,
                       micro_batches: int = 1) -> PredictedStepPeak:
     """Predict the peak of one steady training step of ``model`` on ``inputs`` (a tensor, a tuple,
@@ -165,7 +151,7 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
         tracker.classify((state,), "RNG states checkpoint keeps")
         return state
 
-    with _gc_disabled():
+    with gc_paused(collect=False):  # no collection first: 0.1–0.2 s a prediction; the tracker counts only what the step makes
         torch.get_rng_state = rng_state
         try:
             with mode, tracker:  # the tracker above fake mode: it sees the tensors autograd sees (requires_grad, grad_fn)

@@ -121,10 +121,11 @@ def copy_inputs(inputs: Any, make: Callable[[torch.Tensor], torch.Tensor]) -> An
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect, then pause Python's cyclic garbage collector for the block: frees then follow
-    reference counts alone, the same in a real run and in a fake one."""
-    gc.collect()
+def gc_paused(*, collect: bool = True) -> Iterator[None]:
+    """Collect (unless ``collect=False``), then pause Python's cyclic garbage collector for the
+    block: frees then follow reference counts alone, the same in a real run and in a fake one."""
+    if collect:
+        gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:
