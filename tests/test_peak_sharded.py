@@ -63,8 +63,10 @@ def test_first_complete_keeps_the_first_complete_record_and_gives_up_after_max_a
 
 
 def test_an_unknown_engine_is_refused_before_anything_launches():
-    with pytest.raises(ResacctError, match="engine 'zero2': expected one of zero1, fsdp2"):
-        checks.step_peak_per_rank(engine="zero2", world_size=2, model="mlp", batch=16)
+    with pytest.raises(ResacctError, match="engine 'zero4': expected one of zero1, zero2, fsdp2, fsdp2-bf16"):
+        checks.step_peak_per_rank(engine="zero4", world_size=2, model="mlp", batch=16)
+    with pytest.raises(ResacctError, match=r"engines \['fsdp3'\]: expected some of zero1, zero2, fsdp2, fsdp2-bf16"):
+        checks.sharded_peak_measurements(2, "mlp", 16, 1, ("fsdp3",))
 
 
 # --- launches: fake process group + gloo ranks (slow) -----------------------------------------
@@ -72,23 +74,33 @@ def test_an_unknown_engine_is_refused_before_anything_launches():
 needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
                                        reason="FSDP2's collectives of torch 2.13 (dist.reduce_scatter_single) are missing here")
 
-@pytest.mark.parametrize("engine", ["zero1", "fsdp2"])
-@pytest.mark.parametrize(("model", "batch", "seq"), [("mlp", 16, 1), ("gpt-math", 2, 32)])
+#: (world size, model, batch, seq, engines): one launch each. The claims' launches (2 and 4 ranks, the
+#: MLP, every engine) and a GPT with its blocks as FSDP units; bf16 there too (oneDNN's matmul scratchpad).
+LAUNCHES = [(2, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)), (4, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)),
+            (2, "gpt-math", 2, 32, ("zero1", "fsdp2"))]
+
+
+@pytest.mark.parametrize(("world_size", "model", "batch", "seq", "engines"), LAUNCHES, ids=["mlp-2-ranks", "mlp-4-ranks", "gpt-math-2-ranks"])
 @pytest.mark.distributed
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
-def test_each_ranks_predicted_peak_equals_the_allocator_in_every_phase(engine, model, batch, seq):
-    runs = checks.sharded_peak_measurements(2, model, batch, seq)[engine]
+def test_each_ranks_predicted_peak_equals_the_allocator_in_every_phase(world_size, model, batch, seq, engines):
+    for engine, runs in checks.sharded_peak_measurements(world_size, model, batch, seq, engines).items():
+        _each_rank_exact(engine, runs, world_size)
+
+
+def _each_rank_exact(engine, runs, world_size):
+    assert len(runs["predicted"]) == len(runs["measured"]) == world_size
     for rank, (predicted, measured) in enumerate(zip(runs["predicted"], runs["measured"])):
         allocator = measured["allocator"]
-        assert predicted["allocator"]["peak_bytes"] == allocator["peak_bytes"], rank
-        assert predicted["allocator"]["start_bytes"] == allocator["start_bytes"], rank
-        assert predicted["allocator"]["phase"] == allocator["phase"], rank
-        assert predicted["allocator"]["phase_peak_bytes"] == allocator["phase_peak_bytes"], rank
+        assert predicted["allocator"]["peak_bytes"] == allocator["peak_bytes"], (engine, rank)
+        assert predicted["allocator"]["start_bytes"] == allocator["start_bytes"], (engine, rank)
+        assert predicted["allocator"]["phase"] == allocator["phase"], (engine, rank)
+        assert predicted["allocator"]["phase_peak_bytes"] == allocator["phase_peak_bytes"], (engine, rank)
         assert 1 <= allocator["attempts"] <= checks.MAX_ATTEMPTS
 
 
-@pytest.mark.parametrize("engine", ["zero1", "fsdp2"])
+@pytest.mark.parametrize("engine", list(checks.ENGINE_STAGES))
 @pytest.mark.distributed
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
@@ -136,3 +148,31 @@ def test_this_process_never_joined_a_process_group():
     checks.sharded_peak_measurements(2, "mlp", 16, 1)
     assert not dist.is_initialized()
     assert not [child for child in multiprocessing.active_children() if child.name.startswith("resacct-rank-")]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_fsdp2_collectives_of_torch_2_13
+def test_zero2_keeps_every_unit_gathered_from_forward_to_backward_and_bf16_gathers_half_the_bytes():
+    """reshard_after_forward=False: the whole model gathered at the forward's end (its peak); the
+    bf16 policy gathers bf16 copies (half of fp32) and keeps fp32 shards and state."""
+    runs = checks.sharded_peak_measurements(2, "mlp", 16, 1)
+    for zero2, fsdp2, bf16 in zip(runs["zero2"]["measured"], runs["fsdp2"]["measured"], runs["fsdp2-bf16"]["measured"]):
+        gathered = zero2["census"]["bytes_by_kind"].get("all-gather buffers", 0) + zero2["census"]["bytes_by_kind"].get("all-gathered parameters", 0)
+        assert zero2["census"]["phase"] == "forward" and gathered == zero2["state"]["model_parameter_bytes"]
+        assert bf16["census"]["bytes_by_kind"]["all-gather buffers"] * 2 == fsdp2["census"]["bytes_by_kind"]["all-gather buffers"]
+        assert bf16["state"]["optimizer_state_bytes"] == fsdp2["state"]["optimizer_state_bytes"]
+        assert bf16["state"]["parameter_bytes"] == fsdp2["state"]["parameter_bytes"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_fsdp2_collectives_of_torch_2_13
+def test_four_zero1_ranks_are_uneven_and_four_fsdp2_ranks_equal():
+    """ZeroRedundancyOptimizer gives whole tensors: the MLP's 4 tensors on 4 ranks leave two ranks a
+    bias each (they peak in backward); FSDP2 splits every tensor's rows, every rank alike."""
+    runs = checks.sharded_peak_measurements(4, "mlp", 16, 1)
+    zero1 = runs["zero1"]["measured"]
+    assert [rank["allocator"]["phase"] for rank in zero1] == ["optimizer step"] * 2 + ["backward"] * 2
+    assert len({rank["allocator"]["peak_bytes"] for rank in runs["fsdp2"]["measured"]}) == 1
+    assert max(rank["allocator"]["peak_bytes"] for rank in runs["fsdp2"]["measured"]) < min(rank["allocator"]["peak_bytes"] for rank in zero1)

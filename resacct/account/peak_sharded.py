@@ -1,5 +1,7 @@
 """Will it fit, sharded: the peak of one training step **on each rank** under ZeRO-1 (DDP +
-``ZeroRedundancyOptimizer``) and ZeRO-3 (FSDP2 ``fully_shard``), predicted before it runs.
+``ZeroRedundancyOptimizer``), ZeRO-2 (FSDP2 ``fully_shard(reshard_after_forward=False)``, FSDP's
+SHARD_GRAD_OP) and ZeRO-3 (FSDP2 ``fully_shard``, also with a bf16 ``MixedPrecisionPolicy``),
+predicted before it runs (:data:`ENGINES`).
 
 The prediction runs the engine itself — the same ``DistributedDataParallel``,
 ``ZeroRedundancyOptimizer`` or ``fully_shard`` — on fake CPU tensors (``FakeTensorMode``) under
@@ -52,7 +54,12 @@ __all__ = ["ENGINES", "KINDS", "ShardedStorageTracker", "build_peak_model", "eng
 ENGINES = {
     "zero1": "DistributedDataParallel(gradient_as_bucket_view=True, init_sync=False) + ZeroRedundancyOptimizer(AdamW)",
     "fsdp2": "fully_shard on every nn.Linear (or every block of a GPT) and on the root, AdamW on the DTensor shards",
+    "zero2": "fsdp2 with reshard_after_forward=False (FSDP's SHARD_GRAD_OP): each unit gathered once in forward and kept to its backward",
+    "fsdp2-bf16": "fsdp2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): bf16 gathered parameters and compute, fp32 shards and reduce-scatter",
 }
+#: The ``fully_shard`` options of each FSDP engine (the policy's dtypes named, built where FSDP is imported).
+FSDP_OPTIONS: dict[str, dict[str, Any]] = {"fsdp2": {}, "zero2": {"reshard_after_forward": False},
+                                          "fsdp2-bf16": {"mp_policy": ("bfloat16", "float32")}}
 LEARNING_RATE = 1e-3
 #: What a live storage is, beyond :data:`resacct.account.peak_tracker.KIND_BY_PHASE`.
 KINDS = {
@@ -226,12 +233,16 @@ def _wrap(engine: str, model: nn.Module, tracker: LiveStorageTracker | None, mes
         if fake:
             wrapped.register_comm_hook(None, _fake_all_reduce_hook)
         return wrapped, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE)
-    if engine == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    if engine in FSDP_OPTIONS:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        options = dict(FSDP_OPTIONS[engine])
+        if "mp_policy" in options:
+            param_dtype, reduce_dtype = (getattr(torch, name) for name in options["mp_policy"])
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for unit in fsdp_units(model):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(unit, mesh=mesh, **options)
+        fully_shard(model, mesh=mesh, **options)
         return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
 
@@ -294,7 +305,7 @@ def step_summary(tracker: LiveStorageTracker) -> dict[str, Any]:
 def engine_mesh(engine: str, world_size: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cpu", (world_size,)) if engine == "fsdp2" else None  # a real tensor: made outside fake mode
+    return init_device_mesh("cpu", (world_size,)) if engine in FSDP_OPTIONS else None  # a real tensor: made outside fake mode
 
 
 def build_peak_model(model_name: str, batch: int, seq: int) -> tuple[nn.Module, Any, Any]:

@@ -32,15 +32,19 @@ import torch
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 
-__all__ = ["ENGINE_STAGES", "BREAKDOWN_KINDS", "measured_on_rank", "sharded_peak_measurements"]
+__all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "measured_on_rank", "sharded_peak_measurements"]
 
-#: The ZeRO stage each engine is.
-ENGINE_STAGES = {"zero1": 1, "fsdp2": 3}
+#: The ZeRO stage each engine is (``zero2``: FSDP2 without resharding after forward, FSDP's SHARD_GRAD_OP).
+ENGINE_STAGES = {"zero1": 1, "zero2": 2, "fsdp2": 3, "fsdp2-bf16": 3}
+#: The ZeRO paper's recipe (resacct.formulas.sharding) each engine's claims compare with.
+ENGINE_RECIPES = {"zero1": "fp32-adamw", "zero2": "fp32-adamw", "fsdp2": "fp32-adamw", "fsdp2-bf16": "mixed-adam"}
 #: The kinds a breakdown claim lists, in order (a tuple of kinds is summed).
 BREAKDOWN_KINDS = {
     "zero1": (("parameters",), ("gradient buckets (DDP)",), ("optimizer state shard",)),
     "fsdp2": (("parameter shards",), ("optimizer state shard",), ("all-gather buffers", "all-gathered parameters")),
 }
+BREAKDOWN_KINDS["zero2"] = BREAKDOWN_KINDS["fsdp2-bf16"] = BREAKDOWN_KINDS["fsdp2"]
+assert set(BREAKDOWN_KINDS) == set(ENGINE_STAGES) == set(ENGINE_RECIPES)
 MAX_ATTEMPTS = 12
 _LAUNCH_TIMEOUT_SECONDS = 180.0
 
@@ -63,8 +67,8 @@ def _allocator_record(engine: str, model: Any, inputs: Any, loss_fn: Any, world_
 
 def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, loss_fn: Any, model: Any) -> dict[str, int]:
     """The storages of the engine's own state on this rank after one more forward and backward:
-    parameters, gradients (DDP's bucket, FSDP's shards), optimizer state; and the largest FSDP
-    unit's full parameters, counted on the unsharded model."""
+    parameters, gradients (DDP's bucket, FSDP's shards), optimizer state; and, counted on the
+    unsharded model, the largest FSDP unit's full parameters and the whole model's."""
     from resacct.account.peak_sharded import fsdp_units, local_optimizer_state, local_tensor
     from resacct.measurement.memory import distinct_storage_bytes
 
@@ -73,7 +77,8 @@ def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, los
     return {"parameter_bytes": distinct_storage_bytes([local_tensor(p) for p in parameters]),
             "gradient_bytes": distinct_storage_bytes([local_tensor(p.grad) for p in parameters if p.grad is not None]),
             "optimizer_state_bytes": distinct_storage_bytes(local_optimizer_state(optimizer)),
-            "largest_unit_bytes": max(distinct_storage_bytes(list(unit.parameters())) for unit in fsdp_units(model))}
+            "largest_unit_bytes": max(distinct_storage_bytes(list(unit.parameters())) for unit in fsdp_units(model)),
+            "model_parameter_bytes": distinct_storage_bytes(list(model.parameters()))}
 
 
 def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
@@ -153,15 +158,21 @@ def _require_engines() -> None:
                             "where resacct adds gloo's buffers (verified on torch 2.13)")
 
 
-@functools.lru_cache(maxsize=4)
-def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int) -> dict[str, Any]:
-    """Per engine: ``predicted`` (per rank, from the fake process group) and ``measured`` (per gloo
-    rank). One child process and one gloo launch serve both engines (cached)."""
+def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...] = tuple(ENGINE_STAGES)) -> dict[str, Any]:
+    """Per engine of ``engines``: ``predicted`` (per rank, from the fake process group) and
+    ``measured`` (per gloo rank). One child process and one gloo launch serve them all (cached)."""
+    unknown = [engine for engine in engines if engine not in ENGINE_STAGES]
+    if unknown or not engines:
+        raise ResacctError(f"engines {list(engines)}: expected some of {', '.join(ENGINE_STAGES)}")
+    return _launched(world_size, model, batch, seq, tuple(engine for engine in ENGINE_STAGES if engine in engines))
+
+
+@functools.lru_cache(maxsize=6)
+def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak_sharded import predict_sharded_step_peaks_in_process
     from resacct.measurement.distributed import DistributedUnavailableError, run_isolated, run_on_ranks
 
     _require_engines()
-    engines = tuple(ENGINE_STAGES)
     try:
         predicted = run_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
                                  timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
@@ -191,7 +202,8 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     """Each gloo rank's CPU-allocator peak over one steady AdamW step of ``engine`` (``zero1``: DDP +
     ZeroRedundancyOptimizer; ``fsdp2``: fully_shard), ``batch`` × ``seq`` per rank, a list in rank
     order; predicted: resacct on fake tensors under the fake process group, per rank.
-    ``formula_state_bytes``: the ZeRO paper's per-rank fp32 AdamW state (resacct.formulas.sharding);
+    ``formula_state_bytes``: the ZeRO paper's per-rank AdamW state (resacct.formulas.sharding;
+    :data:`ENGINE_RECIPES`: fp32, or mixed precision for ``fsdp2-bf16``);
     ``state_bytes``, ``excess_bytes``, ``peak_phase``, ``breakdown`` (resacct's, at the predicted
     peak): rank 0's; ``attempts``: the most records a rank took to get a complete one."""
     from resacct.account.peak_sharded import build_peak_model
@@ -200,7 +212,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     predicted, measured = _sides(engine, world_size, model, batch, seq)
     net = build_peak_model(model, batch, seq)[0]
     params = sum(parameter.numel() for parameter in net.parameters())
-    formula = per_rank_bytes(params, "fp32-adamw", ENGINE_STAGES[engine], world_size).total_bytes
+    formula = per_rank_bytes(params, ENGINE_RECIPES[engine], ENGINE_STAGES[engine], world_size).total_bytes
     state = measured[0]["state"]
     return Outcome(
         measured=[rank["allocator"]["peak_bytes"] for rank in measured],
@@ -215,13 +227,15 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
 
 
 @check("peak_sharded.peak_breakdown", evidence="measured",
-       quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "peak_bytes", "rest_bytes", "peak_phase"))
+       quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "model_parameter_bytes", "peak_bytes",
+                   "rest_bytes", "peak_phase"))
 def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: int, seq: int = 1) -> Outcome:
     """What is live at the peak of one steady AdamW step of ``engine`` on gloo rank ``rank``: the
     bytes of each kind of :data:`BREAKDOWN_KINDS` in order, found by resacct's tracker over the real
     tensors (the census); predicted: the same tracker on fake tensors under the fake process group.
     The quantities are the engine's own storages on that rank (parameters, gradients, optimizer
-    state), the largest FSDP unit's full parameters, the census peak and what the listed kinds leave."""
+    state), the largest FSDP unit's and the whole model's full parameters, the census peak and what
+    the listed kinds leave."""
     predicted, measured = _sides(engine, world_size, model, batch, seq)
     if not 0 <= rank < world_size:
         raise ResacctError(f"rank {rank}: expected 0 to {world_size - 1}")
