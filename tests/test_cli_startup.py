@@ -52,6 +52,23 @@ def test_a_napkin_command_never_imports_torch(argv):
     assert probe["code"] == 0 and probe["torch"] is False, probe
 
 
+REFUSED_ACCOUNT_ARGUMENTS = [  # refused before anything imports resacct.account (torch): one line, exit 2, at napkin speed
+    ["account", "--batch", "0"],
+    ["account", "--loss", "hinge"],
+    ["account", "--no-such-flag"],
+    ["account", "--model", "my_pkg.models:build", "--input-dtype", "float16"],  # checked in run_account, before its imports
+]
+
+
+@pytest.mark.parametrize("argv", REFUSED_ACCOUNT_ARGUMENTS, ids=lambda argv: " ".join(argv[1:3]))
+def test_a_refused_account_argument_never_imports_torch(argv):
+    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120)
+    *lines, last = done.stderr.strip().splitlines()
+    probe = json.loads(last)
+    assert probe["code"] == 2 and probe["torch"] is False, (probe, lines)
+    assert len(lines) == 1 and lines[0].startswith(("resacct account: error: ", "resacct: error: unrecognized arguments")), lines
+
+
 def test_resacct_memory_starts_fast():
     """The bar is 0.3 s; best of three, under a bound a busy shared machine still meets (torch alone takes ~1 s)."""
     argv = ["memory", "--params", "7B"]

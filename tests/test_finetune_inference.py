@@ -160,6 +160,15 @@ def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> N
     assert text.startswith("QLoRA r=16") and "frozen base (nf4)" in text and "largest batch" in text
 
 
+@pytest.mark.parametrize("board", ["l4", "a10", "rtx-4090"])
+def test_lora_on_a_24gb_board_is_the_24gb_answer(capsys: pytest.CaptureFixture[str], board: str) -> None:
+    """The table's 24 GB boards give --memory-gb 24's answer: "r=16 LoRA on a 7B, on a 24 GB card?" by name."""
+    argv = ["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048"]
+    by_name, by_size = _json(capsys, *argv, "--device", board), _json(capsys, *argv, "--memory-gb", "24")
+    assert by_name["device_memory_bytes"] == 24e9 and by_name["fits"] is by_size["fits"] is False
+    assert by_name["total_bytes"] == by_size["total_bytes"] and by_name["largest_batch"] == by_size["largest_batch"]
+
+
 def test_plan_hf_config_and_uneven_split(capsys: pytest.CaptureFixture[str]) -> None:
     fields = _json(capsys, "plan", "--hf-config", "llama-3-70b", "--seq", "8192", "--tp", "8", "--pp", "12", "--memory-gb", "80",
                    "--recompute", "selective", "--sp")

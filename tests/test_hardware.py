@@ -92,6 +92,9 @@ def test_memory_and_bandwidth():
         ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
         ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
         ("NVIDIA B200", "b200"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
         ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "h100-sxm"),
     ],
 )
@@ -106,7 +109,7 @@ def test_longest_cuda_name_wins():
 
 
 def test_unknown_cuda_name_is_none():
-    assert accelerator_for_cuda_name("NVIDIA GeForce RTX 4090") is None
+    assert accelerator_for_cuda_name("NVIDIA GeForce RTX 3090") is None
     assert accelerator_for_cuda_name("NVIDIA H2000") is None
 
 
@@ -308,3 +311,40 @@ def test_a_hyphenated_cuda_variant_is_another_board():
     assert accelerator_for_cuda_name("NVIDIA H20-3e") is None
     assert accelerator_for_cuda_name("Tesla V100-PCIE-32GB") is None  # not in the table
     assert accelerator_for_cuda_name("NVIDIA H20").name == "h20"
+
+
+# --- the 24 GB boards (A10, L4, RTX 4090): NVIDIA's tables read in transcriptions ----------------
+
+TWENTY_FOUR_GB = {  # name: ({format: (dense, sparse) TFLOP/s}, bandwidth bytes/s)
+    "a10": ({"fp32": (31.2, None), "tf32": (62.5, None), "bf16": (125, 250), "fp16": (125, 250), "int8": (250, None)}, 600e9),
+    "l4": ({"fp32": (30.3, None), "tf32": (60, 120), "bf16": (121, 242), "fp16": (121, 242), "fp8": (242.5, 485), "int8": (242.5, 485)}, 300e9),
+    "rtx-4090": ({"fp32": (82.6, None), "tf32": (82.6, 165.2), "bf16": (165.2, 330.4), "fp16": (165.2, 330.4), "fp8": (330.3, 660.6),
+                  "int8": (660.6, 1321.2)}, 1008e9),
+}
+
+
+@pytest.mark.parametrize("name", list(TWENTY_FOUR_GB))
+def test_24gb_boards_carry_nvidias_figures(name):
+    peaks, bandwidth = TWENTY_FOUR_GB[name]
+    board = accelerators()[name]
+    assert (board.memory_bytes, board.memory_bandwidth_bytes_per_sec, board.confidence, board.flag) == (24e9, bandwidth, "derived", "[derived]")
+    got = {fmt: (round(peak.dense_flops_per_sec / 1e12, 6), None if peak.sparse_flops_per_sec is None else round(peak.sparse_flops_per_sec / 1e12, 6))
+           for fmt, peak in board.peaks.items()}
+    assert got == peaks and "fp64" not in board.peaks and "fp64 is left out" in board.note
+    assert board.caveat == "" and "not in the PDF itself" in board.source  # read in transcriptions: derived
+
+
+def test_geforce_peaks_are_the_fp32_accumulate_rows():
+    """The Ada whitepaper prints the RTX 4090's fp16 at 330.3 dense with FP16 accumulate and 165.2 with
+    FP32 accumulate (what torch's matmuls use): the table keeps 165.2, equal to bf16's only row."""
+    assert peak_flops_per_sec("rtx-4090", "fp16") == peak_flops_per_sec("rtx-4090", "bf16") == 165.2e12
+    assert peak_flops_per_sec("rtx-4090", "fp8") == 330.3e12  # FP32 accumulate; 660.6 with FP16 accumulate
+    assert "FP16-accumulate rows (fp16 330.3, fp8 660.6 dense)" in get_accelerator("4090").note
+
+
+def test_24gb_variants_are_other_boards():
+    """AWS's A10G and the China-market RTX 4090 D report other names; neither borrows a neighbour's peaks."""
+    assert accelerator_for_cuda_name("NVIDIA A10G") is None and accelerator_for_cuda_name("NVIDIA GeForce RTX 4090 D") is None
+    assert accelerator_for_cuda_name("NVIDIA L40S") is None and accelerator_for_cuda_name("NVIDIA L4 MIG 1g.6gb").name == "l4"
+    with pytest.raises(UnknownNameError, match="unknown accelerator 'nvidia-a10g'"):
+        get_accelerator("NVIDIA A10G")

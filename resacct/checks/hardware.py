@@ -112,11 +112,11 @@ def _cuda_device_name() -> str:
 
 @check("hardware.cuda_device_in_table", evidence="measured")
 def cuda_device_in_table() -> Outcome:
-    """Whether torch's name for GPU 0 is one of the table's CUDA names (or one of them plus a
-    suffix, as MIG slices have)."""
+    """Whether torch's name for GPU 0 is one of the table's CUDA names (or one of them plus a MIG
+    slice's suffix, " MIG 1g.10gb")."""
     name = _cuda_device_name()
     cuda_names = [cuda for entry in raw_accelerator_table().values() for cuda in entry.get("cuda_names", [])]
-    measured = any(name == cuda or name.startswith(cuda + " ") for cuda in cuda_names)
+    measured = any(name == cuda or name.startswith(cuda + " MIG ") for cuda in cuda_names)
     return Outcome(measured=measured, predicted=current_accelerator() is not None)
 
 

@@ -198,13 +198,14 @@ def _spellings() -> dict[str, str]:
 
 
 def accelerator_for_cuda_name(device_name: str) -> Accelerator | None:
-    """The board whose CUDA name ``device_name`` is, or is followed by a space and a suffix (MIG
-    slices add " MIG 1g.10gb"); the longest matching CUDA name wins, so "NVIDIA H200 NVL" is not
-    read as "NVIDIA H200". A hyphenated variant is another board: "NVIDIA H20-3e" is not "NVIDIA H20".
+    """The board whose CUDA name ``device_name`` is, or is followed by a MIG slice's suffix
+    (" MIG 1g.10gb"); the longest matching CUDA name wins, so "NVIDIA H200 NVL" is not read as
+    "NVIDIA H200". Any other suffix is another board: "NVIDIA H20-3e" is not "NVIDIA H20", nor
+    "NVIDIA GeForce RTX 4090 D" (114 SMs) the RTX 4090.
 
     >>> accelerator_for_cuda_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb").name
     'h100-sxm'
-    >>> accelerator_for_cuda_name("NVIDIA GeForce RTX 4090") is None
+    >>> accelerator_for_cuda_name("NVIDIA GeForce RTX 4090 D") is None
     True
     """
     wanted = " ".join(device_name.lower().split())
@@ -212,7 +213,7 @@ def accelerator_for_cuda_name(device_name: str) -> Accelerator | None:
     for accelerator in accelerators().values():
         for cuda_name in accelerator.cuda_names:
             known = " ".join(cuda_name.lower().split())
-            if wanted == known or wanted.startswith(known + " "):
+            if wanted == known or wanted.startswith(known + " mig "):
                 if best is None or len(known) > best[0]:
                     best = (len(known), accelerator)
     return best[1] if best else None
