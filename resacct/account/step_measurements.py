@@ -2,8 +2,8 @@
 state a real optimizer holds — the measurements :mod:`resacct.account` puts beside resacct's
 predictions.
 
-- :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (its own
-  module tracking), with the ops it has no formula for; fused attention kernels (the CPU one
+- :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (each op
+  under one module: :mod:`resacct.account.module_flops`), with the ops it has no formula for; fused attention kernels (the CPU one
   FlopCounterMode counts as 0 included) are counted from the sdpa call's shapes as the model's
   matmuls (:mod:`resacct.formulas.attention_flops`), the fused backward's recomputation apart.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from resacct.account.module_flops import in_tree_order, inclusive_by_module, module_flop_counter, module_flops
 from resacct.account.optimizers import build_optimizer, memory_optimizer_name
-from resacct.measurement.activations import MODEL_SCOPE, AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
+from resacct.measurement.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
 from resacct.formulas.attention_flops import FusedAttentionCount
@@ -59,8 +60,9 @@ AUTO_MEASURE_MAX_STEP_FLOPS = 2e10
 class StepFlopTrace:
     """FLOPs FlopCounterMode traced in one forward + backward, in total and per module.
 
-    Per-module counts are *exclusive*: the matmuls a module runs itself, its children's apart
-    (FlopCounterMode's own breakdown is inclusive). ``gap_filled_flops`` is what resacct added
+    Per-module counts are *exclusive*, each op under one module (:mod:`resacct.account.module_flops`):
+    the forward's under the module running it, the backward's under the module whose forward made
+    it; they sum to the totals (:meth:`inclusive_by_module`: with descendants'). ``gap_filled_flops`` is what resacct added
     for ops the counter has no formula for (the fused CPU attention kernel; zero unless
     ``fill_tracer_gaps``); ``attention_recompute_flops`` the scores fused attention kernels
     recompute in backward — hardware work, not in the model FLOPs above."""
@@ -82,6 +84,12 @@ class StepFlopTrace:
     def step_flops(self) -> int:
         return self.forward_flops + self.backward_flops
 
+    def inclusive_by_module(self, direction: str) -> dict[str, int]:
+        """``"forward"`` or ``"backward"`` FLOPs per module, its descendants' included."""
+        if direction not in ("forward", "backward"):
+            raise ResacctError(f"direction {direction!r}: expected 'forward' or 'backward'")
+        return inclusive_by_module(self.forward_by_module if direction == "forward" else self.backward_by_module)
+
 
 def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
     """FlopCounterMode ``custom_mapping`` entries for every fused attention kernel
@@ -90,59 +98,17 @@ def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
     return FusedAttentionCount().custom_mapping()
 
 
-def _exclusive(inclusive: Mapping[str, int]) -> dict[str, int]:
-    """Inclusive per-module counts → each module's own (minus its nearest traced descendants):
-    each module's count is taken from its nearest traced ancestor's (the longest dotted prefix
-    counted; else the root's), one walk up the path per module.
-
-    >>> _exclusive({"(model)": 10, "layers.0": 6, "layers.0.mlp": 4, "head": 3})
-    {'(model)': 1, 'head': 3, 'layers.0': 2, 'layers.0.mlp': 4}
-    """
-    own = dict(inclusive)
-    for name, total in inclusive.items():
-        if name == MODEL_SCOPE:
-            continue
-        parent, path = None, name
-        while parent is None and "." in path:
-            path = path.rsplit(".", 1)[0]
-            parent = path if path in inclusive else None
-        if parent is None and MODEL_SCOPE in inclusive:
-            parent = MODEL_SCOPE
-        if parent is not None:
-            own[parent] -= total
-    return {name: own[name] for name in sorted(own, key=_tree_order) if own[name]}
-
-
-def _tree_order(name: str) -> tuple[tuple[int, int | str], ...]:
-    """A module path's place in a stable order: the model first, indices numerically
-    (``layers.2`` before ``layers.10``) — FlopCounterMode's own order follows a set's hashing."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in ("" if name == MODEL_SCOPE else name).split("."))
-
-
-def _module_counts(flop_counts: Mapping[str, Mapping[Any, int]]) -> dict[str, int]:
-    """FlopCounterMode's per-module totals (``get_flop_counts()``), the root's class-name prefix turned into paths."""
-    counts: dict[str, int] = {}
-    for name, per_op in flop_counts.items():
-        if name == "Global":
-            continue
-        path = name.split(".", 1)[1] if "." in name else MODEL_SCOPE
-        counts[path] = int(sum(per_op.values()))
-    return counts
-
-
 class _StepFlopTracer:
     """One FlopCounterMode (and a record of every op) over a forward and its backward: the
     forward's counts are copied when it ends (:meth:`end_forward`), the backward's are the
     step's less them — what a second counter around the forward alone would count, at half the
     tracing cost."""
 
-    def __init__(self, fill_tracer_gaps: bool) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
+    def __init__(self, model: nn.Module, fill_tracer_gaps: bool) -> None:
         self.attention = FusedAttentionCount()
         mapping = self.attention.custom_mapping() if fill_tracer_gaps else {}
         self.filled = frozenset({str(op) for op in mapping} | {str(getattr(op, "overloadpacket", op)) for op in mapping})
-        self.counter = FlopCounterMode(display=False, custom_mapping=mapping)
+        self.counter = module_flop_counter(model, mapping)
         self.ops = DispatchedOps()
         self.forward_counts: dict[str, dict[Any, int]] = {}
         self.forward_total = 0
@@ -163,13 +129,13 @@ class _StepFlopTracer:
         self.forward_calls, self.ops.calls = self.ops.calls, []
 
     def trace(self) -> StepFlopTrace:
-        step_modules, forward_modules = _module_counts(self.counter.get_flop_counts()), _module_counts(self.forward_counts)
+        step_modules, forward_modules = module_flops(self.counter.get_flop_counts()), module_flops(self.forward_counts)
         backward_modules = {name: total - forward_modules.get(name, 0) for name, total in step_modules.items()}
         return StepFlopTrace(
             forward_flops=self.forward_total,
             backward_flops=int(self.counter.get_total_flops()) - self.forward_total,
-            forward_by_module=_exclusive(forward_modules),
-            backward_by_module=_exclusive(backward_modules),
+            forward_by_module=in_tree_order(forward_modules),
+            backward_by_module=in_tree_order(backward_modules),
             uncounted_ops=tuple(uncounted_ops("forward", self.forward_calls, self.filled) + uncounted_ops("backward", self.ops.calls, self.filled)),
             gap_filled_flops=self.attention.filled_flops,
             attention_recompute_flops=self.attention.recompute_flops,
@@ -192,7 +158,7 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     """
     for parameter in model.parameters():
         parameter.grad = None
-    with _StepFlopTracer(fill_tracer_gaps) as tracer:
+    with _StepFlopTracer(model, fill_tracer_gaps) as tracer:
         loss = loss_fn()
         tracer.end_forward()
         loss.backward()
@@ -342,7 +308,7 @@ def measure_step_once(
     parameters' dtype (FlopCounterMode counts from shapes); the gaps it reports are the copy's ops.
     """
     run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
-    with _StepFlopTracer(fill_tracer_gaps) as tracer:
+    with _StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
         with record_saved_activations(run.work) as saved:
             loss = run.loss(loss_fn)
         tracer.end_forward()
