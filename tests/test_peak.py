@@ -101,7 +101,7 @@ def _phase_peaks(timeline) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "bf16-autocast", "bf16-fp32-master", "bf16-fp32-master-free-bf16-grads"])
 def test_a_recipe_step_is_predicted_to_the_byte_in_every_phase(recipe):
-    """A Llama (no bias: its matmuls' oneDNN scratchpads stay below each phase's peak) under each recipe runnable on fake tensors."""
+    """A Llama under each recipe runnable on fake tensors."""
     pytest.importorskip("transformers")
     model, inputs, loss_fn = peak_model("llama-sdpa", batch=2, seq=16)
     step = recipe_step(parse_recipe(recipe), model, inputs, loss_fn, "adamw")
@@ -113,6 +113,19 @@ def test_a_recipe_step_is_predicted_to_the_byte_in_every_phase(recipe):
     if "master" in recipe:
         assert kinds["master weights"] == 4 * parameters and kinds["parameters"] == 2 * parameters
         assert kinds["master gradients"] == 4 * parameters and predicted.peak.phase == "optimizer step"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "gpt-math"])
+def test_a_bf16_step_with_biased_matmuls_and_a_bf16_mean_is_predicted_to_the_byte_in_every_phase(name):
+    """Where bf16 matmuls go through oneDNN (AMX, AVX-512 BF16, its AVX-512 emulation) each holds a
+    scratchpad while it runs, measured once per matmul (resacct.measurement.kernel_probe); a bf16
+    mean sums a float32 copy of its input (resacct.account.kernel_workspace). Exact on every kind."""
+    model, inputs, loss_fn = peak_model(name, batch=16 if name == "mlp" else 2, seq=1 if name == "mlp" else 32)
+    step = recipe_step(parse_recipe("bf16"), model, inputs, loss_fn, "adamw")
+    predicted = predict_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
+    measured = measure_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured) and predicted.unprobed_matmuls == 0
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.dis
 #: (world size, model, batch, seq, engines): one launch each. The claims' launches (2 and 4 ranks, the
 #: MLP, every engine) and a GPT with its blocks as FSDP units; bf16 there too (oneDNN's matmul scratchpad).
 LAUNCHES = [(2, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)), (4, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)),
-            (2, "gpt-math", 2, 32, ("zero1", "fsdp2"))]
+            (2, "gpt-math", 2, 32, ("zero1", "fsdp2", "fsdp2-bf16"))]
 
 
 @pytest.mark.parametrize(("world_size", "model", "batch", "seq", "engines"), LAUNCHES, ids=["mlp-2-ranks", "mlp-4-ranks", "gpt-math-2-ranks"])

@@ -109,6 +109,8 @@ class FitAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         """``--json``: sizes, bytes with units in their names, every probe."""
+        from resacct.account.peak import ENGINE
+
         return {
             "model": self.model, "searched": self.searched, "fixed_batch" if self.searched == "seq" else "fixed_seq": self.fixed,
             "device": None if self.device is None else self.device.name, "memory_bytes": self.memory_bytes, "reserve_bytes": self.reserve_bytes,
@@ -117,7 +119,7 @@ class FitAnswer:
             "headroom_bytes": self.headroom_bytes, "peak_phase": self.peak_phase, "peak_op": self.peak_op, "attention_kernel": self.attention_kernel,
             "live_at_peak_bytes": self.live_at_peak_bytes, "seconds": self.seconds,
             "probes": [{"size": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits, "seconds": p.seconds} for p in self.probes],
-            "predicted_by": "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): nothing allocated",
+            "predicted_by": ENGINE,
         }
 
 

@@ -5,6 +5,10 @@ allocator (``tests/test_peak.py``).
 - **Python numbers** where an op takes a tensor (``x * 0.5``; the ``.Scalar`` overloads of
   add/sub/mul/div; ``mean``'s division by the count): each is wrapped in a 0-d CPU tensor (8 bytes
   for a float or int) and copied to the op's dtype when that differs (4 more for float32).
+- **mean of a bf16/fp16 tensor** (``ReduceOps.cpp``, ``mean_out`` on the CPU): for accuracy the
+  kernel sums in float32 — a float32 copy of the result (out·4 bytes), a float32 copy of the
+  input while it sums (in·4), then the division by the count on the float32 result (its wrapped
+  8 bytes and their float32 copy, 4) — and casts back.
 - **mse_loss** forward: the element-wise loss, input-sized, which stays as the storage of the
   reduced loss (:func:`output_storage_bytes`), and one more input-sized tensor while reducing.
 - **CPU flash attention** (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``): forward, per
@@ -25,6 +29,7 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -74,6 +79,8 @@ def wrapped_number_bytes(func: Any, args: Any, out: Any) -> int:
     name = op_name(func)
     if name not in _DIVIDES_BY_COUNT and not any(isinstance(value, _NUMBER_TYPES) for value in args):
         return 0  # most ops: no Python number at all
+    if name in _DIVIDES_BY_COUNT and _is_sixteen_bit(args[0]):
+        return 0  # its count divides a float32 copy: part of the kernel's workspace (kernel_workspace_bytes)
     numbers = [value for wrapped, value in zip(_number_slots(func, name), args) if wrapped and isinstance(value, _NUMBER_TYPES)]
     if name in _DIVIDES_BY_COUNT:
         numbers.append(1)
@@ -147,12 +154,32 @@ def output_storage_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     return None if reduction == "none" else source.numel() * source.element_size()
 
 
+def _is_sixteen_bit(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16)
+
+
+def _sixteen_bit_mean_workspace_bytes(name: str, args: Any, kwargs: Any) -> int:
+    """``mean`` of a bf16/fp16 tensor on the CPU: float32 copies of the result and (while summing)
+    of the input, then the count's wrapped 8 bytes and their float32 copy (module docstring)."""
+    source = args[0]
+    dims = (args[1] if len(args) > 1 else kwargs.get("dim")) if name == "aten.mean.dim" else None
+    reduced = [d % max(source.dim(), 1) for d in dims] if dims else list(range(source.dim()))
+    out_numel = source.numel() // max(1, math.prod(source.shape[d] for d in reduced)) if source.dim() else 1
+    return out_numel * 4 + max(source.numel() * 4, WRAPPED_NUMBER_BYTES[int] + 4)
+
+
 def kernel_workspace_bytes(func: Any, args: Any, kwargs: Any) -> int:
     """Bytes a CPU kernel allocates for itself while it runs (0 for the ops resacct knows nothing
-    to add for): the flash attention kernels' buffers."""
+    to add for): the flash attention kernels' buffers, mse_loss's, a 16-bit mean's float32 copies.
+
+    >>> kernel_workspace_bytes(torch.ops.aten.mean.default, (torch.empty(16, 64, dtype=torch.bfloat16),), {})   # 4 + 16·64·4
+    4100
+    """
     name = op_name(func)
     if name in _MSE:
         return _mse_workspace_bytes(name, args, kwargs)
+    if name in _DIVIDES_BY_COUNT and args and _is_sixteen_bit(args[0]):
+        return _sixteen_bit_mean_workspace_bytes(name, args, kwargs)
     if name not in (_FLASH_FORWARD, _FLASH_BACKWARD):
         return 0
     threads = torch.get_num_threads()

@@ -156,4 +156,4 @@ def predict_named_model_peak(spec: str, model_args: Mapping[str, Any] | None = N
         peak = account_model_step_peak(model, example, loss=loss, recipe=get_state_recipe(recipe), optimizer=optimizer, measure=False)
     if peak.predicted is None:
         return None, peak.gap or "no prediction"
-    return peak.predicted.peak_bytes, "the step's peak traced on fake tensors, nothing allocated"
+    return peak.predicted.peak_bytes, "the step's peak traced on fake tensors, the model never allocated"

@@ -46,6 +46,7 @@ from resacct.account.peak_recipes import master_parameters_of, optimizer_state_t
 from resacct.account.peak_tracker import LiveStorageTracker, PeakMoment
 from resacct.account.rows import Row
 from resacct.errors import ResacctError
+from resacct.measurement.kernel_probe import MAX_PROBE_BYTES, MAX_PROBE_FLOPS, onednn_matmuls
 from resacct.measurement.memory_timeline import (
     STEP_PHASES,
     LossFn,
@@ -60,7 +61,7 @@ from resacct.measurement.memory_timeline import (
 
 __all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "account_recipe_step_peak", "ENGINE"]
 
-ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): nothing allocated"
+ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): the model never allocated"
 
 _ATTENTION_KERNELS = {
     "aten._scaled_dot_product_flash_attention_for_cpu.default": "flash (CPU): keeps the output and a float32 logsumexp, no s² scores",
@@ -79,6 +80,7 @@ class PredictedStepPeak:
     peak: PeakMoment
     timeline: MemoryTimeline
     ops_seen: dict[str, int]
+    unprobed_matmuls: int = 0  # 16-bit oneDNN matmuls too large to probe: their scratchpad is left out
 
     @property
     def peak_bytes(self) -> int:
@@ -199,7 +201,7 @@ def _prediction(tracker: LiveStorageTracker) -> PredictedStepPeak:
     tracker.timeline = []
     timeline = MemoryTimeline(phases=phases, bytes_held=held, start_bytes=start, peak_bytes=tracker.peak.bytes, peak_phase=tracker.peak.phase,
                               source=ENGINE)
-    return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen))
+    return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen), unprobed_matmuls=tracker.unprobed_matmuls)
 
 
 def _state_is_torch_optims(optimizer: torch.optim.Optimizer) -> bool:
@@ -296,15 +298,6 @@ def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
 
 
 
-def _onednn_matmuls(dtype: str) -> bool:
-    """Whether this CPU's ``dtype`` matmuls go through oneDNN (bf16/fp16 units), which allocates a scratchpad."""
-    try:
-        check = torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == "bfloat16" else torch.ops.mkldnn._is_mkldnn_fp16_supported
-        return bool(torch.backends.mkldnn.is_available() and check())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool,
                             micro_batches: int = 1) -> StepPeakAccount:
     """The step peak of an account's model: ``loss`` as :func:`resacct.account.model_io.loss_of_output`
@@ -332,7 +325,17 @@ def account_recipe_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, *, 
         return StepPeakAccount(predicted=None, gap=str(error))
     account = account_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer, measure=measure, micro_batches=micro_batches)
     account.notes.append(f"recipe {recipe.name}: {step.description}")
-    if recipe.computes_in in ("bfloat16", "float16") and _onednn_matmuls(recipe.computes_in):
-        account.notes.append(f"{recipe.computes_in} matmuls on this CPU run through oneDNN, whose scratchpad (kB to hundreds of kB per matmul, by its "
-                             "blocking heuristics) is not predicted: forward and backward may hold that much more than predicted")
+    if recipe.computes_in in ("bfloat16", "float16") and onednn_matmuls(recipe.computes_in):
+        account.notes.append(onednn_note(recipe.computes_in, account.predicted))
     return account
+
+
+def onednn_note(dtype: str, predicted: PredictedStepPeak | None) -> str:
+    """What the prediction says about oneDNN's matmul scratchpad on this CPU (see :mod:`resacct.measurement.kernel_probe`)."""
+    note = (f"{dtype} matmuls on this CPU run through oneDNN, whose scratchpad (its blocking heuristics' choice for this CPU) "
+            "is measured by running each distinct matmul once")
+    unprobed = 0 if predicted is None else predicted.unprobed_matmuls
+    if unprobed:
+        note += (f"; {unprobed} matmul call(s) too large to probe (over {MAX_PROBE_BYTES // 2**20} MiB or {MAX_PROBE_FLOPS:.0e} FLOPs) are left out: "
+                 "forward and backward may hold up to hundreds of kB more each (an fp32 copy of the output where oneDNN emulates bf16)")
+    return note

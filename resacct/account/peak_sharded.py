@@ -94,10 +94,9 @@ class ShardedStorageTracker(LiveStorageTracker):
         self._thread = threading.get_ident()
         self.bytes_freed_elsewhere = 0  # freed on another thread (a gloo worker): counted when it got the GIL
 
-    def _drop(self, entry: list) -> None:
+    def storage_freed(self, nbytes: int, kind: str) -> None:
         if threading.get_ident() != self._thread:
-            self.bytes_freed_elsewhere += entry[0]
-        super()._drop(entry)
+            self.bytes_freed_elsewhere += nbytes
 
     def __enter__(self) -> Any:
         self._resize = torch.UntypedStorage.resize_
@@ -106,7 +105,7 @@ class ShardedStorageTracker(LiveStorageTracker):
         def resize_(storage: Any, size: int) -> Any:
             before = storage.nbytes()
             result = original(storage, size)
-            tracker._resized(storage, before, storage.nbytes())
+            tracker.storage_resized(storage, before, storage.nbytes(), _GATHERED)  # FSDP resizes up only its unsharded parameters
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
@@ -121,20 +120,6 @@ class ShardedStorageTracker(LiveStorageTracker):
         if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
             return NotImplemented
         return super().__torch_dispatch__(func, types, args, kwargs)
-
-    def _resized(self, storage: Any, before: int, after: int) -> None:
-        entry = self._live.get(storage)
-        if entry is None:
-            self._add(storage, _GATHERED, after)
-        else:
-            self._change(after - before, entry[1])
-            entry[0] = after
-            if after > before and entry[1] != _GATHERED:  # FSDP resizes only its unsharded parameters
-                self._change(-after, entry[1])
-                self._change(after, _GATHERED)
-                entry[1] = _GATHERED
-        if self.phase in STEP_PHASES:
-            self._observe("UntypedStorage.resize_", 0, 0)
 
 
 class _OutputsOf(TorchDispatchMode):

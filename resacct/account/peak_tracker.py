@@ -14,7 +14,9 @@ What it knows beyond a total (the breakdown at the peak):
 - **when** — the phase (forward, backward, optimizer step, zero_grad), the aten op whose outputs
   made the peak, and the module (forward) or autograd node (backward) running it;
 - **kernel workspaces** the dispatcher never shows either: the CPU flash-attention kernels'
-  per-thread buffers (:mod:`resacct.account.kernel_workspace`);
+  per-thread buffers (:mod:`resacct.account.kernel_workspace`), and oneDNN's scratchpad for 16-bit
+  matmuls, measured once per distinct matmul on this CPU (:mod:`resacct.measurement.kernel_probe`;
+  ``unprobed_matmuls`` counts those too large to run, whose scratchpad is left out);
 - **Python numbers** an op receives where its schema takes a tensor (``x * 0.5``): torch wraps
   each in an 8-byte CPU tensor the dispatcher never shows (alive while the op runs, and kept
   when autograd saves it: ``mul``/``div`` keep their scalar operand for the gradient).
@@ -45,8 +47,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.kernel_workspace import WRAPPED_NUMBER_BYTES, kernel_workspace_bytes, op_name, output_storage_bytes, wrapped_number_bytes
+from resacct.measurement.kernel_probe import matmul_scratchpad_bytes
 
-__all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE"]
+__all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE", "WORKSPACE_KIND", "SCRATCHPAD_KIND"]
 
 #: What a storage created in each phase is, until it is known better (a gradient, a state tensor).
 KIND_BY_PHASE = {"setup": "other", "forward": "activations held from forward", "backward": "backward temporaries",
@@ -58,6 +61,7 @@ _SAVES_SCALAR_OPERAND = frozenset({"aten.mul.Tensor", "aten.div.Tensor"})
 WRAPPED_KIND = "scalars autograd keeps"
 WRAPPED_TRANSIENT_KIND = "scalars inside the op"
 WORKSPACE_KIND = "kernel workspace (attention)"
+SCRATCHPAD_KIND = "kernel workspace (oneDNN matmul)"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self._module_names: dict[int, str] = {}
         self._module_stack: list[str] = []
         self._hooks: list[Any] = []
+        self.unprobed_matmuls = 0  # 16-bit oneDNN matmuls too large to probe: their scratchpad is not counted
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
@@ -105,12 +110,34 @@ class LiveStorageTracker(TorchDispatchMode):
     def _drop(self, entry: list) -> None:
         self.bytes_by_kind[entry[1]] -= entry[0]
         self.total_bytes -= entry[0]
+        self.storage_freed(entry[0], entry[1])
         if self.phase != "setup" and self.phase in KIND_BY_PHASE:
             self.timeline.append((self.phase, self.total_bytes))
 
     def _change(self, amount: int, kind: str) -> None:
         self.bytes_by_kind[kind] += amount
         self.total_bytes += amount
+
+    # ── hooks for engines that allocate beside the dispatcher (FSDP's storage resizes) ────────
+    def storage_freed(self, nbytes: int, kind: str) -> None:
+        """Called when a tracked storage dies (on whatever thread drops it); override to see frees."""
+
+    def storage_resized(self, storage: Any, before_bytes: int, after_bytes: int, grown_kind: str) -> None:
+        """A storage resized in place (``UntypedStorage.resize_``), which the dispatcher never sees:
+        the allocator counts a resize up as an allocation and one to 0 as a free. An untracked
+        storage is added at ``after_bytes``; one that grows becomes ``grown_kind``."""
+        entry = self._live.get(storage)
+        if entry is None:
+            self._add(storage, grown_kind, after_bytes)
+        else:
+            self._change(after_bytes - before_bytes, entry[1])
+            entry[0] = after_bytes
+            if after_bytes > before_bytes and entry[1] != grown_kind:
+                self._change(-after_bytes, entry[1])
+                self._change(after_bytes, grown_kind)
+                entry[1] = grown_kind
+        if self.phase in KIND_BY_PHASE and self.phase != "setup":
+            self._observe(f"{type(storage).__name__}.resize_", 0, 0)
 
     def classify(self, tensors: Iterable[Any], kind: str) -> None:
         """Name the storages of ``tensors`` (None skipped) as ``kind``; unseen ones are added."""
@@ -180,18 +207,20 @@ class LiveStorageTracker(TorchDispatchMode):
             self._pending_scalars += [(weakref.ref(value), kept) for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)][:1]
         if self.phase in KIND_BY_PHASE and self.phase != "setup":
             workspace = kernel_workspace_bytes(func, args, kwargs)
-            self._observe(name, wrapped, workspace)
+            scratchpad = matmul_scratchpad_bytes(func, args, kwargs)
+            if scratchpad is None:
+                self.unprobed_matmuls += 1
+            self._observe(name, wrapped, workspace, scratchpad or 0)
         return out
 
-    def _observe(self, op: str, transient_bytes: int, workspace_bytes: int) -> None:
-        candidate = self.total_bytes + transient_bytes + workspace_bytes
+    def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
+        candidate = self.total_bytes + transient_bytes + workspace_bytes + scratchpad_bytes
         self.timeline.append((self.phase, candidate))
         if self.peak is None or candidate > self.peak.bytes:
             kinds = {kind: value for kind, value in self.bytes_by_kind.items() if value}
-            if transient_bytes:
-                kinds[WRAPPED_TRANSIENT_KIND] = transient_bytes
-            if workspace_bytes:
-                kinds[WORKSPACE_KIND] = workspace_bytes
+            for kind, value in ((WRAPPED_TRANSIENT_KIND, transient_bytes), (WORKSPACE_KIND, workspace_bytes), (SCRATCHPAD_KIND, scratchpad_bytes)):
+                if value:
+                    kinds[kind] = value
             self.peak = PeakMoment(bytes=candidate, phase=self.phase, op=op, where=self._location(), bytes_by_kind=kinds)
 
     def _resolve_pending_scalars(self, *, final: bool = False) -> None:
