@@ -30,6 +30,7 @@ NAPKIN_COMMANDS = [
     ["lora", "--help"],
     ["account", "--help"],  # the help lists the shipped configs without importing resacct.account (~1.4 s of torch)
     ["fit", "--help"],
+    ["shard", "--help"],
 ]
 
 _PROBE = """

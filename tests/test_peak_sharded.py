@@ -71,6 +71,8 @@ def test_an_unknown_engine_is_refused_before_anything_launches():
 
 # --- launches: fake process group + gloo ranks (slow) -----------------------------------------
 
+#: the launches are cached per process: on the worker that runs peak_sharded.claims.yaml (--dist loadgroup), they are shared
+same_worker_as_the_claims = pytest.mark.xdist_group("claims:peak_sharded.claims.yaml")
 needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
                                        reason="FSDP2's collectives of torch 2.13 (dist.reduce_scatter_single) are missing here")
 
@@ -82,6 +84,7 @@ LAUNCHES = [(2, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)), (4, "mlp", 16, 1, tu
 
 @pytest.mark.parametrize(("world_size", "model", "batch", "seq", "engines"), LAUNCHES, ids=["mlp-2-ranks", "mlp-4-ranks", "gpt-math-2-ranks"])
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_each_ranks_predicted_peak_equals_the_allocator_in_every_phase(world_size, model, batch, seq, engines):
@@ -102,6 +105,7 @@ def _each_rank_exact(engine, runs, world_size):
 
 @pytest.mark.parametrize("engine", list(checks.ENGINE_STAGES))
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_the_census_over_real_tensors_equals_the_prediction_kind_by_kind(engine):
@@ -116,6 +120,7 @@ def test_the_census_over_real_tensors_equals_the_prediction_kind_by_kind(engine)
 
 
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_without_gloos_worker_thread_buffers_the_fsdp2_prediction_falls_short():
@@ -128,6 +133,7 @@ def test_without_gloos_worker_thread_buffers_the_fsdp2_prediction_falls_short():
 
 
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_zero1_ranks_differ_by_their_optimizer_shards_and_fsdp2_peaks_in_backward():
@@ -140,6 +146,7 @@ def test_zero1_ranks_differ_by_their_optimizer_shards_and_fsdp2_peaks_in_backwar
 
 
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_this_process_never_joined_a_process_group():
@@ -151,6 +158,7 @@ def test_this_process_never_joined_a_process_group():
 
 
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_zero2_keeps_every_unit_gathered_from_forward_to_backward_and_bf16_gathers_half_the_bytes():
@@ -166,6 +174,7 @@ def test_zero2_keeps_every_unit_gathered_from_forward_to_backward_and_bf16_gathe
 
 
 @pytest.mark.distributed
+@same_worker_as_the_claims
 @pytest.mark.slow
 @needs_fsdp2_collectives_of_torch_2_13
 def test_four_zero1_ranks_are_uneven_and_four_fsdp2_ranks_equal():

@@ -326,15 +326,15 @@ def account_recipe_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, *, 
     account = account_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer, measure=measure, micro_batches=micro_batches)
     account.notes.append(f"recipe {recipe.name}: {step.description}")
     if recipe.computes_in in ("bfloat16", "float16") and onednn_matmuls(recipe.computes_in):
-        account.notes.append(onednn_note(recipe.computes_in, account.predicted))
+        account.notes.append(onednn_note(recipe.computes_in, 0 if account.predicted is None else account.predicted.unprobed_matmuls))
     return account
 
 
-def onednn_note(dtype: str, predicted: PredictedStepPeak | None) -> str:
-    """What the prediction says about oneDNN's matmul scratchpad on this CPU (see :mod:`resacct.measurement.kernel_probe`)."""
+def onednn_note(dtype: str, unprobed: int) -> str:
+    """What the prediction says about oneDNN's matmul scratchpad on this CPU (see
+    :mod:`resacct.measurement.kernel_probe`), ``unprobed`` the matmul calls too large to probe."""
     note = (f"{dtype} matmuls on this CPU run through oneDNN, whose scratchpad (its blocking heuristics' choice for this CPU) "
             "is measured by running each distinct matmul once")
-    unprobed = 0 if predicted is None else predicted.unprobed_matmuls
     if unprobed:
         note += (f"; {unprobed} matmul call(s) too large to probe (over {MAX_PROBE_BYTES // 2**20} MiB or {MAX_PROBE_FLOPS:.0e} FLOPs) are left out: "
                  "forward and backward may hold up to hundreds of kB more each (an fp32 copy of the output where oneDNN emulates bf16)")

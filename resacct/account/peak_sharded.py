@@ -47,13 +47,14 @@ from resacct.account.peak_tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
 
-__all__ = ["ENGINES", "KINDS", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
-           "local_optimizer_state", "step_copies", "sharded_step", "step_summary", "predict_sharded_step_peaks_in_process"]
+__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
+           "local_optimizer_state", "step_copies", "sharded_step", "step_summary", "predict_rank_summaries", "predict_sharded_step_peaks_in_process"]
 
 #: The engines, each with what it runs.
 ENGINES = {
     "zero1": "DistributedDataParallel(gradient_as_bucket_view=True, init_sync=False) + ZeroRedundancyOptimizer(AdamW)",
-    "fsdp2": "fully_shard on every nn.Linear (or every block of a GPT) and on the root, AdamW on the DTensor shards",
+    "fsdp2": "fully_shard on every block (a GPT's blocks, a transformers model's decoder layers; else every nn.Linear) and on the root, "
+             "AdamW on the DTensor shards",
     "zero2": "fsdp2 with reshard_after_forward=False (FSDP's SHARD_GRAD_OP): each unit gathered once in forward and kept to its backward",
     "fsdp2-bf16": "fsdp2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): bf16 gathered parameters and compute, fp32 shards and reduce-scatter",
 }
@@ -192,8 +193,17 @@ def _fake_all_reduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules ``fully_shard`` wraps before the root: a GPT's ``blocks``; else the first list of
+    repeated layers (a transformers model's decoder layers: ``model.layers``, ``transformer.h``);
+    else every ``nn.Linear``."""
     blocks = getattr(model, "blocks", None)
-    return list(blocks) if blocks is not None else [module for module in model.modules() if isinstance(module, nn.Linear)]
+    if blocks is not None:
+        return list(blocks)
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(layer) for layer in module}) == 1 \
+                and any(True for _ in module[0].parameters()):
+            return list(module)
+    return [module for module in model.modules() if isinstance(module, nn.Linear)]
 
 
 def _wrap(engine: str, model: nn.Module, tracker: LiveStorageTracker | None, mesh: Any, *, fake: bool,
@@ -270,6 +280,7 @@ def sharded_step(engine: str, work: nn.Module, work_inputs: Any, loss_fn: Any, w
         if tracker is not None:
             tracker.classify([local_tensor(p) for p in work.parameters()], "parameters" if engine == "zero1" else "parameter shards")
             tracker.classify(local_optimizer_state(optimizer), "optimizer state shard")
+            tracker.classify([local_tensor(b) for b in work.buffers()], "buffers")
             tracker.classify(tree_flatten(work_inputs)[0], "inputs")
             tracker.name_modules(work)
         run_training_step(wrapped, work_inputs, loss_fn, optimizer, mark or tracker.mark)  # type: ignore[union-attr]
@@ -284,7 +295,7 @@ def step_summary(tracker: LiveStorageTracker) -> dict[str, Any]:
     phase_peaks = {phase: max((held for name, held in tracker.timeline if name == phase), default=start) for phase in STEP_PHASES}
     peak = tracker.peak
     return {"peak_bytes": peak.bytes, "phase": peak.phase, "op": peak.op, "where": peak.where, "bytes_by_kind": dict(peak.bytes_by_kind),
-            "start_bytes": start, "phase_peak_bytes": phase_peaks}
+            "start_bytes": start, "phase_peak_bytes": phase_peaks, "unprobed_matmuls": tracker.unprobed_matmuls}
 
 
 def engine_mesh(engine: str, world_size: int) -> Any:
@@ -299,34 +310,48 @@ def build_peak_model(model_name: str, batch: int, seq: int) -> tuple[nn.Module, 
     return peak_model(model_name, batch=batch, seq=seq)
 
 
-def predict_sharded_step_peaks_in_process(engines: tuple[str, ...], model_name: str, batch: int, seq: int, world_size: int,
-                                          ranks: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
-    """Per engine, for each of ``ranks``: the predicted step peak on a
-    :data:`~resacct.account.peak_models.PEAK_MODELS` model, ``{"allocator": …, "census": …}`` — with
-    every backend buffer (to compare with the CPU allocator) and with those the calling thread makes
-    through the dispatcher (to compare with the tracker over real tensors). Joins torch's fake
-    process group once per rank: run it in a child process
-    (:func:`resacct.measurement.distributed.run_isolated`), never where a group exists."""
+def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: str, world_size: int, ranks: tuple[int, ...], *,
+                           backends: tuple[str, ...] = ("allocator",), on_rank: Any = None) -> list[dict[str, Any]]:
+    """For each of ``ranks``: ``{backend: step_summary}`` of one steady step of ``engine`` on fake
+    copies of ``model`` and ``inputs`` (any device: only shapes are read), each rank in torch's fake
+    process group — ``"allocator"``: every backend buffer (what the CPU allocator sees), ``"census"``:
+    those the calling thread makes through the dispatcher (what the tracker over real tensors sees).
+    Joins the fake process group once per rank: run it in a child process
+    (:func:`resacct.measurement.distributed.run_isolated`), never where a group exists.
+    ``on_rank(rank)`` is called before each rank (a progress line)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    if engine not in ENGINES:
+        raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    summaries = []
+    for rank in ranks:
+        if on_rank is not None:
+            on_rank(rank)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        try:
+            mesh, report = engine_mesh(engine, world_size), {}
+            for backend in backends:
+                tracker = ShardedStorageTracker()
+                with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
+                    work, work_inputs = step_copies(model, inputs, fake=True)
+                    with tracker:
+                        sharded_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, fake=True,
+                                     backend="dispatcher" if backend == "census" else backend)
+                del work, work_inputs
+                report[backend] = step_summary(tracker)
+            summaries.append(report)
+        finally:
+            dist.destroy_process_group()
+    return summaries
+
+
+def predict_sharded_step_peaks_in_process(engines: tuple[str, ...], model_name: str, batch: int, seq: int, world_size: int,
+                                          ranks: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
+    """Per engine, for each of ``ranks``: the predicted step peak on a
+    :data:`~resacct.account.peak_models.PEAK_MODELS` model, ``{"allocator": …, "census": …}``
+    (:func:`predict_rank_summaries`): run it in a child process."""
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
-    reports: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
-    for engine in engines:
-        for rank in ranks:
-            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-            try:
-                mesh, report = engine_mesh(engine, world_size), {}
-                for name, backend in (("allocator", "allocator"), ("census", "dispatcher")):
-                    tracker = ShardedStorageTracker()
-                    with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
-                        work, work_inputs = step_copies(model, inputs, fake=True)
-                        with tracker:
-                            sharded_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, fake=True, backend=backend)
-                    del work, work_inputs
-                    report[name] = step_summary(tracker)
-                reports[engine].append(report)
-            finally:
-                dist.destroy_process_group()
-    return reports
+    return {engine: predict_rank_summaries(model, inputs, loss_fn, engine, world_size, ranks, backends=("allocator", "census"))
+            for engine in engines}

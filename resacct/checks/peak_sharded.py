@@ -29,15 +29,12 @@ from typing import Any
 
 import torch
 
+from resacct.account.sharded_account import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 
 __all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "measured_on_rank", "sharded_peak_measurements"]
 
-#: The ZeRO stage each engine is (``zero2``: FSDP2 without resharding after forward, FSDP's SHARD_GRAD_OP).
-ENGINE_STAGES = {"zero1": 1, "zero2": 2, "fsdp2": 3, "fsdp2-bf16": 3}
-#: The ZeRO paper's recipe (resacct.formulas.sharding) each engine's claims compare with.
-ENGINE_RECIPES = {"zero1": "fp32-adamw", "zero2": "fp32-adamw", "fsdp2": "fp32-adamw", "fsdp2-bf16": "mixed-adam"}
 #: The kinds a breakdown claim lists, in order (a tuple of kinds is summed).
 BREAKDOWN_KINDS = {
     "zero1": (("parameters",), ("gradient buckets (DDP)",), ("optimizer state shard",)),

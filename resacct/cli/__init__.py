@@ -23,7 +23,7 @@ _NOT_COMMANDS = {"app", "arguments", "output"}
 COMMAND_MODULES = {
     "account": "account", "devices": "devices", "fit": "compute", "flops": "compute", "mfu": "compute", "roofline": "compute",
     "time": "compute", "dtypes": "formats", "formats": "formats", "infer": "infer", "lora": "lora", "machine": "machine",
-    "memory": "memory", "offload": "offload", "optimal": "plan", "plan": "plan", "run": "run", "verify": "verify",
+    "memory": "memory", "offload": "offload", "optimal": "plan", "plan": "plan", "run": "run", "shard": "shard", "verify": "verify",
 }
 """Each command and the module of this package that registers it (``tests/test_cli_startup.py``
 checks it against what the modules register)."""

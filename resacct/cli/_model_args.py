@@ -9,7 +9,8 @@ from typing import Any
 from resacct.cli.arguments import count, non_negative_float, positive_int
 from resacct.errors import ResacctError
 
-__all__ = ["shipped_hf_config_names", "add_model_arguments", "add_device_arguments", "model_architecture", "device_memory_bytes"]
+__all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "parse_input_shape", "add_device_arguments",
+           "model_architecture", "device_memory_bytes"]
 
 
 def shipped_hf_config_names() -> list[str]:
@@ -33,6 +34,33 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=positive_int, default=None, help="head size e (default: hidden / heads)")
     parser.add_argument("--mlp", type=positive_int, default=None, help="MLP width f of a SwiGLU (Llama-style) block (without --hf-config)")
     parser.add_argument("--vocab", type=positive_int, default=None, help="vocabulary V (without --hf-config; untied LM head)")
+
+
+def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """A real model to build on the meta device (``fit``, ``shard``): ``--hf-config`` or ``--model
+    module:factory`` with its arguments, input and loss."""
+    parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
+                        help="a Hugging Face causal LM from its config, built on the meta device (needs resacct[hf]); shipped: "
+                             + ", ".join(shipped_hf_config_names()))
+    parser.add_argument("--model", default=None, metavar="MODULE:FACTORY", help="any nn.Module factory, built on the meta device")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the factory (repeatable)")
+    parser.add_argument("--input-shape", default=None, metavar="N,N,…", help="a --model's input, batch first (fit searches its batch; shard uses it as given)")
+    parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
+    parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
+                        help="a --model's loss (default auto: its own .loss when it has one, else the mean of its output)")
+
+
+def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
+    """``--input-shape 8,64`` as a shape (None when not given); one line naming the value otherwise."""
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(size < 1 for size in shape):
+        raise ResacctError(f"--input-shape {text!r}: expected sizes ≥ 1 separated by commas, batch first (e.g. 8,64)")
+    return shape
 
 
 def add_device_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:

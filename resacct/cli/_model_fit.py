@@ -48,17 +48,9 @@ def _bytes_text(value: float, units: str) -> str:
 def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, the step and the search, added to ``resacct fit`` (whose ``--device``,
     ``--memory-gb``, ``--recipe``, ``--optimizer`` and ``--units`` serve both forms)."""
-    from resacct.cli._model_args import shipped_hf_config_names
+    from resacct.cli._model_args import add_model_source_arguments
 
-    parser.add_argument("--hf-config", default=None, metavar="NAME|config.json",
-                        help="a Hugging Face causal LM from its config, built on the meta device (needs resacct[hf]); shipped: "
-                             + ", ".join(shipped_hf_config_names()))
-    parser.add_argument("--model", default=None, metavar="MODULE:FACTORY", help="any nn.Module factory, built on the meta device")
-    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an argument of the factory (repeatable)")
-    parser.add_argument("--input-shape", default=None, metavar="N,N,…", help="a --model's input, batch first (the batch is searched)")
-    parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
-    parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
-                        help="a --model's loss (default auto: its own .loss when it has one, else the mean of its output)")
+    add_model_source_arguments(parser)
     parser.add_argument("--search", choices=("batch", "seq"), default="batch",
                         help="what to search: the micro-batch at --seq, or the sequence length at --batch (default: batch)")
     parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences per micro-batch when searching seq (default: 1)")
@@ -75,6 +67,7 @@ def _target(args: argparse.Namespace) -> Any:
 
     from resacct.account.fit_search import hf_config_target, named_model_target
     from resacct.account.model_factory import parse_model_arg
+    from resacct.cli._model_args import parse_input_shape
 
     if (args.hf_config is None) == (args.model is None):
         raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
@@ -85,14 +78,7 @@ def _target(args: argparse.Namespace) -> Any:
         return hf_config_target(args.hf_config)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
-    shape = None
-    if args.input_shape is not None:
-        try:
-            shape = tuple(int(part) for part in args.input_shape.split(","))
-        except ValueError:
-            shape = ()
-        if not shape or any(size < 1 for size in shape):
-            raise ResacctError(f"--input-shape {args.input_shape!r}: expected sizes ≥ 1 separated by commas, batch first (e.g. 8,64)")
+    shape = parse_input_shape(args.input_shape)
     return named_model_target(args.model, dict(parse_model_arg(text) for text in args.model_arg), input_shape=shape,
                               input_dtype=args.input_dtype, loss=args.loss)
 

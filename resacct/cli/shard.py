@@ -1,0 +1,133 @@
+"""``resacct shard``: the peak of one training step on each rank of a ZeRO-1, ZeRO-2 or ZeRO-3
+(FSDP2) run of a real model — predicted before it runs, with what is live at the peak.
+
+The engine itself (DDP + ZeroRedundancyOptimizer, or ``fully_shard`` on every block and the root)
+runs on fake tensors of the model built on the meta device, under torch's fake process group, one
+rank after another in a child process (:mod:`resacct.account.sharded_account`); nothing is sent and
+the model is never allocated. The same prediction equals each gloo rank's CPU allocator to the byte
+on 2 and 4 ranks (``resacct/specs/peak_sharded.claims.yaml``). Beside it: the ZeRO paper's per-rank
+state (parameters, gradients, optimizer state — no activations, no buffers). With ``--device`` or
+``--memory-gb``, whether the largest rank's peak fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes
+from resacct.cli._units import add_units_flag
+from resacct.cli.arguments import non_negative_float, positive_int
+from resacct.cli.output import add_json_flag, emit, format_quantity, with_caveat
+from resacct.errors import ResacctError
+
+__all__ = ["register", "run_shard", "ENGINE_CHOICES"]
+
+#: The engines (resacct.account.peak_sharded.ENGINES), listed here so that --help needs no torch.
+ENGINE_CHOICES = ("zero1", "zero2", "fsdp2", "fsdp2-bf16")
+
+_EXAMPLES = """engines:
+  zero1       DistributedDataParallel + ZeroRedundancyOptimizer(AdamW): optimizer state sharded by whole tensors
+  zero2       fully_shard(reshard_after_forward=False) (FSDP's SHARD_GRAD_OP): parameters gathered once in forward, kept to backward
+  fsdp2       fully_shard on every block and the root (ZeRO-3): parameters gathered per block, gradients reduce-scattered
+  fsdp2-bf16  fsdp2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
+
+examples:
+  resacct shard --hf-config llama-2-7b --engine fsdp2 --devices 8 --seq 4096 --device h100
+      each rank's step peak of Llama-2-7B under FSDP2 on 8 GPUs, batch 1 × 4,096 tokens per rank; does it fit 80 GB?
+  resacct shard --model resacct.account.generic:mlp --model-arg dim=64 --model-arg hidden=256 --engine zero1 --devices 4 --batch 16
+      ZeRO-1 on 4 ranks: ranks owning whole weights peak in the optimizer step, those with a bias in backward
+  resacct shard --hf-config gpt2 --engine fsdp2-bf16 --devices 16 --rank 0 --rank 15 --json
+      two ranks of 16, bf16 gathers, as JSON
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "shard", help="each rank's peak of one training step under ZeRO-1/2/3 (FSDP2), predicted on fake tensors",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
+    add_model_source_arguments(parser)
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default="fsdp2", help="the sharding engine (default: fsdp2; see below)")
+    parser.add_argument("--devices", type=positive_int, default=8, metavar="N", help="ranks (data-parallel processes; default: 8)")
+    parser.add_argument("--rank", type=int, action="append", default=None, metavar="R",
+                        help="a rank to predict (repeatable; default: every rank up to 8, else ranks 0, 1 and the last)")
+    parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences (or samples) per rank (default: 1)")
+    parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the context length)")
+    parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory each rank has (see 'resacct devices')")
+    parser.add_argument("--memory-gb", type=non_negative_float, default=None, help="memory per rank in GB (10^9 bytes) instead of --device")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress line on stderr once the prediction runs 2 s (default: on a terminal; elsewhere after 30 s)")
+    add_units_flag(parser)
+    add_json_flag(parser)
+    parser.set_defaults(run=run_shard)
+
+
+def _model(args: argparse.Namespace) -> Any:
+    from resacct.account.model_factory import parse_model_arg
+    from resacct.account.sharded_account import ShardedModel
+    from resacct.cli._model_args import parse_input_shape
+
+    if (args.hf_config is None) == (args.model is None):
+        raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
+    if args.hf_config is not None:
+        extra = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape), ("--loss", args.loss != "auto")) if used]
+        if extra:
+            raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
+        return ShardedModel(hf_config=args.hf_config)
+    return ShardedModel(factory=args.model, model_args=tuple(parse_model_arg(text) for text in args.model_arg),
+                        input_shape=parse_input_shape(args.input_shape), input_dtype=args.input_dtype, loss=args.loss)
+
+
+def run_shard(args: argparse.Namespace) -> int:
+    """Parse everything first (bad input: one line, before torch), predict in a child, print."""
+    if args.memory_gb is not None and not args.memory_gb > 0:
+        raise ResacctError(f"--memory-gb {args.memory_gb:g}: expected a memory above 0 GB")
+    if args.devices < 2:
+        raise ResacctError(f"--devices {args.devices}: expected 2 or more ranks (one process is `resacct account` or `resacct fit`)")
+    outside = [rank for rank in args.rank or [] if not 0 <= rank < args.devices]
+    if outside:
+        raise ResacctError(f"--rank {', '.join(map(str, outside))}: expected ranks 0 to {args.devices - 1} of --devices {args.devices}")
+    board, memory_bytes = device_memory_bytes(args)
+    from resacct.account.sharded_account import account_sharded_step
+    from resacct.account.user_code import running_phase, showing_progress
+
+    model = _model(args)
+    live = sys.stderr.isatty()
+    progress = contextlib.nullcontext() if args.progress is False else showing_progress(
+        sys.stderr, command="resacct shard", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
+    with progress, running_phase(f"predicting {args.engine} on {args.devices} ranks (a child process: the model on meta, each rank on fake tensors)"):
+        account = account_sharded_step(model, engine=args.engine, world_size=args.devices, batch=args.batch, seq=args.seq,
+                                       ranks=None if args.rank is None else tuple(args.rank))
+    fields = account.to_dict()
+    fields["memory_bytes"] = memory_bytes
+    fields["fits"] = None if memory_bytes is None else account.largest.peak_bytes <= memory_bytes
+    return emit(args, fields, with_caveat(fields, _text(account, memory_bytes, board, args.units), board))
+
+
+def _text(account: Any, memory_bytes: float | None, board: Any, units: str) -> str:
+    def size(value: float) -> str:
+        return format_quantity(value, "bytes", units)
+
+    tokens = f"batch {account.batch}" + (f" × seq {account.seq:,}" if account.seq is not None else "")
+    units_text = f", {account.units} FSDP units and the root" if account.units else ""
+    lines = [f"{account.model} ({account.parameters:,} parameters) on {account.world_size} ranks, {account.engine}{units_text}; {tokens} per rank",
+             f"  engine: {account.engine_text}"]
+    for rank in account.ranks:
+        where = f", {rank.where}" if rank.where else ""
+        lines.append(f"  rank {rank.rank}: predicted step peak {size(rank.peak_bytes)} in {rank.phase} ({rank.op}{where})")
+    largest = account.largest
+    live = "; ".join(f"{kind} {size(value)}" for kind, value in sorted(largest.bytes_by_kind.items(), key=lambda item: -item[1]) if value)
+    lines.append(f"  at rank {largest.rank}'s peak: {live}")
+    lines.append(f"  the ZeRO paper's state per rank ({account.formula_text}): {size(account.formula_state_bytes)} — the step's peak is "
+                 f"{largest.peak_bytes / account.formula_state_bytes:.2f}× it (activations, gathered parameters, communication buffers, temporaries)")
+    if memory_bytes is not None:
+        name = board.name if board is not None else "the given memory"
+        verdict = "fits" if largest.peak_bytes <= memory_bytes else "does not fit"
+        lines.append(f"  on {name} ({size(memory_bytes)} per rank): the largest rank {verdict}, "
+                     f"{size(abs(memory_bytes - largest.peak_bytes))} {'spare' if largest.peak_bytes <= memory_bytes else 'over'}")
+    lines.append(f"  predicted on fake CPU tensors (the CPU kernels' step) under torch's fake process group in {account.seconds:.1f} s; gloo's buffers modelled (exact "
+                 "against 2 and 4 gloo ranks); a GPU adds NCCL's buffers and the caching allocator's rounding: keep a reserve")
+    lines += [f"  note: {note}" for note in account.notes]
+    return "\n".join(lines) + "\n"
