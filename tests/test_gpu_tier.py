@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+#: the module's dry run (a fixture, ~10 s) is made once: every test of this file on one xdist worker
+pytestmark = pytest.mark.xdist_group("gpu-tier-dry-run")
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "gpu_tier.sh"
 WHEELS_SCRIPT = REPO / "tools" / "gpu_tier_wheels.sh"
