@@ -156,8 +156,8 @@ def qlora_base_bytes(quantity: str, hidden: int = 128, layers: int = 2, heads: i
     (the first three: what QLoRA's 4 + 8/64 + 32/(64·256) bits per weight count), ``bf16_bytes``
     (embeddings, norms, LM head) and ``frozen_bytes`` (all of it). Predicted by resacct
     (resacct.formulas.lora): ``quantized_weight_bytes`` (quantized_linear_parameters ·
-    NF4_DOUBLE_QUANT_BITS / 8) and ``bf16_bytes``; ``frozen_bytes`` has no prediction because
-    lora_training_memory(base_format="nf4").base_bytes leaves out ``constant_bytes``. Quantities:
+    NF4_DOUBLE_QUANT_BITS / 8), ``constant_bytes`` (1,092 per quantised layer), ``bf16_bytes`` and
+    ``frozen_bytes`` (lora_training_memory(base_format="nf4").base_bytes). Quantities:
     quantised weights and layers, all base parameters (a quantised weight counted by its shape)."""
     try:
         import bitsandbytes  # noqa: F401
@@ -181,7 +181,8 @@ def _qlora_base(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, v
 
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.hf_formulas import predict_parameters
-    from resacct.formulas.lora import NF4_DOUBLE_QUANT_BITS, quantized_linear_parameters
+    from resacct.formulas.lora import (NF4_CONSTANT_BYTES_PER_LINEAR, NF4_DOUBLE_QUANT_BITS, lora_training_memory, quantized_linear_layers,
+                                       quantized_linear_parameters)
     from resacct.measurement.memory import distinct_storage_bytes
 
     config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
@@ -217,6 +218,8 @@ def _qlora_base(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, v
     architecture = architecture_from_values(config.to_dict())
     predicted_quantized = quantized_linear_parameters(architecture)
     predicted = {"quantized_weight_bytes": predicted_quantized * NF4_DOUBLE_QUANT_BITS / 8,
-                 "bf16_bytes": (predict_parameters(architecture) - predicted_quantized) * 2}
+                 "constant_bytes": quantized_linear_layers(architecture) * NF4_CONSTANT_BYTES_PER_LINEAR,
+                 "bf16_bytes": (predict_parameters(architecture) - predicted_quantized) * 2,
+                 "frozen_bytes": lora_training_memory(architecture, rank=1, targets=("q_proj",), base_format="nf4").base_bytes}
     quantities = {"quantized_parameters": quantized, "quantized_layers": len(layers4), "base_parameters": quantized + sum(p.numel() for p in others)}
     return {name: Outcome(measured=value, predicted=predicted.get(name), quantities=quantities) for name, value in parts.items()}

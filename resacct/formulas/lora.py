@@ -6,8 +6,9 @@ else — no gradients, no optimizer state. What a step with torch.optim.AdamW ho
 
 - **frozen base**: every base parameter in its format (bf16: 2 bytes); QLoRA stores the
   linear layers of the blocks in NF4 with double quantisation, 4 + 8/64 + 32/(64·256) = 4.127
-  bits per weight (QLoRA §3), and keeps embeddings, norms and the LM head in bf16 (transformers'
-  bitsandbytes integration leaves the output layer unquantised);
+  bits per weight (QLoRA §3), plus bitsandbytes' 1,092 bytes of float32 constants per layer, and
+  keeps embeddings, norms and the LM head in bf16 (transformers' bitsandbytes integration leaves the
+  output layer unquantised);
 - **adapters**: ``peft`` keeps them in float32 over a 16-bit base (``autocast_adapter_dtype=True``,
   its default): 4 bytes per adapter parameter, and 4 for its gradient;
 - **AdamW state**: exp_avg and exp_avg_sq in the adapters' dtype (8 bytes per adapter parameter)
@@ -38,14 +39,20 @@ from dataclasses import dataclass
 from resacct.errors import ResacctError
 from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
 
-__all__ = ["LORA_TARGETS", "BASE_FORMAT_BITS", "NF4_DOUBLE_QUANT_BITS", "target_shapes", "lora_adapter_parameters", "lora_adapter_tensors",
-           "quantized_linear_parameters", "LoraMemory", "lora_training_memory", "LoraStepFlops", "lora_step_flops", "LoraSavedTerm", "lora_saved_terms",
+__all__ = ["LORA_TARGETS", "BASE_FORMAT_BITS", "NF4_DOUBLE_QUANT_BITS", "NF4_CONSTANT_BYTES_PER_LINEAR", "target_shapes", "lora_adapter_parameters",
+           "lora_adapter_tensors", "quantized_linear_parameters", "quantized_linear_layers", "LoraMemory", "lora_training_memory", "LoraStepFlops", "lora_step_flops", "LoraSavedTerm", "lora_saved_terms",
            "predict_lora_saved_bytes"]
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 #: QLoRA (Dettmers et al. 2023, "Double Quantization"; its section number not read here): NF4 (4 bits) + a double-quantised constant per block of 64 (8/64) + a float32 constant per 256 of those.
 NF4_DOUBLE_QUANT_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+
+#: Bytes bitsandbytes keeps per NF4 layer beside its weights (bitsandbytes/functional.py, quantize_4bit
+#: with compress_statistics): the float32 NF4 code (16 entries), the float32 code of the nested
+#: quantisation (256 entries) and the absmax mean (one float32) — 1,092 bytes, measured by the claim
+#: ``qlora-4bit-base-frozen-bytes`` on bitsandbytes 0.50.2.
+NF4_CONSTANT_BYTES_PER_LINEAR = (16 + 256) * 4 + 4
 
 #: Bits per frozen base parameter (nf4: the blocks' linear layers only; the rest bf16).
 BASE_FORMAT_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "nf4": NF4_DOUBLE_QUANT_BITS}
@@ -91,6 +98,11 @@ def quantized_linear_parameters(a: HfArchitecture) -> int:
     return a.layers * sum(i * o for i, o in target_shapes(a).values())
 
 
+def quantized_linear_layers(a: HfArchitecture) -> int:
+    """The blocks' linear layers QLoRA quantises: 7 per Llama block (q, k, v, o, gate, up, down)."""
+    return a.layers * len(target_shapes(a))
+
+
 @dataclass(frozen=True)
 class LoraMemory:
     """Bytes of a LoRA training step's state (see the module doc); activations apart."""
@@ -128,7 +140,7 @@ def lora_training_memory(a: HfArchitecture, *, rank: int, targets: tuple[str, ..
     base = predict_parameters(a)
     if base_format == "nf4":
         quantized = quantized_linear_parameters(a)
-        base_bytes = quantized * NF4_DOUBLE_QUANT_BITS / 8 + (base - quantized) * 2
+        base_bytes = quantized * NF4_DOUBLE_QUANT_BITS / 8 + quantized_linear_layers(a) * NF4_CONSTANT_BYTES_PER_LINEAR + (base - quantized) * 2
     else:
         base_bytes = base * BASE_FORMAT_BITS[base_format] / 8
     return LoraMemory(base_parameters=base, base_format=base_format, base_bytes=float(base_bytes),
