@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from resacct.account.peak_sharded import ENGINES, fsdp_units
-from resacct.account.sharded_account import ALL_RANKS_UP_TO, ShardedModel, account_sharded_step, default_ranks
+from resacct.account.fit_search import ModelSource
+from resacct.account.sharded_account import ALL_RANKS_UP_TO, account_sharded_step, default_ranks
 from resacct.checks import peak_sharded as checks
 from resacct.cli import main
 from resacct.cli.shard import ENGINE_CHOICES
@@ -71,7 +72,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
 @pytest.mark.slow
 def test_a_model_the_step_cannot_run_is_one_line():
     with pytest.raises(ResacctError, match="seq 99999 is longer than"):
-        account_sharded_step(ShardedModel(factory="tests.fixtures_hf_models:tiny_llama"), engine="fsdp2", world_size=2, batch=1, seq=99999)
+        account_sharded_step(ModelSource(factory="tests.fixtures_hf_models:tiny_llama"), engine="fsdp2", world_size=2, batch=1, seq=99999)
 
 
 @pytest.mark.slow

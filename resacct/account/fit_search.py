@@ -18,6 +18,8 @@ batch and the sequence, so the answer ``b`` fits and ``b + 1`` does not (both pr
 from __future__ import annotations
 
 import copy
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +29,8 @@ from torch import nn
 
 from resacct.errors import ResacctError
 
-__all__ = ["FitProbe", "FitTarget", "FitAnswer", "SEARCHES", "MAX_BATCH", "largest_fitting", "fit_step"]
+__all__ = ["FitProbe", "FitTarget", "FitAnswer", "ModelSource", "SEARCHES", "MAX_BATCH", "largest_fitting", "fit_step", "hf_config_target",
+           "named_model_target"]
 
 #: What a fit searches over.
 SEARCHES = ("batch", "seq")
@@ -57,6 +60,31 @@ class FitTarget:
     make_inputs: Callable[[int, int | None], Any]
     loss: str | Callable[[nn.Module, Any], Any]
     seq_limit: int | None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A real model as the command line names it, parsed once and picklable (a child process builds
+    it too): ``hf_config`` (a shipped name or a config.json path) or ``factory`` (``module:factory``
+    with ``model_args``, importable from ``path``), its input (``input_shape``/``input_dtype``) and
+    ``loss``. :meth:`target` builds it on the meta device."""
+
+    hf_config: str | None = None
+    factory: str | None = None
+    model_args: tuple[tuple[str, Any], ...] = ()
+    input_shape: tuple[int, ...] | None = None
+    input_dtype: str = "float32"
+    loss: str = "auto"
+    path: str = field(default_factory=os.getcwd)
+
+    def target(self) -> FitTarget:
+        if (self.hf_config is None) == (self.factory is None):
+            raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
+        if self.hf_config is not None:
+            return hf_config_target(self.hf_config)
+        if self.path not in sys.path:
+            sys.path.insert(0, self.path)  # as python -m does: a module next to you is importable
+        return named_model_target(self.factory, dict(self.model_args), input_shape=self.input_shape, input_dtype=self.input_dtype, loss=self.loss)
 
 
 @dataclass

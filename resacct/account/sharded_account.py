@@ -12,15 +12,14 @@ holds each rank's peak, when it occurs and what is live at it, beside the ZeRO p
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from resacct.account.fit_search import ModelSource
 from resacct.errors import ResacctError
 
-__all__ = ["ShardedModel", "RankPeak", "ShardedAccount", "ENGINE_STAGES", "ENGINE_RECIPES", "default_ranks", "account_sharded_step"]
+__all__ = ["RankPeak", "ShardedAccount", "ENGINE_STAGES", "ENGINE_RECIPES", "default_ranks", "account_sharded_step"]
 
 #: The ZeRO stage each engine is, and the ZeRO paper's recipe its state compares with.
 ENGINE_STAGES = {"zero1": 1, "zero2": 2, "fsdp2": 3, "fsdp2-bf16": 3}
@@ -28,32 +27,6 @@ ENGINE_RECIPES = {"zero1": "fp32-adamw", "zero2": "fp32-adamw", "fsdp2": "fp32-a
 #: Ranks predicted by default: every rank up to this many, else the first two and the last.
 ALL_RANKS_UP_TO = 8
 _CHILD_TIMEOUT_SECONDS = 3600.0
-
-
-@dataclass(frozen=True)
-class ShardedModel:
-    """How the child process builds the model (picklable): ``hf_config`` (a shipped name or a
-    config.json path) or ``factory`` (``module:factory`` with ``model_args``, importable from
-    ``path``), its input (``input_shape``/``input_dtype``) and ``loss`` as ``resacct fit`` takes them."""
-
-    hf_config: str | None = None
-    factory: str | None = None
-    model_args: tuple[tuple[str, Any], ...] = ()
-    input_shape: tuple[int, ...] | None = None
-    input_dtype: str = "float32"
-    loss: str = "auto"
-    path: str = field(default_factory=os.getcwd)
-
-    def target(self) -> Any:
-        from resacct.account.fit_search import hf_config_target, named_model_target
-
-        if (self.hf_config is None) == (self.factory is None):
-            raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
-        if self.hf_config is not None:
-            return hf_config_target(self.hf_config)
-        if self.path not in sys.path:
-            sys.path.insert(0, self.path)  # as python -m does: a module next to you is importable
-        return named_model_target(self.factory, dict(self.model_args), input_shape=self.input_shape, input_dtype=self.input_dtype, loss=self.loss)
 
 
 @dataclass(frozen=True)
@@ -110,7 +83,7 @@ def default_ranks(world_size: int) -> tuple[int, ...]:
     return (0, 1, world_size - 1)
 
 
-def account_sharded_step(model: ShardedModel, *, engine: str, world_size: int, batch: int, seq: int | None = None,
+def account_sharded_step(model: ModelSource, *, engine: str, world_size: int, batch: int, seq: int | None = None,
                          ranks: tuple[int, ...] | None = None) -> ShardedAccount:
     """Each of ``ranks`` (default :func:`default_ranks`) of ``world_size`` predicted in one child process,
     ``batch`` sequences of ``seq`` tokens (default: the context length) on each rank."""
@@ -159,7 +132,7 @@ def _formula_text(engine: str) -> str:
             3: "ZeRO-3 mixed precision: (2 + 2 + 12)Ψ/N" if engine == "fsdp2-bf16" else "ZeRO-3: 16Ψ/N (fp32 AdamW)"}[ENGINE_STAGES[engine]]
 
 
-def _predict_in_child(model: ShardedModel, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None) -> Any:
+def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None) -> Any:
     """In the child: build the model on meta, then each rank's step on fake tensors. A
     :class:`ResacctError` comes back as its message (one line for the user)."""
     from resacct.account.model_io import call_model, loss_of_output

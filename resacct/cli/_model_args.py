@@ -9,7 +9,7 @@ from typing import Any
 from resacct.cli.arguments import count, non_negative_float, positive_int
 from resacct.errors import ResacctError
 
-__all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "parse_input_shape", "add_device_arguments",
+__all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "model_source", "parse_input_shape", "add_device_arguments",
            "model_architecture", "device_memory_bytes"]
 
 
@@ -48,6 +48,23 @@ def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-dtype", default="float32", metavar="DTYPE", help="dtype of --input-shape's tensor (default: float32)")
     parser.add_argument("--loss", choices=("auto", "model", "mean", "sum", "mse", "cross-entropy"), default="auto",
                         help="a --model's loss (default auto: its own .loss when it has one, else the mean of its output)")
+
+
+def model_source(args: argparse.Namespace) -> Any:
+    """``--hf-config`` or ``--model`` with its arguments as one
+    :class:`~resacct.account.fit_search.ModelSource` (one line for a bad combination)."""
+    from resacct.account.fit_search import ModelSource
+    from resacct.account.model_factory import parse_model_arg
+
+    if (args.hf_config is None) == (args.model is None):
+        raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
+    if args.hf_config is not None:
+        extra = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape), ("--loss", args.loss != "auto")) if used]
+        if extra:
+            raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
+        return ModelSource(hf_config=args.hf_config)
+    return ModelSource(factory=args.model, model_args=tuple(parse_model_arg(text) for text in args.model_arg),
+                       input_shape=parse_input_shape(args.input_shape), input_dtype=args.input_dtype, loss=args.loss)
 
 
 def parse_input_shape(text: str | None) -> tuple[int, ...] | None:

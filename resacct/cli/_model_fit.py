@@ -63,24 +63,9 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _target(args: argparse.Namespace) -> Any:
-    import os
+    from resacct.cli._model_args import model_source
 
-    from resacct.account.fit_search import hf_config_target, named_model_target
-    from resacct.account.model_factory import parse_model_arg
-    from resacct.cli._model_args import parse_input_shape
-
-    if (args.hf_config is None) == (args.model is None):
-        raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
-    if args.hf_config is not None:
-        extra = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape), ("--loss", args.loss != "auto")) if used]
-        if extra:
-            raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
-        return hf_config_target(args.hf_config)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as python -m does: a module next to you is importable
-    shape = parse_input_shape(args.input_shape)
-    return named_model_target(args.model, dict(parse_model_arg(text) for text in args.model_arg), input_shape=shape,
-                              input_dtype=args.input_dtype, loss=args.loss)
+    return model_source(args).target()
 
 
 def run_model_fit(args: argparse.Namespace) -> int:

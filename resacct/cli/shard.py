@@ -17,7 +17,7 @@ import contextlib
 import sys
 from typing import Any
 
-from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes
+from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
 from resacct.cli.arguments import non_negative_float, positive_int
 from resacct.cli.output import add_json_flag, emit, format_quantity, with_caveat
@@ -64,22 +64,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_shard)
 
 
-def _model(args: argparse.Namespace) -> Any:
-    from resacct.account.model_factory import parse_model_arg
-    from resacct.account.sharded_account import ShardedModel
-    from resacct.cli._model_args import parse_input_shape
-
-    if (args.hf_config is None) == (args.model is None):
-        raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
-    if args.hf_config is not None:
-        extra = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape), ("--loss", args.loss != "auto")) if used]
-        if extra:
-            raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
-        return ShardedModel(hf_config=args.hf_config)
-    return ShardedModel(factory=args.model, model_args=tuple(parse_model_arg(text) for text in args.model_arg),
-                        input_shape=parse_input_shape(args.input_shape), input_dtype=args.input_dtype, loss=args.loss)
-
-
 def run_shard(args: argparse.Namespace) -> int:
     """Parse everything first (bad input: one line, before torch), predict in a child, print."""
     if args.memory_gb is not None and not args.memory_gb > 0:
@@ -93,7 +77,7 @@ def run_shard(args: argparse.Namespace) -> int:
     from resacct.account.sharded_account import account_sharded_step
     from resacct.account.user_code import running_phase, showing_progress
 
-    model = _model(args)
+    model = model_source(args)
     live = sys.stderr.isatty()
     progress = contextlib.nullcontext() if args.progress is False else showing_progress(
         sys.stderr, command="resacct shard", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
