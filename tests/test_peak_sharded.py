@@ -76,9 +76,10 @@ same_worker_as_the_claims = pytest.mark.xdist_group("claims:peak_sharded.claims.
 needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
                                        reason="FSDP2's collectives of torch 2.13 (dist.reduce_scatter_single) are missing here")
 
-#: (world size, model, batch, seq, engines): one launch each. The claims' launches (2 and 4 ranks, the
-#: MLP, every engine) and a GPT with its blocks as FSDP units; bf16 there too (oneDNN's matmul scratchpad).
-LAUNCHES = [(2, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)), (4, "mlp", 16, 1, tuple(checks.ENGINE_STAGES)),
+#: (world size, model, batch, seq, engines): one launch each. The claims' launches (the MLP on 2 ranks,
+#: every engine; on 4, ZeRO-1 and FSDP2) and a GPT with its blocks as FSDP units; bf16 there too
+#: (oneDNN's matmul scratchpad).
+LAUNCHES = [(2, "mlp", 16, 1, checks.LAUNCH_ENGINES[2]), (4, "mlp", 16, 1, checks.LAUNCH_ENGINES[4]),
             (2, "gpt-math", 2, 32, ("zero1", "fsdp2", "fsdp2-bf16"))]
 
 
@@ -180,7 +181,7 @@ def test_zero2_keeps_every_unit_gathered_from_forward_to_backward_and_bf16_gathe
 def test_four_zero1_ranks_are_uneven_and_four_fsdp2_ranks_equal():
     """ZeroRedundancyOptimizer gives whole tensors: the MLP's 4 tensors on 4 ranks leave two ranks a
     bias each (they peak in backward); FSDP2 splits every tensor's rows, every rank alike."""
-    runs = checks.sharded_peak_measurements(4, "mlp", 16, 1)
+    runs = checks.sharded_peak_measurements(4, "mlp", 16, 1, checks.LAUNCH_ENGINES[4])
     zero1 = runs["zero1"]["measured"]
     assert [rank["allocator"]["phase"] for rank in zero1] == ["optimizer step"] * 2 + ["backward"] * 2
     assert len({rank["allocator"]["peak_bytes"] for rank in runs["fsdp2"]["measured"]}) == 1

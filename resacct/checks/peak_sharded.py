@@ -42,6 +42,9 @@ BREAKDOWN_KINDS = {
 }
 BREAKDOWN_KINDS["zero2"] = BREAKDOWN_KINDS["fsdp2-bf16"] = BREAKDOWN_KINDS["fsdp2"]
 assert set(BREAKDOWN_KINDS) == set(ENGINE_STAGES) == set(ENGINE_RECIPES)
+#: The engines one launch measures, per world size: every engine on 2 ranks; on 4, the engines of the
+#: 4-rank claims (ZeRO-1's whole-tensor shards, FSDP2's even rows) — each engine more costs a launch seconds.
+LAUNCH_ENGINES = {2: tuple(ENGINE_STAGES), 4: ("zero1", "fsdp2")}
 MAX_ATTEMPTS = 12
 _LAUNCH_TIMEOUT_SECONDS = 180.0
 
@@ -182,7 +185,8 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
 def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if engine not in ENGINE_STAGES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
-    runs = sharded_peak_measurements(world_size, model, batch, seq)[engine]
+    engines = LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES))
+    runs = sharded_peak_measurements(world_size, model, batch, seq, engines if engine in engines else (*engines, engine))[engine]
     return runs["predicted"], runs["measured"]
 
 
