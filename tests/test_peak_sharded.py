@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from resacct.account.peak_sharded import KINDS, ShardedStorageTracker
+from resacct.account.peak_sharded_measure import first_complete
 from resacct.checks import peak_sharded as checks
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES
@@ -57,9 +58,9 @@ def test_first_complete_keeps_the_first_complete_record_and_gives_up_after_max_a
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: None)  # one rank: the minimum is its own
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     results = iter([("lost a free", 65792), ("complete", 0), ("never asked", 0)])
-    assert checks._first_complete(lambda: next(results), "record") == ("complete", 2, 65792)
+    assert first_complete(lambda: next(results), "record") == ("complete", 2, 65792)
     with pytest.raises(ResacctError, match=r"no complete record in 12 attempts \(8 bytes off at most\)"):
-        checks._first_complete(lambda: ("incomplete", 8), "record")
+        first_complete(lambda: ("incomplete", 8), "record")
 
 
 def test_an_unknown_engine_is_refused_before_anything_launches():

@@ -58,6 +58,7 @@ def test_fsdp_units_are_a_gpt_s_blocks_a_transformers_models_decoder_layers_else
     (["--engine", "zero3", *MLP], "invalid choice: 'zero3'"),
     (["--memory-gb", "0", *MLP], "--memory-gb 0: expected a memory above 0 GB"),
     (["--device", "h100", "--memory-gb", "80", *MLP], "not both"),
+    (["--devices", "9", "--measure", *MLP], "expected at most 8 ranks"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
     try:
@@ -117,3 +118,17 @@ def test_the_text_names_each_rank_what_is_live_the_formula_and_the_fit(capsys):
     assert "FSDP units and the root" in text and "at rank " in text and "parameter shards" in text
     assert "the ZeRO paper's state per rank (ZeRO-3: 16Ψ/N (fp32 AdamW))" in text
     assert "the largest rank does not fit" in text
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@needs_fsdp2_collectives_of_torch_2_13
+def test_measure_puts_each_gloo_ranks_allocator_beside_its_prediction(capsys):
+    """``--measure`` on a transformers Llama (made real on each rank, uninitialised): every rank's
+    prediction equals its allocator, in every phase."""
+    pytest.importorskip("transformers")
+    argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--measure", "--json"]
+    assert main(argv) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert [rank["predicted_peak_bytes"] for rank in ranks] == [rank["measured_peak_bytes"] for rank in ranks]
+    assert [rank["phase_peak_bytes"] for rank in ranks] == [rank["measured_phase_peak_bytes"] for rank in ranks]

@@ -61,6 +61,13 @@ class FitTarget:
     loss: str | Callable[[nn.Module, Any], Any]
     seq_limit: int | None
 
+    def loss_fn(self) -> Callable[[nn.Module, Any], Any]:
+        """``loss(model, inputs)``: the target's own callable, or its named loss of the model's output."""
+        from resacct.account.model_io import call_model, loss_of_output
+
+        loss = self.loss
+        return loss if callable(loss) else (lambda module, inputs: loss_of_output(call_model(module, inputs), loss))
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -221,7 +228,6 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     ``batch``) of ``target`` whose predicted step peak — ``recipe`` (a name or a
     :class:`~resacct.facts.recipes.Recipe`), ``optimizer``, ``micro_batches`` accumulated micro-steps —
     is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer)."""
-    from resacct.account.model_io import call_model, loss_of_output
     from resacct.account.peak import account_recipe_step_peak
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
@@ -246,7 +252,7 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
             raise ResacctError(f"seq {seq} is longer than {target.name}'s context length {target.seq_limit}; expected seq ≤ {target.seq_limit}")
         limit, fixed = max_batch, seq if seq is not None else target.seq_limit
     latest: dict[int, Any] = {}
-    loss_fn = target.loss if callable(target.loss) else lambda module, inputs: loss_of_output(call_model(module, inputs), target.loss)
+    loss_fn = target.loss_fn()
 
     def peak_of(size: int) -> int:
         inputs = target.make_inputs(size, fixed) if search == "batch" else target.make_inputs(fixed, size)

@@ -24,16 +24,16 @@ that an incomplete one was off.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from resacct.account.peak_sharded_measure import MAX_ATTEMPTS, allocator_summary, first_complete
 from resacct.account.sharded_account import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 
-__all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "measured_on_rank", "sharded_peak_measurements"]
+__all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "MAX_ATTEMPTS", "measured_on_rank", "sharded_peak_measurements"]
 
 #: The kinds a breakdown claim lists, in order (a tuple of kinds is summed).
 BREAKDOWN_KINDS = {
@@ -45,24 +45,10 @@ assert set(BREAKDOWN_KINDS) == set(ENGINE_STAGES) == set(ENGINE_RECIPES)
 #: The engines one launch measures, per world size: every engine on 2 ranks; on 4, the engines of the
 #: 4-rank claims (ZeRO-1's whole-tensor shards, FSDP2's even rows) — each engine more costs a launch seconds.
 LAUNCH_ENGINES = {2: tuple(ENGINE_STAGES), 4: ("zero1", "fsdp2")}
-MAX_ATTEMPTS = 12
 _LAUNCH_TIMEOUT_SECONDS = 180.0
 
 
 # --- what each gloo rank runs -------------------------------------------------------------
-
-
-def _allocator_record(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
-    """The CPU allocator's timeline of one steady step on this rank, and the bytes it ends above its start."""
-    from resacct.account.peak_sharded import sharded_step, step_copies
-    from resacct.measurement.memory_timeline import _timeline_of, allocator_recording
-
-    with allocator_recording() as (mark, events):
-        work, work_inputs = step_copies(model, inputs, fake=False)
-        sharded_step(engine, work, work_inputs, loss_fn, world_size, None, mesh, fake=False, mark=mark)
-    del work, work_inputs  # freed before the next record starts (that free would count in it)
-    timeline = _timeline_of(events)
-    return timeline, timeline.bytes_held[-1] - timeline.start_bytes
 
 
 def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, loss_fn: Any, model: Any) -> dict[str, int]:
@@ -97,44 +83,19 @@ def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int,
     return (summary, state), late
 
 
-def _first_complete(attempt: Callable[[], tuple[Any, int]], what: str) -> tuple[Any, int, int]:
-    """Run ``attempt`` (→ its result and the bytes that make it incomplete) until every rank has a
-    complete one; (this rank's first complete result, attempts, the largest incompleteness seen)."""
-    import torch.distributed as dist
-
-    kept, attempts, worst = None, 0, 0
-    while attempts < MAX_ATTEMPTS:
-        attempts += 1
-        result, excess = attempt()
-        if excess == 0 and kept is None:
-            kept = result
-        worst = max(worst, excess)
-        done = torch.tensor([0 if kept is None else 1])
-        dist.all_reduce(done, op=dist.ReduceOp.MIN)
-        if int(done.item()):  # every rank has one (the minimum over ranks)
-            return kept, attempts, worst
-    raise ResacctError(f"rank {dist.get_rank()}: no complete {what} in {attempts} attempts ({worst} bytes off at most); "
-                       "expected a gloo worker to release its buffers before the caller at least once")
-
-
 def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model_name: str, batch: int, seq: int) -> dict[str, Any]:
     """What each gloo rank runs (:func:`resacct.measurement.distributed.run_on_ranks`), per engine:
     the allocator's first complete record and the census's, with the engine's state."""
     from resacct.account.peak_sharded import build_peak_model, engine_mesh
-    from resacct.measurement.memory_timeline import STEP_PHASES
 
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
     report = {}
     for engine in engines:
+        allocator = allocator_summary(engine, model, inputs, loss_fn, world_size)
         mesh = engine_mesh(engine, world_size)
-        record, attempts, lost = _first_complete(lambda: _allocator_record(engine, model, inputs, loss_fn, world_size, mesh),
-                                                 f"allocator record of the {engine} step")
-        (census, state), census_attempts, late = _first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh),
-                                                                  f"census of the {engine} step")
-        report[engine] = {"allocator": {"peak_bytes": record.peak_bytes, "phase": record.peak_phase, "start_bytes": record.start_bytes,
-                                        "phase_peak_bytes": {phase: record.peak_of_phase(phase) for phase in STEP_PHASES},
-                                        "attempts": attempts, "lost_free_bytes": lost},
-                          "census": {**census, "attempts": census_attempts, "late_free_bytes": late}, "state": state}
+        (census, state), census_attempts, late = first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh),
+                                                                f"census of the {engine} step")
+        report[engine] = {"allocator": allocator, "census": {**census, "attempts": census_attempts, "late_free_bytes": late}, "state": state}
     return report
 
 

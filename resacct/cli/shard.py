@@ -7,7 +7,8 @@ rank after another in a child process (:mod:`resacct.account.sharded_account`); 
 the model is never allocated. The same prediction equals each gloo rank's CPU allocator to the byte
 on 2 and 4 ranks (``resacct/specs/peak_sharded.claims.yaml``). Beside it: the ZeRO paper's per-rank
 state (parameters, gradients, optimizer state — no activations, no buffers). With ``--device`` or
-``--memory-gb``, whether the largest rank's peak fits.
+``--memory-gb``, whether the largest rank's peak fits; with ``--measure`` (a small model), the step
+run for real on local gloo ranks too, each rank's CPU allocator peak beside its prediction.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ examples:
       ZeRO-1 on 4 ranks: ranks owning whole weights peak in the optimizer step, those with a bias in backward
   resacct shard --hf-config gpt2 --engine fsdp2-bf16 --devices 16 --rank 0 --rank 15 --json
       two ranks of 16, bf16 gathers, as JSON
+  resacct shard --model tests.fixtures_hf_models:tiny_llama --batch 2 --seq 16 --devices 2 --measure
+      a small model: the step run on 2 local gloo ranks too, each rank's allocator beside its prediction
 """
 
 
@@ -57,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the context length)")
     parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory each rank has (see 'resacct devices')")
     parser.add_argument("--memory-gb", type=non_negative_float, default=None, help="memory per rank in GB (10^9 bytes) instead of --device")
+    parser.add_argument("--measure", action="store_true",
+                        help="then run the step on --devices local gloo ranks (a small model: ≤ 8 ranks, ≤ 50M parameters) and show each "
+                             "rank's CPU allocator peak beside its prediction")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress line on stderr once the prediction runs 2 s (default: on a terminal; elsewhere after 30 s)")
     add_units_flag(parser)
@@ -81,9 +87,12 @@ def run_shard(args: argparse.Namespace) -> int:
     live = sys.stderr.isatty()
     progress = contextlib.nullcontext() if args.progress is False else showing_progress(
         sys.stderr, command="resacct shard", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
-    with progress, running_phase(f"predicting {args.engine} on {args.devices} ranks (a child process: the model on meta, each rank on fake tensors)"):
+    phase = f"predicting {args.engine} on {args.devices} ranks (a child process: the model on meta, each rank on fake tensors)"
+    if args.measure:
+        phase += f", then measuring it on {args.devices} gloo ranks"
+    with progress, running_phase(phase):
         account = account_sharded_step(model, engine=args.engine, world_size=args.devices, batch=args.batch, seq=args.seq,
-                                       ranks=None if args.rank is None else tuple(args.rank))
+                                       ranks=None if args.rank is None else tuple(args.rank), measure=args.measure)
     fields = account.to_dict()
     fields["memory_bytes"] = memory_bytes
     fields["fits"] = None if memory_bytes is None else account.largest.peak_bytes <= memory_bytes
@@ -100,7 +109,11 @@ def _text(account: Any, memory_bytes: float | None, board: Any, units: str) -> s
              f"  engine: {account.engine_text}"]
     for rank in account.ranks:
         where = f", {rank.where}" if rank.where else ""
-        lines.append(f"  rank {rank.rank}: predicted step peak {size(rank.peak_bytes)} in {rank.phase} ({rank.op}{where})")
+        measured = ""
+        if rank.measured is not None:
+            measured = (f"; measured {size(rank.measured['peak_bytes'])} in {rank.measured['phase']} (gloo rank, CPU allocator; "
+                        f"ratio {rank.peak_bytes / rank.measured['peak_bytes']:.4f})")
+        lines.append(f"  rank {rank.rank}: predicted step peak {size(rank.peak_bytes)} in {rank.phase} ({rank.op}{where}){measured}")
     largest = account.largest
     live = "; ".join(f"{kind} {size(value)}" for kind, value in sorted(largest.bytes_by_kind.items(), key=lambda item: -item[1]) if value)
     lines.append(f"  at rank {largest.rank}'s peak: {live}")
@@ -111,7 +124,8 @@ def _text(account: Any, memory_bytes: float | None, board: Any, units: str) -> s
         verdict = "fits" if largest.peak_bytes <= memory_bytes else "does not fit"
         lines.append(f"  on {name} ({size(memory_bytes)} per rank): the largest rank {verdict}, "
                      f"{size(abs(memory_bytes - largest.peak_bytes))} {'spare' if largest.peak_bytes <= memory_bytes else 'over'}")
-    lines.append(f"  predicted on fake CPU tensors (the CPU kernels' step) under torch's fake process group in {account.seconds:.1f} s; gloo's buffers modelled (exact "
-                 "against 2 and 4 gloo ranks); a GPU adds NCCL's buffers and the caching allocator's rounding: keep a reserve")
+    measured = " (then measured on local gloo ranks)" if any(rank.measured is not None for rank in account.ranks) else ""
+    lines.append(f"  predicted on fake CPU tensors (the CPU kernels' step) under torch's fake process group{measured} in {account.seconds:.1f} s; "
+                 "gloo's buffers modelled (exact against 2 and 4 gloo ranks); a GPU adds NCCL's buffers and the caching allocator's rounding: keep a reserve")
     lines += [f"  note: {note}" for note in account.notes]
     return "\n".join(lines) + "\n"

@@ -37,6 +37,7 @@ MAX_PROBE_BYTES = 256 * 2**20
 MAX_PROBE_FLOPS = 2e10
 _SIXTEEN_BIT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _probes = {"run": 0, "too large": 0, "cached": 0}
+_measured: dict[tuple, int] = {}  # signature -> bytes (this process)
 
 
 def probe_counts() -> dict[str, int]:
@@ -70,8 +71,8 @@ def matmul_scratchpad_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     if key in _measured:
         _probes["cached"] += 1
         return _measured[key]
-    output_bytes = _output_bytes(str(func), tensors)
-    if sum(tensor.numel() * tensor.element_size() for tensor in tensors) + output_bytes > MAX_PROBE_BYTES or _flops(str(func), tensors) > MAX_PROBE_FLOPS:
+    output_bytes = _output_bytes(tensors)
+    if sum(tensor.numel() * tensor.element_size() for tensor in tensors) + output_bytes > MAX_PROBE_BYTES or _flops(tensors) > MAX_PROBE_FLOPS:
         _probes["too large"] += 1
         return None
     if torch._C._autograd._profiler_enabled():
@@ -81,8 +82,6 @@ def matmul_scratchpad_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     return _measured[key]
 
 
-_measured: dict[tuple, int] = {}
-
 
 def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
@@ -90,13 +89,13 @@ def _signature(value: Any) -> Any:
     return repr(value)
 
 
-def _output_bytes(name: str, tensors: list[torch.Tensor]) -> int:
+def _output_bytes(tensors: list[torch.Tensor]) -> int:
     left, right = tensors[-2], tensors[-1]
     rows = left.shape[:-1].numel()
     return rows * right.shape[-1] * left.element_size()
 
 
-def _flops(name: str, tensors: list[torch.Tensor]) -> float:
+def _flops(tensors: list[torch.Tensor]) -> float:
     left, right = tensors[-2], tensors[-1]
     return 2.0 * left.numel() * right.shape[-1]
 
