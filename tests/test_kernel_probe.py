@@ -73,3 +73,16 @@ def test_no_probe_runs_inside_another_profilers_record(monkeypatch):
     args = (torch.empty(3, 5, dtype=torch.bfloat16), torch.empty(5, 7, dtype=torch.bfloat16))
     with allocator_recording():
         assert kernel_probe.matmul_scratchpad_bytes(torch.ops.aten.mm.default, args, {}) is None
+
+
+def test_a_torch_whose_profiler_calls_differ_leaves_the_matmul_unprobed_not_the_prediction_broken(monkeypatch):
+    monkeypatch.setattr(kernel_probe, "onednn_matmuls", lambda dtype: True)
+
+    def differs(*args):
+        raise TypeError("ProfilerConfig(): incompatible constructor arguments")
+
+    monkeypatch.setattr(kernel_probe, "_probe", differs)
+    args = (torch.empty(3, 11, dtype=torch.bfloat16), torch.empty(11, 13, dtype=torch.bfloat16))
+    before = kernel_probe.probe_counts()["too large"]
+    assert kernel_probe.matmul_scratchpad_bytes(torch.ops.aten.mm.default, args, {}) is None
+    assert kernel_probe.probe_counts()["too large"] == before + 1
