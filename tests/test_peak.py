@@ -224,3 +224,25 @@ def test_account_gpt_predicts_the_step_peak_under_recipes_and_accumulation(recip
     assert peak.predicted.peak_bytes == peak.measured.peak_bytes
     if grad_accum > 1:
         assert peak.measured.phases.count("forward") >= grad_accum
+
+
+class _TwoBranches(torch.nn.Module):
+    """An activation used by two layers: its gradient arrives twice and autograd adds the two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (torch.nn.Linear(64, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.d(self.b(h) + self.c(h))
+
+
+@pytest.mark.slow
+def test_a_gradient_arriving_from_two_branches_is_predicted_to_the_byte_in_every_phase():
+    """The autograd engine sums the two gradients of ``h`` (in place only for a plain tensor it holds
+    alone; fake tensors never qualify): on torch 2.13 the CPU allocator and the prediction agree."""
+    model, inputs = _TwoBranches(), torch.randn(512, 64)
+    predicted = predict_step_peak(model, inputs, lambda m, x: m(x).mean(), lambda p: torch.optim.AdamW(p))
+    measured = measure_step_peak(model, inputs, lambda m, x: m(x).mean(), lambda p: torch.optim.AdamW(p))
+    assert _phase_peaks(predicted.timeline) == _phase_peaks(measured)
