@@ -86,3 +86,50 @@ def test_a_torch_whose_profiler_calls_differ_leaves_the_matmul_unprobed_not_the_
     before = kernel_probe.probe_counts()["too large"]
     assert kernel_probe.matmul_scratchpad_bytes(torch.ops.aten.mm.default, args, {}) is None
     assert kernel_probe.probe_counts()["too large"] == before + 1
+
+
+def test_where_onednn_emulates_bf16_a_matmul_too_large_to_probe_gets_its_fp32_accumulator(monkeypatch):
+    monkeypatch.setattr(kernel_probe, "onednn_matmuls", lambda dtype: True)
+    monkeypatch.setattr(kernel_probe, "emulated_bf16", lambda: True)
+    before = kernel_probe.probe_counts()
+    with FakeTensorMode():
+        big = (torch.empty(8192, 8192, dtype=torch.bfloat16), torch.empty(8192, 4096, dtype=torch.bfloat16))
+        assert kernel_probe.matmul_scratchpad_bytes(torch.ops.aten.mm.default, big, {}) == 8192 * 4096 * 4 + 128
+        batched = (torch.empty(64, 2048, 2048, dtype=torch.bfloat16), torch.empty(64, 2048, 2048, dtype=torch.bfloat16))
+        assert kernel_probe.matmul_scratchpad_bytes(torch.ops.aten.bmm.default, batched, {}) is None  # not measured: left out
+    after = kernel_probe.probe_counts()
+    assert (after["estimated"] - before["estimated"], after["too large"] - before["too large"]) == (1, 1)
+
+
+_EMULATED = """
+import json, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from resacct.measurement import kernel_probe as kp
+rows = []
+for m, k, n in [(16, 64, 256), (512, 1024, 4096)]:
+    with FakeTensorMode():
+        args = (torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16))
+        rows.append([kp.matmul_scratchpad_bytes(torch.ops.aten.mm.default, args, {}), kp.fp32_accumulator_bytes(list(args))])
+print(json.dumps({"emulated": kp.emulated_bf16(), "rows": rows}))
+"""
+
+
+@pytest.mark.slow
+def test_the_fp32_accumulator_is_what_emulated_bf16_matmuls_allocate_on_this_cpu():
+    """Under ONEDNN_MAX_CPU_ISA=AVX512_CORE (a CPU with AVX-512 but no bf16 units), the probe of a
+    real bf16 mm equals m·n·4 + 128 — the estimate used where a matmul is too large to probe."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from resacct.measurement.machine_profile import this_machine
+
+    if this_machine().cpu_bf16_matmul not in ("amx", "avx512_bf16", "emulated"):
+        pytest.skip(f"oneDNN cannot emulate bf16 here (bf16 matmul: {this_machine().cpu_bf16_matmul}; it needs AVX-512)")
+    done = subprocess.run([sys.executable, "-c", _EMULATED], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["emulated"] is True
+    assert all(probed == estimated for probed, estimated in answer["rows"]), answer["rows"]

@@ -12,7 +12,11 @@ prediction measures it: each distinct matmul (op, shapes, strides, dtypes, scala
 once for real on uninitialised tensors under the profiler's allocator record (torch's low-level
 profiler calls: under 1 ms a probe), and the bytes it held above what it returns are kept (cached
 for the process). A matmul over :data:`MAX_PROBE_BYTES` of operands or :data:`MAX_PROBE_FLOPS`
-is not run (the answer is None; the caller says so): its scratchpad stays unpredicted.
+is not run: where oneDNN emulates bf16 (AVX-512 without bf16 units) an ``mm``/``addmm``'s
+scratchpad is its fp32 accumulator, m·n·4 + 128 bytes (measured under
+``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` from 16×64×256 to 4096×4096×4096, ``tests/test_kernel_probe.py``
+checks it on every CPU that can emulate), counted as *estimated*; elsewhere the answer is None (the
+caller says so) and the scratchpad stays unpredicted.
 
 >>> import torch
 >>> op = torch.ops.aten.mm.default
@@ -28,7 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["PROBED_OPS", "MAX_PROBE_BYTES", "MAX_PROBE_FLOPS", "onednn_matmuls", "matmul_scratchpad_bytes", "probe_counts"]
+__all__ = ["PROBED_OPS", "MAX_PROBE_BYTES", "MAX_PROBE_FLOPS", "onednn_matmuls", "emulated_bf16", "fp32_accumulator_bytes", "matmul_scratchpad_bytes",
+           "probe_counts"]
 
 #: The matmul ops torch's CPU kernels send to oneDNN for 16-bit operands.
 PROBED_OPS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"})
@@ -36,12 +41,16 @@ PROBED_OPS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.defau
 MAX_PROBE_BYTES = 256 * 2**20
 MAX_PROBE_FLOPS = 2e10
 _SIXTEEN_BIT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_probes = {"run": 0, "too large": 0, "cached": 0}  # "too large": not probed (too large, or this torch's profiler calls differ)
+_probes = {"run": 0, "too large": 0, "cached": 0, "estimated": 0}  # "too large": not probed (too large, or this torch's profiler calls differ)
+#: Where oneDNN emulates bf16, these ops' scratchpad is an fp32 accumulator of the output (m·n·4 + 128 bytes).
+_ACCUMULATOR_OPS = frozenset({"aten.mm.default", "aten.addmm.default"})
+ACCUMULATOR_EXTRA_BYTES = 128
 _measured: dict[tuple, int] = {}  # signature -> bytes (this process)
 
 
 def probe_counts() -> dict[str, int]:
-    """How many matmuls were probed, found too large to probe, or answered from the cache (this process)."""
+    """How many matmuls were probed, found too large to probe, estimated (emulated bf16's fp32
+    accumulator) or answered from the cache (this process)."""
     return dict(_probes)
 
 
@@ -58,8 +67,9 @@ def onednn_matmuls(dtype: str) -> bool:
 def matmul_scratchpad_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     """Bytes ``func`` (an aten matmul overload) allocates and frees inside itself on this CPU for
     operands shaped as ``args`` (real or fake tensors): 0 when it cannot go through oneDNN (not a
-    :data:`PROBED_OPS` op, not 16-bit, no oneDNN path for the dtype), None when too large to probe
-    or when a profiler is already recording (a probe would land in its record)."""
+    :data:`PROBED_OPS` op, not 16-bit, no oneDNN path for the dtype), the fp32 accumulator when too
+    large to probe where oneDNN emulates bf16 (``mm``/``addmm``), None when too large otherwise or
+    when a profiler is already recording (a probe would land in its record)."""
     if str(func) not in PROBED_OPS:
         return 0
     tensors = [value for value in args if isinstance(value, torch.Tensor)]
@@ -73,6 +83,9 @@ def matmul_scratchpad_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
         return _measured[key]
     output_bytes = _output_bytes(tensors)
     if sum(tensor.numel() * tensor.element_size() for tensor in tensors) + output_bytes > MAX_PROBE_BYTES or _flops(tensors) > MAX_PROBE_FLOPS:
+        if dtype == "bfloat16" and str(func) in _ACCUMULATOR_OPS and emulated_bf16():
+            _probes["estimated"] += 1
+            return fp32_accumulator_bytes(tensors)
         _probes["too large"] += 1
         return None
     if torch._C._autograd._profiler_enabled():
@@ -85,6 +98,24 @@ def matmul_scratchpad_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     _probes["run"] += 1
     return _measured[key]
 
+
+
+@functools.cache
+def emulated_bf16() -> bool:
+    """Whether this CPU's oneDNN emulates bf16 matmuls (AVX-512 without bf16 units, or capped to
+    AVX512_CORE): the real hardware's answer, not a faked profile's."""
+    from resacct.measurement.machine_profile import gather_detection_inputs, profile_from
+
+    try:
+        return profile_from(gather_detection_inputs()).cpu_bf16_matmul == "emulated"
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def fp32_accumulator_bytes(tensors: list[torch.Tensor]) -> int:
+    """An ``mm``/``addmm``'s fp32 accumulator where oneDNN emulates bf16: m·n·4 + 128 bytes."""
+    left, right = tensors[-2], tensors[-1]
+    return left.shape[0] * right.shape[-1] * 4 + ACCUMULATOR_EXTRA_BYTES
 
 
 def _signature(value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -172,7 +173,9 @@ def test_claims_carry_their_marks_without_registering_them(pytester: pytest.Pyte
 @pytest.mark.slow
 def test_no_hypothesis_folder_is_left_where_the_run_started(pytester: pytest.Pytester, monkeypatch, tmp_path):
     """A fresh process, as `pytest --pyargs resacct` in a user's folder is: Hypothesis keeps its
-    example database and its constants cache (``.hypothesis/constants``) in resacct's cache folder."""
+    example database and its constants cache (``.hypothesis/constants``) in resacct's cache folder.
+    Hypothesis writes the constants cache only when it happens to draw a local constant (random),
+    so the host's conftest records where it would write while a claim runs."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("RESACCT_HYPOTHESIS_PROFILE", raising=False)
     monkeypatch.delenv("CI", raising=False)
@@ -186,7 +189,27 @@ def test_no_hypothesis_folder_is_left_where_the_run_started(pytester: pytest.Pyt
             forall: {d0: dim, d1: dim}
             law: "[d1, 1]"
         """), encoding="utf-8")
+    pytester.makeconftest("""
+        import contextlib
+        from pathlib import Path
+
+        import resacct.harness.plugin as plugin
+
+        home = plugin.claims_hypothesis_home
+
+        @contextlib.contextmanager
+        def recorded_home():
+            with home():
+                from hypothesis.configuration import storage_directory
+
+                where = storage_directory("constants")
+                Path("hypothesis-constants-dir.txt").write_text(str(getattr(where, "path", where)))
+                yield
+
+        plugin.claims_hypothesis_home = recorded_home
+        """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     assert result.ret == 0, result.stdout.lines[-5:]
     assert not (pytester.path / ".hypothesis").exists()
-    assert (tmp_path / "cache" / "resacct" / "hypothesis" / "constants").is_dir()
+    constants = Path((pytester.path / "hypothesis-constants-dir.txt").read_text())
+    assert constants == tmp_path / "cache" / "resacct" / "hypothesis" / "constants"
