@@ -81,7 +81,7 @@ needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.dis
 #: every engine; on 4, ZeRO-1 and FSDP2) and a GPT with its blocks as FSDP units; bf16 there too
 #: (oneDNN's matmul scratchpad).
 LAUNCHES = [(2, "mlp", 16, 1, checks.LAUNCH_ENGINES[2]), (4, "mlp", 16, 1, checks.LAUNCH_ENGINES[4]),
-            (2, "gpt-math", 2, 32, ("zero1", "fsdp2", "fsdp2-bf16"))]
+            (2, "gpt-math", 2, 32, ("zero1", "fsdp2-bf16"))]
 
 
 @pytest.mark.parametrize(("world_size", "model", "batch", "seq", "engines"), LAUNCHES, ids=["mlp-2-ranks", "mlp-4-ranks", "gpt-math-2-ranks"])

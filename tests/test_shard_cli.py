@@ -96,39 +96,32 @@ def test_the_cli_predicts_each_gloo_ranks_allocator_peak_to_the_byte(engine, cap
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@same_worker_as_the_claims
 @needs_fsdp2_collectives_of_torch_2_13
-def test_a_transformers_llama_under_fsdp2_is_predicted_per_rank_to_the_byte():
-    """transformers' LlamaForCausalLM (GQA, sdpa, its own loss), fully_shard on each decoder layer:
-    the prediction equals each gloo rank's allocator in every phase (a launch of its own)."""
+def test_measure_puts_each_gloo_ranks_allocator_beside_its_prediction_in_the_text_and_the_json(capsys):
+    """``--measure`` on a transformers Llama (GQA, sdpa, its own loss; fully_shard on each decoder
+    layer; made real on each rank, uninitialised): every rank's prediction equals its allocator in
+    every phase; the text names each rank, what is live, the formula and the fit."""
     pytest.importorskip("transformers")
-    runs = checks.sharded_peak_measurements(2, "llama-sdpa", 2, 16, ("fsdp2",))["fsdp2"]
-    for predicted, measured in zip(runs["predicted"], runs["measured"]):
-        assert predicted["allocator"]["phase_peak_bytes"] == measured["allocator"]["phase_peak_bytes"]
-        assert predicted["allocator"]["peak_bytes"] == measured["allocator"]["peak_bytes"]
-
-
-@pytest.mark.slow
-def test_the_text_names_each_rank_what_is_live_the_formula_and_the_fit(capsys):
-    pytest.importorskip("transformers")
-    argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "4", "--memory-gb", "0.001"]
+    argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--measure",
+            "--memory-gb", "0.001", "--json"]
     assert main(argv) == 0
-    text = capsys.readouterr().out
-    assert [line.split(":")[0].strip() for line in text.splitlines() if line.strip().startswith("rank ")] == ["rank 0", "rank 1", "rank 2", "rank 3"]
-    assert "FSDP units and the root" in text and "at rank " in text and "parameter shards" in text
-    assert "the ZeRO paper's state per rank (ZeRO-3: 16Ψ/N (fp32 AdamW))" in text
-    assert "the largest rank does not fit" in text
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-@needs_fsdp2_collectives_of_torch_2_13
-def test_measure_puts_each_gloo_ranks_allocator_beside_its_prediction(capsys):
-    """``--measure`` on a transformers Llama (made real on each rank, uninitialised): every rank's
-    prediction equals its allocator, in every phase."""
-    pytest.importorskip("transformers")
-    argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--measure", "--json"]
-    assert main(argv) == 0
-    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    fields = json.loads(capsys.readouterr().out)
+    ranks = fields["ranks"]
     assert [rank["predicted_peak_bytes"] for rank in ranks] == [rank["measured_peak_bytes"] for rank in ranks]
     assert [rank["phase_peak_bytes"] for rank in ranks] == [rank["measured_phase_peak_bytes"] for rank in ranks]
+    assert fields["fsdp_units"] == 2 and fields["fits"] is False
+    from resacct.account.sharded_account import RankPeak, ShardedAccount
+    from resacct.cli.shard import _text
+
+    account = ShardedAccount(model=fields["model"], engine="fsdp2", engine_text=fields["engine_description"], world_size=2, batch=2, seq=16,
+                             parameters=fields["parameters"], units=2, formula_state_bytes=fields["zero_formula_state_bytes"],
+                             formula_text=fields["zero_formula"], seconds=fields["seconds"], notes=fields["notes"],
+                             ranks=[RankPeak(rank=r["rank"], peak_bytes=r["predicted_peak_bytes"], phase=r["peak_phase"], op=r["peak_op"],
+                                             where=r["peak_where"], bytes_by_kind=r["live_at_peak_bytes"], phase_peak_bytes=r["phase_peak_bytes"],
+                                             start_bytes=r["start_bytes"], measured={"peak_bytes": r["measured_peak_bytes"],
+                                                                                     "phase": r["measured_peak_phase"]}) for r in ranks])
+    text = _text(account, 1e6, None, "decimal")
+    assert [line.split(":")[0].strip() for line in text.splitlines() if line.strip().startswith("rank ")] == ["rank 0", "rank 1"]
+    assert "2 FSDP units and the root" in text and "at rank " in text and "parameter shards" in text and "ratio 1.0000" in text
+    assert "the ZeRO paper's state per rank (ZeRO-3: 16Ψ/N (fp32 AdamW))" in text
+    assert "the largest rank does not fit" in text
