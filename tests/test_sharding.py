@@ -191,3 +191,19 @@ def test_precision_recipes_of_resacct_memory_shard_as_zero_counts_them():
         recipe = get_sharding_recipe(name)  # found by name through resacct.measurement.memory
         assert recipe.total_bytes_per_parameter == memory.training_state_bytes_per_parameter(name, "adamw", moment="after_backward")
     assert get_sharding_recipe("bf16-fp32-master").optimizer_state_bytes_per_parameter == 12  # the ZeRO paper's K
+
+
+def test_fully_shard_gets_a_cpu_mesh_so_a_gpu_host_keeps_the_gloo_ranks_on_the_cpu(monkeypatch):
+    """On the GPU tier's H100 every gloo sharding claim failed ("found at least two devices, cuda:0
+    and cpu"): fully_shard's default mesh is the accelerator's. Every call now names the CPU mesh."""
+    import torch
+    import torch.distributed.fsdp as fsdp
+
+    from resacct.checks import sharding_runs
+
+    calls = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **options: calls.append(options))
+    monkeypatch.setattr(sharding_runs, "_cpu_mesh", lambda: "the CPU mesh")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    sharding_runs._fully_shard_linears(model, reshard_after_forward=True)
+    assert len(calls) == 3 and all(options["mesh"] == "the CPU mesh" for options in calls)

@@ -133,14 +133,23 @@ def _zero1(kind: str, rank: int, world_size: int, reference: Sequence[Float[torc
     }
 
 
+def _cpu_mesh() -> Any:
+    """The ranks as a CPU device mesh. ``fully_shard``'s default mesh is the accelerator's: on a
+    GPU host it moves the parameters to cuda:0 while the gloo ranks' inputs stay on the CPU."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
 def _fully_shard_linears(model: nn.Sequential, reshard_after_forward: bool, compute_dtype: torch.dtype | None = None) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype)
+    policy, mesh = MixedPrecisionPolicy(param_dtype=compute_dtype), _cpu_mesh()
     for module in model:
         if isinstance(module, nn.Linear):
-            fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
 
 
 def _fsdp2(kind: str, rank: int, world_size: int, reference: Sequence[Float[torch.Tensor, "..."]] | None,
@@ -284,8 +293,9 @@ def _fully_sharded_state(compute_dtype: torch.dtype, master_dtype: torch.dtype |
     with torch.device("meta"):
         rows, columns = PAPER_TENSOR_SHAPE
         model = nn.Sequential(*[nn.Linear(columns, rows, bias=False, dtype=compute_dtype) for _ in range(PAPER_TENSOR_COUNT)])
+    mesh = _cpu_mesh()
     for layer in model:
-        fully_shard(layer)
+        fully_shard(layer, mesh=mesh)
     parameters = list(model.parameters())  # DTensors: the rank's shard, padded to ⌈rows/N⌉
     gradients = [torch.empty_like(p) for p in parameters]  # FSDP's reduce-scattered gradient has the parameter's sharding
     targets = [p.detach().to(master_dtype) for p in parameters] if master_dtype else parameters

@@ -29,6 +29,17 @@ def fails_with(message: str) -> Outcome:
     raise RuntimeError(message)
 
 
+def sdpa_flop_count(message: str) -> None:  # named as torch 2.11's FlopCounterMode helper that asserts on GQA
+    raise AssertionError(message)
+
+
+@check("testing.asserts_in_torchs_sdpa_flop_count")
+def asserts_in_torchs_sdpa_flop_count(message: str) -> Outcome:
+    """Raises AssertionError(message) from a function named like torch's sdpa_flop_count."""
+    sdpa_flop_count(message)
+    raise AssertionError("unreachable")
+
+
 @check("testing.text")
 def text(value: str) -> Outcome:
     return Outcome(measured=value)

@@ -1,0 +1,42 @@
+"""Known limits of a torch version's own measuring tools, named when a check runs into one: the
+claim is then *not measurable here* (a skip naming the limit), never a failure of the claim.
+
+- torch 2.11's ``FlopCounterMode`` asserts in ``sdpa_flop_count`` ("query/key/value shapes are
+  incompatible") on ``scaled_dot_product_attention`` with grouped-query attention (fewer key/value
+  heads than query heads, as Llama, Mistral and Mixtral use); torch 2.13 counts it. Seen on the GPU
+  tier's H100 (torch 2.11.0+cu130), 2026-11-26.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["torch_limitation"]
+
+#: (function in torch's traceback, text of the assertion) → what cannot be measured.
+_KNOWN = (("sdpa_flop_count", "query/key/value shapes are incompatible",
+           "FlopCounterMode cannot count scaled_dot_product_attention with grouped-query attention (fewer key/value heads than "
+           "query heads); torch 2.13 can"),)
+
+
+def torch_limitation(error: BaseException) -> str | None:
+    """The known torch limit ``error`` comes from (an AssertionError raised inside torch), or None.
+
+    >>> def sdpa_flop_count():
+    ...     raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+    >>> try:
+    ...     sdpa_flop_count()
+    ... except AssertionError as error:
+    ...     torch_limitation(error).startswith(f"torch {torch.__version__}'s FlopCounterMode cannot count")
+    True
+    """
+    if not isinstance(error, AssertionError):
+        return None
+    frames, traceback = [], error.__traceback__
+    while traceback is not None:
+        frames.append(traceback.tb_frame.f_code.co_name)
+        traceback = traceback.tb_next
+    for function, text, what in _KNOWN:
+        if function in frames[-3:] and text in str(error):
+            return f"torch {torch.__version__}'s {what}"
+    return None
