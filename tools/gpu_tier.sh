@@ -10,7 +10,7 @@
 # Before a device call, here: `bash tools/gpu_tier_wheels.sh` (fills .whl/, ignored by git), then
 # one device `run` with carry [".whl"] and the command
 #   bash tools/gpu_tier.sh
-# with a timeout_s of 540 (every step below is bounded; together at most 450 s + install).
+# with a timeout_s of 540 (every step below is bounded; together at most 470 s + install).
 #
 # Everything goes under $OUT (the device tool sets it; default: a new temporary folder). At most
 # 8 files come back from a device call, no more than 2 folders down, so $OUT holds exactly:
@@ -191,7 +191,7 @@ run_gpu_claims() {
 
 run_verify() {
     local rc
-    "$PYTHON" -m resacct verify --gpu-required --report-dir "$WORK/verify" --workers 8 -q
+    "$PYTHON" -m resacct verify --gpu-required --report-dir "$WORK/verify" --workers 14 -q
     rc=$?
     for file in report.json errata.md; do [ -f "$WORK/verify/$file" ] && cp "$WORK/verify/$file" "$OUT/"; done
     [ -d "$WORK/verify" ] && tar -czf "$OUT/verify.tar.gz" -C "$WORK" verify
@@ -237,15 +237,15 @@ if [ "$DRY_RUN" = 1 ]; then
     step machine 30 machine_profile
     step collect-gpu-claims 60 collect_gpu_claims
     step commands 60 parse_commands
-    say "== what a real run would run: gpu claims (RESACCT_REQUIRE_GPU=1, --claims-json), resacct verify --gpu-required --workers 8, resacct account --device cuda --measure --json for: ${ACCOUNT_MODELS[*]}"
+    say "== what a real run would run: gpu claims (RESACCT_REQUIRE_GPU=1, --claims-json), resacct verify --gpu-required --workers 14, resacct account --device cuda --measure --json for: ${ACCOUNT_MODELS[*]}"
 else
     step wheels 10 check_wheels
     step install 40 install_wheels
     export PYTHONPATH="/tmp/resacct-site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/resacct-site/bin:$PATH"
     step imports 30 check_imports
     step machine 20 machine_profile
-    step gpu-claims 120 run_gpu_claims
-    step verify 180 run_verify
+    step gpu-claims 60 run_gpu_claims
+    step verify 260 run_verify   # 181 s with 14 workers on the H100 (2026-11-26)
     for spec in "${ACCOUNT_MODELS[@]}"; do
         step "account-${spec%% *}" 30 run_account "$spec"
     done
