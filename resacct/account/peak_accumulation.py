@@ -18,7 +18,6 @@ once per micro-step, then ``optimizer step`` and ``zero_grad``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +25,7 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.measurement.memory_timeline import (
-    STEP_PHASES,
-    allocator_recording,
-    LossFn,
-    MakeOptimizer,
-    MemoryTimeline,
-    copy_inputs,
-    make_optimizer_state,
-)
+from resacct.measurement.memory_timeline import STEP_PHASES, LossFn, MakeOptimizer, MemoryTimeline, record_step_events
 
 __all__ = ["run_accumulated_step", "measure_accumulated_step_memory", "check_micro_batches"]
 
@@ -70,16 +61,8 @@ def measure_accumulated_step_memory(model: nn.Module, inputs: Any, loss_fn: Loss
     accumulated step of a copy of ``model`` (its optimizer state made beforehand), as
     :func:`resacct.measurement.memory_timeline.measure_step_memory` measures a plain step."""
     check_micro_batches(micro_batches)
-    devices = {parameter.device.type for parameter in model.parameters()}
-    if devices != {"cpu"}:
-        raise ResacctError(f"the allocator timeline is measured on the CPU; the model's parameters are on {sorted(devices)}")
-    with allocator_recording() as (mark, events):
-        work = copy.deepcopy(model)
-        work_inputs = copy_inputs(inputs, torch.clone)
-        step = make_optimizer([p for p in work.parameters() if p.requires_grad])
-        make_optimizer_state(work, step)
-        run_accumulated_step(work, work_inputs, loss_fn, step, micro_batches, mark)
-    del work, work_inputs, step
+    events = record_step_events(model, inputs, make_optimizer,
+                                lambda work, work_inputs, step, mark: run_accumulated_step(work, work_inputs, loss_fn, step, micro_batches, mark))
     return _timeline_of(events, micro_batches)
 
 

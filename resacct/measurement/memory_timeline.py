@@ -44,6 +44,7 @@ __all__ = [
     "copy_inputs",
     "gc_paused",
     "measure_step_memory",
+    "record_step_events",
 ]
 
 #: The phases of one training step, in order.
@@ -172,6 +173,14 @@ def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_opt
     builds (e.g. :func:`resacct.account.optimizers.build_optimizer` with torch's default
     implementation for the device) and return the CPU allocator's timeline of it.
     ``loss_fn(model, inputs)`` returns a scalar loss. The model must be on the CPU."""
+    return _timeline_of(record_step_events(model, inputs, make_optimizer,
+                                           lambda work, work_inputs, step, mark: run_training_step(work, work_inputs, loss_fn, step, mark)))
+
+
+def record_step_events(model: nn.Module, inputs: Any, make_optimizer: MakeOptimizer, run: Callable[[nn.Module, Any, Any, Callable[[str], None]], None]) -> list[Any]:
+    """The CPU allocator's events while ``run(work, work_inputs, optimizer, mark)`` steps copies of
+    ``model`` and ``inputs`` made inside the record (their bytes count), the optimizer's state made
+    beforehand (a steady step); freed after the record. The model must be on the CPU."""
     devices = {parameter.device.type for parameter in model.parameters()}
     if devices != {"cpu"}:
         raise ResacctError(f"the allocator timeline is measured on the CPU; the model's parameters are on {sorted(devices)}")
@@ -180,9 +189,9 @@ def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_opt
         work_inputs = copy_inputs(inputs, torch.clone)
         step = make_optimizer([p for p in work.parameters() if p.requires_grad])
         make_optimizer_state(work, step)
-        run_training_step(work, work_inputs, loss_fn, step, mark)
+        run(work, work_inputs, step, mark)
     del work, work_inputs, step
-    return _timeline_of(events)
+    return events
 
 
 def _timeline_of(events: Any) -> MemoryTimeline:
