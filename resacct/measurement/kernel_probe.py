@@ -5,8 +5,8 @@ Where a CPU has bf16 (or fp16) matmul support in oneDNN — AMX or AVX-512 BF16 
 AVX-512 emulation — torch sends bf16/fp16 ``mm``/``addmm``/``bmm``/``baddbmm`` through oneDNN,
 whose primitive allocates a scratchpad through the c10 CPU allocator while it runs and frees it
 before returning. Its size comes from oneDNN's blocking heuristics for that CPU, shape, layout and
-thread count: measured here on a 2-core Xeon with AMX, 13,952 to 415,488 bytes for small
-matmuls; under ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (bf16 emulated) an fp32 accumulator of the
+thread count: measured here on a 2-core Xeon with AMX (``benchmarks/onednn_scratchpad.py``),
+18,048 to 136,192 bytes for small bf16 matmuls and 30,464 to 415,488 for fp16; under ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (bf16 emulated) an fp32 accumulator of the
 output, m·n·4 + 128 bytes; none on AVX2 (no oneDNN path). No formula covers every CPU, so the
 prediction measures it: each distinct matmul (op, shapes, strides, dtypes, scalars, threads) runs
 once for real on uninitialised tensors under the profiler's allocator record (torch's low-level
