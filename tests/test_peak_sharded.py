@@ -168,11 +168,20 @@ def test_zero2_keeps_every_unit_gathered_from_forward_to_backward_and_bf16_gathe
     bf16 policy gathers bf16 copies (half of fp32) and keeps fp32 shards and state."""
     runs = checks.sharded_peak_measurements(2, "mlp", 16, 1)
     for zero2, fsdp2, bf16 in zip(runs["zero2"]["measured"], runs["fsdp2"]["measured"], runs["fsdp2-bf16"]["measured"]):
-        gathered = zero2["census"]["bytes_by_kind"].get("all-gather buffers", 0) + zero2["census"]["bytes_by_kind"].get("all-gathered parameters", 0)
-        assert zero2["census"]["phase"] == "forward" and gathered == zero2["state"]["model_parameter_bytes"]
-        assert bf16["census"]["bytes_by_kind"]["all-gather buffers"] * 2 == fsdp2["census"]["bytes_by_kind"]["all-gather buffers"]
+        assert zero2["census"]["phase"] == "forward" and _gathered_bytes(zero2) == zero2["state"]["model_parameter_bytes"]
+        # One unit gathered at each backward peak; which of the two kinds holds it there depends on the
+        # CPU (Zen with avx512_bf16 and AVX512_CORE peak after the copy-out into the unsharded
+        # parameters, AMX and AVX2 before it): a test must not hard-code one CPU's composition.
+        assert _gathered_bytes(fsdp2) == fsdp2["state"]["largest_unit_bytes"] > 0
+        assert _gathered_bytes(bf16) * 2 == _gathered_bytes(fsdp2)
         assert bf16["state"]["optimizer_state_bytes"] == fsdp2["state"]["optimizer_state_bytes"]
         assert bf16["state"]["parameter_bytes"] == fsdp2["state"]["parameter_bytes"]
+
+
+def _gathered_bytes(rank: dict) -> int:
+    """The gathered parameters live at a rank's census peak, whichever FSDP buffer holds them."""
+    kinds = rank["census"]["bytes_by_kind"]
+    return kinds.get("all-gather buffers", 0) + kinds.get("all-gathered parameters", 0)
 
 
 @pytest.mark.distributed
