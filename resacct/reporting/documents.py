@@ -183,7 +183,7 @@ def format_value(value: Any, limit: int | None = None) -> str:
     elif isinstance(value, bool):
         text = str(value)
     elif isinstance(value, int):
-        text = str(value) if abs(value) < 10**12 else f"{value:.6g}"
+        text = str(value) if abs(value) < 10**12 else _large_int_text(value)
     elif isinstance(value, float):
         text = f"{value:.6g}"
     elif isinstance(value, (list, tuple)):
@@ -195,6 +195,27 @@ def format_value(value: Any, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
+
+
+def _large_int_text(value: int) -> str:
+    """``1.23457e+14`` for an integer of 13 or more digits, as ``:.6g`` writes it, also beyond a
+    float's range (``1e+384`` from ``10**128*10**128*10**128``) where ``:.6g`` raises."""
+    try:
+        return f"{value:.6g}"
+    except OverflowError:
+        pass
+    magnitude = abs(value)
+    exponent = int(math.log10(magnitude))
+    while 10**exponent > magnitude:
+        exponent -= 1
+    while 10 ** (exponent + 1) <= magnitude:
+        exponent += 1
+    leading = (magnitude * 10**5 + 10**exponent // 2) // 10**exponent  # six digits, rounded
+    if leading >= 10**6:
+        leading, exponent = leading // 10, exponent + 1
+    digits = str(leading).rstrip("0")
+    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    return f"{'-' if value < 0 else ''}{mantissa}e+{exponent}"
 
 
 def _is_literal(law: str) -> bool:
