@@ -107,21 +107,30 @@ def accumulated_step_peak(model: str, batch: int, seq: int, micro_batches: int) 
                                "gradient_bytes": gradient_bytes, "peak_phase": measured.peak_phase, "predicted_peak_phase": predicted.peak.phase})
 
 
-@check("peak.step_bytes_per_parameter", evidence="measured", quantities=("small_batch_bytes_per_parameter", "params", "tokens"))
-def step_bytes_per_parameter(model: str, batch: int, small_batch: int, seq: int) -> Outcome:
-    """The CPU allocator's peak over one steady fp32 AdamW step at ``batch`` × ``seq`` divided by
-    the model's parameters (bytes per parameter; predicted: resacct's peak on fake tensors ÷ the
-    same count), and the same measured ratio at ``small_batch``."""
-    from resacct.account.peak import measure_step_peak, predict_step_peak
+@check("peak.state_bytes_per_parameter", evidence="measured",
+       quantities=("params", "step_counter_bytes", "step_peak_bytes_per_parameter", "small_batch_step_peak_bytes_per_parameter", "tokens"))
+def state_bytes_per_parameter(model: str, batch: int, small_batch: int, seq: int) -> Outcome:
+    """The training state without activations, per parameter: the distinct storages a real fp32
+    ``torch.optim.AdamW`` run holds when its second ``step()`` runs (parameters, gradients, both
+    moments; the 4-byte step counters left out and reported as ``step_counter_bytes``) ÷ the
+    parameters counted (predicted: resacct's state bytes ÷ the same count). Beside it, for the
+    caveat the source adds, the CPU allocator's peak over a whole steady step ÷ parameters at
+    ``batch`` × ``seq`` and at ``small_batch`` × ``seq`` (activations included)."""
+    from resacct.account.peak import measure_step_peak
+    from resacct.account.step_measurements import measure_training_state
 
     net, inputs, loss_fn = _model(model, batch, seq)
     params = sum(p.numel() for p in net.parameters())
-    measured = measure_step_peak(net, inputs, loss_fn, _adamw)
-    predicted = predict_step_peak(net, inputs, loss_fn, _adamw)
+    state = measure_training_state(net, lambda m: loss_fn(m, inputs), "fp32", "adamw")
+    counters = state.step_counter_bytes
+    measured_state = state.at_step_bytes - counters
+    predicted_state = state.predicted_at_step_bytes - 4 * state.parameter_tensors
+    peak = measure_step_peak(net, inputs, loss_fn, _adamw)
     small_net, small_inputs, small_loss = _model(model, small_batch, seq)
     small = measure_step_peak(small_net, small_inputs, small_loss, _adamw)
-    return Outcome(measured=measured.peak_bytes / params, predicted=predicted.peak_bytes / params,
-                   quantities={"small_batch_bytes_per_parameter": small.peak_bytes / params, "params": params, "tokens": batch * seq})
+    return Outcome(measured=measured_state / params, predicted=predicted_state / params,
+                   quantities={"params": params, "step_counter_bytes": counters, "step_peak_bytes_per_parameter": peak.peak_bytes / params,
+                               "small_batch_step_peak_bytes_per_parameter": small.peak_bytes / params, "tokens": batch * seq})
 
 
 @check("peak.fit_batch", evidence="measured", quantities=("batch", "budget_bytes", "next_predicted_peak_bytes"))
