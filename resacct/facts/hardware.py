@@ -76,6 +76,9 @@ class Peak:
 
     dense_flops_per_sec: float
     sparse_flops_per_sec: float | None = None
+    #: set where this one format's figures are less certain than the board's (e.g. ``third-party``);
+    #: None: as the board's ``confidence``
+    confidence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class Accelerator:
     aliases: tuple[str, ...] = ()
     cuda_names: tuple[str, ...] = ()
     note: str = ""
+    #: thermal design power (board power) per device in watts, or None where no cited source gives it
+    tdp_watts: float | None = None
+    tdp_source: str = ""
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display_name})"
@@ -109,6 +115,12 @@ class Accelerator:
         if self.confidence != "third-party":
             return ""
         return f"note: {self.name}'s figures are from third-party tables, unconfirmed by the vendor (sources: resacct devices {self.name})"
+
+    def peak_confidence(self, fmt: str) -> str:
+        """How far ``fmt``'s peak can be trusted: its own ``confidence`` where the table sets one,
+        else the board's."""
+        peak = self.peaks.get(fmt)
+        return (peak.confidence if peak is not None and peak.confidence else self.confidence)
 
 
 def raw_accelerator_table() -> dict[str, Any]:
@@ -141,16 +153,25 @@ def _parse_peaks(name: str, raw: Any) -> dict[str, Peak]:
     for fmt, entry in raw.items():
         if fmt not in PEAK_FORMATS:
             raise UnknownNameError(f"peak format in {name}", fmt, list(PEAK_FORMATS))
+        if not isinstance(entry, dict):
+            raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.{fmt} is {entry!r}; expected {{dense, sparse}}")
         dense = _positive_number(entry.get("dense"), f"{name}.{fmt}.dense")
         sparse = entry.get("sparse")
         sparse_flops = None if sparse is None else _positive_number(sparse, f"{name}.{fmt}.sparse") * TERA
-        peaks[fmt] = Peak(dense_flops_per_sec=dense * TERA, sparse_flops_per_sec=sparse_flops)
+        confidence = entry.get("confidence")
+        if confidence is not None and confidence not in CONFIDENCE_FLAGS:
+            raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.{fmt}.confidence is {confidence!r}; "
+                               f"expected one of {', '.join(CONFIDENCE_FLAGS)}")
+        unknown = sorted(set(entry) - {"dense", "sparse", "confidence"})
+        if unknown:
+            raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.{fmt} has the unknown key {unknown[0]!r}; known: confidence, dense, sparse")
+        peaks[fmt] = Peak(dense_flops_per_sec=dense * TERA, sparse_flops_per_sec=sparse_flops, confidence=confidence)
     return peaks
 
 
 def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
     known = {"display_name", "family", "aliases", "cuda_names", "memory_bytes", "memory_bandwidth_bytes_per_sec",
-             "source", "confidence", "note", "peaks_tera_per_sec"}
+             "source", "confidence", "note", "peaks_tera_per_sec", "tdp_watts", "tdp_source"}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -169,7 +190,20 @@ def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
         aliases=tuple(str(alias) for alias in entry.get("aliases", ())),
         cuda_names=tuple(str(cuda) for cuda in entry.get("cuda_names", ())),
         note=str(entry.get("note", "")),
+        tdp_watts=_tdp_watts(name, entry),
+        tdp_source=str(entry.get("tdp_source", "")),
     )
+
+
+def _tdp_watts(name: str, entry: dict[str, Any]) -> float | None:
+    """The board's TDP in watts; a TDP without its source (or a source without a TDP) is refused."""
+    if entry.get("tdp_watts") is None:
+        if entry.get("tdp_source"):
+            raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.tdp_source is given without tdp_watts")
+        return None
+    if not entry.get("tdp_source"):
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.tdp_watts is given without tdp_source; every figure carries its source")
+    return _positive_number(entry["tdp_watts"], f"{name}.tdp_watts")
 
 
 @functools.cache
@@ -317,5 +351,6 @@ def peak_source_text(accelerator: str | Accelerator, dtype: str | torch.dtype = 
     'h20 fp16 dense peak (third-party table, unconfirmed by the vendor)'
     """
     board = get_accelerator(accelerator)
-    third_party = " (third-party table, unconfirmed by the vendor)" if board.confidence == "third-party" else ""
-    return f"{board.name} {peak_format(dtype)} dense peak{third_party}"
+    fmt = peak_format(dtype)
+    third_party = " (third-party table, unconfirmed by the vendor)" if board.peak_confidence(fmt) == "third-party" else ""
+    return f"{board.name} {fmt} dense peak{third_party}"
