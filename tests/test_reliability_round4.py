@@ -68,3 +68,58 @@ def test_a_law_beyond_a_float_fails_its_claim_and_loses_no_other(tmp_path, capsy
     assert {claim["id"]: claim["outcome"] for claim in written["claims"]} == {"huge-law": "failed", "float32-has-32-bits": "holds"}
     assert "10**128*10**128*10**128 = 1e+384" in (report / "report.md").read_text(encoding="utf-8")
     assert "1e+384" in (report / "report.html").read_text(encoding="utf-8")
+
+
+# ── numbers that hung or overflowed ──
+
+LLAMA_SHAPE = ["--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--mlp", "11008", "--vocab", "32000"]
+
+
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", "all-linear", "o_proj,down_proj"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_lora_answers_any_depth_from_three_layers_exactly(targets, checkpointing):
+    """The closed form over the layers equals the per-layer loop it replaces, byte for byte and
+    FLOP for FLOP, at every depth the loop can still run."""
+    import argparse
+
+    from resacct.cli import lora
+    from resacct.formulas.hf_formulas import HfArchitecture
+    from resacct.formulas.lora import lora_step_flops
+
+    chosen = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if targets == "all-linear" else tuple(targets.split(","))
+    args = argparse.Namespace(rank=8, targets=chosen, seq=64, dropout=0.1, gradient_checkpointing=checkpointing)
+    for layers in (1, 2, 3, 4, 7, 40):
+        model = HfArchitecture(family="llama", vocab=128, hidden=64, layers=layers, heads=4, kv_heads=2, head_dim=16, mlp=96, positions=64)
+        assert lora._activation_bytes(model, args, 3, "bfloat16") == lora._activation_bytes_looped(model, args, 3, "bfloat16")
+        looped = lora_step_flops(model, rank=8, targets=chosen, batch=3, seq=64)
+        for part in ("forward_flops", "backward_flops"):
+            closed = lora._over_layers(model, lambda shallow, part=part: getattr(lora_step_flops(shallow, rank=8, targets=chosen, batch=3, seq=64), part))
+            assert closed == getattr(looped, part), (layers, part)
+
+
+def test_lora_with_9e15_layers_answers_at_once(capsys):
+    import time
+
+    started = time.perf_counter()
+    assert main(["lora", "--layers", "9e15", *LLAMA_SHAPE, "--memory-gb", "80", "--json"]) == 0
+    assert time.perf_counter() - started < 10  # looped over every layer, it never returned
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["fits"] is False and answer["largest_batch"] == 0
+    assert answer["adapter_parameters"] == 9 * 10**15 * 16 * (4096 + 4096 + 4096 + 1024)  # q: 4096→4096, v: 4096→1024
+
+
+@pytest.mark.parametrize("argv", [
+    ["infer", "--hf-config", "gpt2", "--context", "1024", "--memory-gb", "1e300"],
+    ["infer", "--hf-config", "gpt2", "--context", "1024", "--memory-gb", "80", "--reserve-gb", "1e300"],
+    ["lora", "--hf-config", "llama-2-7b", "--memory-gb", "1e300"],
+    ["lora", "--hf-config", "llama-2-7b", "--memory-gb", "80", "--reserve-gb", "1e300"],
+    ["fit", "--hf-config", "gpt2", "--memory-gb", "1e300"],
+    ["fit", "--hf-config", "gpt2", "--memory-gb", "80", "--reserve-gb", "1e300"],
+], ids=lambda argv: " ".join(argv[:1] + argv[-2:]))
+def test_memory_beyond_2_63_bytes_is_refused_before_any_work(capsys, argv):
+    import time
+
+    started = time.perf_counter()
+    err = _one_line_error(capsys, argv)
+    assert "is too large; expected at most 9.22e+09 GB" in err and "'1e300'" in err, err
+    assert time.perf_counter() - started < 5  # fit --hf-config searched for 50 s before overflowing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from resacct.cli.arguments import count, non_negative_float, positive_int
+from resacct.cli.arguments import gigabytes, positive_int, reserve_gigabytes
 from resacct.errors import ResacctError
 
 __all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "model_source", "parse_input_shape", "add_device_arguments",
@@ -82,8 +82,8 @@ def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
 
 def add_device_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory to use (see 'resacct devices')")
-    parser.add_argument("--memory-gb", type=count, default=None, help="memory per device in GB (10^9 bytes) instead of --device")
-    parser.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="GB to keep free (CUDA context, fragmentation; default: 0)")
+    parser.add_argument("--memory-gb", type=gigabytes, default=None, help="memory per device in GB (10^9 bytes) instead of --device")
+    parser.add_argument("--reserve-gb", type=reserve_gigabytes, default=0.0, help="GB to keep free (CUDA context, fragmentation; default: 0)")
     parser.set_defaults(device_required=required)
 
 

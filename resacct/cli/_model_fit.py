@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from resacct.cli._model_args import device_memory_bytes
-from resacct.cli.arguments import non_negative_float, positive_int
+from resacct.cli.arguments import positive_int, reserve_gigabytes
 from resacct.cli.output import emit, with_caveat
 from resacct.errors import ResacctError
 
@@ -55,7 +55,7 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to search: the micro-batch at --seq, or the sequence length at --batch (default: batch)")
     parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences per micro-batch when searching seq (default: 1)")
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence when searching batch (default: the context length)")
-    parser.add_argument("--reserve-gb", type=non_negative_float, default=0.0, help="with a model: GB to keep free (CUDA context, fragmentation; default: 0)")
+    parser.add_argument("--reserve-gb", type=reserve_gigabytes, default=0.0, help="with a model: GB to keep free (CUDA context, fragmentation; default: 0)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="K", help="micro-steps whose gradients accumulate per step (default: 1)")
     parser.add_argument("--max-batch", type=positive_int, default=None, metavar="N", help="the largest micro-batch to try (default: 1,048,576)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

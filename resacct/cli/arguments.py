@@ -12,7 +12,8 @@ import argparse
 import math
 import re
 
-__all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float", "byte_size", "seconds"]
+__all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float", "byte_size", "seconds", "gigabytes",
+           "reserve_gigabytes"]
 
 _SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -109,6 +110,27 @@ def byte_size(text: str) -> int:
     if not 1 <= value <= MAX_BYTES:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte and at most 2^63 − 1 bytes (8 EiB)")
     return int(value)
+
+
+MAX_GIGABYTES = MAX_BYTES / 1e9
+"""The most memory per device taken, in GB: 2^63 − 1 bytes (9.2 billion GB; ``1e300`` is a typo,
+and its bytes overflow a float)."""
+
+
+def _capped_gigabytes(text: str, value: float) -> float:
+    if value > MAX_GIGABYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large; expected at most {MAX_GIGABYTES:.3g} GB (2^63 − 1 bytes)")
+    return value
+
+
+def gigabytes(text: str) -> float:
+    """Memory per device in GB (10^9 bytes): above 0, at most :data:`MAX_GIGABYTES`."""
+    return _capped_gigabytes(text, count(text))
+
+
+def reserve_gigabytes(text: str) -> float:
+    """Memory to keep free in GB: 0 or more, at most :data:`MAX_GIGABYTES`."""
+    return _capped_gigabytes(text, non_negative_float(text))
 
 
 MAX_SECONDS = 366 * 86400.0

@@ -11,7 +11,7 @@ import argparse
 import os
 from typing import Any
 
-from resacct.cli.arguments import count, fraction, positive_float, positive_int
+from resacct.cli.arguments import count, fraction, gigabytes, positive_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 
@@ -353,7 +353,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit = _add_command(subparsers, "fit", "the largest model whose training state fits — or, with --hf-config/--model, a real model's largest micro-batch",
                        "resacct fit --devices 8 --device h100 --bytes-per-param 16 --zero 3   |   resacct fit --devices 8 --device h100 --recipe mixed-adam --zero 1")
     fit.add_argument("--devices", type=positive_int, default=1, help="number of devices (default: 1)")
-    fit.add_argument("--memory-gb", type=positive_float, help="memory per device in GB (10^9 bytes)")
+    fit.add_argument("--memory-gb", type=gigabytes, help="memory per device in GB (10^9 bytes)")
     fit.add_argument("--device", metavar="NAME", help="take the memory per device from the datasheet table")
     fit.add_argument("--bytes-per-param", type=positive_float, default=None, help="bytes per parameter of the training state (default 16: AdamW with fp32 state)")
     from resacct.cli._recipes import RECIPES_EPILOG, add_recipe_arguments

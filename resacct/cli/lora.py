@@ -60,15 +60,32 @@ def _base(text: str) -> str:
     return text
 
 
+def _over_layers(architecture: Any, compute: Any) -> int:
+    """``compute(architecture)``, from models of at most three layers: every layer after the first
+    saves and costs the same (the first differs: no gradient flows into it), so the answer is
+    linear in the layers from two on — exact to the byte and FLOP at any depth, and ``--layers
+    9e15`` is answered at once instead of looping over every layer."""
+    import dataclasses
+
+    if architecture.layers <= 3:
+        return compute(architecture)
+    two, three = (compute(dataclasses.replace(architecture, layers=layers)) for layers in (2, 3))
+    return two + (architecture.layers - 2) * (three - two)
+
+
 def _activation_bytes(architecture: Any, args: argparse.Namespace, batch: int, dtype: str) -> int:
     """What one forward saves (predicted), or with gradient checkpointing an estimate: the layers'
     inputs, everything outside the layers, and the busiest layer's saved tensors once."""
     import dataclasses
 
-    from resacct.formulas.lora import lora_saved_terms
-
     if architecture.sliding_window is not None:  # a GPU's flash kernel keeps no mask for the window: counted as without one
         architecture = dataclasses.replace(architecture, sliding_window=None)
+    return _over_layers(architecture, lambda shallow: _activation_bytes_looped(shallow, args, batch, dtype))
+
+
+def _activation_bytes_looped(architecture: Any, args: argparse.Namespace, batch: int, dtype: str) -> int:
+    from resacct.formulas.lora import lora_saved_terms
+
     terms = lora_saved_terms(architecture, rank=args.rank, targets=args.targets, batch=batch, seq=args.seq, dtype=dtype, dropout=args.dropout)
     if not args.gradient_checkpointing:
         return sum(term.bytes for term in terms)
@@ -92,7 +109,12 @@ def _run_lora(args: argparse.Namespace) -> int:
     dtype = {"fp32": "float32", "fp16": "float16"}.get(args.base, "bfloat16")
     activations = _activation_bytes(architecture, args, args.batch, dtype)
     per_sample = _activation_bytes(architecture, args, 1, dtype)
-    flops = lora_step_flops(architecture, rank=args.rank, targets=args.targets, batch=args.batch, seq=args.seq)
+    def step_flops(shallow: Any, part: str) -> int:
+        return getattr(lora_step_flops(shallow, rank=args.rank, targets=args.targets, batch=args.batch, seq=args.seq), part)
+
+    flops = argparse.Namespace(**{part: _over_layers(architecture, lambda shallow, part=part: step_flops(shallow, part))
+                                  for part in ("forward_flops", "backward_flops")})
+    flops.step_flops = flops.forward_flops + flops.backward_flops
     full_flops = predict_step_flops(architecture, batch=args.batch, seq=args.seq).step_flops
     total = state.state_bytes + activations
     reserved = args.reserve_gb * 1e9
