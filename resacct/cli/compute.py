@@ -100,11 +100,15 @@ def _run_time(args: argparse.Namespace) -> int:
         "wall_clock_hours": estimate.training_days * 24,
         "device_hours": estimate.device_hours,
     }
+    from resacct.cli._energy import energy_fields, energy_lines
+
+    fields.update(energy_fields(estimate.device_hours, board, args, "the inputs"))
     mode = "sparse" if args.sparse else "dense"
     text = (
         f"{estimate.total_flops:.4g} FLOPs on {count_text(estimate.devices)} × {board.name} ({args.dtype} {mode} peak {peak / 1e12:g} TFLOP/s) at MFU {estimate.mfu:g}\n"
         f"  FLOPs per day: {amount_text(estimate.flops_per_day, '').rstrip()}\n"
-        f"  training time: {days_text(estimate.training_days)} ({amount_text(estimate.device_hours, 'device-hours')})"
+        f"  training time: {days_text(estimate.training_days)} ({amount_text(estimate.device_hours, 'device-hours')})\n"
+        + "\n".join(energy_lines(fields, estimate.device_hours))
     )
     return emit(args, fields, with_caveat(fields, text, board))
 
@@ -348,6 +352,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     time.add_argument("--devices", type=positive_int, required=True, help="number of devices")
     _add_device_arguments(time)
     time.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation in (0, 1] (default: 0.5)")
+    from resacct.cli._energy import add_energy_arguments
+
+    add_energy_arguments(time)
     time.set_defaults(run=_run_time)
 
     fit = _add_command(subparsers, "fit", "the largest model whose training state fits — or, with --hf-config/--model, a real model's largest micro-batch",

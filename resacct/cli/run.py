@@ -7,13 +7,22 @@ FLOPs follow the active parameters (``--active-params`` for a mixture of experts
 --seq``, or ``--hf-config NAME --seq``); ``--recompute full`` counts the recomputed forward for HFU
 (Megatron's 8·N·D with the 6nd convention). Goodput is the share of the wall clock that trains;
 device-hours (and cost) are billed on the wall clock.
+
+Energy and emissions follow the device-hours: × the board's TDP ('resacct devices'; ``--power-watts``
+for a measured average) × PUE → MWh; × the grid's carbon intensity (location-based) → tCO2eq. The
+defaults are LLaMA's convention (PUE 1.1, the US average 0.385 kg CO2eq/kWh; Touvron et al. 2023).
+
+A run answers what its inputs allow: ``--device-hours`` (or ``--days`` with ``--devices``) alone gives
+the wall clock, cost, energy and emissions, without tokens, FLOPs or MFU.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
+from resacct.cli._energy import add_energy_arguments, energy_fields, energy_lines
 from resacct.cli.arguments import count, fraction, non_negative_float, positive_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, ratio_text, with_caveat
 from resacct.errors import ResacctError
@@ -135,27 +144,103 @@ def _text(fields: dict[str, Any]) -> str:
     lines += [
         f"  per device: {fields['tokens_per_sec_per_device']:.4g} tokens/s, {fields['model_flops_per_sec_per_device'] / 1e12:.4g} model TFLOP/s, "
         f"{fields['hardware_flops_per_sec_per_device'] / 1e12:.4g} hardware TFLOP/s",
-        f"  wall clock: {days_text(fields['days'])}; {amount_text(fields['device_hours'], 'device-hours')}",
+        f"  wall clock: {_days_and_hours(fields['days'])}; {amount_text(fields['device_hours'], 'device-hours')}",
     ]
     if fields["cost"] is not None:
         lines.append(f"  cost: {amount_text(fields['cost'], '')} at {fields['cost_per_device_hour']:g} per device-hour".replace("  at", " at"))
+    lines += energy_lines(fields, fields["device_hours"])
     lines.append(f"  training state ({fields['recipe']}, total parameters): {amount_text(fields['training_state_bytes'], 'bytes')}")
     if fields["above_peak"]:
         lines.append("  above the peak: an input is wrong (tokens? devices? the peak's format?)")
     return "\n".join(lines)
 
 
+def _days_and_hours(days: float | None) -> str:
+    """Days and hours to four significant digits (a figure quoted to three can be checked against it)."""
+    if days is None:
+        return "unknown without --devices"
+    if not math.isfinite(days) or days <= 0:
+        return days_text(days)
+    return f"{days:.4g} days ({days * 24:.4g} hours)"
+
+
+def _flag_of(given: str) -> str:
+    return "--" + ("tflops_per_device" if given.endswith("_flops_per_sec_per_device") else given).replace("_", "-")
+
+
+def _peak_caveat(fields: dict[str, Any], text: str, board: Any, dtype: str) -> str:
+    """with_caveat, and a line where the one peak used is less certain than its board."""
+    text = with_caveat(fields, text, board)
+    if board is not None and board.confidence != "third-party" and board.peak_confidence(dtype) == "third-party":
+        note = f"note: {board.name}'s {dtype} peak is from third-party pages, unconfirmed by the vendor (sources: resacct devices {board.name})"
+        fields["source_caveat"] = note
+        text = f"{text.rstrip()}\n  {note}"
+    return text
+
+
+def _run_device_time(args: argparse.Namespace, given: str, value: float) -> int:
+    """``run`` without ``--tokens``: what device time alone answers (wall clock, cost, energy)."""
+    from resacct.facts.hardware import get_accelerator
+    from resacct.formulas.run_accounting import account_device_time
+
+    if given not in ("days", "device_hours"):
+        raise ResacctError(f"{_flag_of(given)} needs --tokens (a rate gives a time only for a number of tokens); "
+                           "without tokens give --device-hours, or --days with --devices")
+    if args.peak is not None and args.device is not None:
+        raise ResacctError("give --peak FLOP/S or --device NAME (with --dtype), not both")
+    board = None if args.peak is not None else get_accelerator(args.device or "h100-sxm")
+    time = account_device_time(given=given, value=value, devices=args.devices, goodput=args.goodput,
+                               cost_per_device_hour=args.cost_per_device_hour)
+    flag = f"{_flag_of(given)} {value:g}"
+    device_hours = _finite_float("device-hours", time.device_hours, flag)
+    fields: dict[str, Any] = {
+        "given": given, "tokens": None, "mfu": None, "device": board.name if board is not None else None, "devices": time.devices,
+        "device_hours": device_hours, "days": None if time.days is None else _finite_float("wall clock", time.days, flag),
+        "wall_clock_seconds": None if time.wall_clock_seconds is None else _finite_float("wall clock", time.wall_clock_seconds, flag),
+        "goodput": float(time.goodput),
+        "cost_per_device_hour": None if time.cost_per_device_hour is None else float(time.cost_per_device_hour),
+        "cost": None if time.cost is None else _finite_float("cost", time.cost, flag),
+    }
+    fields.update(energy_fields(time.device_hours, board, args, flag))
+    where = f"{count_text(time.devices)} × " if time.devices is not None else ""
+    lines = [f"{amount_text(device_hours, 'device-hours')} on {where}{board.name if board is not None else 'a custom device'}; given: {given} "
+             "(no --tokens: no FLOPs, no MFU)",
+             f"  wall clock: {_days_and_hours(fields['days'])}"]
+    if fields["cost"] is not None:
+        lines.append(f"  cost: {amount_text(fields['cost'], '').rstrip()} at {fields['cost_per_device_hour']:g} per device-hour")
+    lines += energy_lines(fields, device_hours)
+    return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _finite_float(name: str, value: Any, flag: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ResacctError(f"{flag} makes the run's {name} larger than a float holds (above 1.8e308); "
+                           "expected a run a cluster could take") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from resacct.formulas.run_accounting import account_run
 
-    total, active, layers, width, source = _model(args)
     given, value = _given(args)
+    if args.tokens is None:
+        return _run_device_time(args, given, value)
+    if args.devices is None:
+        raise ResacctError("--tokens needs --devices (the number of devices the run trains on)")
+    total, active, layers, width, source = _model(args)
     peak, board, dtype = _peak(args)
     flops = _flops(args, active, layers, width)
     run = account_run(flops, tokens=args.tokens, devices=args.devices, peak_flops_per_sec=peak, given=given, value=value,
                       goodput=args.goodput, cost_per_device_hour=args.cost_per_device_hour)
-    fields = _fields(args, run, total, source, board, dtype, given)
-    return emit(args, fields, with_caveat(fields, _text(fields), board))
+    flag = f"{_flag_of(given)} {value:g}"
+    try:
+        fields = _fields(args, run, total, source, board, dtype, given)
+    except OverflowError:
+        raise ResacctError(f"{flag} makes this run's rates larger than a float holds (above 1.8e308: an MFU, a FLOP rate, "
+                           "the wall clock); expected a rate or a time a cluster could reach") from None
+    fields.update(energy_fields(run.device_hours, board, args, flag))
+    return emit(args, fields, _peak_caveat(fields, _text(fields), board, dtype))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -168,7 +253,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
                "  resacct run --params 671B --active-params 37B --tokens 14.8T --devices 2048 --device h800 --dtype fp8 --device-hours 2.664M --cost-per-device-hour 2\n"
                "  resacct run --params 540.35B --tokens 780B --devices 6144 --device tpu-v4 --convention attention --layers 118 --attention-width 12288 --seq 2048 --mfu 0.462\n"
-               "  resacct run --hf-config mixtral-8x7b --tokens 1T --devices 512 --tokens-per-sec-per-device 3000 --goodput 0.9")
+               "  resacct run --hf-config mixtral-8x7b --tokens 1T --devices 512 --tokens-per-sec-per-device 3000 --goodput 0.9\n"
+               "  resacct run --device-hours 30.84M --device h100 --pue 1.1 --carbon-intensity 0.385   (energy and emissions, no tokens)")
     add_json_flag(parser)
     model = parser.add_argument_group("model")
     model.add_argument("--params", type=count, help="total parameters N (memory follows these)")
@@ -184,8 +270,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--recipe", type=recipe_type, default=parse_recipe("mixed-adam"), metavar="NAME",
                        help="precision recipe (or w+g+k bytes) for the training-state bytes of the total parameters (default: mixed-adam)")
     hardware = parser.add_argument_group("hardware")
-    hardware.add_argument("--tokens", type=count, required=True, help="training tokens D")
-    hardware.add_argument("--devices", type=positive_int, required=True, help="number of devices")
+    hardware.add_argument("--tokens", type=count, help="training tokens D (without them: wall clock, cost and energy from --device-hours or --days)")
+    hardware.add_argument("--devices", type=positive_int, help="number of devices (needed with --tokens, and for days from device-hours)")
     hardware.add_argument("--device", default=None, metavar="NAME", help="accelerator (see 'resacct devices'; default: h100-sxm unless --peak)")
     hardware.add_argument("--dtype", default="bf16", help="format whose dense peak MFU is relative to: tf32, bf16, fp16, fp8, fp4 (default: bf16)")
     hardware.add_argument("--peak", type=count, metavar="FLOP/S", help="a custom dense peak per device instead of the table's")
@@ -201,4 +287,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     money = parser.add_argument_group("wall clock and cost")
     money.add_argument("--goodput", type=fraction, default=1.0, help="share of the wall clock that trains, in (0, 1] (default: 1)")
     money.add_argument("--cost-per-device-hour", type=non_negative_float, metavar="PRICE", help="price of one device-hour (e.g. 2 for $2)")
+    add_energy_arguments(parser)
     parser.set_defaults(run=_run)

@@ -49,6 +49,8 @@ __all__ = [
     "account_run",
     "RunModel",
     "run_model_from_hf_values",
+    "DeviceTime",
+    "account_device_time",
 ]
 
 CONVENTIONS = ("6nd", "attention")
@@ -235,13 +237,72 @@ def account_run(flops: FlopsPerToken, *, tokens: Number, devices: Number, peak_f
     count = _whole("devices", devices)
     peak = _exact("peak_flops_per_sec", peak_flops_per_sec)
     share = _fraction_of_one("goodput", goodput, "0.9 when a tenth of the wall clock is lost to restarts")
-    price = None
-    if cost_per_device_hour is not None:
-        price = Fraction(0) if cost_per_device_hour == 0 and not isinstance(cost_per_device_hour, bool) else _exact(
-            "cost_per_device_hour", cost_per_device_hour, "a price ≥ 0")
+    price = _price(cost_per_device_hour)
     seconds = _training_seconds(flops, exact_tokens, count, peak, share, given, value)
     return RunAccount(flops=flops, tokens=exact_tokens, devices=count, peak_flops_per_sec=peak, goodput=share,
                       training_seconds=seconds, cost_per_device_hour=price)
+
+
+def _price(cost_per_device_hour: Number | None) -> Fraction | None:
+    if cost_per_device_hour is None:
+        return None
+    if cost_per_device_hour == 0 and not isinstance(cost_per_device_hour, bool):
+        return Fraction(0)
+    return _exact("cost_per_device_hour", cost_per_device_hour, "a price ≥ 0")
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """What a run's device time alone answers, without its tokens or its model: device-hours, the
+    wall clock (given the devices), the share of it that trains, the cost. No FLOPs, no MFU."""
+
+    device_hours: Fraction
+    devices: int | None
+    goodput: Fraction
+    cost_per_device_hour: Fraction | None = None
+
+    @property
+    def wall_clock_seconds(self) -> Fraction | None:
+        return None if self.devices is None else self.device_hours * SECONDS_PER_HOUR / self.devices
+
+    @property
+    def days(self) -> Fraction | None:
+        seconds = self.wall_clock_seconds
+        return None if seconds is None else seconds / SECONDS_PER_DAY
+
+    @property
+    def training_seconds(self) -> Fraction | None:
+        seconds = self.wall_clock_seconds
+        return None if seconds is None else seconds * self.goodput
+
+    @property
+    def cost(self) -> Fraction | None:
+        return None if self.cost_per_device_hour is None else self.device_hours * self.cost_per_device_hour
+
+
+def account_device_time(*, given: str, value: Number, devices: Number | None = None, goodput: Number = 1,
+                        cost_per_device_hour: Number | None = None) -> DeviceTime:
+    """A run known by its ``days`` (which need ``devices``) or its ``device_hours`` only.
+
+    >>> t = account_device_time(given="device_hours", value=2.664e6, devices=2048, cost_per_device_hour=2)
+    >>> round(float(t.days), 2), float(t.cost)
+    (54.2, 5328000.0)
+    >>> account_device_time(given="device_hours", value=1e6).days is None
+    True
+    """
+    if given not in ("days", "device_hours"):
+        raise ResacctError(f"without tokens a run is known only by its days or device-hours, not by {given!r}; "
+                           "give the tokens to derive the time from a rate")
+    count = None if devices is None else _whole("devices", devices)
+    share = _fraction_of_one("goodput", goodput, "0.9 when a tenth of the wall clock is lost to restarts")
+    amount = _exact(given, value)
+    if given == "days":
+        if count is None:
+            raise ResacctError("days need the number of devices to give device-hours (device-hours = devices × days × 24)")
+        device_hours = amount * count * SECONDS_PER_DAY / SECONDS_PER_HOUR
+    else:
+        device_hours = amount
+    return DeviceTime(device_hours=device_hours, devices=count, goodput=share, cost_per_device_hour=_price(cost_per_device_hour))
 
 
 @dataclass(frozen=True)
