@@ -1,0 +1,181 @@
+"""The record a GPU run leaves (``tools/gpu_record.py``) and its replay through the allocator model.
+
+A **record** is JSON: the board, torch's version, the allocator's settings, the board's measured
+ceilings, and per training step (``steps``) what the CUDA caching allocator did in a fresh process
+from its first allocation — ``torch.cuda.memory._record_memory_history(context=None)`` then
+``_snapshot()``, compacted by :func:`compact_snapshot`: every trace entry as
+``[action, address id, size, stream id]`` (no stack frames; addresses and streams renumbered in
+order of first use), ``window_start`` (the entry where the measured step began, after
+``reset_peak_memory_stats``), ``max_memory_allocated`` / ``max_memory_reserved`` over that step,
+the segments at the end; plus the step's time and its aten ops (the recorder's business).
+
+:func:`replay_step` runs the trace's allocations and frees through
+:class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel` and compares what the model
+does with what the allocator did: every ``segment_alloc`` / ``segment_free`` (size and order),
+and the allocated and reserved peaks of the window against ``max_memory_*``. The reserved peak is
+also summed from the recorded segment events alone (no model), a check of the record itself.
+
+Trace sizes are the **requested** bytes (``record_trace(ALLOC, ptr, orig_size, …)``); the block
+sizes ``memory_allocated`` counts are the model's to work out.
+
+>>> step = {"trace": [["segment_alloc", 0, 2097152, 0], ["alloc", 0, 36, 0], ["alloc", 1, 4000, 0],
+...                   ["free_requested", 0, 36, 0], ["free_completed", 0, 36, 0]],
+...         "window_start": 0, "max_memory_allocated": 4608, "max_memory_reserved": 2097152}
+>>> result = replay_step(step)
+>>> result.peak_allocated_bytes, result.peak_reserved_bytes, result.holds
+(4608, 2097152, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+from resacct.errors import ResacctError
+
+__all__ = ["RECORD_FORMAT", "SEGMENT_ACTIONS", "ReplayResult", "compact_snapshot", "replay_step", "recorded_reserved_peak_bytes",
+           "allocator_config_of", "check_record_layout"]
+
+RECORD_FORMAT = "resacct-gpu-record/1"
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+_ALLOCATION_ACTIONS = ("alloc", "free_requested", "free_completed")
+_KNOWN_ACTIONS = _ALLOCATION_ACTIONS + SEGMENT_ACTIONS + ("snapshot", "oom", "user_defined")
+
+
+def compact_snapshot(snapshot: dict[str, Any], *, window_start: int, device: int = 0) -> dict[str, Any]:
+    """The record of one step from ``torch.cuda.memory._snapshot()``: trace entries as
+    ``[action, address id, size, stream id]`` and the segments at the end, frames dropped.
+    ``window_start`` counts trace entries (the length of the trace when the measured step began)."""
+    traces = snapshot.get("device_traces") or [[]]
+    if device >= len(traces):
+        raise ResacctError(f"device {device}: the snapshot has traces for {len(traces)} device(s); expected device < {len(traces)}")
+    addresses: dict[int, int] = {}
+    streams: dict[int, int] = {}
+    trace = []
+    for entry in traces[device]:
+        action = entry["action"]
+        if action not in _KNOWN_ACTIONS:
+            raise ResacctError(f"trace action {action!r}: expected one of {', '.join(_KNOWN_ACTIONS)}")
+        if action in ("snapshot", "user_defined"):
+            trace.append([action, -1, int(entry.get("size", 0)), -1])
+            continue
+        address = addresses.setdefault(int(entry["addr"]), len(addresses))
+        stream = streams.setdefault(int(entry.get("stream", 0)), len(streams))
+        trace.append([action, address, int(entry["size"]), stream])
+    segments = []
+    for segment in snapshot.get("segments", []):
+        if segment.get("device", device) != device:
+            continue
+        segments.append({"address": addresses.get(int(segment["address"]), -1), "total_size": int(segment["total_size"]),
+                         "stream": streams.get(int(segment.get("stream", 0)), -1), "segment_type": segment.get("segment_type", ""),
+                         "blocks": [[int(b["size"]), int(b.get("requested_size", 0)), b["state"]] for b in segment["blocks"]]})
+    if not 0 <= window_start <= len(trace):
+        raise ResacctError(f"window_start {window_start}: expected 0 ≤ it ≤ the trace's {len(trace)} entries")
+    return {"trace": trace, "window_start": window_start, "segments_end": segments}
+
+
+def allocator_config_of(settings: dict[str, Any] | None) -> AllocatorConfig:
+    """The model's settings from a record's ``allocator_settings`` (``_snapshot()['allocator_settings']``)."""
+    settings = settings or {}
+    max_split = settings.get("max_split_size")
+    if max_split is not None and (max_split <= 0 or max_split >= 2**63):
+        max_split = None  # SIZE_MAX (or -1 as some versions print it): unlimited
+    return AllocatorConfig(max_split_size_bytes=max_split, expandable_segments=bool(settings.get("expandable_segments", False)))
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The model's peaks over a recorded step's window beside the recorded ones, and whether the
+    model made the same segments in the same order (``first_segment_mismatch`` says where not)."""
+
+    name: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    recorded_max_allocated_bytes: int | None
+    recorded_max_reserved_bytes: int | None
+    recorded_reserved_peak_bytes: int  # summed from the recorded segment events alone, no model
+    segment_events: int
+    first_segment_mismatch: str | None
+    live_at_peak_bytes: dict[Any, int] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        """Every segment event and both peaks exactly as recorded."""
+        return (self.first_segment_mismatch is None and self.recorded_max_allocated_bytes == self.peak_allocated_bytes
+                and self.recorded_max_reserved_bytes == self.peak_reserved_bytes)
+
+
+def recorded_reserved_peak_bytes(trace: Iterable[list], window_start: int = 0) -> int:
+    """The reserved peak of the window from the recorded segment events alone (map adds, unmap and free subtract)."""
+    reserved = peak = 0
+    trace = list(trace)
+    for index, (action, _address, size, _stream) in enumerate(trace):
+        if index == window_start:
+            peak = reserved
+        if action in ("segment_alloc", "segment_map"):
+            reserved += size
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+        if index >= window_start:
+            peak = max(peak, reserved)
+    return peak if window_start < len(trace) else reserved
+
+
+def replay_step(step: dict[str, Any], settings: dict[str, Any] | None = None, *, name: str = "") -> ReplayResult:
+    """Replay one recorded step (``trace``, ``window_start``, ``max_memory_*``) through the model."""
+    trace = step["trace"]
+    window_start = int(step.get("window_start", 0))
+    model = CachingAllocatorModel(allocator_config_of(settings if settings is not None else step.get("allocator_settings")))
+    recorded_segments: list[tuple[str, int, int]] = []
+    stream_of: dict[int, int] = {}
+    for index, (action, address, size, stream) in enumerate(trace):
+        if index == window_start:
+            model.reset_peaks()
+        if action == "alloc":
+            model.malloc(address, size, stream)
+            stream_of[address] = stream
+        elif action == "free_requested":
+            if address not in model.active:
+                raise ResacctError(f"trace entry {index}: free of address id {address} that the trace never allocated "
+                                   "(the record began after it, or the ring buffer wrapped): expected a trace from the first allocation")
+            model.free(address)
+        elif action in SEGMENT_ACTIONS:
+            recorded_segments.append((action, size, stream))
+    if window_start >= len(trace):
+        model.reset_peaks()
+    made = [(e.action, e.size, e.stream) for e in model.events if e.action in SEGMENT_ACTIONS]
+    mismatch = None
+    for position, (recorded, modelled) in enumerate(zip(recorded_segments, made)):
+        if recorded != modelled:
+            mismatch = f"segment event {position}: recorded {recorded}, the model {modelled}"
+            break
+    if mismatch is None and len(recorded_segments) != len(made):
+        mismatch = f"{len(recorded_segments)} segment events recorded, the model made {len(made)}"
+    return ReplayResult(name=name or step.get("name", ""), peak_allocated_bytes=model.peak_allocated_bytes,
+                        peak_reserved_bytes=model.peak_reserved_bytes, recorded_max_allocated_bytes=step.get("max_memory_allocated"),
+                        recorded_max_reserved_bytes=step.get("max_memory_reserved"),
+                        recorded_reserved_peak_bytes=recorded_reserved_peak_bytes(trace, window_start),
+                        segment_events=len(recorded_segments), first_segment_mismatch=mismatch, live_at_peak_bytes=model.live_at_peak())
+
+
+def check_record_layout(record: dict[str, Any]) -> list[str]:
+    """What a record lacks (empty: the layout is whole): the format tag, the board, the steps
+    with their trace, window and peaks, the ceilings."""
+    problems = []
+    if record.get("format") != RECORD_FORMAT:
+        problems.append(f"format {record.get('format')!r}: expected {RECORD_FORMAT!r}")
+    for key in ("board", "torch", "when", "allocator_settings", "steps", "ceilings"):
+        if key not in record:
+            problems.append(f"no {key!r}")
+    for step in record.get("steps", []):
+        if "error" in step:
+            continue
+        for key in ("name", "trace", "window_start", "max_memory_allocated", "max_memory_reserved", "step_time_sec", "ops"):
+            if key not in step:
+                problems.append(f"step {step.get('name', '?')}: no {key!r}")
+        for row in step.get("trace", [])[:1]:
+            if len(row) != 4 or row[0] not in _KNOWN_ACTIONS:
+                problems.append(f"step {step.get('name', '?')}: trace row {row!r} is not [action, address id, size, stream id]")
+    return problems
