@@ -123,3 +123,31 @@ def test_memory_beyond_2_63_bytes_is_refused_before_any_work(capsys, argv):
     err = _one_line_error(capsys, argv)
     assert "is too large; expected at most 9.22e+09 GB" in err and "'1e300'" in err, err
     assert time.perf_counter() - started < 5  # fit --hf-config searched for 50 s before overflowing
+
+
+def test_a_timeout_shorter_than_starting_the_timer_is_one_line():
+    import subprocess
+    import sys
+
+    launcher = Path(sys.executable).with_name("resacct")  # the console script, as a user runs it
+    done = subprocess.run([str(launcher), "account", "--timeout", "1e-9"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done
+    assert done.stderr.startswith("resacct account: error: --timeout 1e-09 s reached while") and "_TimeLimitReached" not in done.stderr
+    assert "(at " not in done.stderr, done.stderr  # no user code ran: no frame (it named the launcher script)
+
+
+def test_the_timeout_names_the_users_frame_never_a_library_or_the_launcher(monkeypatch):
+    import sys
+
+    from resacct.account.user_code import _user_location
+
+    def frame_in(filename: str):
+        namespace: dict = {}
+        exec(compile("import sys\ndef here():\n    return sys._getframe()\n", filename, "exec"), namespace)
+        return namespace["here"]()
+
+    assert _user_location(frame_in("/home/me/train/model.py")) == "/home/me/train/model.py:3 in here"
+    caller = f"{__file__}:"  # the frame that called the skipped one: this test's frame_in
+    assert _user_location(frame_in("/venv/lib/python3.11/site-packages/transformers/modeling.py")).startswith(caller)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/resacct", "account"])
+    assert _user_location(frame_in("/venv/bin/resacct")).startswith(caller)

@@ -234,9 +234,13 @@ HARD_STOP_GRACE_S = 10.0
 
 
 def _user_location(frame: FrameType | None) -> str | None:
-    """``file:line in function`` of the innermost frame of ``frame``'s stack outside the libraries."""
+    """``file:line in function`` of the innermost frame of ``frame``'s stack outside the libraries,
+    the installed packages (transformers …) and the ``resacct`` launcher script; None when the
+    user's code is not on the stack (the limit came during resacct's or a library's own work)."""
+    launcher = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
     while frame is not None:
-        if not _is_library(frame.f_code.co_filename):
+        filename = frame.f_code.co_filename
+        if not (_is_library(filename) or "-packages" + os.sep in filename or os.path.abspath(filename) == launcher):
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return None
@@ -282,10 +286,10 @@ def stopping_after(seconds: float | None, *, option: str = "--timeout", hint: st
     watchdog = threading.Timer(seconds + (HARD_STOP_GRACE_S if use_alarm else 0.0), hard_stop)
     watchdog.daemon = True
     previous = signal.signal(signal.SIGALRM, on_alarm) if use_alarm else None
-    if use_alarm:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-    watchdog.start()
-    try:
+    try:  # a limit shorter than starting the timers (--timeout 1e-9) ends here: one line too
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+        watchdog.start()
         yield
     except _TimeLimitReached as reached:
         raise ResacctError(str(reached)) from None
