@@ -151,3 +151,20 @@ def test_the_timeout_names_the_users_frame_never_a_library_or_the_launcher(monke
     assert _user_location(frame_in("/venv/lib/python3.11/site-packages/transformers/modeling.py")).startswith(caller)
     monkeypatch.setattr(sys, "argv", ["/venv/bin/resacct", "account"])
     assert _user_location(frame_in("/venv/bin/resacct")).startswith(caller)
+
+
+@pytest.mark.parametrize(("fake", "fragment"), [
+    ('{"physical_cores": ' + "9" * 5000 + "}", "RESACCT_FAKE_MACHINE holds a number of more than 4300 digits"),
+    ("[" * 50_000 + "]" * 50_000, "RESACCT_FAKE_MACHINE nests arrays or objects deeper than Python's JSON reader goes (100,000 characters)"),
+    ('{"physical_cores": ' + "[" * 50_000 + "]" * 50_000 + "}", "RESACCT_FAKE_MACHINE nests arrays or objects deeper"),
+], ids=["5000-digits", "50000-deep", "50000-deep-field"])
+def test_a_hostile_fake_machine_is_one_line(capsys, monkeypatch, fake, fragment):
+    from resacct.measurement.machine_profile import this_machine
+
+    monkeypatch.setenv("RESACCT_FAKE_MACHINE", fake)
+    this_machine.cache_clear()
+    try:
+        err = _one_line_error(capsys, ["machine"])
+    finally:
+        this_machine.cache_clear()
+    assert err.startswith("resacct machine: error: " + fragment), err

@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +372,12 @@ def _faked(profile: MachineProfile, text: str) -> MachineProfile:
     except json.JSONDecodeError as error:
         raise ResacctError(f"{FAKE_MACHINE_VARIABLE} is not JSON ({error.msg}); expected an object such as "
                            '\'{"cpu_bf16_matmul": "amx"}\'') from None
+    except ValueError:  # Python refuses to read an integer of more than 4300 digits
+        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} holds a number of more than {sys.get_int_max_str_digits()} digits; "
+                           "expected an object of profile fields such as '{\"physical_cores\": 8}'") from None
+    except RecursionError:
+        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} nests arrays or objects deeper than Python's JSON reader goes "
+                           f"({len(text):,} characters); expected a flat object of profile fields such as '{{\"physical_cores\": 8}}'") from None
     if not isinstance(overrides, dict):
         raise ResacctError(f"{FAKE_MACHINE_VARIABLE} must be a JSON object of profile fields, got {type(overrides).__name__}")
     names = {item.name for item in dataclasses.fields(MachineProfile)} - {"faked"}
