@@ -23,19 +23,32 @@ def _device_fields(board: Any) -> dict[str, Any]:
         "memory_bytes": board.memory_bytes,
         "memory_bandwidth_bytes_per_sec": board.memory_bandwidth_bytes_per_sec,
         "peaks_flops_per_sec": {fmt: {"dense": peak.dense_flops_per_sec, "sparse": peak.sparse_flops_per_sec} for fmt, peak in board.peaks.items()},
+        "peak_confidence": {fmt: board.peak_confidence(fmt) for fmt in board.peaks},
         "bf16_dense_intensity_flops_per_byte": board.peaks["bf16"].dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec if "bf16" in board.peaks else None,
         "aliases": list(board.aliases),
         "cuda_names": list(board.cuda_names),
         "source": board.source,
         "confidence": board.confidence,
         "note": board.note,
+        "tdp_watts": board.tdp_watts,
+        "tdp_source": board.tdp_source or None,
     }
 
 
 def _tera(board: Any, fmt: str, sparse: bool = False) -> str:
     peak = board.peaks.get(fmt)
     value = None if peak is None else (peak.sparse_flops_per_sec if sparse else peak.dense_flops_per_sec)
-    return "—" if value is None else f"{value / 1e12:g}"
+    if value is None:
+        return "—"
+    # a peak less certain than its board's entry is marked: * third-party, † derived
+    mark = {"third-party": "*", "derived": "†"}.get(board.peak_confidence(fmt), "") if peak.confidence else ""
+    return f"{value / 1e12:g}{mark}"
+
+
+def _other_peaks(board: Any) -> str:
+    """Formats the columns leave out (int8, fp4, fp64), with their dense peaks."""
+    shown = [f"{fmt} {_tera(board, fmt)}" for fmt in ("int8", "fp4", "fp64") if fmt in board.peaks]
+    return ", ".join(shown) if shown else "—"
 
 
 def _short_source(source: str) -> str:
@@ -52,17 +65,21 @@ def _run_devices(args: argparse.Namespace) -> int:
     boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
     fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
     scale, unit = unit_scale(args.units)
-    header = f"{'name':<15}{'memory ' + unit:>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}{'FLOP/B':>8}  source"
-    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity); FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16)", header]
+    header = (f"{'name':<15}{'memory ' + unit:>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}"
+              f"{'FLOP/B':>8}{'TDP W':>7}  {'int8, fp4, fp64':<26}  source")
+    lines = ["peaks in TFLOP/s (dense; 2:4 = structured sparsity; * a third-party figure in an entry otherwise better sourced); "
+             "FLOP/B = bf16 dense peak ÷ bandwidth (fp16 where a board has no bf16); TDP W = board power, the default power of run/time energy", header]
     for board in boards:
         matrix_16 = board.peaks.get("bf16") or board.peaks.get("fp16")
         intensity = f"{matrix_16.dense_flops_per_sec / board.memory_bandwidth_bytes_per_sec:.0f}" if matrix_16 else "—"
         flag = f" {board.flag}" if board.flag else ""
         lines.append(f"{board.name:<15}{board.memory_bytes / scale:>10.6g}{board.memory_bandwidth_bytes_per_sec / 1e12:>7g}{_tera(board, 'fp32'):>7}"
                      f"{_tera(board, 'tf32'):>8}{_tera(board, 'bf16'):>8}{_tera(board, 'bf16', True):>9}{_tera(board, 'fp16'):>7}{_tera(board, 'fp8'):>7}"
-                     f"{_tera(board, 'fp8', True):>8}{intensity:>8}  {_short_source(board.source)}{flag}")
+                     f"{_tera(board, 'fp8', True):>8}{intensity:>8}{'—' if board.tdp_watts is None else f'{board.tdp_watts:g}':>7}  "
+                     f"{_other_peaks(board):<26}  {_short_source(board.source)}{flag}")
     if args.name:
-        lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items() if key in ("display_name", "cuda_names", "source", "note") and value]
+        lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items()
+                  if key in ("display_name", "cuda_names", "source", "note", "tdp_source") and value]
     return emit(args, fields, "\n".join(lines))
 
 
