@@ -50,7 +50,7 @@ def _best_sec(function, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return min(samples)
 
 
-@check("lecture.cold_over_warm", evidence="measured", quantities=("cold_sec", "warm_sec"), timing=True)
+@check("lecture.cold_over_warm", evidence="measured", quantities=("cold_sec", "warm_sec"), timing=True, paired=True)
 def cold_over_warm(m: int, k: int, n: int, pairs: int = 7) -> Outcome:
     """What a warm-up changes: the lecture's ``time_matmul`` on freshly made float32 tensors (its
     way: no warm-up) ÷ ``time_matmul`` on the same tensors after two untimed calls, each side the
@@ -85,7 +85,7 @@ def _bf16_over_fp32(m: int, k: int, n: int, repeats: int) -> tuple[float, float,
     return bf16_speed / fp32_speed, fp32_speed, bf16_speed
 
 
-@check("lecture.cpu_bf16_over_fp32_flops", evidence="measured", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec"), timing=True,
+@check("lecture.cpu_bf16_over_fp32_flops", evidence="measured", quantities=("fp32_flops_per_sec", "bf16_flops_per_sec"), timing=True, paired=True,
        forget=(_bf16_over_fp32.cache_clear,))
 def cpu_bf16_over_fp32_flops(m: int, k: int, n: int, repeats: int = 5) -> Outcome:
     """On this CPU: FLOP/s of ``x @ w`` in bfloat16 ÷ in float32 (x = ones(m, k), w = randn(k, n)

@@ -209,7 +209,7 @@ def _interleaved_samples_sec(functions: list[Callable[[], object]], repeats: int
     return samples
 
 
-@check("perf.cpu_speed_ratio", evidence="measured", quantities=("matmul_flops_per_sec", "add_flops_per_sec"), timing=True)
+@check("perf.cpu_speed_ratio", evidence="measured", quantities=("matmul_flops_per_sec", "add_flops_per_sec"), timing=True, paired=True)
 def cpu_speed_ratio(matmul_size: int = 512, add_elements: int = 2**23, repeats: int = 9) -> Outcome:
     """FLOP/s a float32 matmul_size³ matmul reaches ÷ what an ``add`` over ``add_elements``
     elements reaches, timed here in turn with one thread. "Reaches" is the best of the samples

@@ -79,6 +79,7 @@ class Check:
     timing: bool = False  # the outcome is a timing on this machine: decided in rounds, may be inconclusive
     forget: tuple[Callable[[], object], ...] = ()  # clears what the check caches, so a new round measures afresh
     evidence: str | None = None  # one of EVIDENCE_KINDS: what the measured value is (None: not declared)
+    paired: bool = False  # a timing whose value compares timings taken in turn: load moves it either way (timing's sign test)
 
     def forget_cached(self) -> None:
         """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
@@ -116,7 +117,7 @@ _discovered = False
 
 
 def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...] = (), timing: bool = False,
-          forget: tuple[Callable[[], object], ...] = ()) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+          forget: tuple[Callable[[], object], ...] = (), paired: bool = False) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
     """Register ``function`` as the check called ``name`` (``area.what``).
 
     ``evidence``: what its measured value is, one of :data:`EVIDENCE_KINDS` (see the module's
@@ -124,7 +125,12 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     without one reads "unstated" in the reports). ``timing=True``: what it measures is a time on
     this machine, so the harness decides its claims in rounds and may call them inconclusive
     (:mod:`resacct.harness.timing`); ``forget``: the ``cache_clear`` of each cache the check reads,
-    called before every round but the first."""
+    called before every round but the first. ``paired=True`` (timing checks only): its value compares
+    timings taken in turn on this machine (a ratio of best-ofs of interleaved samples), so load slows
+    both sides and moves a round's value up as often as down — the harness may then decide it by a
+    sign test over rounds taken under load (:mod:`resacct.harness.timing`)."""
+    if paired and not timing:
+        raise ResacctError(f"check {name!r}: paired=True describes a timing check's value; it needs timing=True")
     if evidence is not None and evidence not in EVIDENCE_KINDS:
         raise ResacctError(f"check {name!r}: evidence={evidence!r}; expected one of {', '.join(EVIDENCE_KINDS)}")
     if timing and evidence not in (None, "measured"):
@@ -133,7 +139,7 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
         if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
             raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
-        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget), evidence)
+        _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget), evidence, paired)
         return function
 
     return register

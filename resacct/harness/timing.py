@@ -9,12 +9,20 @@ core away and the share drops).
   at least a factor 1.1 away from every ``at_least``/``at_most`` bound (non-numeric statements, such as a
   roofline's "memory"/"compute", are clear).
 - One quiet, clear round decides, either way.
-- Otherwise up to three rounds run. Rounds that all pass, with their spread (max ÷ min − 1)
-  smaller than the median's margin to the bound, decide *holds* (a load cannot make them agree by
-  chance). A claim **fails only on quiet rounds**: load only ever adds time, and a time measured
-  under load is the load's, not the machine's.
-- Anything else is **inconclusive (noisy)**: the message gives every round's value, its CPU share,
-  the spread, the margin and the load average. ``RESACCT_REQUIRE_TIMING=1`` turns it into a failure.
+- Otherwise more rounds run (at most ``MAX_ROUNDS``; ``EARLY_STOP_ROUNDS`` once the rounds disagree).
+  Rounds that all pass, with their spread (max ÷ min − 1) smaller than the median's margin to the
+  bound, decide *holds* (a load cannot make them agree by chance). A claim **fails only on quiet
+  rounds**: load only ever adds time, and a time measured under load is the load's, not the machine's.
+- **Sign test** (checks registered ``paired=True``: their value compares timings taken in turn, so
+  load slows both sides and pushes a round's value up as often as down): ``SIGN_TEST_ROUNDS``
+  rounds that all come out as the spec says decide, quiet or not. Were the truth on the other side
+  of the bound, each round would land on the spec's side with a chance of at most ½, and all of
+  them with at most ½ ** SIGN_TEST_ROUNDS (3.1 %) — a test, not a guess. A passing value near its
+  bound under load (the warm-up claim: 1.08, 1.20, 1.13 against ``at_most`` 1.25, spread 11 % ≥
+  margin 10.6 %) decides this way; one round that disagrees stops it.
+- Anything else is **inconclusive (noisy)**: the message says what the claim measured in each
+  round (its CPU share, pass or fail), the band, the spread and the margin, why that does not
+  decide, and the load average. ``RESACCT_REQUIRE_TIMING=1`` makes the item fail with that message.
 
 Spread and margin are both factors (timings and their ratios are positive): the spread of rounds
 0.9 and 1.2 is 1.2 ÷ 0.9 − 1 = 33 %; a median of 1.0 under ``at_most: 1.5`` has a margin of
@@ -32,6 +40,7 @@ prints both).
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -44,11 +53,13 @@ from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import get_check
 
 __all__ = ["Inconclusive", "Round", "decide_timing_claim", "measure_with_cpu_share", "relative_margin", "spread", "INCONCLUSIVE_PREFIX", "REQUIRE_TIMING_VARIABLE",
-           "MAX_ROUNDS", "QUIET_CPU_SHARE", "CLEAR_MARGIN"]
+           "MAX_ROUNDS", "EARLY_STOP_ROUNDS", "SIGN_TEST_ROUNDS", "QUIET_CPU_SHARE", "CLEAR_MARGIN", "sign_test_p_value"]
 
 REQUIRE_TIMING_VARIABLE = "RESACCT_REQUIRE_TIMING"
 INCONCLUSIVE_PREFIX = "inconclusive (noisy): "
-MAX_ROUNDS = 3
+SIGN_TEST_ROUNDS = 5  # all agreeing: p ≤ 2**-5 ≈ 3.1 % that the truth lies on the other side
+MAX_ROUNDS = SIGN_TEST_ROUNDS
+EARLY_STOP_ROUNDS = 3  # rounds that disagree cannot pass the sign test: stop after three
 QUIET_CPU_SHARE = 0.85
 CLEAR_MARGIN = 0.10
 
@@ -57,9 +68,11 @@ class Inconclusive(Exception):
     """A timing claim the machine was too noisy to decide; ``str()`` says why, with the numbers;
     ``verdict`` is the last round's."""
 
-    def __init__(self, message: str, verdict: Verdict):
+    def __init__(self, message: str, verdict: Verdict, *, reason: str = "", rounds_text: str = ""):
         super().__init__(message)
         self.verdict = verdict
+        self.reason = reason  # why the rounds do not decide, in one sentence
+        self.rounds_text = rounds_text  # every round's value, pass or fail, share of a core
 
 
 @dataclass(frozen=True)
@@ -129,9 +142,28 @@ def spread(values: list[Any]) -> float | None:
     return round(_factor_apart(min(values), max(values)), 6)
 
 
+def sign_test_p_value(agreeing: int, rounds: int) -> float:
+    """The chance of at least ``agreeing`` of ``rounds`` rounds landing on one side of a bound when
+    each does so with a chance of ½ (one-sided binomial tail).
+
+    >>> sign_test_p_value(5, 5)
+    0.03125
+    >>> round(sign_test_p_value(4, 5), 4)
+    0.1875
+    """
+    return sum(math.comb(rounds, k) for k in range(agreeing, rounds + 1)) / 2 ** rounds
+
+
+def _sign_test_decides(claim: LoadedClaim, rounds: list[Round]) -> bool:
+    return (get_check(claim.claim.measure).paired and len(rounds) >= SIGN_TEST_ROUNDS
+            and all(one.passed for one in rounds) and sign_test_p_value(len(rounds), len(rounds)) <= 2 ** -SIGN_TEST_ROUNDS)
+
+
 def _decided(claim: LoadedClaim, rounds: list[Round]) -> Round | None:
     """The round that decides the claim, or None while undecided."""
     last = rounds[-1]
+    if _sign_test_decides(claim, rounds):
+        return last
     margin = _margin(claim, last.value)
     if last.quiet and (margin is None or margin >= CLEAR_MARGIN):
         return last
@@ -148,24 +180,47 @@ def _decided(claim: LoadedClaim, rounds: list[Round]) -> Round | None:
     return last if all(one.quiet for one in rounds) else None
 
 
-def _describe(claim: LoadedClaim, rounds: list[Round], load_start: float | None) -> str:
-    values = ", ".join(f"{_number(one.value)} ({'passes' if one.passed else 'fails'}, {one.cpu_share:.0%} of a core)" for one in rounds)
+def _band(claim: LoadedClaim) -> str:
     expect = claim.claim.expect
     bounds = []
     if expect is not None and expect.at_least is not None:
-        bounds.append(f"at_least {expect.at_least:g}")
+        bounds.append(f"at least {expect.at_least:g}")
     if expect is not None and expect.at_most is not None:
-        bounds.append(f"at_most {expect.at_most:g}")
-    apart = spread([one.value for one in rounds])
-    spread_text = f"; spread {apart:.0%}" if apart is not None else ""
-    margin = _margin(claim, statistics.median([one.value for one in rounds])) if apart is not None else None
-    margin_text = f", margin to the bound {margin:.0%}" if margin is not None else ""
-    load_end = _load_average()
-    load = f"load average {_number(load_start)} → {_number(load_end)} on {os.cpu_count()} CPUs"
-    return (f"{INCONCLUSIVE_PREFIX}{len(rounds)} rounds measured {values}"
-            f"{' against ' + ' and '.join(bounds) if bounds else ''}{spread_text}{margin_text}; {load}. "
-            f"A timing claim fails only on rounds with ≥ {QUIET_CPU_SHARE:.0%} of a core; "
-            f"rerun on a quieter machine, or set {REQUIRE_TIMING_VARIABLE}=1 to count this as failed")
+        bounds.append(f"at most {expect.at_most:g}")
+    return " and ".join(bounds) if bounds else "its statement"
+
+
+def _why_undecided(claim: LoadedClaim, rounds: list[Round]) -> str:
+    """One sentence: why these rounds decide nothing (the rules of the module docstring)."""
+    passed = sum(one.passed for one in rounds)
+    quiet = sum(one.quiet for one in rounds)
+    values = [one.value for one in rounds]
+    apart = spread(values)
+    margin = _margin(claim, statistics.median(values)) if apart is not None else None
+    closeness = (f"; their spread {apart:.1%} is not below the median's margin {margin:.1%} to the bound"
+                 if apart is not None and margin is not None and apart >= margin else "")
+    if 0 < passed < len(rounds):
+        return f"the rounds disagree: {passed} of {len(rounds)} came out as the spec says{closeness}"
+    if passed == 0:
+        return (f"every round came out against the spec, but only {quiet} of {len(rounds)} had ≥ {QUIET_CPU_SHARE:.0%} of a core, "
+                f"and a timing fails only on such quiet rounds (load only adds time){closeness}")
+    quiet_note = "none was quiet and clear of the bound by ≥ " if quiet == 0 else "no quiet round lay clear of the bound by ≥ "
+    sign = ("" if not get_check(claim.claim.measure).paired else
+            f"; the sign test needs {SIGN_TEST_ROUNDS} such rounds in a row (p ≤ {2 ** -SIGN_TEST_ROUNDS:.1%}), "
+            f"these are {len(rounds)} (p = {sign_test_p_value(len(rounds), len(rounds)):.1%})")
+    return f"every round came out as the spec says, but {quiet_note}{CLEAR_MARGIN:.0%}{closeness}{sign}"
+
+
+def _rounds_text(rounds: list[Round]) -> str:
+    return ", ".join(f"{_number(one.value)} ({'as the spec says' if one.passed else 'against the spec'}, {one.cpu_share:.0%} of a core)"
+                     for one in rounds)
+
+
+def _describe(claim: LoadedClaim, rounds: list[Round], load_start: float | None, reason: str) -> str:
+    load = f"load average {_number(load_start)} → {_number(_load_average())} on {os.cpu_count()} CPUs"
+    return (f"{INCONCLUSIVE_PREFIX}claim '{claim.id}' measured {_rounds_text(rounds)} in {len(rounds)} rounds, "
+            f"against {_band(claim)}: {reason}; {load}. "
+            f"Rerun on a quieter machine, or set {REQUIRE_TIMING_VARIABLE}=1 to count this as failed")
 
 
 def _number(value: Any) -> str:
@@ -197,5 +252,11 @@ def decide_timing_claim(claim: LoadedClaim, inputs: Mapping[str, Any], *, max_ro
             if deciding.failure is not None:
                 raise deciding.failure
             return deciding.verdict
+        if len(rounds) >= EARLY_STOP_ROUNDS and not (check.paired and all(one.passed for one in rounds)):
+            break  # only the sign test could still decide, and it cannot (or does not apply)
     remember_measurement(claim, rounds[-1].measurement)
-    raise Inconclusive(_describe(claim, rounds, load_start), rounds[-1].verdict)
+    reason = _why_undecided(claim, rounds)
+    verdict = rounds[-1].verdict
+    verdict.notes.append(f"rounds: {_rounds_text(rounds)}")
+    verdict.notes.append(f"undecided: {reason}")
+    raise Inconclusive(_describe(claim, rounds, load_start, reason), verdict, reason=reason, rounds_text=_rounds_text(rounds))
