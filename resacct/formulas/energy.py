@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from resacct.errors import ResacctError
 
-__all__ = ["RunEnergy", "run_energy", "WATT_HOURS_PER_MWH"]
+__all__ = ["RunEnergy", "run_energy", "implied_pue", "implied_emissions_factor_kg_per_kwh", "WATT_HOURS_PER_MWH"]
 
 WATT_HOURS_PER_MWH = 10**6
 
@@ -88,3 +88,25 @@ def run_energy(device_hours: Number, *, power_watts: Number, pue: Number, carbon
         carbon_intensity_kg_per_kwh=_exact("carbon_intensity_kg_per_kwh", carbon_intensity_kg_per_kwh,
                                            "a grid carbon intensity ≥ 0 in kg CO2eq per kWh, e.g. 0.385", strictly=False),
     )
+
+
+def implied_pue(device_hours: Number, *, power_watts: Number, energy_mwh: Number) -> Fraction:
+    """The PUE a published energy figure implies: MWh × 10⁶ ÷ (device-hours × W) — the inverse of
+    :func:`run_energy`'s energy, to read a report's unstated overhead off its own figures.
+
+    >>> round(float(implied_pue(22_016, power_watts=400, energy_mwh=9.7)), 3)        # DINOv2-g, Table 14
+    1.101
+    """
+    it_mwh = _exact("device_hours", device_hours, "device-hours > 0") * _exact("power_watts", power_watts, "watts > 0") / WATT_HOURS_PER_MWH
+    return _exact("energy_mwh", energy_mwh, "a published energy in MWh > 0") / it_mwh
+
+
+def implied_emissions_factor_kg_per_kwh(device_hours: Number, *, power_watts: Number, emissions_tco2eq: Number) -> Fraction:
+    """kg CO2eq per kWh of board energy that a published emissions figure implies (PUE × carbon
+    intensity together): tCO2eq × 10⁶ ÷ (device-hours × W).
+
+    >>> round(float(implied_emissions_factor_kg_per_kwh(184_320, power_watts=400, emissions_tco2eq=31.22)), 4)   # Llama 2 7B
+    0.4234
+    """
+    it_mwh = _exact("device_hours", device_hours, "device-hours > 0") * _exact("power_watts", power_watts, "watts > 0") / WATT_HOURS_PER_MWH
+    return _exact("emissions_tco2eq", emissions_tco2eq, "published emissions in tCO2eq ≥ 0", strictly=False) / it_mwh
