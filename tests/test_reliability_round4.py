@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import torch
 
 from resacct.cli import main
 from resacct.reporting.documents import format_value
@@ -168,3 +169,65 @@ def test_a_hostile_fake_machine_is_one_line(capsys, monkeypatch, fake, fragment)
     finally:
         this_machine.cache_clear()
     assert err.startswith("resacct machine: error: " + fragment), err
+
+
+# ── user code: a tree too deep to walk, a BaseException of its own, what it prints ──
+
+HERE = "tests.test_reliability_round4:"
+
+
+class _Wrap(torch.nn.Module):
+    """One level of a deep tree whose forward does not recurse (the leaf is reached in a loop)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        module = self.inner
+        while isinstance(module, _Wrap):
+            module = module.inner
+        return module(x)
+
+
+def nested_model(levels: int = 5000) -> torch.nn.Module:
+    model: torch.nn.Module = torch.nn.Linear(4, 4)
+    for _ in range(levels - 1):
+        model = _Wrap(model)
+    return model
+
+
+class _OwnBaseException(BaseException):
+    pass
+
+
+def raises_base_exception() -> torch.nn.Module:
+    raise _OwnBaseException("the factory gave up")
+
+
+class _RaisesBaseInForward(torch.nn.Linear):
+    def forward(self, x):
+        raise _OwnBaseException("the forward gave up")
+
+
+def raises_base_exception_in_forward() -> torch.nn.Module:
+    return _RaisesBaseInForward(4, 4)
+
+
+def test_a_model_nested_5000_modules_deep_is_one_line(capsys):
+    err = _one_line_error(capsys, ["account", "--model", HERE + "nested_model", "--input-shape", "2,4"])
+    assert f"the model from factory '{HERE}nested_model' nests modules 5,000 deep; expected at most 100" in err, err
+
+
+def test_a_model_100_modules_deep_is_accounted(capsys):
+    assert main(["account", "--model", HERE + "nested_model", "--model-arg", "levels=100", "--input-shape", "2,4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == 20
+
+
+@pytest.mark.parametrize(("factory", "fragment"), [
+    ("raises_base_exception", f"factory '{HERE}raises_base_exception' raised _OwnBaseException: the factory gave up (at "),
+    ("raises_base_exception_in_forward", "the step of _RaisesBaseInForward (forward, loss or backward) raised _OwnBaseException: the forward gave up (at "),
+])
+def test_a_base_exception_of_the_users_own_is_one_line(capsys, factory, fragment):
+    err = _one_line_error(capsys, ["account", "--model", HERE + factory, "--input-shape", "2,4"])
+    assert fragment in err and "test_reliability_round4.py:" in err, err

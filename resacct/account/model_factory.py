@@ -18,7 +18,7 @@ from resacct.errors import ResacctError
 from resacct.account.model_io import StepInputs
 from resacct.account.user_code import calling_user_code, running_phase, system_exit_error, user_frame
 
-__all__ = ["parse_model_arg", "load_model", "module_cycle", "check_module_tree", "predict_named_model_peak"]
+__all__ = ["parse_model_arg", "load_model", "module_cycle", "module_depth", "max_module_depth", "check_module_tree", "predict_named_model_peak"]
 
 
 def parse_model_arg(text: str) -> tuple[str, Any]:
@@ -57,7 +57,9 @@ def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[
             target: Any = importlib.import_module(module_name)
     except SystemExit as exit_:  # sys.exit() at the module's top level
         raise system_exit_error(f"importing {module_name!r} for --model {spec!r}", exit_, user_frame(sys.exc_info()[2])) from None
-    except Exception as error:  # ImportError, or whatever the module raises while importing
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # ImportError, or whatever the module raises while importing (a BaseException of its own too)
         raise ResacctError(f"cannot import {module_name!r} for --model {spec!r}: {type(error).__name__}: {error}") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -121,13 +123,44 @@ def module_cycle(model: nn.Module) -> str | None:
     return None
 
 
+def module_depth(model: nn.Module) -> int:
+    """How many modules deep the tree nests (a lone module: 1), walked without recursion; a tree
+    without cycles (:func:`module_cycle`) is assumed.
+
+    >>> module_depth(nn.Linear(2, 2)), module_depth(nn.Sequential(nn.Sequential(nn.Linear(2, 2))))
+    (1, 3)
+    """
+    deepest, pending, seen = 0, [(model, 1)], set[int]()
+    while pending:
+        module, depth = pending.pop()
+        deepest = max(deepest, depth)
+        for child in vars(module).get("_modules", {}).values():
+            if isinstance(child, nn.Module) and id(child) not in seen:
+                seen.add(id(child))
+                pending.append((child, depth + 1))
+    return deepest
+
+
+def max_module_depth() -> int:
+    """The deepest module tree taken: ``copy.deepcopy`` (one copy per measured dtype) spends about
+    six Python calls a level, torch's ``.modules()``, ``.to()`` and ``state_dict()`` one or two,
+    so a tree deeper than this reaches Python's recursion limit (100 levels at its default 1000;
+    real models nest fewer than 10)."""
+    return max(1, (sys.getrecursionlimit() - 200) // 8)
+
+
 def check_module_tree(model: nn.Module, what: str) -> None:
     """Refuse a model whose module tree has a cycle (torch's ``.train()``, ``.modules()`` and
-    ``.to()`` would recurse until RecursionError) with one line naming the attribute path."""
+    ``.to()`` would recurse until RecursionError) with one line naming the attribute path, or
+    nests deeper than :func:`max_module_depth`."""
     cycle = module_cycle(model)
     if cycle is not None:
         raise ResacctError(f"{what} contains itself: {cycle}, a cycle in its module tree; "
                            "expected a tree of submodules (keep a back-reference out of the tree, e.g. in a list or a weakref)")
+    depth, limit = module_depth(model), max_module_depth()
+    if depth > limit:
+        raise ResacctError(f"{what} nests modules {depth:,} deep; expected at most {limit} (copying and walking the tree recurses once or "
+                           f"more a level, and Python stops at {sys.getrecursionlimit()} nested calls: sys.setrecursionlimit raises it)")
 
 
 def predict_named_model_peak(spec: str, model_args: Mapping[str, Any] | None = None, *, batch: int, seq: int | None,

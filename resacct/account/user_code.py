@@ -117,9 +117,9 @@ def calling_user_code(what: str, *, hint: str = "", fallback: str | None = None,
     """Run user code; any exception that is not a :class:`ResacctError` becomes a
     :class:`UserCodeError`: ``<what> raised <Type>: <first line of the message> (at file:line in
     function)<hint>``. ``RecursionError`` and ``MemoryError`` included; ``SystemExit``
-    (``sys.exit(0)`` in a factory or a forward) too, as ``<what> called sys.exit(0) …``;
-    ``KeyboardInterrupt`` passes through (the command line's ``interrupted``, 130), and so does a
-    ``--timeout`` (:func:`stopping_after`). ``fallback``: the location to name when no frame is the
+    (``sys.exit(0)`` in a factory or a forward) too, as ``<what> called sys.exit(0) …``, and a
+    ``BaseException`` subclass of the user's own; ``KeyboardInterrupt`` passes through (the command
+    line's ``interrupted``, 130), and so does a ``--timeout`` (:func:`stopping_after`). ``fallback``: the location to name when no frame is the
     user's (e.g. :func:`code_location` of the model's forward). ``phase``: what the progress line
     and ``--timeout`` call this (default: from ``what``, see :func:`running_phase`)."""
     with running_phase(phase or _phase_of(what)):
@@ -129,7 +129,9 @@ def calling_user_code(what: str, *, hint: str = "", fallback: str | None = None,
             raise
         except SystemExit as exit_:  # sys.exit(0) in a factory must not end resacct with status 0
             raise system_exit_error(what, exit_, user_frame(sys.exc_info()[2], fallback)) from None
-        except Exception as error:  # the user's code may raise anything
+        except (KeyboardInterrupt, GeneratorExit, _TimeLimitReached):
+            raise
+        except BaseException as error:  # the user's code may raise anything, a BaseException of its own too
             frame = user_frame(sys.exc_info()[2], fallback)
             where = f" (at {frame})" if frame else ""
             raise UserCodeError(f"{what} raised {type(error).__name__}: {_first_line(error)}{where}{hint}") from None
