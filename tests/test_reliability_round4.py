@@ -231,3 +231,37 @@ def test_a_model_100_modules_deep_is_accounted(capsys):
 def test_a_base_exception_of_the_users_own_is_one_line(capsys, factory, fragment):
     err = _one_line_error(capsys, ["account", "--model", HERE + factory, "--input-shape", "2,4"])
     assert fragment in err and "test_reliability_round4.py:" in err, err
+
+
+# ── verify --merge: JSON when asked, a partial report's missing claims are no change ──
+
+
+def _merge_input(version: str, outcomes: dict[str, str], *, complete: bool = True) -> dict:
+    document = {"environment": {"torch": version, "device": "cpu", "machine": {"cpu_bf16_matmul": "amx"}},
+                "claims": [{"id": claim, "area": "x", "says": "s", "outcome": outcome} for claim, outcome in outcomes.items()]}
+    if not complete:
+        document["run"] = {"complete": False, "interrupted": False, "selection": {"areas": [], "pattern": "a or b"}}
+    return document
+
+
+def test_merge_counts_no_change_for_claims_a_partial_report_did_not_run(tmp_path, capsys):
+    from resacct.reporting import merge_reports, render_matrix_markdown
+
+    complete = _merge_input("2.13.0", {"a": "holds", "b": "refuted", "c": "holds", "d": "holds"})
+    partial = _merge_input("2.4.1", {"a": "holds", "b": "failed"}, complete=False)
+    older = _merge_input("2.2.0", {"a": "holds", "b": "refuted", "c": "holds"})  # complete, without d: a change
+    matrix = merge_reports([complete, partial, older])
+    assert {row["id"]: row["changes"] for row in matrix["rows"]} == {"a": False, "b": True, "c": False, "d": True}
+    markdown = render_matrix_markdown(matrix)
+    assert markdown.startswith("# Claims across environments (torch version · device · CPU bf16 kind)")
+    assert "| x | c | holds | not run | holds |" in markdown and "| x | d ⚠ | holds | not run | — |" in markdown
+    paths = []
+    for name, document in (("complete", complete), ("partial", partial)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(document), encoding="utf-8")
+    assert main(["verify", "--merge", *map(str, paths), "--report-dir", str(tmp_path / "m"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # it printed the table
+    assert printed["changed"] == 1 and printed["columns"] == ["torch 2.13.0 · cpu · bf16 amx", "torch 2.4.1 · cpu · bf16 amx (partial)"]
+    assert printed["partial"] == ["torch 2.4.1 · cpu · bf16 amx (partial)"]
+    assert printed["files"]["json"] == str(tmp_path / "m" / "matrix.json")
+    assert json.loads((tmp_path / "m" / "matrix.json").read_text(encoding="utf-8"))["rows"] == printed["rows"]

@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-timeline", action="store_true",
                         help="skip step-timeline.png: one training step's memory, predicted beside the CPU allocator's measurement (~1 s)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
-                        help="run nothing: combine report.json files (e.g. one per tox env) into a claims × torch-version matrix")
+                        help="run nothing: combine report.json files (e.g. one per tox env or machine) into a claims × environment matrix "
+                             "(torch version · device · CPU bf16 kind)")
     parser.set_defaults(run=run_verify)
 
 
@@ -118,7 +119,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from resacct.harness.run import InterruptLatch
 
     if args.merge:
-        return run_merge(args.merge, args.report_dir, quiet=args.quiet)
+        return run_merge(args.merge, args.report_dir, quiet=args.quiet, json_output=args.json)
     if args.workers < 0:
         raise ResacctError(f"--workers must be 0 or more, got {args.workers}")
     if args.workers > (os.cpu_count() or 1):
@@ -272,11 +273,14 @@ def _write_roofline(directory: Path) -> Path:
     return write_measured_roofline_png(directory / "roofline.png")
 
 
-def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:
+def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False, json_output: bool = False) -> int:
+    """``--merge``: matrix.md and matrix.json in ``report_dir``; the table (or with ``json_output``
+    one strict JSON object: the matrix, the count of rows that change, the files) on stdout."""
     from rich.console import Console
     from rich.table import Table
 
     from resacct.reporting import load_report, merge_reports, render_matrix_markdown, strict_json_text
+    from resacct.reporting.documents import matrix_cell
 
     matrix = merge_reports([load_report(path) for path in paths])
     if report_dir.exists() and not report_dir.is_dir():
@@ -289,6 +293,10 @@ def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:
         raise ResacctError(f"report directory {str(report_dir)!r} cannot be written ({error.strerror or error}); "
                            "--report-dir needs a directory resacct may create and write") from None
     changed = [row for row in matrix["rows"] if row["changes"]]
+    if json_output:
+        print(strict_json_text({**matrix, "changed": len(changed),
+                                "files": {"markdown": str(report_dir / "matrix.md"), "json": str(report_dir / "matrix.json")}}))
+        return 0
     if not quiet:
         table = Table(title="claims × environments (rows whose status changes are marked ⚠)", title_justify="left")
         table.add_column("area")
@@ -296,7 +304,7 @@ def run_merge(paths: list[Path], report_dir: Path, quiet: bool = False) -> int:
         for column in matrix["columns"]:
             table.add_column(column)
         for row in matrix["rows"]:
-            cells = [row["outcomes"].get(column, "—") for column in matrix["columns"]]
+            cells = [matrix_cell(matrix, row, column) for column in matrix["columns"]]
             styled = [f"[{STATUS_STYLE.get(cell, 'dim')}]{cell}[/]" for cell in cells]
             table.add_row(row["area"], row["id"] + (" ⚠" if row["changes"] else ""), *styled)
         Console(width=max(Console().width, 120)).print(table)

@@ -291,29 +291,49 @@ def _column_name(environment: dict[str, Any]) -> str:
     return f"torch {environment.get('torch', '?')} · {environment.get('device', '?')}{kind}"
 
 
+NOT_RUN = "not run"
+"""A matrix cell for a claim a partial report (``--area``, ``-k``, Ctrl-C) did not run: no outcome,
+and no change of status."""
+
+
 def merge_reports(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    """Claims × environments: ``{"columns": [...], "rows": [{"id", "area", "says", "outcomes": {column: outcome}, "changes"}]}``."""
+    """Claims × environments (torch version, device, CPU bf16 kind): ``{"columns": [...], "partial":
+    [the columns of partial reports], "rows": [{"id", "area", "says", "outcomes": {column: outcome},
+    "changes"}]}``. A claim a partial report did not run changes nothing; one a complete report
+    lacks (not in that version's claims) is a change."""
     if not documents:
         raise ResacctError("--merge needs at least one report.json")
     columns: list[str] = []
+    partial: list[str] = []
     rows: dict[str, dict[str, Any]] = {}
     for document in documents:
         column = _column_name(document["environment"])
-        if not is_complete(document):
+        complete = is_complete(document)
+        if not complete:
             column += " (partial)"
         base, suffix = column, 2
         while column in columns:
             column = f"{base} ({suffix})"
             suffix += 1
         columns.append(column)
+        if not complete:
+            partial.append(column)
         for record in document["claims"]:
             row = rows.setdefault(record["id"], {"id": record["id"], "area": record["area"], "says": record.get("says", ""), "outcomes": {}})
             row["outcomes"][column] = record["outcome"]
     ordered = sorted(rows.values(), key=lambda row: (row["area"], row["id"]))
     for row in ordered:
-        seen = {row["outcomes"].get(column, "absent") for column in columns}
+        seen = {row["outcomes"].get(column, "absent") for column in columns if column in row["outcomes"] or column not in partial}
         row["changes"] = len(seen) > 1
-    return {"columns": columns, "rows": ordered}
+    return {"columns": columns, "partial": partial, "rows": ordered}
+
+
+def matrix_cell(matrix: dict[str, Any], row: dict[str, Any], column: str) -> str:
+    """A row's outcome in ``column``: the outcome, :data:`NOT_RUN` in a partial report's column, or
+    ``—`` (the claim is not in that report's claims)."""
+    if column in row["outcomes"]:
+        return str(row["outcomes"][column])
+    return NOT_RUN if column in matrix.get("partial", ()) else "—"
 
 
 _MARKDOWN_ESCAPES = {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "[": "\\[", "]": "\\]", "`": "\\`",
@@ -346,11 +366,12 @@ def markdown_code(value: Any, *, in_table: bool = False) -> str:
 def render_matrix_markdown(matrix: dict[str, Any]) -> str:
     columns = matrix["columns"]
     changed = [row for row in matrix["rows"] if row["changes"]]
-    lines = ["# Claims across torch versions", "",
-             f"{len(matrix['rows'])} claims × {len(columns)} environments; {len(changed)} change status between them (marked ⚠).", "",
+    lines = ["# Claims across environments (torch version · device · CPU bf16 kind)", "",
+             f"{len(matrix['rows'])} claims × {len(columns)} environments; {len(changed)} change status between them (marked ⚠"
+             + ("; a claim a partial report did not run changes nothing" if matrix.get("partial") else "") + ").", "",
              "| area | claim | " + " | ".join(map(markdown_text, columns)) + " |", "|---|---|" + "---|" * len(columns)]
     for row in matrix["rows"]:
         marker = " ⚠" if row["changes"] else ""
-        cells = [markdown_text(row["outcomes"].get(column, "—")) for column in columns]
+        cells = [markdown_text(matrix_cell(matrix, row, column)) for column in columns]
         lines.append(f"| {markdown_text(row['area'])} | {markdown_text(row['id'])}{marker} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
