@@ -158,3 +158,11 @@ def test_time_prints_the_energy_of_its_device_hours(capsys) -> None:
     assert main(["time", "--params", "70B", "--tokens", "15T", "--devices", "1024", "--device", "b300"]) == 0
     out = capsys.readouterr().out
     assert "× 1400 W (b300 TDP)" in out and "tCO2eq, location-based" in out
+
+
+def test_optimal_prints_the_energy_of_its_device_hours(capsys) -> None:
+    fields = _json(capsys, ["optimal", "--flops", "5.76e23", "--device", "a100", "--devices", "1024"])
+    assert fields["energy_mwh"] == pytest.approx(fields["device_hours"] * 400 * 1.1 / 1e6)
+    assert fields["emissions_tco2eq"] == pytest.approx(fields["energy_mwh"] * 0.385)
+    fields = _json(capsys, ["optimal", "--flops", "5.76e23", "--device", "tpu-v5e", "--power-watts", "200", "--carbon-intensity", "0"])
+    assert fields["energy_mwh"] == pytest.approx(fields["device_hours"] * 200 * 1.1 / 1e6) and fields["emissions_tco2eq"] == 0

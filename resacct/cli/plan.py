@@ -272,6 +272,10 @@ def _run_optimal(args: argparse.Namespace) -> int:
                        "devices": args.devices, "wall_clock_days": hours / args.devices / 24})
         lines.append(f"  on {device or 'a custom peak'} ({peak:.4g} FLOP/s) at MFU {args.mfu:g} and goodput {args.goodput:g}: "
                      f"{amount_text(hours, 'device-hours')} = {days_text(hours / args.devices / 24)} on {count_text(args.devices)} devices")
+        from resacct.cli._energy import energy_fields, energy_lines
+
+        fields.update(energy_fields(hours, board, args, "the inputs"))
+        lines += energy_lines(fields, hours)
         return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
     return emit(args, fields, "\n".join(lines))
 
@@ -347,5 +351,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     optimal.add_argument("--mfu", type=fraction, default=0.4, help="model FLOPs utilization in (0, 1] (default: 0.4)")
     optimal.add_argument("--goodput", type=fraction, default=1.0, help="fraction of reserved time that makes progress (default: 1)")
     optimal.add_argument("--devices", type=positive_int, default=1, help="devices, for the wall-clock days (default: 1)")
+    from resacct.cli._energy import add_energy_arguments
+
+    add_energy_arguments(optimal)
     add_json_flag(optimal)
     optimal.set_defaults(run=_run_optimal)
