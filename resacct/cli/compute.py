@@ -11,6 +11,7 @@ import argparse
 import os
 from typing import Any
 
+from resacct.cli._energy import add_energy_arguments, energy_fields, energy_lines
 from resacct.cli.arguments import count, fraction, gigabytes, positive_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
@@ -100,8 +101,6 @@ def _run_time(args: argparse.Namespace) -> int:
         "wall_clock_hours": estimate.training_days * 24,
         "device_hours": estimate.device_hours,
     }
-    from resacct.cli._energy import energy_fields, energy_lines
-
     fields.update(energy_fields(estimate.device_hours, board, args, "the inputs"))
     mode = "sparse" if args.sparse else "dense"
     text = (
@@ -352,8 +351,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     time.add_argument("--devices", type=positive_int, required=True, help="number of devices")
     _add_device_arguments(time)
     time.add_argument("--mfu", type=fraction, default=0.5, help="model FLOPs utilisation in (0, 1] (default: 0.5)")
-    from resacct.cli._energy import add_energy_arguments
-
     add_energy_arguments(time)
     time.set_defaults(run=_run_time)
 
