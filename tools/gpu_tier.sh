@@ -23,6 +23,9 @@
 #   verify.tar.gz     the whole verify report folder (report.md, report.html, roofline.png, pytest.log)
 #   step-time.json    `resacct account --device cuda --json` of three GPTs
 # A step that fails does not stop the others; the exit status is 1 if any step failed.
+#
+# The allocator and step-time record (issue 31) is a separate device call, no wheels needed:
+#   python3 tools/gpu_record.py        (timeout_s 570; its --dry-run is tests/test_gpu_record.py's)
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"

@@ -1,0 +1,92 @@
+"""The allocations and frees a piece of PyTorch code makes, seen from the dispatcher, fed to the
+CUDA caching allocator model as they happen: the trace the allocator *would* record on a GPU.
+
+:class:`AllocationRecorder` is a ``TorchDispatchMode``: every aten op's outputs that own a new
+storage are one ``malloc`` of the storage's bytes, each storage's death (a weak reference, as
+:class:`~resacct.account.peak_tracker.LiveStorageTracker` does) one ``free``; both go to a
+:class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel`. Over fake ``cuda`` tensors
+(``FakeTensorMode``) it is a prediction; over real tensors on the CPU it is what the GPU recorder's
+dry run writes (``tools/gpu_record.py --dry-run``), in ``torch.cuda.memory._snapshot()``'s format
+(:meth:`AllocationRecorder.snapshot`).
+
+What the dispatcher never shows is not in the trace: a kernel's workspace (cuBLAS, cuDNN), CUDA's
+own context. On a GPU they are the record's to show.
+
+>>> import torch
+>>> with AllocationRecorder() as recorder:
+...     a = torch.ones(1000)          # 4000 B → a 4096-byte block of a 2 MiB segment
+...     b = a * 2
+...     del a
+>>> recorder.allocator.allocated_bytes, recorder.allocator.peak_allocated_bytes, recorder.allocator.reserved_bytes
+(4096, 8192, 2097152)
+>>> [entry["action"] for entry in recorder.snapshot()["device_traces"][0]]
+['segment_alloc', 'alloc', 'alloc', 'free_requested', 'free_completed']
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+
+__all__ = ["AllocationRecorder"]
+
+
+class AllocationRecorder(TorchDispatchMode):
+    """Every new storage an op returns is allocated in ``allocator`` (a model of the CUDA caching
+    allocator), freed when it dies. ``device`` (None: any) limits which storages count."""
+
+    def __init__(self, config: AllocatorConfig | None = None, *, device: str | None = None) -> None:
+        super().__init__()
+        self.allocator = CachingAllocatorModel(config)
+        self.device = device
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._ids = itertools.count()
+        self.window_start = 0  # the trace entry where :meth:`start_window` was called
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device):
+                self.track(value)
+        return out
+
+    def track(self, tensor: torch.Tensor) -> None:
+        """Allocate ``tensor``'s storage now (once), free it when it dies."""
+        storage = tensor.untyped_storage()
+        if storage in self._seen or storage.nbytes() == 0:
+            return
+        owner = next(self._ids)
+        self._seen[storage] = owner
+        self.allocator.malloc(owner, storage.nbytes())
+        weakref.finalize(storage, self._free, owner)
+
+    def _free(self, owner: int) -> None:
+        if owner in self.allocator.active:
+            self.allocator.free(owner)
+
+    def start_window(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats()``: the peaks and the window start here."""
+        self.allocator.reset_peaks()
+        self.window_start = len(self.allocator.events)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The model's trace and segments as ``torch.cuda.memory._snapshot()`` returns them (no frames)."""
+        trace = [{"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream} for e in self.allocator.events]
+        segments = []
+        for segment in self.allocator.segments():
+            address, blocks = segment["address"], []
+            for block in segment["blocks"]:
+                blocks.append({"address": address, "size": block["size"], "requested_size": block["requested_size"],
+                               "state": "active_allocated" if block["allocated"] else "inactive"})
+                address += block["size"]
+            segments.append({"device": 0, "address": segment["address"], "total_size": segment["total_size"], "stream": segment["stream"],
+                             "segment_type": segment["segment_type"], "blocks": blocks})
+        return {"segments": segments, "device_traces": [trace]}

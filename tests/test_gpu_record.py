@@ -1,0 +1,100 @@
+"""tools/gpu_record.py, the GPU recorder (issue 31; docs/gpu.md "Recording a board"): its dry run on
+the CPU runs the recorder's own code on tiny shapes, so it cannot rot between GPU loans.
+
+In a dry run the trace comes from resacct's allocation recorder and allocator model, not from a
+GPU, so its replay holding is a check of the plumbing (format, window, replay), not of the model.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tools" / "gpu_record.py"
+sys.path.insert(0, str(REPO / "tools"))
+
+import gpu_record  # noqa: E402
+
+from resacct.account.gpu.record import check_record_layout  # noqa: E402
+
+#: one step of each model family and of each recipe kind: the slow test's dry run
+DRY_STEPS = ["gpt2-small/fp32/math", "hf-gpt2/bf16-autocast/flash", "llama-3.2-1b-lora/bf16/flash",
+             "mixtral-small/bf16-autocast/batched_mm-experts", "gpt2-small/fp32/efficient/expandable"]
+
+
+def test_the_matrix_spans_what_issue_31_asks() -> None:
+    matrix = gpu_record.MATRIX
+    assert len(matrix) >= 10
+    families = {family for family, *_ in matrix.values()}
+    recipes = {recipe for _, _, recipe, *_ in matrix.values()}
+    attentions = {attention for _, _, _, attention, *_ in matrix.values()}
+    models = {json.dumps(model, sort_keys=True) for _, model, *_ in matrix.values()}
+    assert families == {"resacct", "hf", "lora"}
+    assert {"fp32", "bf16-autocast", "bf16-fp32-master"} <= recipes
+    assert {"flash", "efficient", "math"} <= attentions
+    assert len(models) == 5  # resacct's gpt2-small, HF GPT-2, Llama-3.2-1B, a GQA Llama, Mixtral
+    assert {extra.get("experts") for *_, extra in matrix.values()} >= {"eager", "batched_mm"}
+    gqa = gpu_record.GQA_LLAMA
+    assert gqa["num_attention_heads"] > gqa["num_key_value_heads"] > 1
+    assert any(extra.get("expandable_segments") for *_, extra in matrix.values())
+
+
+def test_unknown_step_and_missing_out_are_usage_errors(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("gpu_record.py: unknown step 'nope'") and "Traceback" not in done.stderr
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "no --out and no $OUT" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("gpu-record-out")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", ",".join(DRY_STEPS), "--step-limit", "240",
+                           "--budget", "1500"], cwd=REPO, capture_output=True, text=True, timeout=1600)
+    return done, out
+
+
+@pytest.mark.slow
+def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    done, out = dry_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-record-summary.json", "gpu-record.json.gz", "gpu-record.log"]
+    record = json.loads(gzip.open(out / "gpu-record.json.gz", "rt").read())
+    assert check_record_layout(record) == []
+    assert record["dry_run"] is True and [step["name"] for step in record["steps"]] == DRY_STEPS
+    for step in record["steps"]:
+        assert step["trace_complete"] and step["trace"][0][0] == "segment_alloc"
+        assert 0 < step["window_start"] < len(step["trace"])
+        assert step["replay"]["holds"], step["name"]
+        assert step["max_memory_reserved"] >= step["max_memory_allocated"] > 0
+        assert step["step_time_sec"]["median"] > 0 and len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS_DRY
+        mm = [op for op in step["ops"] if op["name"] in ("aten::mm", "aten::addmm", "aten::bmm")]
+        assert mm and all(op["shapes"] and op["calls"] > 0 for op in mm)
+    ceilings = record["ceilings"]
+    assert set(ceilings["matmul"]) >= {"bf16", "fp16", "tf32", "fp32"}
+    assert ceilings["matmul"]["fp32"]["max_flops_per_sec"] > 0 and ceilings["copy"]["bandwidth_bytes_per_sec"] > 0
+    assert ceilings["launch"]["per_launch_sec"] > 0
+    summary = json.loads((out / "gpu-record-summary.json").read_text())
+    assert summary["failed"] == [] and summary["record_bytes"] < 10 * 2**20
+    assert all(row["status"] == "ok" and row["replay"]["holds"] for row in summary["steps"])
+
+
+@pytest.mark.slow
+def test_dry_run_records_the_recipes_and_kernels_it_names(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    record = json.loads(gzip.open(dry_run[1] / "gpu-record.json.gz", "rt").read())
+    steps = {step["name"]: step for step in record["steps"]}
+    def ops(name: str) -> set[str]:
+        return {op["name"] for op in steps[name]["ops"]}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops("hf-gpt2/bf16-autocast/flash")  # the CPU's flash kernel
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in ops("gpt2-small/fp32/math")
+    assert any("BFloat16" in json.dumps(op["dtypes"]) or "c10::BFloat16" in json.dumps(op["dtypes"]) for op in steps["hf-gpt2/bf16-autocast/flash"]["ops"])
+    lora = steps["llama-3.2-1b-lora/bf16/flash"]
+    assert lora["parameters"] > 0 and lora["max_memory_allocated"] < steps["mixtral-small/bf16-autocast/batched_mm-experts"]["max_memory_allocated"]
