@@ -8,12 +8,12 @@ FLOPs follow the active parameters (``--active-params`` for a mixture of experts
 (Megatron's 8·N·D with the 6nd convention). Goodput is the share of the wall clock that trains;
 device-hours (and cost) are billed on the wall clock.
 
-Energy and emissions follow the device-hours: × the board's TDP ('resacct devices'; ``--power-watts``
+Energy and emissions follow the device-hours: × the board's TDP ('resacct devices'; --power-watts
 for a measured average) × PUE → MWh; × the grid's carbon intensity (location-based) → tCO2eq. The
 defaults are LLaMA's convention (PUE 1.1, the US average 0.385 kg CO2eq/kWh; Touvron et al. 2023).
 
-A run answers what its inputs allow: ``--device-hours`` (or ``--days`` with ``--devices``) alone gives
-the wall clock, cost, energy and emissions, without tokens, FLOPs or MFU.
+A run answers what its inputs allow: --device-hours (or --days with --devices) alone gives the wall
+clock, cost, energy and emissions, without tokens, FLOPs or MFU.
 """
 
 from __future__ import annotations
