@@ -166,3 +166,9 @@ def test_optimal_prints_the_energy_of_its_device_hours(capsys) -> None:
     assert fields["emissions_tco2eq"] == pytest.approx(fields["energy_mwh"] * 0.385)
     fields = _json(capsys, ["optimal", "--flops", "5.76e23", "--device", "tpu-v5e", "--power-watts", "200", "--carbon-intensity", "0"])
     assert fields["energy_mwh"] == pytest.approx(fields["device_hours"] * 200 * 1.1 / 1e6) and fields["emissions_tco2eq"] == 0
+
+
+def test_an_energy_beyond_a_float_is_one_line_exit_2(capsys) -> None:
+    assert main(["run", "--device-hours", "1M", "--power-watts", "1e300", "--carbon-intensity", "1e300"]) == 2
+    err = capsys.readouterr().err
+    assert "this run's emissions would be above 1.8e308, beyond a float" in err and err.count("\n") == 1

@@ -31,7 +31,7 @@ def _finite(name: str, value: Any, flag: str) -> float:
     try:
         result = float(value)
     except OverflowError:
-        raise ResacctError(f"the {name} of this run is beyond a float's range (above 1.8e308); check {flag}") from None
+        raise ResacctError(f"this run's {name} would be above 1.8e308, beyond a float; check {flag}, --power-watts and --carbon-intensity") from None
     return result
 
 
