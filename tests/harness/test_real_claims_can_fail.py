@@ -1,5 +1,13 @@
 """No claim whose check cannot fail: change a real claim's law or expectation and it must fail.
 
+Three breaks per claim, all judged against one measurement (``tests/harness/meta_mutations.py``):
+the gross one (``(law) * 2 + 1``, an expectation turned round) must fail a holding claim; a
+refuted claim whose measurement is replaced by its statement's own value (the law's value, the
+``equals``, a bound) must fail as "now agrees"; and every tolerance and band meets its smallest
+break — the measurement just outside it (0.1 % beyond the tolerance, or past the bound) must fail,
+just inside must pass (for a refuted claim the reverse). GPU and multi-process claims are judged
+only against the measurement their own item made on this worker (never measured again here).
+
 Cost: a mutated claim is judged against the measurement its claim item already made in this
 session (``resacct.harness.evaluate.remembered_measurement``): in the README's ``pytest`` the
 claims run first, so the sweep covers every claim at almost no cost. A claim with no remembered
@@ -29,6 +37,7 @@ from resacct.harness.loader import LoadedClaim, load_claims_file
 from resacct.harness.plugin import spec_group
 from resacct.harness.registry import NotMeasurable
 from resacct.harness.strategies import get_strategy
+from tests.harness.meta_mutations import smallest_breaks, truth_broken
 from tests.harness.test_plugin import outcomes
 
 SPECS = Path(__file__).resolve().parents[2] / "resacct" / "specs"
@@ -123,7 +132,8 @@ def skip_unless_for_this_machine(claim: LoadedClaim) -> None:
 
 
 def measurable_here(claim: LoadedClaim) -> bool:
-    """Not a GPU claim, and not one that spawns ranks (measured afresh, each would start a process group)."""
+    """Not a GPU claim, and not one that spawns ranks (measured afresh, each would start a process
+    group): those are judged only against their own item's measurement."""
     return not (set(claim.claim.marks) & {"gpu", "distributed"})
 
 
@@ -134,7 +144,7 @@ def with_its_claims_tier(claim: LoadedClaim) -> list:
     return marks + ([pytest.mark.slow] if "slow" in claim.claim.marks else [])
 
 
-CLAIMS = [claim for claim in all_claims() if measurable_here(claim)]
+CLAIMS = all_claims()
 
 
 def first_example(claim: LoadedClaim) -> dict:
@@ -162,20 +172,46 @@ def test_every_claim_fails_when_its_statement_is_changed(claim):
     skip_unless_for_this_torch(claim)
     skip_unless_for_this_machine(claim)
     measurement = remembered_measurement(claim)  # the claim's own item measured it earlier in this session
+    if measurement is None and not measurable_here(claim):
+        pytest.skip(f"{'a GPU' if 'gpu' in claim.claim.marks else 'a multi-process'} claim is judged only against its own item's "
+                    "measurement on this worker, and there is none")
     if measurement is None and not (full_sweep() or in_todays_sample(claim.id, sample_seed())
                                     or Path(claim.path).name in changed_spec_files()):
         pytest.skip(f"not measured in this session and not in the sample of {sample_seed()}; {FULL_SWEEP_VARIABLE}=1 checks every claim")
-    inputs = first_example(claim) if measurement is None else measurement.inputs
     try:
-        if claim.claim.status == "refuted":
-            evaluate_claim(claim, inputs, measurement=measurement)  # the original passes: the statement is false
-            return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with pytest.raises(ClaimFailure):
-                evaluate_claim(mutated(claim), inputs, measurement=measurement)
+        if measurement is None:
+            from resacct.harness.evaluate import measure_claim
+
+            measurement = measure_claim(claim, first_example(claim))
     except NotMeasurable as reason:
         pytest.skip(f"not measurable here: {reason}")
+    try:
+        verdict = evaluate_claim(claim, measurement.inputs, measurement=measurement)  # as its own item judged it
+    except ClaimFailure as failure:
+        pytest.skip(f"the claim itself fails here (its own item reports it): {failure.headline}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if claim.claim.status == "holds":
+            with pytest.raises(ClaimFailure):
+                evaluate_claim(mutated(claim), measurement.inputs, measurement=measurement)
+        broken = truth_broken(claim, verdict, measurement)
+        if broken is not None:
+            with pytest.raises(ClaimFailure, match="is marked refuted, but the measurement now agrees"):
+                evaluate_claim(claim, {}, measurement=broken.measurement)
+        for one in smallest_breaks(claim, verdict, measurement):
+            _judge_break(claim, one)
+
+
+def _judge_break(claim: LoadedClaim, one) -> None:  # type: ignore[no-untyped-def]
+    measured = one.measurement.outcome.measured
+    try:
+        evaluate_claim(claim, {}, measurement=one.measurement)
+    except ClaimFailure:
+        if not one.must_fail:
+            pytest.fail(f"claim {claim.id!r} fails at {one.what} (measured {measured!r}): its tolerance or band is narrower than it says")
+        return
+    if one.must_fail:
+        pytest.fail(f"claim {claim.id!r} does not catch its smallest break, {one.what} (measured {measured!r})")
 
 
 def test_the_sample_rotates_and_covers_about_a_quarter():
@@ -233,3 +269,33 @@ def test_every_shipped_law_leaves_room_for_its_mutation():
     too_long = [(loaded.claim.id, len(loaded.claim.law)) for path in sorted(SPECS.glob("*.claims.yaml"))
                 for loaded in load_claims_file(path).claims if loaded.claim.law and len(loaded.claim.law) + room > MAX_LAW_CHARS]
     assert not too_long, f"laws too long to mutate (limit {MAX_LAW_CHARS} characters): {too_long}"
+
+
+def test_the_meta_test_takes_every_claim_refuted_gpu_and_multi_process_ones_too():
+    """Issue 36: 193 claims (refuted, gpu, distributed) were never mutated."""
+    ids = {claim.id for claim in CLAIMS}
+    assert ids == {claim.id for claim in all_claims()}
+    for kind in ("gpu", "distributed"):
+        assert any(kind in claim.claim.marks for claim in CLAIMS), kind
+    assert sum(claim.claim.status == "refuted" for claim in CLAIMS) >= 100
+
+
+def test_a_refuted_claim_that_could_never_hold_is_caught(monkeypatch):
+    """Through the real meta-test function: a refuted claim judged sound passes it; were its
+    statement never able to hold (here: a harness that finds every statement false), the broken
+    truth — the measurement set to the law's value — would still pass, and the meta-test fails."""
+    from resacct.harness import evaluate
+    from resacct.harness.evaluate import Measurement, forget_measurements, remember_measurement
+    from resacct.harness.registry import Outcome
+    from tests.harness.test_meta_mutations import _claim
+
+    claim = _claim(given={"value": 7}, law="value * 2", status="refuted")
+    forget_measurements()
+    try:
+        remember_measurement(claim, Measurement(inputs={"value": 7}, outcome=Outcome(measured=7)))
+        test_every_claim_fails_when_its_statement_is_changed(claim)
+        monkeypatch.setattr(evaluate, "_statement_holds", lambda verdict, outcome: False)
+        with pytest.raises(pytest.fail.Exception):
+            test_every_claim_fails_when_its_statement_is_changed(claim)
+    finally:
+        forget_measurements()
