@@ -2,7 +2,7 @@
 ``memory_reserved`` will be after a sequence of allocations and frees — no GPU needed.
 
 The pipeline stage: a step's allocation sequence (recorded on a GPU by ``tools/gpu_record.py``, or
-traced on fake ``cuda`` tensors by :mod:`resacct.account.gpu.fake_cuda_step`) goes in; allocated
+traced on meta tensors by :mod:`resacct.account.gpu.cuda_step`) goes in; allocated
 and reserved over time, their peaks, the segments and what is live at the peak come out.
 
 It follows ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, read at commit 001074d2):
@@ -82,7 +82,7 @@ class CachingAllocatorModel:
         self.small_pool, self.large_pool = BlockPool(True), BlockPool(False)
         self.active: dict[Hashable, Block] = {}
         self.allocated_bytes = self.reserved_bytes = self.requested_bytes = 0
-        self.peak_allocated_bytes = self.peak_reserved_bytes = 0
+        self.peak_allocated_bytes = self.peak_reserved_bytes = self.peak_requested_bytes = 0
         self.events: list[TraceEvent] = []
         self.segment_sizes: dict[int, int] = {}  # non-expandable segments by address: their cudaMalloc'd size
         self._next_addr = 1 << 32
@@ -104,6 +104,7 @@ class CachingAllocatorModel:
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats``: the peaks restart from the current values."""
         self.peak_allocated_bytes, self.peak_reserved_bytes = self.allocated_bytes, self.reserved_bytes
+        self.peak_requested_bytes = self.requested_bytes
         self._peak_index = len(self._history)
 
     def live_at_peak(self) -> dict[Hashable, int]:
@@ -216,6 +217,7 @@ class CachingAllocatorModel:
         block.allocated, block.requested, block.owner = True, requested, owner
         self.active[owner] = block
         self.requested_bytes += requested
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
         self.events.append(TraceEvent("alloc", block.addr, requested, stream))
         self._allocated(block.size, owner)
         self.timeline.append((self.allocated_bytes, self.reserved_bytes))

@@ -1,0 +1,168 @@
+"""The CUDA step on any machine: one training step traced without a GPU, its allocations fed to
+the caching allocator model — predicted ``max_memory_allocated`` and ``max_memory_reserved``.
+
+:func:`predict_cuda_step_memory` runs the step on **meta tensors** (shapes and dtypes, no memory)
+under :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`: every storage an op
+makes is one allocation of the CUDA caching allocator model, its death one free — the order a
+GPU would see them, from the model's parameters to the end of the step. Where a GPU's kernels
+differ from what meta tensors would dispatch, it chooses the CUDA ones:
+
+- attention: ``attention="flash"`` or ``"efficient"`` routes ``F.scaled_dot_product_attention``
+  to ``aten._scaled_dot_product_flash_attention`` / ``_efficient_attention`` (their meta kernels
+  give CUDA's outputs: the output, a float32 logsumexp, the RNG state), as ``sdpa_kernel`` would
+  on a GPU; ``None`` leaves sdpa to pick (on meta tensors: the math path);
+- the optimizer: :func:`cuda_adamw` is ``torch.optim.AdamW(foreach=True)``, CUDA's default
+  (``_default_to_fused_or_foreach``): the foreach kernels' temporaries, not the for-loop's.
+
+Why meta and not ``FakeTensorMode`` with ``device="cuda"``: on this CPU-only torch (2.13.0+cpu)
+fake cuda tensors are made, but C++ paths that take a CUDA device guard (``tensor[:, :-1]``,
+``F.linear``) fail or abort the process ("PyTorch is not linked with support for cuda devices").
+
+Not seen (the record shows them on a board): cuBLAS/cuBLASLt workspaces (allocated by the first
+matmul of a stream, kept), CUDA's context, NCCL.
+
+Measured against a real board (tests/test_cuda_step.py): the H100 record's
+``gpu-step-peak-predicted`` (gpt-tiny, float32, batch 8 × 128, forward + backward) measured
+56,240,128 bytes above the parameters; this prediction gives the same, to the byte.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from resacct.account.gpu.allocation_trace import AllocationRecorder
+from resacct.account.gpu.cuda_allocator import AllocatorConfig
+from resacct.errors import ResacctError
+from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
+
+__all__ = ["CudaStepPrediction", "predict_cuda_step_memory", "cuda_adamw", "ENGINE"]
+
+ENGINE = "resacct's allocation recorder over meta tensors, fed to its model of the CUDA caching allocator"
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def cuda_adamw(parameters: Any) -> torch.optim.Optimizer:
+    """AdamW as it runs on CUDA by default: the foreach implementation."""
+    return torch.optim.AdamW(parameters, lr=1e-3, foreach=True)
+
+
+@dataclass(frozen=True)
+class CudaStepPrediction:
+    """Predicted allocator stats of one step: the peaks (``max_memory_*`` after
+    ``reset_peak_memory_stats`` at the step's start), what was allocated and reserved at its
+    start, the block sizes live at the allocated peak (largest first), the segments at the end."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_requested_bytes: int  # the most bytes the step's tensors asked for at once, before the allocator's rounding
+    start_allocated_bytes: int
+    start_reserved_bytes: int
+    live_at_peak_bytes: list[int]
+    segments: list[dict]
+    attention: str
+    engine: str = ENGINE
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_allocated_bytes - self.start_allocated_bytes
+
+
+class _CudaAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` → the CUDA kernel ``sdpa_kernel`` would choose."""
+
+    def __init__(self, kernel: str) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        given = dict(zip(names, args)) | kwargs
+        query, key, value = given["query"], given["key"], given["value"]
+        mask, dropout, causal, scale = given.get("attn_mask"), given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
+        if given.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+            repeat = query.shape[-3] // key.shape[-3]  # what sdpa's fused kernels are given: the heads repeated
+            key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+        self.calls += 1
+        if self.kernel == "flash":
+            if mask is not None:
+                raise ResacctError("attention='flash' with an attention mask: CUDA's flash kernel takes none; expected attention='efficient' or None")
+            return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout, causal, scale=scale)[0]
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """``model`` with every parameter, buffer and tensor attribute on the meta device (ties kept, nothing copied)."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        tensors = [*module._parameters.values(), *module._buffers.values(),
+                   *(value for value in vars(module).values() if isinstance(value, torch.Tensor))]
+        for tensor in tensors:
+            if tensor is not None and id(tensor) not in memo:
+                made = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+                memo[id(tensor)] = nn.Parameter(made, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else made
+    return copy.deepcopy(model, memo)
+
+
+def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = cuda_adamw,
+                             *, attention: str | None = None, config: AllocatorConfig | None = None) -> CudaStepPrediction:
+    """Predict the CUDA caching allocator's peaks over one steady training step of ``model``
+    (on the CPU or the meta device) on ``inputs`` (a tensor, tuple or mapping), ``loss_fn(model,
+    inputs)`` the loss: forward, backward, ``optimizer.step()``, ``zero_grad`` — the optimizer's
+    state made first, as a second step finds it. ``make_optimizer=None``: forward and backward
+    only, gradients starting at None. ``attention``: ``"flash"``, ``"efficient"`` or None
+    (module docstring); ``config``: the allocator's settings (``expandable_segments`` …).
+
+    >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+    >>> prediction = predict_cuda_step_memory(model, torch.randn(64, 512), lambda m, x: m(x).square().mean())
+    >>> prediction.start_allocated_bytes, prediction.peak_allocated_bytes, prediction.peak_reserved_bytes
+    (25327616, 42125312, 44040192)
+    """
+    if attention not in (None, "flash", "efficient"):
+        raise ResacctError(f"attention {attention!r}: expected 'flash', 'efficient' or None (sdpa's own choice)")
+    meta_model = _meta_copy(model)
+    meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+    recorder = AllocationRecorder(config, device="meta")
+    routing = _CudaAttention(attention) if attention else None
+    with recorder:
+        for tensor in [*meta_model.parameters(), *meta_model.buffers()]:
+            recorder.track(tensor)  # loaded onto the GPU first, in the module's order
+        for tensor in (meta_inputs.values() if isinstance(meta_inputs, dict) else meta_inputs if isinstance(meta_inputs, (tuple, list)) else [meta_inputs]):
+            if isinstance(tensor, torch.Tensor):
+                recorder.track(tensor)
+        optimizer = None
+        if make_optimizer is not None:
+            optimizer = make_optimizer([p for p in meta_model.parameters() if p.requires_grad])
+            make_optimizer_state(meta_model, optimizer)
+        start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
+        recorder.start_window()
+        if routing is not None:
+            routing.__enter__()
+        try:
+            if optimizer is None:
+                loss = loss_fn(meta_model, meta_inputs)
+                loss.backward()
+                del loss
+            else:
+                run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
+        finally:
+            if routing is not None:
+                routing.__exit__(None, None, None)
+    if routing is not None and routing.calls == 0:
+        raise ResacctError(f"attention={attention!r}, but the step never called F.scaled_dot_product_attention; expected attention=None for this model")
+    allocator = recorder.allocator
+    return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
+                              peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
+                              live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
+                              attention=attention or "sdpa's choice on meta tensors (math)")

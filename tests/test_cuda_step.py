@@ -1,0 +1,77 @@
+"""The CUDA step predicted on a CPU (resacct/account/gpu/cuda_step.py), against truth:
+
+- the committed H100 record (docs/gpu/2026-11-26-h100-80gb-hbm3.json): ``gpu-step-peak-predicted``
+  measured ``max_memory_allocated`` over a float32 gpt-tiny forward + backward (batch 8 × 128) at
+  56,240,128 bytes above what was allocated before; the prediction must give the same bytes;
+- resacct's CPU engine (:func:`resacct.account.peak.predict_step_peak`, exact to the byte against
+  the CPU allocator): the same step's tensors, before the CUDA allocator's rounding, are the CPU
+  engine's bytes less the tensors a CUDA step keeps on the CPU (AdamW's step counters, Python
+  numbers autograd saves as CPU tensors).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from resacct.account.gpu.cuda_allocator import AllocatorConfig
+from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+from resacct.account.peak import predict_step_peak
+from resacct.errors import ResacctError
+from resacct.measurement.activation_checkpointing import gpt_loss
+from resacct.training.gpt import build_gpt, get_gpt_config
+
+RECORD = Path(__file__).resolve().parents[1] / "docs" / "gpu" / "2026-11-26-h100-80gb-hbm3.json"
+TOKENS = torch.zeros(8, 128, dtype=torch.long)
+
+
+def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return gpt_loss(model, *batch)
+
+
+def test_forward_backward_peak_equals_the_h100_measurement_to_the_byte() -> None:
+    claim = next(c for c in json.loads(RECORD.read_text())["gpu_claims"] if c["id"] == "gpu-step-peak-predicted")
+    assert claim["quantities"]["params"] == 940800  # gpt-tiny, as the claim's given says (batch 8, seq 128, float32, math attention)
+    model = build_gpt(get_gpt_config("gpt-tiny"), device="meta", seed=None)
+    predicted = predict_cuda_step_memory(model, (TOKENS, TOKENS), _loss, None)
+    assert predicted.peak_above_start_bytes == claim["measured"] == 56_240_128
+    assert claim["predicted"] == 55_714_856  # the CPU engine's figure in that record: 525,272 bytes short of the board
+
+
+def test_unrounded_bytes_equal_the_cpu_engine_less_what_cuda_keeps_on_the_cpu() -> None:
+    model = build_gpt(get_gpt_config("gpt-tiny"), device="meta", seed=None)
+    cpu = predict_step_peak(model, (TOKENS, TOKENS), _loss, cuda_adamw)
+    cuda = predict_cuda_step_memory(model, (TOKENS, TOKENS), _loss)
+    parameters = list(model.parameters())
+    step_counters = 4 * len(parameters)  # AdamW's float32 step per parameter: a CPU tensor unless capturable/fused
+    scalars = cpu.peak.bytes_by_kind.get("scalars autograd keeps", 0)
+    assert cpu.peak.bytes_by_kind["optimizer state"] == 2 * 4 * sum(p.numel() for p in parameters) + step_counters
+    assert cuda.peak_requested_bytes == cpu.peak_bytes - step_counters - scalars
+    # the allocator's own share: each block rounded to 512, large ones handed out up to 1 MiB bigger
+    assert 0 < cuda.peak_allocated_bytes - cuda.peak_requested_bytes <= len(cuda.live_at_peak_bytes) * 2**20
+    assert cuda.peak_reserved_bytes >= cuda.peak_allocated_bytes == sum(cuda.live_at_peak_bytes)
+
+
+def test_flash_attention_is_cudas_kernel_and_keeps_no_scores() -> None:
+    config = get_gpt_config("gpt-tiny")
+    math = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss)
+    flash = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss, attention="flash")
+    scores = 8 * config.n_heads * 128 * 128 * 4  # one layer's float32 attention probabilities
+    assert math.peak_allocated_bytes - flash.peak_allocated_bytes >= config.n_layers * scores
+    with pytest.raises(ResacctError, match="never called F.scaled_dot_product_attention"):
+        predict_cuda_step_memory(build_gpt(config, device="meta", seed=None), (TOKENS, TOKENS), _loss, attention="flash")
+    with pytest.raises(ResacctError, match="attention 'fast'"):
+        predict_cuda_step_memory(build_gpt(config, device="meta", seed=None), (TOKENS, TOKENS), _loss, attention="fast")
+
+
+def test_expandable_segments_reserve_less_for_the_same_allocations() -> None:
+    model = build_gpt(get_gpt_config("gpt-tiny"), device="meta", seed=None)
+    default = predict_cuda_step_memory(model, (TOKENS, TOKENS), _loss)
+    expandable = predict_cuda_step_memory(model, (TOKENS, TOKENS), _loss, config=AllocatorConfig(expandable_segments=True))
+    assert expandable.peak_requested_bytes == default.peak_requested_bytes
+    assert expandable.peak_reserved_bytes <= default.peak_reserved_bytes
+    assert expandable.peak_reserved_bytes >= expandable.peak_allocated_bytes
