@@ -79,6 +79,13 @@ CASES = [
     (["optimal", "--flops", "1"], "a budget of 1 FLOPs gives approach 1 0.0992 parameters"),
     (["plan", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096", "--params", "70B", "--memory-gb", "1e300"],
      "--memory-gb 1e+300 is too large"),
+    # issue 36, round four
+    (["plan", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096", "--params", "1e300", "--memory-gb", "80"],
+     "argument --params: '1e300' is too large; expected a parameter count up to 2^53"),
+    (["flops", "--params", "1e-320", "--tokens", "15e12"], "argument --params: '1e-320' is below 1; expected a count of at least 1"),
+    (["flops", "--params", "70B", "--tokens", "0.5"], "argument --tokens: '0.5' is below 1"),
+    (["fit", "--devices", "8", "--device", "h100", "--recipe", "-2+2+12"], "argument --recipe: recipe '-2+2+12': '-2' bytes must be a finite number ≥ 0"),
+    (["memory", "--params", "7B", "--recipe", "-2 + 2 + 12"], "recipe '-2 + 2 + 12': '-2' bytes must be a finite number ≥ 0"),
 ]
 
 

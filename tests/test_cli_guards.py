@@ -137,9 +137,11 @@ def test_optimal_warns_outside_the_fitted_range(capsys):
 
 def test_plan_with_1e300_sizes_prints_no_300_digit_numbers(capsys):
     shape = ["--layers", "80", "--hidden", "8192", "--heads", "64", "--seq", "4096"]
-    assert main(["plan", "--params", "1e300", *shape, "--memory-gb", "80"]) == 0
+    err = _one_line_error(capsys, ["plan", "--params", "1e300", *shape, "--memory-gb", "80"])  # issue 36: refused, not answered
+    assert "argument --params: '1e300' is too large; expected a parameter count up to 2^53" in err, err
+    assert main(["plan", "--params", "9e15", *shape, "--memory-gb", "80"]) == 0
     out = capsys.readouterr().out
-    assert "2e+291 GB" in out and max(len(word) for word in out.split()) < 40, out
+    assert "1.44e+08 GB" in out and max(len(word) for word in out.split()) < 40, out
     err = _one_line_error(capsys, ["plan", "--params", "70B", *shape, "--memory-gb", "1e300"])
     assert "--memory-gb 1e+300 is too large" in err, err
     err = _one_line_error(capsys, ["plan", "--params", "70B", *shape, "--memory-gb", "80", "--reserve-gb", "1e300"])

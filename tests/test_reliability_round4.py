@@ -265,3 +265,36 @@ def test_merge_counts_no_change_for_claims_a_partial_report_did_not_run(tmp_path
     assert printed["partial"] == ["torch 2.4.1 · cpu · bf16 amx (partial)"]
     assert printed["files"]["json"] == str(tmp_path / "m" / "matrix.json")
     assert json.loads((tmp_path / "m" / "matrix.json").read_text(encoding="utf-8"))["rows"] == printed["rows"]
+
+
+class _PrintsInForward(torch.nn.Linear):
+    def forward(self, x):
+        print("the forward says hello")
+        return super().forward(x)
+
+
+def prints_everywhere() -> torch.nn.Module:
+    print("the factory says hello")
+    return _PrintsInForward(4, 4)
+
+
+def test_what_user_code_prints_goes_to_stderr_under_json(capsys):
+    assert main(["account", "--model", HERE + "prints_everywhere", "--input-shape", "2,4", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["parameters"] == 20  # the prints made stdout invalid JSON
+    assert "the factory says hello" in captured.err and "the forward says hello" in captured.err
+    assert main(["account", "--model", HERE + "prints_everywhere", "--input-shape", "2,4"]) == 0
+    assert "the factory says hello" in capsys.readouterr().out  # without --json, stdout as before
+
+
+def test_file_descriptor_1_goes_to_stderr_under_json(capfd):
+    import os
+
+    from resacct.cli.output import user_output_to_stderr
+
+    with user_output_to_stderr(True):
+        os.write(1, b"from C\n")
+        print("from Python")
+    os.write(1, b"after\n")
+    captured = capfd.readouterr()
+    assert captured.out == "after\n" and captured.err == "from C\nfrom Python\n"

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
 from resacct.cli._units import add_units_flag
-from resacct.cli.output import add_json_flag, emit, format_quantity
+from resacct.cli.output import add_json_flag, emit, format_quantity, user_output_to_stderr
 from resacct.errors import ResacctError
 from resacct.facts.recipes import OPTIMIZER_CHOICES, parse_recipe
 
@@ -276,7 +276,7 @@ def run_account(args: argparse.Namespace) -> int:
     progress = contextlib.nullcontext() if args.progress is False else showing_progress(
         sys.stderr, command="resacct account", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
     with stopping_after(args.timeout, command="resacct account", hint="expected a run within the limit: raise --timeout, or a smaller "
-                        "--batch, --seq or model"), progress:
+                        "--batch, --seq or model"), progress, user_output_to_stderr(args.json):
         with running_phase("importing torch and resacct's accounting"):
             importlib.import_module("resacct.account")  # torch: seconds on a busy machine
         with running_phase("predicting and comparing (resacct's own work)"):  # the user's code and the builds name their own phases

@@ -16,9 +16,9 @@ __all__ = ["build_parser", "OneLineErrorParser", "RawDescriptionHelpFormatter"]
 
 RawDescriptionHelpFormatter = argparse.RawDescriptionHelpFormatter
 
-# argparse reads "-70e9" or "-70B" as an unknown option ("expected one argument"); treating every
-# number-like word as a value lets the argument's type say what is wrong with it.
-_NUMBER_LIKE = re.compile(r"^-(\d[\d_,]*\.?\d*|\.\d+)([eE][-+]?\d+)?[kKMBGTP]?$|^-(nan|inf)$", re.IGNORECASE)
+# argparse reads "-70e9", "-70B" or a recipe "-2+2+12" as an unknown option ("expected one
+# argument"); treating every number-like word as a value lets the argument's type say what is wrong.
+_NUMBER_LIKE = re.compile(r"^-(\d[\d_,]*\.?\d*|\.\d+)([eE][-+]?\d+)?[kKMBGTP]?$|^-(nan|inf)$|^-[\d.]+(\s*\+\s*-?[\d.]+)+$", re.IGNORECASE)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -13,7 +13,7 @@ import math
 import re
 
 __all__ = ["count", "positive_float", "positive_int", "fraction", "non_negative_float", "byte_size", "seconds", "gigabytes",
-           "reserve_gigabytes"]
+           "reserve_gigabytes", "at_least_one", "parameter_count"]
 
 _SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -76,6 +76,24 @@ def positive_int(text: str) -> int:
     if value > MAX_WHOLE_NUMBER:
         raise argparse.ArgumentTypeError(f"{text!r} is too large; expected a whole number up to 2^53 ({MAX_WHOLE_NUMBER:.4g})")
     return int(value)
+
+
+def at_least_one(text: str) -> float:
+    """A count of things that are not split (parameters, tokens): at least 1 (``1e-320`` parameters
+    is a typo, and its FLOPs underflow)."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 1; expected a count of at least 1 (70e9, 70B, 15T)")
+    return value
+
+
+def parameter_count(text: str) -> float:
+    """A model's parameters, from 1 to :data:`MAX_WHOLE_NUMBER` (2^53, about 9e15: a thousand times
+    the largest models; ``1e300`` is a typo)."""
+    value = at_least_one(text)
+    if value > MAX_WHOLE_NUMBER:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large; expected a parameter count up to 2^53 ({MAX_WHOLE_NUMBER:.4g})")
+    return value
 
 
 def fraction(text: str) -> float:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from resacct.cli._energy import add_energy_arguments, energy_fields, energy_lines
-from resacct.cli.arguments import count, fraction, gigabytes, positive_float, positive_int
+from resacct.cli.arguments import at_least_one, count, fraction, gigabytes, positive_float, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 
@@ -124,7 +124,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     model_flags = [flag for flag, used in (("--search", args.search != "batch"), ("--batch", args.batch != 1), ("--seq", args.seq is not None),
                                            ("--grad-accum", args.grad_accum != 1), ("--reserve-gb", args.reserve_gb != 0.0),
                                            ("--input-shape", args.input_shape is not None), ("--model-arg", bool(args.model_arg)),
-                                           ("--max-batch", args.max_batch is not None)) if used]
+                                           ("--max-batch", args.max_batch is not None), ("--timeout", args.timeout is not None)) if used]
     if model_flags:
         raise ResacctError(f"{', '.join(model_flags)} search a real model's step: give --hf-config NAME or --model module:factory "
                            "(without one, resacct fit answers the largest model from bytes per parameter)")
@@ -338,15 +338,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the compute commands to the ``resacct`` parser."""
     flops = _add_command(subparsers, "flops", "training FLOPs (6 × params × tokens) and how they compare with regulatory thresholds",
                          "resacct flops --params 70e9 --tokens 15T")
-    flops.add_argument("--params", type=count, required=True, help="parameters N (70e9, 70B)")
-    flops.add_argument("--tokens", type=count, required=True, help="training tokens D (15e12, 15T)")
+    flops.add_argument("--params", type=at_least_one, required=True, help="parameters N (70e9, 70B)")
+    flops.add_argument("--tokens", type=at_least_one, required=True, help="training tokens D (15e12, 15T)")
     flops.add_argument("--flops-per-token-per-param", type=positive_float, default=6.0, help="6 for training (2 forward + 4 backward); 2 for inference")
     flops.set_defaults(run=_run_flops)
 
     time = _add_command(subparsers, "time", "training days and device-hours on a cluster at a given MFU",
                         "resacct time --params 70B --tokens 15T --devices 1024 --device h100 --dtype bf16 --mfu 0.5")
-    time.add_argument("--params", type=count, help="parameters N")
-    time.add_argument("--tokens", type=count, help="training tokens D")
+    time.add_argument("--params", type=at_least_one, help="parameters N")
+    time.add_argument("--tokens", type=at_least_one, help="training tokens D")
     time.add_argument("--flops", type=count, help="total training FLOPs instead of --params/--tokens")
     time.add_argument("--devices", type=positive_int, required=True, help="number of devices")
     _add_device_arguments(time)

@@ -17,11 +17,14 @@ text output says in words what happened instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["add_json_flag", "emit", "with_caveat", "days_text", "amount_text", "count_text", "ratio_text", "format_quantity"]
+__all__ = ["add_json_flag", "emit", "user_output_to_stderr", "with_caveat", "days_text", "amount_text", "count_text", "ratio_text", "format_quantity"]
 
 _FLOAT_MAX_TEXT = f"{sys.float_info.max:.2g}"  # 1.8e+308
 
@@ -40,6 +43,30 @@ def emit(args: argparse.Namespace, fields: dict[str, Any], text: str) -> int:
     else:
         sys.stdout.write(text.rstrip("\n") + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def user_output_to_stderr(active: bool) -> Iterator[None]:
+    """While ``active`` (``--json``), whatever the body prints — a user's factory or forward calling
+    ``print``, a C extension writing to file descriptor 1 — goes to stderr, so that stdout holds
+    the one JSON object alone; restored afterwards."""
+    if not active:
+        yield
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no file descriptor 1 or 2 (a closed stream): Python's print is redirected all the same
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def with_caveat(fields: dict[str, Any], text: str, board: Any) -> str:

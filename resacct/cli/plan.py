@@ -18,7 +18,7 @@ from typing import Any
 
 from resacct.cli._recipes import recipe_type
 from resacct.cli._units import add_units_flag, unit_scale
-from resacct.cli.arguments import count, fraction, non_negative_float, positive_int
+from resacct.cli.arguments import count, fraction, non_negative_float, parameter_count, positive_int
 from resacct.cli.output import add_json_flag, amount_text, count_text, days_text, emit, with_caveat
 from resacct.errors import ResacctError
 from resacct.facts.recipes import DEFAULT_ZERO_STAGE, parse_recipe
@@ -299,7 +299,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "2020 §3.2 footnote 3: 12·h·b·s·L 16-bit values; §8 with full recomputation: the layer inputs).")
     plan = subparsers.add_parser("plan", help="does a TP × PP × DP × ZeRO layout fit per GPU (state + activations), and the largest micro-batch",
                                  description=plan_summary, epilog=_PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    plan.add_argument("--params", type=count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")
+    plan.add_argument("--params", type=parameter_count, default=None, metavar="N", help="parameters (70e9, 70B); or give --vocab to count them")
     plan.add_argument("--hf-config", default=None, metavar="NAME|config.json",
                       help="layers, hidden, heads, key/value heads and parameters from a config (shipped: see 'resacct account --help')")
     plan.add_argument("--layers", type=positive_int, default=None, help="transformer layers L")
