@@ -12,7 +12,7 @@ from resacct.errors import ResacctError
 from resacct.facts.hardware import accelerators, get_accelerator, peak_flops_per_sec, peak_source_text, raw_accelerator_table
 
 #: board → TDP in watts, as the cited pages print it (tdp_source)
-TDP_WATTS = {"a100-sxm-40gb": 400, "a100-sxm-80gb": 400, "h100-sxm": 700, "h200-sxm": 700, "b200": 1000, "b300": 1400,
+TDP_WATTS = {"a100-sxm-40gb": 400, "a100-sxm-80gb": 400, "h100-sxm": 700, "h200-sxm": 700, "b200": 1000, "b300": 1400, "gh200": 1000,
              "v100-pcie-16gb": 250, "tpu-v4": 192, "gaudi2": 600, "gaudi3": 900, "mi300x": 750, "mi355x": 1400}
 
 
@@ -86,9 +86,22 @@ def test_devices_lists_the_new_boards_with_sources_and_tdp(capsys) -> None:
     assert " 835* " in lines["gaudi2"] and "Intel Gaudi 3 AI Accelerator" in lines["gaudi2"]
     assert "glennklockwood.com" in lines["b300"] and "[third-party: unconfirmed by the vendor]" in lines["b300"]
     assert "Tom's Hardware" in lines["mi355x"] and " 1400 " in lines["mi355x"] and " 700 " in lines["h100-sxm"]
+    assert "wikimili.com on the Hopper microarchitecture [third-party" in lines["gh200"] and " 1000 " in lines["gh200"]
     assert main(["devices", "gaudi2", "--json"]) == 0
     gaudi2 = json.loads(capsys.readouterr().out)["devices"][0]
     assert gaudi2["peak_confidence"] == {"bf16": "derived", "fp8": "third-party"}
     assert gaudi2["tdp_watts"] == 600 and "600W (Gaudi 2)" in gaudi2["tdp_source"] and "pcguia.pt" in gaudi2["note"]
     assert main(["devices", "mi355x"]) == 0
     assert "tdp_source: Tom's Hardware" in capsys.readouterr().out
+
+
+def test_gh200_is_an_h100_with_its_own_memory_and_a_module_tdp() -> None:
+    board = get_accelerator("NVIDIA GH200 96GB HBM3")
+    assert board.name == "gh200" and board.confidence == "third-party" and "https://" in board.source
+    h100 = get_accelerator("h100-sxm")
+    assert {fmt: (p.dense_flops_per_sec, p.sparse_flops_per_sec) for fmt, p in board.peaks.items()} == \
+        {fmt: (p.dense_flops_per_sec, p.sparse_flops_per_sec) for fmt, p in h100.peaks.items()}
+    assert (board.memory_bytes, board.memory_bandwidth_bytes_per_sec, board.tdp_watts) == (96e9, 4.0e12, 1000)
+    assert "taken, not read for this board" in board.note and "module" in board.tdp_source
+    with pytest.raises(ResacctError, match="unknown accelerator"):  # the 480GB name may be either HBM variant
+        get_accelerator("NVIDIA GH200 480GB")
