@@ -98,3 +98,19 @@ def test_dry_run_records_the_recipes_and_kernels_it_names(dry_run: tuple[subproc
     assert any("BFloat16" in json.dumps(op["dtypes"]) or "c10::BFloat16" in json.dumps(op["dtypes"]) for op in steps["hf-gpt2/bf16-autocast/flash"]["ops"])
     lora = steps["llama-3.2-1b-lora/bf16/flash"]
     assert lora["parameters"] > 0 and lora["max_memory_allocated"] < steps["mixtral-small/bf16-autocast/batched_mm-experts"]["max_memory_allocated"]
+
+
+@pytest.mark.slow
+def test_replay_reads_the_record_back(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(dry_run[1] / "gpu-record.json.gz")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "DRY RUN" in done.stdout and f"{len(DRY_STEPS)} of {len(DRY_STEPS)} recorded steps replay exactly" in done.stdout
+
+
+def test_replay_of_a_broken_record_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "resacct-gpu-record/1", "steps": []}))
+    done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(bad)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a whole record: no 'board'" in done.stderr
+    done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(tmp_path / "absent.json.gz")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot read the record" in done.stderr and "Traceback" not in done.stderr

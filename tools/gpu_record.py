@@ -16,6 +16,8 @@ the allocator model at once, so the call's summary already says whether the mode
     python3 tools/gpu_record.py --dry-run        on any CPU: the same code on tiny shapes, CUDA calls
                                                  replaced (the trace comes from resacct's allocation
                                                  recorder and model: a layout check, not a record)
+    python3 tools/gpu_record.py --replay FILE    on any CPU: replay a record's steps through the model,
+                                                 one line each (exit 1 if one does not hold)
 
 Writes under ``--out`` (default ``$OUT``), three files (a device call returns at most 8):
 ``gpu-record.json.gz`` (the record: docs/gpu.md describes its format), ``gpu-record-summary.json``
@@ -311,6 +313,38 @@ def record_ceilings(dry: bool, budget_sec: float) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
+def replay_record(path: Path) -> int:
+    """Replay every step of the record at ``path`` through the allocator model; one line per step."""
+    from resacct.account.gpu.record import check_record_layout, replay_step
+    from resacct.errors import ResacctError
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError) as error:
+        print(f"gpu_record.py: cannot read the record {str(path)!r} ({error}); expected a .json or .json.gz record", file=sys.stderr)
+        return 2
+    problems = check_record_layout(record)
+    if problems:
+        print(f"gpu_record.py: {path} is not a whole record: {problems[0]}", file=sys.stderr)
+        return 2
+    print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
+    held = 0
+    steps = [step for step in record["steps"] if "error" not in step]
+    for step in steps:
+        try:
+            result = replay_step(step)
+        except ResacctError as error:
+            print(f"{step['name']:48} cannot replay: {error}")
+            continue
+        held += result.holds
+        print(f"{step['name']:48} allocated {result.peak_allocated_bytes:>14,} (recorded {result.recorded_max_allocated_bytes:>14,})  "
+              f"reserved {result.peak_reserved_bytes:>14,} (recorded {result.recorded_max_reserved_bytes:>14,})  "
+              f"{'holds' if result.holds else 'DIFFERS: ' + (result.first_segment_mismatch or 'the peaks')}")
+    print(f"{held} of {len(steps)} recorded steps replay exactly ({len(record['steps']) - len(steps)} not recorded)")
+    return 0 if held == len(steps) else 1
+
+
 # ── the driver: each step in a fresh process, bounded; the bundle ────────────────────────────
 def _board(dry: bool) -> dict[str, Any]:
     import platform
@@ -347,12 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated step names (default: every step of MATRIX)")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540)")
     parser.add_argument("--step-limit", type=float, default=60.0, help="seconds for one step's process (default 60)")
+    parser.add_argument("--replay", type=Path, help="a record (.json or .json.gz) to replay through the allocator model")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(record_step(args.one, args.dry_run), separators=(",", ":")))
         return 0
+    if args.replay:
+        return replay_record(args.replay)
     if args.ceilings:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
         return 0
