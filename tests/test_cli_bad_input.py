@@ -86,6 +86,8 @@ CASES = [
     (["flops", "--params", "70B", "--tokens", "0.5"], "argument --tokens: '0.5' is below 1"),
     (["fit", "--devices", "8", "--device", "h100", "--recipe", "-2+2+12"], "argument --recipe: recipe '-2+2+12': '-2' bytes must be a finite number ≥ 0"),
     (["memory", "--params", "7B", "--recipe", "-2 + 2 + 12"], "recipe '-2 + 2 + 12': '-2' bytes must be a finite number ≥ 0"),
+    (["verify", "--area", "dtypes", "--report-dir", ""], "argument --report-dir: '' is empty; expected a folder for the report files"),
+    (["verify", "--merge", "report.json", "--report-dir", " "], "argument --report-dir: ' ' is empty"),
 ]
 
 

@@ -298,3 +298,38 @@ def test_file_descriptor_1_goes_to_stderr_under_json(capfd):
     os.write(1, b"after\n")
     captured = capfd.readouterr()
     assert captured.out == "after\n" and captured.err == "from C\nfrom Python\n"
+
+
+# ── specs: a when: range no machine is in ──
+
+EMPTY_RANGE_SPEC = """\
+area: when
+source: x.txt — "y"
+claims:
+  - id: float32-has-32-bits
+    says: float32 uses 32 bits.
+    measure: dtypes.bits
+    given: {dtype: float32}
+    law: "32"
+
+  - id: never-decided
+    says: float32 uses 32 bits.
+    measure: dtypes.bits
+    given: {dtype: float32}
+    when: {physical_cores: {at_least: 5, at_most: 1}}
+    law: "32"
+"""
+
+
+def test_a_when_range_no_machine_is_in_is_a_schema_error_naming_file_line_and_claim(tmp_path):
+    from resacct.harness.loader import load_claims_file
+
+    path = tmp_path / "when.claims.yaml"
+    path.write_text(EMPTY_RANGE_SPEC, encoding="utf-8")
+    loaded = load_claims_file(path, display_path="when.claims.yaml")
+    assert [claim.id for claim in loaded.claims] == ["float32-has-32-bits"]  # the other claim still runs
+    assert [str(error) for error in loaded.errors] == [
+        "when.claims.yaml:14: claim 'never-decided': when: physical_cores: at_least 5 is above at_most 1, a range no machine is in "
+        "(the claim would never be decided)"]
+    path.write_text(EMPTY_RANGE_SPEC.replace("at_least: 5, at_most: 1", "at_least: 1, at_most: 1"), encoding="utf-8")
+    assert load_claims_file(path).errors == []  # a range of one value is fine

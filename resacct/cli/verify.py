@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("--json", action="store_true",
                        help="print one strict JSON object (counts, per-area counts, run, report files, and the claims --status selects; all by default)")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")
-    parser.add_argument("--report-dir", type=Path, default=Path("reports"), help="where the report files go (default: reports/)")
+    parser.add_argument("--report-dir", type=_report_dir, default=Path("reports"), help="where the report files go (default: reports/)")
     parser.add_argument("--workers", type=int, default=0, help="run claims in N processes with pytest-xdist (default: 0, in this process)")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--no-timeline", action="store_true",
@@ -66,6 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="run nothing: combine report.json files (e.g. one per tox env or machine) into a claims × environment matrix "
                              "(torch version · device · CPU bf16 kind)")
     parser.set_defaults(run=run_verify)
+
+
+def _report_dir(text: str) -> Path:
+    """``--report-dir``: a folder's name; an empty one (``''``, which Python reads as the current
+    folder) is refused rather than filling the current folder with report files."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; expected a folder for the report files, e.g. reports")
+    return Path(text)
 
 
 def _claim_files(specs: Path, areas: list[str]) -> list[Path]:

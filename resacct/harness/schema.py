@@ -162,6 +162,9 @@ class Claim(_Strict):
     def _known_conditions(cls, when: dict[str, Any]) -> dict[str, Any]:
         for key, value in when.items():
             problem = condition_value_problem(key, value)
+            if problem is None and isinstance(value, dict) and value.get("at_least", 0) > value.get("at_most", value.get("at_least", 0)):
+                problem = (f"{key}: at_least {value['at_least']} is above at_most {value['at_most']}, a range no machine is in "
+                           "(the claim would never be decided)")
             if problem:
                 raise ValueError(problem)
         return when
