@@ -114,3 +114,17 @@ def test_replay_of_a_broken_record_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a whole record: no 'board'" in done.stderr
     done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(tmp_path / "absent.json.gz")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot read the record" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_op_times_carry_shapes_and_dtypes_even_where_function_events_lack_dtypes() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = torch.randn(8, 4), torch.randn(4, 2, dtype=torch.float32)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        (a @ b).relu()
+    for event in prof.events():
+        object.__setattr__(event, "input_dtypes", None)  # torch 2.11's FunctionEvent (the H100 image) has no input_dtypes
+    rows = {row["name"]: row for row in gpu_record._op_times(prof)}
+    assert rows["aten::mm"]["shapes"] == [[8, 4], [4, 2]] and rows["aten::mm"]["dtypes"] == ["float", "float"]
+    assert rows["aten::matmul"]["top_level"] and not rows["aten::mm"]["top_level"] and rows["aten::mm"]["calls"] == 1

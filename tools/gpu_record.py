@@ -136,13 +136,18 @@ def _op_times(prof: Any) -> list[dict]:
     """Every aten op of the profiled step, grouped by (name, shapes, dtypes, top-level or not):
     calls, device time (its kernels, µs) and CPU time, self and total."""
     groups: dict[tuple, dict] = {}
+    kineto_dtypes: dict[int, list] = {}  # torch < 2.13's FunctionEvent has no input_dtypes: its kineto event (same id) has them
+    try:
+        kineto_dtypes = {e.correlation_id(): list(e.dtypes()) for e in prof.profiler.kineto_results.events() if e.name().startswith("aten::")}
+    except (AttributeError, RuntimeError):
+        pass
     for event in prof.events():
         if not event.name.startswith("aten::"):
             continue
         parent = event.cpu_parent
         while parent is not None and not parent.name.startswith("aten::"):
             parent = parent.cpu_parent
-        dtypes = getattr(event, "input_dtypes", None) or []
+        dtypes = getattr(event, "input_dtypes", None) or kineto_dtypes.get(event.id, [])
         key = (event.name, json.dumps(event.input_shapes), json.dumps(dtypes), parent is None)
         row = groups.setdefault(key, {"name": event.name, "shapes": event.input_shapes, "dtypes": dtypes, "top_level": parent is None,
                                       "calls": 0, "device_us": 0.0, "self_device_us": 0.0, "cpu_us": 0.0})
@@ -210,6 +215,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         settings = {key: value for key, value in (snapshot.get("allocator_settings") or {}).items() if isinstance(value, (bool, int, float, str))}
+        settings.setdefault("expandable_segments", "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     else:
         model_allocator = recorder.allocator
         peaks = {"max_memory_allocated": model_allocator.peak_allocated_bytes, "max_memory_reserved": model_allocator.peak_reserved_bytes,
@@ -380,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     parser.add_argument("--only", default="", help="comma-separated step names (default: every step of MATRIX)")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540)")
-    parser.add_argument("--step-limit", type=float, default=60.0, help="seconds for one step's process (default 60)")
+    parser.add_argument("--step-limit", type=float, default=75.0, help="seconds for one step's process (default 75)")
     parser.add_argument("--replay", type=Path, help="a record (.json or .json.gz) to replay through the allocator model")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
