@@ -71,11 +71,14 @@ def _step() -> dict:
     return step
 
 
-def test_compacting_drops_frames_and_renumbers_addresses() -> None:
+def test_compacting_drops_frames_and_keeps_address_offsets() -> None:
     step = _step()
+    assert step["address_base"] == S1
     assert step["trace"][0] == ["segment_alloc", 0, 2 * MiB, 0]
-    assert step["trace"][8] == ["alloc", 0, 100, 0]  # S1 again: the same id
-    assert "frames" not in repr(step) and str(S1) not in repr(step)
+    assert step["trace"][2] == ["alloc", 512, 4000, 0]
+    assert step["trace"][8] == ["alloc", 0, 100, 0]  # S1 again
+    assert "frames" not in repr(step) and str(S3) not in repr(step)
+    assert [s["address"] for s in step["segments_end"]] == [0, S2 - S1, S3 - S1]
     assert [s["total_size"] for s in step["segments_end"]] == [2 * MiB, 20 * MiB, 26 * MiB]
     assert step["segments_end"][0]["blocks"][0] == [512, 100, "active_allocated"]
 
@@ -104,6 +107,17 @@ def test_replay_finds_a_segment_where_best_fit_reuses_a_cached_block() -> None:
     step["trace"][13][2], step["trace"][14][2] = 12 * MiB, 11 * MiB + 1
     result = replay_step(step)
     assert result.first_segment_mismatch == "3 segment events recorded, the model made 2"
+
+
+def test_replay_finds_a_block_placed_elsewhere() -> None:
+    """The 100-byte request goes to the freed 512-byte block at the segment's start (best fit: the
+    smallest free block that fits), not after the 4096-byte one; a record saying otherwise is caught."""
+    step = _step()
+    assert replay_step(step).misplaced_blocks == 0
+    step["trace"][8][1] = 4608  # the device (as this record says) put it after the 4096-byte block
+    result = replay_step(step)
+    assert result.misplaced_blocks == 1 and not result.holds
+    assert result.first_misplaced_block == "trace entry 8: 100 bytes placed at 0, the device at 4608"
 
 
 def test_replay_fails_a_record_whose_peak_the_model_does_not_reach() -> None:

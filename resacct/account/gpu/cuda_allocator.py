@@ -85,7 +85,8 @@ class CachingAllocatorModel:
         self.peak_allocated_bytes = self.peak_reserved_bytes = self.peak_requested_bytes = 0
         self.events: list[TraceEvent] = []
         self.segment_sizes: dict[int, int] = {}  # non-expandable segments by address: their cudaMalloc'd size
-        self._next_addr = 1 << 32
+        self._next_addr = 1 << 60  # far above a device's addresses: a replay's recorded ones never collide with these
+        self.address_hints: list[int] = []  # where the next new segments start (a replay gives the recorded cudaMalloc's)
         self._history: list[tuple[Hashable, int]] = []  # (owner, +size / -size) of every alloc and free
         self._peak_index = -1
         self.timeline: list[tuple[int, int]] = []  # (allocated, reserved) after every malloc and free
@@ -194,6 +195,8 @@ class CachingAllocatorModel:
         return Block(addr, nbytes, stream, pool.small, addr)
 
     def _new_address(self, nbytes: int) -> int:
+        if self.address_hints:  # best fit breaks ties by address: a replay places segments where the device did
+            return self.address_hints.pop(0)
         addr = self._next_addr
         self._next_addr += -(-nbytes // KLARGE_BUFFER_BYTES) * KLARGE_BUFFER_BYTES + KLARGE_BUFFER_BYTES
         return addr

@@ -4,21 +4,22 @@ A **record** is JSON: the board, torch's version, the allocator's settings, the 
 ceilings, and per training step (``steps``) what the CUDA caching allocator did in a fresh process
 from its first allocation — ``torch.cuda.memory._record_memory_history(context=None)`` then
 ``_snapshot()``, compacted by :func:`compact_snapshot`: every trace entry as
-``[action, address id, size, stream id]`` (no stack frames; addresses and streams renumbered in
-order of first use), ``window_start`` (the entry where the measured step began, after
+``[action, address, size, stream id]`` (no stack frames; addresses less the lowest, streams
+renumbered in order of first use), ``window_start`` (the entry where the measured step began, after
 ``reset_peak_memory_stats``), ``max_memory_allocated`` / ``max_memory_reserved`` over that step,
 the segments at the end; plus the step's time and its aten ops (the recorder's business).
 
 :func:`replay_step` runs the trace's allocations and frees through
 :class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel` and compares what the model
 does with what the allocator did: every ``segment_alloc`` / ``segment_free`` (size and order),
-and the allocated and reserved peaks of the window against ``max_memory_*``. The reserved peak is
+where each block was placed (a new segment starts where the device's did: best fit breaks ties
+by address), and the allocated and reserved peaks of the window against ``max_memory_*``. The reserved peak is
 also summed from the recorded segment events alone (no model), a check of the record itself.
 
 Trace sizes are the **requested** bytes (``record_trace(ALLOC, ptr, orig_size, …)``); the block
 sizes ``memory_allocated`` counts are the model's to work out.
 
->>> step = {"trace": [["segment_alloc", 0, 2097152, 0], ["alloc", 0, 36, 0], ["alloc", 1, 4000, 0],
+>>> step = {"trace": [["segment_alloc", 0, 2097152, 0], ["alloc", 0, 36, 0], ["alloc", 512, 4000, 0],
 ...                   ["free_requested", 0, 36, 0], ["free_completed", 0, 36, 0]],
 ...         "window_start": 0, "max_memory_allocated": 4608, "max_memory_reserved": 2097152}
 >>> result = replay_step(step)
@@ -46,34 +47,36 @@ _KNOWN_ACTIONS = _ALLOCATION_ACTIONS + SEGMENT_ACTIONS + ("snapshot", "oom", "us
 
 def compact_snapshot(snapshot: dict[str, Any], *, window_start: int, device: int = 0) -> dict[str, Any]:
     """The record of one step from ``torch.cuda.memory._snapshot()``: trace entries as
-    ``[action, address id, size, stream id]`` and the segments at the end, frames dropped.
+    ``[action, address, size, stream id]`` (addresses less the lowest one, ``address_base``: their
+    order and offsets kept, which best fit's ties depend on) and the segments at the end, frames dropped.
     ``window_start`` counts trace entries (the length of the trace when the measured step began)."""
     traces = snapshot.get("device_traces") or [[]]
     if device >= len(traces):
         raise ResacctError(f"device {device}: the snapshot has traces for {len(traces)} device(s); expected device < {len(traces)}")
-    addresses: dict[int, int] = {}
     streams: dict[int, int] = {}
     trace = []
     for entry in traces[device]:
+        if entry["action"] not in _KNOWN_ACTIONS:
+            raise ResacctError(f"trace action {entry['action']!r}: expected one of {', '.join(_KNOWN_ACTIONS)}")
+    located = [e for e in traces[device] if e["action"] not in ("snapshot", "user_defined", "oom")]
+    base = min([int(e["addr"]) for e in located] + [int(s["address"]) for s in snapshot.get("segments", [])], default=0)
+    for entry in traces[device]:
         action = entry["action"]
-        if action not in _KNOWN_ACTIONS:
-            raise ResacctError(f"trace action {action!r}: expected one of {', '.join(_KNOWN_ACTIONS)}")
-        if action in ("snapshot", "user_defined"):
+        if action in ("snapshot", "user_defined", "oom"):
             trace.append([action, -1, int(entry.get("size", 0)), -1])
             continue
-        address = addresses.setdefault(int(entry["addr"]), len(addresses))
         stream = streams.setdefault(int(entry.get("stream", 0)), len(streams))
-        trace.append([action, address, int(entry["size"]), stream])
+        trace.append([action, int(entry["addr"]) - base, int(entry["size"]), stream])
     segments = []
     for segment in snapshot.get("segments", []):
         if segment.get("device", device) != device:
             continue
-        segments.append({"address": addresses.get(int(segment["address"]), -1), "total_size": int(segment["total_size"]),
+        segments.append({"address": int(segment["address"]) - base, "total_size": int(segment["total_size"]),
                          "stream": streams.get(int(segment.get("stream", 0)), -1), "segment_type": segment.get("segment_type", ""),
                          "blocks": [[int(b["size"]), int(b.get("requested_size", 0)), b["state"]] for b in segment["blocks"]]})
     if not 0 <= window_start <= len(trace):
         raise ResacctError(f"window_start {window_start}: expected 0 ≤ it ≤ the trace's {len(trace)} entries")
-    return {"trace": trace, "window_start": window_start, "segments_end": segments}
+    return {"trace": trace, "window_start": window_start, "segments_end": segments, "address_base": base}
 
 
 def allocator_config_of(settings: dict[str, Any] | None) -> AllocatorConfig:
@@ -98,12 +101,14 @@ class ReplayResult:
     recorded_reserved_peak_bytes: int  # summed from the recorded segment events alone, no model
     segment_events: int
     first_segment_mismatch: str | None
+    misplaced_blocks: int = 0  # allocations the model put at another address than the device did
+    first_misplaced_block: str | None = None
     live_at_peak_bytes: dict[Any, int] = field(default_factory=dict)
 
     @property
     def holds(self) -> bool:
-        """Every segment event and both peaks exactly as recorded."""
-        return (self.first_segment_mismatch is None and self.recorded_max_allocated_bytes == self.peak_allocated_bytes
+        """Every segment event, every block's place and both peaks exactly as recorded."""
+        return (self.first_segment_mismatch is None and self.misplaced_blocks == 0 and self.recorded_max_allocated_bytes == self.peak_allocated_bytes
                 and self.recorded_max_reserved_bytes == self.peak_reserved_bytes)
 
 
@@ -129,20 +134,26 @@ def replay_step(step: dict[str, Any], settings: dict[str, Any] | None = None, *,
     window_start = int(step.get("window_start", 0))
     model = CachingAllocatorModel(allocator_config_of(settings if settings is not None else step.get("allocator_settings")))
     recorded_segments: list[tuple[str, int, int]] = []
-    stream_of: dict[int, int] = {}
+    misplaced, first_misplaced = 0, None
     for index, (action, address, size, stream) in enumerate(trace):
         if index == window_start:
             model.reset_peaks()
         if action == "alloc":
             model.malloc(address, size, stream)
-            stream_of[address] = stream
+            model.address_hints.clear()
+            placed = model.active[address].addr if address in model.active else None
+            if placed is not None and placed != address:
+                misplaced += 1
+                first_misplaced = first_misplaced or f"trace entry {index}: {size} bytes placed at {placed}, the device at {address}"
         elif action == "free_requested":
             if address not in model.active:
-                raise ResacctError(f"trace entry {index}: free of address id {address} that the trace never allocated "
+                raise ResacctError(f"trace entry {index}: free of address {address} that the trace never allocated "
                                    "(the record began after it, or the ring buffer wrapped): expected a trace from the first allocation")
             model.free(address)
         elif action in SEGMENT_ACTIONS:
             recorded_segments.append((action, size, stream))
+            if action in ("segment_alloc", "segment_map"):
+                model.address_hints.append(address)  # a new segment made for the next alloc starts where the device's did
     if window_start >= len(trace):
         model.reset_peaks()
     made = [(e.action, e.size, e.stream) for e in model.events if e.action in SEGMENT_ACTIONS]
@@ -157,7 +168,8 @@ def replay_step(step: dict[str, Any], settings: dict[str, Any] | None = None, *,
                         peak_reserved_bytes=model.peak_reserved_bytes, recorded_max_allocated_bytes=step.get("max_memory_allocated"),
                         recorded_max_reserved_bytes=step.get("max_memory_reserved"),
                         recorded_reserved_peak_bytes=recorded_reserved_peak_bytes(trace, window_start),
-                        segment_events=len(recorded_segments), first_segment_mismatch=mismatch, live_at_peak_bytes=model.live_at_peak())
+                        segment_events=len(recorded_segments), first_segment_mismatch=mismatch, misplaced_blocks=misplaced,
+                        first_misplaced_block=first_misplaced, live_at_peak_bytes=model.live_at_peak())
 
 
 def check_record_layout(record: dict[str, Any]) -> list[str]:
@@ -177,5 +189,5 @@ def check_record_layout(record: dict[str, Any]) -> list[str]:
                 problems.append(f"step {step.get('name', '?')}: no {key!r}")
         for row in step.get("trace", [])[:1]:
             if len(row) != 4 or row[0] not in _KNOWN_ACTIONS:
-                problems.append(f"step {step.get('name', '?')}: trace row {row!r} is not [action, address id, size, stream id]")
+                problems.append(f"step {step.get('name', '?')}: trace row {row!r} is not [action, address, size, stream id]")
     return problems
