@@ -43,7 +43,9 @@ class Break:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def _with(measurement: Measurement, measured: Any) -> Measurement:
@@ -78,12 +80,12 @@ def _replaced(value: Any, path: tuple[int, ...], new: Any) -> Any:
     return copy
 
 
-def _shifted(reference: int | float, step: Fraction, sign: int) -> int | float:
-    """reference + sign·step; an integer stays an integer when the step is a whole number ≥ 1."""
-    if isinstance(reference, int) and step.denominator == 1:
-        return reference + sign * int(step)
-    if isinstance(reference, int) and step < 1 and abs(reference) > 2**52:  # a float cannot hold the shift
-        return reference + sign * max(1, math.floor(step))
+def _shifted(reference: int | float, step: Fraction, sign: int, *, outward: bool) -> int | float:
+    """reference + sign·step. An integer reference beyond a float's exact range (or an integral
+    step) stays an integer, rounded away from the reference when breaking out, towards it when
+    staying inside."""
+    if isinstance(reference, int) and (step.denominator == 1 or abs(reference) > 2**52):
+        return reference + sign * (math.ceil(step) if outward else math.floor(step))
     return float(Fraction(reference) + sign * step)
 
 
@@ -103,8 +105,8 @@ def _tolerance_breaks(claim: LoadedClaim, measurement: Measurement, reference: A
             outside = centre + sign if isinstance(centre, int) else math.nextafter(float(centre), sign * math.inf)
             inside = centre
         else:
-            outside = _shifted(centre, allowed * (1 + Fraction(JUST)), sign)
-            inside = _shifted(centre, allowed * (1 - Fraction(JUST)), sign)
+            outside = _shifted(centre, allowed * (1 + Fraction(JUST)), sign, outward=True)
+            inside = _shifted(centre, allowed * (1 - Fraction(JUST)), sign, outward=False)
         side = "+" if sign > 0 else "−"
         breaks.append(Break(f"{label} {side} tolerance × {1 + JUST:g}", _with(measurement, _replaced(reference, path, outside)), must_fail=not refuted))
         breaks.append(Break(f"{label} {side} tolerance × {1 - JUST:g}", _with(measurement, _replaced(reference, path, inside)), must_fail=refuted))
@@ -182,11 +184,11 @@ def catch_size(claim: LoadedClaim, verdict: Verdict) -> tuple[float, bool] | Non
         path = _first_number_path(reference)
         if path is None:
             return None
-        centre = abs(float(_at(reference, path)))
-        allowed = max(tolerance.rel * centre, tolerance.abs)
+        centre = abs(Fraction(_at(reference, path)))
+        allowed = max(Fraction(tolerance.rel) * centre, Fraction(tolerance.abs))
         if allowed == 0:
             return 0.0, True
-        return (allowed / centre, True) if centre else (allowed, False)
+        return (float(allowed / centre), True) if centre else (float(allowed), False)
     if expect is not None and (expect.at_least is not None or expect.at_most is not None) and _is_number(verdict.measured):
         distance = min(abs(verdict.measured - bound) for bound in (expect.at_least, expect.at_most) if bound is not None)
         return (distance / abs(verdict.measured), True) if verdict.measured else (distance, False)

@@ -125,6 +125,15 @@ def test_an_evaluator_that_ignored_the_tolerance_would_be_caught(monkeypatch):
     assert [did for _, did in _outcomes(claim, outside)] == [False, False]
 
 
+def test_a_law_beyond_float_range_is_broken_in_integers():
+    claim = _claim(given={"value": 10**400}, law="value")
+    verdict, measurement = _judged(claim, 10**400)
+    breaks = smallest_breaks(claim, verdict, measurement)
+    assert all(isinstance(one.measurement.outcome.measured, int) for one in breaks)
+    assert [did for _, did in _outcomes(claim, breaks)] == [True, False, True, False]
+    assert catch_size(claim, verdict) == (pytest.approx(1e-9), True)
+
+
 def test_a_zero_reference_has_an_absolute_catch_size():
     claim = _claim(given={"value": 0}, law="value * 0", tolerance={"abs": 1e-5})
     verdict, _ = _judged(claim, 0)
