@@ -42,7 +42,12 @@ def _command_modules(argv: list[str] | None = None) -> list[object]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``resacct`` script; returns the exit status. Ctrl-C at any moment,
-    imports included, is ``resacct: interrupted`` and 130, never a traceback."""
+    imports included, is ``resacct: interrupted`` and 130, never a traceback — also when resacct
+    was started with SIGINT ignored (a background job of a script: ``resacct shard … &``)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
     except KeyboardInterrupt:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from resacct.cli._model_args import device_memory_bytes
-from resacct.cli.arguments import positive_int, reserve_gigabytes
+from resacct.cli.arguments import positive_int, reserve_gigabytes, seconds
 from resacct.cli.output import emit, with_caveat
 from resacct.errors import ResacctError
 
@@ -60,6 +60,8 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=positive_int, default=None, metavar="N", help="the largest micro-batch to try (default: 1,048,576)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="one line per probe on stderr (default: once the search has run 2 s); never on stdout")
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                        help="stop the search after SECONDS with one line naming the phase and your code's line, exit 2 (Ctrl-C: exit 130)")
 
 
 def _target(args: argparse.Namespace) -> Any:
@@ -88,7 +90,21 @@ def run_model_fit(args: argparse.Namespace) -> int:
         raise ResacctError(f"--batch {args.batch} is searched with --search batch; give --seq (the fixed length), or --search seq with --batch")
     if args.search == "seq" and args.seq is not None:
         raise ResacctError(f"--seq {args.seq} is searched with --search seq; give --batch (the fixed micro-batch), or --search batch with --seq")
-    from resacct.account.fit_search import MAX_BATCH, fit_step
+    from resacct.account.user_code import running_phase, stopping_after
+
+    with stopping_after(args.timeout, command="resacct fit", hint="expected a search within the limit: raise --timeout, or a smaller "
+                        "--max-batch, --seq or model"):
+        with running_phase("importing torch and resacct's accounting"):
+            from resacct.account.fit_search import MAX_BATCH, fit_step
+        answer = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
+    fields = answer.to_dict()
+    return emit(args, fields, with_caveat(fields, _text(answer, args.units), board))
+
+
+def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,
+            fit_step: Any, max_batch: int) -> Any:
+    """The model built on meta, then the search, each probe a prediction (``fit_search.fit_step``)."""
+    from resacct.account.user_code import running_phase
 
     started = time.perf_counter()
     target = _target(args)
@@ -100,11 +116,10 @@ def run_model_fit(args: argparse.Namespace) -> int:
             print(f"resacct fit: {args.search} {probe.size:,}: predicted {_bytes_text(probe.peak_bytes, units)} {verdict} "
                   f"({probe.seconds:.1f} s; {time.perf_counter() - started:.0f} s in all)", file=sys.stderr, flush=True)
 
-    answer = fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,
-                      device=board, recipe=recipe, optimizer=optimizer, micro_batches=args.grad_accum,
-                      max_batch=args.max_batch or MAX_BATCH, on_probe=on_probe)
-    fields = answer.to_dict()
-    return emit(args, fields, with_caveat(fields, _text(answer, units), board))
+    with running_phase(f"searching the largest {args.search} that fits (each probe the step on fake tensors)"):
+        return fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,
+                        device=board, recipe=recipe, optimizer=optimizer, micro_batches=args.grad_accum,
+                        max_batch=args.max_batch or max_batch, on_probe=on_probe)
 
 
 def _text(answer: Any, units: str) -> str:

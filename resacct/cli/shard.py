@@ -20,7 +20,7 @@ from typing import Any
 
 from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
-from resacct.cli.arguments import non_negative_float, positive_int
+from resacct.cli.arguments import non_negative_float, positive_int, seconds
 from resacct.cli.output import add_json_flag, emit, format_quantity, with_caveat
 from resacct.errors import ResacctError
 
@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "rank's CPU allocator peak beside its prediction")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress line on stderr once the prediction runs 2 s (default: on a terminal; elsewhere after 30 s)")
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                        help="stop after SECONDS with one line naming the phase, exit 2; the child processes are killed and their "
+                             "folders removed (Ctrl-C: exit 130)")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_shard)
@@ -80,8 +83,23 @@ def run_shard(args: argparse.Namespace) -> int:
     if outside:
         raise ResacctError(f"--rank {', '.join(map(str, outside))}: expected ranks 0 to {args.devices - 1} of --devices {args.devices}")
     board, memory_bytes = device_memory_bytes(args)
-    from resacct.account.sharded_account import account_sharded_step
+    from resacct.account.user_code import stopping_after
+
+    with stopping_after(args.timeout, command="resacct shard", hint="expected a run within the limit: raise --timeout, or fewer --devices "
+                        "or --rank, a smaller --batch, --seq or model"):
+        account = _predict(args)
+    fields = account.to_dict()
+    fields["memory_bytes"] = memory_bytes
+    fields["fits"] = None if memory_bytes is None else account.largest.peak_bytes <= memory_bytes
+    return emit(args, fields, with_caveat(fields, _text(account, memory_bytes, board, args.units), board))
+
+
+def _predict(args: argparse.Namespace) -> Any:
+    """The model parsed, then each rank predicted in a child process (and measured, with --measure)."""
     from resacct.account.user_code import running_phase, showing_progress
+
+    with running_phase("importing torch and resacct's accounting"):
+        from resacct.account.sharded_account import account_sharded_step
 
     model = model_source(args)
     live = sys.stderr.isatty()
@@ -91,12 +109,8 @@ def run_shard(args: argparse.Namespace) -> int:
     if args.measure:
         phase += f", then measuring it on {args.devices} gloo ranks"
     with progress, running_phase(phase):
-        account = account_sharded_step(model, engine=args.engine, world_size=args.devices, batch=args.batch, seq=args.seq,
-                                       ranks=None if args.rank is None else tuple(args.rank), measure=args.measure)
-    fields = account.to_dict()
-    fields["memory_bytes"] = memory_bytes
-    fields["fits"] = None if memory_bytes is None else account.largest.peak_bytes <= memory_bytes
-    return emit(args, fields, with_caveat(fields, _text(account, memory_bytes, board, args.units), board))
+        return account_sharded_step(model, engine=args.engine, world_size=args.devices, batch=args.batch, seq=args.seq,
+                                    ranks=None if args.rank is None else tuple(args.rank), measure=args.measure)
 
 
 def _text(account: Any, memory_bytes: float | None, board: Any, units: str) -> str:

@@ -18,7 +18,13 @@ What keeps it safe:
 * **Failures surface at once.** A rank that raises sends its traceback; the launcher kills
   the others (they would wait in a collective) and raises :class:`DistributedRankError`.
 * **Cleanup.** Each rank destroys its process group in ``finally``; the launcher joins or
-  kills every child and removes the store folder, whatever happened.
+  kills every child and removes the store folder, whatever happened. A launcher killed outright
+  (SIGTERM, SIGKILL) takes its ranks and folders with it (:mod:`resacct.measurement.lifeline`).
+* **Interrupts.** Ranks ignore SIGINT: Ctrl-C reaches the launcher (``KeyboardInterrupt``),
+  which kills them; a rank that reports a ``KeyboardInterrupt`` is raised as one too.
+* **Errors shown.** What a rank writes (stdout and stderr, C code's too) is relayed to the
+  launcher's stderr as it comes; a rank that dies without answering is reported with its exit
+  code and its last lines, one that dies before resacct's code runs in it with the likely cause.
 * The calling process never creates a process group (a pytest process stays clean).
 
 Children are forked from a ``forkserver`` that imported torch once (``spawn`` where the
@@ -34,14 +40,35 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
+import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from resacct.errors import ResacctError
+from resacct.measurement.lifeline import (
+    STORE_PREFIX,
+    OutputRelay,
+    capture_output,
+    launcher_temp_dir,
+    lifeline_reader,
+    remove_stale_folders,
+    watch_launcher,
+)
+from resacct.measurement.rank_errors import (
+    DistributedError,
+    DistributedRankError,
+    DistributedTimeoutError,
+    DistributedUnavailableError,
+    died_without_answering,
+    raised,
+    rank_failure,
+    refuse_reentered_main,
+)
 
 __all__ = [
     "DistributedError",
@@ -65,22 +92,7 @@ _PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch
             "torch.distributed.fsdp", "resacct.measurement.distributed"]
 _GRACE_SECONDS = 5.0
 _ERROR_GATHER_SECONDS = 1.0
-
-
-class DistributedError(ResacctError):
-    """A distributed run could not start, failed on a rank, or ran out of time."""
-
-
-class DistributedUnavailableError(DistributedError):
-    """This machine or torch build cannot run a local gloo process group (the reason says why)."""
-
-
-class DistributedRankError(DistributedError):
-    """A rank raised (its traceback is in the message) or died without answering."""
-
-
-class DistributedTimeoutError(DistributedError):
-    """Not every rank answered within the time allowed; the stragglers were killed."""
+_RELAY_EVERY_SECONDS = 0.25
 
 
 def loopback_interface() -> str:
@@ -162,16 +174,26 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def _rank_main(program: Callable[..., Any], args: tuple[Any, ...], rank: int, world_size: int, store_path: str | None,
-               collective_timeout_seconds: float, interface: str, connection: multiprocessing.connection.Connection) -> None:
-    """What each child runs: join the group (unless ``store_path`` is None), run ``program``,
-    send ("ok", result) or ("error", traceback)."""
+def _rank_main(payload: bytes, rank: int, world_size: int, folder: str, join_group: bool, collective_timeout_seconds: float,
+               interface: str, connection: multiprocessing.connection.Connection, lifeline: multiprocessing.connection.Connection,
+               launcher_folders: tuple[str, ...]) -> None:
+    """What each child runs: watch the launcher's lifeline, send its output to the run's folder,
+    unpickle ``payload`` (the program and its arguments: an import that fails here is reported like
+    any error), join the group (when ``join_group``), run the program, send ("ok", result) or
+    ("error", traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it kills the ranks
+    watch_launcher(lifeline, (folder, *launcher_folders))
+    if not os.path.isdir(folder):  # the launcher gave this run up (Ctrl-C, its time limit) before this rank started
+        os._exit(1)
+    capture_output(os.path.join(folder, f"rank-{rank}.out"))
     os.environ["GLOO_SOCKET_IFNAME"] = interface
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
+        program, args = pickle.loads(payload)
         import torch
 
         torch.set_num_threads(1)
+        store_path = os.path.join(folder, "store") if join_group else None
         if store_path is None:
             result = program(*args)
         else:
@@ -183,6 +205,9 @@ def _rank_main(program: Callable[..., Any], args: tuple[Any, ...], rank: int, wo
             connection.send(("error", traceback.format_exc()))
     finally:
         connection.close()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
 
 
 def _stop(processes: Sequence[multiprocessing.process.BaseProcess], grace_seconds: float) -> None:
@@ -198,37 +223,18 @@ def _stop(processes: Sequence[multiprocessing.process.BaseProcess], grace_second
         process.join(_GRACE_SECONDS)
 
 
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(no message)"
-
-
-_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
-
-
-def _is_peer_failure(traceback_text: str) -> bool:
-    """True when a rank failed only because another rank went away first."""
-    return any(marker in traceback_text for marker in _PEER_FAILURE_MARKERS)
-
-
-def _rank_failure(errors: dict[int, str], program_name: str) -> DistributedRankError:
-    """One error naming the rank that failed first-hand (not one that lost its peer)."""
-    first_hand = [rank for rank, text in sorted(errors.items()) if not _is_peer_failure(text)]
-    rank = first_hand[0] if first_hand else min(errors)
-    others = [other for other in sorted(errors) if other != rank]
-    also = f" (then ranks {others} failed too)" if others else ""
-    return DistributedRankError(f"{program_name}: rank {rank} raised {_last_line(errors[rank])}{also}\n{errors[rank]}")
-
-
 def _collect(connections: dict[multiprocessing.connection.Connection, int], processes: Sequence[multiprocessing.process.BaseProcess],
-             timeout_seconds: float, program_name: str) -> list[Any]:
+             timeout_seconds: float, program_name: str, relay: OutputRelay) -> list[Any]:
     results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, tuple[str, str]] = {}
     deadline = time.monotonic() + timeout_seconds
     pending = dict(connections)
     while pending:
+        relay.pump()
         remaining = deadline - time.monotonic()
-        ready = multiprocessing.connection.wait(list(pending), timeout=max(0.0, remaining)) if remaining > 0 else []
+        ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, _RELAY_EVERY_SECONDS)) if remaining > 0 else []
+        if not ready and time.monotonic() < deadline:
+            continue
         if not ready:
             if errors:
                 break
@@ -243,16 +249,15 @@ def _collect(connections: dict[multiprocessing.connection.Connection, int], proc
             try:
                 status, payload = connection.recv()
             except EOFError:
-                processes[rank].join(1.0)
-                status, payload = "error", f"died without answering (exit code {processes[rank].exitcode})"
-            if status == "error":
+                status, payload = "died", died_without_answering(processes[rank], relay, rank)
+            if status in ("error", "died"):
                 if not errors:  # give the other ranks a moment to report, to find who failed first-hand
                     deadline = min(deadline, time.monotonic() + _ERROR_GATHER_SECONDS)
-                errors[rank] = payload
+                errors[rank] = raised(payload) if status == "error" else payload
             else:
                 results[rank] = payload
     if errors:
-        raise _rank_failure(errors, program_name)
+        raise rank_failure(errors, program_name)
     return [results[rank] for rank in range(len(processes))]
 
 
@@ -292,20 +297,27 @@ def run_isolated(program: Callable[..., Any], *args: Any, timeout_seconds: float
 def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int, timeout_seconds: float,
             collective_timeout_seconds: float, *, join_group: bool) -> list[Any]:
     _check_seconds(timeout_seconds, "timeout_seconds")
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        refuse_reentered_main()
     interface = loopback_interface()
     context = _context()
     name = getattr(program, "__qualname__", repr(program))
+    payload = pickle.dumps((program, args))  # unpickled in the child, where a failing import is reported as the rank's error
     processes: list[multiprocessing.process.BaseProcess] = []
     connections: dict[multiprocessing.connection.Connection, int] = {}
     finished = False
-    with tempfile.TemporaryDirectory(prefix="resacct-store-") as folder:
-        store_path = os.path.join(folder, "store") if join_group else None
+    remove_stale_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-") as folder:
+        relay = OutputRelay([os.path.join(folder, f"rank-{rank}.out") for rank in range(world_size)], sys.stderr)
         try:
+            lifeline = lifeline_reader(context)
+            launcher_folders = (launcher_temp_dir(),)
             for rank in range(world_size):
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(
                     target=_rank_main,
-                    args=(program, args, rank, world_size, store_path, collective_timeout_seconds, interface, sender),
+                    args=(payload, rank, world_size, folder, join_group, collective_timeout_seconds, interface, sender, lifeline,
+                          launcher_folders),
                     name=f"resacct-rank-{rank}",
                     daemon=True,
                 )
@@ -313,13 +325,14 @@ def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int,
                 process.start()
                 sender.close()
                 connections[receiver] = rank
-            results = _collect(connections, processes, timeout_seconds, name)
+            results = _collect(connections, processes, timeout_seconds, name, relay)
             finished = True
             return results
         finally:
             # After success the ranks are exiting: give them a moment. After a failure the
             # others may wait in a collective: kill them now.
             _stop(processes, _GRACE_SECONDS if finished else 0.0)
+            relay.pump()
             for connection in connections:
                 connection.close()
 
