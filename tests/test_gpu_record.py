@@ -128,3 +128,39 @@ def test_op_times_carry_shapes_and_dtypes_even_where_function_events_lack_dtypes
     rows = {row["name"]: row for row in gpu_record._op_times(prof)}
     assert rows["aten::mm"]["shapes"] == [[8, 4], [4, 2]] and rows["aten::mm"]["dtypes"] == ["float", "float"]
     assert rows["aten::matmul"]["top_level"] and not rows["aten::mm"]["top_level"] and rows["aten::mm"]["calls"] == 1
+
+
+def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """record_step's CUDA branch (history on, snapshot, peaks, settings), never run on this CPU
+    otherwise: torch.cuda's calls answered by resacct's allocation recorder, tensors on the CPU."""
+    import torch
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+
+    recorder = AllocationRecorder(device="cpu")
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False, "roundup_power2_divisions": [1]}
+    calls: list[str] = []
+
+    def history(enabled: str | None = "all", **kwargs: object) -> None:
+        calls.append(f"history {enabled} context={kwargs.get('context', 'all')}")
+        if enabled:
+            recorder.__enter__()
+        else:
+            recorder.__exit__(None, None, None)
+
+    monkeypatch.setattr(gpu_record, "CUDA_DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", history)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {**recorder.snapshot(), "allocator_settings": settings})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: recorder.allocator.reset_peaks())
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: recorder.allocator.peak_allocated_bytes)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: recorder.allocator.peak_reserved_bytes)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: recorder.allocator.allocated_bytes)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: recorder.allocator.reserved_bytes)
+    step = gpu_record.record_step("gqa-llama/bf16/flash", dry=False)
+    assert calls == ["init", "history all context=None", "history None context=all"]
+    assert step["allocator_settings"] == {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False}
+    assert step["replay"]["holds"] and step["trace_complete"] and 0 < step["window_start"] < len(step["trace"])
+    assert len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS and step["ops"]
+    assert json.loads(json.dumps(step)) == step  # what the child prints must be JSON

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 MAX_TRACE_ENTRIES = 3_000_000
+CUDA_DEVICE = "cuda"  # a test runs the CUDA branch on the CPU against a stubbed torch.cuda
 TIMED_STEPS = 5
 TIMED_STEPS_DRY = 2  # a dry run's CPU is slow and its times mean nothing: the code path, twice
 
@@ -171,8 +172,8 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
 
     family, model, recipe, attention, batch, seq, extra = MATRIX[name]
     cuda = not dry
-    device = "cuda" if cuda else "cpu"
-    if dry:
+    device = CUDA_DEVICE if cuda else "cpu"
+    if dry or device != "cuda":
         batch, seq = 2, 32
     started = time.perf_counter()
     recorder = None
@@ -182,7 +183,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     else:  # the dry run: resacct's allocation recorder and allocator model stand in for the GPU's
         recorder = AllocationRecorder(device="cpu").__enter__()
     torch.manual_seed(0)
-    net, loss_fn = _build(family, model, attention, extra, dry, device)
+    net, loss_fn = _build(family, model, attention, extra, dry or device != "cuda", device)
     vocab = net.config.vocab_size  # resacct's GPTConfig and transformers' configs both have it
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
     inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
@@ -191,7 +192,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     optimizer = step.make_optimizer([p for p in step.model.parameters() if p.requires_grad])
 
     def one_step() -> None:
-        with _attention_context(attention, dry):
+        with _attention_context(attention, dry or device != "cuda"):
             run_training_step(step.model, step.inputs, step.loss_fn, optimizer)
 
     def sync() -> None:
@@ -233,7 +234,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
         sync()
         times.append(time.perf_counter() - begin)
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []), record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []), record_shapes=True) as prof:
         one_step()
         sync()
     replay = replay_step({**compacted, **peaks}, settings)
