@@ -88,6 +88,8 @@ CASES = [
     (["memory", "--params", "7B", "--recipe", "-2 + 2 + 12"], "recipe '-2 + 2 + 12': '-2' bytes must be a finite number ≥ 0"),
     (["verify", "--area", "dtypes", "--report-dir", ""], "argument --report-dir: '' is empty; expected a folder for the report files"),
     (["verify", "--merge", "report.json", "--report-dir", " "], "argument --report-dir: ' ' is empty"),
+    (["plan", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096", "--params", "70B", "--memory-gb", "80", "--pp", "4",
+      "--interleave", "7"], "an interleaved schedule of 7 chunks per stage splits each stage's 20 layers into equal chunks"),
 ]
 
 

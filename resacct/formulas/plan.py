@@ -185,6 +185,10 @@ def plan_memory(*, parameters: float, layers: int, hidden: int, heads: int, seq:
     stages = stage_layers(layers, layout.pipeline, first=first_stage_layers, last=last_stage_layers)
     if layout.interleaved_chunks > 1 and len(set(stages)) > 1:
         raise ResacctError(f"an interleaved schedule needs an even pipeline split; {layers} layers over {layout.pipeline} stages is {list(stages)}")
+    if layout.interleaved_chunks > 1 and stages[0] % layout.interleaved_chunks:
+        raise ResacctError(f"an interleaved schedule of {layout.interleaved_chunks} chunks per stage splits each stage's {stages[0]} layers "
+                           f"into equal chunks (Megatron-LM's layers per virtual stage); {stages[0]} is not a multiple of "
+                           f"{layout.interleaved_chunks}: choose chunks that divide {stages[0]}")
     local_seq = seq // layout.context
     common = dict(tensor_parallel=layout.tensor, sequence_parallel=layout.sequence_parallel, recompute=recompute)
     saving = gqa_activation_saving_bytes_per_layer(local_seq, 1, hidden, heads, kv_heads or heads, tensor_parallel=layout.tensor, recompute=recompute)
