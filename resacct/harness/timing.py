@@ -9,17 +9,19 @@ core away and the share drops).
   at least a factor 1.1 away from every ``at_least``/``at_most`` bound (non-numeric statements, such as a
   roofline's "memory"/"compute", are clear).
 - One quiet, clear round decides, either way.
-- Otherwise more rounds run (at most ``MAX_ROUNDS``; ``EARLY_STOP_ROUNDS`` once the rounds disagree).
+- Otherwise more rounds run: up to ``MAX_ROUNDS`` (3), or ``PAIRED_MAX_ROUNDS`` (9) while the
+  sign test below can still decide.
   Rounds that all pass, with their spread (max ÷ min − 1) smaller than the median's margin to the
   bound, decide *holds* (a load cannot make them agree by chance). A claim **fails only on quiet
   rounds**: load only ever adds time, and a time measured under load is the load's, not the machine's.
 - **Sign test** (checks registered ``paired=True``: their value compares timings taken in turn, so
-  load slows both sides and pushes a round's value up as often as down): ``SIGN_TEST_ROUNDS``
-  rounds that all come out as the spec says decide, quiet or not. Were the truth on the other side
-  of the bound, each round would land on the spec's side with a chance of at most ½, and all of
-  them with at most ½ ** SIGN_TEST_ROUNDS (3.1 %) — a test, not a guess. A passing value near its
-  bound under load (the warm-up claim: 1.08, 1.20, 1.13 against ``at_most`` 1.25, spread 11 % ≥
-  margin 10.6 %) decides this way; one round that disagrees stops it.
+  load slows both sides and pushes a round's value up as often as down): rounds that come out as
+  the spec says decide, quiet or not, once so many agree that the binomial tail is at most
+  ``SIGN_TEST_ALPHA`` (1/32): 5 of 5, or 8 of 9. Were the truth on the other side of the bound,
+  each round would land on the spec's side with a chance of at most ½ — a test, not a guess. A
+  passing value near its bound under load (the warm-up claim: 1.08, 1.20, 1.13 against ``at_most``
+  1.25, spread 11 % ≥ margin 10.6 %) decides this way; rounds stop as soon as the test can no
+  longer reach 1/32 within 9 rounds (two disagreeing rounds).
 - Anything else is **inconclusive (noisy)**: the message says what the claim measured in each
   round (its CPU share, pass or fail), the band, the spread and the margin, why that does not
   decide, and the load average. ``RESACCT_REQUIRE_TIMING=1`` makes the item fail with that message.
@@ -53,13 +55,13 @@ from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import get_check
 
 __all__ = ["Inconclusive", "Round", "decide_timing_claim", "measure_with_cpu_share", "relative_margin", "spread", "INCONCLUSIVE_PREFIX", "REQUIRE_TIMING_VARIABLE",
-           "MAX_ROUNDS", "EARLY_STOP_ROUNDS", "SIGN_TEST_ROUNDS", "QUIET_CPU_SHARE", "CLEAR_MARGIN", "sign_test_p_value"]
+           "MAX_ROUNDS", "PAIRED_MAX_ROUNDS", "SIGN_TEST_ALPHA", "QUIET_CPU_SHARE", "CLEAR_MARGIN", "sign_test_p_value"]
 
 REQUIRE_TIMING_VARIABLE = "RESACCT_REQUIRE_TIMING"
 INCONCLUSIVE_PREFIX = "inconclusive (noisy): "
-SIGN_TEST_ROUNDS = 5  # all agreeing: p ≤ 2**-5 ≈ 3.1 % that the truth lies on the other side
-MAX_ROUNDS = SIGN_TEST_ROUNDS
-EARLY_STOP_ROUNDS = 3  # rounds that disagree cannot pass the sign test: stop after three
+MAX_ROUNDS = 3
+SIGN_TEST_ALPHA = 2**-5  # at most 3.1 % that the rounds agree this often with the truth across the bound
+PAIRED_MAX_ROUNDS = 9  # 5 of 5 agreeing decide; one disagreeing round costs up to 4 more (8 of 9)
 QUIET_CPU_SHARE = 0.85
 CLEAR_MARGIN = 0.10
 
@@ -155,8 +157,15 @@ def sign_test_p_value(agreeing: int, rounds: int) -> float:
 
 
 def _sign_test_decides(claim: LoadedClaim, rounds: list[Round]) -> bool:
-    return (get_check(claim.claim.measure).paired and len(rounds) >= SIGN_TEST_ROUNDS
-            and all(one.passed for one in rounds) and sign_test_p_value(len(rounds), len(rounds)) <= 2 ** -SIGN_TEST_ROUNDS)
+    agreeing = sum(one.passed for one in rounds)
+    return (get_check(claim.claim.measure).paired and rounds[-1].passed
+            and sign_test_p_value(agreeing, len(rounds)) <= SIGN_TEST_ALPHA)
+
+
+def _sign_test_reachable(rounds: list[Round], limit: int) -> bool:
+    """Whether more rounds, all agreeing, could still bring the sign test to SIGN_TEST_ALPHA within ``limit``."""
+    disagreeing = sum(not one.passed for one in rounds)
+    return any(sign_test_p_value(total - disagreeing, total) <= SIGN_TEST_ALPHA for total in range(len(rounds) + 1, limit + 1))
 
 
 def _decided(claim: LoadedClaim, rounds: list[Round]) -> Round | None:
@@ -200,15 +209,20 @@ def _why_undecided(claim: LoadedClaim, rounds: list[Round]) -> str:
     closeness = (f"; their spread {apart:.1%} is not below the median's margin {margin:.1%} to the bound"
                  if apart is not None and margin is not None and apart >= margin else "")
     if 0 < passed < len(rounds):
-        return f"the rounds disagree: {passed} of {len(rounds)} came out as the spec says{closeness}"
+        return f"the rounds disagree: {passed} of {len(rounds)} came out as the spec says{closeness}{_sign_text(claim, rounds)}"
     if passed == 0:
         return (f"every round came out against the spec, but only {quiet} of {len(rounds)} had ≥ {QUIET_CPU_SHARE:.0%} of a core, "
                 f"and a timing fails only on such quiet rounds (load only adds time){closeness}")
     quiet_note = "none was quiet and clear of the bound by ≥ " if quiet == 0 else "no quiet round lay clear of the bound by ≥ "
-    sign = ("" if not get_check(claim.claim.measure).paired else
-            f"; the sign test needs {SIGN_TEST_ROUNDS} such rounds in a row (p ≤ {2 ** -SIGN_TEST_ROUNDS:.1%}), "
-            f"these are {len(rounds)} (p = {sign_test_p_value(len(rounds), len(rounds)):.1%})")
-    return f"every round came out as the spec says, but {quiet_note}{CLEAR_MARGIN:.0%}{closeness}{sign}"
+    return f"every round came out as the spec says, but {quiet_note}{CLEAR_MARGIN:.0%}{closeness}{_sign_text(claim, rounds)}"
+
+
+def _sign_text(claim: LoadedClaim, rounds: list[Round]) -> str:
+    if not get_check(claim.claim.measure).paired:
+        return ""
+    agreeing = sum(one.passed for one in rounds)
+    return (f"; the sign test needs agreeing rounds with p ≤ {SIGN_TEST_ALPHA:.1%} (5 of 5, 8 of 9), "
+            f"these are {agreeing} of {len(rounds)} (p = {sign_test_p_value(agreeing, len(rounds)):.1%})")
 
 
 def _rounds_text(rounds: list[Round]) -> str:
@@ -236,13 +250,14 @@ def _load_average() -> float | None:
         return None
 
 
-def decide_timing_claim(claim: LoadedClaim, inputs: Mapping[str, Any], *, max_rounds: int = MAX_ROUNDS) -> Verdict:
+def decide_timing_claim(claim: LoadedClaim, inputs: Mapping[str, Any], *, max_rounds: int | None = None) -> Verdict:
     """Run a timing claim in rounds (see the module docstring). Returns the deciding verdict,
     raises its ClaimFailure, or raises :class:`Inconclusive`."""
     check = get_check(claim.claim.measure)
     load_start = _load_average()
     rounds: list[Round] = []
-    for index in range(max_rounds):
+    limit = max_rounds if max_rounds is not None else (PAIRED_MAX_ROUNDS if check.paired else MAX_ROUNDS)
+    for index in range(limit):
         if index:
             check.forget_cached()
         rounds.append(_one_round(claim, inputs))
@@ -252,7 +267,7 @@ def decide_timing_claim(claim: LoadedClaim, inputs: Mapping[str, Any], *, max_ro
             if deciding.failure is not None:
                 raise deciding.failure
             return deciding.verdict
-        if len(rounds) >= EARLY_STOP_ROUNDS and not (check.paired and all(one.passed for one in rounds)):
+        if len(rounds) >= MAX_ROUNDS and not (check.paired and _sign_test_reachable(rounds, limit)):
             break  # only the sign test could still decide, and it cannot (or does not apply)
     remember_measurement(claim, rounds[-1].measurement)
     reason = _why_undecided(claim, rounds)
