@@ -23,7 +23,7 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["register", "run_verify", "default_specs_dir"]
+__all__ = ["register", "run_verify", "default_specs_dir", "seconds_by_area", "slowest_claims"]
 
 STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "inconclusive": "yellow", "failed": "bold red", "invalid": "bold red"}
 _OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted")
     shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
     shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages (a check's exception with its traceback), and every listed claim's inputs")
+    shown.add_argument("--durations", type=_durations_count, nargs="?", const=10, default=None, metavar="N",
+                       help="also print the N slowest claims (default 10; 0: every claim) and each area's seconds; report.json always "
+                            "holds every claim's seconds and run.seconds_by_area")
     shown.add_argument("--json", action="store_true",
                        help="print one strict JSON object (counts, per-area counts, run, report files, and the claims --status selects; all by default)")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")
@@ -74,6 +77,47 @@ def _report_dir(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is empty; expected a folder for the report files, e.g. reports")
     return Path(text)
+
+
+def _durations_count(text: str) -> int:
+    """``--durations N``: how many of the slowest claims to print (0: all of them)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number ≥ 0 (0 lists every claim)")
+    return value
+
+
+def seconds_by_area(claims: list[dict[str, Any]]) -> dict[str, float]:
+    """Each area's claims' seconds summed (report.json's ``run.seconds_by_area``), slowest area first.
+
+    >>> seconds_by_area([{"area": "a", "seconds": 0.5}, {"area": "b", "seconds": 2.0}, {"area": "a", "seconds": 0.25}])
+    {'b': 2.0, 'a': 0.75}
+    """
+    totals: dict[str, float] = {}
+    for record in claims:
+        totals[record["area"]] = totals.get(record["area"], 0.0) + float(record.get("seconds") or 0.0)
+    return {area: round(total, 3) for area, total in sorted(totals.items(), key=lambda item: (-item[1], item[0]))}
+
+
+def slowest_claims(claims: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The ``count`` slowest claims (0: all), each as area, id, seconds, outcome, file:line; slowest first."""
+    ordered = sorted(claims, key=lambda r: (-float(r.get("seconds") or 0.0), r["area"], r["id"]))
+    return [{"area": r["area"], "id": r["id"], "seconds": round(float(r.get("seconds") or 0.0), 3), "outcome": r.get("outcome"),
+             "where": f"{r.get('path')}:{r.get('line')}"} for r in (ordered if count == 0 else ordered[:count])]
+
+
+def _durations_text(document: dict[str, Any], count: int) -> str:
+    claims = document["claims"]
+    total = sum(float(r.get("seconds") or 0.0) for r in claims)
+    lines = [f"slowest {'' if count == 0 else f'{min(count, len(claims))} '}claims of {len(claims)} "
+             f"({total:.1f} s in claims; {document['run']['seconds']:.1f} s the whole run):"]
+    lines += [f"  {r['seconds']:8.3f} s  {r['area']}::{r['id']}  ({r['outcome']}, {r['where']})" for r in slowest_claims(claims, count)]
+    by_area = document["run"].get("seconds_by_area") or seconds_by_area(claims)
+    lines.append("by area: " + ", ".join(f"{area} {seconds:.1f} s" for area, seconds in by_area.items()))
+    return "\n".join(lines)
 
 
 def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
@@ -186,6 +230,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "specs": str(Path(specs).resolve()),
         "rootdir": str(files[0].parent.parent.resolve()),
         "seconds": round(time.monotonic() - started, 1),
+        "seconds_by_area": seconds_by_area(document["claims"]),
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
     timeline = None if args.no_timeline or run.interrupted else _write_step_timeline(staging.path)
@@ -250,12 +295,16 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
             "report_files": [str(destination / name) for name in files_written],
             "claims": [record for record in document["claims"] if record["outcome"] in statuses],
         }
+        if args.durations is not None:
+            fields["slowest"] = slowest_claims(document["claims"], args.durations)
         sys.stdout.write(strict_json_text(fields, non_finite="string"))
         return
     if args.quiet:
         print(summary_line(document, output_width_columns()))
     else:
         print(render_summary(document, statuses=_shown_statuses(args), width=output_width_columns(), verbose=args.verbose))
+    if args.durations is not None and document["claims"]:
+        print(_durations_text(document, args.durations))
     print(moved)
 
 

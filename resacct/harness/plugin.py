@@ -331,8 +331,10 @@ def _plain(value: Any) -> Any:
 
 
 def finish_record(record: dict[str, Any], report: pytest.TestReport) -> dict[str, Any]:
-    """The record of a finished claim item, with its outcome: holds, refuted, skipped, inconclusive, failed, invalid."""
+    """The record of a finished claim item, with its outcome: holds, refuted, skipped, inconclusive, failed, invalid,
+    and ``seconds``: how long pytest's report says it ran (the call; a failed setup's setup)."""
     finished = dict(record)
+    finished["seconds"] = round(float(getattr(report, "duration", 0.0) or 0.0), 6)  # the phase that decided it (resacct verify --durations)
     if finished.get("status") == "invalid":
         finished["outcome"] = "invalid"
     elif report.skipped:

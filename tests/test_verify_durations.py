@@ -1,0 +1,94 @@
+"""``resacct verify --durations``: every claim's seconds in report.json (from pytest's own report of
+the claim), each area's total under ``run.seconds_by_area``, and the N slowest printed — a claim
+that draws 300 examples ranks above one that evaluates once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from resacct.cli import main
+from resacct.cli.verify import seconds_by_area, slowest_claims
+
+SPECS = Path(__file__).resolve().parents[1] / "resacct" / "specs"
+
+STORAGE = """\
+area: storage
+source: a test of resacct verify --durations
+claims:
+  - id: strides-drawn-300-times
+    says: A contiguous rows×cols tensor skips cols elements to the next row and 1 to the next column.
+    measure: tensors.strides
+    forall: {d0: dim, d1: dim}
+    examples: 300
+    law: "[d1, 1]"
+
+  - id: element-index-1-2-is-6
+    says: In a 4×4 row-major matrix, element (1, 2) sits at index 1·4 + 2·1 = 6.
+    measure: tensors.element_offset
+    given: {rows: 4, cols: 4, row_fraction: 0.25, col_fraction: 0.5}
+    law: "6"
+"""
+
+
+@pytest.fixture
+def specs_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "specs"
+    target.mkdir()
+    (target / "storage.claims.yaml").write_text(STORAGE, encoding="utf-8")
+    shutil.copy(SPECS / "devices.claims.yaml", target)
+    return target
+
+
+def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_path, capsys):
+    report_dir = tmp_path / "reports"
+    assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "--durations", "2"]) == 0
+    out = capsys.readouterr().out
+    document = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
+    claims = document["claims"]
+    assert len(claims) == 2 + 5 and all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in claims)
+    by_id = {r["id"]: r["seconds"] for r in claims}
+    assert by_id["strides-drawn-300-times"] > by_id["element-index-1-2-is-6"]  # 300 examples against one evaluation
+    assert sum(by_id.values()) <= document["run"]["seconds"]  # the claims run inside the run
+    by_area = document["run"]["seconds_by_area"]
+    assert set(by_area) == {"storage", "devices"}
+    for area, seconds in by_area.items():
+        assert seconds == pytest.approx(sum(r["seconds"] for r in claims if r["area"] == area), abs=2e-3)
+    listed = [line for line in out.splitlines() if line.startswith("  ") and " s  " in line and "::" in line]
+    assert len(listed) == 2 and "storage::strides-drawn-300-times" in listed[0], out
+    assert "slowest 2 claims of 7" in out and "by area: storage" in out
+
+
+def test_json_carries_the_slowest_and_zero_lists_every_claim(specs_dir, tmp_path, capsys):
+    assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(tmp_path / "r"), "--no-roofline", "--no-timeline",
+                 "--durations", "0", "--json"]) == 0
+    fields = json.loads(capsys.readouterr().out)
+    slowest = fields["slowest"]
+    assert len(slowest) == 7 and [r["seconds"] for r in slowest] == sorted((r["seconds"] for r in slowest), reverse=True)
+    assert fields["run"]["seconds_by_area"].keys() == {"storage", "devices"}
+
+
+def test_without_the_flag_nothing_more_is_printed_but_report_json_keeps_the_seconds(specs_dir, tmp_path, capsys):
+    assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(tmp_path / "r"), "--no-roofline", "--no-timeline"]) == 0
+    assert "slowest" not in capsys.readouterr().out
+    document = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
+    assert all("seconds" in r for r in document["claims"]) and "seconds_by_area" in document["run"]
+
+
+def test_the_helpers_order_and_sum():
+    claims = [{"area": "a", "id": "x", "seconds": 0.5, "path": "a.yaml", "line": 3, "outcome": "holds"},
+              {"area": "b", "id": "y", "seconds": 2.0, "path": "b.yaml", "line": 5, "outcome": "failed"},
+              {"area": "a", "id": "z", "seconds": 0.25, "path": "a.yaml", "line": 9, "outcome": "holds"}]
+    assert seconds_by_area(claims) == {"b": 2.0, "a": 0.75}
+    assert [r["id"] for r in slowest_claims(claims, 2)] == ["y", "x"] and len(slowest_claims(claims, 0)) == 3
+    assert slowest_claims(claims, 1)[0]["where"] == "b.yaml:5"
+
+
+@pytest.mark.parametrize("value", ["-1", "many"])
+def test_a_bad_count_is_one_line_exit_2(value, capsys):
+    assert main(["verify", "--durations", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "expected a whole number ≥ 0" in err, err
