@@ -167,3 +167,28 @@ def test_a_sample_of_measured_checks_do_touch_torch(torch_touches):
     assert set(sample) == set(MEASURED_SAMPLE)
     assert {evidence for evidence, _ in sample.values()} == {"measured"}
     assert [name for name, (_, touched) in sample.items() if not touched] == []
+
+
+# Issue 36's sample of weak claims: a constant against a constant carries the kind it is, and says so.
+ISSUE_36_SAMPLE = {
+    "tpu-v4-peak-275-tflops": ("published", "prints"),
+    "deepseek-v3-fp8-doubles-the-bf16-peak-on-hopper": ("arithmetic", "datasheet"),
+    "mfu-bf16-worked-0.276": ("arithmetic", "arithmetic on two printed figures"),
+    "napkin-70b-15t-below-us-executive-order": ("measured", "FlopCounterMode"),
+    "matrix-vector-memory-bound-h100": ("measured", "FLOPs and bytes from torch"),
+    "lecture-lower-precision-less-compute-cpu-amx": ("measured", "gets more done per second"),
+}
+
+
+def test_the_weak_claims_of_issue_36_carry_their_kind_and_say_what_is_checked():
+    from resacct.harness.loader import load_claims_file
+
+    found = {}
+    for path in sorted((REPO / "resacct" / "specs").glob("*.claims.yaml")):
+        for loaded in load_claims_file(path).claims:
+            if loaded.id in ISSUE_36_SAMPLE:
+                found[loaded.id] = (all_checks()[loaded.claim.measure].evidence, loaded.claim.says)
+    assert set(found) == set(ISSUE_36_SAMPLE)
+    for claim_id, (kind, words) in ISSUE_36_SAMPLE.items():
+        evidence, says = found[claim_id]
+        assert evidence == kind and words in says, (claim_id, evidence, says)
