@@ -75,3 +75,20 @@ def test_expandable_segments_reserve_less_for_the_same_allocations() -> None:
     assert expandable.peak_requested_bytes == default.peak_requested_bytes
     assert expandable.peak_reserved_bytes <= default.peak_reserved_bytes
     assert expandable.peak_reserved_bytes >= expandable.peak_allocated_bytes
+
+
+def test_an_optimizer_that_leaves_foreach_to_torch_gets_cudas_foreach() -> None:
+    made: list[torch.optim.Optimizer] = []
+
+    def adamw(parameters: object, **options: object) -> torch.optim.Optimizer:
+        made.append(torch.optim.AdamW(parameters, lr=1e-3, **options))
+        return made[-1]
+
+    model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+    inputs = torch.randn(64, 512)
+    default = predict_cuda_step_memory(model, inputs, lambda m, x: m(x).square().mean(), adamw)
+    assert made[-1].param_groups[0]["foreach"] is True  # torch would have chosen the for-loop on meta tensors
+    loop = predict_cuda_step_memory(model, inputs, lambda m, x: m(x).square().mean(), lambda p: adamw(p, foreach=False))
+    assert made[-1].param_groups[0]["foreach"] is False  # a choice the caller made is kept
+    assert default.peak_allocated_bytes == predict_cuda_step_memory(model, inputs, lambda m, x: m(x).square().mean()).peak_allocated_bytes
+    assert default.peak_allocated_bytes > loop.peak_allocated_bytes  # foreach's temporaries: a whole list at once

@@ -11,8 +11,9 @@ differ from what meta tensors would dispatch, it chooses the CUDA ones:
   to ``aten._scaled_dot_product_flash_attention`` / ``_efficient_attention`` (their meta kernels
   give CUDA's outputs: the output, a float32 logsumexp, the RNG state), as ``sdpa_kernel`` would
   on a GPU; ``None`` leaves sdpa to pick (on meta tensors: the math path);
-- the optimizer: :func:`cuda_adamw` is ``torch.optim.AdamW(foreach=True)``, CUDA's default
-  (``_default_to_fused_or_foreach``): the foreach kernels' temporaries, not the for-loop's.
+- the optimizer: where it leaves ``foreach`` to torch, it gets the foreach implementation, CUDA's
+  default (``_default_to_fused_or_foreach``; meta tensors would get the for-loop): the foreach
+  kernels' temporaries. :func:`cuda_adamw`, the default, is ``torch.optim.AdamW(lr=1e-3, foreach=True)``.
 
 Why meta and not ``FakeTensorMode`` with ``device="cuda"``: on this CPU-only torch (2.13.0+cpu)
 fake cuda tensors are made, but C++ paths that take a CUDA device guard (``tensor[:, :-1]``,
@@ -102,6 +103,17 @@ class _CudaAttention(TorchFunctionMode):
         return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout, causal, scale=scale)[0]
 
 
+def _as_on_cuda(optimizer: torch.optim.Optimizer) -> None:
+    """Where an optimizer leaves ``foreach`` to torch (None), CUDA tensors get the foreach
+    implementation (``_default_to_fused_or_foreach``) and meta tensors the for-loop: choose CUDA's.
+    A master-weights optimizer's inner one (``.inner``) too."""
+    for each in (optimizer, getattr(optimizer, "inner", None)):
+        if isinstance(each, torch.optim.Optimizer):
+            for group in each.param_groups:
+                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                    group["foreach"] = True
+
+
 def _meta_copy(model: nn.Module) -> nn.Module:
     """``model`` with every parameter, buffer and tensor attribute on the meta device (ties kept, nothing copied)."""
     memo: dict[int, Any] = {}
@@ -144,6 +156,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
         optimizer = None
         if make_optimizer is not None:
             optimizer = make_optimizer([p for p in meta_model.parameters() if p.requires_grad])
+            _as_on_cuda(optimizer)
             make_optimizer_state(meta_model, optimizer)
         start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
         recorder.start_window()
