@@ -158,7 +158,9 @@ def test_the_timeout_names_the_users_frame_never_a_library_or_the_launcher(monke
     ('{"physical_cores": ' + "9" * 5000 + "}", "RESACCT_FAKE_MACHINE holds a number of more than 4300 digits"),
     ("[" * 50_000 + "]" * 50_000, "RESACCT_FAKE_MACHINE nests arrays or objects deeper than Python's JSON reader goes (100,000 characters)"),
     ('{"physical_cores": ' + "[" * 50_000 + "]" * 50_000 + "}", "RESACCT_FAKE_MACHINE nests arrays or objects deeper"),
-], ids=["5000-digits", "50000-deep", "50000-deep-field"])
+    ('{"gpu_memory_bytes": -1}', "RESACCT_FAKE_MACHINE: gpu_memory_bytes: expected a finite number ≥ 0 (a count, bytes or a load), got -1"),
+    ('{"load_average_start": 1e999}', "RESACCT_FAKE_MACHINE: load_average_start: expected a finite number ≥ 0"),
+], ids=["5000-digits", "50000-deep", "50000-deep-field", "negative-gpu-memory", "infinite-load"])
 def test_a_hostile_fake_machine_is_one_line(capsys, monkeypatch, fake, fragment):
     from resacct.measurement.machine_profile import this_machine
 
@@ -333,3 +335,20 @@ def test_a_when_range_no_machine_is_in_is_a_schema_error_naming_file_line_and_cl
         "(the claim would never be decided)"]
     path.write_text(EMPTY_RANGE_SPEC.replace("at_least: 5, at_most: 1", "at_least: 1, at_most: 1"), encoding="utf-8")
     assert load_claims_file(path).errors == []  # a range of one value is fine
+
+
+@pytest.mark.parametrize("name", ["bogus-rope", "padding-past-vocabulary", "bogus-layer-type"])
+def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
+    pytest.importorskip("transformers")
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 512,
+              "vocab_size": 1000, "max_position_embeddings": 128}
+    config.update({"bogus-rope": {"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}, "padding-past-vocabulary": {"pad_token_id": 99999},
+                   "bogus-layer-type": {"layer_types": ["bogus", "bogus"]}}[name])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    err = _one_line_error(capsys, ["offload", "--hf-config", str(path)])
+    assert f"resacct offload: error: config file '{path}': transformers" in err, err  # the closed form answered for it
+    del config[{"bogus-rope": "rope_scaling", "padding-past-vocabulary": "pad_token_id", "bogus-layer-type": "layer_types"}[name]]
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main(["offload", "--hf-config", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)

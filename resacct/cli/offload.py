@@ -39,6 +39,20 @@ def _estimator(text: str) -> str:
     return text
 
 
+def _check_transformers_builds(spec: Any) -> None:
+    """Refuse, in one line, a config transformers refuses or cannot build a model from (a bogus
+    rope type, a padding id past the vocabulary …), as ``infer`` and ``plan`` do: the model is
+    built on the meta device. Without transformers (resacct[hf] not installed) the closed form
+    answers alone."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from resacct.account.hf_models import build_hf_model
+
+    build_hf_model(spec, device="meta")
+
+
 def _model(args: argparse.Namespace) -> tuple[str | None, float, float]:
     """The config's name (None without --hf-config), the parameters and the largest module's."""
     if args.hf_config is not None:
@@ -50,6 +64,7 @@ def _model(args: argparse.Namespace) -> tuple[str | None, float, float]:
         from resacct.formulas.offload import largest_module_parameters
 
         spec = load_hf_config(args.hf_config)
+        _check_transformers_builds(spec)
         architecture = architecture_from_values(spec.values)
         return spec.name, float(predict_parameters(architecture)), float(largest_module_parameters(architecture))
     if args.params is None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -389,6 +390,8 @@ def _faked(profile: MachineProfile, text: str) -> MachineProfile:
         current = getattr(profile, key)
         if problem is None and current is not None and type(value) is not type(current) and not (isinstance(current, float) and type(value) is int):
             problem = f"{key}: expected {type(current).__name__}, got {value!r}"
+        if problem is None and isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
+            problem = f"{key}: expected a finite number ≥ 0 (a count, bytes or a load), got {value!r}"
         if problem:
             raise ResacctError(f"{FAKE_MACHINE_VARIABLE}: {problem}")
     try:
