@@ -352,3 +352,41 @@ def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
     path.write_text(json.dumps(config), encoding="utf-8")
     assert main(["offload", "--hf-config", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)
+
+
+# ── the Python API: checkpoints and account_model ──
+
+
+def test_checkpoint_parts_of_the_wrong_kind_are_one_line(tmp_path):
+    """Run without the test suite's type-checking hook (which refuses model=42 itself): as a user
+    calls it, save_checkpoint(model=42) raised a raw AttributeError."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from resacct.errors import CheckpointError
+from resacct.training.checkpoint import load_checkpoint, save_checkpoint
+path = {str(tmp_path / "c.pt")!r}
+linear = torch.nn.Linear(2, 2)
+for call in (lambda: save_checkpoint(path, model=42, optimizer=None, step=0),
+             lambda: save_checkpoint(path, model=linear, optimizer=42, step=0),
+             lambda: save_checkpoint(path, model=linear, optimizer=None, step=0, data=object()),
+             lambda: load_checkpoint(path, model="model")):
+    try:
+        call()
+    except CheckpointError as error:
+        print(error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    path = tmp_path / "c.pt"
+    assert done.stdout.splitlines() == [
+        f"{path}: refusing to save: model is int 42; expected an nn.Module; nothing was written",
+        f"{path}: refusing to save: optimizer is int 42, which has no state_dict(); expected None or an object with state_dict() "
+        "(a torch optimizer, a loader's state, a GradScaler)",
+        f"{path}: refusing to save: data is object " + done.stdout.splitlines()[2].split("data is object ")[1].split(",")[0]
+        + ", which has no state_dict(); expected None or an object with state_dict() (a torch optimizer, a loader's state, a GradScaler)",
+        f"{path}: refusing to load: model is str 'model'; expected an nn.Module; nothing was read",
+    ]
+    assert not path.exists()

@@ -171,7 +171,11 @@ def _check_fit(spec: HfConfigSpec, get: Any) -> None:
 
 def require_transformers() -> Any:
     """``transformers``, imported offline (``HF_HUB_OFFLINE=1``: nothing is downloaded)."""
+    from resacct.measurement.torch_limits import transformers_unusable
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if problem := transformers_unusable():
+        raise ResacctError(problem)
     try:
         import transformers
     except ImportError:

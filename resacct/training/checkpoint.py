@@ -147,6 +147,19 @@ def _state_or_none(stateful: SupportsStateDict | None) -> Any:  # checked by sav
     return None if stateful is None else stateful.state_dict()
 
 
+def _check_parts(path: str | os.PathLike, doing: str, model: Any, parts: dict[str, Any], method: str) -> None:
+    """Refuse, in one line naming the part, a ``model`` that is no ``nn.Module`` or another part
+    (optimizer, data, grad_scaler) without a callable ``method`` (``state_dict`` to save,
+    ``load_state_dict`` to load): ``save_checkpoint(model=42)`` raised a raw AttributeError."""
+    if not isinstance(model, nn.Module):
+        raise CheckpointError(f"{path}: refusing to {doing}: model is {type(model).__name__} {model!r:.60}; expected an nn.Module; nothing was "
+                              f"{'written' if doing == 'save' else 'read'}")
+    for name, part in parts.items():
+        if part is not None and not callable(getattr(part, method, None)):
+            raise CheckpointError(f"{path}: refusing to {doing}: {name} is {type(part).__name__} {part!r:.60}, which has no {method}(); "
+                                  f"expected None or an object with {method}() (a torch optimizer, a loader's state, a GradScaler)")
+
+
 
 
 def save_checkpoint(
@@ -178,6 +191,7 @@ def save_checkpoint(
     path is untouched). Temporaries left by a killed earlier save are removed."""
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise CheckpointError(f"step {step!r}: expected the number of optimizer steps taken (an int ≥ 0)")
+    _check_parts(path, "save", model, {"optimizer": optimizer, "data": data, "grad_scaler": grad_scaler}, "state_dict")
     if extra is not None and not isinstance(extra, Mapping):
         raise CheckpointError(f"{path}: refusing to save: extra is a {type(extra).__name__}; expected a dict of plain values; nothing was written")
     checkpoint = {
@@ -248,6 +262,7 @@ def load_checkpoint(
     model, optimizer, data position, scaler and global generators as they were (a data source
     or scaler whose own ``load_state_dict`` raises is put back from its earlier state)."""
     path = Path(path)
+    _check_parts(path, "load", model, {"optimizer": optimizer, "data": data, "grad_scaler": grad_scaler}, "load_state_dict")
     content = read_checkpoint(path, require_checksum=require_checksum)
     check_model_fits(path, model, content["model"])
     parts: list[tuple[str, Any, Any]] = []
