@@ -132,6 +132,7 @@ def test_hf_claims_skip_with_the_reason_without_transformers(monkeypatch):
     from resacct.harness.registry import NotMeasurable
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers → ImportError
+    monkeypatch.setattr("resacct.measurement.torch_limits.transformers_unusable", lambda: None)  # as where none is installed
     for call in (lambda: shipped_parameters("gpt2"), lambda: small_model("llama", "parameters", 8, 1, 2, 8, 16)):
         with pytest.raises(NotMeasurable, match=r"transformers is not installed \(the optional extra: pip install 'resacct\[hf\]'\)"):
             call()

@@ -11,7 +11,7 @@ import torch
 
 from resacct.account import kernel_workspace, peak_tracker
 from resacct.account.peak import account_model_step_peak, measure_step_peak, predict_step_peak
-from resacct.account.peak_models import peak_model
+from resacct.account.peak_models import peak_model, selective_checkpointing_missing
 from resacct.cli import main
 from resacct.errors import ResacctError
 from resacct.account.peak_recipes import recipe_step
@@ -33,6 +33,8 @@ def _both(name: str, batch: int, seq: int):
                                                     ("gpt-checkpointed-first-block", 2, 32), ("llama-sdpa", 2, 16)])
 def test_predicted_peak_equals_the_allocator_to_the_byte_in_every_phase(name, batch, seq):
     pytest.importorskip("transformers") if name.startswith("llama") else None
+    if name.endswith("selective") and selective_checkpointing_missing():
+        pytest.skip(selective_checkpointing_missing())
     predicted, measured = _both(name, batch, seq)
     assert predicted.peak_bytes == measured.peak_bytes
     assert predicted.timeline.start_bytes == measured.start_bytes

@@ -75,7 +75,13 @@ def _measured_alone(model: nn.Module, run: Callable[[], Any], mapping: dict) -> 
             leaves = [p for p in modules[name].parameters() if p.requires_grad] + [t for t in _tensors((args, kwargs)) if t.requires_grad]
             if outputs:
                 with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-                    torch.autograd.grad(outputs, leaves, [torch.ones_like(t) for t in outputs], allow_unused=True)
+                    try:
+                        torch.autograd.grad(outputs, leaves, [torch.ones_like(t) for t in outputs], allow_unused=True)
+                    except RuntimeError as error:  # torch 2.4: FlopCounterMode's module hooks refuse autograd.grad to leaves
+                        if "_will_engine_execute_node" not in str(error):
+                            raise
+                        pytest.skip(f"torch {torch.__version__}'s FlopCounterMode cannot count autograd.grad to leaf tensors (the reference "
+                                    f"measurement): {error}")
                 backward += counter.get_total_flops()
         measured[name] = (forward, backward)
     return measured
@@ -150,6 +156,17 @@ def test_backward_of_keyword_called_modules_and_shared_inputs_goes_to_the_module
     assert backward["layers.1"] > 0 and backward["layers.1.k_proj"] == backward["layers.1.q_proj"]
 
 
+def _checkpoints_meta_tensors() -> bool:
+    """torch 2.4's torch.utils.checkpoint looks up a ``torch.meta`` device module, which it lacks."""
+    try:
+        checkpoint(torch.sin, torch.empty(2, device="meta", requires_grad=True), use_reentrant=False)
+    except AttributeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _checkpoints_meta_tensors(), reason=f"torch {torch.__version__} cannot checkpoint meta tensors "
+                    "(torch.utils.checkpoint looks up a torch.meta device module it lacks)")
 def test_a_checkpoints_recomputation_counts_under_the_modules_it_reruns():
     with torch.device("meta"):
         model, x = _Stack(checkpointed=True), torch.randn(3, 5, 16)

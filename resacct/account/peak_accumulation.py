@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from resacct.errors import ResacctError
-from resacct.measurement.memory_timeline import STEP_PHASES, LossFn, MakeOptimizer, MemoryTimeline, record_step_events
+from resacct.measurement.memory_timeline import STEP_PHASES, LossFn, MakeOptimizer, MemoryTimeline, phase_ranges, record_step_events
 
 __all__ = ["run_accumulated_step", "measure_accumulated_step_memory", "check_micro_batches"]
 
@@ -69,7 +69,7 @@ def measure_accumulated_step_memory(model: nn.Module, inputs: Any, loss_fn: Loss
 def _timeline_of(events: Any, micro_batches: int) -> MemoryTimeline:
     """The running sum of the allocator's events, each placed in the phase range containing it."""
     memory = sorted((e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU), key=lambda e: e.start_ns())
-    ranges = sorted((e.start_ns(), e.end_ns(), e.name().removeprefix("resacct:")) for e in events if e.name().startswith("resacct:"))
+    ranges = phase_ranges(events)
     expected = ["forward", "backward"] * micro_batches + list(STEP_PHASES[2:])
     if [name for _, _, name in ranges] != expected:
         raise ResacctError(f"the profiler recorded the phases {[name for _, _, name in ranges]}; expected {expected}")

@@ -24,7 +24,7 @@ from torch import nn
 
 from resacct.errors import ResacctError
 
-__all__ = ["PEAK_MODELS", "CausalSelfAttentionBlock", "SAVED_BY_SELECTIVE_POLICY", "gpt_loss_checkpointing", "peak_model"]
+__all__ = ["PEAK_MODELS", "CausalSelfAttentionBlock", "SAVED_BY_SELECTIVE_POLICY", "gpt_loss_checkpointing", "peak_model", "selective_checkpointing_missing"]
 
 #: Model names :func:`peak_model` builds, each with what it is.
 PEAK_MODELS = {
@@ -70,18 +70,30 @@ def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_SAVE if str(op) in SAVED_BY_SELECTIVE_POLICY else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def selective_checkpointing_missing() -> str | None:
+    """Why this torch cannot checkpoint selectively (a policy per op), or None: torch 2.4 has no
+    public ``torch.utils.checkpoint.create_selective_checkpoint_contexts``."""
+    import torch.utils.checkpoint as checkpointing
+
+    if hasattr(checkpointing, "create_selective_checkpoint_contexts"):
+        return None
+    return f"torch {torch.__version__} has no torch.utils.checkpoint.create_selective_checkpoint_contexts (selective activation checkpointing)"
+
+
 def gpt_loss_checkpointing(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, *, blocks: str) -> torch.Tensor:
     """Mean next-token cross-entropy of a :mod:`resacct.training.gpt` model whose blocks are
     checkpointed (``torch.utils.checkpoint``, non-reentrant): ``blocks="selective"`` every block under
     :data:`SAVED_BY_SELECTIVE_POLICY` (``create_selective_checkpoint_contexts``), ``"first"`` only the first block."""
     import functools
 
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
 
     positions = torch.arange(tokens.shape[1], device=tokens.device)  # (s,)
     x = model.token_embedding(tokens) + model.position_embedding(positions)  # (b, s, d)
     for index, block in enumerate(model.blocks):
         if blocks == "selective":
+            from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
             x = checkpoint(block, x, use_reentrant=False, context_fn=functools.partial(create_selective_checkpoint_contexts, _selective_policy))
         elif blocks == "first" and index == 0:
             x = checkpoint(block, x, use_reentrant=False)
@@ -92,7 +104,11 @@ def gpt_loss_checkpointing(model: nn.Module, tokens: torch.Tensor, targets: torc
 
 
 def _hf_model(name: str) -> nn.Module:
+    from resacct.measurement.torch_limits import transformers_unusable
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if problem := transformers_unusable():
+        raise ResacctError(f"model {name!r}: {problem}")
     try:
         import transformers
     except ImportError:
@@ -124,6 +140,8 @@ def peak_model(name: str, *, batch: int, seq: int, seed: int = 0) -> tuple[nn.Mo
         tokens = torch.randint(0, 256, (batch, seq), generator=generator)
         if name.startswith("gpt-checkpointed-"):
             blocks = "selective" if name.endswith("selective") else "first"
+            if blocks == "selective" and selective_checkpointing_missing():
+                raise ResacctError(f"peak model {name!r}: {selective_checkpointing_missing()}")
             return model, (tokens, tokens.roll(-1, 1)), lambda m, i: gpt_loss_checkpointing(m, i[0], i[1], blocks=blocks)
         segments = 2 if name == "gpt-checkpointed" else 0
         return model, (tokens, tokens.roll(-1, 1)), lambda m, i: gpt_loss(m, i[0], i[1], checkpoint_segments=segments)

@@ -24,7 +24,11 @@ _QUANTITIES = ("trainable_parameters", "trainable_tensors", "adapter_element_byt
 
 
 def _require(name: str) -> None:
+    from resacct.measurement.torch_limits import transformers_unusable
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         __import__(name)
     except ImportError:

@@ -21,6 +21,10 @@ _CACHES = ("dynamic", "static")
 
 def _require_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         import transformers  # noqa: F401
     except ImportError:

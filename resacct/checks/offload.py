@@ -43,6 +43,10 @@ def largest_module_parameters(config: str) -> Outcome:
     from resacct.harness.registry import NotMeasurable
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -24,6 +24,10 @@ def hf_config_parameters(config: str) -> Outcome:
     predicted: the ``parameters`` field of ``resacct plan --hf-config CONFIG --json``. Quantities:
     the config's shape (layers, hidden, heads, kv_heads, head_dim, mlp, vocab) and plan's count."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -78,6 +82,10 @@ def parameter_breakdown(config: str, component: str) -> Outcome:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if component not in _COMPONENTS:
         raise ResacctError(f"component {component!r}: expected one of {', '.join(_COMPONENTS)}")
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -125,6 +133,10 @@ def llama_mlp_saved_bytes(batch: int, seq: int, dtype: str = "bfloat16", hidden:
     input); predicted: what ``resacct plan`` counts for that MLP
     (:func:`resacct.formulas.plan.mlp_activation_bytes_per_layer`, gated, one rank)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise NotMeasurable(problem)
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -45,6 +45,7 @@ __all__ = [
     "gc_paused",
     "measure_step_memory",
     "record_step_events",
+    "phase_ranges",
 ]
 
 #: The phases of one training step, in order.
@@ -194,9 +195,15 @@ def record_step_events(model: nn.Module, inputs: Any, make_optimizer: MakeOptimi
     return events
 
 
+def phase_ranges(events: Any) -> list[tuple[int, int, str]]:
+    """``(start_ns, end_ns, phase)`` of each ``resacct:<phase>`` range the profiler recorded, in order.
+    The end is start + duration: torch 2.4's ``_KinetoEvent`` has ``duration_ns`` but no ``end_ns``."""
+    return sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name().removeprefix("resacct:")) for e in events if e.name().startswith("resacct:"))
+
+
 def _timeline_of(events: Any) -> MemoryTimeline:
     memory = sorted((e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU), key=lambda e: e.start_ns())
-    ranges = sorted((e.start_ns(), e.end_ns(), e.name().removeprefix("resacct:")) for e in events if e.name().startswith("resacct:"))
+    ranges = phase_ranges(events)
     if [name for _, _, name in ranges] != list(STEP_PHASES):
         raise ResacctError(f"the profiler recorded the phases {[name for _, _, name in ranges]}; expected {list(STEP_PHASES)}")
     held, start, phases, values = 0, None, [], []

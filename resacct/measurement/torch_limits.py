@@ -5,13 +5,18 @@ claim is then *not measurable here* (a skip naming the limit), never a failure o
   incompatible") on ``scaled_dot_product_attention`` with grouped-query attention (fewer key/value
   heads than query heads, as Llama, Mistral and Mixtral use); torch 2.13 counts it. Seen on the GPU
   tier's H100 (torch 2.11.0+cu130), 2026-11-26.
+- transformers 5.x needs torch >= 2.6 (its ``torch`` extra): under an older torch it imports but
+  disables PyTorch, and its model classes (and peft, which imports them) fail. Seen with torch 2.4.1
+  and transformers 5.24.0, 2026-11-28: :func:`transformers_unusable` names the two versions.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import torch
 
-__all__ = ["torch_limitation"]
+__all__ = ["torch_limitation", "transformers_unusable"]
 
 #: (function in torch's traceback, text of the assertion) → what cannot be measured.
 _KNOWN = (("sdpa_flop_count", "query/key/value shapes are incompatible",
@@ -39,4 +44,33 @@ def torch_limitation(error: BaseException) -> str | None:
     for function, text, what in _KNOWN:
         if function in frames[-3:] and text in str(error):
             return f"torch {torch.__version__}'s {what}"
+    return None
+
+
+def transformers_unusable() -> str | None:
+    """Why the installed transformers cannot build models with this torch (the torch its ``torch``
+    extra asks for is newer), or None: also None when transformers is not installed (an import
+    says that). Reads the distribution's metadata; nothing is imported."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        version = importlib.metadata.version("transformers")
+        requirements = importlib.metadata.requires("transformers") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    try:
+        installed = Version(torch.__version__)
+    except InvalidVersion:
+        return None
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.name != "torch" or (requirement.marker is not None and not requirement.marker.evaluate({"extra": "torch"})):
+            continue
+        if not requirement.specifier.contains(installed, prereleases=True):
+            return (f"transformers {version} needs torch{requirement.specifier} and this torch is {torch.__version__} "
+                    f"(transformers disables PyTorch under it); expected torch{requirement.specifier} for the HF models")
     return None
