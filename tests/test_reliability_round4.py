@@ -390,3 +390,28 @@ for call in (lambda: save_checkpoint(path, model=42, optimizer=None, step=0),
         f"{path}: refusing to load: model is str 'model'; expected an nn.Module; nothing was read",
     ]
     assert not path.exists()
+
+
+# ── the environment switches and a truth's literal braces ──
+
+
+@pytest.mark.parametrize("variable", ["RESACCT_REQUIRE_TIMING", "RESACCT_REQUIRE_GPU"])
+@pytest.mark.parametrize("value", ["banana", "true", "2"])
+def test_a_switch_variable_other_than_0_or_1_is_refused(capsys, monkeypatch, tmp_path, variable, value):
+    monkeypatch.setenv(variable, value)
+    err = _one_line_error(capsys, ["verify", "--area", "dtypes", "--report-dir", str(tmp_path / "r")])
+    assert err.startswith(f"resacct verify: error: {variable}={value!r}: expected 1 (it fails the "), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_double_braces_in_a_truth_are_literal_braces(tmp_path):
+    from resacct.harness.loader import load_claims_file
+    from resacct.harness.schema import fill_truth, truth_template_names
+
+    assert fill_truth("{{measured}} is {measured}", {"measured": 2}) == "{measured} is 2"  # it read '{2} is 2'
+    assert fill_truth("}}{{{measured:.1f}}}", {"measured": 2}) == "}{2.0}"
+    assert truth_template_names("{{not_a_quantity}} and {measured}") == {"measured"}
+    path = tmp_path / "braces.claims.yaml"
+    path.write_text(HUGE_LAW_SPEC.replace('law: "10**128*10**128*10**128"', 'law: "31"\n    status: refuted\n    truth: "{{bogus_quantity}} is {measured}"'),
+                    encoding="utf-8")
+    assert load_claims_file(path).errors == []  # {{bogus_quantity}} names no quantity: not refused as an unknown one

@@ -239,13 +239,17 @@ class Claim(_Strict):
 
 
 TRUTH_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([^{}]*))?\}")
+_TRUTH_PART = re.compile(r"\{\{|\}\}|" + TRUTH_FIELD.pattern)  # as str.format: {{ and }} are a literal brace
 _FORMAT_SPEC = re.compile(r"^[,_]?(\.\d{1,2})?[efgdn%]?$")
 
 
 def truth_template_names(truth: str) -> set[str]:
-    """The measured names a truth quotes (``{measured:.0%}`` → ``measured``); a malformed field is an error."""
+    """The measured names a truth quotes (``{measured:.0%}`` → ``measured``; ``{{measured}}`` is the
+    text ``{measured}``, as in ``str.format``); a malformed field is an error."""
     names = set()
-    for match in TRUTH_FIELD.finditer(truth):
+    for match in _TRUTH_PART.finditer(truth):
+        if match.group(1) is None:  # {{ or }}
+            continue
         name, spec = match.group(1), match.group(2)
         if spec is not None and not _FORMAT_SPEC.match(spec):
             raise ValueError(f"truth field {match.group(0)!r}: format {spec!r} is not a number format such as .3g, .0% or ,d")
@@ -254,13 +258,18 @@ def truth_template_names(truth: str) -> set[str]:
 
 
 def fill_truth(truth: str, values: dict[str, Any]) -> str:
-    """The truth with this run's numbers in its fields; a field with no value stays as written.
+    """The truth with this run's numbers in its fields; a field with no value stays as written;
+    ``{{`` and ``}}`` are a literal brace, as in ``str.format``.
 
     >>> fill_truth("bf16 reaches {measured:.0%} of fp32 here ({fp32:.3g} FLOP/s)", {"measured": 0.0171, "fp32": 1.64e11})
     'bf16 reaches 2% of fp32 here (1.64e+11 FLOP/s)'
+    >>> fill_truth("{{measured}} is {measured}; a set {{{measured}}}", {"measured": 2})
+    '{measured} is 2; a set {2}'
     """
 
     def one(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)[0]
         name, spec = match.group(1), match.group(2) or ""
         value = values.get(name)
         if value is None:
@@ -272,7 +281,7 @@ def fill_truth(truth: str, values: dict[str, Any]) -> str:
                 return format(value, "")
         return str(value)
 
-    return TRUTH_FIELD.sub(one, truth)
+    return _TRUTH_PART.sub(one, truth)
 
 
 class ClaimsFileHeader(_Strict):
