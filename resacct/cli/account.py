@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+import time
 from typing import Any, NoReturn
 
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
@@ -149,6 +150,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="a progress line on stderr (phase, seconds) once a phase runs 2 s (default: on a terminal; elsewhere "
                              "once a phase runs 30 s); never on stdout")
+    parser.add_argument("--profile", action="store_true",
+                        help="where the time goes: CPU and wall seconds per pass (import, load/build, trace, state, activations, peak, "
+                             "time, render) on stderr; with --json under profile_seconds")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
@@ -262,6 +266,7 @@ def run_account(args: argparse.Namespace) -> int:
     """The account under the guards (``--timeout``, the progress line), then its table or JSON and
     ``--timeline``'s picture outside them. Arguments refused here are refused before torch is
     imported (resacct.account pulls it in: ~1.4 s)."""
+    started = (time.process_time(), time.perf_counter())  # --profile: the import is the time until the account begins
     args.optimizer = args.recipe.optimizer_for(args.optimizer)  # a recipe alias such as mixed-adam pins its optimizer
     if args.input_dtype is not None and args.input_shape is None and args.hf_config is None and ":" in args.model:
         raise ResacctError(f"--input-dtype {args.input_dtype} applies to --input-shape's tensor; expected --input-shape N,N,… with it "
@@ -279,13 +284,17 @@ def run_account(args: argparse.Namespace) -> int:
                         "--batch, --seq or model"), progress, user_output_to_stderr(args.json):
         with running_phase("importing torch and resacct's accounting"):
             importlib.import_module("resacct.account")  # torch: seconds on a busy machine
-        with running_phase("predicting and comparing (resacct's own work)"):  # the user's code and the builds name their own phases
+        profile = importlib.import_module("resacct.account.pass_profile").pass_profile(args.profile, started)
+        with running_phase("predicting and comparing (resacct's own work)"), profile.installed():  # the user's code and the builds name their own phases
             account, title, render = _run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)
-    fields = account.to_dict()
-    if not args.per_module:
-        fields.pop("per_module")
-    _timeline(args, account, title)
-    return emit(args, fields, "" if args.json else render())
+    with profile.timing("render"):
+        fields = account.to_dict()
+        if not args.per_module:
+            fields.pop("per_module")
+        _timeline(args, account, title)
+        text = "" if args.json else render()
+    profile.publish(started, fields if args.json else None)  # --profile: seconds per pass on stderr, or as --json's profile_seconds
+    return emit(args, fields, text)
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
