@@ -164,3 +164,18 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.M
     assert step["replay"]["holds"] and step["trace_complete"] and 0 < step["window_start"] < len(step["trace"])
     assert len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS and step["ops"]
     assert json.loads(json.dumps(step)) == step  # what the child prints must be JSON
+
+
+@pytest.mark.slow
+def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """--compare rebuilds each step on meta tensors and predicts it beside the record (a dry run's
+    numbers compare CPU kernels with CUDA's choices: the plumbing is checked, not the ratios)."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--compare", str(dry_run[1] / "gpu-record.json.gz")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
+    assert set(lines) == set(DRY_STEPS)
+    assert "cannot predict" in lines["hf-gpt2/bf16-autocast/flash"] and "autocast" in lines["hf-gpt2/bf16-autocast/flash"]  # no CUDA autocast on meta
+    for name in ("gpt2-small/fp32/math", "llama-3.2-1b-lora/bf16/flash", "mixtral-small/bf16-autocast/batched_mm-experts"):
+        if "autocast" not in name:
+            ratios = [float(word) for word in lines[name].split()[1:] if "." in word and "," not in word]
+            assert len(ratios) == 2 and all(0.5 < ratio < 2 for ratio in ratios), lines[name]

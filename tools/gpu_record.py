@@ -18,6 +18,8 @@ the allocator model at once, so the call's summary already says whether the mode
                                                  recorder and model: a layout check, not a record)
     python3 tools/gpu_record.py --replay FILE    on any CPU: replay a record's steps through the model,
                                                  one line each (exit 1 if one does not hold)
+    python3 tools/gpu_record.py --compare FILE   on any CPU: predict each recorded step on meta tensors
+                                                 (predict_cuda_step_memory) beside what the board did
 
 Writes under ``--out`` (default ``$OUT``), three files (a device call returns at most 8):
 ``gpu-record.json.gz`` (the record: docs/gpu.md describes its format), ``gpu-record-summary.json``
@@ -320,20 +322,70 @@ def record_ceilings(dry: bool, budget_sec: float) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def replay_record(path: Path) -> int:
-    """Replay every step of the record at ``path`` through the allocator model; one line per step."""
-    from resacct.account.gpu.record import check_record_layout, replay_step
-    from resacct.errors import ResacctError
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path`` (.json or .json.gz), or None after one line on stderr."""
+    from resacct.account.gpu.record import check_record_layout
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as handle:
             record = json.load(handle)
     except (OSError, ValueError) as error:
         print(f"gpu_record.py: cannot read the record {str(path)!r} ({error}); expected a .json or .json.gz record", file=sys.stderr)
-        return 2
+        return None
     problems = check_record_layout(record)
     if problems:
         print(f"gpu_record.py: {path} is not a whole record: {problems[0]}", file=sys.stderr)
+        return None
+    return record
+
+
+def predict_recorded_step(step: dict[str, Any], dry: bool) -> Any:
+    """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record names:
+    the same model (on meta), recipe, batch, attention kernel and allocator settings."""
+    import torch
+
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.record import allocator_config_of
+    from resacct.account.peak_recipes import recipe_step
+    from resacct.facts.recipes import parse_recipe
+
+    family, model, recipe, attention, *_ = MATRIX[step["name"]]
+    net, loss_fn = _build(family, model, attention, step.get("extra", {}), dry, "meta")
+    tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
+    work = recipe_step(parse_recipe(recipe), net, (tokens, tokens), loss_fn, "adamw")
+    kernel = attention if attention in ("flash", "efficient") and not dry else None
+    return predict_cuda_step_memory(work.model, work.inputs, work.loss_fn, work.make_optimizer, attention=kernel,
+                                    config=allocator_config_of(step.get("allocator_settings")))
+
+
+def compare_record(path: Path) -> int:
+    """Each recorded step predicted on a CPU beside the board's peaks: allocated, reserved, ratios."""
+    from resacct.errors import ResacctError
+    record = _read_record(path)
+    if record is None:
+        return 2
+    print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
+    print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
+    for step in record["steps"]:
+        if "error" in step or step["name"] not in MATRIX:
+            continue
+        try:
+            predicted = predict_recorded_step(step, bool(record.get("dry_run")))
+        except (ResacctError, RuntimeError, ImportError) as error:
+            print(f"{step['name']:48} cannot predict: {str(error).splitlines()[0][:120]}")
+            continue
+        allocated, reserved = step["max_memory_allocated"], step["max_memory_reserved"]
+        print(f"{step['name']:48} {predicted.peak_allocated_bytes:>21,} {allocated:>15,} {predicted.peak_allocated_bytes / allocated:>6.3f}  "
+              f"{predicted.peak_reserved_bytes:>20,} {reserved:>15,} {predicted.peak_reserved_bytes / reserved:>6.3f}")
+    return 0
+
+
+def replay_record(path: Path) -> int:
+    """Replay every step of the record at ``path`` through the allocator model; one line per step."""
+    from resacct.account.gpu.record import replay_step
+    from resacct.errors import ResacctError
+    record = _read_record(path)
+    if record is None:
         return 2
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     held = 0
@@ -347,7 +399,7 @@ def replay_record(path: Path) -> int:
         held += result.holds
         print(f"{step['name']:48} allocated {result.peak_allocated_bytes:>14,} (recorded {result.recorded_max_allocated_bytes:>14,})  "
               f"reserved {result.peak_reserved_bytes:>14,} (recorded {result.recorded_max_reserved_bytes:>14,})  "
-              f"{'holds' if result.holds else 'DIFFERS: ' + (result.first_segment_mismatch or 'the peaks')}")
+              f"{'holds' if result.holds else 'DIFFERS: ' + (result.first_segment_mismatch or result.first_misplaced_block or 'the peaks')}")
     print(f"{held} of {len(steps)} recorded steps replay exactly ({len(record['steps']) - len(steps)} not recorded)")
     return 0 if held == len(steps) else 1
 
@@ -389,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540)")
     parser.add_argument("--step-limit", type=float, default=75.0, help="seconds for one step's process (default 75)")
     parser.add_argument("--replay", type=Path, help="a record (.json or .json.gz) to replay through the allocator model")
+    parser.add_argument("--compare", type=Path, help="a record whose steps to predict on meta tensors, beside the recorded peaks")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -397,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.replay:
         return replay_record(args.replay)
+    if args.compare:
+        return compare_record(args.compare)
     if args.ceilings:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
         return 0
