@@ -69,6 +69,21 @@ def _processes() -> list[tuple[int, int, int, str, str]]:
     return rows
 
 
+@pytest.fixture
+def shard_run(tmp_path):
+    """Starts ``resacct shard`` on the hanging factory (:class:`_Run`); kills all that is left of it at the end."""
+    runs: list[_Run] = []
+
+    def start(*extra: str, ignore_sigint: bool = False) -> _Run:
+        runs.append(_Run(tmp_path, *extra, ignore_sigint=ignore_sigint))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill_everything()
+        run.process.communicate()
+
+
 class _Run:
     """``resacct shard`` on a hanging factory, in a session of its own, with a private TMPDIR."""
 
@@ -100,6 +115,13 @@ class _Run:
             time.sleep(0.2)
         assert self.survivors(), "no child process found while the rank hangs: the test would prove nothing"
 
+    def wait_for_the_forkserver(self, seconds: float = 240.0) -> None:
+        """Until the forkserver exists (it then imports torch for seconds before it serves a rank)."""
+        deadline = time.monotonic() + seconds
+        while not any("multiprocessing.forkserver" in row[4] for row in self.survivors()):
+            assert self.process.poll() is None and time.monotonic() < deadline, "no forkserver started"
+            time.sleep(0.02)
+
     def survivors(self) -> list[tuple[int, int, int, str, str]]:
         """Live processes of the run other than shard itself (zombies are dead: they hold nothing)."""
         return [row for row in _processes() if row[0] != self.process.pid and row[3] != "Z"
@@ -112,9 +134,16 @@ class _Run:
         try:
             out, err = self.process.communicate(timeout=timeout)
         finally:
-            for pid, *_ in self.survivors():  # whatever the assertions say, leave nothing running
-                os.kill(pid, signal.SIGKILL)
+            self.kill_everything()
         return self.process.returncode, out, err
+
+    def kill_everything(self) -> None:
+        """Whatever the assertions say, leave nothing running."""
+        for pid in [self.process.pid] + [row[0] for row in self.survivors()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def assert_nothing_left(self, within: float = 30.0) -> None:
         """No process and no folder of the run within ``within`` seconds (a forkserver that imported
@@ -129,10 +158,10 @@ class _Run:
 @linux_only
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_killing_shard_leaves_no_process_and_no_folder(tmp_path, signal_number):
+def test_killing_shard_leaves_no_process_and_no_folder(shard_run, signal_number):
     """Before: the rank (a forkserver child, 240 MB) slept for ever under init, and ``pymp-*`` and
     ``resacct-store-*`` stayed in the temporary directory (3 of 3 tries)."""
-    run = _Run(tmp_path)
+    run = shard_run()
     run.wait_until_the_rank_hangs()
     assert run.folders(), "the run made no temporary folder: the test would prove nothing"
     os.kill(run.process.pid, signal_number)
@@ -143,10 +172,10 @@ def test_killing_shard_leaves_no_process_and_no_folder(tmp_path, signal_number):
 
 @linux_only
 @pytest.mark.slow
-def test_ctrl_c_stops_shard_at_once_with_130_and_one_line_even_when_started_with_sigint_ignored(tmp_path):
+def test_ctrl_c_stops_shard_at_once_with_130_and_one_line_even_when_started_with_sigint_ignored(shard_run):
     """Before: started as a script's background job (SIGINT ignored), shard finished and exited 0
     (6 of 6 tries); with a hanging forward it never ended."""
-    run = _Run(tmp_path, ignore_sigint=True)
+    run = shard_run(ignore_sigint=True)
     run.wait_until_the_rank_hangs()
     interrupted = time.monotonic()
     os.killpg(run.session, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
@@ -158,8 +187,25 @@ def test_ctrl_c_stops_shard_at_once_with_130_and_one_line_even_when_started_with
 
 @linux_only
 @pytest.mark.slow
-def test_shard_timeout_is_one_line_exit_2_and_leaves_nothing(tmp_path):
-    run = _Run(tmp_path, "--timeout", "3")
+def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(shard_run):
+    """Before: the forkserver printed its own KeyboardInterrupt traceback (from inside torch's
+    import) beside ``resacct: interrupted``, and held the output open until its import ended."""
+    run = shard_run()
+    run.wait_for_the_forkserver()
+    forkserver = next(row[0] for row in run.survivors() if "multiprocessing.forkserver" in row[4])
+    blocked = next(line for line in Path(f"/proc/{forkserver}/status").read_text().splitlines() if line.startswith("SigBlk:"))
+    assert int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)), f"the forkserver hears Ctrl-C while it starts: {blocked}"
+    os.killpg(run.session, signal.SIGINT)
+    returncode, out, err = run.finish(timeout=60)
+    assert (returncode, out, err) == (130, "", "resacct: interrupted\n")
+    assert not any(run.started.iterdir()), "the rank had started: the test did not interrupt the forkserver's start"
+    run.assert_nothing_left()
+
+
+@linux_only
+@pytest.mark.slow
+def test_shard_timeout_is_one_line_exit_2_and_leaves_nothing(shard_run):
+    run = shard_run("--timeout", "3")
     returncode, out, err = run.finish(timeout=300)
     assert returncode == 2 and out == "", err
     assert err.count("\n") == 1 and err.startswith("resacct shard: error: --timeout 3 s reached while "), err

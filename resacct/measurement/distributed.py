@@ -57,6 +57,8 @@ from resacct.measurement.lifeline import (
     launcher_temp_dir,
     lifeline_reader,
     remove_stale_folders,
+    start_forkserver_deaf_to_ctrl_c,
+    stop_forkserver,
     watch_launcher,
 )
 from resacct.measurement.rank_errors import (
@@ -170,6 +172,7 @@ def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(_PRELOAD)  # only effective before the server first starts
+        start_forkserver_deaf_to_ctrl_c()
         return context
     return multiprocessing.get_context("spawn")
 
@@ -182,6 +185,8 @@ def _rank_main(payload: bytes, rank: int, world_size: int, folder: str, join_gro
     any error), join the group (when ``join_group``), run the program, send ("ok", result) or
     ("error", traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it kills the ranks
+    if hasattr(signal, "pthread_sigmask"):  # the forkserver's blocked SIGINT (lifeline.start_forkserver_deaf_to_ctrl_c) is not the program's
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     watch_launcher(lifeline, (folder, *launcher_folders))
     if not os.path.isdir(folder):  # the launcher gave this run up (Ctrl-C, its time limit) before this rank started
         os._exit(1)
@@ -328,6 +333,10 @@ def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int,
             results = _collect(connections, processes, timeout_seconds, name, relay)
             finished = True
             return results
+        except BaseException as error:
+            if not isinstance(error, Exception):  # Ctrl-C, a time limit: the process is ending
+                stop_forkserver()
+            raise
         finally:
             # After success the ranks are exiting: give them a moment. After a failure the
             # others may wait in a collective: kill them now.

@@ -30,13 +30,14 @@ import multiprocessing.connection
 import multiprocessing.util
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["STORE_PREFIX", "lifeline_reader", "launcher_temp_dir", "watch_launcher", "remove_stale_folders", "launcher_alive",
-           "capture_output", "OutputRelay"]
+           "capture_output", "OutputRelay", "start_forkserver_deaf_to_ctrl_c", "stop_forkserver"]
 
 #: The prefix of a run's folder (its FileStore, its ranks' stderr): ``resacct-store-<launcher pid>-<random>``.
 STORE_PREFIX = "resacct-store-"
@@ -180,3 +181,35 @@ class OutputRelay:
         """The last ``lines`` non-empty lines child ``index`` wrote."""
         text = self._tails[index].decode("utf-8", errors="replace")
         return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+# ── the forkserver: deaf to Ctrl-C while it starts, stopped with an interrupted launcher ──
+
+
+def start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the forkserver (if it is not running) with SIGINT blocked, as multiprocessing starts its
+    resource tracker: otherwise Ctrl-C during its import of torch (seconds) printed the forkserver's
+    KeyboardInterrupt traceback beside ``resacct: interrupted``. A Ctrl-C meanwhile stays pending here
+    and is raised once the mask is restored."""
+    from multiprocessing import forkserver, resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()  # first: starting it unblocks SIGINT (multiprocessing's own block around its start)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def stop_forkserver() -> None:
+    """Kill this process's forkserver (a later launch starts another): interrupted while it still
+    imports torch, it would hold the terminal's output open for seconds after resacct ended."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # not reaped here: multiprocessing's next ensure_running does, and restarts it
