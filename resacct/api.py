@@ -69,11 +69,12 @@ class TrainingReport:
     peak: Quantity
     account: Any
 
-    def render(self, *, per_module: bool = False) -> str:
-        """The table ``resacct account`` prints for this step."""
+    def render(self, *, per_module: bool = False, width: int | None = None) -> str:
+        """The table ``resacct account`` prints for this step, ``width`` columns wide (default:
+        ``COLUMNS``, else the terminal's width when stdout is one, else 150)."""
         from resacct.cli.account import render_account
 
-        return render_account(self.account, per_module=per_module)
+        return render_account(self.account, per_module=per_module, width=width)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values: what ``resacct account --json`` prints."""
@@ -114,6 +115,7 @@ def account_model(
     """
     from resacct.facts.recipes import parse_recipe
 
+    _check_sizes(batch=batch, seq=seq, input_shape=input_shape)
     chosen = parse_recipe(recipe, allow_custom=False)
     chosen_optimizer = chosen.optimizer_for(optimizer)
     if isinstance(model, str):
@@ -125,6 +127,21 @@ def account_model(
     else:
         raise ResacctError(f"model {type(model).__name__}: expected an nn.Module, a resacct.training.gpt config name or 'module:factory'")
     return _report(account)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_sizes(*, batch: Any, seq: Any, input_shape: Any) -> None:
+    """One line for a size that is no whole number ≥ 1 (``batch=0`` accounted a step of 0 FLOPs,
+    ``batch="8"`` raised a raw TypeError deep inside)."""
+    if not _whole(batch):
+        raise ResacctError(f"batch {batch!r} ({type(batch).__name__}): expected a whole number ≥ 1 (sequences, or rows, per step)")
+    if seq is not None and not _whole(seq):
+        raise ResacctError(f"seq {seq!r} ({type(seq).__name__}): expected a whole number ≥ 1 (tokens per sequence), or None")
+    if input_shape is not None and (not isinstance(input_shape, (tuple, list)) or not input_shape or not all(map(_whole, input_shape))):
+        raise ResacctError(f"input_shape {input_shape!r}: expected a tuple of whole numbers ≥ 1, batch first (e.g. (8, 64)), or None")
 
 
 def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple[int, ...] | None, input_dtype: str, recipe: Recipe,
@@ -146,6 +163,9 @@ def _account_module(model: nn.Module, *, batch: int, seq: int | None, example_in
     from resacct.account.generic import account_module
     from resacct.account.model_io import default_inputs
 
+    from resacct.account.model_factory import check_module_tree
+
+    check_module_tree(model, f"the model {type(model).__name__}")  # a cycle, or too deep for torch's recursive walks: one line
     if not list(model.parameters()):
         raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
     if example_input is None:

@@ -415,3 +415,95 @@ def test_double_braces_in_a_truth_are_literal_braces(tmp_path):
     path.write_text(HUGE_LAW_SPEC.replace('law: "10**128*10**128*10**128"', 'law: "31"\n    status: refuted\n    truth: "{{bogus_quantity}} is {measured}"'),
                     encoding="utf-8")
     assert load_claims_file(path).errors == []  # {{bogus_quantity}} names no quantity: not refused as an unknown one
+
+
+def test_kinetos_start_stop_lines_are_dropped_and_nothing_else(capfd):
+    import os
+
+    from resacct.measurement.native_stderr import kineto_start_stop_lines_dropped
+
+    with kineto_start_stop_lines_dropped():
+        os.write(2, b"USDT:2026-11-28 06:09:43 3000:3000 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"[W kineto] a real warning\n")
+        os.write(2, b"USDT:2026-11-28 06:09:43 3000:3000 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+        os.write(2, b"USDT: something else kineto says\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "[W kineto] a real warning\nUSDT: something else kineto says\nafter\n"
+
+
+def test_a_kernel_probe_prints_nothing():
+    """The first account_model printed 10 'USDT … profiler_start/stop' lines: one pair per kernel
+    probe (torch's profiler, started and stopped around one op)."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from resacct.measurement.kernel_probe import _probe
+from resacct.measurement.activation_recording import trace_allocations
+left = torch.ones(64, 64, dtype=torch.bfloat16)
+for _ in range(3):
+    _probe(torch.ops.aten.mm.default, (left, left), {})
+with trace_allocations() as trace:
+    kept = torch.ones(1000)
+print(trace.peak_bytes >= 4000)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "True\n", done
+    assert "USDT" not in done.stderr and "profiler_st" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("keywords", "message"), [
+    ({"batch": 0}, "batch 0 (int): expected a whole number ≥ 1 (sequences, or rows, per step)"),
+    ({"batch": -3}, "batch -3 (int): expected a whole number ≥ 1"),
+    ({"seq": 0}, "seq 0 (int): expected a whole number ≥ 1 (tokens per sequence), or None"),
+    ({"input_shape": (0, 4)}, "input_shape (0, 4): expected a tuple of whole numbers ≥ 1, batch first"),
+])
+def test_account_model_refuses_sizes_below_one(keywords, message):
+    import resacct
+    from resacct.errors import ResacctError
+
+    with pytest.raises(ResacctError) as error:  # batch=0 was accounted: a step of 0 FLOPs
+        resacct.account_model(torch.nn.Linear(4, 4), **keywords)
+    assert str(error.value).startswith(message), error.value
+
+
+def test_account_model_refuses_a_text_batch_and_a_tree_too_deep_in_one_line():
+    """Without the suite's type-checking hook, as a user calls it: batch="8" raised a raw TypeError
+    deep inside, a model nested 5000 deep a RecursionError."""
+    import subprocess
+    import sys
+
+    script = f"""
+import resacct, torch
+from resacct.errors import ResacctError
+from {__name__} import nested_model
+for model, keywords in ((torch.nn.Linear(4, 4), {{"batch": "8"}}), (torch.nn.Linear(4, 4), {{"batch": True}}), (nested_model(5000), {{}})):
+    try:
+        resacct.account_model(model, **keywords)
+    except ResacctError as error:
+        print(error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["batch '8' (str): expected a whole number ≥ 1 (sequences, or rows, per step)",
+                                        "batch True (bool): expected a whole number ≥ 1 (sequences, or rows, per step)",
+                                        "the model _Wrap nests modules 5,000 deep; expected at most 100 (copying and walking the tree recurses "
+                                        "once or more a level, and Python stops at 1000 nested calls: sys.setrecursionlimit raises it)"]
+
+
+def test_render_honours_columns_and_an_explicit_width(monkeypatch):
+    import resacct
+
+    report = resacct.account_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)), batch=2)
+
+    def widest(text: str) -> int:
+        return max(len(line.rstrip()) for line in text.splitlines())
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert 100 < widest(report.render()) <= 150  # not a terminal (pytest captures stdout): 150 as before
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = report.render()
+    assert widest(narrow) <= 80 and "FlopCounterMode" in narrow  # it was 150 columns whatever the terminal
+    assert widest(report.render(width=100)) <= 100
+    assert widest(report.render(width=10)) <= 60  # at least 60: narrower tables are unreadable

@@ -253,13 +253,35 @@ def _run_generic(args: argparse.Namespace) -> tuple[Any, str, Any]:
     return result, title, lambda: render_account(result, per_module=args.per_module, units=args.units)
 
 
-def render_account(account: Any, *, per_module: bool = False, units: str = "decimal") -> str:
-    """The table ``resacct account`` prints, for a GPT's StepAccount or any model's ModelAccount."""
+DEFAULT_TABLE_COLUMNS = 150
+"""The account table's width where nothing says another: output to a file or a pipe."""
+
+
+def table_width_columns(width: int | None = None) -> int:
+    """How wide the account table is drawn: ``width`` if given, else ``COLUMNS``, else the
+    terminal's width when stdout is one, else :data:`DEFAULT_TABLE_COLUMNS` — at least 60."""
+    import os
+    import shutil
+
+    if width is None:
+        columns = os.environ.get("COLUMNS", "").strip()
+        if columns.isdigit():
+            width = int(columns)
+        elif sys.stdout.isatty():
+            width = shutil.get_terminal_size((DEFAULT_TABLE_COLUMNS, 24)).columns
+        else:
+            width = DEFAULT_TABLE_COLUMNS
+    return max(60, width)
+
+
+def render_account(account: Any, *, per_module: bool = False, units: str = "decimal", width: int | None = None) -> str:
+    """The table ``resacct account`` prints, for a GPT's StepAccount or any model's ModelAccount,
+    ``width`` columns wide (default: :func:`table_width_columns`)."""
     title = None
     if hasattr(account, "model_class"):
         title = (f"{account.model} ({account.model_class}): input {tuple(account.input_shape)} {account.input_dtype}, {account.loss} loss, "
                  f"{account.parameters:,} parameters, {account.recipe} {account.optimizer}, on {account.device}")
-    return _render(account, per_module=per_module, title=title, units=units)
+    return _render(account, per_module=per_module, title=title, units=units, width=table_width_columns(width))
 
 
 def run_account(args: argparse.Namespace) -> int:
@@ -355,14 +377,14 @@ def _within_max_memory(args: argparse.Namespace, account: Any, what: str, predic
     return on_meta if args.measure is False else account(args.measure)
 
 
-def _render(account: Any, *, per_module: bool, title: str | None = None, units: str = "decimal") -> str:
+def _render(account: Any, *, per_module: bool, title: str | None = None, units: str = "decimal", width: int | None = None) -> str:
     import io
 
     from rich.console import Console
     from rich.table import Table
 
     buffer = io.StringIO()
-    console = Console(file=buffer, width=150, no_color=True, highlight=False)
+    console = Console(file=buffer, width=table_width_columns(width), no_color=True, highlight=False)
     from resacct.account.optimizers import optimizer_display_name
 
     title = title or (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "

@@ -163,20 +163,14 @@ class AllocationTrace:
 
 @contextlib.contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null for the block (C++ logging bypasses sys.stderr)."""
-    import os
-    import sys
+    """Around a profiler's start or stop: kineto's ``profiler_start``/``profiler_stop`` lines on
+    file descriptor 2 are dropped, anything else written there is kept
+    (:func:`resacct.measurement.native_stderr.kineto_start_stop_lines_dropped`; this sent all of
+    file descriptor 2 to /dev/null, real errors included)."""
+    from resacct.measurement.native_stderr import kineto_start_stop_lines_dropped
 
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
+    with kineto_start_stop_lines_dropped():
         yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(devnull)
-        os.close(saved)
 
 
 @contextlib.contextmanager

@@ -141,16 +141,20 @@ def _probe(func: Any, args: Any, kwargs: Any) -> int:
     from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, _ExperimentalConfig
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from resacct.measurement.native_stderr import kineto_start_stop_lines_dropped
+
     config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
     with _disable_current_modes(), _unfaked():
         real = [torch.empty_strided(value.shape, value.stride(), dtype=value.dtype) if isinstance(value, torch.Tensor) else value for value in args]
-        torch.autograd._prepare_profiler(config, {ProfilerActivity.CPU})
-        torch.autograd._enable_profiler(config, {ProfilerActivity.CPU})
+        with kineto_start_stop_lines_dropped():  # kineto's "profiler_start" line on file descriptor 2, nothing else
+            torch.autograd._prepare_profiler(config, {ProfilerActivity.CPU})
+            torch.autograd._enable_profiler(config, {ProfilerActivity.CPU})
         try:
             with torch.no_grad():
                 out = func(*real, **kwargs)
         finally:
-            result = torch.autograd._disable_profiler()
+            with kineto_start_stop_lines_dropped():
+                result = torch.autograd._disable_profiler()
         del out, real
     held = most = 0
     for event in sorted((e for e in result.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()):

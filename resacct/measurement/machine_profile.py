@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import platform
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,19 +366,9 @@ def gather_detection_inputs() -> DetectionInputs:
 
 
 def _faked(profile: MachineProfile, text: str) -> MachineProfile:
-    try:
-        overrides = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} is not JSON ({error.msg}); expected an object such as "
-                           '\'{"cpu_bf16_matmul": "amx"}\'') from None
-    except ValueError:  # Python refuses to read an integer of more than 4300 digits
-        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} holds a number of more than {sys.get_int_max_str_digits()} digits; "
-                           "expected an object of profile fields such as '{\"physical_cores\": 8}'") from None
-    except RecursionError:
-        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} nests arrays or objects deeper than Python's JSON reader goes "
-                           f"({len(text):,} characters); expected a flat object of profile fields such as '{{\"physical_cores\": 8}}'") from None
-    if not isinstance(overrides, dict):
-        raise ResacctError(f"{FAKE_MACHINE_VARIABLE} must be a JSON object of profile fields, got {type(overrides).__name__}")
+    from resacct.measurement.fake_machine import read_fake_machine
+
+    overrides = read_fake_machine(text, FAKE_MACHINE_VARIABLE)
     names = {item.name for item in dataclasses.fields(MachineProfile)} - {"faked"}
     unknown = sorted(set(overrides) - names)
     if unknown:
