@@ -317,14 +317,38 @@ def test_a_rank_that_dies_shows_its_exit_code_and_last_lines_and_its_output_reac
     assert "out: starting" in captured.err and "err: the last words of rank 0" in captured.err and captured.out == ""
 
 
+_UNGUARDED_MAIN = """import math
+from resacct.measurement.distributed import DistributedRankError, run_isolated
+try:
+    run_isolated(math.factorial, 4)
+except DistributedRankError as error:
+    print(error)
+"""
+
+_MAIN_RAISING_IN_THE_CHILD = """import math
+from resacct.measurement.distributed import DistributedRankError, run_isolated
+if __name__ != "__main__":
+    raise RuntimeError("this script refuses to be imported again")
+try:
+    run_isolated(math.factorial, 4)
+except DistributedRankError as error:
+    print(error)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_launch_from_an_unguarded_main_module_is_explained(tmp_path):
-    script = tmp_path / "unguarded.py"
-    script.write_text("import math\nfrom resacct.measurement.distributed import DistributedRankError, run_isolated\n"
-                      "try:\n    run_isolated(math.factorial, 4)\nexcept DistributedRankError as error:\n    print(error)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+@pytest.mark.parametrize(("script", "first_line"), [
+    (_UNGUARDED_MAIN, "factorial: rank 0 never started: multiprocessing ran the launching program's __main__ module again in the child "
+                      "(each child imports it) and that module launched ranks itself; expected the launch under "
+                      "`if __name__ == \"__main__\":`"),
+    (_MAIN_RAISING_IN_THE_CHILD, "factorial: rank 0 died without answering (exit code 1): RuntimeError: this script refuses to be "
+                                 "imported again"),
+], ids=["launches-again", "raises"])
+def test_a_main_module_that_fails_in_the_child_is_explained(tmp_path, script, first_line):
+    """multiprocessing imports the launcher's ``__main__`` again in each child, before resacct's code
+    runs there: the launcher said only "died without answering (exit code 1)"."""
+    (tmp_path / "launcher.py").write_text(script)
+    done = subprocess.run([sys.executable, "launcher.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path)))
-    assert done.stdout.startswith("factorial: rank 0 never started: multiprocessing ran the launching program's __main__ module "
-                                  "again in the child"), done.stdout + done.stderr
-    assert 'expected the launch under `if __name__ == "__main__":`' in done.stdout
+    assert done.stdout.splitlines()[0] == first_line, done.stdout + done.stderr

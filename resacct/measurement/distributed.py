@@ -54,8 +54,10 @@ from resacct.measurement.lifeline import (
     STORE_PREFIX,
     OutputRelay,
     capture_output,
+    install_forkserver_excepthook,
     launcher_temp_dir,
     lifeline_reader,
+    rank_process_name,
     remove_stale_folders,
     start_forkserver_deaf_to_ctrl_c,
     stop_forkserver,
@@ -92,6 +94,7 @@ MAX_LOCAL_WORLD_SIZE = 16
 #: Modules the forkserver imports once, so that each rank starts warm.
 _PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
             "torch.distributed.fsdp", "resacct.measurement.distributed"]
+install_forkserver_excepthook()  # does something only in the forkserver, which preloads this module
 _GRACE_SECONDS = 5.0
 _ERROR_GATHER_SECONDS = 1.0
 _RELAY_EVERY_SECONDS = 0.25
@@ -323,7 +326,7 @@ def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int,
                     target=_rank_main,
                     args=(payload, rank, world_size, folder, join_group, collective_timeout_seconds, interface, sender, lifeline,
                           launcher_folders),
-                    name=f"resacct-rank-{rank}",
+                    name=rank_process_name(rank, folder),
                     daemon=True,
                 )
                 processes.append(process)

@@ -31,13 +31,16 @@ import multiprocessing.util
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["STORE_PREFIX", "lifeline_reader", "launcher_temp_dir", "watch_launcher", "remove_stale_folders", "launcher_alive",
-           "capture_output", "OutputRelay", "start_forkserver_deaf_to_ctrl_c", "stop_forkserver"]
+           "capture_output", "OutputRelay", "start_forkserver_deaf_to_ctrl_c", "stop_forkserver",
+           "rank_process_name", "install_forkserver_excepthook"]
 
 #: The prefix of a run's folder (its FileStore, its ranks' stderr): ``resacct-store-<launcher pid>-<random>``.
 STORE_PREFIX = "resacct-store-"
@@ -213,3 +216,37 @@ def stop_forkserver() -> None:
     if pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)  # not reaped here: multiprocessing's next ensure_running does, and restarts it
+
+
+def rank_process_name(rank: int, folder: str) -> str:
+    """A rank's process name: ``resacct-rank-<rank>@<its run's folder>``. multiprocessing's start-up
+    sets it in the child before anything can fail, so the forkserver's excepthook
+    (:func:`install_forkserver_excepthook`) knows where that rank's output goes."""
+    return f"resacct-rank-{rank}@{folder}"
+
+
+def install_forkserver_excepthook() -> None:
+    """In the forkserver only (this module is among its preloads): a child whose start-up fails
+    before resacct's code runs in it (the launcher's ``__main__`` module, imported again, raising)
+    is reported by multiprocessing through ``sys.excepthook``; this hook appends the traceback to
+    that rank's output file instead of the forkserver's stderr, so the launcher relays it once and
+    its error names the exception, not only an exit code."""
+    from multiprocessing import forkserver
+
+    frame = sys._getframe()
+    while frame is not None and frame.f_code is not forkserver.main.__code__:
+        frame = frame.f_back
+    if frame is None or getattr(sys.excepthook, "_resacct", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        rank, _, folder = multiprocessing.current_process().name.partition("@")
+        if rank.startswith("resacct-rank-") and os.path.isdir(folder):
+            with contextlib.suppress(OSError), open(os.path.join(folder, f"{rank[len('resacct-'):]}.out"), "a") as file:
+                traceback.print_exception(kind, error, trace, file=file)
+                return  # the launcher relays it to its stderr
+        previous(kind, error, trace)
+
+    hook._resacct = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
