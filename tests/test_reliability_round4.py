@@ -507,3 +507,22 @@ def test_render_honours_columns_and_an_explicit_width(monkeypatch):
     assert widest(narrow) <= 80 and "FlopCounterMode" in narrow  # it was 150 columns whatever the terminal
     assert widest(report.render(width=100)) <= 100
     assert widest(report.render(width=10)) <= 60  # at least 60: narrower tables are unreadable
+
+
+# ── --help texts ──
+
+from resacct.cli import COMMAND_MODULES  # noqa: E402
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_MODULES))
+def test_help_shows_no_restructuredtext_markup(command, capsys):
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    for markup in ("``", ":func:`", ":class:`", ":mod:`", ":meth:`", ":data:`", "**"):
+        assert markup not in text, (markup, [line for line in text.splitlines() if markup in line][:3])
+
+
+def test_help_keeps_the_words_of_the_markup(capsys):
+    assert main(["lora", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "resacct lora: does LoRA (or QLoRA: --base nf4) fine-tuning" in text and "lora_saved_terms" in text

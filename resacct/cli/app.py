@@ -21,12 +21,55 @@ RawDescriptionHelpFormatter = argparse.RawDescriptionHelpFormatter
 _NUMBER_LIKE = re.compile(r"^-(\d[\d_,]*\.?\d*|\.\d+)([eE][-+]?\d+)?[kKMBGTP]?$|^-(nan|inf)$|^-[\d.]+(\s*\+\s*-?[\d.]+)+$", re.IGNORECASE)
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)\s*(?:<[^`>]*>)?`")  # :func:`~a.b.c`, :class:`text <target>`
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+_STRONG = re.compile(r"\*\*(.+?)\*\*", re.DOTALL)
+
+
+def plain_help_text(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: reStructuredText's inline markup taken off — double
+    backticks, roles (``:func:`~a.b.c``` → ``c``), bold.
+
+    >>> plain_help_text("``resacct lora``: see :func:`~resacct.formulas.lora.lora_saved_terms`, an **estimate**")
+    'resacct lora: see lora_saved_terms, an estimate'
+    """
+    if not text:
+        return text
+
+    def role(match: re.Match[str]) -> str:
+        target = match.group(1)
+        return target.rsplit(".", 1)[-1] if match.group(0).split("`", 1)[1].startswith("~") else target
+
+    return _STRONG.sub(r"\1", _LITERAL.sub(r"\1", _ROLE.sub(role, text)))
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """A bad argument is one line, ``resacct <command>: error: <what> (see --help)``, exit status 2."""
+    """A bad argument is one line, ``resacct <command>: error: <what> (see --help)``, exit status 2.
+    Descriptions, epilogs and argument help are shown without their reStructuredText markup."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        for key in ("description", "epilog"):
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = plain_help_text(kwargs[key])
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = _NUMBER_LIKE
+
+    def add_argument(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(kwargs.get("help"), str):
+            kwargs["help"] = plain_help_text(kwargs["help"])
+        return super().add_argument(*args, **kwargs)
+
+    def add_argument_group(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        group = super().add_argument_group(*args, **kwargs)
+        plain_add = group.add_argument
+
+        def add_argument(*arguments, **keywords):  # type: ignore[no-untyped-def]
+            if isinstance(keywords.get("help"), str):
+                keywords["help"] = plain_help_text(keywords["help"])
+            return plain_add(*arguments, **keywords)
+
+        group.add_argument = add_argument  # type: ignore[method-assign]
+        return group
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
