@@ -116,6 +116,9 @@ def test_lora_with_9e15_layers_answers_at_once(capsys):
     ["lora", "--hf-config", "llama-2-7b", "--memory-gb", "80", "--reserve-gb", "1e300"],
     ["fit", "--hf-config", "gpt2", "--memory-gb", "1e300"],
     ["fit", "--hf-config", "gpt2", "--memory-gb", "80", "--reserve-gb", "1e300"],
+    ["memory", "--params", "7B", "--device-memory-gb", "1e300"],  # "inf" in its one line
+    ["offload", "--params", "7B", "--largest-layer", "1e8", "--gpu-memory-gb", "1e300"],  # "memory: GPU inf GB"
+    ["offload", "--params", "7B", "--largest-layer", "1e8", "--host-memory-gb", "1e300"],
 ], ids=lambda argv: " ".join(argv[:1] + argv[-2:]))
 def test_memory_beyond_2_63_bytes_is_refused_before_any_work(capsys, argv):
     import time

@@ -15,7 +15,7 @@ from typing import Any
 
 from resacct.cli._recipes import RECIPES_EPILOG, ChosenRecipe, add_recipe_arguments, chosen_recipe, parameters_in_words, zero_words
 from resacct.cli._units import add_units_flag, unit_scale
-from resacct.cli.arguments import count, positive_int
+from resacct.cli.arguments import count, gigabytes, positive_int
 from resacct.cli.output import add_json_flag, emit
 from resacct.errors import ResacctError
 from resacct.formulas.sharding import SHARDED_PIECES, ZERO_STAGES, ShardingRecipe, fits_in_memory, get_sharding_recipe, largest_model_parameters, per_rank_bytes
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_recipe_arguments(parser)
     parser.add_argument("--devices", type=positive_int, default=1, metavar="N", help="data-parallel ranks sharing the state (default: 1)")
     memory = parser.add_mutually_exclusive_group()
-    memory.add_argument("--device-memory-gb", type=count, default=None, metavar="GB", help="memory of one device in GB (10^9 bytes)")
+    memory.add_argument("--device-memory-gb", type=gigabytes, default=None, metavar="GB", help="memory of one device in GB (10^9 bytes)")
     memory.add_argument("--device", default=None, metavar="NAME", help="an accelerator whose memory to use, e.g. h100, a100-40gb")
     add_units_flag(parser)
     add_json_flag(parser)

@@ -15,7 +15,7 @@ import argparse
 from typing import Any
 
 from resacct.cli._units import add_units_flag, gigabytes_text
-from resacct.cli.arguments import count, positive_int
+from resacct.cli.arguments import count, gigabytes, positive_int
 from resacct.cli.output import add_json_flag, emit, with_caveat
 from resacct.errors import ResacctError
 
@@ -147,8 +147,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--estimator", type=_estimator, default="current", metavar="current|docs",
                         help="DeepSpeed's estimator: current (≥ 0.14.3, default) or docs (the table its memory docs print)")
     parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory each GPU has (see 'resacct devices')")
-    parser.add_argument("--gpu-memory-gb", type=count, default=None, metavar="GB", help="memory per GPU in GB (10^9 bytes) instead of --device")
-    parser.add_argument("--host-memory-gb", type=count, default=None, metavar="GB", help="CPU (or NVMe) memory per node in GB, to say what fits")
+    parser.add_argument("--gpu-memory-gb", type=gigabytes, default=None, metavar="GB", help="memory per GPU in GB (10^9 bytes) instead of --device")
+    parser.add_argument("--host-memory-gb", type=gigabytes, default=None, metavar="GB", help="CPU (or NVMe) memory per node in GB, to say what fits")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_offload)
