@@ -2,10 +2,11 @@
 **predicted** peak (:mod:`resacct.account.peak`: the step on fake tensors of a model built on the
 meta device, nothing allocated) stays within a device's memory less a reserve.
 
-Each probe is one prediction. The search grows from 1 until a size does not fit (or the limit is
-reached), then narrows between the last size that fit and the first that did not, steered by the
-line through its probes (a step's peak is close to affine in the batch): the peak grows with the
-batch and the sequence, so the answer ``b`` fits and ``b + 1`` does not (both probed).
+Each probe is one prediction (a trace of the whole step). A step's peak is affine in the batch
+wherever one phase holds it, so the search traces 1 and 2, solves the line through them for the
+budget and confirms its answer ``b`` with two more traces — ``b`` fits and ``b + 1`` does not (both
+probed, always): four traces however large ``b`` is, two when 2 does not fit. Where the line misses
+(the peak not affine) it searches on from the probes made (:func:`largest_fitting`).
 
 >>> import torch
 >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
@@ -18,6 +19,7 @@ batch and the sequence, so the answer ``b`` fits and ``b + 1`` does not (both pr
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 import time
@@ -29,8 +31,8 @@ from torch import nn
 
 from resacct.errors import ResacctError
 
-__all__ = ["FitProbe", "FitTarget", "FitAnswer", "ModelSource", "SEARCHES", "MAX_BATCH", "largest_fitting", "fit_step", "hf_config_target",
-           "named_model_target"]
+__all__ = ["FitProbe", "FitTarget", "FitAnswer", "ModelSource", "SEARCHES", "MAX_BATCH", "affine_answer", "affine_deviation_bytes",
+           "largest_fitting", "fit_step", "step_peak_function", "hf_config_target", "named_model_target"]
 
 #: What a fit searches over.
 SEARCHES = ("batch", "seq")
@@ -142,6 +144,11 @@ class FitAnswer:
     def seconds(self) -> float:
         return sum(probe.seconds for probe in self.probes)
 
+    @property
+    def traces(self) -> int:
+        """How many steps the search traced (one per probe)."""
+        return len(self.probes)
+
     def to_dict(self) -> dict[str, Any]:
         """``--json``: sizes, bytes with units in their names, every probe."""
         from resacct.account.peak import ENGINE
@@ -152,7 +159,8 @@ class FitAnswer:
             "budget_bytes": self.budget_bytes, "recipe": self.recipe, "optimizer": self.optimizer, "micro_batches": self.micro_batches,
             "limit": self.limit, "largest": self.largest, "predicted_peak_bytes": self.peak_bytes, "next_predicted_peak_bytes": self.next_peak_bytes,
             "headroom_bytes": self.headroom_bytes, "peak_phase": self.peak_phase, "peak_op": self.peak_op, "attention_kernel": self.attention_kernel,
-            "live_at_peak_bytes": self.live_at_peak_bytes, "seconds": self.seconds,
+            "live_at_peak_bytes": self.live_at_peak_bytes, "seconds": self.seconds, "traces": self.traces,
+            "affine_deviation_bytes": affine_deviation_bytes(self.probes),
             "probes": [{"size": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits, "seconds": p.seconds} for p in self.probes],
             "predicted_by": ENGINE,
         }
@@ -165,19 +173,48 @@ def _crossing(low: int, low_peak: int, high: int, high_peak: int, budget_bytes: 
     return low + (budget_bytes - low_peak) * (high - low) / (high_peak - low_peak)
 
 
+def affine_answer(first: FitProbe, second: FitProbe, budget_bytes: float) -> int | None:
+    """The largest size the line through two probes keeps within the budget (None: the line does not rise).
+
+    >>> affine_answer(FitProbe(1, 1010, True, 0.0), FitProbe(2, 1020, True, 0.0), 1095)
+    9
+    """
+    if second.peak_bytes <= first.peak_bytes:
+        return None
+    slope = (second.peak_bytes - first.peak_bytes) / (second.size - first.size)
+    return first.size + math.floor((budget_bytes - first.peak_bytes) / slope + 1e-9)
+
+
+def affine_deviation_bytes(probes: list[FitProbe]) -> int | None:
+    """How far the farthest probe lies from the line through the first two (0: every probe on it to
+    the byte; None: fewer than three probes). A step's peak is the largest of a few phase peaks, each
+    affine in the batch: where one phase holds the peak at every probe, this is 0 or a few bytes of rounding."""
+    if len(probes) < 3:
+        return None
+    first, second = probes[0], probes[1]
+    slope = (second.peak_bytes - first.peak_bytes) / (second.size - first.size)
+    return max(round(abs(p.peak_bytes - (first.peak_bytes + slope * (p.size - first.size)))) for p in probes[2:])
+
+
 def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit: int,
                     on_probe: Callable[[FitProbe], None] | None = None) -> tuple[int | None, list[FitProbe]]:
     """The largest n in 1..``limit`` with ``peak_of(n) ≤ budget_bytes`` (None: not even 1), for a
     ``peak_of`` that grows with n, and every probe made (n + 1 among them unless n is the limit).
 
-    The step's peak is the largest of a few phase peaks, each affine in the batch (and close to it in
-    the sequence), so the search steers by the line through its last probes: growing (at most ×8,
-    at least ×2 while it does not rise) until a size does not fit, then where the line between the
-    sizes that fit and did not meets the budget, bisecting when the line would not narrow the gap.
+    Few traces: the step's peak is affine in the batch wherever one phase holds it, so the line
+    through the probes at 1 and 2 names the answer b, and two more probes confirm it — b fits and
+    b + 1 does not: **four traces** for an affine peak however large b is (two when 2 does not fit).
+    Where the peak is not affine (a phase that takes over at a larger batch, a curved peak) the line
+    misses: the search goes on from the probes made — by the line through the two largest sizes
+    that fit while none has failed (doubling while it does not rise), then between the largest that
+    fits and the smallest that does not, by their line, bisecting when the line would not halve the gap.
 
     >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6)
     >>> answer, [p.size for p in probes]
-    (9, [1, 2, 10, 9])
+    (9, [1, 2, 9, 10])
+    >>> answer, probes = largest_fitting(lambda n: 10**9 + 10**4 * n, 8 * 10**10, limit=10**7)
+    >>> answer, [p.size for p in probes]
+    (7900000, [1, 2, 7900000, 7900001])
     >>> largest_fitting(lambda n: 10 * n, 5, limit=8)[0], largest_fitting(lambda n: n, 100, limit=8)[0]
     (None, 8)
     """
@@ -193,26 +230,34 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
 
     if not fits(1):
         return None, list(probes.values())
-    low, previous, high = 1, None, None  # low fits; high (when known) does not
+    low, previous, high = 1, None, None  # low fits; high (when known) does not; previous: the size that fit before low
     while high is None and low < limit:
-        guess = None if previous is None else _crossing(previous, probes[previous].peak_bytes, low, probes[low].peak_bytes, budget_bytes)
-        size = 2 * low if guess is None else min(max(int(guess) + 1, 2 * low), 8 * low)
+        guess = None if previous is None else affine_answer(probes[previous], probes[low], budget_bytes)
+        if guess is None or guess < low:  # no line yet, or it does not rise (or low fits above it): double
+            size = 2 * low
+        else:  # the line's answer; when that is low itself, the one more that must not fit
+            size = max(guess, low + 1)
         size = min(size, limit)
         previous = low
-        if fits(size):
-            low = size
-        else:
+        if not fits(size):
             high = size
+            break
+        low = size
+        if size == guess and size < limit:  # the line's answer fits: one more must not
+            if not fits(size + 1):
+                high = size + 1
+                break
+            previous, low = size, size + 1
     steer = True  # by the line; after a step it narrowed by less than half, one bisection
     while high is not None and high - low > 1:
         gap = high - low
-        guess = _crossing(low, probes[low].peak_bytes, high, probes[high].peak_bytes, budget_bytes) if steer else None
-        size = (low + high) // 2 if guess is None else min(max(int(guess), low + 1), high - 1)
+        crossing = _crossing(low, probes[low].peak_bytes, high, probes[high].peak_bytes, budget_bytes) if steer else None
+        size = (low + high) // 2 if crossing is None else min(max(int(crossing), low + 1), high - 1)
         if fits(size):
             low = size
         else:
             high = size
-        steer = guess is None or high - low <= gap // 2 or high - low == 1
+        steer = crossing is None or high - low <= gap // 2 or high - low == 1
     return low, list(probes.values())
 
 
@@ -228,7 +273,6 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     ``batch``) of ``target`` whose predicted step peak — ``recipe`` (a name or a
     :class:`~resacct.facts.recipes.Recipe`), ``optimizer``, ``micro_batches`` accumulated micro-steps —
     is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer)."""
-    from resacct.account.peak import account_recipe_step_peak
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
 
@@ -252,16 +296,8 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
             raise ResacctError(f"seq {seq} is longer than {target.name}'s context length {target.seq_limit}; expected seq ≤ {target.seq_limit}")
         limit, fixed = max_batch, seq if seq is not None else target.seq_limit
     latest: dict[int, Any] = {}
-    loss_fn = target.loss_fn()
-
-    def peak_of(size: int) -> int:
-        inputs = target.make_inputs(size, fixed) if search == "batch" else target.make_inputs(fixed, size)
-        account = account_recipe_step_peak(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, measure=False, micro_batches=micro_batches)
-        if account.predicted is None:
-            raise ResacctError(f"{target.name}: no predicted peak at {search} {size} ({account.gap})")
-        latest[size] = account.predicted
-        return account.predicted.peak_bytes
-
+    peak_of = step_peak_function(target, model, search=search, fixed=fixed, recipe=chosen, optimizer=optimizer, micro_batches=micro_batches,
+                                 keep=latest)
     largest, probes = largest_fitting(peak_of, memory_bytes - reserve_bytes, limit=limit, on_probe=on_probe)
     answer = FitAnswer(model=target.name, searched=search, fixed=fixed, memory_bytes=memory_bytes, reserve_bytes=reserve_bytes, device=device,
                        recipe=chosen.name, optimizer=optimizer, micro_batches=micro_batches, limit=limit, largest=largest, probes=probes)
@@ -270,6 +306,27 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
         answer.peak_phase, answer.peak_op, answer.attention_kernel = shown.peak.phase, shown.peak.op, shown.attention_kernel
         answer.live_at_peak_bytes = dict(shown.peak.bytes_by_kind)
     return answer
+
+
+def step_peak_function(target: FitTarget, model: nn.Module, *, search: str, fixed: int | None, recipe: Any, optimizer: str,
+                       micro_batches: int = 1, keep: dict[int, Any] | None = None) -> Callable[[int], int]:
+    """``peak_of(size)``: the predicted step peak (bytes) of ``model`` (``target``'s, in the recipe's
+    parameter dtype) at ``search`` = size, the other size ``fixed`` — one trace of the whole step on
+    fake tensors per call; each prediction kept in ``keep`` by size."""
+    from resacct.account.peak import account_recipe_step_peak
+
+    loss_fn = target.loss_fn()
+
+    def peak_of(size: int) -> int:
+        inputs = target.make_inputs(size, fixed) if search == "batch" else target.make_inputs(fixed, size)
+        account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False, micro_batches=micro_batches)
+        if account.predicted is None:
+            raise ResacctError(f"{target.name}: no predicted peak at {search} {size} ({account.gap})")
+        if keep is not None:
+            keep[size] = account.predicted
+        return account.predicted.peak_bytes
+
+    return peak_of
 
 
 def hf_config_target(config: str) -> FitTarget:
