@@ -220,6 +220,8 @@ class ClaimItem(pytest.Item):
             from resacct.harness.schema import fill_truth
 
             self.record["truth"] = fill_truth(self.loaded.claim.truth, {**verdict.inputs, **verdict.quantities, "measured": verdict.measured})
+        if self.record.get("evidence") == "recorded":  # the GPU record the claim replays, named in report.json
+            self.record["recorded_from"] = {key: verdict.quantities.get(key) for key in ("board", "recorded_on", "record_file")}
         remember_example(self.record, dict(
             inputs=_plain(verdict.inputs),
             law_value=_plain(verdict.law_value),

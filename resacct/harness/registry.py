@@ -20,7 +20,10 @@ say what decides each claim (:data:`EVIDENCE_KINDS`):
 - ``published``: a figure as a paper or a datasheet prints it (``resacct/facts``, or the spec's
   ``reported:``), read without arithmetic (units converted at most);
 - ``arithmetic``: resacct's own arithmetic over the inputs (products, ratios, fits of printed
-  figures; the lecture's code transcribed): nothing is measured, no printed figure is the answer.
+  figures; the lecture's code transcribed): nothing is measured, no printed figure is the answer;
+- ``recorded``: a committed GPU record (``docs/gpu/*.json``: a board measured it once) is the
+  measurement, replayed on any machine; resacct's prediction runs now (``resacct.checks.gpu_recorded``).
+  The outcome names the board, the date and the file (quantities ``board``, ``recorded_on``, ``record_file``).
 
 Between two kinds a check gets the weaker one (arithmetic, then published). A check that touches
 torch is never ``arithmetic`` or ``published`` (``tests/test_evidence_kind.py`` runs them under a
@@ -43,11 +46,12 @@ __all__ = ["Check", "Outcome", "NotMeasurable", "check", "get_check", "all_check
 
 CHECKS_PACKAGE = "resacct.checks"
 
-EVIDENCE_KINDS = ("measured", "published", "arithmetic")
+EVIDENCE_KINDS = ("measured", "published", "arithmetic", "recorded")
 EVIDENCE_MEANINGS = {
     "measured": "PyTorch ran it (tensors, FlopCounterMode, storages, the allocator, a clock, a training step; numpy for token files)",
     "published": "a figure as a paper or a datasheet prints it",
     "arithmetic": "resacct's own arithmetic over the inputs; nothing measured",
+    "recorded": "a committed GPU record (board, date, file named) measured it once; resacct's prediction runs now",
 }
 
 

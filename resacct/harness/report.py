@@ -44,7 +44,7 @@ def count_outcomes(records: list[dict[str, Any]]) -> dict[str, Counter]:
 def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
     """Outcomes per area, then the evidence that decides them (measured, published, arithmetic:
     :mod:`resacct.reporting.evidence`), then the totals line."""
-    from resacct.reporting.evidence import EVIDENCE_KINDS, UNSTATED, evidence_by_area, evidence_counts, evidence_text
+    from resacct.reporting.evidence import UNSTATED, evidence_by_area, evidence_columns, evidence_counts, evidence_text
 
     by_area = count_outcomes(records)
     evidence = evidence_by_area(records)
@@ -52,11 +52,13 @@ def write_summary(terminal: Any, records: list[dict[str, Any]]) -> None:
     terminal.section("resacct claims", sep="=")
     width = max(len("total"), *(len(area) for area in by_area))
 
+    columns = [kind for kind in evidence_columns(records) if kind != UNSTATED]  # recorded where some claim is
+
     def row(name: str, counts: Counter | dict[str, str], kinds: Counter | dict[str, str]) -> str:
         return "  ".join([name.ljust(width)] + [str(counts[outcome]).rjust(7) for outcome in OUTCOMES]
-                         + [" "] + [str(kinds[kind]).rjust(len(kind)) for kind in EVIDENCE_KINDS])
+                         + [" "] + [str(kinds[kind]).rjust(len(kind)) for kind in columns])
 
-    terminal.write_line(row("area", {name: name for name in OUTCOMES}, {kind: kind for kind in EVIDENCE_KINDS}))
+    terminal.write_line(row("area", {name: name for name in OUTCOMES}, {kind: kind for kind in columns}))
     for area, counts in by_area.items():
         terminal.write_line(row(area, counts, evidence.get(area, Counter())))
     terminal.write_line(row("total", totals, evidence_counts(records)))

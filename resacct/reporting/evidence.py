@@ -1,6 +1,7 @@
 """What decides each claim, counted: its **evidence** — ``measured`` (PyTorch ran it), ``published``
-(a figure as a paper or a datasheet prints it) or ``arithmetic`` (resacct's own arithmetic over
-the inputs, nothing measured). A claim's record carries the evidence its check declares
+(a figure as a paper or a datasheet prints it), ``arithmetic`` (resacct's own arithmetic over
+the inputs, nothing measured) or ``recorded`` (a committed GPU record measured it once; its board,
+date and file are named beside the claim: :func:`recorded_source`). A claim's record carries the evidence its check declares
 (``@check(..., evidence=...)``, :mod:`resacct.harness.registry`); a record without one (a spec
 that could not be loaded, a report written before resacct recorded it) is ``unstated``.
 
@@ -33,13 +34,16 @@ __all__ = [
     "evidence_summary",
     "area_marks",
     "value_label",
+    "recorded_source",
+    "evidence_cell",
     "MARKS_LEGEND",
 ]
 
 UNSTATED = "unstated"
-_MARKS = {"measured": "m", "published": "p", "arithmetic": "a", UNSTATED: "u"}
+_MARKS = {"measured": "m", "published": "p", "arithmetic": "a", "recorded": "r", UNSTATED: "u"}
 MARKS_LEGEND = "m measured, p published, a arithmetic"
-_VALUE_LABELS = {"measured": "measured", "published": "published", "arithmetic": "computed", UNSTATED: "measured"}
+_VALUE_LABELS = {"measured": "measured", "published": "published", "arithmetic": "computed", "recorded": "recorded", UNSTATED: "measured"}
+_ALWAYS = ("measured", "published", "arithmetic")  # the columns every report shows; recorded and unstated where some claim is
 
 
 def evidence_of(record: dict[str, Any]) -> str:
@@ -61,8 +65,9 @@ def evidence_by_area(records: list[dict[str, Any]]) -> dict[str, Counter]:
 
 
 def evidence_columns(records: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The three kinds, and ``unstated`` when some record has none."""
-    return EVIDENCE_KINDS + ((UNSTATED,) if any(evidence_of(record) == UNSTATED for record in records) else ())
+    """Measured, published and arithmetic; ``recorded`` and ``unstated`` when some record is."""
+    present = {evidence_of(record) for record in records}
+    return _ALWAYS + tuple(kind for kind in (*EVIDENCE_KINDS, UNSTATED) if kind not in _ALWAYS and kind in present)
 
 
 def evidence_text(counts: Counter) -> str:
@@ -78,6 +83,27 @@ def area_marks(counts: Counter) -> str:
 def value_label(record: dict[str, Any]) -> str:
     """What the check's value is called beside a claim: ``measured``, ``published`` or ``computed``."""
     return _VALUE_LABELS[evidence_of(record)]
+
+
+def recorded_source(record: dict[str, Any]) -> str | None:
+    """``NVIDIA H100 80GB HBM3, 2026-11-26, docs/gpu/….json``: the GPU record a ``recorded`` claim
+    replays (its outcome's quantities ``board``, ``recorded_on``, ``record_file``); None for other kinds.
+
+    >>> recorded_source({"evidence": "recorded", "quantities": {"board": "B", "recorded_on": "2026-11-26", "record_file": "docs/gpu/r.json"}})
+    'B, 2026-11-26, docs/gpu/r.json'
+    """
+    if evidence_of(record) != "recorded":
+        return None
+    quantities = record.get("quantities") or {}
+    named = [quantities.get(key) for key in ("board", "recorded_on", "record_file")]
+    given = record.get("given") or {}
+    return ", ".join(str(part) for part in named if part) or (f"record {given['record']}" if given.get("record") else "record not named")
+
+
+def evidence_cell(record: dict[str, Any]) -> str:
+    """The evidence column of a claim: its kind, and for ``recorded`` the record it replays."""
+    source = recorded_source(record)
+    return evidence_of(record) + (f" ({source})" if source else "")
 
 
 def evidence_summary(records: list[dict[str, Any]]) -> dict[str, Any]:

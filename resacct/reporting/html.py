@@ -22,7 +22,7 @@ from resacct.reporting.documents import (
     run_notice,
     statement_text,
 )
-from resacct.reporting.evidence import EVIDENCE_MEANINGS, evidence_by_area, evidence_columns, evidence_counts, evidence_of, value_label
+from resacct.reporting.evidence import EVIDENCE_MEANINGS, evidence_by_area, evidence_columns, evidence_counts, evidence_of, recorded_source, value_label
 from resacct.reporting.markdown import environment_line, note_text
 
 __all__ = ["render_html"]
@@ -46,7 +46,7 @@ table.claims th:nth-child(4), table.claims th:nth-child(5) { width: 9% } table.c
 .filters label { margin-right: .7rem } .filters input[type=search] { width: 18rem }
 tr[hidden] { display: none } img.roofline { max-width: 100%; border: 1px solid #d0d7de }
 .evidence { display: inline-block; margin-left: .3rem; padding: 0 .35rem; border: 1px solid #d0d7de; border-radius: .3rem; font-size: 12px }
-.evidence.published { background: #ddf4ff } .evidence.arithmetic { background: #fff8c5 } .evidence.unstated { background: #ffebe9 }
+.evidence.published { background: #ddf4ff } .evidence.recorded { background: #dafbe1 } .evidence.arithmetic { background: #fff8c5 } .evidence.unstated { background: #ffebe9 }
 table.counts td.kind { background: #f6f8fa } .evidence-summary { margin: .4rem 0 } .evidence-summary p { margin: .2rem 0 }
 """
 
@@ -126,7 +126,9 @@ def _counts_table(records: list[dict[str, Any]]) -> list[str]:
 def _evidence_tag(record: dict[str, Any]) -> str:
     kind = evidence_of(record)
     meaning = EVIDENCE_MEANINGS.get(kind, "no evidence declared for this claim's check")
-    return f'<span class="evidence {kind}" title="{html.escape(meaning)}">{kind}</span>'
+    source = recorded_source(record)
+    named = f'<div class="note">{html.escape(source)}</div>' if source else ""
+    return f'<span class="evidence {kind}" title="{html.escape(meaning)}">{kind}</span>{named}'
 
 
 def _value_note(record: dict[str, Any]) -> str:

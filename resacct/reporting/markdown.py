@@ -19,9 +19,9 @@ from resacct.reporting.documents import (
 from resacct.reporting.evidence import (
     EVIDENCE_MEANINGS,
     evidence_by_area,
+    evidence_cell,
     evidence_columns,
     evidence_counts,
-    evidence_of,
     evidence_text,
     value_label,
 )
@@ -113,12 +113,13 @@ def render_markdown(document: dict[str, Any]) -> str:
             example = example_text(record)
             statement = _cell(statement_text(record)) + (f"<br>{_cell(example)}" if example else "")
             lines.append("| " + " | ".join([claim, _cell(record.get("says")), statement] + [_cell(cell) for cell in (
-                record.get("predicted"), record.get("measured"), evidence_of(record), record["outcome"], note_text(record))]) + " |")
+                record.get("predicted"), record.get("measured"), evidence_cell(record), record["outcome"], note_text(record))]) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
-_REFUTED_BY = {"measured": "by measurement", "published": "by a published figure", "arithmetic": "by arithmetic", "unstated": "by evidence not stated"}
+_REFUTED_BY = {"measured": "by measurement", "published": "by a published figure", "arithmetic": "by arithmetic",
+               "recorded": "by a recorded GPU measurement", "unstated": "by evidence not stated"}
 
 
 def _refuted_by(refuted: list[dict[str, Any]]) -> str:
@@ -139,6 +140,6 @@ def render_errata_markdown(document: dict[str, Any]) -> str:
                   f"- **Law / expectation:** {markdown_code(statement_text(record))}" if record.get("law")
                   else f"- **Expectation:** {_line(statement_text(record))}",
                   f"- **{value_label(record).capitalize()}:** {_line(record.get('measured'))}" + (f" ({_line(example)})" if example else ""),
-                  f"- **Evidence:** {evidence_of(record)}",
+                  f"- **Evidence:** {_line(evidence_cell(record))}",
                   f"- **Truth:** {_line(record.get('truth'))}", f"- **Spec:** {markdown_code(location_text(record))}", ""]
     return "\n".join(lines)

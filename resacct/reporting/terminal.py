@@ -25,7 +25,7 @@ from resacct.reporting.documents import (
     run_notice,
     statement_text,
 )
-from resacct.reporting.evidence import MARKS_LEGEND, area_marks, evidence_by_area, evidence_counts, value_label
+from resacct.reporting.evidence import MARKS_LEGEND, area_marks, evidence_by_area, evidence_counts, recorded_source, value_label
 
 __all__ = ["DEFAULT_STATUSES", "render_summary", "claim_lines", "summary_line", "counts_lines", "evidence_lines"]
 
@@ -73,7 +73,7 @@ def counts_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
     return [f"{header}    {header}"] + [f"{a}    {b}".rstrip() for a, b in zip(left, right)] + [total]
 
 
-_EVIDENCE_NAMES = {"measured": "measured", "published": "published", "arithmetic": "arithmetic only", "unstated": "unstated"}
+_EVIDENCE_NAMES = {"measured": "measured", "published": "published", "arithmetic": "arithmetic only", "recorded": "recorded on a GPU", "unstated": "unstated"}
 
 
 def evidence_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]:
@@ -93,7 +93,7 @@ def evidence_lines(records: list[dict[str, Any]], width: int = 100) -> list[str]
     mixed = {area: counts for area, counts in by_area.items() if set(counts) != {"measured"}}
     if not mixed or set(totals) == {"unstated"}:  # measured only, or a report from before resacct recorded evidence
         return _wrap(head, width, "  ", first="")
-    legend = MARKS_LEGEND + (", u unstated" if totals["unstated"] else "")
+    legend = MARKS_LEGEND + (", r recorded" if totals["recorded"] else "") + (", u unstated" if totals["unstated"] else "")
     others = len(by_area) - len(mixed)
     rest = f"; the other {'area' if others == 1 else f'{others} areas'}: measured only" if others else ""
     areas = " · ".join(f"{area} {area_marks(counts)}" for area, counts in mixed.items()) + f" ({legend}){rest}"
@@ -146,6 +146,8 @@ def claim_lines(record: dict[str, Any], width: int = 100, verbose: bool = False)
         return [_clip(f"  {record['id']}: {reason}", width)]
     statement = statement_text(record)
     measured = f"{value_label(record)} {format_value(record.get('measured'), None if verbose else 60)}"
+    if verbose and recorded_source(record):  # which board, when, which file measured it
+        measured += f" ({recorded_source(record)})"
     body = f"{record['id']}: {statement}; {measured}" if statement else f"{record['id']}: {measured}"
     if verbose or outcome != "refuted" or len(body) + 2 <= width:
         lines = _wrap(body, width, "      ", first="  ")

@@ -1,0 +1,127 @@
+"""Recorded GPU truth replayed on any machine (issue 31): evidence ``recorded``.
+
+Each check reads its **measurement** from a committed GPU record (``docs/gpu/*.json``, named by the
+claim's ``record``: :mod:`resacct.account.gpu.recorded`) and makes its **prediction** now, with
+resacct's code (the CUDA caching allocator model, :func:`predict_cuda_step_memory` over meta
+tensors, the FLOP formulas, the datasheet table); the claim's law comes from the YAML. No ``gpu``
+mark: they run on every CPU machine. A missing or malformed record fails the claim naming the file.
+Every outcome names the board, the date and the record file (``board``, ``recorded_on``, ``record_file``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
+from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+from resacct.account.gpu.recorded import load_gpu_record, record_source, recorded_step, recorded_value
+from resacct.errors import ResacctError
+from resacct.harness.registry import Outcome, check
+
+SOURCE = ("board", "recorded_on", "record_file")
+
+
+def _gpt_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    from resacct.measurement.activation_checkpointing import gpt_loss
+
+    return gpt_loss(model, *batch)
+
+
+@check("gpu_recorded.allocation_growth", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE))
+def allocation_growth(record: str, claim: str, sizes_bytes: list[int]) -> Outcome:
+    """The growth of ``memory_allocated()`` the record's ``claim`` measured on the board, beside the
+    allocator model's growth for the same requests (``sizes_bytes``, one allocation each, in order)."""
+    data = load_gpu_record(record)
+    measured = recorded_value(record, data, "gpu_claims", claim)
+    model = CachingAllocatorModel()
+    for index, size in enumerate(sizes_bytes):
+        model.malloc(index, int(size))
+    grown = model.allocated_bytes
+    return Outcome(measured=measured, predicted=grown, quantities={"allocator_model_bytes": grown, **record_source(record, data)})
+
+
+@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE))
+def forward_backward_peak(record: str, claim: str, model: str, batch: int, seq: int) -> Outcome:
+    """``max_memory_allocated`` above the parameters over a float32 GPT forward + backward, as the
+    record's ``claim`` measured it, beside :func:`predict_cuda_step_memory` (no optimizer) now."""
+    from resacct.training.gpt import build_gpt, get_gpt_config
+
+    data = load_gpu_record(record)
+    measured = recorded_value(record, data, "gpu_claims", claim)
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    net = build_gpt(get_gpt_config(model), device="meta", seed=None)
+    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss, None).peak_above_start_bytes
+    return Outcome(measured=measured, predicted=predicted, quantities={"allocator_model_bytes": predicted, **record_source(record, data)})
+
+
+def _recorded_gpt(record: str, data: dict[str, Any], step: str) -> tuple[dict[str, Any], nn.Module]:
+    from resacct.training.gpt import GPTConfig, build_gpt
+
+    entry = recorded_step(record, data, step)
+    if (entry["recipe"], entry["optimizer"], entry["attention"]) != ("fp32", "adamw", "math"):
+        raise ResacctError(f"GPU record {record}: step {step!r} is recipe {entry['recipe']!r}, optimizer {entry['optimizer']!r}, attention "
+                           f"{entry['attention']!r}; this check replays fp32 AdamW math-attention steps only")
+    try:
+        config = GPTConfig(**entry["config"])
+    except (TypeError, ValueError) as error:
+        raise ResacctError(f"GPU record {record}: step {step!r} config {entry['config']!r} is not a GPT config ({error})") from None
+    return entry, build_gpt(config, device="meta", seed=None)
+
+
+@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE))
+def training_step_peak(record: str, step: str) -> Outcome:
+    """The record's ``max_memory_allocated`` above the start over a steady GPT training step
+    (forward, backward, AdamW; ``resacct account --device cuda``), beside
+    :func:`predict_cuda_step_memory` with CUDA's foreach AdamW, built now from the record's config."""
+    data = load_gpu_record(record)
+    entry, net = _recorded_gpt(record, data, step)
+    tokens = torch.zeros(entry["batch"], entry["seq"], dtype=torch.long)
+    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss)
+    return Outcome(measured=entry["peak_bytes"], predicted=predicted.peak_above_start_bytes,
+                   quantities={"allocator_model_bytes": predicted.peak_above_start_bytes, "reserved_model_bytes": predicted.peak_reserved_bytes,
+                               **record_source(record, data)})
+
+
+@check("gpu_recorded.step_flops", evidence="recorded", quantities=("formula_flops", *SOURCE))
+def step_flops(record: str, step: str) -> Outcome:
+    """FlopCounterMode's FLOPs of the recorded GPT step on the board, beside resacct's exact
+    per-matmul formula (:func:`predict_gpt_step_flops`) for the record's config, batch and seq."""
+    from resacct.formulas.gpt_flop_formulas import predict_gpt_step_flops
+    from resacct.training.gpt import GPTConfig
+
+    data = load_gpu_record(record)
+    entry = recorded_step(record, data, step)
+    predicted = predict_gpt_step_flops(GPTConfig(**entry["config"]), entry["batch"], entry["seq"]).step_flops
+    return Outcome(measured=entry["step_flops"], predicted=predicted, quantities={"formula_flops": predicted, **record_source(record, data)})
+
+
+@check("gpu_recorded.total_memory_bytes", evidence="recorded", quantities=("datasheet_memory_bytes", *SOURCE))
+def total_memory_bytes(record: str, claim: str) -> Outcome:
+    """``torch.cuda.get_device_properties(0).total_memory`` as the record's ``claim`` measured it;
+    the board's datasheet memory from resacct's table (looked up now by the record's board name)."""
+    from resacct.facts.hardware import accelerator_for_cuda_name
+
+    data = load_gpu_record(record)
+    measured = recorded_value(record, data, "gpu_claims", claim, "total_memory_bytes")
+    board = accelerator_for_cuda_name(data["board"])
+    if board is None:
+        raise ResacctError(f"GPU record {record}: board {data['board']!r} is not in resacct's datasheet table; expected a known board")
+    return Outcome(measured=measured, quantities={"datasheet_memory_bytes": board.memory_bytes, **record_source(record, data)})
+
+
+@check("gpu_recorded.matmul_peak_fraction", evidence="recorded", quantities=("achieved_flops_per_sec", "datasheet_peak_flops_per_sec", *SOURCE))
+def matmul_peak_fraction(record: str, claim: str, dtype: str) -> Outcome:
+    """The matmul FLOP/s the record's ``claim`` achieved on the board ÷ the board's dense datasheet
+    peak for ``dtype`` from resacct's table now (looked up by the record's board name)."""
+    from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+
+    data = load_gpu_record(record)
+    measured = recorded_value(record, data, "gpu_claims", claim, "achieved_flops_per_sec")
+    board = accelerator_for_cuda_name(data["board"])
+    if board is None:
+        raise ResacctError(f"GPU record {record}: board {data['board']!r} is not in resacct's datasheet table; expected a known board")
+    peak = peak_flops_per_sec(board, dtype)
+    return Outcome(measured=measured / peak, quantities={"achieved_flops_per_sec": measured, "datasheet_peak_flops_per_sec": peak, **record_source(record, data)})
