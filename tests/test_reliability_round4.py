@@ -52,6 +52,7 @@ def test_integers_beyond_a_float_are_written_like_the_others():
     assert format_value(123456789012345) == f"{123456789012345:.6g}"  # within a float's range: as before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("json_output", [False, True], ids=["text", "json"])
 def test_a_law_beyond_a_float_fails_its_claim_and_loses_no_other(tmp_path, capsys, json_output):
     spec = tmp_path / "huge.claims.yaml"
@@ -129,6 +130,7 @@ def test_memory_beyond_2_63_bytes_is_refused_before_any_work(capsys, argv):
     assert time.perf_counter() - started < 5  # fit --hf-config searched for 50 s before overflowing
 
 
+@pytest.mark.slow
 def test_a_timeout_shorter_than_starting_the_timer_is_one_line():
     import subprocess
     import sys
@@ -219,11 +221,13 @@ def raises_base_exception_in_forward() -> torch.nn.Module:
     return _RaisesBaseInForward(4, 4)
 
 
+@pytest.mark.slow
 def test_a_model_nested_5000_modules_deep_is_one_line(capsys):
     err = _one_line_error(capsys, ["account", "--model", HERE + "nested_model", "--input-shape", "2,4"])
     assert f"the model from factory '{HERE}nested_model' nests modules 5,000 deep; expected at most 100" in err, err
 
 
+@pytest.mark.slow
 def test_a_model_100_modules_deep_is_accounted(capsys):
     assert main(["account", "--model", HERE + "nested_model", "--model-arg", "levels=100", "--input-shape", "2,4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == 20
@@ -283,6 +287,7 @@ def prints_everywhere() -> torch.nn.Module:
     return _PrintsInForward(4, 4)
 
 
+@pytest.mark.slow
 def test_what_user_code_prints_goes_to_stderr_under_json(capsys):
     assert main(["account", "--model", HERE + "prints_everywhere", "--input-shape", "2,4", "--json"]) == 0
     captured = capsys.readouterr()
@@ -340,6 +345,7 @@ def test_a_when_range_no_machine_is_in_is_a_schema_error_naming_file_line_and_cl
     assert load_claims_file(path).errors == []  # a range of one value is fine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bogus-rope", "padding-past-vocabulary", "bogus-layer-type"])
 def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
     pytest.importorskip("transformers")
@@ -360,6 +366,7 @@ def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
 # ── the Python API: checkpoints and account_model ──
 
 
+@pytest.mark.slow
 def test_checkpoint_parts_of_the_wrong_kind_are_one_line(tmp_path):
     """Run without the test suite's type-checking hook (which refuses model=42 itself): as a user
     calls it, save_checkpoint(model=42) raised a raw AttributeError."""
@@ -434,6 +441,7 @@ def test_kinetos_start_stop_lines_are_dropped_and_nothing_else(capfd):
     assert capfd.readouterr().err == "[W kineto] a real warning\nUSDT: something else kineto says\nafter\n"
 
 
+@pytest.mark.slow
 def test_a_kernel_probe_prints_nothing():
     """The first account_model printed 10 'USDT … profiler_start/stop' lines: one pair per kernel
     probe (torch's profiler, started and stopped around one op)."""
@@ -471,6 +479,7 @@ def test_account_model_refuses_sizes_below_one(keywords, message):
     assert str(error.value).startswith(message), error.value
 
 
+@pytest.mark.slow
 def test_account_model_refuses_a_text_batch_and_a_tree_too_deep_in_one_line():
     """Without the suite's type-checking hook, as a user calls it: batch="8" raised a raw TypeError
     deep inside, a model nested 5000 deep a RecursionError."""
@@ -495,6 +504,7 @@ for model, keywords in ((torch.nn.Linear(4, 4), {{"batch": "8"}}), (torch.nn.Lin
                                         "once or more a level, and Python stops at 1000 nested calls: sys.setrecursionlimit raises it)"]
 
 
+@pytest.mark.slow
 def test_render_honours_columns_and_an_explicit_width(monkeypatch):
     import resacct
 
