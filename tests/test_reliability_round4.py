@@ -295,6 +295,9 @@ def test_what_user_code_prints_goes_to_stderr_under_json(capsys):
     assert "the factory says hello" in captured.err and "the forward says hello" in captured.err
     assert main(["account", "--model", HERE + "prints_everywhere", "--input-shape", "2,4"]) == 0
     assert "the factory says hello" in capsys.readouterr().out  # without --json, stdout as before
+    assert main(["fit", "--model", HERE + "prints_everywhere", "--input-shape", "2,4", "--memory-gb", "0.001", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["largest"] > 1 and "the forward says hello" in captured.err  # fit --model --json alike
 
 
 def test_file_descriptor_1_goes_to_stderr_under_json(capfd):

@@ -17,7 +17,7 @@ from typing import Any
 
 from resacct.cli._model_args import device_memory_bytes
 from resacct.cli.arguments import positive_int, reserve_gigabytes, seconds
-from resacct.cli.output import emit, with_caveat
+from resacct.cli.output import emit, user_output_to_stderr, with_caveat
 from resacct.errors import ResacctError
 
 __all__ = ["add_model_fit_arguments", "run_model_fit", "MODEL_FIT_EXAMPLES"]
@@ -96,7 +96,8 @@ def run_model_fit(args: argparse.Namespace) -> int:
                         "--max-batch, --seq or model"):
         with running_phase("importing torch and resacct's accounting"):
             from resacct.account.fit_search import MAX_BATCH, fit_step
-        answer = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
+        with user_output_to_stderr(getattr(args, "json", False)):  # what the user's model prints must not break --json
+            answer = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
     fields = answer.to_dict()
     return emit(args, fields, with_caveat(fields, _text(answer, args.units), board))
 
