@@ -3,31 +3,25 @@ e.g. a torch version without FSDP2) skips with its reason instead of failing."""
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
-
 import pytest
 
 from resacct.measurement.torch_limits import transformers_unusable
 
-
-class _RefuseUnusableTransformers(importlib.abc.MetaPathFinder):
-    """Where the installed transformers cannot build models with this torch (transformers 5.x
-    under torch 2.4), importing it or peft raises ModuleNotFoundError naming both versions, so the tests'
-    ``pytest.importorskip("transformers")`` skips with that reason. The library says the same
-    itself (:func:`~resacct.measurement.torch_limits.transformers_unusable`), in claims and commands."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-        if name.partition(".")[0] in {"transformers", "peft"}:
-            raise ModuleNotFoundError(self.reason, name=name)
-        return None
+_importorskip = pytest.importorskip
 
 
-if (_UNUSABLE := transformers_unusable()) and "transformers" not in sys.modules:
-    sys.meta_path.insert(0, _RefuseUnusableTransformers(_UNUSABLE))
+def _importorskip_usable(modname: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """Where the installed transformers cannot build models with this torch (transformers 5.x under
+    torch 2.4: it imports, its configs work, its models and peft do not), a test's
+    ``pytest.importorskip("transformers")`` or ``("peft")`` skips naming both versions; config-only
+    tests that import nothing this way still run. The library says the same itself
+    (:func:`~resacct.measurement.torch_limits.transformers_unusable`), in claims and commands."""
+    if modname.partition(".")[0] in {"transformers", "peft"} and (reason := transformers_unusable()):
+        pytest.skip(f"could not use {modname!r}: {reason}", allow_module_level=True)
+    return _importorskip(modname, *args, **kwargs)
+
+
+pytest.importorskip = _importorskip_usable
 
 
 @pytest.hookimpl(wrapper=True)

@@ -171,11 +171,7 @@ def _check_fit(spec: HfConfigSpec, get: Any) -> None:
 
 def require_transformers() -> Any:
     """``transformers``, imported offline (``HF_HUB_OFFLINE=1``: nothing is downloaded)."""
-    from resacct.measurement.torch_limits import transformers_unusable
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if problem := transformers_unusable():
-        raise ResacctError(problem)
     try:
         import transformers
     except ImportError:
@@ -212,6 +208,10 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str =
     Anything transformers raises while building it is one line naming the config and the reason."""
     import torch
 
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():  # its configs work under an older torch, its models do not
+        raise ResacctError(f"{_label(spec)}: {problem}")
     transformers = require_transformers()
     config = transformers_config(spec)
     extra = {"experts_implementation": "batched_mm"} if getattr(config, "num_local_experts", None) else {}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# docs/matrix.md and docs/matrix.json, written by a run (issue 32): every claim under each torch,
+# `resacct verify` in each env's venv, merged with `resacct verify --merge`. Nothing in the output is
+# typed by hand: dates, commit, versions and counts come from the run and its report.json files.
+#
+#   tools/matrix.sh [ENV ...]      default: torch24 torch28 main torch214
+#
+# ENV is a tox.ini env (its cached venv from tools/matrix_venv.sh, made if absent: each older torch
+# is a ~2.8 GB download from PyPI, once per machine) or `main`: this checkout's .venv (CI's pins).
+# Reports go to reports/matrix/<env>/; OUT=dir writes matrix.md/json there instead of docs/.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+ENVS=("$@")
+[ "${#ENVS[@]}" -gt 0 ] || ENVS=(torch24 torch28 main torch214)
+OUT="${OUT:-$REPO/docs}"
+WORK="$REPO/reports/matrix"
+rm -rf "$WORK"
+mkdir -p "$WORK" "$OUT"
+MAIN_PY="$REPO/.venv/bin/python"
+
+rows=()
+for env in "${ENVS[@]}"; do
+    if [ "$env" = "main" ]; then
+        venv="$REPO/.venv"
+    else
+        venv="$(bash tools/matrix_venv.sh "$env")" || { echo "== $env: no venv; left out" >&2; continue; }
+    fi
+    echo "== $env: resacct verify ($venv)"
+    start=$(date +%s)
+    (cd "$WORK" && CI=true "$venv/bin/resacct" verify -q --no-roofline --report-dir "$WORK/$env" > "$WORK/$env.out" 2>&1)
+    code=$?
+    seconds=$(( $(date +%s) - start ))
+    tail -n 2 "$WORK/$env.out"
+    if [ ! -f "$WORK/$env/report.json" ]; then
+        echo "== $env: no report.json (exit $code); left out" >&2
+        continue
+    fi
+    transformers="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null || echo none)"
+    rows+=("$env	$code	$seconds	$transformers")
+done
+[ "${#rows[@]}" -gt 0 ] || { echo "matrix.sh: no env produced a report" >&2; exit 1; }
+
+reports=()
+for row in "${rows[@]}"; do reports+=("$WORK/${row%%	*}/report.json"); done
+"$REPO/.venv/bin/resacct" verify -q --merge "${reports[@]}" --report-dir "$WORK/merged" || exit 1
+
+commit="$(git rev-parse --short HEAD)"
+dirty="$(git status --porcelain --untracked-files=no | wc -l | tr -d ' ')"
+printf '%s\n' "${rows[@]}" | "$MAIN_PY" - "$WORK" "$OUT" "$commit" "$dirty" "$*" <<'EOF'
+import datetime, json, sys
+from collections import Counter
+from pathlib import Path
+
+work, out, commit, dirty, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+rows = [line.rstrip("\n").split("\t") for line in sys.stdin if line.strip()]
+merged = (work / "merged" / "matrix.md").read_text(encoding="utf-8").split("\n", 2)[2]  # the table, without its title
+matrix = json.loads((work / "merged" / "matrix.json").read_text(encoding="utf-8"))
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+outcomes = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
+lines = ["# The claims across torch versions", "",
+         f"Written by `{('tools/matrix.sh ' + argv).strip()}` on {now}, at commit `{commit}`"
+         + (f" (the working tree had {dirty} uncommitted tracked changes)" if dirty else "") + ": `resacct verify -q --no-roofline`"
+         " in each env's venv (`tools/matrix_venv.sh`: tox.ini's pins, the hf and finetune extras; `main` is CI's `.venv`), "
+         "then `resacct verify --merge` of their report.json files. Every figure below comes from those reports; "
+         "rerun the script to refresh them, never edit them.", "",
+         "| env | torch | transformers | python | machine | verify exit | claims | " + " | ".join(outcomes) + " | wall |",
+         "|---|---|---|---|---|---|---|" + "---|" * len(outcomes) + "---|"]
+summary = []
+for env, code, seconds, transformers in rows:
+    report = json.loads((work / env / "report.json").read_text(encoding="utf-8"))
+    counts = Counter(claim["outcome"] for claim in report["claims"])
+    environment = report["environment"]
+    machine = f"{environment.get('device_name', '?')}, {environment.get('cpu_count', '?')} cores, load {environment.get('machine', {}).get('load_average_start', '?')}"
+    lines.append(f"| {env} | {environment['torch']} | {transformers} | {environment['python']} | {machine} | {code} | {len(report['claims'])} | "
+                 + " | ".join(str(counts.get(o, 0)) for o in outcomes) + f" | {seconds} s |")
+    summary.append({"env": env, "torch": environment["torch"], "transformers": transformers, "python": environment["python"],
+                    "verify_exit": int(code), "seconds": int(seconds), "claims": len(report["claims"]), **{o: counts.get(o, 0) for o in outcomes}})
+lines += ["", "Timings are wall seconds on a shared machine (the load average is the report's): noisy.", "",
+          "## What differs between versions and how it is handled", "",
+          "- **transformers 5.x needs torch>=2.6** (its `torch` extra): under an older torch it imports but disables PyTorch. "
+          "resacct reads that from the installed distribution (`resacct/measurement/torch_limits.py`): every HF, finetune, "
+          "inference and HF-plan claim skips naming both versions, every `--hf-config` command refuses in one line.",
+          "- **torch 2.4** has no `_KinetoEvent.end_ns` (resacct uses start + duration), no public "
+          "`create_selective_checkpoint_contexts` (the selective-checkpointing peak claim skips naming it), no public FSDP2 "
+          "(the sharding claims skip: the engine import fails), cannot checkpoint meta tensors (`requires_torch: \">=2.6\"`), "
+          "and its `weights_only` unpickler refuses `complex` (a checkpoint holding one is refused before it is written).",
+          "- **gloo teardown (torch < 2.8)**: `destroy_process_group()` could deadlock with the GIL held; "
+          "`resacct/measurement/distributed.py` drops each group's backend last (see its docstring).",
+          "- **FSDP2 parity on 2.8**: its gloo `reduce_scatter_tensor` sums where FSDP2 asks for AVG "
+          "(`fsdp2-trains-like-one-process-*`: `requires_torch: \">=2.13\"`).",
+          "- Rows marked ⚠ change status between the envs; `—`: no outcome for the claim in that env's report.", "",
+          "## Claims × envs", "", merged]
+(out / "matrix.md").write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
+(out / "matrix.json").write_text(json.dumps({"written": now, "commit": commit, "uncommitted_tracked_changes": dirty, "envs": summary, **matrix},
+                                            indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+print(f"== wrote {out / 'matrix.md'} and {out / 'matrix.json'}: {len(matrix['rows'])} claims × {len(rows)} envs")
+EOF
