@@ -38,7 +38,8 @@ import json, sys, time
 started = time.perf_counter()
 from resacct.cli import main
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "torch": "torch" in sys.modules, "seconds": time.perf_counter() - started}), file=sys.stderr)
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules,
+                  "seconds": time.perf_counter() - started}), file=sys.stderr)
 """
 
 
@@ -50,7 +51,14 @@ def _fresh_process(argv: list[str]) -> dict:
 @pytest.mark.parametrize("argv", NAPKIN_COMMANDS, ids=lambda argv: " ".join(argv[:2]))
 def test_a_napkin_command_never_imports_torch(argv):
     probe = _fresh_process(argv)
-    assert probe["code"] == 0 and probe["torch"] is False, probe
+    assert probe["code"] == 0 and probe["torch"] is False and probe["transformers"] is False, probe
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_MODULES))
+def test_every_commands_help_imports_neither_torch_nor_transformers(command):
+    """``resacct <command> --help`` for every command (issue 34): the help is read before any work."""
+    probe = _fresh_process([command, "--help"])
+    assert probe["code"] == 0 and probe["torch"] is False and probe["transformers"] is False, (command, probe)
 
 
 REFUSED_ACCOUNT_ARGUMENTS = [  # refused before anything imports resacct.account (torch): one line, exit 2, at napkin speed

@@ -5,7 +5,7 @@ meta device, nothing allocated) stays within a device's memory less a reserve.
 Each probe is one prediction (a trace of the whole step). A step's peak is affine in the batch
 wherever one phase holds it, so the search traces 1 and 2, solves the line through them for the
 budget and confirms its answer ``b`` with two more traces — ``b`` fits and ``b + 1`` does not (both
-probed, always): four traces however large ``b`` is, two when 2 does not fit. Where the line misses
+probed, always): four traces for ``b`` up to 128 (one more per × 64 beyond), two when 2 does not fit. Where the line misses
 (the peak not affine) it searches on from the probes made (:func:`largest_fitting`).
 
 >>> import torch
@@ -38,6 +38,8 @@ __all__ = ["FitProbe", "FitTarget", "FitAnswer", "ModelSource", "SEARCHES", "MAX
 SEARCHES = ("batch", "seq")
 #: The largest micro-batch a search tries (a bound on the doubling, not a property of any model).
 MAX_BATCH = 1 << 20
+#: The farthest a line's answer is trusted before a size that fails: × the largest size that fits.
+GROWTH = 64
 
 
 @dataclass(frozen=True)
@@ -203,18 +205,21 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
 
     Few traces: the step's peak is affine in the batch wherever one phase holds it, so the line
     through the probes at 1 and 2 names the answer b, and two more probes confirm it — b fits and
-    b + 1 does not: **four traces** for an affine peak however large b is (two when 2 does not fit).
+    b + 1 does not: **four traces** for an affine peak (two when 2 does not fit), one more per × 64
+    beyond 128 (the line is trusted up to 64 × the largest size that fits).
     Where the peak is not affine (a phase that takes over at a larger batch, a curved peak) the line
     misses: the search goes on from the probes made — by the line through the two largest sizes
-    that fit while none has failed (doubling while it does not rise), then between the largest that
-    fits and the smallest that does not, by their line, bisecting when the line would not halve the gap.
+    that fit while none has failed (× 8 while it does not rise, at most × 64); after a miss, by the line
+    through two sizes side by side that do not fit (exact where one phase holds the peak there);
+    last, between the largest that fits and the smallest that does not, by their line, bisecting
+    when the line would not halve the gap.
 
     >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6)
     >>> answer, [p.size for p in probes]
     (9, [1, 2, 9, 10])
-    >>> answer, probes = largest_fitting(lambda n: 10**9 + 10**4 * n, 8 * 10**10, limit=10**7)
+    >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 10**6, limit=10**7)
     >>> answer, [p.size for p in probes]
-    (7900000, [1, 2, 7900000, 7900001])
+    (99900, [1, 2, 128, 8192, 99900, 99901])
     >>> largest_fitting(lambda n: 10 * n, 5, limit=8)[0], largest_fitting(lambda n: n, 100, limit=8)[0]
     (None, 8)
     """
@@ -233,10 +238,10 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     low, previous, high = 1, None, None  # low fits; high (when known) does not; previous: the size that fit before low
     while high is None and low < limit:
         guess = None if previous is None else affine_answer(probes[previous], probes[low], budget_bytes)
-        if guess is None or guess < low:  # no line yet, or it does not rise (or low fits above it): double
-            size = 2 * low
-        else:  # the line's answer; when that is low itself, the one more that must not fit
-            size = max(guess, low + 1)
+        if guess is None or guess < low:  # 2 (the line's second size), or × 8 while the line does not rise (or low fits above it)
+            size = 2 * low if previous is None else 8 * low
+        else:  # the line's answer (at most GROWTH × low: a line from small sizes may miss by far); when that is low itself, one more
+            size = min(max(guess, low + 1), GROWTH * low)
         size = min(size, limit)
         previous = low
         if not fits(size):
@@ -248,6 +253,8 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
                 high = size + 1
                 break
             previous, low = size, size + 1
+    if high is not None:
+        low, high = _from_the_right(fits, probes, low, high, budget_bytes)
     steer = True  # by the line; after a step it narrowed by less than half, one bisection
     while high is not None and high - low > 1:
         gap = high - low
@@ -259,6 +266,36 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
             high = size
         steer = crossing is None or high - low <= gap // 2 or high - low == 1
     return low, list(probes.values())
+
+
+def _from_the_right(fits: Callable[[int], bool], probes: dict[int, FitProbe], low: int, high: int, budget_bytes: float) -> tuple[int, int]:
+    """Narrow ``low`` (fits) … ``high`` (does not) by the line through two sizes that do not fit, side
+    by side: where one phase's affine peak holds there, its answer ``c`` is exact, and a peak that is
+    the largest of affine phase peaks (convex) lies above that line, so ``c + 1`` does not fit — traced,
+    with ``c``. A few rounds (one per phase the line crosses); the caller bisects whatever is left."""
+    for _ in range(4):
+        if high - low <= 1:
+            break
+        if high + 1 not in probes:  # the line at high needs a second size that does not fit: the one below
+            if fits(high - 1):
+                return high - 1, high
+            high -= 1
+            if high - low <= 1:
+                break
+        answer = affine_answer(probes[high], probes[high + 1], budget_bytes)
+        if answer is None or answer >= high:  # flat, or not convex: bisection
+            break
+        answer = max(answer, low)
+        if answer + 1 < high:
+            if fits(answer + 1):  # above the line's answer yet within the budget: not convex
+                return answer + 1, high
+            high = answer + 1
+        if answer > low:
+            if fits(answer):
+                low = answer
+            else:
+                high = answer
+    return low, high
 
 
 def _check_size(name: str, value: object) -> None:
