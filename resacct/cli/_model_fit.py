@@ -11,6 +11,7 @@ model's arguments to that one command and runs the model's form.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from typing import Any
@@ -97,9 +98,12 @@ def run_model_fit(args: argparse.Namespace) -> int:
         with running_phase("importing torch and resacct's accounting"):
             from resacct.account.fit_search import MAX_BATCH, fit_step
         with user_output_to_stderr(getattr(args, "json", False)):  # what the user's model prints must not break --json
-            answer = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
-    fields = answer.to_dict()
-    return emit(args, fields, with_caveat(fields, _text(answer, args.units), board))
+            answer, target = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
+            gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
+            found = gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer) if gpu else None
+    fields = dict(answer.to_dict(), gpu=gpu.fit_gpu_fields(found) if gpu else None)
+    text = _text(answer, args.units) + ("".join("\n" + line for line in gpu.fit_gpu_lines(found, answer, lambda b: _bytes_text(b, args.units))) if gpu else "")
+    return emit(args, fields, with_caveat(fields, text, board))
 
 
 def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,
@@ -120,7 +124,7 @@ def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float,
     with running_phase(f"searching the largest {args.search} that fits (each probe the step on fake tensors)"):
         return fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,
                         device=board, recipe=recipe, optimizer=optimizer, micro_batches=args.grad_accum,
-                        max_batch=args.max_batch or max_batch, on_probe=on_probe)
+                        max_batch=args.max_batch or max_batch, on_probe=on_probe), target
 
 
 def _text(answer: Any, units: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
-from resacct.cli._units import add_units_flag
+from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.output import add_json_flag, emit, format_quantity, user_output_to_stderr
 from resacct.cli._account_table import DEFAULT_TABLE_COLUMNS, _render, render_account, table_width_columns  # noqa: F401 (the table, re-exported)
 from resacct.errors import ResacctError
@@ -130,7 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="N", help="split the batch into N accumulated micro-batches (default: 1)")
     parser.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
                         help="run for real on --device (default: only when a step is ≤ 2e10 FLOPs; otherwise the meta device)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where a measured step runs (default: cpu)")
+    parser.add_argument("--device", default="cpu", metavar="NAME", help="where a measured step runs, cpu or cuda (default: cpu); with --hf-config "
+                        "also a board (h100, a100-sxm-40gb …): its CUDA allocator's predicted allocated and reserved peaks")
     parser.add_argument("--no-time", action="store_true", help="skip timing the step")
     parser.add_argument("--accelerator", default=None, metavar="NAME", help="peak FLOP/s for MFU from the accelerator table, e.g. h100-sxm")
     parser.add_argument("--peak-tflops", type=count, default=None, metavar="X", help="peak for MFU in TFLOP/s (instead of --accelerator)")
@@ -181,7 +182,7 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
                                      ("--input-dtype", args.input_dtype),
                                      ("--loss", args.loss != "auto"), ("--attention", args.attention != "math"),
                                      ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
-                                     ("--measure", args.measure), ("--device cuda", args.device != "cpu"), ("--accelerator", args.accelerator),
+                                     ("--measure", args.measure), ("--device cuda", args.device == "cuda"), ("--accelerator", args.accelerator),
                                      ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
     if other:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
@@ -190,7 +191,9 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
-    return account, title, lambda: _render(account, per_module=args.per_module, title=title, units=args.units)
+    gpu = "" if args.device == "cpu" else importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
+        account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
+    return account, title, lambda: _render(account, per_module=args.per_module, title=title, units=args.units) + gpu  # --device h100: CUDA peaks
 
 
 def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
@@ -263,6 +266,8 @@ def run_account(args: argparse.Namespace) -> int:
     if args.input_dtype is not None and args.input_shape is None and args.hf_config is None and ":" in args.model:
         raise ResacctError(f"--input-dtype {args.input_dtype} applies to --input-shape's tensor; expected --input-shape N,N,… with it "
                            "(a factory's example input, input_ids and example_input() keep their own dtype)")
+    if args.device not in ("cpu", "cuda") and args.hf_config is None:
+        raise ResacctError(f"--device {args.device}: a board (no GPU here) answers for --hf-config only; expected cpu or cuda")
     from resacct.account.user_code import running_phase, showing_progress, stopping_after
 
     if args.timeline is not None:

@@ -1,0 +1,176 @@
+"""What a command answers for a GPU it does not have (``--device h100``): the CUDA caching
+allocator's predicted **allocated** and **reserved** peaks of the step, and what calibrates them.
+
+The step is the one the recipe runs (:func:`resacct.account.peak_recipes.recipe_step`: parameters
+in its dtype, master weights), traced on meta tensors with CUDA's kernel choices by
+:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`: sdpa takes flash attention for 16-bit
+inputs without a mask (the efficient kernel otherwise, as ``sdpa_kernel`` would on a Hopper or Ampere
+board), AdamW its foreach implementation. What it cannot predict it says in one line instead of a
+number: an autocast recipe (no CUDA autocast on meta tensors without a GPU), loss scaling.
+
+The calibration line names the committed record of the board (``docs/gpu/``), else "datasheet only".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from resacct.account.gpu.recorded import H100_RECORD
+from resacct.errors import ResacctError
+
+__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY"]
+
+# The boards a committed record calibrates, by the datasheet table's name, and what it verified.
+RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
+
+
+@dataclass(frozen=True)
+class GpuStepAnswer:
+    """Predicted CUDA peaks of one step on ``board`` (None with ``gap``: why there is no number)."""
+
+    board: str
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    attention: str | None
+    calibration: str
+    gap: str | None = None
+
+    def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
+        """The lines a command prints beside its answer."""
+        if self.gap is not None:
+            return [f"on {self.board} (CUDA caching allocator): no prediction — {self.gap}"]
+        assert self.allocated_bytes is not None and self.reserved_bytes is not None
+        return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
+                f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
+                f"  calibrated by: {self.calibration}"]
+
+    def note(self) -> str:
+        """One line for a command's notes (``--json``): the peaks in bytes, or the gap, and the calibration."""
+        if self.gap is not None:
+            return f"on {self.board}: no CUDA allocator prediction — {self.gap}"
+        return (f"on {self.board}: predicted CUDA allocated peak {self.allocated_bytes} B, reserved peak {self.reserved_bytes} B "
+                f"(attention {self.attention}); {self.calibration}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
+                "attention": self.attention, "calibration": self.calibration, "gap": self.gap}
+
+
+def calibration_text(board: Any) -> str:
+    """What calibrates the allocator model on ``board`` (an :class:`~resacct.facts.hardware.Accelerator`)."""
+    record = RECORDS_BY_FAMILY.get(board.name)
+    if record is None:
+        return f"allocator model of c10 CUDACachingAllocator; no record for this board ({board.name}): datasheet only"
+    return f"allocator model of c10 CUDACachingAllocator; verified against record {record[0]} ({record[1]})"
+
+
+def _attention_for(model: nn.Module, dtype_bits: int) -> str | None:
+    """The kernel sdpa picks on a recent NVIDIA board: flash for 16-bit, efficient for float32;
+    None for a model whose attention does not go through sdpa (eager)."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation not in (None, "sdpa"):
+        return None
+    return "flash" if dtype_bits == 16 else "efficient"
+
+
+def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], Any], *, recipe: Any, optimizer: str,
+                    board: Any) -> GpuStepAnswer:
+    """The CUDA allocated and reserved peaks of ``recipe``'s step of ``model`` on ``board`` (the
+    model on the meta device or the CPU; nothing allocated), or the one-line reason there is none."""
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.peak_recipes import recipe_step
+
+    calibration = calibration_text(board)
+    if recipe.uses_autocast:
+        return GpuStepAnswer(board.name, None, None, None, calibration,
+                             gap=f"recipe {recipe.alias or recipe.name} runs under torch.autocast, which meta tensors cannot run as CUDA would "
+                                 "(no CUDA autocast without a GPU); the peak above is the CPU kernels'")
+    try:
+        step = recipe_step(recipe, model, inputs, loss_fn, optimizer)
+    except ResacctError as error:
+        return GpuStepAnswer(board.name, None, None, None, calibration, gap=str(error))
+    bits = next((p.element_size() * 8 for p in step.model.parameters()), 32)
+    attention = _attention_for(step.model, bits)
+    try:
+        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
+    except ResacctError as error:
+        if attention != "flash" or "mask" not in str(error):
+            if "never called F.scaled_dot_product_attention" not in str(error):
+                raise
+            attention = None
+        else:
+            attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
+        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration)
+
+
+def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[float], str]) -> str:
+    """``resacct account --hf-config X --device BOARD``: the lines printed under the account (the
+    model rebuilt on meta, its step traced as CUDA runs it), the answer added to its notes (``--json``)."""
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.model_io import call_model, default_inputs, loss_of_output
+    from resacct.facts.hardware import get_accelerator
+
+    board = get_accelerator(device)
+    model = build_hf_model(load_hf_config(config), device="meta")
+    model.train()
+    inputs = default_inputs(model, batch=account.batch, seq=account.seq, device="meta")
+    answer = gpu_step_answer(model, inputs, lambda module, batch: loss_of_output(call_model(module, batch), "model"),
+                             recipe=account.recipe, optimizer=account.optimizer, board=board)
+    account.notes.append(answer.note())
+    return "\n" + "\n".join(answer.lines(bytes_text))
+
+
+def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6) -> dict[str, Any]:
+    """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
+    :class:`~resacct.account.fit_search.FitAnswer` of ``target``), judged by the **reserved** peak
+    against the budget — what a GPU runs out of. Where it does not fit, smaller sizes are traced
+    (the batch less one, a sequence an eighth shorter; at most ``max_traces``) until one does.
+    Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept), ``largest`` (the size whose reserved
+    peak fits; None: none found or no prediction) and ``traces``."""
+    from resacct.facts.dtypes import parse_dtype
+    from resacct.facts.recipes import get_recipe
+
+    chosen = get_recipe(recipe)
+    dtype = parse_dtype(chosen.parameter_dtype)
+    model = target.model if all(p.dtype == dtype for p in target.model.parameters()) else target.model.to(dtype)
+    loss_fn = target.loss_fn()
+    size, traces, gpu = answer.largest, 0, None
+    while size is not None and size >= 1 and traces < max_traces:
+        inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
+        gpu = gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board)
+        traces += 1
+        if gpu.reserved_bytes is None or gpu.reserved_bytes <= answer.budget_bytes:
+            return {"gpu": gpu, "largest": size if gpu.reserved_bytes is not None else None, "traces": traces, "size": size}
+        size = size - 1 if answer.searched == "batch" else min(size - 1, size * 7 // 8)
+    return {"gpu": gpu, "largest": None, "traces": traces, "size": size}
+
+
+def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[float], str]) -> list[str]:
+    """The lines ``resacct fit --device BOARD`` prints under its answer."""
+    gpu = found["gpu"]
+    if gpu is None:
+        return []
+    lines = gpu.lines(bytes_text)
+    lines[0] = f"  {answer.searched} {found['size']:,} " + lines[0]
+    if gpu.reserved_bytes is None:
+        return lines
+    if found["largest"] == answer.largest:
+        lines.append(f"  by the reserved peak: {answer.searched} {answer.largest:,} fits the {bytes_text(answer.budget_bytes)} budget "
+                     f"(headroom {bytes_text(answer.budget_bytes - gpu.reserved_bytes)})")
+    elif found["largest"] is not None:
+        lines.append(f"  by the reserved peak: the largest {answer.searched} that fits is {found['largest']:,}, not {answer.largest:,} "
+                     "(the caching allocator reserves more than the tensors hold)")
+    else:
+        lines.append(f"  by the reserved peak: none of the {found['traces']} sizes traced fits the budget")
+    return lines
+
+
+def fit_gpu_fields(found: dict[str, Any]) -> dict[str, Any] | None:
+    """``--json``'s ``gpu``: the CUDA answer and the reserved-peak fit."""
+    gpu = found["gpu"]
+    return None if gpu is None else {**gpu.to_dict(), "size": found["size"], "largest_by_reserved_peak": found["largest"], "traces": found["traces"]}
