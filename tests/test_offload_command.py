@@ -34,6 +34,7 @@ def test_docs_example_rows_in_gib(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fits_on_gpu_and_host(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, "offload", "--hf-config", "llama-2-70b", "--gpus-per-node", "8", "--nodes", "4", "--device", "h100",
                    "--host-memory-gb", "2048")
     assert fields["largest_layer_parameters"] == 32000 * 8192 and fields["device_memory_bytes"] == 80e9

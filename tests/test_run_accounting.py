@@ -111,6 +111,7 @@ def test_cli_device_hours_round_trip_through_the_printed_mfu(capsys) -> None:
 
 
 def test_cli_hf_config_moe_and_other_peaks(capsys) -> None:
+    pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, ["--hf-config", "mixtral-8x7b", "--tokens", "1T", "--devices", "8", "--mfu", "0.4"])
     assert (fields["parameters_total"], fields["parameters_active"]) == (46702792704, 12879925248)
     assert fields["model_flops_per_token"] == 6 * 12879925248
