@@ -30,10 +30,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest_load_initial_conftests (where jaxtyping installs its hook) has run by now.
-    from resacct.harness.pytest_settings import SEEN_CLAIM_IDS, hypothesis_profile_name
+    from resacct.harness.pytest_settings import SEEN_CLAIM_IDS, check_switch_variables, hypothesis_profile_name
     from resacct.harness.recorder import CLAIMS_RECORDER, RECORDER_PLUGIN_NAME, ClaimsRecorder
 
     hypothesis_profile_name()  # a bad RESACCT_HYPOTHESIS_PROFILE is a usage error up front
+    check_switch_variables()  # RESACCT_REQUIRE_TIMING=banana too
     config.stash[SEEN_CLAIM_IDS] = {}
     config.stash[CLAIMS_RECORDER] = recorder = ClaimsRecorder(config)
     config.pluginmanager.register(recorder, RECORDER_PLUGIN_NAME)

@@ -542,3 +542,18 @@ def test_help_keeps_the_words_of_the_markup(capsys):
     assert main(["lora", "--help"]) == 0
     text = capsys.readouterr().out
     assert "resacct lora: does LoRA (or QLoRA: --base nf4) fine-tuning" in text and "lora_saved_terms" in text
+
+
+@pytest.mark.parametrize("value", ["banana", "true"])
+def test_plain_pytest_refuses_a_switch_variable_other_than_0_or_1(pytester: pytest.Pytester, monkeypatch, value):
+    """The same switches under plain pytest (a host project, CI): a usage error naming the
+    variable, before any claim runs (it was taken as on, silently)."""
+    monkeypatch.setenv("RESACCT_REQUIRE_TIMING", value)
+    pytester.path.joinpath("one.claims.yaml").write_text(
+        "area: dtypes\nsource: test\nclaims:\n  - id: one\n    says: one.\n    measure: dtypes.element_size\n"
+        "    given: {dtype: float32}\n    law: 4\n", encoding="utf-8")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"RESACCT_REQUIRE_TIMING={value!r}: expected 1" in result.stderr.str()
+    monkeypatch.setenv("RESACCT_REQUIRE_TIMING", "0")
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q").ret == 0

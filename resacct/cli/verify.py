@@ -167,18 +167,13 @@ def _shown_statuses(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(args.status) or DEFAULT_STATUSES
 
 
-SWITCH_VARIABLES = {"RESACCT_REQUIRE_TIMING": "fails the timing claims this machine is too noisy to decide",
-                    "RESACCT_REQUIRE_GPU": "fails the GPU claims instead of skipping them without a GPU"}
-"""The environment switches of a verify run and what 1 does: each is 1, 0 or unset."""
-
-
 def _check_switch_variables() -> None:
-    """Refuse a switch set to anything but 1 or 0 (``RESACCT_REQUIRE_TIMING=banana`` was taken as on,
-    silently; ``=false`` would be too)."""
-    for variable, meaning in SWITCH_VARIABLES.items():
-        value = os.environ.get(variable)
-        if value is not None and value.strip() not in {"", "0", "1"}:
-            raise ResacctError(f"{variable}={value[:40]!r}: expected 1 (it {meaning}) or 0 (or unset)")
+    """Refuse a switch set to anything but 1 or 0, before pytest starts (exit 2, one line)."""
+    from resacct.harness.pytest_settings import switch_variable_problems
+
+    problems = switch_variable_problems()
+    if problems:
+        raise ResacctError("; ".join(problems))
 
 
 def run_verify(args: argparse.Namespace) -> int:

@@ -42,6 +42,29 @@ CLAIM_HYPOTHESIS_SETTINGS = {
 }
 
 
+SWITCH_VARIABLES = {"RESACCT_REQUIRE_TIMING": "fails the timing claims this machine is too noisy to decide",
+                    "RESACCT_REQUIRE_GPU": "fails the GPU claims instead of skipping them without a GPU"}
+"""The environment switches of a claims run and what 1 does: each is 1, 0 or unset."""
+
+
+def switch_variable_problems() -> list[str]:
+    """One message per switch set to anything but 1 or 0 (``RESACCT_REQUIRE_TIMING=banana`` was
+    taken as on, silently, by pytest and by verify; ``=false`` would be too)."""
+    problems = []
+    for variable, meaning in SWITCH_VARIABLES.items():
+        value = os.environ.get(variable)
+        if value is not None and value.strip() not in {"", "0", "1"}:
+            problems.append(f"{variable}={value[:40]!r}: expected 1 (it {meaning}) or 0 (or unset)")
+    return problems
+
+
+def check_switch_variables() -> None:
+    """A usage error (pytest exit 4, one line) for a switch that is neither 1 nor 0."""
+    problems = switch_variable_problems()
+    if problems:
+        raise pytest.UsageError("; ".join(problems))
+
+
 def hypothesis_profile_name() -> str:
     """Which claim settings apply: ``RESACCT_HYPOTHESIS_PROFILE`` (``dev`` or ``ci``) if set, else
     ``ci`` under CI (derandomised), else ``dev``."""
