@@ -68,6 +68,8 @@ class TrainingReport:
     activations: Quantity
     peak: Quantity
     account: Any
+    #: the whole step's peak (forward, backward, optimizer, zero_grad): predicted on fake tensors, measured by the CPU allocator
+    step_peak: Quantity = Quantity(None, None, "bytes")
 
     def render(self, *, per_module: bool = False, width: int | None = None) -> str:
         """The table ``resacct account`` prints for this step, ``width`` columns wide (default:
@@ -82,8 +84,9 @@ class TrainingReport:
 
     def __str__(self) -> str:
         lines = [f"{self.model}: {self.parameters:,} parameters, {self.recipe} with {self.optimizer}"]
-        for name in ("flops", "state", "state_between_steps", "activations", "peak"):
-            lines.append(f"  {name.replace('_', ' '):<20} {getattr(self, name)}")
+        for name in ("flops", "state", "state_between_steps", "activations", "peak", "step_peak"):
+            label = {"peak": "fwd+bwd peak", "step_peak": "step peak"}.get(name, name.replace("_", " "))
+            lines.append(f"  {label:<20} {getattr(self, name)}")
         return "\n".join(lines)
 
 
@@ -185,11 +188,21 @@ def _report(account: Any) -> TrainingReport:
     else:
         flops = Quantity(account.predicted_step_flops, account.flops.step_flops, "FLOPs")  # a Linear stack's or a transformers LM's formula
         activations = Quantity(account.predicted_saved_bytes, account.saved.activation_bytes, "bytes")
-        peak = Quantity(None, account.step_peak_bytes, "bytes")
+        peak = Quantity(account.predicted_forward_backward_peak_bytes, account.step_peak_bytes, "bytes")
         optimizer = account.optimizer
     return TrainingReport(
         model=account.model, parameters=account.parameters, recipe=account.recipe.name, optimizer=optimizer, flops=flops,
         state=Quantity(state.predicted_at_step_bytes, state.at_step_bytes, "bytes"),
         state_between_steps=Quantity(state.predicted_after_backward_bytes, state.after_backward_bytes, "bytes"),
-        activations=activations, peak=peak, account=account,
+        activations=activations, peak=peak, account=account, step_peak=_step_peak(account),
     )
+
+
+def _step_peak(account: Any) -> Quantity:
+    """The whole step's peak as the account has it (``to_dict()["step_peak"]``): predicted and, on the CPU, measured."""
+    peak = getattr(account, "step_peak", None)
+    if peak is None:
+        return Quantity(None, None, "bytes")
+    predicted = None if peak.predicted is None else peak.predicted.peak_bytes
+    return Quantity(predicted, None if peak.measured is None else peak.measured.peak_bytes, "bytes")
+

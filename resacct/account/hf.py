@@ -79,6 +79,8 @@ class HfAccount:
     step_gap: str | None = None
     #: the whole step's peak predicted on fake CPU tensors (:mod:`resacct.account.peak`); None on a raw model's account
     step_peak: Any = None
+    #: a raw model with frozen parameters: its :class:`~resacct.account.trainable.ParameterSplit` (the state is predicted from it)
+    frozen: Any = None
 
     @property
     def tokens(self) -> int:
@@ -199,6 +201,10 @@ def _predicted_state(a: HfAccount, moment: str) -> int | None:
     if a.architecture is None:
         return None
     arch = a.architecture
+    if a.frozen is not None:  # frozen parameters hold their weights only (resacct.account.trainable)
+        from resacct.account.trainable import predict_state_bytes
+
+        return predict_state_bytes(a.frozen, a.recipe, memory_optimizer_name(a.optimizer), moment)  # type: ignore[arg-type]
     return training_state_bytes(predict_parameters(arch), predict_parameter_tensors(arch), a.recipe, memory_optimizer_name(a.optimizer), moment)  # type: ignore[arg-type]
 
 
@@ -222,6 +228,22 @@ def _activation_rows(a: HfAccount) -> list[Row]:
             "RoPE's cos/sin, shared, counted here" if a.architecture is not None and a.architecture.family != "gpt2" else ""),
         Row("activations", "saved weights (parameters, not activations)", None, a.saved.parameter_bytes, "bytes", "no extra memory"),
     ]
+
+
+def moe_basis(config: Any, tokens: int) -> str | None:
+    """The routing a mixture of experts was traced under (:mod:`resacct.account.moe_routing`); None for a dense model."""
+    from resacct.account.meta_facts import EXPERT_COUNT_KEYS
+    from resacct.account.moe_routing import routing_basis
+
+    text = getattr(config, "get_text_config", lambda: config)()
+    experts = next((getattr(text, key) for key in EXPERT_COUNT_KEYS if getattr(text, key, None)), 0)
+    per_token = getattr(text, "num_experts_per_tok", 0) or 0
+    if not experts or not per_token:
+        return None
+    if getattr(text, "model_type", "") == "mixtral":
+        return (f"routing: transformers' batched_mm experts (each of {tokens} tokens runs its {per_token} of {experts} experts; the saved tensors "
+                "include a copy of the expert weights per token–expert pair, as resacct's Mixtral formulas model)")
+    return routing_basis(experts=experts, per_token=per_token, tokens=tokens)
 
 
 def checkpoint_bytes_predicted(parameters: int, parameter_tensors: int, recipe: str | Recipe, optimizer: str) -> tuple[int, int]:
@@ -281,6 +303,9 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     notes = [f"{spec.name}: {spec.source}", "built on the meta device: shapes, storages and FlopCounterMode, no arithmetic and no memory"]
     if architecture is None:
         notes.append(f"resacct has no formula for model_type {spec.model_type!r} (it has: gpt2, llama, mistral, mixtral): measured only")
+    basis = moe_basis(model.config, batch * length)
+    if basis is not None:
+        notes.append(basis)
     from resacct.account.peak import account_model_step_peak
 
     step_peak = account_model_step_peak(model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False)

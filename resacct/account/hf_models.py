@@ -21,7 +21,7 @@ from typing import Any
 from resacct.errors import ResacctError, UnknownNameError
 
 __all__ = ["HfConfigSpec", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
-           "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
+           "causal_lm_from_config", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[1] / "hf_configs" / "known.yaml"
 
@@ -202,9 +202,12 @@ def transformers_config(spec: HfConfigSpec) -> Any:
 
 def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str = "sdpa") -> Any:
     """The causal LM of ``spec`` built on ``device`` (meta: shapes, no memory), attention by
-    ``F.scaled_dot_product_attention`` (``attention="eager"``: transformers' own matmuls). A mixture of experts uses transformers' ``batched_mm``
+    ``F.scaled_dot_product_attention`` (``attention="eager"``: transformers' own matmuls; an
+    architecture transformers gives no sdpa — Gemma-2, BLOOM — gets eager). Mixtral uses transformers' ``batched_mm``
     experts, which route without data-dependent shapes (the default loops over the experts a
-    batch hits, which the meta device cannot tell); its FLOPs are the same k experts per token.
+    batch hits, which the meta device cannot tell) and which resacct's Mixtral formulas model.
+    Any other mixture of experts follows :mod:`resacct.account.moe_routing`'s dropless routing (a
+    grouped matmul per expert over its tokens: no per-token copy of the expert weights).
     Anything transformers raises while building it is one line naming the config and the reason."""
     import torch
 
@@ -212,13 +215,31 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str =
 
     if problem := transformers_unusable():  # its configs work under an older torch, its models do not
         raise ResacctError(f"{_label(spec)}: {problem}")
-    transformers = require_transformers()
     config = transformers_config(spec)
-    extra = {"experts_implementation": "batched_mm"} if getattr(config, "num_local_experts", None) else {}
     with torch.device(device):
         try:
-            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **extra)
+            return causal_lm_from_config(config, attention=attention)
         except ValueError as error:
             raise ResacctError(f"{_label(spec)}: transformers has no causal LM for it ({str(error).splitlines()[0]})") from None
         except Exception as error:  # a hostile config can break model construction anywhere (a bogus rope type: KeyError)
             raise ResacctError(f"{_label(spec)}: transformers cannot build a model from it ({_reason(error)})") from None
+
+
+def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any) -> Any:
+    """transformers' causal LM of ``config`` (on the current device): ``attention`` (sdpa falls back
+    to eager where transformers has none: Gemma-2, BLOOM); Mixtral's experts ``batched_mm`` (resacct's
+    closed forms model it), any other mixture of experts :mod:`resacct.account.moe_routing`'s dropless routing."""
+    transformers = require_transformers()
+    extra: dict[str, Any] = dict(kwargs)
+    if config.model_type == "mixtral":
+        extra["experts_implementation"] = "batched_mm"
+    elif any(getattr(config, key, None) for key in ("num_local_experts", "num_experts", "n_routed_experts")):
+        from resacct.account.moe_routing import register_dropless_experts
+
+        extra["experts_implementation"] = register_dropless_experts()  # dropless routing, as training holds it
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **extra)
+    except ValueError as error:  # an architecture without sdpa: transformers' own matmuls
+        if attention != "sdpa" or "scaled_dot_product_attention" not in str(error):
+            raise
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra)

@@ -65,6 +65,18 @@ class ModelAccount:
             return None if terms is None else sum(term.bytes for term in terms)
         return None if self.predicted is None else self.predicted.saved_bytes
 
+    @property
+    def predicted_forward_backward_peak_bytes(self) -> int | None:
+        """The forward + backward peak above what the step starts with (parameters, inputs, optimizer
+        state), read off the predicted step: the higher of its forward and backward peaks less its start.
+        Only where the measured figure (:attr:`step_peak_bytes`) runs the same step: the recipe keeps
+        the model in float32 (fp32); None elsewhere."""
+        peak, recipe = self.step_peak, self.recipe
+        if peak is None or peak.predicted is None or recipe.parameter_dtype != "float32" or recipe.compute_dtype or recipe.master_dtype:
+            return None
+        timeline = peak.predicted.timeline
+        return max(timeline.peak_of_phase("forward"), timeline.peak_of_phase("backward")) - timeline.start_bytes
+
     def rows(self) -> list[Row]:
         """(section, quantity, predicted, measured, unit, note) rows; predicted None → "—"."""
         return ((self._formula_rows() if self.hf is None else self.hf.rows()) + self._peak_rows()
@@ -100,7 +112,8 @@ class ModelAccount:
             rows.append(Row("peak", f"{optimizer_display_name(self.optimizer)} step transient (foreach)", self.predicted_optimizer_transient_bytes,
                             self.optimizer_transient.peak_bytes, "bytes", "allocator, above the state"))
         if self.step_peak_bytes is not None:
-            rows.append(Row("peak", "forward + backward peak", None, self.step_peak_bytes, "bytes", "allocator, above params"))
+            rows.append(Row("peak", "forward + backward peak", self.predicted_forward_backward_peak_bytes, self.step_peak_bytes, "bytes",
+                            "allocator, above params" + ("" if self.predicted_forward_backward_peak_bytes is None else "; predicted: the step peak's")))
         return rows
 
     def per_module_rows(self) -> list[ModuleRow]:

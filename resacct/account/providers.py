@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from resacct.account.hf import HfAccount
+from resacct.account.trainable import parameter_split
 from resacct.account.model_io import StepInputs, main_input
 from resacct.account.step_measurements import StepFlopTrace, TrainingStateMeasurement
 from resacct.account.untraced import UnmeasuredState, UnrecordedActivations, UntracedFlops
@@ -202,6 +203,7 @@ def hf_raw_account(
         saved=saved, checkpoint_weights_bytes=checkpoint_weights_bytes, device=device,
         attention=str(getattr(model.config, "_attn_implementation", None) or "eager"),
         step_gap=_step_gap(model, inputs, loss, recipe, architecture.experts),
+        frozen=parameter_split(model) if any(not p.requires_grad for p in model.parameters()) else None,
     )
     return account, (f"predicted by resacct's {architecture.family} formulas from {class_name}'s config (model_type {model_type}), "
                      "as --hf-config predicts it (resacct.formulas.hf_formulas, resacct.formulas.hf_activation_formulas)")

@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 from resacct.account.module_flops import in_tree_order, inclusive_by_module, module_flop_counter, module_flops
+from resacct.account.moe_routing import grouped_mm_flop_mapping
 from resacct.account.optimizers import build_optimizer, memory_optimizer_name
+from resacct.account.trainable import predict_state_bytes, trainable_parameters
 from resacct.measurement.activations import AllocationTrace, SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
 from resacct.errors import ResacctError
@@ -32,7 +34,7 @@ from resacct.formulas.attention_flops import FusedAttentionCount
 from resacct.formulas.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.measurement.flop_tracing import flop_warnings
 from resacct.training.gpt import parameter_count
-from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe, training_state_bytes
+from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe
 
 __all__ = [
     "AUTO_MEASURE_MAX_STEP_FLOPS",
@@ -106,7 +108,7 @@ class _StepFlopTracer:
 
     def __init__(self, model: nn.Module, fill_tracer_gaps: bool) -> None:
         self.attention = FusedAttentionCount()
-        mapping = self.attention.custom_mapping() if fill_tracer_gaps else {}
+        mapping = {**self.attention.custom_mapping(), **grouped_mm_flop_mapping()} if fill_tracer_gaps else {}
         self.filled = frozenset({str(op) for op in mapping} | {str(getattr(op, "overloadpacket", op)) for op in mapping})
         self.counter = module_flop_counter(model, mapping)
         self.ops = DispatchedOps()
@@ -206,8 +208,9 @@ class _RecipeTraining:
         if not self.params:
             raise ResacctError(f"the model {type(model).__name__} has no parameters; expected a model with something to train")
         self.device_type = self.params[0].device.type
-        self.master = [nn.Parameter(p.detach().to(parse_dtype(recipe.master_dtype))) for p in self.params] if recipe.master_dtype else []
-        self.optimizer = build_optimizer(optimizer, self.master or self.params)
+        self.trainable = trainable_parameters(self.work)  # a frozen parameter (requires_grad=False) gets no gradient, master or state
+        self.master = [nn.Parameter(p.detach().to(parse_dtype(recipe.master_dtype))) for p in self.trainable] if recipe.master_dtype else []
+        self.optimizer = build_optimizer(optimizer, self.master or self.trainable)
         self.state_part = "optimizer moments" if optimizer in ("adam", "adamw") else "optimizer state"
 
     def loss(self, loss_fn: Callable[[nn.Module], torch.Tensor]) -> torch.Tensor:
@@ -215,7 +218,7 @@ class _RecipeTraining:
             return loss_fn(self.work)
 
     def hand_gradients_to_master(self) -> None:
-        for master_param, param in zip(self.master, self.params):
+        for master_param, param in zip(self.master, self.trainable):
             master_param.grad = param.grad.to(master_param.dtype)
             if self.recipe.frees_model_gradients:
                 param.grad = None
@@ -224,7 +227,7 @@ class _RecipeTraining:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
-            for master_param, param in zip(self.master, self.params):
+            for master_param, param in zip(self.master, self.trainable):
                 param.copy_(master_param)
         self.work.zero_grad(set_to_none=True)
 
@@ -250,8 +253,8 @@ class _RecipeTraining:
             after_backward_bytes=after_backward,
             at_step_bytes=sum(at_step.values()),
             parts_bytes={name: value for name, value in at_step.items() if value},
-            predicted_after_backward_bytes=training_state_bytes(numbers, tensors, self.recipe, memory_name, "after_backward"),
-            predicted_at_step_bytes=training_state_bytes(numbers, tensors, self.recipe, memory_name, "at_step"),
+            predicted_after_backward_bytes=predict_state_bytes(self.work, self.recipe, memory_name, "after_backward"),
+            predicted_at_step_bytes=predict_state_bytes(self.work, self.recipe, memory_name, "at_step"),
         )
 
 

@@ -21,7 +21,8 @@ from torch import nn
 
 from resacct.account.optimizers import memory_optimizer_name
 from resacct.measurement.flop_tracing import UncountedOp
-from resacct.measurement.memory import StateRecipe, training_state_bytes
+from resacct.account.trainable import predict_state_bytes
+from resacct.measurement.memory import StateRecipe
 from resacct.training.models import count_parameter_tensors, count_parameters
 
 __all__ = ["UntracedFlops", "UnmeasuredState", "UnrecordedActivations", "unmeasured_state"]
@@ -80,8 +81,8 @@ def unmeasured_state(model: nn.Module, recipe: StateRecipe, optimizer: str) -> U
     memory_name = memory_optimizer_name(optimizer)
     return UnmeasuredState(
         recipe=recipe, optimizer=optimizer, parameters=numbers, parameter_tensors=tensors,
-        predicted_after_backward_bytes=training_state_bytes(numbers, tensors, recipe, memory_name, "after_backward"),
-        predicted_at_step_bytes=training_state_bytes(numbers, tensors, recipe, memory_name, "at_step"),
+        predicted_after_backward_bytes=predict_state_bytes(model, recipe, memory_name, "after_backward"),
+        predicted_at_step_bytes=predict_state_bytes(model, recipe, memory_name, "at_step"),
     )
 
 

@@ -10,7 +10,7 @@ from resacct.cli.arguments import gigabytes, positive_int, reserve_gigabytes
 from resacct.errors import ResacctError
 
 __all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "model_source", "parse_input_shape", "add_device_arguments",
-           "model_architecture", "device_memory_bytes"]
+           "model_architecture", "model_config", "device_memory_bytes"]
 
 
 def shipped_hf_config_names() -> list[str]:
@@ -112,6 +112,32 @@ def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
         raise ResacctError(f"--hidden {args.hidden} is not divisible by --heads {heads}; give --head-dim")
     return "a custom model", HfArchitecture(family="llama", vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=heads,
                                             kv_heads=args.kv_heads or heads, head_dim=head_dim, mlp=args.mlp, positions=0)
+
+
+def model_config(args: argparse.Namespace) -> tuple[str, Any, Any]:
+    """The model's name, its :class:`HfArchitecture` where resacct has a family formula for it (None
+    otherwise: any other transformers ``model_type``), and its transformers config to build it from
+    (None for the shape flags — a napkin path that never imports torch — or without transformers)."""
+    if args.hf_config is None:  # the shape flags: the napkin path, formulas only (torch is never imported)
+        name, architecture = model_architecture(args)
+        return name, architecture, None
+    given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")
+             if getattr(args, name, None) is not None]
+    if given:
+        raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+    from resacct.account.hf_models import load_hf_config, transformers_config
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.formulas.hf_formulas import FAMILIES
+
+    spec = load_hf_config(args.hf_config)
+    architecture = architecture_from_values(spec.values) if spec.model_type in FAMILIES else None
+    try:
+        config = transformers_config(spec)
+    except ResacctError:
+        if architecture is None:
+            raise
+        config = None  # transformers missing: the family's formulas answer alone
+    return spec.name, architecture, config
 
 
 def device_memory_bytes(args: argparse.Namespace) -> tuple[Any, float | None]:

@@ -46,21 +46,28 @@ def _run_infer(args: argparse.Namespace) -> int:
     from resacct.formulas.kv_cache import KV_FORMAT_BYTES, WEIGHT_FORMAT_BITS, inference_memory
     from resacct.formulas.hf_formulas import predict_parameters
 
-    name, architecture = model_architecture(args)
-    context = args.context or architecture.positions
+    name, architecture, facts = _model(args)
+    shape = facts if facts is not None else architecture
+    context = args.context or shape.positions
     if not context:
         from resacct.errors import ResacctError
 
         raise ResacctError("give --context TOKENS (a custom model has no max_position_embeddings to default to)")
     board, memory_bytes = device_memory_bytes(args)
-    parameters = predict_parameters(architecture)
-    memory = inference_memory(parameters=parameters, layers=architecture.layers, kv_heads=architecture.kv_heads, head_dim=architecture.head_dim,
+    parameters = facts.parameters if facts is not None else predict_parameters(architecture)
+    traced_elements = None if facts is None else facts.kv_cache_elements_per_token(context)  # the model's own cache, one sequence of `context`
+    memory = inference_memory(parameters=parameters, layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                               batch=args.batch, context=context, weight_format=args.weights, kv_format=args.kv_format,
                               device_memory_bytes=memory_bytes if memory_bytes is not None else float("inf"),
-                              reserved_bytes=args.reserve_gb * 1e9)
+                              reserved_bytes=args.reserve_gb * 1e9, kv_cache_elements_per_token=traced_elements)
+    formula_per_token = None if architecture is None else 2 * architecture.layers * architecture.kv_heads * architecture.head_dim * KV_FORMAT_BYTES[memory.kv_format]
+    formula_parameters = None if architecture is None else predict_parameters(architecture)
     fields: dict[str, Any] = {
-        "model": name, "parameters": parameters, "layers": architecture.layers, "heads": architecture.heads, "kv_heads": architecture.kv_heads,
-        "head_dim": architecture.head_dim, "max_position_embeddings": architecture.positions or None, "batch": args.batch, "context": context,
+        "model": name, "parameters": parameters, "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim, "max_position_embeddings": shape.positions or None, "batch": args.batch, "context": context,
+        "basis": "the model built on the meta device (parameters; its own KV cache after a meta forward of the context)" if facts is not None
+                 else "resacct's closed forms (the shape flags)",
+        "formula_parameters": formula_parameters, "formula_kv_cache_bytes_per_token": formula_per_token,
         "weight_format": memory.weight_format, "weight_bits_per_parameter": WEIGHT_FORMAT_BITS[memory.weight_format],
         "kv_format": memory.kv_format, "kv_element_bytes": KV_FORMAT_BYTES[memory.kv_format],
         "weight_bytes": memory.weight_bytes, "kv_cache_bytes_per_token": memory.kv_cache_bytes_per_token, "kv_cache_bytes": memory.kv_cache_bytes,
@@ -72,13 +79,19 @@ def _run_infer(args: argparse.Namespace) -> int:
     }
     units = args.units
     where = f" on {board.name if board is not None else gigabytes_text(memory_bytes, units) + ' per device'}" if memory_bytes is not None else ""
+    if facts is None:
+        cache_how = (f"{memory.kv_cache_bytes_per_token:,} bytes a token: 2 × {shape.layers} layers × {shape.kv_heads} kv heads × "
+                     f"{shape.head_dim} × {KV_FORMAT_BYTES[memory.kv_format]} bytes")
+    else:
+        cache_how = (f"{memory.kv_cache_bytes_per_token:,.6g} bytes a token: {facts.model_class}'s own cache after a meta forward of {context} tokens"
+                     + ("" if formula_per_token is None else f"; formula 2·L·g·e·b = {formula_per_token:,}"))
     lines = [
-        f"{name}: {parameters:.4g} parameters, {architecture.layers} layers, {architecture.kv_heads} key/value heads × {architecture.head_dim} "
-        f"({architecture.heads} query heads) — batch {args.batch} × context {context}{where}",
+        f"{name}: {parameters:.4g} parameters" + ("" if facts is None else f" ({facts.model_class} built on meta"
+                                                  + ("" if formula_parameters is None else f"; formula {formula_parameters:.4g}") + ")")
+        + f", {shape.layers} layers, {shape.kv_heads} key/value heads × {shape.head_dim} "
+        f"({shape.heads} query heads) — batch {args.batch} × context {context}{where}",
         _row(f"weights ({memory.weight_format}, {WEIGHT_FORMAT_BITS[memory.weight_format]:.4g} bits/param)", memory.weight_bytes, units),
-        _row(f"KV cache ({memory.kv_format})", memory.kv_cache_bytes, units) + "  "
-        f"({memory.kv_cache_bytes_per_token:,} bytes a token: 2 × {architecture.layers} layers × {architecture.kv_heads} kv heads × "
-        f"{architecture.head_dim} × {KV_FORMAT_BYTES[memory.kv_format]} bytes)",
+        _row(f"KV cache ({memory.kv_format})", memory.kv_cache_bytes, units) + f"  ({cache_how})",
     ]
     total = _row("total", memory.total_bytes, units)
     if memory_bytes is None:
@@ -86,13 +99,35 @@ def _run_infer(args: argparse.Namespace) -> int:
     else:
         reserved = f" ({gigabytes_text(memory.reserved_bytes, units)} reserved)" if memory.reserved_bytes else ""
         lines.append(f"{total} of {gigabytes_text(memory_bytes, units)}{reserved} — {'fits' if memory.fits else 'does NOT fit'}")
-        beyond = (f" (beyond the config's {architecture.positions} positions)"
-                  if architecture.positions and memory.largest_context > architecture.positions else "")
+        beyond = (f" (beyond the config's {shape.positions} positions)"
+                  if shape.positions and memory.largest_context > shape.positions else "")
         lines += [f"  largest batch at context {context}: {memory.largest_batch}"
                   + ("" if memory.room_bytes > 0 else " (the weights alone do not fit)"),
                   f"  largest context at batch {args.batch}: {memory.largest_context} tokens{beyond}"]
     lines.append(f"  {_NOT_COUNTED}")
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _model(args: argparse.Namespace) -> tuple[str, Any, Any]:
+    """The name, resacct's family architecture (None: no closed form) and, with --hf-config, the model built on meta."""
+    if args.hf_config is None:
+        name, architecture = model_architecture(args)
+        return name, architecture, None
+    from resacct.account.meta_facts import meta_model_facts
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.formulas.hf_formulas import FAMILIES
+
+    from resacct.account.hf_models import load_hf_config
+
+    given = [f"--{key.replace('_', '-')}" for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab") if getattr(args, key, None) is not None]
+    if given:
+        from resacct.errors import ResacctError
+
+        raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+    facts = meta_model_facts(args.hf_config)
+
+    spec = load_hf_config(args.hf_config)
+    return facts.name, (architecture_from_values(spec.values) if spec.model_type in FAMILIES else None), facts
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
+from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
 from resacct.cli.output import add_json_flag, emit, with_caveat
@@ -37,8 +37,9 @@ def _targets(text: str) -> tuple[str, ...]:
     from resacct.formulas.lora import LORA_TARGETS
 
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    if not names or any(t not in (*LORA_TARGETS, "all-linear") for t in names):
-        raise argparse.ArgumentTypeError(f"{text!r}: LoRA targets are a comma-separated list of {', '.join(LORA_TARGETS)}, or all-linear")
+    if not names or any(not (t.isidentifier() or t == "all-linear") for t in names) or ("all-linear" in names and len(names) > 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: LoRA targets are a comma-separated list of module names ({', '.join(LORA_TARGETS)} "
+                                         "in a Llama; query_key_value in Falcon …), or all-linear")
     return names
 
 
@@ -101,26 +102,56 @@ def _activation_bytes_looped(architecture: Any, args: argparse.Namespace, batch:
 
 def _run_lora(args: argparse.Namespace) -> int:
     from resacct.formulas.hf_formulas import predict_step_flops
-    from resacct.formulas.lora import BASE_FORMAT_BITS, lora_step_flops, lora_training_memory
+    from resacct.formulas.lora import BASE_FORMAT_BITS, LORA_TARGETS, lora_step_flops, lora_training_memory
 
-    name, architecture = model_architecture(args)
+    name, architecture, config = model_config(args)
     board, memory_bytes = device_memory_bytes(args)
-    state = lora_training_memory(architecture, rank=args.rank, targets=args.targets, base_format=args.base)
-    dtype = {"fp32": "float32", "fp16": "float16"}.get(args.base, "bfloat16")
-    activations = _activation_bytes(architecture, args, args.batch, dtype)
-    per_sample = _activation_bytes(architecture, args, 1, dtype)
-    def step_flops(shallow: Any, part: str) -> int:
-        return getattr(lora_step_flops(shallow, rank=args.rank, targets=args.targets, batch=args.batch, seq=args.seq), part)
+    if args.targets is None:  # peft's default for the model type (q_proj, v_proj for Llama)
+        from resacct.account.lora_step import default_lora_targets
 
-    flops = argparse.Namespace(**{part: _over_layers(architecture, lambda shallow, part=part: step_flops(shallow, part))
-                                  for part in ("forward_flops", "backward_flops")})
-    flops.step_flops = flops.forward_flops + flops.backward_flops
-    full_flops = predict_step_flops(architecture, batch=args.batch, seq=args.seq).step_flops
-    total = state.state_bytes + activations
+        args.targets = default_lora_targets(config) if config is not None else ("q_proj", "v_proj")
+    formula = architecture is not None and architecture.family == "llama" and all(t in (*LORA_TARGETS, "all-linear") for t in args.targets)
+    traced, untraced = _trace(args, config)
+    if not formula and traced is None:
+        from resacct.errors import ResacctError
+
+        raise ResacctError(f"{name}: resacct's LoRA formulas cover Llama-shaped models with targets among {', '.join(LORA_TARGETS)}, "
+                           f"and the traced step is not available ({untraced}); expected one of them")
+    if traced is not None and "all-linear" not in args.targets and set(args.targets) - set(traced.targets):
+        from resacct.errors import ResacctError
+
+        missing = ", ".join(sorted(set(args.targets) - set(traced.targets)))
+        raise ResacctError(f"--targets {','.join(args.targets)}: {missing} is not a linear layer of {name}; LoRA targets are a comma-separated "
+                           f"list of its linear layers' names ({', '.join(_linear_names(config))}), or all-linear")
+    dtype = {"fp32": "float32", "fp16": "float16"}.get(args.base, "bfloat16")
+    if formula:
+        state: Any = lora_training_memory(architecture, rank=args.rank, targets=args.targets, base_format=args.base)
+        activations = _activation_bytes(architecture, args, args.batch, dtype)
+        per_sample = _activation_bytes(architecture, args, 1, dtype)
+
+        def step_flops(shallow: Any, part: str) -> int:
+            return getattr(lora_step_flops(shallow, rank=args.rank, targets=args.targets, batch=args.batch, seq=args.seq), part)
+
+        flops = argparse.Namespace(**{part: _over_layers(architecture, lambda shallow, part=part: step_flops(shallow, part))
+                                      for part in ("forward_flops", "backward_flops")})
+        flops.step_flops = flops.forward_flops + flops.backward_flops
+        full_flops: int | None = predict_step_flops(architecture, batch=args.batch, seq=args.seq).step_flops
+    else:  # any other model: the traced step's own figures
+        state, flops, full_flops = traced, traced, None
+        activations = traced.saved_activation_bytes
+        if activations is None:  # not recorded on meta: what the peak holds from the forward
+            activations = int(traced.peak.peak.bytes_by_kind.get("activations held from forward", 0))
+        per_sample = activations // args.batch
     reserved = args.reserve_gb * 1e9
+    peak = None if traced is None else traced.peak_bytes
+    total = state.state_bytes + activations if peak is None else peak
     fits = None if memory_bytes is None else total + reserved <= memory_bytes
     room = None if memory_bytes is None else memory_bytes - reserved - state.state_bytes
-    largest = None if room is None else _largest_batch(architecture, args, dtype, room, per_sample)
+    if peak is None:
+        largest = None if room is None else _largest_batch(architecture, args, dtype, room, per_sample)
+    else:  # the traced peak less what the step starts with grows with the batch: the estimate from this batch's slope
+        per_sequence = max(1, (peak - traced.start_bytes) / args.batch)
+        largest = None if memory_bytes is None else max(0, int((memory_bytes - reserved - traced.start_bytes) // per_sequence))
     targets = ", ".join(args.targets)
     fields: dict[str, Any] = {
         "model": name, "base_parameters": state.base_parameters, "base_format": args.base, "base_bits_per_parameter": BASE_FORMAT_BITS[args.base],
@@ -129,9 +160,14 @@ def _run_lora(args: argparse.Namespace) -> int:
         "base_bytes": state.base_bytes, "adapter_bytes": state.adapter_bytes, "gradient_bytes": state.gradient_bytes,
         "optimizer_state_bytes": state.optimizer_state_bytes, "training_state_bytes": state.state_bytes,
         "dropout": args.dropout, "activation_bytes": activations, "activation_bytes_per_sample": per_sample,
-        "activation_basis": "estimate" if args.gradient_checkpointing else "predicted",
+        "activation_basis": "estimate" if args.gradient_checkpointing and formula else ("predicted" if formula else
+                            "held from the forward at the traced peak" if traced.saved_activation_bytes is None else "traced on meta"),
         "forward_flops": flops.forward_flops, "backward_flops": flops.backward_flops, "step_flops": flops.step_flops,
-        "full_finetuning_step_flops": full_flops, "total_bytes": total,
+        "full_finetuning_step_flops": full_flops, "state_and_activation_bytes": state.state_bytes + activations,
+        "step_peak_bytes": peak, "step_peak_basis": "traced on fake CPU tensors (forward, backward, AdamW step, zero_grad)" if peak is not None else untraced,
+        "traced": None if traced is None else {"training_state_bytes": traced.state_bytes, "step_flops": traced.step_flops,
+                                                "adapter_parameters": traced.adapter_parameters, "adapted_modules": list(traced.targets)},
+        "total_bytes": total, "total_basis": "step peak" if peak is not None else "training state + activations",
         "device": board.name if board is not None else None, "device_memory_bytes": memory_bytes, "reserved_bytes": reserved,
         "headroom_bytes": None if memory_bytes is None else memory_bytes - reserved - total, "fits": fits, "largest_batch": largest,
     }
@@ -145,25 +181,64 @@ def _run_lora(args: argparse.Namespace) -> int:
         _row(f"adapters ({state.adapter_parameters:,} parameters, fp32)", state.adapter_bytes, units),
         _row("adapter gradients (fp32)", state.gradient_bytes, units),
         _row("AdamW state (2 moments + step counters)", state.optimizer_state_bytes, units),
-        _row("training state", state.state_bytes, units),
-        _row("activations (estimate)" if args.gradient_checkpointing else "activations (saved for backward)", activations, units)
-        + ("  (gradient checkpointing: layer inputs + one layer)" if args.gradient_checkpointing
+        _row("training state", state.state_bytes, units) + ("" if traced is None or not formula else
+                                                            f"  (traced model: {gigabytes_text(traced.state_bytes, units)})"),
+        _row("activations (estimate)" if args.gradient_checkpointing and formula else
+             ("activations (saved for backward)" if formula else "activations (held at the traced peak)" if traced.saved_activation_bytes is None
+              else "activations (saved, traced on meta)"), activations, units)
+        + ("  (gradient checkpointing: layer inputs + one layer)" if args.gradient_checkpointing and formula
            else f"  ({gigabytes_text(per_sample, units)} a sequence)"),
     ]
+    if peak is not None:
+        lines.append(_row("step peak (predicted: the traced step)", peak, units) + "  (forward, backward, AdamW step: temporaries included)")
     if memory_bytes is None:
-        lines.append(_row("total", total, units))
+        lines.append(_row("total" if peak is None else "total (the step peak)", total, units))
     else:
         headroom = memory_bytes - reserved - total
-        lines += [_row("total", total, units) + f" of {gigabytes_text(memory_bytes, units)}"
+        lines += [_row("total" if peak is None else "total (the step peak)", total, units) + f" of {gigabytes_text(memory_bytes, units)}"
                   + (f" ({gigabytes_text(reserved, units)} reserved)" if reserved else "")
                   + (f" — fits, {gigabytes_text(headroom, units)} to spare" if fits else f" — does NOT fit: {gigabytes_text(-headroom, units)} over"),
-                  f"  largest batch at seq {args.seq}: {largest}" + ("" if largest else _no_room(room, per_sample, units, args.gradient_checkpointing))]
-    lines.append(f"  FLOPs a step: {flops.step_flops:.4g} (forward {flops.forward_flops:.4g}, backward {flops.backward_flops:.4g}: "
-                 f"{flops.step_flops / full_flops:.2f}× full fine-tuning's {full_flops:.4g})"
+                  f"  largest batch at seq {args.seq}: {largest}" + ("" if peak is None else " (estimate: the peak's growth per sequence)")
+                  + ("" if largest else _no_room(room, per_sample, units, args.gradient_checkpointing))]
+    lines.append(f"  FLOPs a step: {flops.step_flops:.4g} (forward {flops.forward_flops:.4g}, backward {flops.backward_flops:.4g}"
+                 + ("" if full_flops is None else f": {flops.step_flops / full_flops:.2f}× full fine-tuning's {full_flops:.4g}") + ")"
+                 + ("" if formula else ": FlopCounterMode on the traced step")
                  + ("; checkpointing runs the layers' forward once more" if args.gradient_checkpointing else ""))
-    lines.append("  not counted: temporaries, the allocator's fragmentation, the CUDA context"
+    lines.append("  not counted: " + ("temporaries (the step is not traced: " + str(untraced) + "), " if peak is None else "")
+                 + "the allocator's fragmentation, the CUDA context"
                  + ("; activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured)" if args.base == "nf4" else ""))
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _linear_names(config: Any) -> list[str]:
+    """The names of the linear layers of ``config``'s model (built on meta), the LM head left out."""
+    import torch
+
+    from resacct.account.lora_step import build_lora_model
+
+    model = build_lora_model(config, rank=1, targets=("all-linear",), base="bf16")
+    return sorted({name.split(".")[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")} - {"lm_head"}
+                  or {name.split(".")[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+
+
+def _trace(args: argparse.Namespace, config: Any) -> tuple[Any, str | None]:
+    """The LoRA step traced (:func:`resacct.account.lora_step.trace_lora_step`), or None and why not."""
+    from resacct.account.lora_step import TRACED_BASES, trace_lora_step
+    from resacct.errors import ResacctError
+
+    if args.base not in TRACED_BASES:
+        return None, "NF4's bitsandbytes kernels do not run on fake tensors"
+    if config is None:
+        return None, ("the model is given by its shape: give --hf-config NAME or a config.json to trace the step" if args.hf_config is None
+                      else "transformers is not installed")
+    try:
+        return trace_lora_step(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
+                               dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing), None
+    except ResacctError as error:
+        return None, str(error)
+    except Exception as error:  # peft refuses targets the model has not, or the model cannot run on fake tensors
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        return None, f"the step could not be traced ({type(error).__name__}: {first})"
 
 
 def _largest_batch(architecture: Any, args: argparse.Namespace, dtype: str, room: float, per_sample: int) -> int:
@@ -194,8 +269,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__, epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
     parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank r (default: 16)")
-    parser.add_argument("--targets", type=_targets, default=("q_proj", "v_proj"), metavar="NAMES",
-                        help="comma-separated linear layers to adapt (default: q_proj,v_proj, peft's default for Llama), or all-linear")
+    parser.add_argument("--targets", type=_targets, default=None, metavar="NAMES",
+                        help="comma-separated linear layers to adapt, or all-linear (default: peft's for the model type: q_proj,v_proj for "
+                             "Llama, query_key_value for Falcon/BLOOM/GPT-NeoX; all-linear where peft has none)")
     parser.add_argument("--base", type=_base, default="bf16", metavar="FORMAT", help="frozen base format: bf16 (default), fp16, fp32, nf4 (QLoRA)")
     parser.add_argument("--dropout", type=_dropout, default=0.0, metavar="P",
                         help="LoRA dropout (peft's lora_dropout; default: 0): a mask and a copy per adapter input")

@@ -91,10 +91,19 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
         given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab") if getattr(args, name) is not None]
         if given:
             raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the shape by one of them, not both")
-        architecture = architecture_from_values(load_hf_config(args.hf_config).values)
-        args.layers, args.hidden, args.heads, args.kv_heads = architecture.layers, architecture.hidden, architecture.heads, architecture.kv_heads
-        args.seq = args.seq or architecture.positions
-        return (args.params if args.params is not None else float(predict_parameters(architecture))), architecture
+        from resacct.account.meta_facts import meta_model_facts
+        from resacct.formulas.hf_formulas import FAMILIES
+
+        spec = load_hf_config(args.hf_config)
+        facts = meta_model_facts(args.hf_config)  # the model built on meta: any model_type transformers builds
+        architecture = architecture_from_values(spec.values) if spec.model_type in FAMILIES else None  # the closed form, where a family has one
+        args.layers, args.hidden, args.heads, args.kv_heads = facts.layers, facts.hidden, facts.heads, facts.kv_heads
+        args.seq = args.seq or facts.positions
+        if architecture is not None and predict_parameters(architecture) != facts.parameters:
+            raise ResacctError(f"{args.hf_config}: the closed form counts {predict_parameters(architecture):,} parameters, the model built on meta "
+                               f"{facts.parameters:,}; expected them equal (a config key resacct's formula does not read?)")
+        args.traced_model = facts.model_class
+        return (args.params if args.params is not None else float(facts.parameters)), architecture
     missing = [f"--{name}" for name in ("layers", "hidden", "heads", "seq") if getattr(args, name) is None]
     if missing:
         raise ResacctError(f"give --hf-config NAME, or {', '.join(missing)}")
@@ -133,6 +142,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     breakdown = None if architecture is None else parameter_breakdown(architecture)
     fields = {
         "parameters": parameters, "hf_config": args.hf_config,
+        "parameters_basis": (f"{args.traced_model} built on the meta device" + ("" if architecture is None else "; equal to resacct's closed form")
+                             if getattr(args, "traced_model", None) else "the shape flags"),
         "parameter_breakdown": None if breakdown is None else breakdown.to_dict(),
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads or args.heads, "seq": args.seq,
         "micro_batch": args.micro_batch,

@@ -42,13 +42,11 @@ def _model(args: argparse.Namespace) -> tuple[float, float, int | None, int | No
     if args.hf_config is not None:
         if args.params is not None or args.active_params is not None:
             raise ResacctError("give --hf-config NAME or --params (with --active-params), not both")
-        from resacct.formulas.run_accounting import run_model_from_hf_values
-        from resacct.account.hf_models import load_hf_config
+        from resacct.account.meta_facts import meta_model_facts
 
-        spec = load_hf_config(args.hf_config)
-        model = run_model_from_hf_values(spec.values, spec.source)
-        return (float(model.total_parameters), float(model.active_parameters), layers or model.layers,
-                width or model.attention_width, f"--hf-config {args.hf_config} ({spec.source})")
+        facts = meta_model_facts(args.hf_config)  # the model built on meta: any model_type transformers builds
+        return (float(facts.parameters), float(facts.active_parameters), layers or facts.layers,
+                width or facts.attention_width, f"--hf-config {args.hf_config} ({facts.source}; {facts.model_class} built on the meta device)")
     if args.params is None:
         raise ResacctError("give --params N (total parameters; --active-params for a mixture of experts) or --hf-config NAME")
     active = args.active_params if args.active_params is not None else args.params
@@ -240,7 +238,32 @@ def _run(args: argparse.Namespace) -> int:
         raise ResacctError(f"{flag} makes this run's rates larger than a float holds (above 1.8e308: an MFU, a FLOP rate, "
                            "the wall clock); expected a rate or a time a cluster could reach") from None
     fields.update(energy_fields(run.device_hours, board, args, flag))
-    return emit(args, fields, _peak_caveat(fields, _text(fields), board, dtype))
+    text = _text(fields)
+    if args.hf_config is not None:
+        fields["traced"] = _traced_model(args)
+        text += "\n" + _traced_lines(fields["traced"], fields)
+    return emit(args, fields, _peak_caveat(fields, text, board, dtype))
+
+
+def _traced_model(args: argparse.Namespace) -> dict[str, Any]:
+    """The --hf-config model as the meta trace counts it, beside resacct's closed forms for its family (None: no family formula)."""
+    from resacct.account.meta_facts import meta_model_facts
+
+    facts = meta_model_facts(args.hf_config)
+    seq = args.seq or min(facts.positions or 2048, 2048)
+    trace = facts.step_flops(seq=seq)
+    return {"model_class": facts.model_class, "parameters": facts.parameters, "active_parameters": facts.active_parameters,
+            "formula_parameters": facts.formula_parameters, "formula_active_parameters": facts.formula_active_parameters,
+            "seq": seq, "step_flops_per_token": trace.step_flops / seq,
+            "step_flops_per_token_basis": "FlopCounterMode over a forward and backward of one sequence on the meta device (matmuls, attention included)"}
+
+
+def _traced_lines(traced: dict[str, Any], fields: dict[str, Any]) -> str:
+    formula = ("" if traced["formula_parameters"] is None else
+               f"; closed form {traced['formula_parameters']:.6g} total, {traced['formula_active_parameters']:.6g} active")
+    return (f"  traced ({traced['model_class']} on meta): {traced['parameters']:.6g} parameters, {traced['active_parameters']:.6g} active per token"
+            f"{formula}\n  traced FLOPs per token (forward + backward, one sequence of {traced['seq']}): {traced['step_flops_per_token']:.4g} "
+            f"({traced['step_flops_per_token'] / fields['model_flops_per_token']:.3f}× the {fields['flop_convention']} figure)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

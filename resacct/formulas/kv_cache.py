@@ -98,13 +98,13 @@ class InferenceMemory:
     batch: int
     context: int
     weight_bytes: float
-    kv_cache_bytes_per_token: int
+    kv_cache_bytes_per_token: float  # whole for 2·L·g·e·bytes; a model's own cache past a sliding window averages
     device_memory_bytes: float
     reserved_bytes: float
 
     @property
     def kv_cache_bytes(self) -> int:
-        return self.batch * self.context * self.kv_cache_bytes_per_token
+        return round(self.batch * self.context * self.kv_cache_bytes_per_token)
 
     @property
     def total_bytes(self) -> float:
@@ -131,14 +131,22 @@ class InferenceMemory:
 
 
 def inference_memory(*, parameters: float, layers: int, kv_heads: int, head_dim: int, batch: int, context: int, weight_format: str = "bf16",
-                     kv_format: str = "bf16", device_memory_bytes: float = math.inf, reserved_bytes: float = 0.0) -> InferenceMemory:
-    """Weights in ``weight_format`` plus the KV cache of ``batch`` × ``context`` tokens in ``kv_format``."""
+                     kv_format: str = "bf16", device_memory_bytes: float = math.inf, reserved_bytes: float = 0.0,
+                     kv_cache_elements_per_token: float | None = None) -> InferenceMemory:
+    """Weights in ``weight_format`` plus the KV cache of ``batch`` × ``context`` tokens in ``kv_format``.
+    ``kv_cache_elements_per_token``: the cache's elements per token as the model itself keeps them
+    (:mod:`resacct.account.meta_facts`: sliding windows, DeepSeek's latent cache) instead of 2·layers·kv_heads·head_dim."""
     kv = _format("KV-cache format", kv_format, KV_FORMAT_BYTES)
     if not device_memory_bytes > 0:
         raise ResacctError(f"device memory {device_memory_bytes!r} bytes: expected a number > 0")
     if not (math.isfinite(reserved_bytes) and reserved_bytes >= 0):
         raise ResacctError(f"reserved memory {reserved_bytes!r} bytes: expected 0 or more")
-    per_token = kv_cache_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, element_bytes=KV_FORMAT_BYTES[kv])
+    if kv_cache_elements_per_token is not None:
+        if not (math.isfinite(kv_cache_elements_per_token) and kv_cache_elements_per_token > 0):
+            raise ResacctError(f"KV-cache elements per token {kv_cache_elements_per_token!r}: expected a number > 0")
+        per_token: float = kv_cache_elements_per_token * KV_FORMAT_BYTES[kv]
+    else:
+        per_token = kv_cache_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, element_bytes=KV_FORMAT_BYTES[kv])
     return InferenceMemory(parameters=float(parameters), weight_format=_format("weight format", weight_format, WEIGHT_FORMAT_BITS), kv_format=kv,
                            batch=_whole("batch", batch), context=_whole("context", context), weight_bytes=weight_bytes(parameters, weight_format),
                            kv_cache_bytes_per_token=per_token, device_memory_bytes=float(device_memory_bytes), reserved_bytes=float(reserved_bytes))
