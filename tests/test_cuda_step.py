@@ -59,7 +59,12 @@ def test_unrounded_bytes_equal_the_cpu_engine_less_what_cuda_keeps_on_the_cpu() 
 def test_flash_attention_is_cudas_kernel_and_keeps_no_scores() -> None:
     config = get_gpt_config("gpt-tiny")
     math = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss)
-    flash = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss, attention="flash")
+    try:
+        flash = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss, attention="flash")
+    except ResacctError as error:  # torch 2.4: no meta kernel for the flash kernel; refused in one line naming the version
+        if "cannot trace CUDA's flash attention kernel on meta tensors" not in str(error):
+            raise
+        pytest.skip(str(error))
     scores = 8 * config.n_heads * 128 * 128 * 4  # one layer's float32 attention probabilities
     assert math.peak_allocated_bytes - flash.peak_allocated_bytes >= config.n_layers * scores
     with pytest.raises(ResacctError, match="never called F.scaled_dot_product_attention"):

@@ -98,7 +98,13 @@ class _CudaAttention(TorchFunctionMode):
         if self.kernel == "flash":
             if mask is not None:
                 raise ResacctError("attention='flash' with an attention mask: CUDA's flash kernel takes none; expected attention='efficient' or None")
-            return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+            try:
+                return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+            except NotImplementedError as error:  # torch 2.4 registers no meta kernel for it
+                if query.device.type != "meta":
+                    raise
+                raise ResacctError(f"torch {torch.__version__} cannot trace CUDA's flash attention kernel on meta tensors "
+                                   f"({str(error).splitlines()[0][:120]}); expected a torch with its meta kernel (2.8 has it)") from None
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout, causal, scale=scale)[0]
 
