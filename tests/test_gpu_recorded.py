@@ -111,3 +111,27 @@ def test_reports_name_the_record_beside_a_recorded_claim() -> None:
     assert evidence_summary(document["claims"])["total"]["recorded"] == 1
     summary = render_summary(document)
     assert "1 recorded on a GPU" in summary and "r recorded" in summary and "recorded 512" in summary
+
+
+def test_step_time_is_calibrated_on_one_step_and_blind_to_the_judged_ones_time(tmp_path: Path) -> None:
+    from resacct.account.gpu.step_time import BoardRates, OpCost, calibrate_overhead, predict_step_seconds
+    from resacct.checks.gpu_recorded import step_time
+
+    ops = [OpCost("mm", 2 * 10**12, 10**6), OpCost("add", 0, 2 * 10**9)]
+    prediction = predict_step_seconds(ops, BoardRates(10**12, 10**12, 0.001, ""))
+    assert (prediction.gpu_sec, prediction.host_sec, prediction.step_sec, prediction.bound) == (2.002, 0.002, 2.002, "GPU (roofline per op)")
+    with pytest.raises(ResacctError, match="not host-bound"):
+        calibrate_overhead(ops, 10.0, 10**12, 10**12)
+    assert calibrate_overhead(ops, 100.0, 10**12, 10**12) == 50.0
+    with pytest.raises(ResacctError, match="is the step judged"):
+        step_time(H100_RECORD, "gpt-tiny", step="gpt-tiny")
+    committed = step_time(H100_RECORD, "gpt-tiny", step="gpt-small-cpu")
+
+    def slower(record: dict) -> None:
+        record["step_time"]["gpt-small-cpu"]["time"][0]["measured_sec"] = 0.0150
+    changed = step_time(_broken_copy(tmp_path, slower), "gpt-tiny", step="gpt-small-cpu")
+    assert changed.measured == 0.0150 and changed.quantities["predicted_step_sec"] == committed.quantities["predicted_step_sec"]
+    # the refuted claim starts to hold on such a record, and then fails, as a refuted claim must
+    loaded = _claim("recorded-h100-gpt-small-cpu-step-time-within-10-percent")
+    with pytest.raises(ClaimFailure, match="marked refuted"):
+        evaluate_claim(loaded, dict(loaded.claim.given, record=_broken_copy(tmp_path, slower)))

@@ -125,3 +125,64 @@ def matmul_peak_fraction(record: str, claim: str, dtype: str) -> Outcome:
         raise ResacctError(f"GPU record {record}: board {data['board']!r} is not in resacct's datasheet table; expected a known board")
     peak = peak_flops_per_sec(board, dtype)
     return Outcome(measured=measured / peak, quantities={"achieved_flops_per_sec": measured, "datasheet_peak_flops_per_sec": peak, **record_source(record, data)})
+
+
+_STEP_TIME_QUANTITIES = ("predicted_step_sec", "gpu_sec", "host_sec", "ops", "matmul_flops_per_sec", "bandwidth_bytes_per_sec",
+                         "overhead_sec_per_op", "predicted_mfu", "measured_mfu", "calibrated_on", *SOURCE)
+
+
+def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
+    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.training.gpt import GPTConfig, build_gpt
+
+    return _cached_ops(tuple(sorted(config.items())), batch, seq, trace_step_ops, GPTConfig, build_gpt)
+
+
+_OPS_CACHE: dict[tuple, list] = {}
+
+
+def _cached_ops(key: tuple, batch: int, seq: int, trace: Any, config_type: Any, build: Any) -> list:
+    if (key, batch, seq) not in _OPS_CACHE:
+        tokens = torch.zeros(batch, seq, dtype=torch.long)
+        _OPS_CACHE[(key, batch, seq)] = trace(build(config_type(**dict(key)), device="meta", seed=None), (tokens, tokens), _gpt_loss)
+    return _OPS_CACHE[(key, batch, seq)]
+
+
+@check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES, forget=(_OPS_CACHE.clear,))
+def step_time(record: str, calibrate_on: str, step: str | None = None, claim: str | None = None, model: str | None = None,
+              batch: int | None = None, seq: int | None = None) -> Outcome:
+    """A recorded fp32 GPT training step's median seconds on the board (``step`` of the record's
+    step_time, or the ``claim`` of its gpu_claims for ``model``, ``batch`` × ``seq``), beside the step
+    time predicted now (:mod:`resacct.account.gpu.step_time`): the matmul rate is the record's fp32
+    matmul measurement, the bandwidth the datasheet's × 0.8, the per-op overhead calibrated on the
+    record's step ``calibrate_on`` (never the judged one)."""
+    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, BoardRates, calibrate_overhead, predict_step_seconds
+    from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+    from resacct.training.gpt import get_gpt_config
+
+    if calibrate_on in (step, model):
+        raise ResacctError(f"calibrate_on {calibrate_on!r} is the step judged; expected another recorded step")
+    data = load_gpu_record(record)
+    board = accelerator_for_cuda_name(data["board"])
+    if board is None:
+        raise ResacctError(f"GPU record {record}: board {data['board']!r} is not in resacct's datasheet table; expected a known board")
+    matmul = recorded_value(record, data, "gpu_claims", "fp32-matmul-mfu-good-h100", "achieved_flops_per_sec")
+    bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
+    calibration = recorded_step(record, data, calibrate_on)
+    overhead = calibrate_overhead(_gpt_ops(calibration["config"], calibration["batch"], calibration["seq"]), calibration["step_sec"], matmul, bandwidth)
+    if step is not None:
+        judged = recorded_step(record, data, step)
+        config, batch, seq, measured = judged["config"], judged["batch"], judged["seq"], judged["step_sec"]
+    else:
+        if claim is None or model is None or batch is None or seq is None:
+            raise ResacctError("step_time: give step, or claim with model, batch and seq")
+        config, measured = vars(get_gpt_config(model)), recorded_value(record, data, "gpu_claims", claim, "step_sec")
+        config = {key: value for key, value in config.items() if key != "attention"}
+    ops = _gpt_ops(config, batch, seq)
+    predicted = predict_step_seconds(ops, BoardRates(matmul, bandwidth, overhead, f"calibrated on {calibrate_on}"))
+    peak = peak_flops_per_sec(board, "fp32")
+    return Outcome(measured=measured, quantities={
+        "predicted_step_sec": predicted.step_sec, "gpu_sec": predicted.gpu_sec, "host_sec": predicted.host_sec, "ops": predicted.ops,
+        "matmul_flops_per_sec": matmul, "bandwidth_bytes_per_sec": bandwidth, "overhead_sec_per_op": overhead,
+        "predicted_mfu": predicted.flops / predicted.step_sec / peak, "measured_mfu": predicted.flops / measured / peak,
+        "calibrated_on": calibrate_on, **record_source(record, data)})

@@ -1,0 +1,117 @@
+"""The GPU step time predicted on any machine (issue 31, part 3): a roofline per aten op of a step
+traced on meta tensors, bounded below by the host's dispatch time.
+
+Per op of the traced step (forward, backward, CUDA's foreach AdamW, zero_grad): its FLOPs (torch's
+own ``flop_registry``: matmuls, attention) ÷ the board's achievable matmul rate, or the bytes it reads
+and writes (every tensor argument and output) ÷ the memory bandwidth, whichever is longer — the GPU's
+time. The host issues one op after another: ``ops × overhead`` (eager PyTorch's dispatch and launch
+per op) is the step's other bound, and the step takes the longer of the two (the host runs ahead of
+the GPU, so they overlap).
+
+- the matmul rate: a record's measured fp32 / bf16 matmul FLOP/s where the board has one, else the
+  datasheet peak × :data:`DATASHEET_MATMUL_EFFICIENCY`;
+- the bandwidth: the datasheet × :data:`BANDWIDTH_EFFICIENCY` (an assumption: the H100 record
+  measured no bandwidth);
+- the per-op overhead: calibrated on one recorded step whose GPU time is far below its measured
+  time (host-bound), :func:`calibrate_overhead`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from resacct.errors import ResacctError
+
+__all__ = ["OpCost", "BoardRates", "StepTimePrediction", "trace_step_ops", "predict_step_seconds", "calibrate_overhead",
+           "BANDWIDTH_EFFICIENCY", "DATASHEET_MATMUL_EFFICIENCY"]
+
+BANDWIDTH_EFFICIENCY = 0.8  # assumed share of the datasheet's HBM bandwidth an elementwise kernel reaches (no record measured it)
+DATASHEET_MATMUL_EFFICIENCY = 0.7  # assumed share of the datasheet's dense peak a matmul reaches, where no record measured one
+
+
+@dataclass(frozen=True)
+class OpCost:
+    op: str
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class BoardRates:
+    matmul_flops_per_sec: float
+    bandwidth_bytes_per_sec: float
+    overhead_sec_per_op: float
+    source: str
+
+
+@dataclass(frozen=True)
+class StepTimePrediction:
+    gpu_sec: float  # Σ per op max(FLOPs ÷ matmul rate, bytes ÷ bandwidth)
+    host_sec: float  # ops × overhead
+    ops: int
+    flops: int
+
+    @property
+    def step_sec(self) -> float:
+        return max(self.gpu_sec, self.host_sec)
+
+    @property
+    def bound(self) -> str:
+        return "GPU (roofline per op)" if self.gpu_sec >= self.host_sec else "host (dispatch per op)"
+
+
+class _OpCosts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.registry = flop_registry
+        self.ops: list[OpCost] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        flops = int(self.registry[packet](*args, **kwargs, out_val=out)) if packet in self.registry else 0
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        self.ops.append(OpCost(str(func), flops, sum(t.numel() * t.element_size() for t in tensors)))
+        return out
+
+
+def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+                   make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = None) -> list[OpCost]:
+    """Every aten op of one steady training step of ``model`` on meta tensors, with its FLOPs and
+    bytes: forward, backward, the optimizer's step (CUDA's foreach AdamW by default), zero_grad."""
+    from resacct.account.gpu.cuda_step import _as_on_cuda, _meta_copy, cuda_adamw
+    from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
+
+    meta_model = _meta_copy(model)
+    meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+    optimizer = (make_optimizer or cuda_adamw)([p for p in meta_model.parameters() if p.requires_grad])
+    _as_on_cuda(optimizer)
+    make_optimizer_state(meta_model, optimizer)
+    costs = _OpCosts()
+    with costs:
+        run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
+    return costs.ops
+
+
+def predict_step_seconds(ops: list[OpCost], rates: BoardRates) -> StepTimePrediction:
+    gpu = sum(max(op.flops / rates.matmul_flops_per_sec, op.bytes / rates.bandwidth_bytes_per_sec) for op in ops)
+    return StepTimePrediction(gpu_sec=gpu, host_sec=len(ops) * rates.overhead_sec_per_op, ops=len(ops), flops=sum(op.flops for op in ops))
+
+
+def calibrate_overhead(ops: list[OpCost], measured_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+    """Seconds per op from a recorded host-bound step: its measured time ÷ its ops. Refused where the
+    step's own GPU time is over a tenth of the measured one (not host-bound: it would not calibrate the host)."""
+    gpu = predict_step_seconds(ops, BoardRates(matmul_flops_per_sec, bandwidth_bytes_per_sec, 0.0, "")).gpu_sec
+    if gpu > measured_sec / 10:
+        raise ResacctError(f"calibration step: {gpu:.3g} s of GPU time in {measured_sec:.3g} s measured is not host-bound; expected a step whose GPU time is under a tenth")
+    return measured_sec / len(ops)
