@@ -13,7 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resacct.account.fit_search import FitTarget, MAX_BATCH, affine_deviation_bytes, fit_step, largest_fitting, step_peak_function
+from resacct.account.fit_search import (
+    MAX_BATCH,
+    FitTarget,
+    affine_deviation_bytes,
+    fit_step,
+    largest_fitting,
+    phase_peaks_bytes,
+    step_peak_function,
+)
 from resacct.facts.recipes import get_recipe
 
 
@@ -94,7 +102,10 @@ _MLP = {}
 def _mlp_peak():
     if not _MLP:
         target = _mlp_target()
-        _MLP["peak"] = _counted(step_peak_function(target, target.model, search="batch", fixed=None, recipe=get_recipe("fp32"), optimizer="adamw"))
+        kept: dict = {}
+        peak, _ = _counted(step_peak_function(target, target.model, search="batch", fixed=None, recipe=get_recipe("fp32"), optimizer="adamw",
+                                              keep=kept))
+        _MLP["peak"] = peak, lambda size: phase_peaks_bytes(kept[size])
     return _MLP["peak"]
 
 
@@ -102,9 +113,10 @@ def _mlp_peak():
 @given(budget=st.integers(300_000, 3_000_000))
 @settings(max_examples=15, deadline=None)
 def test_an_mlp_step_peak_over_drawn_budgets_gives_the_binary_search_answer(budget):
-    peak, _ = _mlp_peak()
+    peak, phases = _mlp_peak()
     largest, probes = largest_fitting(peak, budget, limit=MAX_BATCH)
     assert largest == bisect_largest(peak, budget, MAX_BATCH)
+    assert largest_fitting(peak, budget, limit=MAX_BATCH, phase_peaks_of=phases)[0] == largest
     assert len(probes) <= 4 or affine_deviation_bytes(probes) > 0  # more than four traces only where the peak is not affine
 
 
@@ -132,14 +144,20 @@ def _tiny_llama_target():
 @pytest.mark.parametrize("make_target", [_gpt_nano_target, _tiny_llama_target], ids=["gpt-nano", "tiny-llama"])
 def test_real_models_get_the_binary_search_answer_at_several_budgets(make_target):
     target = make_target()
-    peak, calls = _counted(step_peak_function(target, target.model, search="batch", fixed=16, recipe=get_recipe("fp32"), optimizer="adamw"))
+    kept: dict = {}
+    peak, calls = _counted(step_peak_function(target, target.model, search="batch", fixed=16, recipe=get_recipe("fp32"), optimizer="adamw",
+                                              keep=kept))
     first, slope = peak(1), peak(2) - peak(1)
     assert slope > 0
     for extra_batches in (0.5, 3.2, 17.9, 200.4):
         budget = first + extra_batches * slope
-        largest, probes = largest_fitting(peak, budget, limit=MAX_BATCH)
-        assert largest == bisect_largest(peak, budget, MAX_BATCH), (target.name, budget)
+        by_total = largest_fitting(peak, budget, limit=MAX_BATCH)
+        largest, probes = largest_fitting(peak, budget, limit=MAX_BATCH, phase_peaks_of=lambda size: phase_peaks_bytes(kept[size]))
+        assert largest == by_total[0] == bisect_largest(peak, budget, MAX_BATCH), (target.name, budget)
         assert largest >= 1 and {largest, largest + 1} <= {p.size for p in probes}
+        # each phase's line (forward, backward, optimizer step …) names the answer; the total's line, held by the
+        # optimizer step at 1 and 2, misses it at the larger budgets
+        assert len(probes) <= min(4, len(by_total[1])), ([p.size for p in probes], [p.size for p in by_total[1]])
 
 
 @pytest.mark.slow
@@ -148,3 +166,17 @@ def test_fit_step_reports_its_traces_and_how_far_the_probes_are_from_the_line():
     fields = answer.to_dict()
     assert fields["traces"] == len(fields["probes"]) == answer.traces
     assert fields["affine_deviation_bytes"] == affine_deviation_bytes(answer.probes)
+
+
+def test_each_phases_line_names_the_answer_where_the_totals_line_misses():
+    def phases(n):  # the optimizer step holds the peak at small batches, backward past 81
+        return {"optimizer step": 50_000 + n, "backward": 1000 + 600 * n}
+
+    def peak(n):
+        return max(phases(n).values())
+
+    by_phase = largest_fitting(peak, 60_000, limit=MAX_BATCH, phase_peaks_of=phases)
+    by_total = largest_fitting(peak, 60_000, limit=MAX_BATCH)
+    assert by_phase[0] == by_total[0] == bisect_largest(peak, 60_000, MAX_BATCH) == 98
+    assert [p.size for p in by_phase[1]] == [1, 2, 98, 99]
+    assert [p.size for p in by_total[1]] == [1, 2, 128, 127, 99, 98]  # the total's line is the optimizer's: it misses, then the line at 127
