@@ -135,3 +135,16 @@ def test_step_time_is_calibrated_on_one_step_and_blind_to_the_judged_ones_time(t
     loaded = _claim("recorded-h100-gpt-small-cpu-step-time-within-10-percent")
     with pytest.raises(ClaimFailure, match="marked refuted"):
         evaluate_claim(loaded, dict(loaded.claim.given, record=_broken_copy(tmp_path, slower)))
+
+
+def test_a_broken_recorded_state_or_saved_bytes_fails_the_claim(tmp_path: Path) -> None:
+    def edit(record: dict) -> None:
+        step = record["step_time"]["gpt-tiny"]
+        next(r for r in step["activations"] if r["quantity"].startswith("saved for backward"))["measured_bytes"] += 512
+        next(r for r in step["training_state"] if r["quantity"].startswith("at optimizer step"))["measured_bytes"] -= 4
+    broken = _broken_copy(tmp_path, edit)
+    for claim_id in ("recorded-h100-gpt-tiny-saved-activations", "recorded-h100-gpt-tiny-training-state"):
+        loaded = _claim(claim_id)
+        assert evaluate_claim(loaded, dict(loaded.claim.given)).measured == evaluate_claim(loaded, dict(loaded.claim.given)).predicted
+        with pytest.raises(ClaimFailure):
+            evaluate_claim(loaded, dict(loaded.claim.given, record=broken))

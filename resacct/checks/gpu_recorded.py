@@ -186,3 +186,32 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
         "matmul_flops_per_sec": matmul, "bandwidth_bytes_per_sec": bandwidth, "overhead_sec_per_op": overhead,
         "predicted_mfu": predicted.flops / predicted.step_sec / peak, "measured_mfu": predicted.flops / measured / peak,
         "calibrated_on": calibrate_on, **record_source(record, data)})
+
+
+@check("gpu_recorded.saved_activation_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE))
+def saved_activation_bytes(record: str, step: str) -> Outcome:
+    """The bytes autograd saved for backward over the recorded GPT step's forward on the board
+    (saved_tensors_hooks, by storage, on cuda), beside resacct's activation formula
+    (:func:`gpt_saved_terms`, float32, math attention, ``device_type="cuda"``) for the record's config."""
+    from resacct.formulas.gpt_activation_formulas import gpt_saved_terms
+    from resacct.training.gpt import GPTConfig
+
+    data = load_gpu_record(record)
+    entry = recorded_step(record, data, step)
+    if entry["recipe"] != "fp32" or entry["attention"] != "math":
+        raise ResacctError(f"GPU record {record}: step {step!r} is {entry['recipe']!r} with {entry['attention']!r} attention; expected fp32 math")
+    terms = gpt_saved_terms(GPTConfig(**entry["config"]), entry["batch"], entry["seq"], element_bytes=4, attention="math", device_type="cuda")
+    predicted = sum(term.bytes for term in terms)
+    return Outcome(measured=entry["saved_bytes"], predicted=predicted, quantities={"formula_bytes": predicted, **record_source(record, data)})
+
+
+@check("gpu_recorded.training_state_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE))
+def training_state_bytes(record: str, step: str) -> Outcome:
+    """The training state at the recorded step's optimizer step on the board (parameters, gradients,
+    AdamW's moments and step counters), beside :func:`predict_state_bytes` for the record's GPT now."""
+    from resacct.account.trainable import predict_state_bytes
+
+    data = load_gpu_record(record)
+    entry, net = _recorded_gpt(record, data, step)
+    predicted = predict_state_bytes(net, "fp32", "adamw", "at_step")
+    return Outcome(measured=entry["state_at_step_bytes"], predicted=predicted, quantities={"formula_bytes": predicted, **record_source(record, data)})

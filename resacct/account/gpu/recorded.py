@@ -85,7 +85,8 @@ def recorded_value(name: str, record: dict[str, Any], section: str, claim_id: st
 def recorded_step(name: str, record: dict[str, Any], step: str) -> dict[str, Any]:
     """The recorded GPT step ``step`` (``step_time``): its config, batch, seq, recipe, optimizer,
     measured ``max_memory_allocated`` above the start (``peak_bytes``), step seconds (``step_sec``)
-    and FlopCounterMode's step FLOPs (``step_flops``)."""
+    FlopCounterMode's step FLOPs (``step_flops``), what autograd saved for backward on the board
+    (``saved_bytes``) and the training state at the optimizer step (``state_at_step_bytes``)."""
     steps = record.get("step_time")
     if not isinstance(steps, dict) or not isinstance(steps.get(step), dict):
         known = ", ".join(steps) if isinstance(steps, dict) else "none"
@@ -105,4 +106,6 @@ def recorded_step(name: str, record: dict[str, Any], step: str) -> dict[str, Any
         _number(name, f"step_time.{step}.{key}", entry.get(key))
     return {"config": config, "batch": entry["batch"], "seq": entry["seq"], "recipe": entry.get("recipe"), "optimizer": entry.get("optimizer"),
             "attention": entry.get("attention"), "peak_bytes": row("peak", "GPU step peak", "measured_bytes"),
-            "step_sec": row("time", "step on cuda", "measured_sec"), "step_flops": row("flops", "step (exact", "measured_flops")}
+            "step_sec": row("time", "step on cuda", "measured_sec"), "step_flops": row("flops", "step (exact", "measured_flops"),
+            "saved_bytes": row("activations", "saved for backward", "measured_bytes"),
+            "state_at_step_bytes": row("training_state", "at optimizer step", "measured_bytes")}
