@@ -110,3 +110,22 @@ def test_a_transformers_model_with_a_frozen_embedding_is_predicted_as_it_trains(
     frozen = 128 * 64
     assert report.account.hf is not None  # the Llama formulas answered
     assert report.state.predicted == report.state.measured == 16 * (report.parameters - frozen) + 4 * frozen + 4 * (len(list(model.parameters())) - 1)
+
+
+@pytest.mark.parametrize("loss", ["mean", "mse"])
+def test_an_encoder_is_accounted_with_the_loss_the_user_names(loss: str) -> None:
+    """transformers' BertModel (no head, no loss of its own): the step's loss is the one named, of its
+    last_hidden_state; state and peak predicted = measured on the CPU."""
+    import resacct
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                                 max_position_embeddings=64))
+    report = resacct.account_model(model, example_input={"input_ids": torch.randint(0, 128, (BATCH, SEQ))}, loss=loss)
+    assert report.account.loss == loss
+    assert report.step_peak.predicted == report.step_peak.measured and report.flops.measured > 0 and report.activations.measured > 0
+    # a known gap: the pooler (64·64 + 64 parameters, 2 tensors) never reaches a loss of last_hidden_state, so it gets no
+    # gradient and AdamW keeps no state for it; the state's closed form still counts it as training
+    pooler = 64 * 64 + 64
+    assert report.state.predicted - report.state.measured == 12 * pooler + 4 * 2

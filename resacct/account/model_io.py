@@ -203,17 +203,21 @@ def model_loss(output: Any) -> Float[torch.Tensor, ""] | None:
 
 
 def output_tensor(output: Any) -> Shaped[torch.Tensor, "..."]:
-    """The tensor a loss is taken of: a tensor; ``.logits`` (or ``["logits"]``); a tuple's or list's first tensor."""
+    """The tensor a loss is taken of: a tensor; ``.logits`` (or ``["logits"]``); an encoder's or a
+    seq2seq model's ``.last_hidden_state`` (transformers' ``BertModel``, ``T5Model``: no head, no
+    loss of their own — the step's loss is the one named, ``mean`` by default); a tuple's or list's first tensor."""
     if isinstance(output, torch.Tensor):
         return output
-    logits = _field(output, "logits")
-    if isinstance(logits, torch.Tensor):
-        return logits
+    for name in ("logits", "last_hidden_state"):
+        value = _field(output, name)
+        if isinstance(value, torch.Tensor):
+            return value
     if isinstance(output, (tuple, list)):
         for item in output:
             if isinstance(item, torch.Tensor):
                 return item
-    raise ResacctError(f"the model returned a {type(output).__name__}; expected a tensor, an output with .logits or .loss, or a tuple holding a tensor")
+    raise ResacctError(f"the model returned a {type(output).__name__}; expected a tensor, an output with .logits, .last_hidden_state or .loss, "
+                       "or a tuple holding a tensor")
 
 
 def resolve_loss(output: Any, loss: str) -> str:
