@@ -148,3 +148,13 @@ def test_a_broken_recorded_state_or_saved_bytes_fails_the_claim(tmp_path: Path) 
         assert evaluate_claim(loaded, dict(loaded.claim.given)).measured == evaluate_claim(loaded, dict(loaded.claim.given)).predicted
         with pytest.raises(ClaimFailure):
             evaluate_claim(loaded, dict(loaded.claim.given, record=broken))
+
+
+def test_the_wheel_ships_the_same_record_and_reads_it_without_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import resacct.account.gpu.recorded as recorded
+
+    shipped = recorded.PACKAGED_RECORDS / Path(H100_RECORD).name
+    assert shipped.read_bytes() == (REPO / H100_RECORD).read_bytes(), "resacct/specs/gpu_records/ must be a copy of docs/gpu/"
+    monkeypatch.setattr(recorded, "REPOSITORY", tmp_path)  # an installed resacct: no docs/gpu/ beside it
+    assert recorded.record_path(H100_RECORD) == shipped
+    assert recorded.record_path("docs/gpu/no-such.json") == tmp_path / "docs/gpu/no-such.json"  # the error names what was asked

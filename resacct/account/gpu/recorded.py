@@ -22,16 +22,21 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["H100_RECORD", "REPOSITORY", "load_gpu_record", "record_source", "recorded_value", "recorded_step", "record_path"]
+__all__ = ["H100_RECORD", "REPOSITORY", "PACKAGED_RECORDS", "load_gpu_record", "record_source", "recorded_value", "recorded_step", "record_path"]
 
 REPOSITORY = Path(__file__).resolve().parents[3]
+PACKAGED_RECORDS = Path(__file__).resolve().parents[2] / "specs" / "gpu_records"  # the records a wheel ships (package data)
 H100_RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
 
 
 def record_path(name: str) -> Path:
-    """``name`` as given (absolute), else relative to the repository (``docs/gpu/…``)."""
+    """``name`` as given (absolute), else relative to the repository (``docs/gpu/…``); an installed
+    resacct (no repository) reads the copy it ships, ``resacct/specs/gpu_records/<file name>``."""
     path = Path(name)
-    return path if path.is_absolute() else REPOSITORY / path
+    if path.is_absolute():
+        return path
+    shipped = PACKAGED_RECORDS / path.name
+    return REPOSITORY / path if (REPOSITORY / path).is_file() or not shipped.is_file() else shipped
 
 
 @lru_cache(maxsize=8)
