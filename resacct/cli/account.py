@@ -186,6 +186,8 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
                                      ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
     if other:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
+    if args.device != "cpu":  # a board's name is checked before the account's seconds
+        importlib.import_module("resacct.facts.hardware").get_accelerator(args.device)
     with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"):
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
