@@ -49,3 +49,16 @@ def test_every_command_answers_for_every_architecture(config: str, capsys: pytes
     assert main(["infer", "--hf-config", config, "--context", "1024", "--device", "h100"]) == 0
     lora = _json(capsys, "lora", "--hf-config", config, "--seq", "128")
     assert lora["step_peak_bytes"] > lora["training_state_bytes"] > 0
+
+
+def test_offload_reads_any_architecture_off_the_meta_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSpeed's largest_layer_params of Falcon-7B: its token embedding, 65,024 × 4,544, the most one module holds directly."""
+    from resacct.account.meta_facts import meta_model_facts
+    from resacct.account.hf_models import load_hf_config
+    from resacct.formulas.config_shapes import architecture_from_values
+    from resacct.formulas.offload import largest_module_parameters
+
+    fields = _json(capsys, "offload", "--hf-config", "falcon-7b", "--device", "h100")
+    assert fields["parameters"] == 6_921_720_704 and fields["largest_layer_parameters"] == 65_024 * 4_544
+    llama = architecture_from_values(load_hf_config("llama-2-7b").values)
+    assert meta_model_facts("llama-2-7b").largest_module_parameters == largest_module_parameters(llama)  # the closed form, where there is one

@@ -73,6 +73,11 @@ class MetaModelFacts:
     def attention_width(self) -> int:
         return self.heads * self.head_dim
 
+    @property
+    def largest_module_parameters(self) -> int:
+        """DeepSpeed's ``largest_layer_params``: the most parameters one module holds directly (not its children)."""
+        return max(sum(p.numel() for p in module.parameters(recurse=False)) for module in self.model.modules())
+
     def kv_cache_elements(self, tokens: int) -> int:
         """Elements the model's cache holds for one sequence of ``tokens`` tokens (a meta forward with ``use_cache``)."""
         if tokens not in self._kv:

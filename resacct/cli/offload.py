@@ -64,6 +64,13 @@ def _model(args: argparse.Namespace) -> tuple[str | None, float, float]:
         from resacct.formulas.offload import largest_module_parameters
 
         spec = load_hf_config(args.hf_config)
+        from resacct.formulas.hf_formulas import FAMILIES
+
+        if spec.model_type not in FAMILIES:  # any other architecture: the model built on meta (resacct.account.meta_facts)
+            from resacct.account.meta_facts import meta_model_facts
+
+            facts = meta_model_facts(args.hf_config)
+            return spec.name, float(facts.parameters), float(facts.largest_module_parameters)
         _check_transformers_builds(spec)
         architecture = architecture_from_values(spec.values)
         return spec.name, float(predict_parameters(architecture)), float(largest_module_parameters(architecture))
