@@ -12,6 +12,11 @@ linear layers (QLoRA §3, double quantisation), embeddings, norms and LM head in
 activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured here).
 FLOPs: matmuls of one forward and backward (no weight gradients of the base: about 2/3 of full
 fine-tuning's).
+
+With ``--hf-config`` (any architecture transformers builds) and a bf16/fp16/fp32 base, the step is
+also traced (:mod:`resacct.account.lora_step`): peft on the model built on the meta device, the whole
+step's peak on fake CPU tensors — temporaries included — is the total that decides "fits"; where
+resacct has no LoRA closed form for the model, the traced step's state, FLOPs and saved bytes are shown.
 """
 
 from __future__ import annotations
