@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 from torch import nn
 
 from resacct.errors import ResacctError
@@ -93,13 +94,13 @@ def build_lora_model(config: Any, *, rank: int, targets: tuple[str, ...], base: 
     return model
 
 
-def lora_step_inputs(config: Any, *, batch: int, seq: int, device: str = "meta") -> dict[str, torch.Tensor]:
+def lora_step_inputs(config: Any, *, batch: int, seq: int, device: str = "meta") -> dict[str, Int[torch.Tensor, "batch seq"]]:
     """``input_ids`` and ``labels`` of ``batch`` × ``seq`` tokens (zeros: a valid id of any vocabulary)."""
     ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
     return {"input_ids": ids, "labels": ids}
 
 
-def lora_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def lora_loss(model: nn.Module, inputs: dict[str, Int[torch.Tensor, "batch seq"]]) -> Float[torch.Tensor, ""]:
     """The model's own next-token loss."""
     return model(**inputs).loss
 

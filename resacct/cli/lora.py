@@ -265,7 +265,7 @@ def _no_room(room: float, per_sample: int, units: str, checkpointing: bool) -> s
             + ("" if checkpointing else "; try --gradient-checkpointing") + ")")
 
 
-def _row(label: str, value_bytes: float, units: str) -> str:
+def _row(label: str, value_bytes: float | int, units: str) -> str:
     return f"  {label:<44}{gigabytes_text(value_bytes, units):>12}"
 
 
