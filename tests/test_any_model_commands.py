@@ -47,6 +47,7 @@ def test_every_command_answers_for_every_architecture(config: str, capsys: pytes
     assert main(["run", "--hf-config", config, "--tokens", "1e12", "--devices", "64", "--mfu", "0.4", "--seq", "128"]) == 0
     assert main(["plan", "--hf-config", config, "--seq", "512", "--pp", "2", "--device", "h100"]) == 0
     assert main(["infer", "--hf-config", config, "--context", "1024", "--device", "h100"]) == 0
+    capsys.readouterr()
     lora = _json(capsys, "lora", "--hf-config", config, "--seq", "128")
     assert lora["step_peak_bytes"] > lora["training_state_bytes"] > 0
 
@@ -62,3 +63,12 @@ def test_offload_reads_any_architecture_off_the_meta_model(capsys: pytest.Captur
     assert fields["parameters"] == 6_921_720_704 and fields["largest_layer_parameters"] == 65_024 * 4_544
     llama = architecture_from_values(load_hf_config("llama-2-7b").values)
     assert meta_model_facts("llama-2-7b").largest_module_parameters == largest_module_parameters(llama)  # the closed form, where there is one
+
+
+def test_plan_counts_the_meta_model_beside_the_closed_form(capsys: pytest.CaptureFixture[str]) -> None:
+    llama = _json(capsys, "plan", "--hf-config", "llama-3-8b", "--memory-gb", "80")
+    assert llama["parameters"] == llama["formula_parameters"] == 8_030_261_248 and "meta" in llama["parameters_basis"]
+    assert main(["plan", "--hf-config", "bloom-560m", "--memory-gb", "80"]) == 2  # ALiBi: no context length in the config
+    assert "give --seq TOKENS" in capsys.readouterr().err
+    bloom = _json(capsys, "plan", "--hf-config", "bloom-560m", "--seq", "2048", "--memory-gb", "80")
+    assert bloom["parameters"] == 559_214_592 and bloom["formula_parameters"] is None  # the model card: 559M

@@ -99,10 +99,10 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
         architecture = architecture_from_values(spec.values) if spec.model_type in FAMILIES else None  # the closed form, where a family has one
         args.layers, args.hidden, args.heads, args.kv_heads = facts.layers, facts.hidden, facts.heads, facts.kv_heads
         args.seq = args.seq or facts.positions
-        if architecture is not None and predict_parameters(architecture) != facts.parameters:
-            raise ResacctError(f"{args.hf_config}: the closed form counts {predict_parameters(architecture):,} parameters, the model built on meta "
-                               f"{facts.parameters:,}; expected them equal (a config key resacct's formula does not read?)")
+        if not args.seq:
+            raise ResacctError(f"--hf-config {args.hf_config}: its config has no context length (ALiBi positions); give --seq TOKENS")
         args.traced_model = facts.model_class
+        args.formula_parameters = None if architecture is None else predict_parameters(architecture)  # the cross-check, in --json
         return (args.params if args.params is not None else float(facts.parameters)), architecture
     missing = [f"--{name}" for name in ("layers", "hidden", "heads", "seq") if getattr(args, name) is None]
     if missing:
@@ -142,8 +142,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     breakdown = None if architecture is None else parameter_breakdown(architecture)
     fields = {
         "parameters": parameters, "hf_config": args.hf_config,
-        "parameters_basis": (f"{args.traced_model} built on the meta device" + ("" if architecture is None else "; equal to resacct's closed form")
-                             if getattr(args, "traced_model", None) else "the shape flags"),
+        "parameters_basis": f"{args.traced_model} built on the meta device" if getattr(args, "traced_model", None) else "the shape flags",
+        "formula_parameters": getattr(args, "formula_parameters", None),
         "parameter_breakdown": None if breakdown is None else breakdown.to_dict(),
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads or args.heads, "seq": args.seq,
         "micro_batch": args.micro_batch,
