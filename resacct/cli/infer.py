@@ -52,7 +52,8 @@ def _run_infer(args: argparse.Namespace) -> int:
     if not context:
         from resacct.errors import ResacctError
 
-        raise ResacctError("give --context TOKENS (a custom model has no max_position_embeddings to default to)")
+        raise ResacctError("give --context TOKENS (" + ("a custom model has no max_position_embeddings to default to)" if facts is None else
+                                                       f"--hf-config {args.hf_config}: its config has no context length, ALiBi positions)"))
     board, memory_bytes = device_memory_bytes(args)
     parameters = facts.parameters if facts is not None else predict_parameters(architecture)
     traced_elements = None if facts is None else facts.kv_cache_elements_per_token(context)  # the model's own cache, one sequence of `context`
