@@ -8,6 +8,8 @@
 # ENV is a tox.ini env (its cached venv from tools/matrix_venv.sh, made if absent: each older torch
 # is a ~2.8 GB download from PyPI, once per machine) or `main`: this checkout's .venv (CI's pins).
 # Reports go to reports/matrix/<env>/; OUT=dir writes matrix.md/json there instead of docs/.
+# REUSE=1 keeps the report.json an earlier run left in reports/matrix/<env>/ (its exit status is then
+# read from its outcomes: 1 where a claim failed or was invalid) and runs only the envs without one.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
@@ -15,10 +17,13 @@ ENVS=("$@")
 [ "${#ENVS[@]}" -gt 0 ] || ENVS=(torch24 torch28 main torch214)
 OUT="${OUT:-$REPO/docs}"
 WORK="$REPO/reports/matrix"
-rm -rf "$WORK"
+[ "${REUSE:-0}" = "1" ] || rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
 MAIN_PY="$REPO/.venv/bin/python"
 
+# the commit and the tracked changes beside it, when the runs start (the code they ran)
+commit="$(git rev-parse --short HEAD)"
+dirty="$(git status --porcelain --untracked-files=no | wc -l | tr -d ' ')"
 rows=()
 for env in "${ENVS[@]}"; do
     if [ "$env" = "main" ]; then
@@ -26,12 +31,18 @@ for env in "${ENVS[@]}"; do
     else
         venv="$(bash tools/matrix_venv.sh "$env")" || { echo "== $env: no venv; left out" >&2; continue; }
     fi
-    echo "== $env: resacct verify ($venv)"
-    start=$(date +%s)
-    (cd "$WORK" && CI=true "$venv/bin/resacct" verify -q --no-roofline --report-dir "$WORK/$env" > "$WORK/$env.out" 2>&1)
-    code=$?
-    seconds=$(( $(date +%s) - start ))
-    tail -n 2 "$WORK/$env.out"
+    if [ "${REUSE:-0}" = "1" ] && [ -f "$WORK/$env/report.json" ]; then
+        echo "== $env: reusing $WORK/$env/report.json"
+        code="$("$MAIN_PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(int(any(c["outcome"] in ("failed", "invalid") for c in d["claims"])))' "$WORK/$env/report.json")"
+        seconds="$("$MAIN_PY" -c 'import json, sys; print(round(json.load(open(sys.argv[1]))["run"]["seconds"]))' "$WORK/$env/report.json")"
+    else
+        echo "== $env: resacct verify ($venv)"
+        start=$(date +%s)
+        (cd "$WORK" && CI=true "$venv/bin/resacct" verify -q --no-roofline --report-dir "$WORK/$env" > "$WORK/$env.out" 2>&1)
+        code=$?
+        seconds=$(( $(date +%s) - start ))
+        tail -n 2 "$WORK/$env.out"
+    fi
     if [ ! -f "$WORK/$env/report.json" ]; then
         echo "== $env: no report.json (exit $code); left out" >&2
         continue
@@ -45,15 +56,14 @@ reports=()
 for row in "${rows[@]}"; do reports+=("$WORK/${row%%	*}/report.json"); done
 "$REPO/.venv/bin/resacct" verify -q --merge "${reports[@]}" --report-dir "$WORK/merged" || exit 1
 
-commit="$(git rev-parse --short HEAD)"
-dirty="$(git status --porcelain --untracked-files=no | wc -l | tr -d ' ')"
-printf '%s\n' "${rows[@]}" | "$MAIN_PY" - "$WORK" "$OUT" "$commit" "$dirty" "$*" <<'EOF'
+printf '%s\n' "${rows[@]}" > "$WORK/rows.tsv"
+"$MAIN_PY" - "$WORK" "$OUT" "$commit" "$dirty" "$*" <<'EOF'
 import datetime, json, sys
 from collections import Counter
 from pathlib import Path
 
 work, out, commit, dirty, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
-rows = [line.rstrip("\n").split("\t") for line in sys.stdin if line.strip()]
+rows = [line.rstrip("\n").split("\t") for line in (work / "rows.tsv").read_text(encoding="utf-8").splitlines() if line.strip()]
 merged = (work / "merged" / "matrix.md").read_text(encoding="utf-8").split("\n", 2)[2]  # the table, without its title
 matrix = json.loads((work / "merged" / "matrix.json").read_text(encoding="utf-8"))
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -64,19 +74,20 @@ lines = ["# The claims across torch versions", "",
          " in each env's venv (`tools/matrix_venv.sh`: tox.ini's pins, the hf and finetune extras; `main` is CI's `.venv`), "
          "then `resacct verify --merge` of their report.json files. Every figure below comes from those reports; "
          "rerun the script to refresh them, never edit them.", "",
-         "| env | torch | transformers | python | machine | verify exit | claims | " + " | ".join(outcomes) + " | wall |",
-         "|---|---|---|---|---|---|---|" + "---|" * len(outcomes) + "---|"]
+         "| env | verified at | torch | transformers | python | machine | verify exit | claims | " + " | ".join(outcomes) + " | wall |",
+         "|---|---|---|---|---|---|---|---|" + "---|" * len(outcomes) + "---|"]
 summary = []
 for env, code, seconds, transformers in rows:
     report = json.loads((work / env / "report.json").read_text(encoding="utf-8"))
     counts = Counter(claim["outcome"] for claim in report["claims"])
     environment = report["environment"]
     machine = f"{environment.get('device_name', '?')}, {environment.get('cpu_count', '?')} cores, load {environment.get('machine', {}).get('load_average_start', '?')}"
-    lines.append(f"| {env} | {environment['torch']} | {transformers} | {environment['python']} | {machine} | {code} | {len(report['claims'])} | "
+    lines.append(f"| {env} | {environment.get('created', '?')} | {environment['torch']} | {transformers} | {environment['python']} | {machine} | {code} | {len(report['claims'])} | "
                  + " | ".join(str(counts.get(o, 0)) for o in outcomes) + f" | {seconds} s |")
     summary.append({"env": env, "torch": environment["torch"], "transformers": transformers, "python": environment["python"],
                     "verify_exit": int(code), "seconds": int(seconds), "claims": len(report["claims"]), **{o: counts.get(o, 0) for o in outcomes}})
-lines += ["", "Timings are wall seconds on a shared machine (the load average is the report's): noisy.", "",
+lines += ["", "Timings are wall seconds on a shared machine (the load average is the report's): noisy. The commit is the one "
+          "checked out when the script started; an env's report made earlier (REUSE=1) says when in its own column.", "",
           "## What differs between versions and how it is handled", "",
           "- **transformers 5.x needs torch>=2.6** (its `torch` extra): under an older torch it imports but disables PyTorch. "
           "resacct reads that from the installed distribution (`resacct/measurement/torch_limits.py`): every HF, finetune, "
