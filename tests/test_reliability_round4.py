@@ -349,8 +349,9 @@ def test_a_when_range_no_machine_is_in_is_a_schema_error_naming_file_line_and_cl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", ["offload", "lora", "infer", "plan", "run"])
 @pytest.mark.parametrize("name", ["bogus-rope", "padding-past-vocabulary", "bogus-layer-type"])
-def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
+def test_a_config_transformers_refuses_is_refused(tmp_path, capsys, name, command):
     pytest.importorskip("transformers")
     config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 512,
               "vocab_size": 1000, "max_position_embeddings": 128}
@@ -358,11 +359,12 @@ def test_offload_refuses_a_config_transformers_refuses(tmp_path, capsys, name):
                    "bogus-layer-type": {"layer_types": ["bogus", "bogus"]}}[name])
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    err = _one_line_error(capsys, ["offload", "--hf-config", str(path)])
-    assert f"resacct offload: error: config file '{path}': transformers" in err, err  # the closed form answered for it
+    extra = {"offload": [], "lora": [], "infer": [], "plan": ["--tp", "1", "--device", "h100"], "run": ["--tokens", "1B", "--device", "h100", "--devices", "8", "--mfu", "0.4"]}[command]
+    err = _one_line_error(capsys, [command, "--hf-config", str(path), *extra])
+    assert f"resacct {command}: error: config file '{path}': transformers" in err, err  # the closed form answered for it
     del config[{"bogus-rope": "rope_scaling", "padding-past-vocabulary": "pad_token_id", "bogus-layer-type": "layer_types"}[name]]
     path.write_text(json.dumps(config), encoding="utf-8")
-    assert main(["offload", "--hf-config", str(path), "--json"]) == 0
+    assert main([command, "--hf-config", str(path), *extra, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)
 
 

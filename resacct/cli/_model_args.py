@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any
 
 from resacct.cli.arguments import gigabytes, positive_int, reserve_gigabytes
@@ -131,12 +132,9 @@ def model_config(args: argparse.Namespace) -> tuple[str, Any, Any]:
 
     spec = load_hf_config(args.hf_config)
     architecture = architecture_from_values(spec.values) if spec.model_type in FAMILIES else None
-    try:
-        config = transformers_config(spec)
-    except ResacctError:
-        if architecture is None:
-            raise
-        config = None  # transformers missing: the family's formulas answer alone
+    if architecture is not None and importlib.util.find_spec("transformers") is None:
+        return spec.name, architecture, None  # transformers missing: the family's formulas answer alone
+    config = transformers_config(spec)  # a config transformers refuses is refused here, never answered by the closed form
     return spec.name, architecture, config
 
 

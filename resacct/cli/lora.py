@@ -117,6 +117,10 @@ def _run_lora(args: argparse.Namespace) -> int:
         args.targets = default_lora_targets(config) if config is not None else ("q_proj", "v_proj")
     formula = architecture is not None and architecture.family == "llama" and all(t in (*LORA_TARGETS, "all-linear") for t in args.targets)
     traced, untraced = _trace(args, config)
+    if traced is None and config is not None:  # a config transformers cannot build a model from is refused, never answered by the formulas
+        from resacct.account.hf_models import build_hf_model, load_hf_config
+
+        build_hf_model(load_hf_config(args.hf_config), device="meta")
     if not formula and traced is None:
         from resacct.errors import ResacctError
 
