@@ -60,6 +60,7 @@ def test_dropout_keeps_a_mask_only_where_the_input_needs_a_gradient() -> None:
 
 
 def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     assert main(["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24", "--json"]) == 0
     fields = json.loads(capsys.readouterr().out)
     assert fields["activation_bytes"] == predict_lora_saved_bytes(LLAMA2_7B, rank=16, targets=("q_proj", "v_proj"), batch=1, seq=2048)
@@ -72,6 +73,7 @@ def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytes
 
 
 def test_largest_batch_is_the_boundary(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     argv = ["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--seq", "2048", "--memory-gb", "24", "--gradient-checkpointing", "--json"]
     assert main([*argv, "--batch", "1"]) == 0
     largest = json.loads(capsys.readouterr().out)["largest_batch"]

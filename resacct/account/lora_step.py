@@ -78,7 +78,11 @@ def build_lora_model(config: Any, *, rank: int, targets: tuple[str, ...], base: 
 
     if base not in TRACED_BASES:
         raise ResacctError(f"base {base!r}: the step is traced for {', '.join(TRACED_BASES)} (NF4's bitsandbytes kernels do not run on fake tensors)")
+    from resacct.measurement.torch_limits import transformers_unusable
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if problem := transformers_unusable():  # peft imports transformers' models, which fail under it
+        raise ResacctError(problem)
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -115,6 +119,10 @@ def default_lora_targets(config: Any) -> tuple[str, ...]:
     q_proj, v_proj for Llama; query_key_value for Falcon, GPT-NeoX and BLOOM; c_attn for GPT-2); where peft
     has none, q_proj and v_proj if the model has them, else every linear layer of its attention
     (DeepSeek's MLA: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj)."""
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():  # importing peft imports transformers' models, which fail under it
+        raise ResacctError(problem)
     try:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
     except ImportError:
