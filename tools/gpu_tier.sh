@@ -182,7 +182,8 @@ collect_gpu_claims() {
 parse_commands() {
     "$PYTHON" -m resacct verify --help >/dev/null || { echo "resacct verify --help failed"; return 1; }
     "$PYTHON" -m resacct account --help > "$WORK/account-help.txt" || { echo "resacct account --help failed"; return 1; }
-    grep -q -- "--device {cpu,cuda}" "$WORK/account-help.txt" || { echo "resacct account has no --device cuda"; return 1; }
+    grep -q -- "--device NAME" "$WORK/account-help.txt" && grep -q "cpu or cuda" "$WORK/account-help.txt" \
+        || { echo "resacct account has no --device cuda"; return 1; }
     grep -q -- "--gpu-required" <("$PYTHON" -m resacct verify --help) || { echo "resacct verify has no --gpu-required"; return 1; }
     if "$PYTHON" -m resacct machine --help >/dev/null 2>&1; then echo "resacct machine: present"; else echo "resacct machine: absent (the profile falls back to torch.cuda)"; fi
     echo "resacct verify --help, resacct account --help (--device cuda): parse"
