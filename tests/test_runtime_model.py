@@ -148,3 +148,38 @@ def test_page_faults_are_counted_per_op_and_priced_at_the_measured_cost_of_one()
     faulting = MachineCosts(**{**vars(COSTS), "page_fault_sec": 1.0})
     op = OpCost("forward", "", "aten.add", 1.0, 1.0, 1e-9, 1e-9, 1e-9, fault_sec=3 * faulting.page_fault_sec)
     assert op.predicted_sec == pytest.approx(3.0, rel=1e-6) and op.bound == "page faults"
+
+
+def test_the_roofline_png_labels_neither_overlap_nor_leave_the_picture(tmp_path, monkeypatch):
+    """Two points close together (add and relu on a CPU) and a long label at the right edge: each
+    point's number beside it overlaps no other text, and every text lies inside the saved picture
+    (the labels written beside the markers overlapped and ran off the right edge)."""
+    import matplotlib.figure
+
+    points = (RooflinePoint("add [4096×4096] float32", "add", "float32", 4096**2, 3 * 4096**2 * 4, (0.0067,)),
+              RooflinePoint("relu [4096×4096] float32", "relu", "float32", 4096**2, 2 * 4096**2 * 4, (0.0090,)),
+              RooflinePoint("matmul 1024×1024 @ 1024×1024 float32", "matmul", "float32", 2 * 1024**3, 3 * 1024**2 * 4, (0.021,)))
+    measured = MeasuredRoofline(memory=MemoryRoof(4e10, 3e10, 2**26, (1.0,)), compute={"float32": ComputeRoof("float32", 1e11, 512, (1.0,))},
+                                points=points)
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        saved.append((figure, kwargs))
+        return original(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    save_measured_roofline_png(tmp_path / "roofline.png", measured)
+    (figure, kwargs), = saved
+    assert kwargs.get("bbox_inches") == "tight"  # the picture grows to hold the legend below the axes
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the closed figure's canvas is a bare one
+    axes = figure.axes[0]
+    numbers = [text.get_window_extent(renderer) for text in axes.texts]
+    assert [text.get_text() for text in axes.texts] == ["1", "2", "3"]
+    assert not any(a.overlaps(b) for i, a in enumerate(numbers) for b in numbers[i + 1:])
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert any(line.startswith("3. matmul 1024×1024 @ 1024×1024 float32") for line in legend), legend
+    legend_box, axes_box = axes.get_legend().get_window_extent(renderer), axes.get_window_extent(renderer)
+    assert legend_box.y1 <= axes_box.y0  # below the axes: it covers no point (the tight picture holds it)

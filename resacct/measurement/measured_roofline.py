@@ -357,16 +357,18 @@ def save_measured_roofline_png(path: str | Path, measured: MeasuredRoofline, *, 
         axes.loglog(xs, [min(roof.peak_flops_per_sec, x * bandwidth) for x in xs],
                     label=f"{dtype} roof: {roof.size}³ matmul {roof.peak_flops_per_sec / 1e9:.3g} GFLOP/s; "
                           f"triad {bandwidth / 1e9:.3g} GB/s (4 arrays moved)")
-    for index, point in enumerate(point for point in measured.points if point.flops > 0):
-        axes.scatter([point.intensity_flops_per_byte], [point.best_flops_per_sec], zorder=3)
-        axes.annotate(f"{point.label} ({measured.share_of_roof(point):.0%})", (point.intensity_flops_per_byte, point.best_flops_per_sec),
-                      textcoords="offset points", xytext=(4, -12 if index % 2 else 5), fontsize=7)
+    # Each point is numbered beside its marker and named in full in the legend below the axes: long
+    # labels written beside the markers overlapped (add and relu sit together) and ran off the right edge.
+    for number, point in enumerate((point for point in measured.points if point.flops > 0), start=1):
+        axes.scatter([point.intensity_flops_per_byte], [point.best_flops_per_sec], zorder=3,
+                     label=f"{number}. {point.label} ({measured.share_of_roof(point):.0%} of the roof)")
+        axes.annotate(str(number), (point.intensity_flops_per_byte, point.best_flops_per_sec),
+                      textcoords="offset points", xytext=(5, 3), fontsize=8)
     axes.set_xlabel("arithmetic intensity (FLOP / byte read + written)")
     axes.set_ylabel("FLOP/s (best sample)")
     axes.set_title(title or "This machine's measured roofline")
-    axes.legend(loc="lower right", fontsize=7)
-    figure.tight_layout()
-    figure.savefig(str(path), dpi=120)
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=7, frameon=False)
+    figure.savefig(str(path), dpi=120, bbox_inches="tight")
     plt.close(figure)
     return Path(path)
 
