@@ -92,3 +92,17 @@ def test_a_bad_count_is_one_line_exit_2(value, capsys):
     assert main(["verify", "--durations", value]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "expected a whole number ≥ 0" in err, err
+
+
+def test_the_durations_lines_fit_100_columns():
+    """Long claim ids and many areas (the shipped 36 areas' line was 554 characters) wrap or move
+    their detail to the next line, as every other line verify prints fits 100 columns."""
+    from resacct.cli.verify import _durations_text
+
+    claims = [{"area": f"area{index:02d}", "id": "a-claim-id-long-enough-to-push-the-line-past-the-edge-" + "x" * index,
+               "seconds": 1.0 + index, "outcome": "refuted", "path": "specs/peak_sharded.claims.yaml", "line": 125} for index in range(36)]
+    text = _durations_text({"claims": claims, "run": {"seconds": 700.0}}, 10)
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines), [line for line in lines if len(line) > 100]
+    assert sum("::" in line for line in lines) == 10 and "(refuted, specs/peak_sharded.claims.yaml:125)" in text
+    assert "area35 36.0 s" in text and "area00 1.0 s" in text  # every area kept, wrapped

@@ -17,6 +17,7 @@ import argparse
 import os
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,16 @@ def _durations_text(document: dict[str, Any], count: int) -> str:
     total = sum(float(r.get("seconds") or 0.0) for r in claims)
     lines = [f"slowest {'' if count == 0 else f'{min(count, len(claims))} '}claims of {len(claims)} "
              f"({total:.1f} s in claims; {document['run']['seconds']:.1f} s the whole run):"]
-    lines += [f"  {r['seconds']:8.3f} s  {r['area']}::{r['id']}  ({r['outcome']}, {r['where']})" for r in slowest_claims(claims, count)]
+    for r in slowest_claims(claims, count):  # every line fits the terminal's 100 columns, as the rest of verify's output
+        name, detail = f"  {r['seconds']:8.3f} s  {r['area']}::{r['id']}", f"({r['outcome']}, {r['where']})"
+        lines += [f"{name}  {detail}"] if len(name) + 2 + len(detail) <= _COLUMNS else [name[:_COLUMNS], f"{' ' * 14}{detail}"[:_COLUMNS]]
     by_area = document["run"].get("seconds_by_area") or seconds_by_area(claims)
-    lines.append("by area: " + ", ".join(f"{area} {seconds:.1f} s" for area, seconds in by_area.items()))
+    lines += textwrap.wrap("by area: " + ", ".join(f"{area} {seconds:.1f} s" for area, seconds in by_area.items()),
+                           width=_COLUMNS, subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join(lines)
+
+
+_COLUMNS = 100
 
 
 def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
