@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -82,6 +84,7 @@ def shard_run(tmp_path):
     for run in runs:
         run.kill_everything()
         run.process.communicate()
+        shutil.rmtree(run.tmpdir, ignore_errors=True)
 
 
 class _Run:
@@ -91,8 +94,9 @@ class _Run:
         self.marker = tmp_path / "run-marker-module-dir"
         self.marker.mkdir()
         (self.marker / "hanging_model_36.py").write_text(textwrap.dedent(_HANGING_FACTORY))
-        self.tmpdir = tmp_path / "tmp"
-        self.tmpdir.mkdir()
+        # short: the forkserver's Unix socket lives in TMPDIR and a path past 107 bytes is refused (pytest's
+        # tmp_path under xdist, /tmp/pytest-of-root/pytest-N/popen-gwK/test_…/tmp, is too long for it)
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="rs36-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.started = tmp_path / "started"
         self.started.mkdir()
         env = dict(os.environ, TMPDIR=str(self.tmpdir), PYTHONPATH=os.pathsep.join([str(self.marker), str(REPO)]),
@@ -352,3 +356,17 @@ def test_a_main_module_that_fails_in_the_child_is_explained(tmp_path, script, fi
     done = subprocess.run([sys.executable, "launcher.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path)))
     assert done.stdout.splitlines()[0] == first_line, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_temporary_folder_too_long_for_the_forkserver_socket_is_one_line(tmp_path):
+    """A TMPDIR whose forkserver socket path passes 107 bytes was a raw ``OSError: AF_UNIX path too
+    long`` traceback from multiprocessing: one line naming the folder, exit 2."""
+    long_folder = tmp_path / ("t" * 120)
+    long_folder.mkdir()
+    env = dict(os.environ, TMPDIR=str(long_folder), PYTHONPATH=str(REPO))
+    done = subprocess.run([RESACCT, "shard", "--model", "resacct.account.generic:mlp", "--devices", "2"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is too long for the Unix socket" in lines[0] and "set TMPDIR to a shorter folder" in lines[0], done.stderr

@@ -111,10 +111,12 @@ def _run_lora(args: argparse.Namespace) -> int:
 
     name, architecture, config = model_config(args)
     board, memory_bytes = device_memory_bytes(args)
-    if args.targets is None:  # peft's default for the model type (q_proj, v_proj for Llama)
+    if args.targets is None and config is None:  # the shape flags: the napkin path never imports torch (resacct.account does)
+        args.targets = ("q_proj", "v_proj")
+    elif args.targets is None:  # peft's default for the model type (q_proj, v_proj for Llama)
         from resacct.account.lora_step import default_lora_targets
 
-        args.targets = default_lora_targets(config) if config is not None else ("q_proj", "v_proj")
+        args.targets = default_lora_targets(config)
     formula = architecture is not None and architecture.family == "llama" and all(t in (*LORA_TARGETS, "all-linear") for t in args.targets)
     traced, untraced = _trace(args, config)
     if traced is None and config is not None:  # a config transformers cannot build a model from is refused, never answered by the formulas
@@ -232,14 +234,15 @@ def _linear_names(config: Any) -> list[str]:
 
 def _trace(args: argparse.Namespace, config: Any) -> tuple[Any, str | None]:
     """The LoRA step traced (:func:`resacct.account.lora_step.trace_lora_step`), or None and why not."""
-    from resacct.account.lora_step import TRACED_BASES, trace_lora_step
     from resacct.errors import ResacctError
+
+    if config is None:  # before importing resacct.account (torch): the shape flags are the napkin path
+        return None, ("the model is given by its shape: give --hf-config NAME or a config.json to trace the step" if args.hf_config is None
+                      else "transformers is not installed")
+    from resacct.account.lora_step import TRACED_BASES, trace_lora_step
 
     if args.base not in TRACED_BASES:
         return None, "NF4's bitsandbytes kernels do not run on fake tensors"
-    if config is None:
-        return None, ("the model is given by its shape: give --hf-config NAME or a config.json to trace the step" if args.hf_config is None
-                      else "transformers is not installed")
     try:
         return trace_lora_step(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
                                dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing), None

@@ -197,14 +197,34 @@ def start_forkserver_deaf_to_ctrl_c() -> None:
     from multiprocessing import forkserver, resource_tracker
 
     if not hasattr(signal, "pthread_sigmask"):
-        forkserver.ensure_running()
+        with _socket_path_refused():
+            forkserver.ensure_running()
         return
     resource_tracker.ensure_running()  # first: starting it unblocks SIGINT (multiprocessing's own block around its start)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        forkserver.ensure_running()
+        with _socket_path_refused():
+            forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _socket_path_refused() -> Any:
+    """The forkserver listens on a Unix socket in the temporary folder (``pymp-*/listener-*``); a
+    TMPDIR so long that the path passes the kernel's 107 bytes failed with a raw ``OSError: AF_UNIX
+    path too long``. It becomes one line naming the folder and what to do."""
+    from resacct.errors import ResacctError
+
+    try:
+        yield
+    except OSError as error:
+        if "AF_UNIX path too long" not in str(error):
+            raise
+        folder = tempfile.gettempdir()
+        raise ResacctError(f"the temporary folder {folder!r} ({len(folder)} characters) is too long for the Unix socket the child "
+                           "processes are started through (at most 107 bytes with pymp-*/listener-* added); set TMPDIR to a "
+                           "shorter folder, e.g. TMPDIR=/tmp") from None
 
 
 def stop_forkserver() -> None:
