@@ -1,0 +1,92 @@
+"""Issue 34's shortcuts in a prediction, each against the slower way it replaced, to the byte:
+
+- the Adam/AdamW state a steady step starts from made as ``Adam._init_group`` makes it
+  (:func:`resacct.account.peak.made_adam_state`) instead of by a first step on zero gradients.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from resacct.account import peak  # noqa: E402
+from resacct.account.peak import account_recipe_step_peak, made_adam_state, predict_step_peak  # noqa: E402
+from resacct.facts.recipes import parse_recipe  # noqa: E402
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+
+def _loss(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return model(inputs).square().mean()
+
+
+def _both_ways(monkeypatch: pytest.MonkeyPatch, run):  # type: ignore[no-untyped-def]
+    """``run()`` with the state made directly, then with the first step (the shortcut switched off)."""
+    direct = run()
+    with monkeypatch.context() as patched:
+        patched.setattr(peak, "made_adam_state", lambda optimizer: False)
+        stepped = run()
+    return direct, stepped
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=1e-3),
+    lambda p: torch.optim.Adam(p, lr=1e-3, amsgrad=True),
+    lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, foreach=False),
+], ids=["adamw", "adam-amsgrad", "adamw-for-loop"])
+def test_direct_adam_state_predicts_the_same_step(monkeypatch: pytest.MonkeyPatch, make_optimizer) -> None:  # type: ignore[no-untyped-def]
+    inputs = torch.empty(8, 16, device="meta")
+    direct, stepped = _both_ways(monkeypatch, lambda: predict_step_peak(_mlp().to("meta"), inputs, _loss, make_optimizer))
+    assert direct == stepped  # the peak, what is live at it, the whole timeline, the ops seen
+    assert direct.peak.bytes_by_kind["optimizer state"] > 0
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "bf16", "bf16-fp32-master", "bf16-autocast", "bf16-fp32-master-free-bf16-grads"])
+def test_direct_adam_state_on_a_transformers_model_and_each_recipe(monkeypatch: pytest.MonkeyPatch, recipe: str) -> None:
+    pytest.importorskip("transformers")
+    from tests.fixtures_hf_models import tiny_llama
+
+    from resacct.account.model_io import call_model, default_inputs, loss_of_output
+
+    with torch.device("meta"):
+        model = tiny_llama()
+    model.train()
+    inputs = default_inputs(model, batch=2, seq=16, device="meta")
+
+    def run():  # type: ignore[no-untyped-def]
+        return account_recipe_step_peak(model, inputs, lambda m, x: loss_of_output(call_model(m, x), "model"), recipe=parse_recipe(recipe),
+                                        optimizer="adamw", measure=False)
+
+    direct, stepped = _both_ways(monkeypatch, run)
+    assert direct.gap == stepped.gap
+    assert direct.predicted == stepped.predicted
+    if direct.predicted is not None:
+        assert direct.predicted.peak.bytes_by_kind["optimizer state"] > 0
+
+
+def test_direct_adam_state_leaves_other_optimizers_to_the_step() -> None:
+    weight = nn.Parameter(torch.ones(4, 4))
+    frozen = nn.Parameter(torch.ones(4), requires_grad=False)
+    assert not made_adam_state(torch.optim.SGD([weight], lr=0.1, momentum=0.9))
+    assert not made_adam_state(torch.optim.Adagrad([weight]))
+    assert not made_adam_state(torch.optim.AdamW([weight, frozen]))  # a first step makes no state for a parameter without a gradient
+    adamw = torch.optim.AdamW([weight])
+    assert made_adam_state(adamw)
+    assert not made_adam_state(adamw)  # state already there: made once
+    stepped = torch.optim.AdamW([nn.Parameter(torch.ones(4, 4))])
+    for parameter in stepped.param_groups[0]["params"]:
+        parameter.grad = torch.zeros_like(parameter)
+    stepped.step()
+    made, real = adamw.state[weight], next(iter(stepped.state.values()))
+    assert sorted(made) == sorted(real)
+    for name in real:
+        assert (made[name].shape, made[name].dtype, made[name].stride(), made[name].device) == (
+            real[name].shape, real[name].dtype, real[name].stride(), real[name].device), name
+    assert made["step"].item() == real["step"].item() == 1.0
