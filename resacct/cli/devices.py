@@ -12,7 +12,33 @@ from resacct.cli.compute import _add_command
 from resacct.cli.output import emit
 from resacct.errors import ResacctError
 
-__all__ = ["register"]
+__all__ = ["register", "board_argument", "parse_boards_at_the_edge"]
+
+
+def board_argument(text: str) -> Any:
+    """``--device NAME`` parsed once, at the command line's edge, into the datasheet table's
+    :class:`~resacct.facts.hardware.Accelerator` (the typed object ``account`` and ``fit`` use); an
+    unknown name is one line naming every board (argparse: exit 2, no traceback)."""
+    from resacct.errors import UnknownNameError
+    from resacct.facts.hardware import accelerators, get_accelerator
+
+    try:
+        return get_accelerator(text)
+    except UnknownNameError as error:
+        import difflib
+
+        close = difflib.get_close_matches(text.strip().lower(), list(accelerators()), n=3, cutoff=0.5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not a board in resacct's table{hint}; expected one of {', '.join(accelerators())} "
+                                         "(or an alias or CUDA name: resacct devices)") from None
+    except ResacctError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parse_boards_at_the_edge(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser``'s ``--device`` option :func:`board_argument` as its type: ``args.device`` is
+    then an ``Accelerator`` (or None), parsed before anything is imported or traced."""
+    parser._option_string_actions["--device"].type = board_argument
 
 
 def _device_fields(board: Any) -> dict[str, Any]:

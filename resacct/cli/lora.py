@@ -27,6 +27,7 @@ from typing import Any
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
+from resacct.cli.devices import parse_boards_at_the_edge
 from resacct.cli.output import add_json_flag, emit, with_caveat
 
 __all__ = ["register"]
@@ -35,6 +36,7 @@ _EXAMPLES = """examples:
   resacct lora --hf-config llama-2-7b --rank 16 --batch 1 --seq 2048 --memory-gb 24 --gradient-checkpointing
   resacct lora --hf-config llama-2-7b --rank 16 --targets all-linear --base nf4 --batch 4 --seq 2048 --memory-gb 24 --gradient-checkpointing --units binary
   resacct lora --hf-config llama-3-70b --rank 64 --targets all-linear --base nf4 --seq 4096 --device h100 --units binary --json
+  resacct lora --hf-config llama-2-7b --seq 2048 --device h100     also the CUDA allocated and reserved peaks and the step time on an H100
 """
 
 
@@ -218,7 +220,27 @@ def _run_lora(args: argparse.Namespace) -> int:
     lines.append("  not counted: " + ("temporaries (the step is not traced: " + str(untraced) + "), " if peak is None else "")
                  + "the allocator's fragmentation, the CUDA context"
                  + ("; activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured)" if args.base == "nf4" else ""))
+    gpu = _gpu_answer(args, config, board)
+    if gpu is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
+        fields["gpu"] = gpu.to_dict()
+        lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _gpu_answer(args: argparse.Namespace, config: Any, board: Any) -> Any:
+    """``--device BOARD``: :func:`resacct.account.gpu.command_answers.lora_gpu_answer` (None without a board)."""
+    if board is None:
+        return None
+    from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
+
+    if config is None:
+        return GpuStepAnswer(board.name, None, None, None, calibration_text(board),
+                             gap="the step is not traced (" + ("the model is given by its shape: give --hf-config NAME" if args.hf_config is None
+                                                               else "transformers is not installed") + ")")
+    from resacct.account.gpu.command_answers import lora_gpu_answer
+
+    return lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
+                           dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board)
 
 
 def _linear_names(config: Any) -> list[str]:
@@ -291,6 +313,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence (default: 2048)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="estimate activations with every layer recomputed")
     add_device_arguments(parser, required=False)
+    parse_boards_at_the_edge(parser)  # --device BOARD: also the CUDA caching allocator's peaks and the step time there
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_lora)

@@ -21,6 +21,7 @@ from typing import Any
 from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
 from resacct.cli.arguments import non_negative_float, positive_int, seconds
+from resacct.cli.devices import board_argument
 from resacct.cli.output import add_json_flag, emit, format_quantity, with_caveat
 from resacct.errors import ResacctError
 
@@ -58,7 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a rank to predict (repeatable; default: every rank up to 8, else ranks 0, 1 and the last)")
     parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences (or samples) per rank (default: 1)")
     parser.add_argument("--seq", type=positive_int, default=None, metavar="N", help="tokens per sequence (default: the context length)")
-    parser.add_argument("--device", default=None, metavar="NAME", help="accelerator whose memory each rank has (see 'resacct devices')")
+    parser.add_argument("--device", default=None, metavar="NAME", type=board_argument,
+                        help="accelerator whose memory each rank has (see 'resacct devices'); a CUDA board adds each rank's predicted "
+                             "CUDA caching allocator peaks there")
     parser.add_argument("--memory-gb", type=non_negative_float, default=None, help="memory per rank in GB (10^9 bytes) instead of --device")
     parser.add_argument("--measure", action="store_true",
                         help="then run the step on --devices local gloo ranks (a small model: ≤ 8 ranks, ≤ 50M parameters) and show each "
@@ -88,10 +91,53 @@ def run_shard(args: argparse.Namespace) -> int:
     with stopping_after(args.timeout, command="resacct shard", hint="expected a run within the limit: raise --timeout, or fewer --devices "
                         "or --rank, a smaller --batch, --seq or model"):
         account = _predict(args)
+        gpu = None if board is None else _cuda_ranks(args, account, board)
     fields = account.to_dict()
     fields["memory_bytes"] = memory_bytes
     fields["fits"] = None if memory_bytes is None else account.largest.peak_bytes <= memory_bytes
-    return emit(args, fields, with_caveat(fields, _text(account, memory_bytes, board, args.units), board))
+    text = _text(account, memory_bytes, board, args.units)
+    if gpu is not None:  # --device BOARD: each rank's CUDA caching allocator peaks there
+        fields["gpu"] = gpu
+        text += _gpu_text(gpu, memory_bytes, args.units)
+    return emit(args, fields, with_caveat(fields, text, board))
+
+
+def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str, Any]:
+    """``--device BOARD``: :func:`resacct.account.gpu.sharded_cuda.predict_sharded_cuda_peaks` for the
+    ranks predicted above (a second child process), with what calibrates it, or why there is no number."""
+    from resacct.account.gpu.command_answers import cuda_board_gap
+    from resacct.account.gpu.device_answer import calibration_text
+    from resacct.account.user_code import running_phase
+
+    answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None,
+                              "predicted_step_sec": None, "step_time_basis": "not predicted for sharded steps (no collective's time is modelled)"}
+    if answer["gap"] is not None:
+        return answer
+    from resacct.account.gpu.sharded_cuda import STREAMS_NOTE, predict_sharded_cuda_peaks
+
+    with running_phase(f"predicting {args.engine}'s CUDA allocator peaks on {board.name} (a child process, each rank on fake tensors)"):
+        answer["ranks"] = predict_sharded_cuda_peaks(model_source(args), engine=args.engine, world_size=args.devices,
+                                                     ranks=tuple(rank.rank for rank in account.ranks), batch=args.batch, seq=args.seq, board=board)
+    answer["note"] = STREAMS_NOTE if args.engine != "zero1" else None
+    return answer
+
+
+def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> str:
+    def size(value: float) -> str:
+        return format_quantity(value, "bytes", units)
+
+    if gpu["gap"] is not None:
+        return f"  on {gpu['board']} (CUDA caching allocator): no prediction — {gpu['gap']}\n"
+    lines = [f"  on {gpu['board']} (CUDA caching allocator, predicted; max_memory_allocated / max_memory_reserved of the step):"]
+    for rank in gpu["ranks"]:
+        verdict = "" if memory_bytes is None else (" — fits" if rank["peak_reserved_bytes"] <= memory_bytes else " — does NOT fit")
+        lines.append(f"    rank {rank['rank']}: allocated peak {size(rank['peak_allocated_bytes'])}, reserved peak {size(rank['peak_reserved_bytes'])}"
+                     f"{verdict} (attention: {rank['attention'] or 'no sdpa call'})")
+    lines.append(f"    calibrated by: {gpu['calibration']}")
+    lines.append(f"    step time: none ({gpu['step_time_basis']})")
+    if gpu.get("note"):
+        lines.append(f"    note: {gpu['note']}")
+    return "\n".join(lines) + "\n"
 
 
 def _predict(args: argparse.Namespace) -> Any:

@@ -38,6 +38,8 @@ class GpuStepAnswer:
     attention: str | None
     calibration: str
     gap: str | None = None
+    step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
+    step_time_basis: str | None = None  # how it was predicted (or why there is no step)
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -46,18 +48,25 @@ class GpuStepAnswer:
         assert self.allocated_bytes is not None and self.reserved_bytes is not None
         return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
                 f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
-                f"  calibrated by: {self.calibration}"]
+                f"  calibrated by: {self.calibration}"] + self._time_lines()
+
+    def _time_lines(self) -> list[str]:
+        if self.step_sec is None:
+            return [] if self.step_time_basis is None else [f"  step time: none ({self.step_time_basis})"]
+        return [f"  step time there (predicted): {self.step_sec * 1e3:.4g} ms ({self.step_time_basis})"]
 
     def note(self) -> str:
         """One line for a command's notes (``--json``): the peaks in bytes, or the gap, and the calibration."""
         if self.gap is not None:
             return f"on {self.board}: no CUDA allocator prediction — {self.gap}"
         return (f"on {self.board}: predicted CUDA allocated peak {self.allocated_bytes} B, reserved peak {self.reserved_bytes} B "
-                f"(attention {self.attention}); {self.calibration}")
+                f"(attention {self.attention}); {self.calibration}"
+                + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s ({self.step_time_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
-                "attention": self.attention, "calibration": self.calibration, "gap": self.gap}
+                "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
+                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis}
 
 
 def calibration_text(board: Any) -> str:

@@ -1,0 +1,178 @@
+"""``lora`` and ``infer`` with ``--device BOARD`` (no GPU present): the CUDA caching allocator's
+predicted allocated and reserved peaks on that board, the step time where the command has a step,
+and what calibrates them (the board's committed record, else its datasheet).
+
+- **lora**: the peft LoRA step of :mod:`resacct.account.lora_step` (forward, backward, AdamW over
+  the adapters, ``zero_grad``) traced on meta tensors by
+  :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` with CUDA's kernel choices (flash
+  attention for a 16-bit base, the efficient kernel for float32; foreach AdamW), and its per-op
+  roofline time (:mod:`resacct.account.gpu.step_time`).
+- **infer**: the model's weights loaded in their format, then the prefill of ``batch`` × ``context``
+  tokens as ``generate`` runs it (``use_cache=True``, the logits of the last position only, no
+  gradients), the KV cache kept: its peaks. No step time (``infer`` has no step).
+
+A board outside NVIDIA's CUDA families (TPU, Gaudi, AMD Instinct) gets no number: the CUDA caching
+allocator is not what runs there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
+from resacct.errors import ResacctError
+
+__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill"]
+
+#: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
+CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
+_H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
+
+
+def cuda_board_gap(board: Any) -> str | None:
+    """Why ``board`` gets no CUDA allocator prediction (None: it runs the CUDA caching allocator)."""
+    if board.family in CUDA_FAMILIES:
+        return None
+    return (f"{board.name} ({board.family}) does not run PyTorch's CUDA caching allocator; expected an NVIDIA board "
+            f"({', '.join(CUDA_FAMILIES)}): its memory is the datasheet's only")
+
+
+def sdpa_kernel_for(board: Any, dtype_bits: int) -> str:
+    """The kernel sdpa picks there: flash for 16-bit inputs on Ampere and later, else the efficient one
+    (flash attention needs sm80; a V100 is sm70)."""
+    return "flash" if dtype_bits == 16 and board.family != "volta" else "efficient"
+
+
+def board_rates(board: Any, dtype_bits: int) -> Any:
+    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step in ``dtype_bits``
+    floats: the H100 record's measured matmul rate (fp32 with TF32 off, or bf16) and the per-op host
+    overhead calibrated on its gpt-tiny step; elsewhere the datasheet's dense peak × 0.7 and the same
+    overhead (the host, not the board, issues the ops). Bandwidth: the datasheet × 0.8 (assumed)."""
+    from resacct.account.gpu.device_answer import RECORDS_BY_FAMILY
+    from resacct.account.gpu.recorded import H100_RECORD, load_gpu_record, recorded_step, recorded_value
+    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates, calibrate_overhead
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
+
+    record = load_gpu_record(H100_RECORD)
+    h100 = get_accelerator("h100-sxm")
+    fp32_rate = recorded_value(H100_RECORD, record, "gpu_claims", "fp32-matmul-mfu-good-h100", "achieved_flops_per_sec")
+    calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
+    overhead = calibrate_overhead(_gpt_ops(calibration["config"], calibration["batch"], calibration["seq"]), calibration["step_sec"],
+                                  fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
+    fmt = "fp32" if dtype_bits == 32 else "bf16"
+    bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
+    if board.name in RECORDS_BY_FAMILY:
+        claim = "fp32-matmul-mfu-good-h100" if fmt == "fp32" else "bf16-matmul-mfu-above-half-h100"
+        rate = recorded_value(H100_RECORD, record, "gpu_claims", claim, "achieved_flops_per_sec")
+        source = (f"{fmt} matmul {rate / 1e12:.1f} TFLOP/s measured in record {H100_RECORD}; bandwidth {BANDWIDTH_EFFICIENCY} × datasheet "
+                  f"(assumed); {overhead * 1e6:.1f} µs per op calibrated on its {_H100_CALIBRATION_STEP} step")
+    else:
+        peak = peak_flops_per_sec(board, fmt)
+        rate = peak * DATASHEET_MATMUL_EFFICIENCY
+        source = (f"no record for {board.name}: {fmt} matmul {DATASHEET_MATMUL_EFFICIENCY} × the datasheet's {peak / 1e12:g} TFLOP/s, bandwidth "
+                  f"{BANDWIDTH_EFFICIENCY} × the datasheet's, {overhead * 1e6:.1f} µs per op from the H100 record's {_H100_CALIBRATION_STEP} step")
+    return BoardRates(rate, bandwidth, overhead, source)
+
+
+def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
+    import torch
+
+    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.measurement.activation_checkpointing import gpt_loss
+    from resacct.training.gpt import GPTConfig, build_gpt
+
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
+
+
+def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
+    return GpuStepAnswer(board.name, None, None, None, calibration_text(board), gap=gap)
+
+
+def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
+                    gradient_checkpointing: bool, board: Any) -> GpuStepAnswer:
+    """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, step time."""
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
+    from resacct.account.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
+
+    gap = cuda_board_gap(board)
+    if gap is None and base not in TRACED_BASES:
+        gap = f"a {base} base runs bitsandbytes' kernels, which meta tensors cannot run"
+    if gap is None and gradient_checkpointing:
+        gap = "gradient checkpointing's recomputation calls .item(), which meta tensors refuse"
+    if gap is not None:
+        return _unavailable(board, gap)
+    model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
+    model.train()
+    inputs = lora_step_inputs(config, batch=batch, seq=seq)
+    bits = 32 if base == "fp32" else 16
+    attention: str | None = sdpa_kernel_for(board, bits)
+    try:
+        predicted = predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention=attention)
+    except ResacctError as error:
+        if "never called F.scaled_dot_product_attention" not in str(error) and "mask" not in str(error):
+            raise
+        attention = "efficient" if "mask" in str(error) else None
+        predicted = predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention=attention)
+    rates = board_rates(board, bits)
+    time = predict_step_seconds(trace_step_ops(model, inputs, lora_loss, adamw_over), rates)
+    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board))
+    return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
+
+
+def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str, kv_format: str, board: Any) -> GpuStepAnswer:
+    """The serving peak of ``config_name`` on ``board``: weights in ``weights`` (bf16, fp16 or fp32),
+    then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype)."""
+    import torch
+
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+
+    gap = cuda_board_gap(board)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if gap is None and weights not in dtypes:
+        gap = f"{weights} weights run quantised kernels that meta tensors cannot run; expected bf16, fp16 or fp32 weights for a CUDA prediction"
+    if gap is None and kv_format != weights:
+        gap = f"a {kv_format} KV cache beside {weights} weights: transformers' cache keeps the model's dtype; expected --kv-format {weights}"
+    if gap is not None:
+        return _unavailable(board, gap)
+    model = build_hf_model(load_hf_config(config_name), device="meta").to(dtypes[weights])
+    model.eval()
+    ids = torch.zeros(batch, context, dtype=torch.long)
+
+    attention: str | None = sdpa_kernel_for(board, 32 if weights == "fp32" else 16)
+    try:
+        predicted = predict_cuda_step_memory(model, ids, kv_prefill, None, attention=attention)
+    except ResacctError as error:
+        if "never called F.scaled_dot_product_attention" not in str(error) and "mask" not in str(error):
+            raise
+        attention = "efficient" if "mask" in str(error) else None
+        predicted = predict_cuda_step_memory(model, ids, kv_prefill, None, attention=attention)
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
+                         step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
+
+
+def kv_prefill(module: Any, tokens: Any) -> Any:
+    """``generate``'s first forward: ``use_cache=True``, the last position's logits only, no
+    gradients; the output (its KV cache) kept alive to the end of the trace."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            output = module(input_ids=tokens, use_cache=True, logits_to_keep=1)
+        except TypeError:  # a model without logits_to_keep: every position's logits
+            output = module(input_ids=tokens, use_cache=True)
+    return _Kept(output)
+
+
+class _Kept:
+    """What the prefill returns: its output (the KV cache in it) stays alive to the end of the trace;
+    ``backward()`` does nothing (there is no step)."""
+
+    def __init__(self, output: Any) -> None:
+        self.output = output
+
+    def backward(self) -> None:
+        return None

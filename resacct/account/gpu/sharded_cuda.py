@@ -1,0 +1,157 @@
+"""``resacct shard --device BOARD``: each rank's step under ZeRO-1/2/3 (FSDP2) as the CUDA caching
+allocator would hold it — predicted allocated and reserved peaks per rank, no GPU.
+
+The same engine as ``shard`` (:mod:`resacct.account.peak_sharded`: the model built on meta, each rank
+on fake CPU tensors under torch's fake process group, in a child process), with two CUDA choices and
+one more listener:
+
+- :class:`CudaShardedTracker` sends every storage the rank's step makes and frees — FSDP's
+  ``UntypedStorage.resize_`` of its unsharded parameters included (a resize up is an allocation, a
+  resize to 0 a free) — to :class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel`;
+  collective buffers are those the caller makes through the dispatcher (NCCL's own buffers live
+  outside the caching allocator); the window (``reset_peak_memory_stats``) starts at the forward,
+  after the optimizer's state exists;
+- the optimizer takes its foreach implementation, CUDA's default (fake CPU tensors would get the
+  for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise.
+
+**Not modelled**: FSDP2 issues its all-gathers and reduce-scatters on their own CUDA streams, whose
+blocks the caching allocator keeps apart (a block freed on one stream is not reused by another);
+here every allocation is on one stream, so the reserved peak is a lower bound for FSDP2.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
+from resacct.account.peak_sharded import ShardedStorageTracker
+from resacct.errors import ResacctError
+
+__all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE"]
+
+STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-scatter streams keep their blocks apart on a GPU, "
+                "so its reserved peak is a lower bound")
+
+
+class CudaShardedTracker(ShardedStorageTracker):
+    """:class:`~resacct.account.peak_sharded.ShardedStorageTracker` whose storages are also
+    allocations of a caching allocator model (``allocator``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocator = CachingAllocatorModel()
+        self._owners: dict[int, int] = {}  # id(the tracker's entry) -> the allocator's owner
+        self._ids = itertools.count()
+        self.window: tuple[int, int] | None = None  # allocated and reserved bytes when the forward began
+
+    def _malloc(self, entry: list) -> None:
+        if entry[0] > 0 and id(entry) not in self._owners:
+            owner = next(self._ids)
+            self._owners[id(entry)] = owner
+            self.allocator.malloc(owner, int(entry[0]))
+
+    def _release(self, entry: list | None) -> None:
+        owner = None if entry is None else self._owners.pop(id(entry), None)
+        if owner is not None and owner in self.allocator.active:
+            self.allocator.free(owner)
+
+    def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
+        super()._add(storage, kind, nbytes)
+        self._malloc(self._live[storage])
+
+    def _drop(self, entry: list) -> None:
+        self._release(entry)
+        super()._drop(entry)
+
+    def storage_resized(self, storage: Any, before_bytes: int, after_bytes: int, grown_kind: str) -> None:
+        self._release(self._live.get(storage))  # the old block goes back; a resize up is a new allocation
+        super().storage_resized(storage, before_bytes, after_bytes, grown_kind)
+        entry = self._live.get(storage)
+        if entry is not None:
+            self._malloc(entry)
+
+    def mark(self, phase: str) -> None:
+        if phase == "forward" and self.window is None:  # reset_peak_memory_stats: the steady step starts here
+            self.allocator.reset_peaks()
+            self.window = (self.allocator.allocated_bytes, self.allocator.reserved_bytes)
+        super().mark(phase)
+
+
+def _on_cuda(optimizer: Any) -> None:
+    """CUDA's foreach default, for a ZeroRedundancyOptimizer's inner optimizer (``.optim``) too."""
+    from resacct.account.gpu.cuda_step import _as_on_cuda
+
+    for each in (optimizer, getattr(optimizer, "optim", None)):
+        if each is not None:
+            _as_on_cuda(each)
+
+
+def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any) -> None:
+    """:func:`resacct.account.peak_sharded.sharded_step` with the optimizer as CUDA runs it."""
+    from resacct.account.peak_sharded import _collectives_named, _wrap
+    from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
+
+    with _collectives_named(tracker, world_size, backend="dispatcher"):
+        wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=True, backend="dispatcher")
+        _on_cuda(optimizer)
+        make_optimizer_state(wrapped, optimizer)
+        run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
+
+
+def _attention(kernel: str) -> Any:
+    from resacct.account.gpu.cuda_step import _CudaAttention
+
+    return _CudaAttention(kernel)
+
+
+def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
+                           kernel_for_bits: dict[int, str]) -> Any:
+    """In the child: per rank, the allocator model's peaks (a list of dicts), or a one-line error."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from resacct.account.peak_sharded import engine_mesh, step_copies
+    from resacct.measurement.memory_timeline import gc_paused
+
+    try:
+        target = model.target()
+        fixed_seq = seq if seq is not None else target.seq_limit
+        net, inputs, loss_fn = target.model, target.make_inputs(batch, fixed_seq), target.loss_fn()
+        bits = 16 if (engine == "fsdp2-bf16" or next((p.element_size() for p in net.parameters()), 4) == 2) else 32
+        kernel = kernel_for_bits[bits]
+        answers = []
+        for rank in ranks:
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+            try:
+                mesh, tracker = engine_mesh(engine, world_size), CudaShardedTracker()
+                routing = _attention(kernel)
+                with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
+                    work, work_inputs = step_copies(net, inputs, fake=True)
+                    with tracker, routing:
+                        _rank_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh)
+                del work, work_inputs
+                allocator = tracker.allocator
+                answers.append({"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes,
+                                "peak_reserved_bytes": allocator.peak_reserved_bytes, "attention": kernel if routing.calls else None,
+                                "start_allocated_bytes": (tracker.window or (0, 0))[0]})
+            finally:
+                dist.destroy_process_group()
+        return answers
+    except ResacctError as error:
+        return str(error)
+
+
+def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
+                               board: Any, timeout_seconds: float = 600.0) -> list[dict[str, Any]]:
+    """For each of ``ranks``: the CUDA caching allocator's predicted allocated and reserved peaks of
+    one steady ``engine`` step on ``board`` (``model``: a :class:`~resacct.account.fit_search.ModelSource`)."""
+    from resacct.account.gpu.command_answers import sdpa_kernel_for
+    from resacct.measurement.distributed import run_isolated
+
+    kernels = {bits: sdpa_kernel_for(board, bits) for bits in (16, 32)}
+    answer = run_isolated(_predict_cuda_in_child, model, engine, world_size, tuple(ranks), batch, seq, kernels, timeout_seconds=timeout_seconds)
+    if isinstance(answer, str):
+        raise ResacctError(answer)
+    return answer

@@ -1,0 +1,147 @@
+"""``resacct lora``, ``infer`` and ``shard`` with ``--device BOARD`` and no GPU (issue 31): the CUDA
+caching allocator's predicted allocated and reserved peaks there (and the step time where the command
+has a step), what calibrates them, one line for a board that is not in the table, no number (and
+why) for a board that does not run the CUDA caching allocator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from resacct.cli import main
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
+RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
+
+
+@pytest.fixture()
+def config_path(tmp_path: Path) -> str:
+    pytest.importorskip("transformers")  # every use builds the model (torch 2.4: transformers 5.x cannot)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    return str(path)
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", [["lora", "--seq", "16"], ["infer", "--context", "16"], ["shard", "--devices", "2"]])
+def test_an_unknown_board_is_one_line_naming_every_board(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command[0], "--hf-config", "gpt2", *command[1:], "--device", "tpu-v9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "'tpu-v9' is not a board" in err and "did you mean tpu-v4" in err
+    assert all(name in err for name in ("h100-sxm", "h200-sxm", "a100-sxm-40gb", "mi300x", "tpu-v5p"))
+
+
+def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fields = _json(capsys, "lora", "--hf-config", config_path, "--batch", "2", "--seq", "32", "--device", "h100")
+    gpu = fields["gpu"]
+    assert gpu["board"] == "h100-sxm" and gpu["gap"] is None and gpu["attention"] == "flash"
+    # what the caching allocator holds is at least the step's training state, counted by the CPU engine's trace
+    assert gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] >= fields["training_state_bytes"]
+    assert gpu["predicted_reserved_peak_bytes"] % (2 * 2**20) == 0  # segments of 2 MiB (small pool) or multiples of 2 MiB
+    # the same step's peak on fake CPU tensors (another engine, CPU kernels): within 10 % of the CUDA allocator's allocated peak
+    assert gpu["predicted_allocated_peak_bytes"] == pytest.approx(fields["step_peak_bytes"], rel=0.10)
+    assert RECORD in gpu["calibration"] and RECORD in gpu["step_time_basis"] and "bf16 matmul" in gpu["step_time_basis"]
+    assert 0 < gpu["predicted_step_sec"] < 1
+    assert main(["lora", "--hf-config", config_path, "--batch", "2", "--seq", "32", "--device", "h100"]) == 0
+    text = capsys.readouterr().out
+    assert "on h100-sxm (CUDA caching allocator, predicted): allocated peak" in text and "step time there (predicted):" in text
+
+
+def test_lora_on_a_board_without_a_record_says_datasheet_only(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    gpu = _json(capsys, "lora", "--hf-config", config_path, "--seq", "16", "--base", "fp32", "--device", "a100")["gpu"]
+    assert "no record for this board (a100-sxm-80gb): datasheet only" in gpu["calibration"]
+    assert "no record for a100-sxm-80gb: fp32 matmul 0.7 × the datasheet's" in gpu["step_time_basis"]
+    assert gpu["attention"] == "efficient" and gpu["predicted_allocated_peak_bytes"] > 0  # float32: sdpa's efficient kernel
+
+
+def test_lora_without_a_traceable_step_says_why(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    gpu = _json(capsys, "lora", "--hf-config", config_path, "--seq", "16", "--base", "nf4", "--device", "h100")["gpu"]
+    assert gpu["predicted_allocated_peak_bytes"] is None and "bitsandbytes" in gpu["gap"]
+    shaped = _json(capsys, "lora", "--layers", "2", "--hidden", "64", "--heads", "4", "--mlp", "128", "--vocab", "256", "--seq", "16",
+                   "--device", "h100")["gpu"]
+    assert shaped["predicted_allocated_peak_bytes"] is None and "--hf-config" in shaped["gap"]
+
+
+def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fields = _json(capsys, "infer", "--hf-config", config_path, "--batch", "2", "--context", "64", "--device", "h100")
+    gpu = fields["gpu"]
+    assert gpu["gap"] is None and gpu["predicted_step_sec"] is None and "no step" in gpu["step_time_basis"]
+    # the weights and the KV cache (the model's own cache after a meta forward, counted by infer itself) are held at the peak
+    assert gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] > fields["weight_bytes"] + fields["kv_cache_bytes"]
+    assert main(["infer", "--hf-config", config_path, "--context", "64", "--device", "h100"]) == 0
+    assert "on h100-sxm (CUDA caching allocator, predicted)" in capsys.readouterr().out
+
+
+def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path: str) -> None:
+    """The prefill traced on meta (what ``infer --device`` feeds the allocator model) against the same
+    prefill run for real on CPU tensors, both through the allocator model: the same peaks to the byte
+    (sdpa's math kernel on both sides: meta tensors take it when no CUDA kernel is chosen)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.command_answers import kv_prefill
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+
+    spec = load_hf_config(config_path)
+    ids = torch.zeros(2, 64, dtype=torch.long)
+    predicted = predict_cuda_step_memory(build_hf_model(spec, device="meta").to(torch.bfloat16).eval(), ids, kv_prefill, None)
+    real = build_hf_model(spec, device="cpu").to(torch.bfloat16).eval()
+    with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
+        for tensor in [*real.parameters(), *real.buffers(), ids]:
+            recorder.track(tensor)
+        start = recorder.allocator.allocated_bytes
+        recorder.start_window()
+        kept = kv_prefill(real, ids)
+    assert kept.output.past_key_values is not None
+    assert (predicted.start_allocated_bytes, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes) == (
+        start, recorder.allocator.peak_allocated_bytes, recorder.allocator.peak_reserved_bytes)
+
+
+def test_infer_says_why_there_is_no_number(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tpu = _json(capsys, "infer", "--hf-config", config_path, "--context", "16", "--device", "tpu-v5p")["gpu"]
+    assert tpu["predicted_allocated_peak_bytes"] is None and "does not run PyTorch's CUDA caching allocator" in tpu["gap"]
+    quantised = _json(capsys, "infer", "--hf-config", config_path, "--context", "16", "--weights", "int4", "--device", "h100")["gpu"]
+    assert quantised["predicted_allocated_peak_bytes"] is None and "int4" in quantised["gap"]
+    kv = _json(capsys, "infer", "--hf-config", config_path, "--context", "16", "--kv-format", "fp8", "--device", "h100")["gpu"]
+    assert kv["predicted_allocated_peak_bytes"] is None and "--kv-format bf16" in kv["gap"]
+
+
+def test_shard_on_an_h100_gives_each_rank_cuda_peaks(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--device", "h100"]
+    fields = _json(capsys, *argv)
+    gpu = fields["gpu"]
+    assert gpu["board"] == "h100-sxm" and RECORD in gpu["calibration"] and "one stream" in gpu["note"]
+    assert [rank["rank"] for rank in gpu["ranks"]] == [rank["rank"] for rank in fields["ranks"]] == [0, 1]
+    for cuda, cpu in zip(gpu["ranks"], fields["ranks"]):
+        assert cuda["peak_reserved_bytes"] >= cuda["peak_allocated_bytes"] > 0
+        # the same rank's step on fake CPU tensors (gloo's buffers, the CPU allocator): within 10 %
+        assert cuda["peak_allocated_bytes"] == pytest.approx(cpu["predicted_peak_bytes"], rel=0.10)
+
+
+def test_the_sharded_tracker_feeds_resizes_to_the_allocator_model() -> None:
+    """FSDP allocates and frees its unsharded parameters by ``UntypedStorage.resize_``: a resize up is
+    an allocation of the allocator model, a resize to 0 its free."""
+    from resacct.account.gpu.sharded_cuda import CudaShardedTracker
+
+    tracker = CudaShardedTracker()
+    with tracker:
+        storage = torch.empty(0).untyped_storage()
+        storage.resize_(3 * 2**20)  # 3 MiB: a 20 MiB segment
+        assert (tracker.allocator.allocated_bytes, tracker.allocator.reserved_bytes) == (3 * 2**20, 20 * 2**20)
+        storage.resize_(0)
+        assert tracker.allocator.allocated_bytes == 0 and tracker.allocator.peak_allocated_bytes == 3 * 2**20
+        kept = torch.ones(1000)  # 4000 B through the dispatcher: a 4096-byte block of a 2 MiB segment
+        assert tracker.allocator.allocated_bytes == 4096
+        del kept
+    assert tracker.allocator.allocated_bytes == 0
