@@ -275,11 +275,23 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     """Build the config's causal LM (a shipped name, a config.json path, or an
     :class:`~resacct.account.hf_models.HfConfigSpec`) on the meta device and account one step of
     ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss."""
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.hf_models import load_hf_config
+    from resacct.account.trace_cache import cached
 
     spec = config if isinstance(config, HfConfigSpec) else load_hf_config(config)
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
+    question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": batch, "seq": seq, "recipe": chosen,
+                "optimizer": optimizer, "attention": "sdpa", "device": "meta"}
+    # with caching on (a command's, resacct.account.trace_cache): the same question's answer read back, not traced again
+    return cached("hf-account", question, lambda: _traced_hf_account(spec, batch=batch, seq=seq, recipe=chosen, optimizer=optimizer))
+
+
+def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str) -> HfAccount:
+    """:func:`account_hf_config`'s answer, traced: the model built on meta, one step measured, its peak predicted."""
+    from resacct.account.hf_models import build_hf_model
+
+    chosen = recipe
     model = build_hf_model(spec, device="meta")
     model.train()
     length = seq if seq is not None else context_length(model)

@@ -1,5 +1,5 @@
 """Where an account's time goes (``resacct account --profile``): CPU and wall seconds per pass —
-import, load/build, trace (the step's FLOPs with its forward and backward), state (the optimizer
+import, cache (reading and writing :mod:`resacct.account.trace_cache`'s file), load/build, trace (the step's FLOPs with its forward and backward), state (the optimizer
 step that makes the state), activations (a forward under the saved-tensor hooks of its own), peak
 (the step on fake tensors, or the allocator's run), time (timed steps), render — each second
 charged to the innermost pass running, so the passes never add up to more than the time around them.
@@ -30,10 +30,12 @@ from typing import Any
 __all__ = ["PASSES", "PassProfile", "pass_profile", "profile_text"]
 
 #: The passes in the order a step's account runs them (``other``: the rest of the time measured around them).
-PASSES = ("import", "load/build", "trace", "state", "activations", "peak", "real run", "time", "render")
+PASSES = ("import", "cache", "load/build", "trace", "state", "activations", "peak", "real run", "time", "render")
 
 #: (module, attribute — ``Class.method`` for a method, pass, a context manager?) for each timed function.
 _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
+    ("resacct.account.trace_cache", "_read", "cache", False),
+    ("resacct.account.trace_cache", "_write", "cache", False),
     ("resacct.account.hf_models", "load_hf_config", "load/build", False),
     ("resacct.account.hf_models", "build_hf_model", "load/build", False),
     ("resacct.account.model_factory", "load_model", "load/build", False),

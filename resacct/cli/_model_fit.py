@@ -63,6 +63,9 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one line per probe on stderr (default: once the search has run 2 s); never on stdout")
     parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="stop the search after SECONDS with one line naming the phase and your code's line, exit 2 (Ctrl-C: exit 130)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="with --hf-config: search afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
+                             "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
 
 
 def _target(args: argparse.Namespace) -> Any:
@@ -97,13 +100,35 @@ def run_model_fit(args: argparse.Namespace) -> int:
                         "--max-batch, --seq or model"):
         with running_phase("importing torch and resacct's accounting"):
             from resacct.account.fit_search import MAX_BATCH, fit_step
-        with user_output_to_stderr(getattr(args, "json", False)):  # what the user's model prints must not break --json
+            from resacct.account.trace_cache import cache_wanted, cached, caching, last_outcome
+        gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
+
+        def searched() -> tuple[Any, Any]:
             answer, target = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
-            gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
-            found = gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer) if gpu else None
+            return answer, gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer) if gpu else None
+
+        # --hf-config: the same question's answer read back from the trace cache (a factory's code may change: searched afresh)
+        with user_output_to_stderr(getattr(args, "json", False)), caching(args.hf_config is not None and cache_wanted(args.no_cache)):
+            answer, found = cached("hf-fit", _question(args, memory_bytes, reserve_bytes, board, recipe, optimizer), searched)
+        if last_outcome() == "hit":
+            print(f"resacct fit: answered from the trace cache ({answer.traces} traces, {answer.seconds:.1f} s when first searched; "
+                  "--no-cache searches afresh)", file=sys.stderr)
     fields = dict(answer.to_dict(), gpu=gpu.fit_gpu_fields(found) if gpu else None)
     text = _text(answer, args.units) + ("".join("\n" + line for line in gpu.fit_gpu_lines(found, answer, lambda b: _bytes_text(b, args.units))) if gpu else "")
     return emit(args, fields, with_caveat(fields, text, board))
+
+
+def _question(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str) -> dict[str, Any]:
+    """What a fit of ``--hf-config`` answers, for the trace cache's key: the config's values and every size, budget and choice
+    (a --model factory's fit is never cached: no question is built for it)."""
+    if args.hf_config is None:
+        return {}
+    from resacct.account.hf_models import load_hf_config
+
+    spec = load_hf_config(args.hf_config)
+    return {"config": spec.values, "name": spec.name, "source": spec.source, "search": args.search, "batch": args.batch, "seq": args.seq,
+            "memory_bytes": memory_bytes, "reserve_bytes": reserve_bytes, "board": None if board is None else board.name, "recipe": recipe,
+            "optimizer": optimizer, "micro_batches": args.grad_accum, "max_batch": args.max_batch, "attention": "sdpa"}
 
 
 def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,

@@ -155,6 +155,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="where the time goes: CPU and wall seconds per pass (import, load/build, trace, state, activations, peak, "
                              "time, render) on stderr; with --json under profile_seconds")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="with --hf-config: trace afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
+                             "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
@@ -188,7 +191,9 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
     if args.device != "cpu":  # a board's name is checked before the account's seconds
         importlib.import_module("resacct.facts.hardware").get_accelerator(args.device)
-    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"):
+    from resacct.account.trace_cache import cache_wanted, caching
+
+    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)):
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "

@@ -1,0 +1,169 @@
+"""The trace cache (:mod:`resacct.account.trace_cache`): where it lives, what it keys on, that a
+second ``account``/``fit --hf-config`` of the same question reads the first one's answer (the
+tracing is made to fail the second time: the answer must come from the file), and that a corrupt or
+truncated file is ignored and written again. Every test points ``RESACCT_CACHE_DIR`` at ``tmp_path``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from resacct.account import trace_cache  # noqa: E402
+from resacct.account.trace_cache import cache_dir, cache_key, cache_wanted, cached, caching, last_outcome  # noqa: E402
+from resacct.cli import main  # noqa: E402
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 1, "vocab_size": 128, "max_position_embeddings": 64}
+
+
+@pytest.fixture
+def cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "traces"
+    monkeypatch.setenv("RESACCT_CACHE_DIR", str(folder))
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)  # tests/conftest.py turns the commands' cache off
+    return folder
+
+
+def _counting(answer: object):  # type: ignore[no-untyped-def]
+    calls: list[int] = []
+
+    def compute() -> object:
+        calls.append(1)
+        return answer
+
+    return compute, calls
+
+
+def test_where_the_cache_lives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESACCT_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("RESACCT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "resacct" / "traces"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "resacct" / "traces"
+    with caching(True, folder=tmp_path / "given"):
+        assert cache_dir() == tmp_path / "given"
+
+
+def test_commands_cache_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
+    assert cache_wanted(False) and not cache_wanted(True)
+    monkeypatch.setenv("RESACCT_NO_CACHE", "1")
+    assert not cache_wanted(False)
+    monkeypatch.setenv("RESACCT_NO_CACHE", "0")
+    assert cache_wanted(False)
+
+
+def test_off_by_default_computes_every_time_and_writes_nothing(cache_folder: Path) -> None:
+    compute, calls = _counting([1, 2])
+    assert cached("demo", {"n": 1}, compute) == [1, 2] and cached("demo", {"n": 1}, compute) == [1, 2]
+    assert len(calls) == 2 and last_outcome() == "off" and not cache_folder.exists()
+
+
+def test_the_same_question_is_read_back_and_another_is_computed(cache_folder: Path) -> None:
+    compute, calls = _counting({"peak_bytes": 123})
+    with caching(True):
+        assert cached("demo", {"n": 1}, compute) == {"peak_bytes": 123} and last_outcome() == "stored"
+        assert cached("demo", {"n": 1}, compute) == {"peak_bytes": 123} and last_outcome() == "hit"
+        assert cached("demo", {"n": 2}, compute) == {"peak_bytes": 123} and last_outcome() == "stored"
+        assert cached("other", {"n": 1}, compute) == {"peak_bytes": 123} and last_outcome() == "stored"
+    assert len(calls) == 3
+    assert len(list(cache_folder.glob("*.pickle"))) == 3 and not list(cache_folder.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "another key"])
+def test_a_damaged_file_is_ignored_and_written_again(cache_folder: Path, damage: str) -> None:
+    compute, calls = _counting(list(range(1000)))
+    with caching(True):
+        cached("demo", {"n": 1}, compute)
+        (path,) = cache_folder.glob("demo-*.pickle")
+        whole = path.read_bytes()
+        if damage == "another key":  # a file whose key is not the question's (a hash collision, a renamed file)
+            with caching(True, folder=cache_folder / "elsewhere"):
+                cached("demo", {"n": 2}, compute)
+            (other,) = (cache_folder / "elsewhere").glob("demo-*.pickle")
+            path.write_bytes(other.read_bytes())
+        else:
+            path.write_bytes({"truncated": whole[: len(whole) // 2], "garbage": b"not a pickle at all", "empty": b""}[damage])
+        assert cached("demo", {"n": 1}, compute) == list(range(1000)) and last_outcome() == "stored"
+        assert path.read_bytes() == whole  # rewritten whole
+        assert cached("demo", {"n": 1}, compute) == list(range(1000)) and last_outcome() == "hit"
+    assert len(calls) == 2 + (damage == "another key")  # traced first, again after the damage, then read
+
+
+def test_an_unwritable_folder_still_answers(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    compute, calls = _counting(7)
+    with caching(True, folder=blocked):
+        assert cached("demo", {}, compute) == 7 and last_outcome() == "unwritable"
+        assert cached("demo", {}, compute) == 7
+    assert len(calls) == 2 and blocked.read_text() == "not a folder"
+
+
+def test_the_key_names_versions_and_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = json.loads(cache_key("demo", {"batch": 2}))
+    assert key["question"] == {"batch": 2} and key["versions"]["torch"] and key["versions"]["resacct_source"]
+    assert cache_key("demo", {"batch": 2}) != cache_key("demo", {"batch": 3}) != cache_key("other", {"batch": 3})
+    monkeypatch.setattr(trace_cache, "source_fingerprint", lambda: "an edited resacct")
+    assert json.loads(cache_key("demo", {"batch": 2}))["versions"]["resacct_source"] == "an edited resacct"
+
+
+def _config(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def _tracing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resacct.account import fit_search, hf_models
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("traced again: the answer should have come from the cache")
+
+    monkeypatch.setattr(hf_models, "build_hf_model", refuse)
+    monkeypatch.setattr(fit_search, "fit_step", refuse)
+
+
+def test_account_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    argv = ["account", "--hf-config", _config(tmp_path), "--batch", "2", "--seq", "16", "--json"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert len(list(cache_folder.glob("hf-account-*.pickle"))) == 1
+    with monkeypatch.context() as patched:
+        _tracing_fails(patched)
+        assert main(argv) == 0
+        assert capsys.readouterr().out == first  # the same answer, byte for byte
+        with pytest.raises(AssertionError, match="traced again"):
+            main([*argv, "--no-cache"])
+    assert json.loads(first)["parameters"] > 0
+
+
+def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    argv = ["fit", "--hf-config", _config(tmp_path), "--seq", "16", "--memory-gb", "0.002", "--no-progress"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "trace cache" not in first.err and len(list(cache_folder.glob("hf-fit-*.pickle"))) == 1
+    with monkeypatch.context() as patched:
+        _tracing_fails(patched)
+        assert main(argv) == 0
+        second = capsys.readouterr()
+        assert second.out == first.out and "answered from the trace cache" in second.err
+        with pytest.raises(AssertionError, match="traced again"):
+            main([*argv, "--no-cache"])
+        patched.setenv("RESACCT_NO_CACHE", "1")
+        with pytest.raises(AssertionError, match="traced again"):
+            main(argv)
+    assert main([*argv[:-3], "--memory-gb", "0.003", "--no-progress"]) == 0  # another budget: another question, searched
+    assert len(list(cache_folder.glob("hf-fit-*.pickle"))) == 2
