@@ -1,6 +1,6 @@
 """``--device BOARD`` without a GPU (issue 31): ``resacct account --hf-config`` and ``resacct fit``
 print the CUDA caching allocator's predicted allocated and reserved peaks of the step and name what
-calibrates them; an autocast recipe gets one line instead of a number; fit judges the reserved peak."""
+calibrates them; a loss-scaled recipe gets one line instead of a number; fit judges the reserved peak."""
 
 from __future__ import annotations
 
@@ -52,12 +52,24 @@ def test_a_bf16_llama_on_meta_gets_cuda_peaks_with_flash_attention(config_path: 
     assert answer.reserved_bytes >= answer.allocated_bytes > 0
 
 
-def test_an_autocast_recipe_says_why_there_is_no_number(config_path: str) -> None:
+def test_a_loss_scaled_recipe_says_why_there_is_no_number(config_path: str) -> None:
     model = _model(config_path)
     inputs = default_inputs(model, batch=1, seq=16, device="meta")
-    answer = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("bf16-autocast"), optimizer="adamw", board=get_accelerator("h100"))
-    assert answer.allocated_bytes is None and answer.reserved_bytes is None and "autocast" in answer.gap
+    answer = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("fp16-autocast-scaled"), optimizer="adamw", board=get_accelerator("h100"))
+    assert answer.allocated_bytes is None and answer.reserved_bytes is None and "GradScaler" in answer.gap
     assert len(answer.lines(str)) == 1 and "no prediction" in answer.lines(str)[0]
+
+
+def test_an_autocast_recipe_is_predicted_under_cuda_autocasts_casts(config_path: str) -> None:
+    """bf16-autocast: float32 parameters, the forward under CUDA autocast (tests/test_gpu_autocast.py
+    checks the casts against torch's)."""
+    model = _model(config_path)
+    inputs = default_inputs(model, batch=16, seq=64, device="meta")  # activations above the optimizer step's peak
+    board = get_accelerator("h100")
+    autocast = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("bf16-autocast"), optimizer="adamw", board=board)
+    fp32 = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("fp32"), optimizer="adamw", board=board)
+    assert autocast.gap is None and autocast.attention == "flash" and fp32.attention == "efficient"
+    assert autocast.allocated_bytes != fp32.allocated_bytes and autocast.reserved_bytes >= autocast.allocated_bytes > 0
 
 
 def test_the_calibration_names_the_record_or_says_datasheet_only() -> None:

@@ -176,8 +176,8 @@ def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.Completed
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
     assert set(lines) == set(DRY_STEPS)
-    assert "cannot predict" in lines["hf-gpt2/bf16-autocast/flash"] and "autocast" in lines["hf-gpt2/bf16-autocast/flash"]  # no CUDA autocast on meta
-    for name in ("gpt2-small/fp32/math", "llama-3.2-1b-lora/bf16/flash", "mixtral-small/bf16-autocast/batched_mm-experts"):
-        if "autocast" not in name:
+    assert "cannot predict" not in lines["hf-gpt2/bf16-autocast/flash"]  # CUDA autocast's casts on meta (resacct/account/gpu/cuda_autocast.py)
+    for name in ("gpt2-small/fp32/math", "llama-3.2-1b-lora/bf16/flash", "hf-gpt2/bf16-autocast/flash"):
+        if name in lines:
             ratios = [float(word) for word in lines[name].split()[1:] if "." in word and "," not in word]
             assert len(ratios) == 2 and all(0.5 < ratio < 2 for ratio in ratios), lines[name]

@@ -352,9 +352,15 @@ def predict_recorded_step(step: dict[str, Any], dry: bool) -> Any:
     family, model, recipe, attention, *_ = MATRIX[step["name"]]
     net, loss_fn = _build(family, model, attention, step.get("extra", {}), dry, "meta")
     tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
-    work = recipe_step(parse_recipe(recipe), net, (tokens, tokens), loss_fn, "adamw")
+    chosen = parse_recipe(recipe)
+    work = recipe_step(chosen, net, (tokens, tokens), loss_fn, "adamw")
+    step_loss = work.loss_fn
+    if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct (cuda_autocast.py)
+        from resacct.account.gpu.device_answer import under_cuda_autocast
+        from resacct.facts.dtypes import parse_dtype
+        step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
     kernel = attention if attention in ("flash", "efficient") and not dry else None
-    return predict_cuda_step_memory(work.model, work.inputs, work.loss_fn, work.make_optimizer, attention=kernel,
+    return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
                                     config=allocator_config_of(step.get("allocator_settings")))
 
 

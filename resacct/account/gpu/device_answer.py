@@ -6,7 +6,9 @@ in its dtype, master weights), traced on meta tensors with CUDA's kernel choices
 :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`: sdpa takes flash attention for 16-bit
 inputs without a mask (the efficient kernel otherwise, as ``sdpa_kernel`` would on a Hopper or Ampere
 board), AdamW its foreach implementation. What it cannot predict it says in one line instead of a
-number: an autocast recipe (no CUDA autocast on meta tensors without a GPU), loss scaling.
+number: loss scaling (GradScaler reads whether a gradient overflowed). An autocast recipe runs its
+forward and loss under :class:`~resacct.account.gpu.cuda_autocast.CudaAutocast` (CUDA autocast's casts
+applied to meta tensors), its attention through flash (16-bit inputs).
 
 The calibration line names the committed record of the board (``docs/gpu/``), else "datasheet only".
 """
@@ -14,7 +16,7 @@ The calibration line names the committed record of the board (``docs/gpu/``), el
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -22,7 +24,7 @@ from torch import nn
 from resacct.account.gpu.recorded import H100_RECORD
 from resacct.errors import ResacctError
 
-__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY"]
+__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "under_cuda_autocast"]
 
 # The boards a committed record calibrates, by the datasheet table's name, and what it verified.
 RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
@@ -94,15 +96,17 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     from resacct.account.peak_recipes import recipe_step
 
     calibration = calibration_text(board)
-    if recipe.uses_autocast:
-        return GpuStepAnswer(board.name, None, None, None, calibration,
-                             gap=f"recipe {recipe.alias or recipe.name} runs under torch.autocast, which meta tensors cannot run as CUDA would "
-                                 "(no CUDA autocast without a GPU); the peak above is the CPU kernels'")
     try:
         step = recipe_step(recipe, model, inputs, loss_fn, optimizer)
     except ResacctError as error:
         return GpuStepAnswer(board.name, None, None, None, calibration, gap=str(error))
-    bits = next((p.element_size() * 8 for p in step.model.parameters()), 32)
+    autocast_dtype = None
+    if recipe.uses_autocast:  # CUDA autocast's casts applied on meta tensors (cuda_autocast.CudaAutocast), not torch.autocast("meta")
+        from resacct.facts.dtypes import parse_dtype
+
+        autocast_dtype = parse_dtype(recipe.computes_in)
+        step = replace(step, loss_fn=under_cuda_autocast(loss_fn, autocast_dtype))
+    bits = 16 if autocast_dtype is not None else next((p.element_size() * 8 for p in step.model.parameters()), 32)
     attention = _attention_for(step.model, bits)
     try:
         predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
@@ -115,6 +119,17 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
             attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
         predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
     return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration)
+
+
+def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) -> Callable[[nn.Module, Any], Any]:
+    """``loss_fn`` (forward and loss) under CUDA autocast's casts, as ``torch.autocast("cuda", dtype)`` would run it."""
+    from resacct.account.gpu.cuda_autocast import CudaAutocast
+
+    def loss(module: nn.Module, batch: Any) -> Any:
+        with CudaAutocast(dtype):
+            return loss_fn(module, batch)
+
+    return loss
 
 
 def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[float], str]) -> str:
