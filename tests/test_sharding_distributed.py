@@ -48,7 +48,7 @@ def test_all_reduce_on_local_gloo_ranks(world_size):
 def test_process_group_teardown_never_deadlocks():
     """Before torch 2.8, destroying a gloo group held the GIL while joining its worker threads, and
     one rank of a 4-rank all-reduce hung in teardown in 11 of 40 launches on torch 2.4.1
-    (resacct.measurement.distributed._cpu_backends_of_every_group). 12 launches with the old teardown would
+    (resacct.measurement.distributed_group._cpu_backends_of_every_group). 12 launches with the old teardown would
     all pass with probability about 0.72 ** 12 ≈ 2 %; each is killed after 20 s, not 60."""
     for launch in range(12):
         assert run_on_ranks(all_reduce_rank_sum, 4, timeout_seconds=20) == [6.0] * 4, f"launch {launch}"

@@ -97,8 +97,9 @@ def account_sharded_step(model: ModelSource, *, engine: str, world_size: int, ba
     ``batch`` sequences of ``seq`` tokens (default: the context length) on each rank; ``measure``:
     then the same step on ``world_size`` local gloo ranks, each rank's CPU allocator beside its
     prediction (a small model: :data:`MAX_MEASURED_RANKS`, :data:`MAX_MEASURED_PARAMETERS`)."""
-    from resacct.measurement.distributed import run_isolated
+    from resacct.measurement.distributed import preload_in_ranks, run_isolated
 
+    preload_in_ranks(__name__, "resacct.account.peak_sharded", "resacct.account.peak_sharded_measure")  # what the children run
     if engine not in ENGINE_STAGES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
     if world_size < 2:

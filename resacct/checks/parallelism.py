@@ -11,6 +11,8 @@ Megatron's selective recomputation does.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -21,6 +23,9 @@ from resacct.measurement.activations import record_saved_activations
 from resacct.harness.registry import Outcome, check
 from resacct.formulas.parallelism import torch_layer_saved_bytes
 from resacct.training.seeding import preserved_global_rng
+from resacct.measurement.distributed import preload_in_ranks
+
+preload_in_ranks(__name__)  # the module of what the tensor-parallel ranks run
 
 
 class MegatronLayer(nn.Module):
@@ -159,16 +164,23 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
     return sum(storages.values())
 
 
+@functools.lru_cache(maxsize=8)
+def _tensor_parallel_saved_bytes_per_rank(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int, sequence_parallel: bool) -> tuple[int, ...]:
+    """:func:`tensor_parallel_saved_bytes_on_rank` on ``tensor_parallel`` gloo ranks, once per layer and
+    layout in a process: the claims that ask the same (the Korthikanti term, eager PyTorch's) share one launch."""
+    from resacct.measurement.distributed import run_on_ranks
+
+    return tuple(run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
+                              timeout_seconds=120))
+
+
 @check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",))
 def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
                                       sequence_parallel: bool = False) -> Outcome:
     """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout
     on) saves for backward: the largest over the ranks (``min_rank_bytes`` the smallest);
     resacct predicts it with Korthikanti's tensor-parallel terms plus eager PyTorch's extras."""
-    from resacct.measurement.distributed import run_on_ranks
-
-    per_rank = run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
-                            timeout_seconds=120)
+    per_rank = _tensor_parallel_saved_bytes_per_rank(seq, batch, hidden, heads, tensor_parallel, sequence_parallel)
     # with sequence parallelism, DTensor keeps each column-parallel linear's all-gathered input
     # whole: Q, K and V gather separately (3), h→4h once (1)
     predicted = torch_layer_saved_bytes(seq, batch, hidden, heads, tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,

@@ -5,8 +5,8 @@ gloo ranks by the CPU allocator (``torch.profiler``, ``profile_memory=True``) an
 at the peak, by the same tracker over the real tensors (the census) — against the ZeRO paper's
 per-rank state (:mod:`resacct.formulas.sharding`).
 
-One child process (the fake process group) predicts every engine and rank, one gloo launch per
-world size measures them; both are cached, so the claims of a world size share them.
+One child process (the fake process group) predicts every engine and rank while one gloo launch per
+world size measures them, beside it; both are cached, so the claims of a world size share them.
 
 Each gloo rank keeps the first *complete* record, every rank in step (they share collectives):
 
@@ -32,6 +32,9 @@ from resacct.account.peak_sharded_measure import MAX_ATTEMPTS, allocator_summary
 from resacct.account.sharded_account import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.measurement.distributed import preload_in_ranks
+
+preload_in_ranks(__name__, "resacct.account.peak_sharded", "resacct.account.peak_models")  # what the ranks and the prediction's child run
 
 __all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "MAX_ATTEMPTS", "measured_on_rank", "sharded_peak_measurements"]
 
@@ -131,13 +134,14 @@ def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int,
 @functools.lru_cache(maxsize=6)
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak_sharded import predict_sharded_step_peaks_in_process
-    from resacct.measurement.distributed import DistributedUnavailableError, run_isolated, run_on_ranks
+    from resacct.measurement.distributed import DistributedUnavailableError, run_on_ranks, started_isolated
 
     _require_engines()
-    try:
-        predicted = run_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
-                                 timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
-        ranks = run_on_ranks(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+    try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
+        with started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
+                              timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
+            ranks = run_on_ranks(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+            predicted = prediction()
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
     return {engine: {"predicted": predicted[engine], "measured": [rank[engine] for rank in ranks]} for engine in engines}

@@ -29,9 +29,11 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
-from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, run_isolated, run_on_ranks
+from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated, run_on_ranks
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
+
+preload_in_ranks(__name__)  # the module of what the ranks run
 
 __all__ = [
     "sharded_training_on_rank",

@@ -27,22 +27,24 @@ What keeps it safe:
   code and its last lines, one that dies before resacct's code runs in it with the likely cause.
 * The calling process never creates a process group (a pytest process stays clean).
 
-Children are forked from a ``forkserver`` that imported torch once (``spawn`` where the
-platform has no forkserver), so a launch costs a fraction of a second after the first.
+Children are forked from one ``forkserver`` per process that imported torch and the rank programs'
+modules once (:func:`preload_in_ranks`; ``spawn`` where there is none) and freeze what they inherit
+(``gc.freeze``: a collection, made before each measured step, scans only what the program made), so
+a launch costs a fraction of a second after the first. :func:`started_isolated` runs one child
+beside what the caller does meanwhile (a prediction beside the ranks that measure it).
 ``program`` must be a module-level function whose arguments and result can be pickled.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
+import gc
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -50,6 +52,15 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from resacct.measurement.distributed_group import (  # the small programs: re-exported for tests and examples
+    all_reduce_rank_sum,
+    frozen_object_count,
+    gloo_process_group,
+    imported,
+    loopback_interface,
+    raise_on_rank,
+    sleep_on_rank,
+)
 from resacct.measurement.lifeline import (
     STORE_PREFIX,
     OutputRelay,
@@ -82,83 +93,42 @@ __all__ = [
     "MAX_LOCAL_WORLD_SIZE",
     "run_on_ranks",
     "run_isolated",
+    "started_isolated",
+    "preload_in_ranks",
     "gloo_process_group",
     "loopback_interface",
     "all_reduce_rank_sum",
     "raise_on_rank",
     "sleep_on_rank",
+    "frozen_object_count",
+    "imported",
 ]
 
 #: More local ranks than this is refused: each is a process importing torch.
 MAX_LOCAL_WORLD_SIZE = 16
-#: Modules the forkserver imports once, so that each rank starts warm.
+#: Modules the forkserver imports once, so that each rank starts warm (and those named by :func:`preload_in_ranks`).
 _PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
-            "torch.distributed.fsdp", "resacct.measurement.distributed"]
+            "torch.distributed.fsdp", "torch.profiler", "torch.distributed.tensor.parallel", "resacct.measurement.distributed"]
+_preloaded_by_callers: list[str] = []
+#: Children freeze what they inherit (``gc.freeze``); benchmarks/launch_cost.py turns it off for the old way beside the new.
+FREEZE_INHERITED = True
 install_forkserver_excepthook()  # does something only in the forkserver, which preloads this module
 _GRACE_SECONDS = 5.0
 _ERROR_GATHER_SECONDS = 1.0
 _RELAY_EVERY_SECONDS = 0.25
 
 
-def loopback_interface() -> str:
-    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS).
-
-    >>> loopback_interface() in {"lo", "lo0"}   # doctest: +SKIP
-    True
-    """
-    names = [name for _, name in socket.if_nameindex()]
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    raise DistributedUnavailableError(f"no loopback network interface found among {names}; gloo is kept to loopback")
-
-
-@contextlib.contextmanager
-def gloo_process_group(rank: int, world_size: int, store_path: str, collective_timeout_seconds: float) -> Iterator[None]:
-    """Join the gloo process group of ``world_size`` ranks meeting at ``store_path`` (a
-    ``FileStore``); every collective times out after ``collective_timeout_seconds``. The group
-    is destroyed on exit, also when the body raises."""
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=collective_timeout_seconds)
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-    try:
-        yield
-    finally:
-        backends = _cpu_backends_of_every_group()
-        dist.destroy_process_group()
-        _release_without_the_gil(backends)
-
-
-def _cpu_backends_of_every_group() -> list[Any]:
-    """The gloo backend object of every live process group, as Python objects of their own.
-
-    Why: until torch 2.8, ``ProcessGroup``'s Python binding destroys the C++ object with the GIL
-    held (pytorch/pytorch#154976 released it from 2.8 on). Dropping a group's last reference then
-    runs ``~ProcessGroupGloo``, which joins gloo's worker threads; a worker still freeing a finished
-    collective whose tensor's Python object outlived it (``all_reduce_rank_sum``'s ``value``) needs
-    the GIL to release that object, and the two wait on each other for ever. This hung one rank of
-    ``run_on_ranks(all_reduce_rank_sum, 4)`` in about 1 launch in 4 on torch 2.4.1 (gdb: the main
-    thread in ``~ProcessGroupGloo`` → ``thread.join``, the worker in ``~AsyncAllreduceWork`` →
-    ``gil_scoped_acquire``). The ``ProcessGroupGloo`` binding itself has released the GIL in its
-    destructor since long before 2.4, so holding these objects across ``destroy_process_group``
-    and dropping them last makes the join run without the GIL, on every torch version.
-    """
-    import torch
-    import torch.distributed.distributed_c10d as c10d
-
-    backends = []
-    for group in list(c10d._world.pg_map):
-        with contextlib.suppress(RuntimeError):  # a group with no CPU backend has nothing to join
-            backends.append(group._get_backend(torch.device("cpu")))
-    return backends
-
-
-def _release_without_the_gil(backends: list[Any]) -> None:
-    """Drop the last references to ``backends`` (see :func:`_cpu_backends_of_every_group`)."""
-    while backends:
-        backends.pop()
+def preload_in_ranks(*module_names: str) -> None:
+    """Have the forkserver import ``module_names`` (a rank program's module, what it imports) before
+    it forks the first child, so that no rank pays their import again: call it where the module is
+    imported (its own top level). A forkserver already running keeps what it has (each rank then
+    imports the rest itself). Only modules that have imported once in this process belong here: a
+    module the forkserver cannot import stops every launch."""
+    for name in module_names:
+        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+            raise DistributedError(f"module name {name!r}: expected a dotted module name such as 'resacct.checks.sharding_runs'")
+        if name not in _PRELOAD and name not in _preloaded_by_callers:
+            _preloaded_by_callers.append(name)
 
 
 def _check_world_size(world_size: int) -> None:
@@ -174,7 +144,7 @@ def _check_seconds(value: float, name: str) -> None:
 def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)  # only effective before the server first starts
+        context.set_forkserver_preload([*_PRELOAD[:-1], *_preloaded_by_callers, _PRELOAD[-1]])  # effective when the server (re)starts
         start_forkserver_deaf_to_ctrl_c()
         return context
     return multiprocessing.get_context("spawn")
@@ -182,7 +152,7 @@ def _context() -> multiprocessing.context.BaseContext:
 
 def _rank_main(payload: bytes, rank: int, world_size: int, folder: str, join_group: bool, collective_timeout_seconds: float,
                interface: str, connection: multiprocessing.connection.Connection, lifeline: multiprocessing.connection.Connection,
-               launcher_folders: tuple[str, ...]) -> None:
+               launcher_folders: tuple[str, ...], freeze: bool = True) -> None:
     """What each child runs: watch the launcher's lifeline, send its output to the run's folder,
     unpickle ``payload`` (the program and its arguments: an import that fails here is reported like
     any error), join the group (when ``join_group``), run the program, send ("ok", result) or
@@ -201,6 +171,8 @@ def _rank_main(payload: bytes, rank: int, world_size: int, folder: str, join_gro
         import torch
 
         torch.set_num_threads(1)
+        if freeze:  # what the child inherited and imported is never garbage: a collection then scans only what the program makes
+            gc.freeze()
         store_path = os.path.join(folder, "store") if join_group else None
         if store_path is None:
             result = program(*args)
@@ -232,10 +204,10 @@ def _stop(processes: Sequence[multiprocessing.process.BaseProcess], grace_second
 
 
 def _collect(connections: dict[multiprocessing.connection.Connection, int], processes: Sequence[multiprocessing.process.BaseProcess],
-             timeout_seconds: float, program_name: str, relay: OutputRelay) -> list[Any]:
+             timeout_seconds: float, program_name: str, relay: OutputRelay, started: float) -> list[Any]:
     results: dict[int, Any] = {}
     errors: dict[int, tuple[str, str]] = {}
-    deadline = time.monotonic() + timeout_seconds
+    deadline = started + timeout_seconds  # the time limit counts from the start (a child started in the background ran meanwhile)
     pending = dict(connections)
     while pending:
         relay.pump()
@@ -302,81 +274,94 @@ def run_isolated(program: Callable[..., Any], *args: Any, timeout_seconds: float
     return _launch(program, args, 1, timeout_seconds, 1.0, join_group=False)[0]
 
 
+def started_isolated(program: Callable[..., Any], *args: Any, timeout_seconds: float = 60.0) -> contextlib.AbstractContextManager[Callable[[], Any]]:
+    """Start ``program(*args)`` in one child process now (as :func:`run_isolated`) and run the
+    ``with`` block meanwhile; the block gets a function that waits for the result and returns it.
+    The time limit counts from the start. Leaving the block stops the child (at once when the block
+    raised or never asked for the result).
+
+    >>> with started_isolated(math.factorial, 5) as result:   # doctest: +SKIP
+    ...     other = run_on_ranks(all_reduce_rank_sum, 2)      # both run at the same time
+    ...     value = result()
+    """
+    return _Launch(program, args, 1, timeout_seconds, 1.0, join_group=False).single()
+
+
 def _launch(program: Callable[..., Any], args: tuple[Any, ...], world_size: int, timeout_seconds: float,
             collective_timeout_seconds: float, *, join_group: bool) -> list[Any]:
-    _check_seconds(timeout_seconds, "timeout_seconds")
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        refuse_reentered_main()
-    interface = loopback_interface()
-    context = _context()
-    name = getattr(program, "__qualname__", repr(program))
-    payload = pickle.dumps((program, args))  # unpickled in the child, where a failing import is reported as the rank's error
-    processes: list[multiprocessing.process.BaseProcess] = []
-    connections: dict[multiprocessing.connection.Connection, int] = {}
-    finished = False
-    remove_stale_folders()
-    with tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-") as folder:
-        relay = OutputRelay([os.path.join(folder, f"rank-{rank}.out") for rank in range(world_size)], sys.stderr)
+    with _Launch(program, args, world_size, timeout_seconds, collective_timeout_seconds, join_group=join_group) as launch:
+        return launch.results()
+
+
+class _Launch:
+    """``world_size`` children running ``program``, started on entering; :meth:`results` waits for
+    them. Leaving stops every child still running (after a failure at once, after success with a
+    grace period) and removes the run's folder; a Ctrl-C or a time limit also stops the forkserver."""
+
+    def __init__(self, program: Callable[..., Any], args: tuple[Any, ...], world_size: int, timeout_seconds: float,
+                 collective_timeout_seconds: float, *, join_group: bool) -> None:
+        _check_seconds(timeout_seconds, "timeout_seconds")
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            refuse_reentered_main()
+        self._interface = loopback_interface()
+        self._context = _context()
+        self._name = getattr(program, "__qualname__", repr(program))
+        self._payload = pickle.dumps((program, args))  # unpickled in the child, where a failing import is reported as the rank's error
+        self._world_size, self._join_group = world_size, join_group
+        self._timeout_seconds, self._collective_timeout_seconds = timeout_seconds, collective_timeout_seconds
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        self._connections: dict[multiprocessing.connection.Connection, int] = {}
+        self._finished = False
+        self._started = time.monotonic()
+
+    def __enter__(self) -> _Launch:
+        remove_stale_folders()
+        self._folder = tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-")
+        folder = self._folder.name
+        self._relay = OutputRelay([os.path.join(folder, f"rank-{rank}.out") for rank in range(self._world_size)], sys.stderr)
         try:
-            lifeline = lifeline_reader(context)
+            lifeline = lifeline_reader(self._context)
             launcher_folders = (launcher_temp_dir(),)
-            for rank in range(world_size):
-                receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(
+            self._started = time.monotonic()
+            for rank in range(self._world_size):
+                receiver, sender = self._context.Pipe(duplex=False)
+                process = self._context.Process(
                     target=_rank_main,
-                    args=(payload, rank, world_size, folder, join_group, collective_timeout_seconds, interface, sender, lifeline,
-                          launcher_folders),
+                    args=(self._payload, rank, self._world_size, folder, self._join_group, self._collective_timeout_seconds,
+                          self._interface, sender, lifeline, launcher_folders, FREEZE_INHERITED),
                     name=rank_process_name(rank, folder),
                     daemon=True,
                 )
-                processes.append(process)
+                self._processes.append(process)
                 process.start()
                 sender.close()
-                connections[receiver] = rank
-            results = _collect(connections, processes, timeout_seconds, name, relay)
-            finished = True
-            return results
+                self._connections[receiver] = rank
         except BaseException as error:
-            if not isinstance(error, Exception):  # Ctrl-C, a time limit: the process is ending
-                stop_forkserver()
+            self.__exit__(type(error), error, error.__traceback__)
             raise
+        return self
+
+    def results(self) -> list[Any]:
+        results = _collect(self._connections, self._processes, self._timeout_seconds, self._name, self._relay, self._started)
+        self._finished = True
+        return results
+
+    @contextlib.contextmanager
+    def single(self) -> Iterator[Callable[[], Any]]:
+        with self as launch:
+            yield lambda: launch.results()[0]
+
+    def __exit__(self, kind: Any, error: BaseException | None, trace: Any) -> None:
+        try:
+            if error is not None and not isinstance(error, Exception):  # Ctrl-C, a time limit: the process is ending
+                stop_forkserver()
         finally:
-            # After success the ranks are exiting: give them a moment. After a failure the
-            # others may wait in a collective: kill them now.
-            _stop(processes, _GRACE_SECONDS if finished else 0.0)
-            relay.pump()
-            for connection in connections:
-                connection.close()
-
-
-# Small programs for tests and examples (module-level, so they can be pickled by reference).
-
-
-def all_reduce_rank_sum(rank: int, world_size: int) -> float:
-    """Every rank contributes its rank; returns the all-reduced sum, 0 + 1 + … + (N − 1)."""
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([float(rank)])
-    dist.all_reduce(value)
-    return float(value.item())
-
-
-def raise_on_rank(rank: int, world_size: int, failing_rank: int) -> int:
-    """Raises ValueError on ``failing_rank``; the other ranks wait in a barrier that never completes."""
-    import torch.distributed as dist
-
-    if rank == failing_rank:
-        raise ValueError(f"rank {rank} fails on purpose")
-    dist.barrier()
-    return rank
-
-
-def sleep_on_rank(rank: int, world_size: int, sleeping_rank: int, seconds: float) -> int:
-    """``sleeping_rank`` sleeps ``seconds`` (a stuck rank); the others wait for it in a barrier."""
-    import torch.distributed as dist
-
-    if rank == sleeping_rank:
-        time.sleep(seconds)
-    dist.barrier()
-    return rank
+            try:
+                # After success the ranks are exiting: give them a moment. After a failure the
+                # others may wait in a collective: kill them now.
+                _stop(self._processes, _GRACE_SECONDS if self._finished else 0.0)
+                self._relay.pump()
+                for connection in self._connections:
+                    connection.close()
+            finally:
+                self._folder.cleanup()

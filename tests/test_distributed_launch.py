@@ -1,0 +1,128 @@
+"""What makes a launch cheap (issue 34) without loosening what makes it safe (issue 36): the children
+freeze what they inherit, the forkserver imports the rank programs' modules once, a prediction's
+child runs beside the ranks (``started_isolated``), and claims that ask one launch the same share it."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+
+import pytest
+
+from resacct.measurement.distributed import (
+    DistributedError,
+    DistributedRankError,
+    DistributedTimeoutError,
+    all_reduce_rank_sum,
+    frozen_object_count,
+    imported,
+    preload_in_ranks,
+    run_isolated,
+    run_on_ranks,
+    started_isolated,
+)
+
+
+def _no_children_left() -> bool:
+    return not [child for child in multiprocessing.active_children() if child.name.startswith("resacct-rank-")]
+
+
+def _restart_forkserver() -> None:
+    """Stop this process's forkserver cleanly (the next launch starts one with today's preloads)."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_child_freezes_what_it_inherited_so_a_collection_does_not_scan_it():
+    """Unfrozen, each gc.collect in a rank walked the ~288,000 objects of torch and the preloads
+    (0.8 s each on a busy 2-core machine; the peak claims collect before every step)."""
+    assert run_isolated(frozen_object_count) > 10_000
+    assert all(count > 10_000 for count in run_on_ranks(_frozen_on_rank, 2))
+
+
+def _frozen_on_rank(rank: int, world_size: int) -> int:
+    return frozen_object_count()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_preloaded_module_is_imported_before_the_child_runs(monkeypatch):
+    """``preload_in_ranks`` reaches the next forkserver to start; ``json.tool`` is imported by
+    nothing on a child's way to its program, so only the preload can have put it there."""
+    import resacct.measurement.distributed as distributed
+
+    monkeypatch.setattr(distributed, "_preloaded_by_callers", [])
+    _restart_forkserver()
+    assert run_isolated(imported, ["json.tool", "torch"]) == [False, True]
+    preload_in_ranks("json.tool")
+    assert run_isolated(imported, ["json.tool"]) == [False], "a running forkserver keeps the modules it started with"
+    _restart_forkserver()
+    assert run_isolated(imported, ["json.tool"]) == [True]
+
+
+@pytest.mark.parametrize("name", ["", "a..b", "3d", "json tool"])
+def test_a_bad_preload_name_is_refused_naming_it(name):
+    with pytest.raises(DistributedError, match=rf"module name {name!r}: expected a dotted module name"):
+        preload_in_ranks(name)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_started_isolated_runs_beside_the_ranks_and_returns_its_result():
+    with started_isolated(math.factorial, 6) as result:
+        assert run_on_ranks(all_reduce_rank_sum, 2) == [1.0, 1.0]
+        assert result() == 720
+    assert _no_children_left()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_started_isolated_is_stopped_when_the_block_fails_or_never_asks():
+    started = time.monotonic()
+    with pytest.raises(ZeroDivisionError), started_isolated(time.sleep, 60.0):
+        1 / 0
+    with started_isolated(time.sleep, 60.0):
+        pass
+    assert time.monotonic() - started < 15, "a child left running was waited for instead of killed"
+    assert _no_children_left()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_started_isolated_time_limit_counts_from_the_start_and_errors_show():
+    started = time.monotonic()
+    with pytest.raises(DistributedTimeoutError, match=r"did not finish within 2 s; they were killed"):
+        with started_isolated(time.sleep, 60.0, timeout_seconds=2) as result:
+            time.sleep(1.5)
+            result()
+    assert time.monotonic() - started < 4, "the limit was counted from when the result was asked for"
+    with pytest.raises(DistributedRankError, match="ValueError"), started_isolated(math.factorial, -1) as result:
+        result()
+    assert _no_children_left()
+
+
+def test_tensor_parallel_claims_that_ask_the_same_share_one_launch(monkeypatch):
+    """The Korthikanti claim and eager PyTorch's claim of one layer measure the same ranks: one launch."""
+    import resacct.measurement.distributed as distributed
+    from resacct.checks import parallelism
+
+    launches = []
+
+    def fake_launch(program, world_size, *args, **kwargs):
+        launches.append((world_size, args))
+        return [1000 + rank for rank in range(world_size)]
+
+    monkeypatch.setattr(distributed, "run_on_ranks", fake_launch)
+    parallelism._tensor_parallel_saved_bytes_per_rank.cache_clear()
+    try:
+        first = parallelism.tensor_parallel_layer_saved_bytes(16, 2, 64, 4, tensor_parallel=2)
+        second = parallelism.tensor_parallel_layer_saved_bytes(16, 2, 64, 4, tensor_parallel=2)
+        parallelism.tensor_parallel_layer_saved_bytes(16, 2, 64, 4, tensor_parallel=2, sequence_parallel=True)
+    finally:
+        parallelism._tensor_parallel_saved_bytes_per_rank.cache_clear()
+    assert first.measured == second.measured == 1001 and first.quantities["min_rank_bytes"] == 1000
+    assert launches == [(2, (16, 2, 64, 4, False)), (2, (16, 2, 64, 4, True))]
