@@ -48,3 +48,9 @@ def pytest_collect_file(file_path, parent):  # type: ignore[no-untyped-def]
 
         return ClaimsFile.from_parent(parent, path=file_path, seen_ids=parent.config.stash[SEEN_CLAIM_IDS])
     return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from resacct.harness.early_ranks import start_ranks_early
+
+    start_ranks_early(session)

@@ -126,3 +126,26 @@ def test_tensor_parallel_claims_that_ask_the_same_share_one_launch(monkeypatch):
         parallelism._tensor_parallel_saved_bytes_per_rank.cache_clear()
     assert first.measured == second.measured == 1001 and first.quantities["min_rank_bytes"] == 1000
     assert launches == [(2, (16, 2, 64, 4, False)), (2, (16, 2, 64, 4, True))]
+
+
+def test_claims_that_launch_ranks_start_the_forkserver_when_collected(monkeypatch):
+    """Only resacct claims marked distributed, and not in an xdist worker, start it early."""
+    from types import SimpleNamespace
+
+    import resacct.measurement.distributed as distributed
+    from resacct.harness.early_ranks import start_ranks_early
+    from resacct.harness.plugin import ClaimItem
+
+    started = []
+    monkeypatch.setattr(distributed, "start_forkserver_early", lambda: started.append(True))
+
+    def item(kind, marks):
+        node = object.__new__(kind)
+        node.get_closest_marker = lambda name: name if name in marks else None
+        return node
+
+    session = SimpleNamespace(config=SimpleNamespace(), items=[item(ClaimItem, {"slow"}), item(pytest.Function, {"distributed"})])
+    assert not start_ranks_early(session) and not started, "no claim of these launches ranks"
+    session.items.append(item(ClaimItem, {"distributed", "slow"}))
+    assert not start_ranks_early(SimpleNamespace(config=SimpleNamespace(workerinput={}), items=session.items)) and not started
+    assert start_ranks_early(session) and started == [True]

@@ -37,6 +37,7 @@ beside what the caller does meanwhile (a prediction beside the ranks that measur
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import math
@@ -95,6 +96,7 @@ __all__ = [
     "run_isolated",
     "started_isolated",
     "preload_in_ranks",
+    "start_forkserver_early",
     "gloo_process_group",
     "loopback_interface",
     "all_reduce_rank_sum",
@@ -129,6 +131,14 @@ def preload_in_ranks(*module_names: str) -> None:
             raise DistributedError(f"module name {name!r}: expected a dotted module name such as 'resacct.checks.sharding_runs'")
         if name not in _PRELOAD and name not in _preloaded_by_callers:
             _preloaded_by_callers.append(name)
+
+
+def start_forkserver_early() -> None:
+    """Start the forkserver now without waiting for it: it imports torch and the preloads (seconds)
+    beside what this process does before its first launch. It is stopped when this process exits."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        _context()
+        atexit.register(stop_forkserver)
 
 
 def _check_world_size(world_size: int) -> None:
