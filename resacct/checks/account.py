@@ -8,16 +8,15 @@ resacct's formulas (:mod:`resacct.formulas.gpt_formulas`, :mod:`resacct.measurem
 
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from resacct.account import (
-    measure_training_state,
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
+from resacct.account.step_measurements import measure_step_once
 from resacct.measurement.activations import (
     gpt_loss,
     predict_gpt_step_peak_bytes,
@@ -36,6 +35,7 @@ from resacct.formulas.gpt_formulas import (
     predict_gpt_step_flops,
 )
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.measurement.memo import shared_measurement
 
 
 def _tokens(config: GPTConfig, batch: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +59,7 @@ def gpt_parameters(model: str) -> Outcome:
 _FLOP_QUANTITIES = ("params", "tokens", "matmul_params", "nanogpt_params", "n_layers", "d_model", "forward_flops")
 
 
-@functools.lru_cache(maxsize=16)
+@shared_measurement
 def _traced_step(model: str, batch: int, seq: int, attention: str, device: str, fill_tracer_gaps: bool) -> tuple[int, int, int, int]:
     """(forward, backward, parameters, recomputed attention) FlopCounterMode traces for one GPT step, once per input."""
     config = get_gpt_config(model)
@@ -111,7 +111,7 @@ def gpt_training_state(model: str, recipe: str, moment: str, include_step_counte
     config = get_gpt_config(model)
     net = build_gpt(config, device=device)
     tokens, targets = _tokens(config, 2, min(16, config.context_length), device)
-    state = measure_training_state(net, lambda module: gpt_loss(module, tokens, targets), recipe)
+    state = measure_step_once(net, lambda module: gpt_loss(module, tokens, targets), recipe, fill_tracer_gaps=False).state
     if moment not in ("after_backward", "at_step"):
         raise ResacctError(f"moment {moment!r}: expected after_backward or at_step")
     measured = state.after_backward_bytes if moment == "after_backward" else state.at_step_bytes
@@ -165,11 +165,8 @@ def bytes_per_parameter(model: str, batch: int, seq: int, recipe: str) -> Outcom
     net = build_gpt(config, device="meta")
     tokens, targets = _tokens(config, batch, seq, "meta")
     chosen = get_state_recipe(recipe)
-    state = measure_training_state(net, lambda module: gpt_loss(module, tokens, targets), chosen)
-    typed = net.to(parse_dtype(chosen.parameter_dtype))
-    with record_saved_activations(typed) as saved:
-        loss = gpt_loss(typed, tokens, targets)
-    del loss
+    once = measure_step_once(net, lambda module: gpt_loss(module, tokens, targets), chosen, fill_tracer_gaps=False)  # one forward and backward
+    state, saved = once.state, once.saved  # the saved activations of the model in the recipe's parameter dtype
     element = parse_dtype(chosen.parameter_dtype).itemsize
     predicted_activations = predict_gpt_saved_bytes(config, batch, seq, element_bytes=element, device_type="meta")
     params = state.parameters

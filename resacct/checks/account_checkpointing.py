@@ -6,8 +6,6 @@ they keep).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -15,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from resacct.checks.account import _tokens
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
+from resacct.measurement.memo import shared_measurement
 from resacct.measurement.activations import (
     best_segment_count,
     gpt_loss,
@@ -51,7 +50,7 @@ def _step_peak(net: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, segm
     return trace.peak_bytes
 
 
-@functools.lru_cache(maxsize=4)
+@shared_measurement
 def _unsegmented_measurements(layers: int, batch: int, seq: int) -> tuple[int, int, int]:
     """(what blocks.0 saves, one boundary's bytes, held after an unsegmented forward) of the narrow
     GPT — the same for every segment count, so measured once per size."""
@@ -84,7 +83,7 @@ def checkpoint_freed_bytes(layers: int, segments: int, batch: int = 2, seq: int 
                    quantities={"layer_bytes": layer_bytes, "boundary_bytes": boundary_bytes, "rng_bytes": rng_state_bytes()})
 
 
-@functools.lru_cache(maxsize=8)
+@shared_measurement
 def _backward_flops_and_modules(layers: int, batch: int, seq: int, segments: int) -> tuple[int, dict[str, int]]:
     """Backward FLOPs (FlopCounterMode) of the narrow GPT on meta with k segments, and the
     forward FLOPs per module (inclusive), measured once per size."""
@@ -149,7 +148,7 @@ def checkpoint_best_segments(model: str, layers: int = 16) -> Outcome:
     return Outcome(measured=best, predicted=predicted, quantities={"layers": layers, "peaks_bytes": peaks})
 
 
-@functools.lru_cache(maxsize=4)
+@shared_measurement
 def _accumulation(micro_batch: int, steps: int, model: str, seq: int) -> tuple[int, int, int]:
     from resacct.measurement.activations import measure_grad_accumulation
 

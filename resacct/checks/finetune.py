@@ -15,6 +15,7 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.measurement.memo import shared_measurement
 
 _MISSING = "{name} is not installed (the optional extra: pip install 'resacct[finetune]')"
 _DTYPES = {"float32": (torch.float32, "fp32"), "bfloat16": (torch.bfloat16, "bf16"), "float16": (torch.float16, "fp16")}
@@ -68,7 +69,28 @@ def _config(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab
                        num_key_value_heads=kv_heads, max_position_embeddings=64, tie_word_embeddings=False)
 
 
-@functools.lru_cache(maxsize=8)
+@shared_measurement
+def _full_step(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, dtype: str, batch: int, seq: int,
+               attention: str) -> tuple[int, int, torch.Tensor]:
+    """The fully trainable twin of a LoRA step (no adapters): (bytes autograd saves in its forward,
+    its step's FLOPs, torch's RNG state after it — the LoRA model is built from that state, as
+    when both ran in one go). Built with seed 0; shared by every LoRA claim on the same base."""
+    from transformers import LlamaForCausalLM
+
+    from resacct.account.step_measurements import trace_step_flops
+    from resacct.measurement.activation_recording import record_saved_activations
+
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    full = LlamaForCausalLM._from_config(_config(hidden, layers, heads, kv_heads, mlp, vocab), dtype=_DTYPES[dtype][0], attn_implementation=attention)
+    with record_saved_activations(full) as full_saved:
+        full(input_ids=ids, labels=ids).loss
+    fill = attention == "sdpa"  # FlopCounterMode counts the CPU flash kernel as 0: resacct's tracer fills it from the call's shapes
+    full_flops = trace_step_flops(full, lambda: full(input_ids=ids, labels=ids).loss, fill_tracer_gaps=fill)
+    return full_saved.activation_bytes, full_flops.step_flops, torch.get_rng_state()
+
+
+@shared_measurement
 def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, dtype: str, dropout: float,
                batch: int, seq: int, attention: str) -> dict[str, Outcome]:
     from peft import LoraConfig, get_peft_model
@@ -85,12 +107,9 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
     target_list = [t.strip() for t in targets.split(",")]
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    full = LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation=attention)
-    with record_saved_activations(full) as full_saved:
-        full(input_ids=ids, labels=ids).loss
+    full_saved_bytes, full_step_flops, rng_state = _full_step(hidden, layers, heads, kv_heads, mlp, vocab, dtype, batch, seq, attention)
+    torch.set_rng_state(rng_state)
     fill = attention == "sdpa"  # FlopCounterMode counts the CPU flash kernel as 0: resacct's tracer fills it from the call's shapes
-    full_flops = trace_step_flops(full, lambda: full(input_ids=ids, labels=ids).loss, fill_tracer_gaps=fill)
     with warnings.catch_warnings():  # transformers' FutureWarning about is_gradient_checkpointing, raised inside peft
         warnings.simplefilter("ignore", FutureWarning)
         model = get_peft_model(LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation=attention),
@@ -116,7 +135,7 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     flops = trace_step_flops(model, lambda: model(input_ids=ids, labels=ids).loss, fill_tracer_gaps=fill)  # last: it sets every .grad to None
     quantities = {"base_parameters": sum(p.numel() for p in frozen), "adapter_parameters": adapter_parameters, "adapter_tensors": len(trainable),
                   "head_dim": hidden // heads, "tokens": batch * seq, "element_bytes": torch_dtype.itemsize,
-                  "full_saved_activation_bytes": full_saved.activation_bytes, "full_step_flops": full_flops.step_flops}
+                  "full_saved_activation_bytes": full_saved_bytes, "full_step_flops": full_step_flops}
     measured = {
         "trainable_parameters": (adapter_parameters, predicted.adapter_parameters),
         "trainable_tensors": (len(trainable), predicted.adapter_tensors),
@@ -128,10 +147,10 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
         "optimizer_state_bytes": (distinct_storage_bytes(state), predicted.optimizer_state_bytes),
         "state_bytes": (distinct_storage_bytes([*model.parameters(), *gradients, *state]), predicted.state_bytes),
         "saved_activation_bytes": (saved.activation_bytes, predicted_saved),
-        "saved_activation_ratio": (saved.activation_bytes / full_saved.activation_bytes, None),
+        "saved_activation_ratio": (saved.activation_bytes / full_saved_bytes, None),
         "forward_flops": (flops.forward_flops, predicted_flops.forward_flops),
         "backward_flops": (flops.backward_flops, predicted_flops.backward_flops),
-        "step_flops_ratio": (flops.step_flops / full_flops.step_flops,
+        "step_flops_ratio": (flops.step_flops / full_step_flops,
                              predicted_flops.step_flops / predict_step_flops(architecture, batch=batch, seq=seq).step_flops),
     }
     return {name: Outcome(measured=value, predicted=guess, quantities=quantities) for name, (value, guess) in measured.items()}

@@ -15,6 +15,7 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.measurement.memo import shared_measurement
 
 _NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 
@@ -127,7 +128,7 @@ def sdpa_over_eager_flops(layers: int = 2, batch: int = 2, seq: int = 16) -> Out
     return _sdpa_over_eager_flops(layers, batch, seq)
 
 
-@functools.lru_cache(maxsize=4)
+@shared_measurement
 def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -183,7 +184,7 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
                                "stats_bytes": element if device == "cpu" else 4, "math_bytes": 4})
 
 
-@functools.lru_cache(maxsize=64)
+@shared_measurement
 def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int,
                      experts: int, experts_per_token: int, dtype: str, dropout: float, batch: int, seq: int):  # type: ignore[no-untyped-def]
     from resacct.measurement.activations import record_saved_activations

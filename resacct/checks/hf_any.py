@@ -12,13 +12,13 @@ BLOOM have no sdpa in transformers). A mixture of experts (Qwen3-MoE, DeepSeek-V
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
+from resacct.measurement.memo import shared_measurement
 
 #: per architecture, the keys of its published config.json (the shipped configs in resacct/hf_configs/known.yaml), sizes shrunk
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -95,7 +95,7 @@ def _figures(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[st
             "saved_activation_bytes": int(step.saved.activation_bytes)}
 
 
-@functools.lru_cache(maxsize=16)
+@shared_measurement
 def _step(architecture: str, batch: int, seq: int) -> tuple[dict[str, int], dict[str, int], int]:
     """(predicted, measured, the CPU model's parameter tensors) for one tiny architecture."""
     from resacct.account.hf_models import HfConfigSpec, build_hf_model

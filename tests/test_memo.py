@@ -1,0 +1,107 @@
+"""resacct.measurement.memo: claims that measure the same thing share one measurement (issue 34)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resacct.errors import ResacctError
+from resacct.harness.registry import Outcome
+from resacct.measurement.memo import MEMO_VARIABLE, forget_shared_measurements, memo_enabled, memo_stats, shared_measurement
+
+
+def _counting() -> tuple[list[tuple[int, str]], object]:
+    calls: list[tuple[int, str]] = []
+
+    @shared_measurement
+    def measure(size: int, recipe: str = "fp32") -> Outcome:
+        calls.append((size, recipe))
+        return Outcome(measured=size, quantities={"sizes": [size], "recipe": recipe})
+
+    return calls, measure
+
+
+def test_same_inputs_measure_once_however_they_are_spelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    calls, measure = _counting()
+    first = measure(3)
+    assert measure(3, "fp32") == first == measure(size=3, recipe="fp32")  # the default filled in: one key
+    assert calls == [(3, "fp32")]
+    assert measure.memo_stats().hits == 2 and measure.memo_stats().misses == 1  # type: ignore[attr-defined]
+
+
+def test_different_inputs_never_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    calls, measure = _counting()
+    assert [measure(3).measured, measure(4).measured, measure(3, "bf16").quantities["recipe"]] == [3, 4, "bf16"]
+    assert calls == [(3, "fp32"), (4, "fp32"), (3, "bf16")]
+
+
+def test_a_caller_cannot_change_what_the_next_caller_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    _, measure = _counting()
+    first = measure(5)
+    first.quantities["sizes"].append(99)  # type: ignore[attr-defined]
+    first.quantities["recipe"] = "changed"  # type: ignore[index]
+    again = measure(5)
+    assert again.quantities == {"sizes": [5], "recipe": "fp32"}
+    assert again is not first and again.quantities is not first.quantities
+
+
+def test_torch_threads_are_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    calls, measure = _counting()
+    threads = torch.get_num_threads()
+    measure(1)
+    torch.set_num_threads(threads + 1)
+    try:
+        measure(1)
+    finally:
+        torch.set_num_threads(threads)
+    measure(1)
+    assert len(calls) == 2  # the CPU flash kernel's scratch grows with the threads: another thread count measures again
+
+
+@pytest.mark.parametrize("off", ["0", "off", "false", "no"])
+def test_memo_off_measures_every_call(monkeypatch: pytest.MonkeyPatch, off: str) -> None:
+    monkeypatch.setenv(MEMO_VARIABLE, off)
+    assert not memo_enabled()
+    calls, measure = _counting()
+    measure(2)
+    measure(2)
+    assert calls == [(2, "fp32"), (2, "fp32")]
+
+
+def test_unhashable_inputs_are_refused_with_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    _, measure = _counting()
+    with pytest.raises(ResacctError, match=r"\[1, 2\].*not hashable"):
+        measure([1, 2])
+    with pytest.raises(ResacctError, match="do not fit"):
+        measure(1, "fp32", "extra")
+
+
+def test_forgetting_measures_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    calls, measure = _counting()
+    measure(7)
+    measure.cache_clear()  # type: ignore[attr-defined]
+    measure(7)
+    forget_shared_measurements()
+    measure(7)
+    assert len(calls) == 3
+    assert any(stats.function.endswith("measure") for stats in memo_stats())
+
+
+def test_a_peak_claim_and_its_phase_twin_share_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """peak.step_peak passes the recipe, peak.phase_matches leaves it to its default: with
+    functools.lru_cache those were two keys and the step was measured twice."""
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    from resacct.checks import peak
+
+    peak._step.cache_clear()  # type: ignore[attr-defined]
+    step = peak.step_peak(model="mlp", batch=2, seq=1, recipe="fp32")
+    phase = peak.phase_matches(model="mlp", batch=2, seq=1)
+    stats = peak._step.memo_stats()  # type: ignore[attr-defined]
+    assert (stats.misses, stats.hits) == (1, 1)
+    assert phase.quantities["measured_phase"] == step.quantities["peak_phase"]
