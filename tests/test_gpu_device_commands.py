@@ -145,3 +145,19 @@ def test_the_sharded_tracker_feeds_resizes_to_the_allocator_model() -> None:
         assert tracker.allocator.allocated_bytes == 4096
         del kept
     assert tracker.allocator.allocated_bytes == 0
+
+
+@pytest.mark.parametrize("command", [["infer", "--context", "16"], ["lora", "--seq", "16"]])
+def test_a_model_given_by_its_shape_with_a_board_never_imports_torch(command: list[str]) -> None:
+    """The napkin path stays a napkin path with --device: one line saying why there is no CUDA number."""
+    import subprocess
+    import sys
+
+    argv = [command[0], "--layers", "2", "--hidden", "64", "--heads", "4", "--mlp", "128", "--vocab", "256", *command[1:], "--device", "h100", "--json"]
+    probe = ("import json, sys\nfrom resacct.cli import main\ncode = main(" + repr(argv) + ")\n"
+             "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    result = json.loads(done.stderr.strip().splitlines()[-1])
+    assert result == {"code": 0, "torch": False}, done.stderr
+    gpu = json.loads(done.stdout)["gpu"]
+    assert gpu["board"] == "h100-sxm" and gpu["predicted_allocated_peak_bytes"] is None and "--hf-config" in gpu["gap"]

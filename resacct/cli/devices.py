@@ -12,7 +12,15 @@ from resacct.cli.compute import _add_command
 from resacct.cli.output import emit
 from resacct.errors import ResacctError
 
-__all__ = ["register", "board_argument", "parse_boards_at_the_edge"]
+__all__ = ["register", "board_argument", "parse_boards_at_the_edge", "untraced_gpu_answer"]
+
+
+def untraced_gpu_answer(board: Any, gap: str) -> tuple[dict[str, Any], str]:
+    """``--device BOARD`` where no step is traced (a model given by its shape: the napkin path, which
+    never imports torch): the ``gpu`` fields of ``--json`` (the keys of ``GpuStepAnswer.to_dict``) and the line."""
+    fields = {"board": board.name, "predicted_allocated_peak_bytes": None, "predicted_reserved_peak_bytes": None, "attention": None,
+              "calibration": None, "gap": gap, "predicted_step_sec": None, "step_time_basis": None}
+    return fields, f"on {board.name} (CUDA caching allocator): no prediction — {gap}"
 
 
 def board_argument(text: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
-from resacct.cli.devices import parse_boards_at_the_edge
+from resacct.cli.devices import parse_boards_at_the_edge, untraced_gpu_answer
 from resacct.cli.output import add_json_flag, emit, with_caveat
 
 __all__ = ["register"]
@@ -107,23 +107,16 @@ def _run_infer(args: argparse.Namespace) -> int:
                   + ("" if memory.room_bytes > 0 else " (the weights alone do not fit)"),
                   f"  largest context at batch {args.batch}: {memory.largest_context} tokens{beyond}"]
     lines.append(f"  {_NOT_COUNTED}")
-    if board is not None:  # --device BOARD: the CUDA caching allocator's peaks of the prefill there
-        gpu = _gpu_answer(args, board, context)
+    if board is not None and args.hf_config is None:  # the shape flags (no torch): no prefill to trace
+        fields["gpu"], line = untraced_gpu_answer(board, "the model is given by its shape: give --hf-config NAME to trace its prefill")
+        lines.append("  " + line)
+    elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks of the prefill there
+        from resacct.account.gpu.command_answers import infer_gpu_answer
+
+        gpu = infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
-
-
-def _gpu_answer(args: argparse.Namespace, board: Any, context: int) -> Any:
-    """``--device BOARD``: :func:`resacct.account.gpu.command_answers.infer_gpu_answer`, or why not."""
-    from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
-
-    if args.hf_config is None:
-        return GpuStepAnswer(board.name, None, None, None, calibration_text(board),
-                             gap="the model is given by its shape: give --hf-config NAME to trace its prefill")
-    from resacct.account.gpu.command_answers import infer_gpu_answer
-
-    return infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board)
 
 
 def _model(args: argparse.Namespace) -> tuple[str, Any, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
-from resacct.cli.devices import parse_boards_at_the_edge
+from resacct.cli.devices import parse_boards_at_the_edge, untraced_gpu_answer
 from resacct.cli.output import add_json_flag, emit, with_caveat
 
 __all__ = ["register"]
@@ -220,27 +220,18 @@ def _run_lora(args: argparse.Namespace) -> int:
     lines.append("  not counted: " + ("temporaries (the step is not traced: " + str(untraced) + "), " if peak is None else "")
                  + "the allocator's fragmentation, the CUDA context"
                  + ("; activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured)" if args.base == "nf4" else ""))
-    gpu = _gpu_answer(args, config, board)
-    if gpu is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
+    if board is not None and config is None:  # the shape flags (no torch): no traced step to predict
+        fields["gpu"], line = untraced_gpu_answer(board, "the step is not traced (" + (
+            "the model is given by its shape: give --hf-config NAME" if args.hf_config is None else "transformers is not installed") + ")")
+        lines.append("  " + line)
+    elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
+        from resacct.account.gpu.command_answers import lora_gpu_answer
+
+        gpu = lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
+                              dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
-
-
-def _gpu_answer(args: argparse.Namespace, config: Any, board: Any) -> Any:
-    """``--device BOARD``: :func:`resacct.account.gpu.command_answers.lora_gpu_answer` (None without a board)."""
-    if board is None:
-        return None
-    from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
-
-    if config is None:
-        return GpuStepAnswer(board.name, None, None, None, calibration_text(board),
-                             gap="the step is not traced (" + ("the model is given by its shape: give --hf-config NAME" if args.hf_config is None
-                                                               else "transformers is not installed") + ")")
-    from resacct.account.gpu.command_answers import lora_gpu_answer
-
-    return lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
-                           dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board)
 
 
 def _linear_names(config: Any) -> list[str]:

@@ -86,6 +86,29 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
+_UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
+
+
+def _why(error: BaseException, what: str) -> str:
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return first if isinstance(error, ResacctError) else f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
+
+
+def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str) -> Any:
+    """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel``; a mask moves flash to the efficient
+    kernel (flash takes none), a model that never calls sdpa runs as it is."""
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+
+    try:
+        return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=kernel)
+    except ResacctError as error:
+        if "never called F.scaled_dot_product_attention" in str(error):
+            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=None)
+        if "mask" in str(error) and kernel == "flash":
+            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention="efficient")
+        raise
+
+
 def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
     return GpuStepAnswer(board.name, None, None, None, calibration_text(board), gap=gap)
 
@@ -93,7 +116,6 @@ def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
 def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
                     gradient_checkpointing: bool, board: Any) -> GpuStepAnswer:
     """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, step time."""
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
     from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
     from resacct.account.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
@@ -108,16 +130,12 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
     model.train()
     inputs = lora_step_inputs(config, batch=batch, seq=seq)
     bits = 32 if base == "fp32" else 16
-    attention: str | None = sdpa_kernel_for(board, bits)
     try:
-        predicted = predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention=attention)
-    except ResacctError as error:
-        if "never called F.scaled_dot_product_attention" not in str(error) and "mask" not in str(error):
-            raise
-        attention = "efficient" if "mask" in str(error) else None
-        predicted = predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention=attention)
-    rates = board_rates(board, bits)
-    time = predict_step_seconds(trace_step_ops(model, inputs, lora_loss, adamw_over), rates)
+        predicted = _predict(model, inputs, lora_loss, adamw_over, sdpa_kernel_for(board, bits))
+        rates = board_rates(board, bits)
+        time = predict_step_seconds(trace_step_ops(model, inputs, lora_loss, adamw_over), rates)
+    except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
+        return _unavailable(board, _why(error, "the LoRA step"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board))
     return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
@@ -127,7 +145,6 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype)."""
     import torch
 
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
     from resacct.account.hf_models import build_hf_model, load_hf_config
 
     gap = cuda_board_gap(board)
@@ -142,14 +159,10 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     model.eval()
     ids = torch.zeros(batch, context, dtype=torch.long)
 
-    attention: str | None = sdpa_kernel_for(board, 32 if weights == "fp32" else 16)
     try:
-        predicted = predict_cuda_step_memory(model, ids, kv_prefill, None, attention=attention)
-    except ResacctError as error:
-        if "never called F.scaled_dot_product_attention" not in str(error) and "mask" not in str(error):
-            raise
-        attention = "efficient" if "mask" in str(error) else None
-        predicted = predict_cuda_step_memory(model, ids, kv_prefill, None, attention=attention)
+        predicted = _predict(model, ids, kv_prefill, None, sdpa_kernel_for(board, 32 if weights == "fp32" else 16))
+    except _UNTRACEABLE as error:
+        return _unavailable(board, _why(error, "the prefill"))
     return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
                          step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
 
