@@ -136,6 +136,7 @@ class ClaimItem(pytest.Item):
             truth=claim.truth,
             marks=list(claim.marks),
             requires_torch=claim.requires_torch,
+            requires_transformers=claim.requires_transformers,
             when=_plain(dict(claim.when)),
             given=_plain(dict(claim.given)),
             forall=dict(claim.forall),
@@ -159,6 +160,8 @@ class ClaimItem(pytest.Item):
             _require_machine(claim.when)
         if claim.requires_torch:
             _require_torch(claim.requires_torch)
+        if claim.requires_transformers:
+            _require_transformers(claim.requires_transformers)
         if "gpu" in claim.marks:
             _require_gpu()
         try:
@@ -296,6 +299,21 @@ def _require_torch(specifier: str) -> None:
     installed = Version(torch.__version__.split("+")[0])
     if installed not in SpecifierSet(specifier):
         pytest.skip(f"claim is about torch {specifier}; this is torch {torch.__version__}")
+
+
+def _require_transformers(specifier: str) -> None:
+    """Skip unless the installed transformers is in ``specifier`` (read from its metadata; nothing is imported)."""
+    import importlib.metadata
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    try:
+        installed = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"claim is about transformers {specifier}; transformers is not installed")
+    if Version(installed) not in SpecifierSet(specifier):
+        pytest.skip(f"claim is about transformers {specifier}; this is transformers {installed}")
 
 
 def _require_machine(when: dict[str, Any]) -> None:

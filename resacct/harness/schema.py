@@ -153,6 +153,7 @@ class Claim(_Strict):
     marks: list[str] = Field(default_factory=list)
     examples: int | None = Field(default=None, ge=1, le=1000)
     requires_torch: str | None = None  # a version specifier such as ">=2.6"; other versions skip the claim
+    requires_transformers: str | None = None  # the same for transformers (">=5.19"); other versions, or none installed, skip it
     # The kind of machine the claim is about, over resacct.measurement.machine_profile's fields:
     # ``when: {cpu_bf16_units: false}``; other machines skip it, naming the condition.
     when: dict[str, Any] = Field(default_factory=dict, json_schema_extra=lambda schema: schema.update(_when_json_schema()))
@@ -178,7 +179,7 @@ class Claim(_Strict):
             truth_template_names(truth)
         return truth
 
-    @field_validator("requires_torch")
+    @field_validator("requires_torch", "requires_transformers")
     @classmethod
     def _valid_specifier(cls, value: str | None) -> str | None:
         if value is not None:

@@ -336,6 +336,66 @@ def test_requires_torch_skips_other_versions(pytester, write_spec):
     result.stdout.fnmatch_lines(["*claim is about torch >=99; this is torch *"])
 
 
+def test_requires_transformers_skips_other_versions(pytester, write_spec, monkeypatch):
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.17.0" if name == "transformers" else real_version(name))
+    write_spec(
+        "demo.claims.yaml",
+        """
+        area: demo
+        source: test
+        claims:
+          - id: newer
+            says: true from transformers 5.19 on.
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            requires_transformers: ">=5.19"
+          - id: older
+            says: true up to transformers 5.18.
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            requires_transformers: "<5.19"
+        """,
+    )
+    result = pytester.runpytest_inprocess("-rs")
+    assert outcomes(result) == {"passed": 1, "skipped": 1}
+    result.stdout.fnmatch_lines(["*claim is about transformers >=5.19; this is transformers 5.17.0*"])
+
+
+def test_requires_transformers_skips_where_transformers_is_missing(pytester, write_spec, monkeypatch):
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "transformers":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    write_spec(
+        "demo.claims.yaml",
+        """
+        area: demo
+        source: test
+        claims:
+          - id: needs-transformers
+            says: true with transformers.
+            measure: testing.echo
+            given: {value: 1}
+            law: 1
+            requires_transformers: ">=5"
+        """,
+    )
+    result = pytester.runpytest_inprocess("-rs")
+    assert outcomes(result) == {"skipped": 1}
+    result.stdout.fnmatch_lines(["*claim is about transformers >=5; transformers is not installed*"])
+
+
 def test_a_claim_may_expect_resacct_errors(pytester, write_spec):
     import resacct.errors
     from resacct.harness.registry import Outcome, check

@@ -111,7 +111,7 @@ def mutated(claim: LoadedClaim) -> LoadedClaim:
 
 
 def skip_unless_for_this_torch(claim: LoadedClaim) -> None:
-    """Skip, as the plugin does, a claim whose ``requires_torch`` excludes the installed torch."""
+    """Skip, as the plugin does, a claim whose ``requires_torch`` (``requires_transformers``) excludes the installed version."""
     if claim.claim.requires_torch:
         import torch
         from packaging.specifiers import SpecifierSet
@@ -119,6 +119,18 @@ def skip_unless_for_this_torch(claim: LoadedClaim) -> None:
 
         if Version(torch.__version__.split("+")[0]) not in SpecifierSet(claim.claim.requires_torch):
             pytest.skip(f"claim is about torch {claim.claim.requires_torch}")
+    if claim.claim.requires_transformers:
+        import importlib.metadata
+
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        try:
+            installed = importlib.metadata.version("transformers")
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"claim is about transformers {claim.claim.requires_transformers}; none is installed")
+        if Version(installed) not in SpecifierSet(claim.claim.requires_transformers):
+            pytest.skip(f"claim is about transformers {claim.claim.requires_transformers}")
 
 
 def skip_unless_for_this_machine(claim: LoadedClaim) -> None:
