@@ -90,3 +90,55 @@ def test_direct_adam_state_leaves_other_optimizers_to_the_step() -> None:
         assert (made[name].shape, made[name].dtype, made[name].stride(), made[name].device) == (
             real[name].shape, real[name].dtype, real[name].stride(), real[name].device), name
     assert made["step"].item() == real["step"].item() == 1.0
+
+
+def _account_dict(model: nn.Module, inputs, **kwargs) -> dict:  # type: ignore[no-untyped-def]
+    from resacct.account.generic import account_module
+
+    return account_module(model, inputs, measure_peaks=False, **kwargs).to_dict()
+
+
+@pytest.mark.parametrize("case", ["mlp-cpu-fp32", "mlp-cpu-sgd", "mlp-meta-bf16-autocast", "mlp-cpu-bf16-model", "llama-meta", "gpt2-meta"])
+def test_account_module_in_one_pass_accounts_the_same(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """account_module's FLOPs, state and saved tensors from one forward and backward of the recipe's copy
+    (:func:`resacct.account.step_measurements.measure_step_once`) against the three passes it replaced."""
+    from resacct.account import generic
+
+    torch.manual_seed(0)
+    kwargs: dict = {}
+    if case.startswith("mlp"):
+        model, inputs = _mlp(), torch.randn(8, 16)
+        if case == "mlp-cpu-sgd":
+            kwargs["optimizer"] = "sgd-momentum"
+        if case == "mlp-meta-bf16-autocast":
+            model, inputs, kwargs["recipe"] = model.to("meta"), inputs.to("meta"), "bf16-autocast"
+        if case == "mlp-cpu-bf16-model":
+            model, inputs, kwargs["recipe"] = model.to(torch.bfloat16), inputs.to(torch.bfloat16), "bf16"
+    else:
+        pytest.importorskip("transformers")
+        from tests.fixtures_hf_models import tiny_gpt2, tiny_llama
+
+        from resacct.account.model_io import default_inputs
+
+        with torch.device("meta"):
+            model = tiny_llama() if case == "llama-meta" else tiny_gpt2()
+        model.train()
+        inputs = default_inputs(model, batch=2, seq=16, device="meta")
+    calls: list[bool] = []
+    one_pass = generic._copy_runs_as_the_model
+    monkeypatch.setattr(generic, "_copy_runs_as_the_model", lambda *a: calls.append(one_pass(*a)) or calls[-1])
+    once = _account_dict(model, inputs, **kwargs)
+    assert calls == [True]  # every case here takes the one pass
+    monkeypatch.setattr(generic, "_copy_runs_as_the_model", lambda *a: False)
+    assert once == _account_dict(model, inputs, **kwargs)
+
+
+def test_account_module_keeps_three_passes_where_the_copy_differs() -> None:
+    from resacct.account.generic import _copy_runs_as_the_model
+    from resacct.facts.recipes import get_recipe
+
+    parameters = list(_mlp().parameters())
+    assert _copy_runs_as_the_model(parameters, get_recipe("fp32"), "cpu")
+    assert not _copy_runs_as_the_model(parameters, get_recipe("bf16"), "cpu")  # the copy is bf16, the model float32
+    assert not _copy_runs_as_the_model(parameters, get_recipe("bf16-autocast"), "cpu")  # autocast on the CPU: casts the model does not make
+    assert _copy_runs_as_the_model(parameters, get_recipe("bf16-autocast"), "meta")  # no autocast on meta

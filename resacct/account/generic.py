@@ -51,6 +51,7 @@ from resacct.account.step_measurements import (
     StepFlopTrace,
     TrainingStateMeasurement,
     recipe_autocast,
+    measure_step_once,
     measure_training_state,
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
@@ -156,13 +157,20 @@ def account_module(
     untraced = None
     with user_step():
         try:
-            flops: StepFlopTrace | UntracedFlops = trace_step_flops(model, lambda: loss_of(model))
-            state: TrainingStateMeasurement | UnmeasuredState = measure_training_state(model, loss_of, chosen, optimizer)
-            activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
-            with record_saved_activations(activation_model) as recorded, recipe_autocast(chosen, where):
-                output = loss_of(activation_model)
-            saved: SavedActivations | UnrecordedActivations = recorded
-            del output
+            flops: StepFlopTrace | UntracedFlops
+            state: TrainingStateMeasurement | UnmeasuredState
+            saved: SavedActivations | UnrecordedActivations
+            if _copy_runs_as_the_model(parameters, chosen, where):  # FLOPs, state and saved tensors in one forward and backward
+                measured = measure_step_once(model, loss_of, chosen, optimizer)
+                flops, state, saved, activation_model = measured.flops, measured.state, measured.saved, measured.model
+            else:
+                flops = trace_step_flops(model, lambda: loss_of(model))
+                state = measure_training_state(model, loss_of, chosen, optimizer)
+                activation_model = copy.deepcopy(model).to(parse_dtype(chosen.parameter_dtype))
+                with record_saved_activations(activation_model) as recorded, recipe_autocast(chosen, where):
+                    output = loss_of(activation_model)
+                saved = recorded
+                del output
         except ResacctError:
             raise
         except Exception as error:  # a kernel the meta device cannot run, where the model's provider knows it: predictions only
@@ -200,6 +208,15 @@ def account_module(
     elif where == "meta":
         account.notes.append("built on the meta device: sizes measured, no arithmetic, no allocator peaks")
     return account
+
+
+def _copy_runs_as_the_model(parameters: list[nn.Parameter], recipe: Recipe, where: str) -> bool:
+    """Whether the recipe's copy of the model runs the step the model itself runs — parameters
+    already in the recipe's dtype, no autocast (none on meta) — so that
+    :func:`~resacct.account.step_measurements.measure_step_once` traces the FLOPs on it, the same
+    counts as on the model (``tests/test_account_trace_once.py`` checks both ways agree)."""
+    dtype = parse_dtype(recipe.parameter_dtype)
+    return all(p.dtype == dtype for p in parameters) and (recipe.compute_dtype is None or where == "meta")
 
 
 def _describe_inputs(inputs: StepInputs) -> str:
