@@ -42,8 +42,13 @@ TENSOR_PARALLEL_CLAIMS = [(16, 2, 64, 4, False), (16, 2, 64, 4, False), (12, 3, 
 
 
 def probe(rank: int, world_size: int, launched_at: float) -> tuple[float, float]:
-    """In a rank: (seconds from the launch to this program, seconds from the launch to its end)."""
-    return time.time() - launched_at, time.time() - launched_at
+    """In a rank: (seconds from the launch to this program, seconds from the launch to its end). One
+    barrier: a rank that left before its peers finished connecting would fail their rendezvous."""
+    import torch.distributed as dist
+
+    started = time.time() - launched_at
+    dist.barrier()
+    return started, time.time() - launched_at
 
 
 def child_costs(modules: list[str]) -> tuple[float, float]:

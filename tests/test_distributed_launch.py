@@ -149,3 +149,22 @@ def test_claims_that_launch_ranks_start_the_forkserver_when_collected(monkeypatc
     session.items.append(item(ClaimItem, {"distributed", "slow"}))
     assert not start_ranks_early(SimpleNamespace(config=SimpleNamespace(workerinput={}), items=session.items)) and not started
     assert start_ranks_early(session) and started == [True]
+
+
+def test_a_forkserver_that_cannot_start_early_is_left_to_the_claims(monkeypatch):
+    """A TMPDIR too long for the forkserver's socket is one line in each launching claim, as before,
+    not an error in pytest's collection hook."""
+    from types import SimpleNamespace
+
+    import resacct.measurement.distributed as distributed
+    from resacct.errors import ResacctError
+    from resacct.harness.early_ranks import start_ranks_early
+    from resacct.harness.plugin import ClaimItem
+
+    def refuse():
+        raise ResacctError("the temporary folder '/x' (2 characters) is too long")
+
+    monkeypatch.setattr(distributed, "start_forkserver_early", refuse)
+    node = object.__new__(ClaimItem)
+    node.get_closest_marker = lambda name: name == "distributed" or None
+    assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=[node])) is False

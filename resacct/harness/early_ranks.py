@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from resacct.errors import ResacctError
+
 __all__ = ["start_ranks_early"]
 
 
@@ -22,5 +24,8 @@ def start_ranks_early(session: Any) -> bool:
     from resacct.measurement.distributed import start_forkserver_early
 
     all_checks()  # imports every check module: those whose ranks run their code name it to be preloaded
-    start_forkserver_early()
+    try:
+        start_forkserver_early()
+    except (ResacctError, OSError):  # e.g. a TMPDIR too long for its socket: the claims that launch say so, one by one
+        return False
     return True
