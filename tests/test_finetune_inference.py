@@ -20,6 +20,7 @@ from resacct.formulas.plan import gqa_activation_saving_bytes_per_layer, plan_me
 from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
 from resacct.account.hf_models import load_hf_config
 from resacct.formulas.parallelism import ParallelLayout
+from tests.trace_memo import LORA_7B_GROUP, memoized_lora_trace  # noqa: F401  (a fixture)
 
 LLAMA2_7B = HfArchitecture(family="llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp=11008, positions=4096)
 
@@ -151,6 +152,8 @@ def test_infer_json_and_binary_units(capsys: pytest.CaptureFixture[str]) -> None
     assert "GiB" in out and "74.51 GiB" in out
 
 
+@pytest.mark.usefixtures("memoized_lora_trace")
+@pytest.mark.xdist_group(LORA_7B_GROUP)
 def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, "lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24",
@@ -164,6 +167,8 @@ def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> N
     assert text.startswith("QLoRA r=16") and "frozen base (nf4)" in text and "largest batch" in text
 
 
+@pytest.mark.usefixtures("memoized_lora_trace")
+@pytest.mark.xdist_group(LORA_7B_GROUP)
 @pytest.mark.parametrize("board", ["l4", "a10", "rtx-4090"])
 def test_lora_on_a_24gb_board_is_the_24gb_answer(capsys: pytest.CaptureFixture[str], board: str) -> None:
     """The table's 24 GB boards give --memory-gb 24's answer: "r=16 LoRA on a 7B, on a 24 GB card?" by name."""

@@ -15,6 +15,7 @@ from resacct.cli import main
 from resacct.errors import ResacctError
 from resacct.formulas.hf_formulas import HfArchitecture, predict_step_flops
 from resacct.formulas.lora import lora_saved_terms, lora_step_flops, predict_lora_saved_bytes
+from tests.trace_memo import LORA_7B_GROUP, memoized_lora_trace  # noqa: F401  (a fixture)
 
 TINY = HfArchitecture(family="llama", vocab=128, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=96, positions=64)
 LLAMA2_7B = HfArchitecture(family="llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp=11008, positions=4096)
@@ -59,6 +60,8 @@ def test_dropout_keeps_a_mask_only_where_the_input_needs_a_gradient() -> None:
     assert masks == ["model.layers.1.self_attn.q_proj.lora_dropout"]
 
 
+@pytest.mark.usefixtures("memoized_lora_trace")
+@pytest.mark.xdist_group(LORA_7B_GROUP)
 def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     assert main(["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24", "--json"]) == 0
@@ -72,6 +75,8 @@ def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytes
     assert "does NOT fit" in text and "try --gradient-checkpointing" in text and "FLOPs a step" in text
 
 
+@pytest.mark.usefixtures("memoized_lora_trace")
+@pytest.mark.xdist_group(LORA_7B_GROUP)
 def test_largest_batch_is_the_boundary(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     argv = ["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--seq", "2048", "--memory-gb", "24", "--gradient-checkpointing", "--json"]

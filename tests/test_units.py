@@ -11,6 +11,7 @@ import re
 import pytest
 
 from resacct.cli import main
+from tests.trace_memo import LORA_7B_GROUP, memoized_lora_trace  # noqa: F401  (a fixture)
 
 COMMANDS = {
     "memory": ["memory", "--params", "7.5B", "--recipe", "mixed-adam", "--zero", "1", "--devices", "64", "--device", "h100"],
@@ -27,13 +28,24 @@ MEMORY_TEXT = {"memory": ("80.00 GB", "74.51 GiB"), "devices": ("80", "74.5058")
                "plan": ("80 GB", "74.51 GiB")}
 
 
+def _commands() -> list:  # type: ignore[type-arg]
+    """The commands as parameters; lora's traced 7B step is traced once for all its tests (tests/trace_memo.py)."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(LORA_7B_GROUP)) if name == "lora" else name for name in sorted(COMMANDS)]
+
+
+def _memoized_if_lora(request: pytest.FixtureRequest, command: str) -> None:
+    if command == "lora":
+        request.getfixturevalue("memoized_lora_trace")
+
+
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert main(argv) == 0
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command: str) -> None:
+@pytest.mark.parametrize("command", _commands())
+def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest) -> None:
+    _memoized_if_lora(request, command)
     if "--hf-config" in COMMANDS[command]:
         pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     decimal, binary = MEMORY_TEXT[command]
@@ -44,8 +56,9 @@ def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command
     assert decimal in default and "GiB" not in default
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_json_is_bytes_whatever_the_units(capsys: pytest.CaptureFixture[str], command: str) -> None:
+@pytest.mark.parametrize("command", _commands())
+def test_json_is_bytes_whatever_the_units(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest) -> None:
+    _memoized_if_lora(request, command)
     if "--hf-config" in COMMANDS[command]:
         pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     plain = json.loads(_run(capsys, [*COMMANDS[command], "--json"]))
