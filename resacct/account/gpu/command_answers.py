@@ -18,6 +18,7 @@ allocator is not what runs there.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
@@ -51,15 +52,15 @@ def board_rates(board: Any, dtype_bits: int) -> Any:
     overhead (the host, not the board, issues the ops). Bandwidth: the datasheet × 0.8 (assumed)."""
     from resacct.account.gpu.device_answer import RECORDS_BY_FAMILY
     from resacct.account.gpu.recorded import H100_RECORD, load_gpu_record, recorded_step, recorded_value
-    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates, calibrate_overhead
+    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
     from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 
     record = load_gpu_record(H100_RECORD)
     h100 = get_accelerator("h100-sxm")
     fp32_rate = recorded_value(H100_RECORD, record, "gpu_claims", "fp32-matmul-mfu-good-h100", "achieved_flops_per_sec")
     calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
-    overhead = calibrate_overhead(_gpt_ops(calibration["config"], calibration["batch"], calibration["seq"]), calibration["step_sec"],
-                                  fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
+    overhead = _calibrated_overhead(tuple(sorted(calibration["config"].items())), calibration["batch"], calibration["seq"], calibration["step_sec"],
+                                    fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
     fmt = "fp32" if dtype_bits == 32 else "bf16"
     bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
     if board.name in RECORDS_BY_FAMILY:
@@ -75,6 +76,13 @@ def board_rates(board: Any, dtype_bits: int) -> Any:
     return BoardRates(rate, bandwidth, overhead, source)
 
 
+@lru_cache(maxsize=2)
+def _calibrated_overhead(config: tuple, batch: int, seq: int, step_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+    from resacct.account.gpu.step_time import calibrate_overhead
+
+    return calibrate_overhead(_gpt_ops(dict(config), batch, seq), step_sec, matmul_flops_per_sec, bandwidth_bytes_per_sec)
+
+
 def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     import torch
 
@@ -86,6 +94,7 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
+_LORA_TRACES: dict[tuple, tuple[Any, list]] = {}  # the last LoRA step traced: (its CUDA prediction, its ops)
 _UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
 
 
@@ -126,14 +135,19 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         gap = "gradient checkpointing's recomputation calls .item(), which meta tensors refuse"
     if gap is not None:
         return _unavailable(board, gap)
-    model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
-    model.train()
-    inputs = lora_step_inputs(config, batch=batch, seq=seq)
     bits = 32 if base == "fp32" else 16
+    kernel = sdpa_kernel_for(board, bits)
+    key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel)
     try:
-        predicted = _predict(model, inputs, lora_loss, adamw_over, sdpa_kernel_for(board, bits))
+        if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
+            model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
+            model.train()
+            inputs = lora_step_inputs(config, batch=batch, seq=seq)
+            _LORA_TRACES.clear()
+            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel), trace_step_ops(model, inputs, lora_loss, adamw_over))
+        predicted, ops = _LORA_TRACES[key]
         rates = board_rates(board, bits)
-        time = predict_step_seconds(trace_step_ops(model, inputs, lora_loss, adamw_over), rates)
+        time = predict_step_seconds(ops, rates)
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board))
