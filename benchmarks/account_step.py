@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/account_step.py                       # gpt-tiny, batch 4 × 128
     OMP_NUM_THREADS=1 python benchmarks/account_step.py --model gpt-nano --batch 2 --seq 32 --repeats 9
     OMP_NUM_THREADS=1 python benchmarks/account_step.py --cli-bar        # the bar: gpt2-small 1 × 1024 on meta < 20 s
+    OMP_NUM_THREADS=1 python benchmarks/account_step.py --account-model  # issue 34: account_model on HF GPT-2 ÷ bare FlopCounterMode ≤ 2
 
 Each row times one analysis on the same model and batch, beside the bare measurement it wraps:
 
@@ -59,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cli-bar", action="store_true",
                         help="time `resacct account --model gpt2-small --batch 1 --seq 1024 --json` end to end (a fresh process, imports included)")
+    parser.add_argument("--account-model", action="store_true",
+                        help="issue 34's bar: resacct.api.account_model on HF GPT-2 (meta, 1 × 1024) ÷ bare FlopCounterMode fwd+bwd, one process")
     args = parser.parse_args(argv)
     if args.cli_bar:
         return _cli_bar(args.repeats)
+    if args.account_model:
+        return _account_model_bar(args.repeats)
 
     torch.manual_seed(0)
     config = get_gpt_config(args.model)
@@ -165,6 +170,45 @@ def _cli_bar(repeats: int, limit_sec: float = 20.0) -> int:
     print(f"resacct account --model gpt2-small --batch 1 --seq 1024 (on {device}): median {median:.2f} s of {repeats} "
           f"(min {min(samples):.2f}, max {max(samples):.2f}); bar {limit_sec:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     return 0 if median < limit_sec else 1
+
+
+def _account_model_bar(repeats: int, limit: float = 2.0) -> int:
+    """CPU seconds of :func:`resacct.api.account_model` on transformers' GPT-2 (config ``gpt2``, built on
+    meta, batch 1 × 1024) beside one bare FlopCounterMode over the same model's forward (its own loss)
+    and backward, interleaved in one process after a warm-up of each; the ratio of the medians.
+    account_model does more than count: FLOPs, saved tensors and training state on meta, and the
+    step's peak predicted on fake CPU tensors (forward, backward, optimizer step) — fails above ``limit``."""
+    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.api import account_model
+
+    model = build_hf_model(load_hf_config("gpt2"), device="meta")
+    model.train()
+    ids = torch.empty(1, 1024, dtype=torch.long, device="meta")
+    found: dict[str, int] = {}
+
+    def bare() -> None:
+        model.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+        found["bare"] = int(counter.get_total_flops())
+
+    def resacct_side() -> None:
+        report = account_model(model, batch=1, seq=1024)
+        found["resacct"] = int(report.flops.measured)
+
+    cpu: dict[str, list[float]] = {"bare": [], "resacct": []}
+    for index in range(repeats + 1):
+        for name, function in (("bare", bare), ("resacct", resacct_side)):
+            started = time.process_time()
+            function()
+            if index:  # the first round warms both up
+                cpu[name].append(time.process_time() - started)
+    ratio = statistics.median(cpu["resacct"]) / statistics.median(cpu["bare"])
+    print(f"account_model(HF GPT-2 on meta, 1 × 1024) ÷ bare FlopCounterMode fwd+bwd, CPU s, {repeats} interleaved runs each: "
+          f"{statistics.median(cpu['resacct']):.2f} / {statistics.median(cpu['bare']):.2f} = {ratio:.2f} (bar ≤ {limit:g}); "
+          f"step FLOPs resacct {found['resacct']:,}, bare {found['bare']:,}")
+    return 0 if ratio <= limit else 1
 
 
 if __name__ == "__main__":

@@ -167,3 +167,22 @@ def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path
             main(argv)
     assert main([*argv[:-3], "--memory-gb", "0.003", "--no-progress"]) == 0  # another budget: another question, searched
     assert len(list(cache_folder.glob("hf-fit-*.pickle"))) == 2
+
+
+def test_account_device_board_lines_are_read_back_with_their_note(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``account --hf-config X --device h100``: the board's lines and the note they add to ``--json`` come back
+    from the cache (the rebuild and the CUDA trace made to fail the second time)."""
+    pytest.importorskip("transformers")
+    argv = ["account", "--hf-config", _config(tmp_path), "--batch", "1", "--seq", "16", "--device", "h100"]
+    assert main([*argv, "--json"]) == 0
+    first_json = capsys.readouterr().out
+    assert main(argv) == 0
+    first_text = capsys.readouterr().out
+    assert "h100" in first_text and any("h100" in note for note in json.loads(first_json)["notes"])
+    with monkeypatch.context() as patched:
+        _tracing_fails(patched)
+        assert main([*argv, "--json"]) == 0
+        assert capsys.readouterr().out == first_json
+        assert main(argv) == 0
+        assert capsys.readouterr().out == first_text

@@ -196,11 +196,35 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)):
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
+    with caching(cache_wanted(args.no_cache)):
+        gpu = "" if args.device == "cpu" else _board_text(args, account)
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
-    gpu = "" if args.device == "cpu" else importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
-        account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
     return account, title, lambda: _render(account, per_module=args.per_module, title=title, units=args.units) + gpu  # --device h100: CUDA peaks
+
+
+def _board_text(args: argparse.Namespace, account: Any) -> str:
+    """``--device BOARD``'s lines (its step traced as CUDA runs it) and the note they add — read back
+    from the trace cache when it holds the same question (the same rebuild and trace otherwise)."""
+    from resacct.account.hf_models import load_hf_config
+    from resacct.account.trace_cache import cached
+
+    ran: list[bool] = []
+
+    def traced() -> tuple[str, list[str]]:
+        before = len(account.notes)
+        text = importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
+            account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
+        ran.append(True)
+        return text, account.notes[before:]
+
+    spec = load_hf_config(args.hf_config)
+    question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": account.batch, "seq": account.seq,
+                "recipe": account.recipe, "optimizer": account.optimizer, "board": args.device, "units": args.units, "attention": "sdpa"}
+    text, notes = cached("hf-account-board", question, traced)
+    if not ran:  # read back: the notes the trace adds
+        account.notes.extend(notes)
+    return text
 
 
 def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
