@@ -168,3 +168,17 @@ def test_a_forkserver_that_cannot_start_early_is_left_to_the_claims(monkeypatch)
     node = object.__new__(ClaimItem)
     node.get_closest_marker = lambda name: name == "distributed" or None
     assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=[node])) is False
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ranks_whose_program_makes_no_collective_never_fail_a_peer_still_connecting():
+    """Without the barrier after joining the group, 5 of 96 such launches failed a peer's rendezvous
+    ("Connection closed by peer" in connectFullMesh) on the busy 2-core machine: these 24 would all
+    pass with probability about 0.95 ** 24 ≈ 0.3."""
+    from resacct.measurement.distributed_group import no_collective
+
+    for launch in range(12):
+        for world_size in (2, 4):
+            assert run_on_ranks(no_collective, world_size) == list(range(world_size)), f"launch {launch}"
+    assert _no_children_left()

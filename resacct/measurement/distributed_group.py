@@ -15,7 +15,7 @@ from typing import Any
 
 from resacct.measurement.rank_errors import DistributedUnavailableError
 
-__all__ = ["loopback_interface", "gloo_process_group", "all_reduce_rank_sum", "raise_on_rank", "sleep_on_rank", "frozen_object_count", "imported"]
+__all__ = ["loopback_interface", "gloo_process_group", "all_reduce_rank_sum", "raise_on_rank", "sleep_on_rank", "frozen_object_count", "imported", "no_collective"]
 
 
 def loopback_interface() -> str:
@@ -42,6 +42,10 @@ def gloo_process_group(rank: int, world_size: int, store_path: str, collective_t
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
+        # Every rank connected before any program runs: a rank whose program makes no collective could
+        # otherwise end (closing its sockets) while a peer still completes gloo's full mesh, whose
+        # connectFullMesh then fails "Connection closed by peer" (1 to 3 such launches in 24, 2026-11-28).
+        dist.barrier()
         yield
     finally:
         backends = _cpu_backends_of_every_group()
@@ -99,6 +103,11 @@ def raise_on_rank(rank: int, world_size: int, failing_rank: int) -> int:
     if rank == failing_rank:
         raise ValueError(f"rank {rank} fails on purpose")
     dist.barrier()
+    return rank
+
+
+def no_collective(rank: int, world_size: int) -> int:
+    """Returns ``rank`` at once, without a collective of its own."""
     return rank
 
 
