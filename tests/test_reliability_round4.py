@@ -554,8 +554,9 @@ def test_plain_pytest_refuses_a_switch_variable_other_than_0_or_1(pytester: pyte
     pytester.path.joinpath("one.claims.yaml").write_text(
         "area: dtypes\nsource: test\nclaims:\n  - id: one\n    says: one.\n    measure: dtypes.element_size\n"
         "    given: {dtype: float32}\n    law: 4\n", encoding="utf-8")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    # in-process runs (pytester.runpytest): the plugin's check reads the environment at configure time, as in a fresh process
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert f"RESACCT_REQUIRE_TIMING={value!r}: expected 1" in result.stderr.str()
     monkeypatch.setenv("RESACCT_REQUIRE_TIMING", "0")
-    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q").ret == 0
+    assert pytester.runpytest("-p", "no:cacheprovider", "-q").ret == 0
