@@ -109,7 +109,7 @@ __all__ = [
 #: More local ranks than this is refused: each is a process importing torch.
 MAX_LOCAL_WORLD_SIZE = 16
 #: Modules the forkserver imports once, so that each rank starts warm (and those named by :func:`preload_in_ranks`).
-_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
+_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "resacct.measurement.quiet_distributed_optim",
             "torch.distributed.fsdp", "torch.profiler", "torch.distributed.tensor.parallel", "resacct.measurement.distributed"]
 _preloaded_by_callers: list[str] = []
 #: Children freeze what they inherit (``gc.freeze``); benchmarks/launch_cost.py turns it off for the old way beside the new.
