@@ -161,3 +161,36 @@ def test_a_model_given_by_its_shape_with_a_board_never_imports_torch(command: li
     assert result == {"code": 0, "torch": False}, done.stderr
     gpu = json.loads(done.stdout)["gpu"]
     assert gpu["board"] == "h100-sxm" and gpu["predicted_allocated_peak_bytes"] is None and "--hf-config" in gpu["gap"]
+
+
+def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does() -> None:
+    """One process, no sharding: the tracker ``shard --device`` uses over fake CPU tensors gives the
+    allocator model what :func:`predict_cuda_step_memory` gives it over meta tensors (the path equal to
+    the H100's ``max_memory_allocated``): the same start, peaks and reserved, AdamW's step counts kept
+    off the device as CUDA keeps them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+    from resacct.account.gpu.sharded_cuda import CudaShardedTracker, _step_counts
+    from resacct.measurement.activation_checkpointing import gpt_loss
+    from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
+    from resacct.training.gpt import build_gpt, get_gpt_config
+
+    def loss(model, batch):  # type: ignore[no-untyped-def]
+        return gpt_loss(model, *batch)
+
+    tokens = torch.zeros(8, 128, dtype=torch.long)
+    predicted = predict_cuda_step_memory(build_gpt(get_gpt_config("gpt-tiny"), device="meta", seed=None), (tokens, tokens), loss)
+    tracker = CudaShardedTracker()
+    with FakeTensorMode():
+        net, fake_tokens = build_gpt(get_gpt_config("gpt-tiny"), device="cpu", seed=None), torch.zeros(8, 128, dtype=torch.long)
+        with tracker:
+            tracker.classify(list(net.parameters()), "parameters")
+            tracker.classify([fake_tokens], "inputs")
+            optimizer = cuda_adamw(list(net.parameters()))
+            make_optimizer_state(net, optimizer)
+            tracker.on_host(_step_counts(optimizer))
+            run_training_step(net, (fake_tokens, fake_tokens), loss, optimizer, tracker.mark)
+    assert tracker.window is not None
+    assert (tracker.window[0], tracker.allocator.peak_allocated_bytes, tracker.allocator.peak_reserved_bytes) == (
+        predicted.start_allocated_bytes, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes)

@@ -51,9 +51,14 @@ class CudaShardedTracker(ShardedStorageTracker):
             self._owners[id(entry)] = owner
             self.allocator.malloc(owner, int(entry[0]))
 
-    def _release(self, entry: list | None) -> None:
-        owner = None if entry is None else self._owners.pop(id(entry), None)
-        if owner is not None and owner in self.allocator.active:
+    def _release(self, entry: list | None, *, dying: bool = False) -> None:
+        """The entry's block back to the allocator model; a host tensor's entry (owner -1) stays
+        marked until it dies."""
+        owner = None if entry is None else self._owners.get(id(entry))
+        if owner is None or (owner == -1 and not dying):
+            return
+        del self._owners[id(entry)]  # type: ignore[arg-type]
+        if owner != -1 and owner in self.allocator.active:
             self.allocator.free(owner)
 
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
@@ -61,7 +66,7 @@ class CudaShardedTracker(ShardedStorageTracker):
         self._malloc(self._live[storage])
 
     def _drop(self, entry: list) -> None:
-        self._release(entry)
+        self._release(entry, dying=True)
         super()._drop(entry)
 
     def storage_resized(self, storage: Any, before_bytes: int, after_bytes: int, grown_kind: str) -> None:
@@ -70,6 +75,14 @@ class CudaShardedTracker(ShardedStorageTracker):
         entry = self._live.get(storage)
         if entry is not None:
             self._malloc(entry)
+
+    def on_host(self, tensors: Any) -> None:
+        """Tensors CUDA keeps on the CPU (AdamW's step counts): out of the allocator model, counted as before by the tracker."""
+        for tensor in tensors:
+            entry = self._live.get(tensor.untyped_storage())
+            if entry is not None:
+                self._release(entry)
+                self._owners[id(entry)] = -1  # never allocated again on the device: its death frees nothing there
 
     def mark(self, phase: str) -> None:
         if phase == "forward" and self.window is None:  # reset_peak_memory_stats: the steady step starts here
@@ -87,6 +100,13 @@ def _on_cuda(optimizer: Any) -> None:
             _as_on_cuda(each)
 
 
+def _step_counts(optimizer: Any) -> list[Any]:
+    """AdamW's ``step`` tensors (a ZeroRedundancyOptimizer's inner optimizer's too): CUDA keeps them on
+    the CPU unless the optimizer is fused or capturable."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return [state["step"] for state in inner.state.values() if hasattr(state.get("step"), "untyped_storage")]
+
+
 def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any) -> None:
     """:func:`resacct.account.peak_sharded.sharded_step` with the optimizer as CUDA runs it."""
     from resacct.account.peak_sharded import _collectives_named, _wrap
@@ -96,6 +116,7 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=True, backend="dispatcher")
         _on_cuda(optimizer)
         make_optimizer_state(wrapped, optimizer)
+        tracker.on_host(_step_counts(optimizer))
         run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
