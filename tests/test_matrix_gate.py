@@ -47,6 +47,7 @@ def test_the_torch_envs_install_the_hf_extras_and_use_every_core():
     base = _tox()["testenv"]
     assert {extra.strip() for extra in base["extras"].replace("\n", ",").split(",") if extra.strip()} >= {"test", "hf", "finetune"}
     assert "-n auto" in base["commands"] and "--run-slow" in base["commands"]
+    assert "pytest -n auto" in _tox()["testenv:hf-floor"]["commands"], "hf-floor's tests run on one core"
 
 
 def test_the_gate_runs_the_floor_torch_and_hf_floor_from_cached_venvs():

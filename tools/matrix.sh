@@ -3,7 +3,7 @@
 # `resacct verify` in each env's venv, merged with `resacct verify --merge`. Nothing in the output is
 # typed by hand: dates, commit, versions and counts come from the run and its report.json files.
 #
-#   tools/matrix.sh [ENV ...]      default: torch24 torch28 main torch214
+#   tools/matrix.sh [ENV ...]      default: torch24 torch28 torch211 main torch214
 #
 # ENV is a tox.ini env (its cached venv from tools/matrix_venv.sh, made if absent: each older torch
 # is a ~2.8 GB download from PyPI, once per machine) or `main`: this checkout's .venv (CI's pins).
@@ -14,7 +14,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 ENVS=("$@")
-[ "${#ENVS[@]}" -gt 0 ] || ENVS=(torch24 torch28 main torch214)
+[ "${#ENVS[@]}" -gt 0 ] || ENVS=(torch24 torch28 torch211 main torch214)
 OUT="${OUT:-$REPO/docs}"
 WORK="$REPO/reports/matrix"
 [ "${REUSE:-0}" = "1" ] || rm -rf "$WORK"
@@ -100,6 +100,22 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`resacct/measurement/distributed.py` drops each group's backend last (see its docstring).",
           "- **FSDP2 parity on 2.8**: its gloo `reduce_scatter_tensor` sums where FSDP2 asks for AVG "
           "(`fsdp2-trains-like-one-process-*`: `requires_torch: \">=2.13\"`).",
+          "- **torch 2.4 and 2.5** print a DeprecationWarning when `torch.distributed.optim` is imported (their own "
+          "`simplefilter(\"always\")`), and torch up to 2.8 makes a `tmp*` folder at that import: the ranks' forkserver "
+          "imports it through `resacct/measurement/quiet_distributed_optim.py`, which catches the one and removes the other "
+          "(a Ctrl-C'd `resacct shard` printed the warning and left the folder on 2.4.1).",
+          "- **The GPU host's 4 HF failures (torch 2.11 + transformers 5.17) were transformers', not torch's**: torch 2.13 "
+          "with transformers 5.17 measures the same numbers (the tiny Llama's step 14,156,032 FLOPs against the law's "
+          "14,155,776), and the torch211 row below (transformers 5.24) holds them. Before transformers 5.19 "
+          "`LlamaRotaryEmbedding` computes `inv_freq ⊗ positions` as a batched matmul, which FlopCounterMode counts "
+          "(head_dim/2 · seq · 2 = 256 FLOPs, once, no gradient); 5.19 made it a broadcast product. Before 5.18 "
+          "`batched_mm_experts_forward` clamps the expert ids out of place, and the index op saves that copy "
+          "(8·T·k bytes more a layer: 21,084 against 21,068 B at one token). Those claims carry "
+          "`requires_transformers: \">=5.19\"` (`hf-llama-gqa-step-flops`, `hf-mistral-step-flops`, "
+          "`hf-mixtral-step-flops`) and `\">=5.18\"` (`hf-mixtral-sdpa-meta-layer-activations`): older transformers skip "
+          "them naming both versions. resacct's declared floor is transformers 5.23 (pyproject; tox's hf-floor env).",
+          "- Not measured here: torch 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.11 is the "
+          "GPU host's version.",
           "- Rows marked ⚠ change status between the envs; `—`: no outcome for the claim in that env's report.", "",
           "## Claims × envs", "", merged]
 (out / "matrix.md").write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
