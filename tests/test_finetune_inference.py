@@ -20,7 +20,7 @@ from resacct.formulas.plan import gqa_activation_saving_bytes_per_layer, plan_me
 from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
 from resacct.account.hf_models import load_hf_config
 from resacct.formulas.parallelism import ParallelLayout
-from tests.trace_memo import LORA_7B_GROUP, memoized_lora_trace  # noqa: F401  (a fixture)
+from tests.trace_memo import INFER_8B_GROUP, LORA_7B_GROUP, memoized_infer_gpu_answer, memoized_lora_trace  # noqa: F401  (fixtures)
 
 LLAMA2_7B = HfArchitecture(family="llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp=11008, positions=4096)
 
@@ -139,6 +139,8 @@ def test_architecture_from_values_matches_every_llama_config() -> None:
 
 
 # ── commands ─────────────────────────────────────────────────────────────────────────────────────
+@pytest.mark.usefixtures("memoized_infer_gpu_answer")
+@pytest.mark.xdist_group(INFER_8B_GROUP)
 def test_infer_json_and_binary_units(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, "infer", "--hf-config", "llama-3-8b", "--batch", "8", "--context", "8192", "--device", "h100")

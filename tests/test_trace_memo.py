@@ -21,10 +21,10 @@ class _Config:
 
 def test_a_question_is_traced_once_and_every_other_question_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace_memo, "_TRACED", {})
-    traced: list[tuple[dict[str, int], dict[str, object]]] = []
+    traced: list[tuple[object, dict[str, object]]] = []
 
-    def trace(config: _Config, **keywords: object) -> object:
-        traced.append((config.values, keywords))
+    def trace(config: _Config | str, **keywords: object) -> object:
+        traced.append((config if isinstance(config, str) else config.values, keywords))
         return object()
 
     calls: list[tuple[object, ...]] = []
@@ -39,6 +39,10 @@ def test_a_question_is_traced_once_and_every_other_question_afresh(monkeypatch: 
     assert memoized(small, rank=16, batch=1, gradient_checkpointing=True) is not first
     assert [values for values, _ in traced] == [{"hidden": 64}] * 3 + [{"hidden": 128}, {"hidden": 64}]
     assert len(calls) == 7 and len(set(calls)) == 5
+    named = memoized("llama-3-8b", batch=8, board="h100")                # a shipped config by its name (infer's prefill)
+    assert memoized("llama-3-8b", board="h100", batch=8) is named and memoized("llama-3-70b", batch=8, board="h100") is not named
+    assert memoized("llama-3-8b", batch=8, board="a100") is not named
+    assert [config for config, _ in traced[5:]] == ["llama-3-8b", "llama-3-70b", "llama-3-8b"]
 
 
 def test_the_lora_command_answers_the_same_from_memory(memoized_lora_trace: list, capsys: pytest.CaptureFixture[str],  # type: ignore[type-arg]

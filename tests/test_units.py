@@ -11,7 +11,7 @@ import re
 import pytest
 
 from resacct.cli import main
-from tests.trace_memo import LORA_7B_GROUP, memoized_lora_trace  # noqa: F401  (a fixture)
+from tests.trace_memo import INFER_8B_GROUP, LORA_7B_GROUP, memoized_infer_gpu_answer, memoized_lora_trace  # noqa: F401  (fixtures)
 
 COMMANDS = {
     "memory": ["memory", "--params", "7.5B", "--recipe", "mixed-adam", "--zero", "1", "--devices", "64", "--device", "h100"],
@@ -29,13 +29,16 @@ MEMORY_TEXT = {"memory": ("80.00 GB", "74.51 GiB"), "devices": ("80", "74.5058")
 
 
 def _commands() -> list:  # type: ignore[type-arg]
-    """The commands as parameters; lora's traced 7B step is traced once for all its tests (tests/trace_memo.py)."""
-    return [pytest.param(name, marks=pytest.mark.xdist_group(LORA_7B_GROUP)) if name == "lora" else name for name in sorted(COMMANDS)]
+    """The commands as parameters; lora's traced 7B step and infer's traced prefill are traced once for all their
+    tests (tests/trace_memo.py)."""
+    groups = {"lora": LORA_7B_GROUP, "infer": INFER_8B_GROUP}
+    return [pytest.param(name, marks=pytest.mark.xdist_group(groups[name])) if name in groups else name for name in sorted(COMMANDS)]
 
 
-def _memoized_if_lora(request: pytest.FixtureRequest, command: str) -> None:
-    if command == "lora":
-        request.getfixturevalue("memoized_lora_trace")
+def _memoized_if_traced(request: pytest.FixtureRequest, command: str) -> None:
+    fixture = {"lora": "memoized_lora_trace", "infer": "memoized_infer_gpu_answer"}.get(command)
+    if fixture is not None:
+        request.getfixturevalue(fixture)
 
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -45,7 +48,7 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 @pytest.mark.parametrize("command", _commands())
 def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest) -> None:
-    _memoized_if_lora(request, command)
+    _memoized_if_traced(request, command)
     if "--hf-config" in COMMANDS[command]:
         pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     decimal, binary = MEMORY_TEXT[command]
@@ -58,7 +61,7 @@ def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command
 
 @pytest.mark.parametrize("command", _commands())
 def test_json_is_bytes_whatever_the_units(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest) -> None:
-    _memoized_if_lora(request, command)
+    _memoized_if_traced(request, command)
     if "--hf-config" in COMMANDS[command]:
         pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     plain = json.loads(_run(capsys, [*COMMANDS[command], "--json"]))

@@ -22,16 +22,19 @@ from typing import Any
 
 import pytest
 
-__all__ = ["LORA_7B_GROUP", "memoized_lora_trace", "question_key"]
+__all__ = ["INFER_8B_GROUP", "LORA_7B_GROUP", "memoized_infer_gpu_answer", "memoized_lora_trace", "question_key"]
 
 LORA_7B_GROUP = "lora-7b"
+INFER_8B_GROUP = "infer-8b"
 
 _TRACED: dict[tuple[Any, ...], Any] = {}
 
 
 def question_key(config: Any, keywords: dict[str, Any]) -> tuple[Any, ...]:
-    """The whole question: the config's values (as transformers writes them) and every keyword."""
-    return (type(config).__name__, config.to_json_string(use_diff=False), tuple(sorted((name, repr(value)) for name, value in keywords.items())))
+    """The whole question: the config's values (as transformers writes them; a shipped config's name as
+    given) and every keyword (a board by its dataclass repr: every field)."""
+    values = config if isinstance(config, str) else config.to_json_string(use_diff=False)
+    return (type(config).__name__, values, tuple(sorted((name, repr(value)) for name, value in keywords.items())))
 
 
 def _memoized(function: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Callable[..., Any]:
@@ -54,4 +57,16 @@ def memoized_lora_trace(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[
 
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(lora_step, "trace_lora_step", _memoized(lora_step.trace_lora_step, calls))
+    yield calls
+
+
+@pytest.fixture
+def memoized_infer_gpu_answer(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
+    """``infer --device BOARD``'s traced prefill (:func:`resacct.account.gpu.command_answers.infer_gpu_answer`,
+    a frozen ``GpuStepAnswer``) answered from memory for a question asked before: the same config name,
+    batch, context, formats and board; ``--json`` and ``--units`` change only what is printed."""
+    from resacct.account.gpu import command_answers
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(command_answers, "infer_gpu_answer", _memoized(command_answers.infer_gpu_answer, calls))
     yield calls
