@@ -182,3 +182,32 @@ def test_ranks_whose_program_makes_no_collective_never_fail_a_peer_still_connect
         for world_size in (2, 4):
             assert run_on_ranks(no_collective, world_size) == list(range(world_size)), f"launch {launch}"
     assert _no_children_left()
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_after_starting_the_forkserver_early_leaves_no_folder_behind():
+    """verify starts the forkserver at collection, before any launch: its pymp-* folder (the
+    forkserver's socket) is marked with the launcher's PID at once, so a later run removes it."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from resacct.measurement.lifeline import remove_stale_folders
+
+    folder = tempfile.mkdtemp(prefix="r34-", dir="/tmp")  # short: the forkserver's socket path must fit 107 bytes
+    try:
+        script = ("import time, resacct.measurement.distributed as d; d.start_forkserver_early(); print('started', flush=True); "
+                  "time.sleep(120)")
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": folder})
+        assert child.stdout.readline().strip() == "started"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        left = [name for name in os.listdir(folder) if name.startswith("pymp-")]
+        assert left and any(name.startswith("resacct-launcher-") for name in os.listdir(os.path.join(folder, left[0])))
+        removed = remove_stale_folders(folder)
+        assert [os.path.basename(path) for path in removed] == left and not os.listdir(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

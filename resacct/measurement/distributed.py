@@ -155,6 +155,7 @@ def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([*_PRELOAD[:-1], *_preloaded_by_callers, _PRELOAD[-1]])  # effective when the server (re)starts
+        launcher_temp_dir()  # its pymp-* folder marked before the server's socket goes in: a launcher killed before any launch leaves none
         start_forkserver_deaf_to_ctrl_c()
         return context
     return multiprocessing.get_context("spawn")
