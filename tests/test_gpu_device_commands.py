@@ -116,6 +116,7 @@ def test_infer_says_why_there_is_no_number(config_path: str, capsys: pytest.Capt
     assert kv["predicted_allocated_peak_bytes"] is None and "--kv-format bf16" in kv["gap"]
 
 
+@pytest.mark.slow  # two child processes (~30 s here); the tracker it uses is checked in the quick tier below
 def test_shard_on_an_h100_gives_each_rank_cuda_peaks(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
     argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--device", "h100"]
