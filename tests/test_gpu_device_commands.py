@@ -128,6 +128,7 @@ def test_shard_on_an_h100_gives_each_rank_cuda_peaks(capsys: pytest.CaptureFixtu
         assert cuda["peak_reserved_bytes"] >= cuda["peak_allocated_bytes"] > 0
         # the same rank's step on fake CPU tensors (gloo's buffers, the CPU allocator): within 10 %
         assert cuda["peak_allocated_bytes"] == pytest.approx(cpu["predicted_peak_bytes"], rel=0.10)
+        assert 0 < cuda["compute_step_sec"] < 1 and "collectives not timed" in cuda["compute_step_basis"] and RECORD in cuda["compute_step_basis"]
 
 
 def test_the_sharded_tracker_feeds_resizes_to_the_allocator_model() -> None:

@@ -109,8 +109,7 @@ def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str,
     from resacct.account.gpu.device_answer import calibration_text
     from resacct.account.user_code import running_phase
 
-    answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None,
-                              "predicted_step_sec": None, "step_time_basis": "not predicted for sharded steps (no collective's time is modelled)"}
+    answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None}
     if answer["gap"] is not None:
         return answer
     from resacct.account.gpu.sharded_cuda import STREAMS_NOTE, predict_sharded_cuda_peaks
@@ -133,8 +132,9 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
         verdict = "" if memory_bytes is None else (" — fits" if rank["peak_reserved_bytes"] <= memory_bytes else " — does NOT fit")
         lines.append(f"    rank {rank['rank']}: allocated peak {size(rank['peak_allocated_bytes'])}, reserved peak {size(rank['peak_reserved_bytes'])}"
                      f"{verdict} (attention: {rank['attention'] or 'no sdpa call'})")
+        if rank.get("compute_step_sec") is not None:
+            lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms ({rank['compute_step_basis']})")
     lines.append(f"    calibrated by: {gpu['calibration']}")
-    lines.append(f"    step time: none ({gpu['step_time_basis']})")
     if gpu.get("note"):
         lines.append(f"    note: {gpu['note']}")
     return "\n".join(lines) + "\n"

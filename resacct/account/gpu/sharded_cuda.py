@@ -21,6 +21,7 @@ here every allocation is on one stream, so the reserved peak is a lower bound fo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -107,7 +108,8 @@ def _step_counts(optimizer: Any) -> list[Any]:
     return [state["step"] for state in inner.state.values() if hasattr(state.get("step"), "untyped_storage")]
 
 
-def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any) -> None:
+def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any,
+               costs: Any = None) -> None:
     """:func:`resacct.account.peak_sharded.sharded_step` with the optimizer as CUDA runs it."""
     from resacct.account.peak_sharded import _collectives_named, _wrap
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
@@ -117,7 +119,8 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
         _on_cuda(optimizer)
         make_optimizer_state(wrapped, optimizer)
         tracker.on_host(_step_counts(optimizer))
-        run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
+        with costs if costs is not None else contextlib.nullcontext():  # the step's ops (forward, backward, optimizer step, zero_grad)
+            run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
 def _attention(kernel: str) -> Any:
@@ -126,8 +129,25 @@ def _attention(kernel: str) -> Any:
     return _CudaAttention(kernel)
 
 
+def _op_costs() -> Any:
+    """:mod:`~resacct.account.gpu.step_time`'s per-op FLOPs and bytes, leaving DTensors to themselves
+    (their local ops come through again: counted once, on the shards this rank runs)."""
+    import sys
+
+    from resacct.account.gpu.step_time import _OpCosts
+
+    class _LocalOpCosts(_OpCosts):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            dtensors = sys.modules.get("torch.distributed.tensor")
+            if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
+                return NotImplemented
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return _LocalOpCosts()
+
+
 def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
-                           kernel_for_bits: dict[int, str]) -> Any:
+                           kernel_for_bits: dict[int, str], board: Any = None) -> Any:
     """In the child: per rank, the allocator model's peaks (a list of dicts), or a one-line error."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -146,17 +166,27 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         for rank in ranks:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             try:
-                mesh, tracker = engine_mesh(engine, world_size), CudaShardedTracker()
+                mesh, tracker, costs = engine_mesh(engine, world_size), CudaShardedTracker(), _op_costs()
                 routing = _attention(kernel)
                 with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
                     work, work_inputs = step_copies(net, inputs, fake=True)
                     with tracker, routing:
-                        _rank_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh)
+                        _rank_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, costs)
                 del work, work_inputs
                 allocator = tracker.allocator
-                answers.append({"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes,
-                                "peak_reserved_bytes": allocator.peak_reserved_bytes, "attention": kernel if routing.calls else None,
-                                "start_allocated_bytes": (tracker.window or (0, 0))[0]})
+                answer = {"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes, "peak_reserved_bytes": allocator.peak_reserved_bytes,
+                          "attention": kernel if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
+                          "compute_step_sec": None, "compute_step_basis": None}
+                if board is not None:
+                    from resacct.account.gpu.command_answers import board_rates
+                    from resacct.account.gpu.step_time import predict_step_seconds
+
+                    rates = board_rates(board, bits)
+                    time = predict_step_seconds(costs.ops, rates)
+                    answer["compute_step_sec"] = time.step_sec
+                    answer["compute_step_basis"] = (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; collectives "
+                                                    f"not timed (a lower bound); {rates.source}")
+                answers.append(answer)
             finally:
                 dist.destroy_process_group()
         return answers
@@ -172,7 +202,7 @@ def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, rank
     from resacct.measurement.distributed import run_isolated
 
     kernels = {bits: sdpa_kernel_for(board, bits) for bits in (16, 32)}
-    answer = run_isolated(_predict_cuda_in_child, model, engine, world_size, tuple(ranks), batch, seq, kernels, timeout_seconds=timeout_seconds)
+    answer = run_isolated(_predict_cuda_in_child, model, engine, world_size, tuple(ranks), batch, seq, kernels, board, timeout_seconds=timeout_seconds)
     if isinstance(answer, str):
         raise ResacctError(answer)
     return answer
