@@ -47,23 +47,29 @@ def _input_bytes(inputs: Any) -> int:
 @shared_measurement
 def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """One step of a peak model under ``recipe``: the prediction on fake tensors, the allocator's
-    record, and the lecture's parts — the training state and the saved activations from one real
-    forward and backward (:func:`resacct.account.step_measurements.measure_step_once`). Shared by
-    every claim on the same step (``peak.step_peak``, ``peak.phase_matches``)."""
+    record, and the lecture's parts (the training state of a real AdamW run, the saved activations
+    of one forward). Shared by every claim on the same step (``peak.step_peak``, ``peak.phase_matches``).
+    Not :func:`resacct.account.step_measurements.measure_step_once`: the same bytes, but its
+    FlopCounterMode costs more than the second step it saves on models this small (0.56 against
+    0.41 CPU s over 14 steps, one thread)."""
     from resacct.account.peak import measure_step_peak, predict_step_peak
     from resacct.account.peak_recipes import recipe_step
-    from resacct.account.step_measurements import measure_step_once
+    from resacct.account.step_measurements import measure_training_state
     from resacct.facts.recipes import parse_recipe
+    from resacct.measurement.activations import record_saved_activations
 
     net, inputs, loss_fn = _model(model, batch, seq)
     chosen = parse_recipe(recipe, allow_custom=False)
     step = recipe_step(chosen, net, inputs, loss_fn, "adamw")
     predicted = predict_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
     measured = measure_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)
-    once = measure_step_once(step.model, lambda m: loss_fn(m, step.inputs), chosen, "adamw", fill_tracer_gaps=False)
+    state = measure_training_state(step.model, lambda m: loss_fn(m, step.inputs), chosen, "adamw")
+    with record_saved_activations(step.model) as saved:
+        loss = step.loss_fn(step.model, step.inputs)
+    del loss
     return Outcome(
         measured=measured.peak_bytes, predicted=predicted.peak_bytes,
-        quantities={"state_bytes": once.state.at_step_bytes, "saved_bytes": once.saved.activation_bytes, "input_bytes": _input_bytes(step.inputs),
+        quantities={"state_bytes": state.at_step_bytes, "saved_bytes": saved.activation_bytes, "input_bytes": _input_bytes(step.inputs),
                     "params": sum(p.numel() for p in net.parameters()),
                     "measured_start_bytes": measured.start_bytes, "predicted_start_bytes": predicted.timeline.start_bytes,
                     "peak_phase": measured.peak_phase, "predicted_peak_phase": predicted.peak.phase, "attention_kernel": predicted.attention_kernel},
@@ -117,11 +123,11 @@ def state_bytes_per_parameter(model: str, batch: int, small_batch: int, seq: int
     caveat the source adds, the CPU allocator's peak over a whole steady step ÷ parameters at
     ``batch`` × ``seq`` and at ``small_batch`` × ``seq`` (activations included)."""
     from resacct.account.peak import measure_step_peak
-    from resacct.account.step_measurements import measure_step_once
+    from resacct.account.step_measurements import measure_training_state
 
     net, inputs, loss_fn = _model(model, batch, seq)
     params = sum(p.numel() for p in net.parameters())
-    state = measure_step_once(net, lambda m: loss_fn(m, inputs), "fp32", "adamw", fill_tracer_gaps=False).state  # one forward and backward
+    state = measure_training_state(net, lambda m: loss_fn(m, inputs), "fp32", "adamw")
     counters = state.step_counter_bytes
     measured_state = state.at_step_bytes - counters
     predicted_state = state.predicted_at_step_bytes - 4 * state.parameter_tensors
