@@ -43,10 +43,14 @@ def board_argument(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def parse_boards_at_the_edge(parser: argparse.ArgumentParser) -> None:
+def parse_boards_at_the_edge(parser: argparse.ArgumentParser, adds: str | None = None) -> None:
     """Give ``parser``'s ``--device`` option :func:`board_argument` as its type: ``args.device`` is
-    then an ``Accelerator`` (or None), parsed before anything is imported or traced."""
-    parser._option_string_actions["--device"].type = board_argument
+    then an ``Accelerator`` (or None), parsed before anything is imported or traced. ``adds``: what
+    a board adds to the command's answer, appended to the option's help."""
+    action = parser._option_string_actions["--device"]
+    action.type = board_argument
+    if adds:
+        action.help = f"{action.help}; {adds}"
 
 
 def _device_fields(board: Any) -> dict[str, Any]:

@@ -154,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-format", type=_choice(KV_FORMAT_BYTES, "KV-cache format"), default="bf16", metavar="FORMAT",
                         help=f"KV-cache element format: {', '.join(KV_FORMAT_BYTES)} (default: bf16)")
     add_device_arguments(parser, required=False)
-    parse_boards_at_the_edge(parser)  # --device BOARD: also the CUDA caching allocator's peaks of the prefill there
+    parse_boards_at_the_edge(parser, "a CUDA board adds the prefill's predicted CUDA allocated and reserved peaks there")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_infer)

@@ -304,7 +304,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence (default: 2048)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="estimate activations with every layer recomputed")
     add_device_arguments(parser, required=False)
-    parse_boards_at_the_edge(parser)  # --device BOARD: also the CUDA caching allocator's peaks and the step time there
+    parse_boards_at_the_edge(parser, "a CUDA board adds the step's predicted CUDA allocated and reserved peaks and its step time there")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_lora)
