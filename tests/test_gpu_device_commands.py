@@ -196,3 +196,20 @@ def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does()
     assert tracker.window is not None
     assert (tracker.window[0], tracker.allocator.peak_allocated_bytes, tracker.allocator.peak_reserved_bytes) == (
         predicted.start_allocated_bytes, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes)
+
+
+def test_flash_routing_sends_values_of_another_head_size_to_the_efficient_kernel() -> None:
+    """DeepSeek's MLA: queries and keys of 192, values of 128. CUDA's flash kernel needs one head
+    size, so sdpa takes the efficient kernel there; flash's meta kernel would return 192-wide outputs
+    (and o_proj would refuse them: ``infer --hf-config deepseek-v3 --device h100`` did)."""
+    import torch.nn.functional as F
+
+    from resacct.account.gpu.cuda_step import _CudaAttention
+
+    query, value = torch.empty(1, 4, 16, 192, device="meta"), torch.empty(1, 4, 16, 128, device="meta")
+    with _CudaAttention("flash") as routing:
+        mixed = F.scaled_dot_product_attention(query, query, value, is_causal=True)
+        same = F.scaled_dot_product_attention(query, query, query, is_causal=True)
+    assert routing.calls == 2 and mixed.shape[-1] == 128 and same.shape[-1] == 192
+    # what the kernels themselves return: flash keeps the queries' width, efficient the values'
+    assert torch.ops.aten._scaled_dot_product_flash_attention(query, query, value, 0.0, True)[0].shape[-1] == 192

@@ -10,7 +10,8 @@ differ from what meta tensors would dispatch, it chooses the CUDA ones:
 - attention: ``attention="flash"`` or ``"efficient"`` routes ``F.scaled_dot_product_attention``
   to ``aten._scaled_dot_product_flash_attention`` / ``_efficient_attention`` (their meta kernels
   give CUDA's outputs: the output, a float32 logsumexp, the RNG state), as ``sdpa_kernel`` would
-  on a GPU; ``None`` leaves sdpa to pick (on meta tensors: the math path);
+  on a GPU; ``None`` leaves sdpa to pick (on meta tensors: the math path) — values of another head size than the
+  queries' (DeepSeek's MLA) go to the efficient kernel, as sdpa sends them on a GPU (flash needs one);
 - the optimizer: where it leaves ``foreach`` to torch, it gets the foreach implementation, CUDA's
   default (``_default_to_fused_or_foreach``; meta tensors would get the for-loop): the foreach
   kernels' temporaries. :func:`cuda_adamw`, the default, is ``torch.optim.AdamW(lr=1e-3, foreach=True)``.
@@ -95,7 +96,7 @@ class _CudaAttention(TorchFunctionMode):
             repeat = query.shape[-3] // key.shape[-3]  # what sdpa's fused kernels are given: the heads repeated
             key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
         self.calls += 1
-        if self.kernel == "flash":
+        if self.kernel == "flash" and value.shape[-1] == query.shape[-1]:  # flash needs one head size (sdp_utils: check_head_dim_size_flash)
             if mask is not None:
                 raise ResacctError("attention='flash' with an attention mask: CUDA's flash kernel takes none; expected attention='efficient' or None")
             try:
