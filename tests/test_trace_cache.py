@@ -186,3 +186,24 @@ def test_account_device_board_lines_are_read_back_with_their_note(cache_folder: 
         assert capsys.readouterr().out == first_json
         assert main(argv) == 0
         assert capsys.readouterr().out == first_text
+
+
+def test_the_folder_keeps_the_answers_used_last(cache_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(trace_cache, "MAX_ANSWERS", 3)
+    compute, calls = _counting("answer")
+    with caching(True):
+        for n in range(3):
+            cached("demo", {"n": n}, compute)
+            time.sleep(0.02)  # distinct modification times
+        cached("demo", {"n": 0}, compute)  # a hit: 0 is now the one used last
+        assert last_outcome() == "hit"
+        time.sleep(0.02)
+        cached("demo", {"n": 3}, compute)  # a fourth answer: the least recently used (1) goes
+        assert len(list(cache_folder.glob("*.pickle"))) == 3
+        cached("demo", {"n": 0}, compute)
+        assert last_outcome() == "hit"
+        cached("demo", {"n": 1}, compute)
+        assert last_outcome() == "stored"  # pruned, traced again
+    assert len(calls) == 5

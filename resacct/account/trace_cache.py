@@ -14,8 +14,8 @@ tests trace afresh. ``--no-cache`` or ``RESACCT_NO_CACHE=1`` keeps it off in the
 (the test suite sets the variable; the cache tests point ``RESACCT_CACHE_DIR`` at a temporary folder).
 A file that cannot be read back whole — truncated, corrupt, another key's, from another format — is
 ignored, the answer traced and the file written again; every write goes to a temporary file that is
-renamed over the old one, so a reader never sees half a file. The files are pickles: read only your
-own cache folder.
+renamed over the old one, so a reader never sees half a file. A folder keeps the
+:data:`MAX_ANSWERS` answers used last. The files are pickles: read only your own cache folder.
 
 Nothing here imports torch.
 
@@ -40,11 +40,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CACHE_DIR_ENV", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "source_fingerprint"]
+__all__ = ["CACHE_DIR_ENV", "MAX_ANSWERS", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "source_fingerprint"]
 
 CACHE_DIR_ENV = "RESACCT_CACHE_DIR"
 NO_CACHE_ENV = "RESACCT_NO_CACHE"
 _FORMAT = 1
+#: The most answers a cache folder keeps (the least recently used go first).
+MAX_ANSWERS = 256
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 T = TypeVar("T")
@@ -158,6 +160,17 @@ def _write(path: Path, key: str, answer: Any) -> bool:
     return True
 
 
+def _prune(folder: Path, keep: int) -> None:
+    """Keep the ``keep`` answers used last (a hit touches its file), removing the rest: every edit
+    of resacct makes new keys, so old answers would pile up."""
+    try:
+        files = sorted(folder.glob("*.pickle"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        for path in files[keep:]:
+            path.unlink()
+    except OSError:
+        pass  # another process pruned it first, or the folder is not ours to clean: leave it
+
+
 def cached(kind: str, question: dict[str, Any], compute: Callable[[], T]) -> T:
     """``compute()``'s answer to ``question``, read from the cache when :func:`caching` is on and a
     whole file holds it; else computed (and, caching on, written)."""
@@ -169,7 +182,11 @@ def cached(kind: str, question: dict[str, Any], compute: Callable[[], T]) -> T:
     found, answer = _read(path, key)
     if found:
         _state["outcome"] = "hit"
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the last to be pruned
         return answer  # type: ignore[no-any-return]
     answer = compute()
     _state["outcome"] = "stored" if _write(path, key, answer) else "unwritable"
+    if _state["outcome"] == "stored":
+        _prune(path.parent, MAX_ANSWERS)
     return answer
