@@ -102,7 +102,9 @@ def test_fit_on_a_board_judges_the_reserved_peak_and_steps_down(config_path: str
     target = hf_config_target(config_path)
     board = get_accelerator("h100")
     loose = fit_step(target, memory_bytes=board.memory_bytes, batch=1, seq=16, device=board, recipe="bf16", max_batch=4)
+    dtypes_before = {parameter.dtype for parameter in target.model.parameters()}
     found = fit_gpu_answer(loose, target, board=board, recipe="bf16", optimizer="adamw")
+    assert {parameter.dtype for parameter in target.model.parameters()} == dtypes_before == {torch.float32}  # not converted in place
     assert found["largest"] == loose.largest == 4 and found["gpu"].reserved_bytes <= loose.budget_bytes
     # a budget the CPU engine's peak fits at batch 4 but the allocator's 2 MiB and 20 MiB segments do not
     tight = fit_step(target, memory_bytes=loose.peak_bytes * 1.01, batch=1, seq=16, device=board, recipe="bf16", max_batch=4)
