@@ -14,7 +14,8 @@ set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 ENVS=("$@")
-[ "${#ENVS[@]}" -gt 0 ] || ENVS=(torch24 torch28 torch211 main torch214)
+DEFAULT_ENVS=(torch24 torch28 torch211 main torch214)
+[ "${#ENVS[@]}" -gt 0 ] || ENVS=("${DEFAULT_ENVS[@]}")
 OUT="${OUT:-$REPO/docs}"
 WORK="$REPO/reports/matrix"
 [ "${REUSE:-0}" = "1" ] || rm -rf "$WORK"
@@ -57,12 +58,12 @@ for row in "${rows[@]}"; do reports+=("$WORK/${row%%	*}/report.json"); done
 "$REPO/.venv/bin/resacct" verify -q --merge "${reports[@]}" --report-dir "$WORK/merged" || exit 1
 
 printf '%s\n' "${rows[@]}" > "$WORK/rows.tsv"
-"$MAIN_PY" - "$WORK" "$OUT" "$commit" "$dirty" "$*" <<'EOF'
+"$MAIN_PY" - "$WORK" "$OUT" "$commit" "$dirty" "$*" "${DEFAULT_ENVS[*]}" <<'EOF'
 import datetime, json, sys
 from collections import Counter
 from pathlib import Path
 
-work, out, commit, dirty, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+work, out, commit, dirty, argv, default_envs = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6].split()
 rows = [line.rstrip("\n").split("\t") for line in (work / "rows.tsv").read_text(encoding="utf-8").splitlines() if line.strip()]
 merged = (work / "merged" / "matrix.md").read_text(encoding="utf-8").split("\n", 2)[2]  # the table, without its title
 matrix = json.loads((work / "merged" / "matrix.json").read_text(encoding="utf-8"))
@@ -86,6 +87,10 @@ for env, code, seconds, transformers in rows:
                  + " | ".join(str(counts.get(o, 0)) for o in outcomes) + f" | {seconds} s |")
     summary.append({"env": env, "torch": environment["torch"], "transformers": transformers, "python": environment["python"],
                     "verify_exit": int(code), "seconds": int(seconds), "claims": len(report["claims"]), **{o: counts.get(o, 0) for o in outcomes}})
+left_out = [env for env in default_envs if env not in {row[0] for row in rows}]
+if left_out:
+    lines += ["", f"Not in this run (no row above): {', '.join(left_out)}, of the script's default envs; "
+              "`tools/matrix.sh` with no argument runs them all."]
 lines += ["", "Timings are wall seconds on a shared machine (the load average is the report's): noisy. The commit is the one "
           "checked out when the script started; an env's report made earlier (REUSE=1) says when in its own column.", "",
           "## What differs between versions and how it is handled", "",
