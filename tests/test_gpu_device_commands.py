@@ -165,6 +165,8 @@ def test_a_model_given_by_its_shape_with_a_board_never_imports_torch(command: li
     assert gpu["board"] == "h100-sxm" and gpu["predicted_allocated_peak_bytes"] is None and "--hf-config" in gpu["gap"]
 
 
+@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
+                    reason=f"torch {torch.__version__} has no public torch.distributed.tensor.DTensor (torch 2.4.1)")
 def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does() -> None:
     """One process, no sharding: the tracker ``shard --device`` uses over fake CPU tensors gives the
     allocator model what :func:`predict_cuda_step_memory` gives it over meta tensors (the path equal to
@@ -198,6 +200,8 @@ def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does()
         predicted.start_allocated_bytes, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes)
 
 
+@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
+                    reason=f"torch {torch.__version__} has no meta kernel for _scaled_dot_product_efficient_attention (torch 2.4.1)")
 def test_flash_routing_sends_values_of_another_head_size_to_the_efficient_kernel() -> None:
     """DeepSeek's MLA: queries and keys of 192, values of 128. CUDA's flash kernel needs one head
     size, so sdpa takes the efficient kernel there; flash's meta kernel would return 192-wide outputs
