@@ -217,10 +217,12 @@ def _predict_hf(step: MeasuredStep) -> Prediction:
 
 
 def _raised_in(error: BaseException, modules: list[nn.Module]) -> bool:
-    """Whether ``error`` was raised inside the forward of one of ``modules`` (a frame whose ``self`` is one)."""
-    ids, trace = {id(module) for module in modules}, error.__traceback__
+    """Whether ``error`` was raised inside the forward of a module of the class of one of ``modules``
+    (a frame whose ``self`` is of that class): the step runs on the recipe's **copy** of the model
+    (:func:`~resacct.account.step_measurements.measure_step_once`), whose modules are not ``modules``."""
+    classes, trace = {type(module) for module in modules}, error.__traceback__
     while trace is not None:
-        if id(trace.tb_frame.f_locals.get("self")) in ids:
+        if type(trace.tb_frame.f_locals.get("self")) in classes:
             return True
         trace = trace.tb_next
     return False
