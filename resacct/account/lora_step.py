@@ -93,7 +93,13 @@ def build_lora_model(config: Any, *, rank: int, targets: tuple[str, ...], base: 
         if gradient_checkpointing:
             base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         target_modules: Any = "all-linear" if tuple(targets) == ("all-linear",) else list(targets)
-        model = get_peft_model(base_model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=target_modules))
+        # GPT-2's layers are transformers' Conv1D (weights stored in × out): peft wants fan_in_fan_out for
+        # them and otherwise sets it itself with a UserWarning per layer kind that reached the user
+        from transformers.pytorch_utils import Conv1D
+
+        fan_in_fan_out = any(isinstance(module, Conv1D) for module in base_model.modules())
+        model = get_peft_model(base_model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=target_modules,
+                                                      fan_in_fan_out=fan_in_fan_out))
     model.train()
     return model
 

@@ -120,6 +120,9 @@ def _run_lora(args: argparse.Namespace) -> int:
 
         args.targets = default_lora_targets(config)
     formula = architecture is not None and architecture.family == "llama" and all(t in (*LORA_TARGETS, "all-linear") for t in args.targets)
+    if config is not None and "all-linear" not in args.targets and not set(args.targets) <= set(LORA_TARGETS):
+        names = _linear_names(config)
+        _refuse_missing_targets(args.targets, names, names, name)  # before the trace: a 7B one costs ~10 CPU s
     traced, untraced = _trace(args, config)
     if traced is None and config is not None:  # a config transformers cannot build a model from is refused, never answered by the formulas
         from resacct.account.hf_models import build_hf_model, load_hf_config
@@ -131,11 +134,7 @@ def _run_lora(args: argparse.Namespace) -> int:
         raise ResacctError(f"{name}: resacct's LoRA formulas cover Llama-shaped models with targets among {', '.join(LORA_TARGETS)}, "
                            f"and the traced step is not available ({untraced}); expected one of them")
     if traced is not None and "all-linear" not in args.targets and set(args.targets) - set(traced.targets):
-        from resacct.errors import ResacctError
-
-        missing = ", ".join(sorted(set(args.targets) - set(traced.targets)))
-        raise ResacctError(f"--targets {','.join(args.targets)}: {missing} is not a linear layer of {name}; LoRA targets are a comma-separated "
-                           f"list of its linear layers' names ({', '.join(_linear_names(config))}), or all-linear")
+        _refuse_missing_targets(args.targets, traced.targets, _linear_names(config), name)
     dtype = {"fp32": "float32", "fp16": "float16"}.get(args.base, "bfloat16")
     if formula:
         state: Any = lora_training_memory(architecture, rank=args.rank, targets=args.targets, base_format=args.base)
@@ -232,6 +231,16 @@ def _run_lora(args: argparse.Namespace) -> int:
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
     return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+
+
+def _refuse_missing_targets(targets: tuple[str, ...], adaptable: Any, linear_names: list[str], name: str) -> None:
+    """One line naming the ``targets`` that are not among ``adaptable`` (none missing: nothing)."""
+    missing = ", ".join(sorted(set(targets) - set(adaptable)))
+    if missing:
+        from resacct.errors import ResacctError
+
+        raise ResacctError(f"--targets {','.join(targets)}: {missing} is not a linear layer of {name}; LoRA targets are a comma-separated "
+                           f"list of its linear layers' names ({', '.join(linear_names)}), or all-linear")
 
 
 def _linear_names(config: Any) -> list[str]:
