@@ -89,6 +89,7 @@ def _wrapped_number_bytes_reading_every_schema(func, args, out) -> int:
 
 def _tiny(name: str, device: str = "meta"):
     pytest.importorskip("transformers")
+    import torch._dynamo  # noqa: F401  torch 2.8: first imported under torch.device(...) by transformers' lazy model import, it fails as a circular import
     from tests import fixtures_hf_models
 
     with torch.device(device):
@@ -97,6 +98,12 @@ def _tiny(name: str, device: str = "meta"):
     model.train()
     ids = torch.zeros(2, 16, dtype=torch.long, device=device)
     return model, {"input_ids": ids, "labels": ids}
+
+
+def _torch_at_least(version: str) -> bool:
+    from packaging.version import Version
+
+    return Version(torch.__version__.split("+")[0]) >= Version(version)
 
 
 def _loss(inputs):
@@ -114,8 +121,10 @@ def test_one_flop_counter_counts_what_two_counted(name, device, fill):
     old = _two_counter_trace(model, lambda: _loss(inputs)(model), fill_tracer_gaps=fill)
     assert new == old
     assert new.forward_flops > 0 and new.backward_by_module
-    if device == "cpu" and fill:
-        assert new.gap_filled_flops > 0  # the CPU flash kernel, filled from its shapes
+    if device == "cpu" and fill and _torch_at_least("2.11"):
+        # the CPU flash kernel, filled from its shapes. torch 2.8 runs this grouped-query sdpa on the CPU
+        # by the math path (counted op by op: nothing to fill); 2.11 and 2.13 by the flash kernel (seen 2026-11-28)
+        assert new.gap_filled_flops > 0
 
 
 @pytest.mark.parametrize(("name", "recipe", "optimizer"), [
