@@ -21,7 +21,7 @@ from typing import Any
 from resacct.errors import ResacctError, UnknownNameError
 
 __all__ = ["HfConfigSpec", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
-           "causal_lm_from_config", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
+           "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[1] / "hf_configs" / "known.yaml"
 
@@ -216,6 +216,7 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str =
     if problem := transformers_unusable():  # its configs work under an older torch, its models do not
         raise ResacctError(f"{_label(spec)}: {problem}")
     config = transformers_config(spec)
+    import_before_device_modes()
     with torch.device(device):
         try:
             return causal_lm_from_config(config, attention=attention)
@@ -223,6 +224,14 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str =
             raise ResacctError(f"{_label(spec)}: transformers has no causal LM for it ({str(error).splitlines()[0]})") from None
         except Exception as error:  # a hostile config can break model construction anywhere (a bogus rope type: KeyError)
             raise ResacctError(f"{_label(spec)}: transformers cannot build a model from it ({_reason(error)})") from None
+
+
+def import_before_device_modes() -> None:
+    """Import what transformers' lazy model import pulls in that must not be first imported under
+    ``torch.device(...)`` (a TorchFunctionMode): on torch 2.8 ``torch._dynamo`` imported there fails
+    as a circular import ("partially initialized module 'torch._dynamo' has no attribute 'disable'"),
+    and a fresh ``resacct account --hf-config gpt2`` said transformers could not build the model."""
+    import torch._dynamo  # noqa: F401
 
 
 def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any) -> Any:

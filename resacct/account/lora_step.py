@@ -87,6 +87,9 @@ def build_lora_model(config: Any, *, rank: int, targets: tuple[str, ...], base: 
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ResacctError("the traced LoRA step needs transformers and peft; expected them installed: pip install 'resacct[hf]' peft") from None
+    from resacct.account.hf_models import import_before_device_modes
+
+    import_before_device_modes()
     with torch.device(device), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' is_gradient_checkpointing, raised inside peft
         base_model = causal_lm_from_config(config, dtype=TRACED_BASES[base])
