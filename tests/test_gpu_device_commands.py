@@ -6,24 +6,15 @@ why) for a board that does not run the CUDA caching allocator."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from resacct.cli import main
 
-CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
+from tests.test_gpu_device_answer import config_path  # noqa: F401  the tiny Llama config file, one fixture for both files
+
 RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
-
-
-@pytest.fixture()
-def config_path(tmp_path: Path) -> str:
-    pytest.importorskip("transformers")  # every use builds the model (torch 2.4: transformers 5.x cannot)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(CONFIG))
-    return str(path)
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
