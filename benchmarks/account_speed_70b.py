@@ -10,7 +10,7 @@ process, interleaved and repeated, in one run.
 
 Every process starts cold (imports of torch and transformers included, as a user's command does).
 resacct runs twice: **cold** (``--no-cache``: traced afresh — the bar is judged on this one) and
-**warm** (the trace cache, :mod:`resacct.account.trace_cache`, filled once before the rounds in a
+**warm** (the trace cache, :mod:`resacct.account.trace.cache`, filled once before the rounds in a
 temporary folder: the answer read back), side by side. The commands run the same step as
 ``resacct account`` with its defaults: batch 4 × the config's context (4,096 for Llama-2-70B), the
 model's own next-token loss, fp32 AdamW (torch's default implementation for the CPU), a steady step

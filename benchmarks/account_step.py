@@ -178,7 +178,7 @@ def _account_model_bar(repeats: int, limit: float = 2.0) -> int:
     and backward, interleaved in one process after a warm-up of each; the ratio of the medians.
     account_model does more than count: FLOPs, saved tensors and training state on meta, and the
     step's peak predicted on fake CPU tensors (forward, backward, optimizer step) — fails above ``limit``."""
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.api import account_model
 
     model = build_hf_model(load_hf_config("gpt2"), device="meta")

@@ -1,10 +1,10 @@
 """`resacct fit --hf-config llama-2-7b --recipe bf16 --device h100`: CPU seconds and traces of the
-search — each phase's line through two traces, confirmed by two more (resacct.account.fit_lines, issue 34)
+search — each phase's line through two traces, confirmed by two more (resacct.account.fit.lines, issue 34)
 beside the search it replaced (doubling steered by the line, at most ×8 a step, then the line
 between the sizes that fit and did not; copied below from commit 4c552ff) — measured side by side
 in one process on one 7B model built on meta, then the whole command in fresh processes, cold
 (``--no-cache``: traced afresh — the goal, ≤ 10 s wall idle, is judged on it) and warm (the trace
-cache, :mod:`resacct.account.trace_cache`, in a temporary folder), side by side.
+cache, :mod:`resacct.account.trace.cache`, in a temporary folder), side by side.
 
     python benchmarks/fit_speed.py                 # seq 4096, 1024 and 256
     python benchmarks/fit_speed.py --seq 4096      # one sequence length
@@ -38,7 +38,7 @@ def _crossing(low, low_peak, high, high_peak, budget_bytes):
 
 
 def previous_largest_fitting(peak_of, budget_bytes, *, limit):
-    """The search before issue 34 (resacct/account/fit_search.py at 4c552ff), the probes' sizes returned."""
+    """The search before issue 34 (resacct/account/fit/search.py at 4c552ff), the probes' sizes returned."""
     probes: dict[int, int] = {}
 
     def fits(size):
@@ -119,7 +119,7 @@ def main() -> int:
         return 0
     import torch
 
-    from resacct.account.fit_search import MAX_BATCH, hf_config_target, largest_fitting, phase_peaks_bytes, step_peak_function
+    from resacct.account.fit.search import MAX_BATCH, hf_config_target, largest_fitting, phase_peaks_bytes, step_peak_function
     from resacct.facts.recipes import get_recipe
 
     recipe = get_recipe("bf16")

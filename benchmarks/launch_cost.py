@@ -35,7 +35,7 @@ import resacct.measurement.distributed as distributed
 #: The forkserver's preloads before issue 34.
 OLD_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.distributed", "torch.distributed.optim",
                "torch.distributed.fsdp", "resacct.measurement.distributed"]
-RANK_MODULES = ["resacct.checks.peak_sharded", "resacct.account.peak_sharded", "resacct.account.peak_models",
+RANK_MODULES = ["resacct.checks.peak_sharded", "resacct.account.peak.sharded", "resacct.account.peak.models",
                 "resacct.checks.sharding_runs", "resacct.checks.parallelism"]
 #: The tensor-parallel claims' layers (resacct/specs/parallelism.claims.yaml): seq, batch, hidden, heads, sequence_parallel.
 TENSOR_PARALLEL_CLAIMS = [(16, 2, 64, 4, False), (16, 2, 64, 4, False), (12, 3, 32, 4, False), (16, 2, 64, 4, True), (16, 2, 64, 4, True)]
@@ -88,7 +88,7 @@ def _timed(action) -> float:  # type: ignore[no-untyped-def]
 
 def _claims_launches(way: str) -> dict[str, float]:
     """The launches the sharded claims make, the old way or the new (caches cleared first)."""
-    from resacct.account.peak_sharded import predict_sharded_step_peaks_in_process
+    from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
     from resacct.checks import parallelism, peak_sharded, sharding_runs
 
     seconds: dict[str, float] = {}

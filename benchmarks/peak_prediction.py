@@ -1,8 +1,8 @@
 """Predicted step peak (resacct, fake CPU tensors) beside the CPU allocator's measured peak and beside
 torch's own MemTracker (``torch.distributed._tools.mem_tracker``) under FakeTensorMode — the same
 models, the same inputs, the same steady AdamW step, in one run. Rows past the fp32 ones run a
-precision recipe's step (``resacct.account.peak_recipes``), gradient accumulation over k micro-steps
-(``resacct.account.peak_accumulation``), selective checkpointing and ``mse_loss``.
+precision recipe's step (``resacct.account.peak.recipes``), gradient accumulation over k micro-steps
+(``resacct.account.peak.accumulation``), selective checkpointing and ``mse_loss``.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/peak_prediction.py
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/peak_prediction.py --models mlp gpt-math   # a subset
@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from resacct.account.peak import measure_step_peak, predict_step_peak  # noqa: E402
-from resacct.account.peak_accumulation import run_accumulated_step  # noqa: E402
-from resacct.account.peak_models import PEAK_MODELS, peak_model  # noqa: E402
-from resacct.account.peak_recipes import recipe_step  # noqa: E402
+from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak  # noqa: E402
+from resacct.account.peak.accumulation import run_accumulated_step  # noqa: E402
+from resacct.account.peak.models import PEAK_MODELS, peak_model  # noqa: E402
+from resacct.account.peak.recipes import recipe_step  # noqa: E402
 from resacct.facts.recipes import parse_recipe  # noqa: E402
 from resacct.measurement.memory_timeline import copy_inputs, gc_paused, make_optimizer_state, run_training_step  # noqa: E402
 

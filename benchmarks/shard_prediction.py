@@ -1,5 +1,5 @@
 """Each rank's step peak under FSDP2: resacct's prediction (the engine on fake tensors under the fake
-process group, resacct.account.peak_sharded) beside the CPU allocators of real gloo ranks and
+process group, resacct.account.peak.sharded) beside the CPU allocators of real gloo ranks and
 beside torch's own FSDPMemTracker (``torch.distributed._tools.fsdp2_mem_tracker``) over the same
 step on fake tensors under the same fake process group — the same models, inputs and steady AdamW
 step, in one run.
@@ -43,7 +43,7 @@ def _memtracker_in_child(engine: str, model_name: str, batch: int, seq: int, wor
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from resacct.account.peak_sharded import _wrap, build_peak_model, engine_mesh, step_copies
+    from resacct.account.peak.sharded import _wrap, build_peak_model, engine_mesh, step_copies
     from resacct.measurement.memory_timeline import gc_paused, make_optimizer_state
 
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
@@ -76,7 +76,7 @@ def resacct_peak(engine: str, model_name: str, batch: int, seq: int, world_size:
 
 
 def _resacct_in_child(engine: str, model_name: str, batch: int, seq: int, world_size: int) -> tuple[int, float]:
-    from resacct.account.peak_sharded import build_peak_model, predict_rank_summaries
+    from resacct.account.peak.sharded import build_peak_model, predict_rank_summaries
 
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
     started = time.perf_counter()

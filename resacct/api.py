@@ -10,7 +10,7 @@ True
 True
 
 Built on :func:`resacct.account.account_gpt` (a :mod:`resacct.training.gpt` config name such as
-``"gpt-nano"``) and :func:`resacct.account.generic.account_module` (any ``nn.Module``, or a
+``"gpt-nano"``) and :func:`resacct.account.answers.generic.account_module` (any ``nn.Module``, or a
 ``"module:factory"`` string): the same measurements ``resacct account`` prints, and
 :meth:`TrainingReport.render` prints the same table.
 """
@@ -56,7 +56,7 @@ class TrainingReport:
     optimizer state while ``optimizer.step()`` runs), ``state_between_steps``, ``activations``
     (what autograd saves for backward) and ``peak`` (the allocator's forward + backward peak
     above the parameters; measured on the CPU only). ``account`` is the whole account
-    (:class:`resacct.account.StepAccount` or :class:`resacct.account.generic.ModelAccount`)."""
+    (:class:`resacct.account.StepAccount` or :class:`resacct.account.answers.generic.ModelAccount`)."""
 
     model: str
     parameters: int
@@ -152,7 +152,7 @@ def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple
     if has_example:
         raise ResacctError(f"model {name!r}: example_input goes with an nn.Module; a name makes its own input from batch and seq")
     if ":" in name:
-        from resacct.account.generic import account_named_model
+        from resacct.account.answers.generic import account_named_model
 
         return account_named_model(name, batch=batch, seq=seq, input_shape=input_shape, input_dtype=input_dtype, loss=loss, recipe=recipe,
                                    optimizer=optimizer, measure=measure)
@@ -163,10 +163,10 @@ def _account_named(name: str, *, batch: int, seq: int | None, input_shape: tuple
 
 def _account_module(model: nn.Module, *, batch: int, seq: int | None, example_input: Any, input_shape: tuple[int, ...] | None,
                     input_dtype: str, recipe: Recipe, optimizer: str, loss: str) -> Any:
-    from resacct.account.generic import account_module
-    from resacct.account.model_io import default_inputs
+    from resacct.account.answers.generic import account_module
+    from resacct.account.load.model_io import default_inputs
 
-    from resacct.account.model_factory import check_module_tree
+    from resacct.account.load.model_factory import check_module_tree
 
     check_module_tree(model, f"the model {type(model).__name__}")  # a cycle, or too deep for torch's recursive walks: one line
     if not list(model.parameters()):

@@ -9,7 +9,7 @@ import pytest
 
 from resacct.measurement.torch_limits import transformers_unusable
 
-# Commands trace afresh in tests (resacct.account.trace_cache): nothing written to the user's cache, no
+# Commands trace afresh in tests (resacct.account.trace.cache): nothing written to the user's cache, no
 # answer read back past a test's monkeypatch. The cache's own tests unset it and use a temporary folder.
 os.environ.setdefault("RESACCT_NO_CACHE", "1")
 

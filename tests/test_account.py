@@ -265,9 +265,9 @@ def json_roundtrips(data) -> bool:
 
 
 def test_generic_account_of_an_mlp_is_predicted_exactly():
-    from resacct.account.generic import account_named_model
+    from resacct.account.answers.generic import account_named_model
 
-    account = account_named_model("resacct.account.generic:mlp", model_args={"dim": 8, "hidden": 16, "depth": 2, "activation": "relu"}, batch=3, loss="mse")
+    account = account_named_model("resacct.account.answers.generic:mlp", model_args={"dim": 8, "hidden": 16, "depth": 2, "activation": "relu"}, batch=3, loss="mse")
     p = account.predicted
     assert (account.flops.forward_flops, account.flops.backward_flops) == (p.forward_flops, p.backward_flops)
     assert dict(account.flops.forward_by_module) == p.forward_by_module and dict(account.flops.backward_by_module) == p.backward_by_module
@@ -278,7 +278,7 @@ def test_generic_account_of_an_mlp_is_predicted_exactly():
 
 
 def test_generic_account_without_a_formula_shows_measurements_only():
-    from resacct.account.generic import account_named_model
+    from resacct.account.answers.generic import account_named_model
 
     account = account_named_model("tests.fixtures_user_model:build_conv", batch=2, optimizer="sgd")
     assert account.predicted is None and account.flops.forward_flops > 0 and account.saved.activation_bytes > 0
@@ -288,7 +288,7 @@ def test_generic_account_without_a_formula_shows_measurements_only():
 
 
 def test_generic_account_on_meta_and_with_a_factory_example():
-    from resacct.account.generic import account_named_model
+    from resacct.account.answers.generic import account_named_model
 
     meta = account_named_model("resacct.training.models:Cruncher", model_args={"dim": 16, "num_layers": 3}, batch=4, measure=False, recipe="bf16")
     assert meta.device == "meta" and meta.step_peak_bytes is None
@@ -310,7 +310,7 @@ def test_generic_account_on_meta_and_with_a_factory_example():
     ],
 )
 def test_generic_account_refuses_bad_factories(spec, args, match):
-    from resacct.account.generic import account_named_model
+    from resacct.account.answers.generic import account_named_model
 
     with pytest.raises(ResacctError, match=match):
         account_named_model(spec, model_args=args, measure=True)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from resacct.account.pass_profile import PASSES, PassProfile, pass_profile
+from resacct.account.trace.pass_profile import PASSES, PassProfile, pass_profile
 from resacct.cli import main
 
 
@@ -36,8 +36,8 @@ def test_nested_passes_take_their_seconds_out_of_the_outer_one():
 
 
 def test_account_json_has_every_pass_and_they_sum_to_the_total(capsys):
-    import resacct.account.peak as peak
-    import resacct.account.step_measurements as measurements
+    import resacct.account.peak.step_peak as peak
+    import resacct.account.trace.step_measurements as measurements
 
     originals = (peak.predict_step_peak, measurements.measure_training_state, measurements._RecipeTraining.step)
     wall = time.perf_counter()
@@ -57,13 +57,13 @@ def test_account_json_has_every_pass_and_they_sum_to_the_total(capsys):
 
 
 def test_account_text_prints_the_passes_on_stderr_and_nothing_without_the_flag(capsys):
-    assert main(["account", "--model", "resacct.account.generic:mlp", "--batch", "2", "--profile"]) == 0
+    assert main(["account", "--model", "resacct.account.answers.generic:mlp", "--batch", "2", "--profile"]) == 0
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.startswith("profile: ")]
     assert lines[0].split()[1:] == ["pass", "CPU", "s", "wall", "s"] and "profile:" not in captured.out
     names = [line.split()[1] for line in lines[1:]]
     assert {"load/build", "trace", "state", "peak", "render", "other", "total"} <= set(names), names
-    assert main(["account", "--model", "resacct.account.generic:mlp", "--batch", "2", "--json"]) == 0
+    assert main(["account", "--model", "resacct.account.answers.generic:mlp", "--batch", "2", "--json"]) == 0
     captured = capsys.readouterr()
     assert "profile_seconds" not in json.loads(captured.out) and "profile:" not in captured.err
 

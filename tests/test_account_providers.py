@@ -1,5 +1,5 @@
 """The providers of ``resacct account --model``: ONE ordered registry
-(:mod:`resacct.account.providers`) that :mod:`resacct.account.generic` asks once — a model family is
+(:mod:`resacct.account.answers.providers`) that :mod:`resacct.account.answers.generic` asks once — a model family is
 added in one place — and the FLOP rows that say where their numbers come from (issue 22)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resacct.account import providers
-from resacct.account.generic import account_module
-from resacct.account.providers import PROVIDER_ORDER, PROVIDERS, Prediction, Provider, no_formula_note, register_provider
+from resacct.account.answers import providers
+from resacct.account.answers.generic import account_module
+from resacct.account.answers.providers import PROVIDER_ORDER, PROVIDERS, Prediction, Provider, no_formula_note, register_provider
 from resacct.errors import ResacctError
 from resacct.formulas.account_formulas import StackPrediction
 
@@ -129,9 +129,9 @@ def test_no_account_module_imports_the_package_back_under_type_checking(monkeypa
     counted here, no circle may pass through resacct.account (layout.py imported StepAccount back)."""
     import tests.test_import_layers as layers
     from resacct.account import StepAccount, StepTiming
-    from resacct.account.step_account import StepAccount as Defined
+    from resacct.account.render.step_account import StepAccount as Defined
 
-    assert StepAccount is Defined and StepTiming.__module__ == "resacct.account.step_account"
+    assert StepAccount is Defined and StepTiming.__module__ == "resacct.account.render.step_account"
     monkeypatch.setattr(layers, "_is_type_checking_block", lambda node: False)
     cycles = [sorted(cycle) for cycle in layers.import_cycles(layers.import_graph()) if any(m.startswith("resacct.account") for m in cycle)]
     assert cycles == []

@@ -16,8 +16,8 @@ from torch import nn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account.generic import account_named_model  # noqa: E402
-from resacct.account.user_code import UserCodeError  # noqa: E402
+from resacct.account.answers.generic import account_named_model  # noqa: E402
+from resacct.account.load.user_code import UserCodeError  # noqa: E402
 from resacct.cli import main  # noqa: E402
 from resacct.formulas.hf_formulas import architecture_of, predict_step_flops  # noqa: E402
 

@@ -3,13 +3,13 @@ every shortcut here is checked against the slower way it replaced, to the byte. 
 ``benchmarks/account_speed_70b.py``, never in a test.
 
 - one FlopCounterMode whose forward counts are copied when the forward ends, instead of a second
-  counter around the forward (:func:`resacct.account.step_measurements.trace_step_flops`);
+  counter around the forward (:func:`resacct.account.trace.step_measurements.trace_step_flops`);
 - FLOPs, training state and saved tensors in one forward and backward
-  (:func:`resacct.account.step_measurements.measure_step_once`) instead of four forwards and
+  (:func:`resacct.account.trace.step_measurements.measure_step_once`) instead of four forwards and
   three backwards (``trace_step_flops``, ``measure_training_state``, ``record_saved_activations``);
 - the predicted step's optimizer state made with the tracker off (it is named afterwards);
 - the live-storage tracker's per-op bookkeeping: op names computed once, Python numbers looked for
-  before the op's schema is read (:mod:`resacct.account.kernel_workspace`).
+  before the op's schema is read (:mod:`resacct.account.peak.kernel_workspace`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resacct.account.kernel_workspace import WRAPPED_NUMBER_BYTES, wrapped_number_bytes  # noqa: E402
-from resacct.account.step_measurements import StepFlopTrace, measure_step_once, measure_training_state, trace_step_flops  # noqa: E402
+from resacct.account.peak.kernel_workspace import WRAPPED_NUMBER_BYTES, wrapped_number_bytes  # noqa: E402
+from resacct.account.trace.step_measurements import StepFlopTrace, measure_step_once, measure_training_state, trace_step_flops  # noqa: E402
 from resacct.facts.dtypes import parse_dtype  # noqa: E402
 from resacct.formulas.attention_flops import FusedAttentionCount  # noqa: E402
 from resacct.formulas.flops import DispatchedOps, uncounted_ops  # noqa: E402
@@ -37,7 +37,7 @@ from resacct.measurement.memory import get_state_recipe  # noqa: E402
 
 def _two_counter_trace(model, loss_fn, *, fill_tracer_gaps: bool = True) -> StepFlopTrace:
     """``trace_step_flops`` as it was: a second FlopCounterMode around the forward alone."""
-    from resacct.account.module_flops import in_tree_order, module_flop_counter, module_flops
+    from resacct.account.trace.module_flops import in_tree_order, module_flop_counter, module_flops
 
     step_attention, forward_attention = FusedAttentionCount(), FusedAttentionCount()
     mapping = step_attention.custom_mapping() if fill_tracer_gaps else {}
@@ -67,7 +67,7 @@ def _wrapped_number_bytes_reading_every_schema(func, args, out) -> int:
     """``wrapped_number_bytes`` as it was: the op's schema read on every call."""
     from torch.utils._pytree import tree_flatten
 
-    from resacct.account.kernel_workspace import _DIVIDES_BY_COUNT, _WRAPPED_DTYPE, _WRAPS_SCALAR_OPERAND
+    from resacct.account.peak.kernel_workspace import _DIVIDES_BY_COUNT, _WRAPPED_DTYPE, _WRAPS_SCALAR_OPERAND
 
     name = str(func)
     numbers = [value for argument, value in zip(func._schema.arguments, args)
@@ -150,8 +150,8 @@ def test_one_forward_and_backward_measure_what_the_separate_passes_measured(name
 
 def test_the_hf_account_is_the_separate_measurements():
     pytest.importorskip("transformers")
-    from resacct.account.hf import account_hf_config
-    from resacct.account.hf_models import HfConfigSpec
+    from resacct.account.answers.hf import account_hf_config
+    from resacct.account.load.hf_models import HfConfigSpec
 
     spec = HfConfigSpec(name="tiny", source="tests", values={"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
                                                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -167,9 +167,9 @@ def test_the_hf_account_is_the_separate_measurements():
 def test_the_predicted_step_is_the_same_with_the_optimizer_state_made_untracked(monkeypatch, name, recipe):
     """The first optimizer step (which makes the state of the steady step predicted) runs without the tracker: the same
     peak, breakdown and timeline as when the tracker watched it."""
-    from resacct.account import peak as peak_module
-    from resacct.account.peak import predict_step_peak
-    from resacct.account.peak_recipes import recipe_step
+    from resacct.account.peak import step_peak as peak_module
+    from resacct.account.peak.step_peak import predict_step_peak
+    from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
 
     model, inputs = _tiny(name)
@@ -213,7 +213,7 @@ def test_per_module_rows_come_in_one_order_whatever_the_hash_seed():
     import sys
 
     pytest.importorskip("transformers")
-    probe = ("import json, torch; from resacct.account.generic import account_module; from tests.fixtures_hf_models import tiny_llama; "
+    probe = ("import json, torch; from resacct.account.answers.generic import account_module; from tests.fixtures_hf_models import tiny_llama; "
              "ids = torch.randint(0, 64, (2, 8)); a = account_module(tiny_llama(), {'input_ids': ids, 'labels': ids}); "
              "print(json.dumps([r.module for r in a.per_module_rows()]))")
     root = str(Path(__file__).resolve().parents[1])

@@ -1,7 +1,7 @@
 """Issue 34's shortcuts in a prediction, each against the slower way it replaced, to the byte:
 
 - the Adam/AdamW state a steady step starts from made as ``Adam._init_group`` makes it
-  (:func:`resacct.account.peak.made_adam_state`) instead of by a first step on zero gradients.
+  (:func:`resacct.account.peak.step_peak.made_adam_state`) instead of by a first step on zero gradients.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resacct.account import peak  # noqa: E402
-from resacct.account.peak import account_recipe_step_peak, made_adam_state, predict_step_peak  # noqa: E402
+from resacct.account.peak import step_peak as peak  # noqa: E402
+from resacct.account.peak.step_peak import account_recipe_step_peak, made_adam_state, predict_step_peak  # noqa: E402
 from resacct.facts.recipes import parse_recipe  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def test_direct_adam_state_on_a_transformers_model_and_each_recipe(monkeypatch: 
     pytest.importorskip("transformers")
     from tests.fixtures_hf_models import tiny_llama
 
-    from resacct.account.model_io import call_model, default_inputs, loss_of_output
+    from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 
     with torch.device("meta"):
         model = tiny_llama()
@@ -93,7 +93,7 @@ def test_direct_adam_state_leaves_other_optimizers_to_the_step() -> None:
 
 
 def _account_dict(model: nn.Module, inputs, **kwargs) -> dict:  # type: ignore[no-untyped-def]
-    from resacct.account.generic import account_module
+    from resacct.account.answers.generic import account_module
 
     return account_module(model, inputs, measure_peaks=False, **kwargs).to_dict()
 
@@ -101,8 +101,8 @@ def _account_dict(model: nn.Module, inputs, **kwargs) -> dict:  # type: ignore[n
 @pytest.mark.parametrize("case", ["mlp-cpu-fp32", "mlp-cpu-sgd", "mlp-meta-bf16-autocast", "mlp-cpu-bf16-model", "llama-meta", "gpt2-meta"])
 def test_account_module_in_one_pass_accounts_the_same(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """account_module's FLOPs, state and saved tensors from one forward and backward of the recipe's copy
-    (:func:`resacct.account.step_measurements.measure_step_once`) against the three passes it replaced."""
-    from resacct.account import generic
+    (:func:`resacct.account.trace.step_measurements.measure_step_once`) against the three passes it replaced."""
+    from resacct.account.answers import generic
 
     torch.manual_seed(0)
     kwargs: dict = {}
@@ -118,7 +118,7 @@ def test_account_module_in_one_pass_accounts_the_same(monkeypatch: pytest.Monkey
         pytest.importorskip("transformers")
         from tests.fixtures_hf_models import tiny_gpt2, tiny_llama
 
-        from resacct.account.model_io import default_inputs
+        from resacct.account.load.model_io import default_inputs
 
         with torch.device("meta"):
             model = tiny_llama() if case == "llama-meta" else tiny_gpt2()
@@ -134,7 +134,7 @@ def test_account_module_in_one_pass_accounts_the_same(monkeypatch: pytest.Monkey
 
 
 def test_account_module_keeps_three_passes_where_the_copy_differs() -> None:
-    from resacct.account.generic import _copy_runs_as_the_model
+    from resacct.account.answers.generic import _copy_runs_as_the_model
     from resacct.facts.recipes import get_recipe
 
     parameters = list(_mlp().parameters())

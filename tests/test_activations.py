@@ -259,8 +259,8 @@ def test_accumulation_steps_must_divide_the_batch():
 @pytest.mark.parametrize("loss", ["mean", "sum", "mse", "cross-entropy"])
 def test_stack_formula_matches_what_autograd_saves(activation, loss):
     from resacct.formulas.account_formulas import mlp_saved_bytes, predict_stack_step
-    from resacct.account.generic import mlp
-    from resacct.account.model_io import loss_of_output
+    from resacct.account.answers.generic import mlp
+    from resacct.account.load.model_io import loss_of_output
 
     model, x = mlp(dim=6, hidden=10, depth=2, outputs=5, activation=activation), torch.randn(3, 6)
     with record_saved_activations(model) as saved:

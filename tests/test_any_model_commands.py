@@ -54,8 +54,8 @@ def test_every_command_answers_for_every_architecture(config: str, capsys: pytes
 
 def test_offload_reads_any_architecture_off_the_meta_model(capsys: pytest.CaptureFixture[str]) -> None:
     """DeepSpeed's largest_layer_params of Falcon-7B: its token embedding, 65,024 × 4,544, the most one module holds directly."""
-    from resacct.account.meta_facts import meta_model_facts
-    from resacct.account.hf_models import load_hf_config
+    from resacct.account.load.meta_facts import meta_model_facts
+    from resacct.account.load.hf_models import load_hf_config
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.offload import largest_module_parameters
 

@@ -131,9 +131,9 @@ def test_optimizer_flag_changes_the_state(capsys):
 
 
 def test_model_factory_with_model_args_and_per_module(capsys):
-    small = _json(capsys, "--model", "resacct.account.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "3",
+    small = _json(capsys, "--model", "resacct.account.answers.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "3",
                   "--per-module", "--optimizer", "adagrad")
-    wide = _json(capsys, "--model", "resacct.account.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=32", "--batch", "3")
+    wide = _json(capsys, "--model", "resacct.account.answers.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=32", "--batch", "3")
     saved = _rows(small, "activations")["saved for backward"]
     assert saved["predicted_bytes"] == saved["measured_bytes"] == 4 * 3 * (8 + 2 * 16)
     assert _rows(wide, "activations")["saved for backward"]["measured_bytes"] == 4 * 3 * (8 + 2 * 32)
@@ -168,12 +168,12 @@ def test_input_shape_dtype_and_loss_flags(capsys):
         (["--model", "tests.fixtures_user_model:not_a_module"], "returned a str; expected an nn.Module"),
         (["--model", "resacct.training.models:Cruncher", "--model-arg", "dim"], "model argument 'dim': expected key=value"),
         (["--model", "resacct.training.models:Cruncher", "--model-arg", "width=3"], "refused the model arguments"),
-        (["--model", "resacct.account.generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.training.gpt models"),
-        (["--model", "resacct.account.generic:mlp", "--seq", "3", "--input-shape", "2,8"], "seq 3 and input shape 2,8 both give the input (--seq and --input-shape"),
+        (["--model", "resacct.account.answers.generic:mlp", "--attention", "sdpa"], "--attention apply to the resacct.training.gpt models"),
+        (["--model", "resacct.account.answers.generic:mlp", "--seq", "3", "--input-shape", "2,8"], "seq 3 and input shape 2,8 both give the input (--seq and --input-shape"),
         (["--input-shape", "2,3"], "--input-shape apply to --model module:factory"),
-        (["--model", "resacct.account.generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),
+        (["--model", "resacct.account.answers.generic:mlp", "--input-shape", "2,x"], "argument --input-shape: '2,x' must be sizes ≥ 1"),
         (["--optimizer", "adamx"], "argument --optimizer: invalid choice: 'adamx'"),
-        (["--model", "resacct.account.generic:mlp", "--loss", "hinge"], "argument --loss: invalid choice: 'hinge'"),
+        (["--model", "resacct.account.answers.generic:mlp", "--loss", "hinge"], "argument --loss: invalid choice: 'hinge'"),
     ],
 )
 def test_bad_factory_input_exits_2_with_one_line(capsys, argv, fragment):
@@ -196,9 +196,9 @@ _FIXTURES = "tests.fixtures_user_model:"
         ([_FIXTURES + "detached", "--input-shape", "2,4"], "needs no gradient (no trainable parameter reaches it)", ""),
         ([_FIXTURES + "returns_text", "--input-shape", "2,4"], "the model returned a str; expected a tensor", ""),
         ([_FIXTURES + "backward_raises", "--input-shape", "2,4"], "raised ArithmeticError: no gradient for you", "fixtures_user_model.py:"),
-        (["resacct.account.generic:mlp", "--batch", "9e15", "--seq", "4096"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
+        (["resacct.account.answers.generic:mlp", "--batch", "9e15", "--seq", "4096"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
         (["gpt-tiny", "--batch", "9e15", "--seq", "128", "--no-time"], "more than a torch tensor can hold (2^63 − 1); expected a smaller --batch", ""),
-        (["resacct.account.generic:mlp", "--loss", "model"], "--loss model: the model returned a Tensor without a .loss", ""),
+        (["resacct.account.answers.generic:mlp", "--loss", "model"], "--loss model: the model returned a Tensor without a .loss", ""),
     ],
 )
 def test_errors_inside_user_code_are_one_line_naming_the_frame(capsys, argv, fragment, frame):
@@ -211,7 +211,7 @@ def test_errors_inside_user_code_are_one_line_naming_the_frame(capsys, argv, fra
 
 
 def test_seq_with_a_factory_is_the_middle_axis_of_a_linear_input(capsys):
-    report = _json(capsys, "--model", "resacct.account.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "2", "--seq", "3")
+    report = _json(capsys, "--model", "resacct.account.answers.generic:mlp", "--model-arg", "dim=8", "--model-arg", "hidden=16", "--batch", "2", "--seq", "3")
     assert report["input_shape"] == [2, 3, 8] and report["loss"] == "mean"
     assert _rows(report, "flops")["forward"]["measured_flops"] == 2 * 6 * (8 * 16 + 16 * 8)
 
@@ -235,7 +235,8 @@ def test_an_uncounted_matmul_is_a_warning_line_never_cut_off(capsys):
 def test_the_recipe_is_parsed_once_at_the_command_line(monkeypatch, capsys, argv):
     """Issue 21: the recipe becomes one typed Recipe at the CLI edge and travels as that object —
     no function downstream looks a recipe name up again."""
-    from resacct.account import generic, gpt_step, hf, step_measurements
+    from resacct.account.answers import generic, gpt_step, hf
+    from resacct.account.trace import step_measurements
     from resacct.facts import recipes
     from resacct.measurement import memory
 

@@ -75,7 +75,7 @@ CASES = [
     (["account", "--timeout", "0"], "argument --timeout: '0' must be seconds above 0"),
     (["account", "--timeout", "1e12"], "at most a year"),
     (["account", "--max-memory", "8XB"], "argument --max-memory: '8XB' is not a memory size"),
-    (["account", "--model", "resacct.account.generic:mlp", "--input-dtype", "float16"], "--input-dtype float16 applies to --input-shape's tensor"),
+    (["account", "--model", "resacct.account.answers.generic:mlp", "--input-dtype", "float16"], "--input-dtype float16 applies to --input-shape's tensor"),
     (["optimal", "--flops", "1"], "a budget of 1 FLOPs gives approach 1 0.0992 parameters"),
     (["plan", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096", "--params", "70B", "--memory-gb", "1e300"],
      "--memory-gb 1e+300 is too large"),

@@ -74,7 +74,7 @@ def test_a_module_that_contains_itself_is_one_line(capsys, factory, path):
 def test_module_cycle_tells_a_cycle_from_a_shared_module_and_a_deep_tree():
     from torch import nn
 
-    from resacct.account.model_factory import module_cycle
+    from resacct.account.load.model_factory import module_cycle
     from tests.fixtures_user_model import shared_module
 
     assert module_cycle(shared_module()) is None
@@ -153,7 +153,7 @@ def test_plan_with_1e300_sizes_prints_no_300_digit_numbers(capsys):
 
 @pytest.mark.slow
 def test_the_progress_line_names_the_phase_once_it_runs_long():
-    from resacct.account.user_code import running_phase, showing_progress
+    from resacct.account.load.user_code import running_phase, showing_progress
 
     stream = io.StringIO()
     with showing_progress(stream, command="resacct account", after_s=0.3, every_s=10.0):
@@ -196,7 +196,7 @@ def test_timeout_names_the_factory_when_loading_hangs(capsys):
 
 
 def test_stopping_after_lets_a_quick_body_finish_and_restores_the_handler():
-    from resacct.account.user_code import stopping_after
+    from resacct.account.load.user_code import stopping_after
     from resacct.errors import ResacctError
 
     before = signal.getsignal(signal.SIGALRM)
@@ -243,7 +243,7 @@ def test_max_memory_refuses_a_gpt_over_it(capsys):
 
 _HARD_STOP_PROBE = """
 import sys, threading, time
-from resacct.account.user_code import running_phase, stopping_after
+from resacct.account.load.user_code import running_phase, stopping_after
 
 def body():
     with stopping_after(0.5, command="probe"), running_phase("a phase in a thread"):

@@ -99,14 +99,14 @@ def test_the_command_table_names_what_each_module_registers():
 
 
 def test_the_optimizer_words_of_napkin_tables_are_the_account_tables():
-    from resacct.account.optimizers import OPTIMIZER_NAMES, optimizer_display_name
+    from resacct.account.load.optimizers import OPTIMIZER_NAMES, optimizer_display_name
     from resacct.facts.optimizer_state import OPTIMIZER_DISPLAY_NAMES
 
     assert {name: optimizer_display_name(name) for name in OPTIMIZER_NAMES} == OPTIMIZER_DISPLAY_NAMES
 
 
 def test_shipped_config_names_are_the_account_ones():
-    from resacct.account.hf_models import known_hf_configs
+    from resacct.account.load.hf_models import known_hf_configs
     from resacct.cli._model_args import shipped_hf_config_names
 
     assert shipped_hf_config_names() == list(known_hf_configs())

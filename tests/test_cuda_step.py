@@ -3,7 +3,7 @@
 - the committed H100 record (docs/gpu/2026-11-26-h100-80gb-hbm3.json): ``gpu-step-peak-predicted``
   measured ``max_memory_allocated`` over a float32 gpt-tiny forward + backward (batch 8 × 128) at
   56,240,128 bytes above what was allocated before; the prediction must give the same bytes;
-- resacct's CPU engine (:func:`resacct.account.peak.predict_step_peak`, exact to the byte against
+- resacct's CPU engine (:func:`resacct.account.peak.step_peak.predict_step_peak`, exact to the byte against
   the CPU allocator): the same step's tensors, before the CUDA allocator's rounding, are the CPU
   engine's bytes less the tensors a CUDA step keeps on the CPU (AdamW's step counters, Python
   numbers autograd saves as CPU tensors).
@@ -20,7 +20,7 @@ from torch import nn
 
 from resacct.account.gpu.cuda_allocator import AllocatorConfig
 from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
-from resacct.account.peak import predict_step_peak
+from resacct.account.peak.step_peak import predict_step_peak
 from resacct.errors import ResacctError
 from resacct.measurement.activation_checkpointing import gpt_loss
 from resacct.training.gpt import build_gpt, get_gpt_config

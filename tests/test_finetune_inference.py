@@ -18,7 +18,7 @@ from resacct.formulas.lora import NF4_DOUBLE_QUANT_BITS, lora_adapter_parameters
 from resacct.formulas.offload import deepspeed_zero2_bytes, deepspeed_zero3_bytes
 from resacct.formulas.plan import gqa_activation_saving_bytes_per_layer, plan_memory, stage_layers
 from resacct.formulas.hf_formulas import HfArchitecture, predict_parameters
-from resacct.account.hf_models import load_hf_config
+from resacct.account.load.hf_models import load_hf_config
 from resacct.formulas.parallelism import ParallelLayout
 from tests.trace_memo import INFER_8B_GROUP, LORA_7B_GROUP, memoized_infer_gpu_answer, memoized_lora_trace  # noqa: F401  (fixtures)
 

@@ -1,5 +1,5 @@
 """Will it fit: the largest micro-batch (or sequence) whose predicted step peak fits a memory budget
-(resacct.account.fit_search, resacct fit) — the answer fits and one more does not, by fresh
+(resacct.account.fit.search, resacct fit) — the answer fits and one more does not, by fresh
 predictions; on the CPU the answer's predicted peak is the allocator's; bad arguments are one line."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resacct.account.fit_search import FitTarget, fit_step, largest_fitting
-from resacct.account.peak import measure_step_peak, predict_step_peak
+from resacct.account.fit.search import FitTarget, fit_step, largest_fitting
+from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak
 from resacct.cli import main
 from resacct.errors import ResacctError
 
@@ -86,11 +86,11 @@ def test_nothing_fits_and_bad_sizes_are_one_line():
 
 @pytest.mark.slow
 def test_cli_finds_a_factory_models_micro_batch_with_its_headroom(capsys):
-    assert main(["fit", "--model", "resacct.account.generic:mlp", "--memory-gb", "0.0008", "--json"]) == 0
+    assert main(["fit", "--model", "resacct.account.answers.generic:mlp", "--memory-gb", "0.0008", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["largest"] > 1 and report["predicted_peak_bytes"] <= report["budget_bytes"] == 800_000 < report["next_predicted_peak_bytes"]
     assert report["headroom_bytes"] == 800_000 - report["predicted_peak_bytes"] and report["device"] is None
-    assert main(["fit", "--model", "resacct.account.generic:mlp", "--memory-gb", "0.0008", "--reserve-gb", "0.0001"]) == 0
+    assert main(["fit", "--model", "resacct.account.answers.generic:mlp", "--memory-gb", "0.0008", "--reserve-gb", "0.0001"]) == 0
     text = capsys.readouterr().out
     assert "largest micro-batch that fits" in text and "headroom" in text and "reserved" in text
 
@@ -107,15 +107,15 @@ def test_cli_parses_the_device_once_into_its_datasheet_and_searches_a_sequence(c
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--memory-gb", "1", "--seq", "64"], "--seq search a real model's step: give --hf-config NAME or --model"),
-    (["--hf-config", "llama-2-7b", "--model", "resacct.account.generic:mlp", "--memory-gb", "1"], "exactly one of --hf-config"),
-    (["--model", "resacct.account.generic:mlp", "--memory-gb", "1", "--devices", "8", "--zero", "3"], "--devices, --zero belong to the napkin fit"),
-    (["--model", "resacct.account.generic:mlp"], "--device NAME"),
-    (["--model", "resacct.account.generic:mlp", "--device", "h100", "--memory-gb", "1"], "not both"),
-    (["--model", "resacct.account.generic:mlp", "--device", "no-such-board"], "unknown accelerator"),
-    (["--model", "resacct.account.generic:mlp", "--memory-gb", "1", "--reserve-gb", "2"], "expected a reserve below the memory"),
-    (["--model", "resacct.account.generic:mlp", "--memory-gb", "1", "--search", "depth"], "choose from 'batch', 'seq'"),
-    (["--model", "resacct.account.generic:mlp", "--memory-gb", "1", "--batch", "4"], "--batch 4 is searched"),
-    (["--model", "resacct.account.generic:mlp", "--memory-gb", "1", "--recipe", "2+2+12"], "a model's step runs a named recipe"),
+    (["--hf-config", "llama-2-7b", "--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1"], "exactly one of --hf-config"),
+    (["--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1", "--devices", "8", "--zero", "3"], "--devices, --zero belong to the napkin fit"),
+    (["--model", "resacct.account.answers.generic:mlp"], "--device NAME"),
+    (["--model", "resacct.account.answers.generic:mlp", "--device", "h100", "--memory-gb", "1"], "not both"),
+    (["--model", "resacct.account.answers.generic:mlp", "--device", "no-such-board"], "unknown accelerator"),
+    (["--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1", "--reserve-gb", "2"], "expected a reserve below the memory"),
+    (["--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1", "--search", "depth"], "choose from 'batch', 'seq'"),
+    (["--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1", "--batch", "4"], "--batch 4 is searched"),
+    (["--model", "resacct.account.answers.generic:mlp", "--memory-gb", "1", "--recipe", "2+2+12"], "a model's step runs a named recipe"),
     (["--hf-config", "llama-2-7b", "--memory-gb", "80", "--loss", "mse"], "apply to --model"),
 ])
 def test_cli_bad_arguments_are_one_line_exit_2(capsys, argv, message):

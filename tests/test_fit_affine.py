@@ -1,4 +1,4 @@
-"""Fit by few traces (resacct.account.fit_search.largest_fitting): the line through the probes at
+"""Fit by few traces (resacct.account.fit.search.largest_fitting): the line through the probes at
 1 and 2 names the answer and two more traces confirm it — four traces for an affine peak up to an
 answer of 128 — and the answer is the one a plain doubling-and-bisection search finds, on real
 models' traced step peaks (an MLP over budgets drawn by hypothesis, gpt-nano, a tiny HF Llama) and
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resacct.account.fit_search import (
+from resacct.account.fit.search import (
     MAX_BATCH,
     FitTarget,
     affine_deviation_bytes,
@@ -135,7 +135,7 @@ def _gpt_nano_target():
 
 def _tiny_llama_target():
     pytest.importorskip("transformers")
-    from resacct.account.fit_search import named_model_target
+    from resacct.account.fit.search import named_model_target
 
     return named_model_target("tests.fixtures_hf_models:tiny_llama")
 

@@ -156,8 +156,8 @@ def test_the_cast_cache_keeps_one_copy_of_a_parameter_per_region() -> None:
 def test_a_mixed_precision_recipe_gets_cuda_peaks(recipe: str) -> None:
     pytest.importorskip("transformers")
     from resacct.account.gpu.device_answer import gpu_step_answer
-    from resacct.account.hf_models import build_hf_model, load_hf_config
-    from resacct.account.model_io import call_model, default_inputs, loss_of_output
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
     from resacct.facts.hardware import get_accelerator
     from resacct.facts.recipes import get_recipe
 

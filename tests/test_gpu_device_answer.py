@@ -12,7 +12,7 @@ import torch
 
 from resacct.account.gpu.cuda_step import predict_cuda_step_memory
 from resacct.account.gpu.device_answer import calibration_text, fit_gpu_answer, gpu_step_answer
-from resacct.account.model_io import call_model, default_inputs, loss_of_output
+from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 from resacct.cli import main
 from resacct.facts.hardware import get_accelerator
 from resacct.facts.recipes import get_recipe
@@ -34,7 +34,7 @@ def _loss(module, inputs):  # type: ignore[no-untyped-def]
 
 
 def _model(config_path: str):  # type: ignore[no-untyped-def]
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     model = build_hf_model(load_hf_config(config_path), device="meta")
     model.train()
@@ -97,7 +97,7 @@ def test_account_device_board_without_hf_config_or_unknown_is_one_line(config_pa
 
 
 def test_fit_on_a_board_judges_the_reserved_peak_and_steps_down(config_path: str) -> None:
-    from resacct.account.fit_search import fit_step, hf_config_target
+    from resacct.account.fit.search import fit_step, hf_config_target
 
     target = hf_config_target(config_path)
     board = get_accelerator("h100")

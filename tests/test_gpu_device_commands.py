@@ -81,7 +81,7 @@ def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path:
     from resacct.account.gpu.allocation_trace import AllocationRecorder
     from resacct.account.gpu.command_answers import kv_prefill
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     spec = load_hf_config(config_path)
     ids = torch.zeros(2, 64, dtype=torch.long)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 PROGRAM = """
-from resacct.account.hf_models import build_hf_model, load_hf_config
+from resacct.account.load.hf_models import build_hf_model, load_hf_config
 model = build_hf_model(load_hf_config("gpt2"), device="meta")
 print(type(model).__name__, sum(p.numel() for p in model.parameters()))
 """

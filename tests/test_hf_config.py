@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from resacct.cli import main  # noqa: E402
 from resacct.formulas.hf_formulas import HfArchitecture, predict_active_parameters, predict_parameter_tensors, predict_parameters  # noqa: E402
-from resacct.account.hf_models import known_hf_configs, load_hf_config  # noqa: E402
+from resacct.account.load.hf_models import known_hf_configs, load_hf_config  # noqa: E402
 
 _SHIPPED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3-405b",
             "mistral-7b", "mixtral-8x7b", "qwen2-7b-instruct", "qwen3-8b", "qwen3-30b-a3b", "gemma-2-9b", "gemma-3-12b", "phi-3-mini-4k",

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from resacct.cli import main  # noqa: E402
 from resacct.errors import ResacctError  # noqa: E402
-from resacct.account.hf_models import MAX_CONFIG_BYTES, MAX_LAYERS, check_sizes, load_hf_config  # noqa: E402
+from resacct.account.load.hf_models import MAX_CONFIG_BYTES, MAX_LAYERS, check_sizes, load_hf_config  # noqa: E402
 
 LLAMA = {"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
@@ -140,7 +140,7 @@ def test_defaults_are_checked_once_transformers_fills_them_in(tmp_path: Path, ca
 
 
 def test_the_shipped_configs_pass_the_checks():
-    from resacct.account.hf_models import known_hf_configs
+    from resacct.account.load.hf_models import known_hf_configs
 
     for spec in known_hf_configs().values():
         check_sizes(spec)
@@ -197,7 +197,7 @@ def test_a_model_that_fails_in_its_first_step_is_one_line(tmp_path: Path, capsys
     """What resacct's checks and transformers' constructors let through can still fail when the
     model first runs (a shape mismatch deep in transformers): one line naming the file and why."""
     pytest.importorskip("transformers")
-    from resacct.account import hf as hf_account
+    from resacct.account.answers import hf as hf_account
 
     def mismatch(*args: object, **kwargs: object) -> object:
         raise RuntimeError("The size of tensor a (4) must match the size of tensor b (3) at non-singleton dimension 1\nmore detail")

@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account.generic import account_named_model  # noqa: E402
+from resacct.account.answers.generic import account_named_model  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 

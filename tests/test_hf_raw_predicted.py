@@ -1,5 +1,5 @@
 """A raw transformers model under ``resacct account --model module:factory`` is predicted as
-``--hf-config`` predicts it (resacct.account.providers): resacct's formulas from the model's config
+``--hf-config`` predicts it (resacct.account.answers.providers): resacct's formulas from the model's config
 beside the raw path's own measurements — activations against torch's ``saved_tensors_hooks``
 (resacct.measurement.activations.record_saved_activations, by storage), never the formula against itself.
 Skipped when transformers is not installed (the ``resacct[hf]`` extra)."""
@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-from resacct.account.generic import ModelAccount, account_named_model  # noqa: E402
+from resacct.account.answers.generic import ModelAccount, account_named_model  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 LLAMA = "tests.fixtures_hf_models:tiny_llama"  # GQA: 4 query heads, 2 key/value heads

@@ -182,7 +182,7 @@ def test_import_graph_sees_relative_function_level_and_submodule_imports(tmp_pat
 def test_import_graph_covers_the_project() -> None:
     graph = _project_graph()
     assert {"pytest_resacct", "resacct", "resacct.account", "resacct.harness.plugin"} <= set(graph)
-    assert "resacct.errors" in graph["resacct.account.gpt_step"]
+    assert "resacct.errors" in graph["resacct.account.answers.gpt_step"]
 
 
 @functools.cache

@@ -113,7 +113,7 @@ def test_prediction_equals_a_real_peft_step(targets: str, dtype: str, attention:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from resacct.account.step_measurements import trace_step_flops
+    from resacct.account.trace.step_measurements import trace_step_flops
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.measurement.activation_recording import record_saved_activations
 

@@ -11,7 +11,7 @@ pytest.importorskip("peft")  # both build the model with transformers and peft (
 
 
 def test_a_target_the_model_lacks_is_refused_before_tracing(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    import resacct.account.lora_step as lora_step
+    import resacct.account.trace.lora_step as lora_step
 
     def traced(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("the step was traced before the targets were checked")
@@ -26,8 +26,8 @@ def test_a_target_the_model_lacks_is_refused_before_tracing(monkeypatch, capsys)
 @pytest.mark.filterwarnings("error::UserWarning")
 def test_gpt2_conv1d_lora_warns_nothing() -> None:
     """peft set fan_in_fan_out itself for Conv1D with a UserWarning that reached every lora --hf-config gpt2."""
-    from resacct.account.hf_models import load_hf_config, transformers_config
-    from resacct.account.lora_step import build_lora_model
+    from resacct.account.load.hf_models import load_hf_config, transformers_config
+    from resacct.account.trace.lora_step import build_lora_model
 
     model = build_lora_model(transformers_config(load_hf_config("gpt2")), rank=4, targets=("c_attn",), base="bf16")
     adapted = [module for module in model.modules() if hasattr(module, "lora_A")]

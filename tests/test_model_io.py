@@ -1,4 +1,4 @@
-"""resacct.account.model_io: the inputs resacct builds for any model (made where the model is: nothing
+"""resacct.account.load.model_io: the inputs resacct builds for any model (made where the model is: nothing
 on the CPU for a meta model) and the loss it reads from any output."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from resacct.account.generic import account_named_model
+from resacct.account.answers.generic import account_named_model
 from resacct.errors import ResacctError
-from resacct.account.model_io import default_inputs, loss_of_output, output_tensor, resolve_loss
+from resacct.account.load.model_io import default_inputs, loss_of_output, output_tensor, resolve_loss
 
 
 class _CpuTensorsMade(TorchDispatchMode):
@@ -43,7 +43,7 @@ def test_a_meta_account_of_a_huge_batch_allocates_no_input_on_the_cpu():
     assert batch * 64 * 4 == 2 * 2**30
     before = _max_rss_bytes()
     with _CpuTensorsMade() as made:
-        account = account_named_model("resacct.account.generic:mlp", model_args={"dim": 64, "hidden": 64}, batch=batch, measure=False)
+        account = account_named_model("resacct.account.answers.generic:mlp", model_args={"dim": 64, "hidden": 64}, batch=batch, measure=False)
     assert account.device == "meta" and account.input_shape == (batch, 64)
     assert account.saved.activation_bytes == account.predicted.saved_bytes == 4 * batch * (64 + 2 * 64)  # sizes still measured
     assert made.largest_cpu_bytes < 2**20

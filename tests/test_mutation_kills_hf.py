@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from resacct.account.hf_models import HfConfigSpec, build_hf_model  # noqa: E402
+from resacct.account.load.hf_models import HfConfigSpec, build_hf_model  # noqa: E402
 from resacct.errors import ResacctError  # noqa: E402
 from resacct.formulas.hf_formulas import (  # noqa: E402
     HfArchitecture,

@@ -24,7 +24,7 @@ RANK, TARGETS, BATCH, SEQ = 4, ("q_proj", "v_proj"), 2, 16
 
 
 def _config():  # type: ignore[no-untyped-def]
-    from resacct.account.hf_models import HfConfigSpec, transformers_config
+    from resacct.account.load.hf_models import HfConfigSpec, transformers_config
 
     return transformers_config(HfConfigSpec(name="tiny-llama", source="test", values=dict(TINY_LLAMA)))
 
@@ -32,8 +32,8 @@ def _config():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def real_step() -> dict[str, int]:
     """A real peft LoRA step on the CPU (float32 base): state by storage, peak by the allocator."""
-    from resacct.account.lora_step import adamw_over, build_lora_model, lora_loss
-    from resacct.account.peak import measure_step_peak
+    from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss
+    from resacct.account.peak.step_peak import measure_step_peak
     from resacct.measurement.memory import distinct_storage_bytes, optimizer_state_tensors
 
     torch.manual_seed(0)
@@ -52,8 +52,8 @@ def real_step() -> dict[str, int]:
 
 def test_every_route_gives_the_real_steps_state_and_peak(real_step: dict[str, int], tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import resacct
-    from resacct.account.fit_search import FitTarget, fit_step
-    from resacct.account.lora_step import build_lora_model, lora_step_inputs
+    from resacct.account.fit.search import FitTarget, fit_step
+    from resacct.account.trace.lora_step import build_lora_model, lora_step_inputs
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_LLAMA))
@@ -100,7 +100,7 @@ def test_api_summary_shows_the_predictions_it_has() -> None:
 def test_a_transformers_model_with_a_frozen_embedding_is_predicted_as_it_trains() -> None:
     """The transformers provider (resacct's Llama formulas) predicts the state of the parameters that train."""
     import resacct
-    from resacct.account.hf_models import HfConfigSpec, build_hf_model
+    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
 
     torch.manual_seed(0)
     model = build_hf_model(HfConfigSpec(name="tiny-llama", source="test", values=dict(TINY_LLAMA)), device="cpu")

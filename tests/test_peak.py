@@ -1,4 +1,4 @@
-"""The step peak predicted on fake tensors (resacct.account.peak) against the CPU allocator
+"""The step peak predicted on fake tensors (resacct.account.peak.step_peak) against the CPU allocator
 (resacct.measurement.memory_timeline), the breakdown at the peak, the timeline PNG and the CLI."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import resource
 import pytest
 import torch
 
-from resacct.account import kernel_workspace, peak_tracker
-from resacct.account.peak import account_model_step_peak, measure_step_peak, predict_step_peak
-from resacct.account.peak_models import peak_model, selective_checkpointing_missing
+from resacct.account.peak import kernel_workspace
+from resacct.account.peak import tracker as peak_tracker
+from resacct.account.peak.step_peak import account_model_step_peak, measure_step_peak, predict_step_peak
+from resacct.account.peak.models import peak_model, selective_checkpointing_missing
 from resacct.cli import main
 from resacct.errors import ResacctError
-from resacct.account.peak_recipes import recipe_step
+from resacct.account.peak.recipes import recipe_step
 from resacct.facts.recipes import parse_recipe
 from resacct.measurement.memory_timeline import STEP_PHASES
 
@@ -131,7 +132,7 @@ def test_a_recipe_step_is_predicted_to_the_byte_in_every_phase(recipe):
 def test_a_bf16_step_with_biased_matmuls_and_a_bf16_mean_is_predicted_to_the_byte_in_every_phase(name):
     """Where bf16 matmuls go through oneDNN (AMX, AVX-512 BF16, its AVX-512 emulation) each holds a
     scratchpad while it runs, measured once per matmul (resacct.measurement.kernel_probe); a bf16
-    mean sums a float32 copy of its input (resacct.account.kernel_workspace). Exact on every kind."""
+    mean sums a float32 copy of its input (resacct.account.peak.kernel_workspace). Exact on every kind."""
     model, inputs, loss_fn = peak_model(name, batch=16 if name == "mlp" else 2, seq=1 if name == "mlp" else 32)
     step = recipe_step(parse_recipe("bf16"), model, inputs, loss_fn, "adamw")
     predicted = predict_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer)

@@ -1,4 +1,4 @@
-"""The step peak per rank under ZeRO-1 and FSDP2 (resacct.account.peak_sharded): predicted on fake
+"""The step peak per rank under ZeRO-1 and FSDP2 (resacct.account.peak.sharded): predicted on fake
 tensors under torch's fake process group, measured on gloo ranks (resacct.checks.peak_sharded).
 
 The first tests need no process group; the rest launch child processes (the slow, distributed
@@ -13,8 +13,8 @@ import threading
 import pytest
 import torch
 
-from resacct.account.peak_sharded import KINDS, ShardedStorageTracker
-from resacct.account.peak_sharded_measure import first_complete
+from resacct.account.peak.sharded import KINDS, ShardedStorageTracker
+from resacct.account.peak.sharded_measure import first_complete
 from resacct.checks import peak_sharded as checks
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES

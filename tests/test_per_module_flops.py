@@ -1,5 +1,5 @@
 """FLOPs per module (``resacct account --per-module``): each op counted under one module, the
-backward's under the module whose forward made it (:mod:`resacct.account.module_flops`).
+backward's under the module whose forward made it (:mod:`resacct.account.trace.module_flops`).
 
 torch's ModuleTracker keeps a module called with keyword arguments only "running" until its
 backward ends, and siblings fed one tensor (q/k/v_proj, gate/up_proj) until the last one's backward
@@ -22,8 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resacct.account.module_flops import inclusive_by_module, tree_order  # noqa: E402
-from resacct.account.step_measurements import StepFlopTrace, sdpa_gap_formulas, trace_step_flops  # noqa: E402
+from resacct.account.trace.module_flops import inclusive_by_module, tree_order  # noqa: E402
+from resacct.account.trace.step_measurements import StepFlopTrace, sdpa_gap_formulas, trace_step_flops  # noqa: E402
 from resacct.measurement.activations import MODEL_SCOPE, OUTSIDE_SCOPE  # noqa: E402
 
 
@@ -217,8 +217,8 @@ def test_llama_modules_forward_and_backward_are_what_torch_counts_for_each_modul
 def test_the_hf_account_per_module_rows_add_up_to_the_step():
     """``resacct account --hf-config … --per-module``'s rows: none negative, each pass's sum its traced total."""
     pytest.importorskip("transformers")
-    from resacct.account.hf import account_hf_config
-    from resacct.account.hf_models import HfConfigSpec
+    from resacct.account.answers.hf import account_hf_config
+    from resacct.account.load.hf_models import HfConfigSpec
 
     spec = HfConfigSpec(name="tiny", source="tests", values={"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
                                                              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -12,7 +12,7 @@ from torch import nn
 
 from resacct.cli import main
 from resacct.facts.recipes import ALIASES, RECIPE_NAMES, RECIPES, get_recipe, parse_recipe
-from resacct.account.step_measurements import measure_training_state
+from resacct.account.trace.step_measurements import measure_training_state
 
 NAMED = sorted(name for name in RECIPE_NAMES)
 
@@ -23,7 +23,7 @@ def _memory_json(capsys, *arguments: str) -> dict:
 
 
 def test_optimizer_choices_are_the_ones_account_can_build():
-    from resacct.account.optimizers import OPTIMIZER_NAMES
+    from resacct.account.load.optimizers import OPTIMIZER_NAMES
     from resacct.facts.recipes import OPTIMIZER_CHOICES
 
     assert OPTIMIZER_CHOICES == OPTIMIZER_NAMES

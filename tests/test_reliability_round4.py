@@ -145,7 +145,7 @@ def test_a_timeout_shorter_than_starting_the_timer_is_one_line():
 def test_the_timeout_names_the_users_frame_never_a_library_or_the_launcher(monkeypatch):
     import sys
 
-    from resacct.account.user_code import _user_location
+    from resacct.account.load.user_code import _user_location
 
     def frame_in(filename: str):
         namespace: dict = {}

@@ -1,5 +1,5 @@
 """``resacct shard``: each rank's step peak of any model under ZeRO-1/2/3, predicted on fake tensors
-(resacct.account.sharded_account) — equal, rank by rank, to the CPU allocators of real gloo ranks
+(resacct.account.answers.sharded) — equal, rank by rank, to the CPU allocators of real gloo ranks
 running the same step (the launches resacct.checks.peak_sharded caches for the claims)."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import json
 import pytest
 import torch
 
-from resacct.account.peak_sharded import ENGINES, fsdp_units
-from resacct.account.fit_search import ModelSource
-from resacct.account.sharded_account import ALL_RANKS_UP_TO, account_sharded_step, default_ranks
+from resacct.account.peak.sharded import ENGINES, fsdp_units
+from resacct.account.fit.search import ModelSource
+from resacct.account.answers.sharded import ALL_RANKS_UP_TO, account_sharded_step, default_ranks
 from resacct.checks import peak_sharded as checks
 from resacct.cli import main
 from resacct.cli.shard import ENGINE_CHOICES
 from resacct.errors import ResacctError
 
-MLP = ["--model", "resacct.account.generic:mlp", "--model-arg", "dim=64", "--model-arg", "hidden=256", "--batch", "16"]
+MLP = ["--model", "resacct.account.answers.generic:mlp", "--model-arg", "dim=64", "--model-arg", "hidden=256", "--batch", "16"]
 #: the launches are cached per process: on the worker that runs peak_sharded.claims.yaml (--dist loadgroup), they are shared
 same_worker_as_the_claims = pytest.mark.xdist_group("claims:peak_sharded.claims.yaml")
 needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
@@ -35,7 +35,7 @@ def test_default_ranks_are_all_up_to_eight_then_the_first_two_and_the_last():
 
 @pytest.mark.slow
 def test_fsdp_units_are_a_gpt_s_blocks_a_transformers_models_decoder_layers_else_every_linear():
-    from resacct.account.generic import mlp
+    from resacct.account.answers.generic import mlp
     from resacct.training.gpt import GPT, get_gpt_config
 
     with torch.device("meta"):
@@ -111,7 +111,7 @@ def test_measure_puts_each_gloo_ranks_allocator_beside_its_prediction_in_the_tex
     assert [rank["predicted_peak_bytes"] for rank in ranks] == [rank["measured_peak_bytes"] for rank in ranks]
     assert [rank["phase_peak_bytes"] for rank in ranks] == [rank["measured_phase_peak_bytes"] for rank in ranks]
     assert fields["fsdp_units"] == 2 and fields["fits"] is False
-    from resacct.account.sharded_account import RankPeak, ShardedAccount
+    from resacct.account.answers.sharded import RankPeak, ShardedAccount
     from resacct.cli.shard import _text
 
     account = ShardedAccount(model=fields["model"], engine="fsdp2", engine_text=fields["engine_description"], world_size=2, batch=2, seq=16,

@@ -365,7 +365,7 @@ def test_a_temporary_folder_too_long_for_the_forkserver_socket_is_one_line(tmp_p
     long_folder = tmp_path / ("t" * 120)
     long_folder.mkdir()
     env = dict(os.environ, TMPDIR=str(long_folder), PYTHONPATH=str(REPO))
-    done = subprocess.run([RESACCT, "shard", "--model", "resacct.account.generic:mlp", "--devices", "2"], capture_output=True, text=True, env=env,
+    done = subprocess.run([RESACCT, "shard", "--model", "resacct.account.answers.generic:mlp", "--devices", "2"], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]

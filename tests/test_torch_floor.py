@@ -82,7 +82,7 @@ def test_hf_commands_refuse_in_one_line_naming_the_versions(unusable, capsys):
 
 
 def test_an_hf_peak_model_refuses_naming_the_versions(unusable):
-    from resacct.account.peak_models import peak_model
+    from resacct.account.peak.models import peak_model
 
     with pytest.raises(ResacctError, match="transformers 9.9.9 needs torch>=9.0"):
         peak_model("llama-sdpa", batch=1, seq=4)
@@ -92,7 +92,7 @@ def test_selective_checkpointing_is_refused_where_torch_lacks_it(monkeypatch):
     """torch 2.4 has no torch.utils.checkpoint.create_selective_checkpoint_contexts."""
     import torch.utils.checkpoint
 
-    from resacct.account.peak_models import peak_model, selective_checkpointing_missing
+    from resacct.account.peak.models import peak_model, selective_checkpointing_missing
 
     monkeypatch.delattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts", raising=False)
     assert f"torch {torch.__version__} has no torch.utils.checkpoint.create_selective_checkpoint_contexts" in selective_checkpointing_missing()

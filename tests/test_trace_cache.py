@@ -1,4 +1,4 @@
-"""The trace cache (:mod:`resacct.account.trace_cache`): where it lives, what it keys on, that a
+"""The trace cache (:mod:`resacct.account.trace.cache`): where it lives, what it keys on, that a
 second ``account``/``fit --hf-config`` of the same question reads the first one's answer (the
 tracing is made to fail the second time: the answer must come from the file), and that a corrupt or
 truncated file is ignored and written again. Every test points ``RESACCT_CACHE_DIR`` at ``tmp_path``."""
@@ -13,8 +13,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resacct.account import trace_cache  # noqa: E402
-from resacct.account.trace_cache import cache_dir, cache_key, cache_wanted, cached, caching, last_outcome  # noqa: E402
+from resacct.account.trace import cache as trace_cache  # noqa: E402
+from resacct.account.trace.cache import cache_dir, cache_key, cache_wanted, cached, caching, last_outcome  # noqa: E402
 from resacct.cli import main  # noqa: E402
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -123,7 +123,8 @@ def _config(tmp_path: Path) -> str:
 
 
 def _tracing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resacct.account import fit_search, hf_models
+    from resacct.account.fit import search as fit_search
+    from resacct.account.load import hf_models
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("traced again: the answer should have come from the cache")

@@ -80,9 +80,9 @@ def test_bad_units_one_line_exit_2(capsys: pytest.CaptureFixture[str], command: 
 @pytest.mark.slow
 def test_account_and_a_models_fit_print_binary_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 24: --units binary in every command that prints bytes, the account's table included."""
-    account = ["account", "--model", "resacct.account.generic:mlp", "--no-time"]
+    account = ["account", "--model", "resacct.account.answers.generic:mlp", "--no-time"]
     binary = _run(capsys, [*account, "--units", "binary"])
     assert "KiB" in binary and not re.search(r"\d kB\b", binary), binary
     assert " kB" in _run(capsys, account)
-    fit = ["fit", "--model", "resacct.account.generic:mlp", "--memory-gb", "0.0008", "--no-progress"]
+    fit = ["fit", "--model", "resacct.account.answers.generic:mlp", "--memory-gb", "0.0008", "--no-progress"]
     assert "781.25 KiB" in _run(capsys, [*fit, "--units", "binary"]) and "800.00 kB" in _run(capsys, fit)

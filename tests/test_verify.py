@@ -296,7 +296,7 @@ def test_the_roofline_belongs_to_the_same_run(specs_dir, tmp_path, capsys, monke
 def test_the_step_timeline_is_drawn_for_real(tmp_path):
     """Issue 22: the memory timeline in the HTML report — the reference step predicted on fake
     tensors and measured by the CPU allocator in the same call, their peaks equal."""
-    from resacct.account import timeline_plot
+    from resacct.account.render import timeline_plot
 
     calls = []
     real_write = timeline_plot.write_timeline_png

@@ -1,13 +1,13 @@
 """Within one test process, the same LoRA step of a 7B is traced once (issue 34, quick tier).
 
 ``resacct lora --hf-config llama-2-7b ...`` traces the whole step on fake tensors
-(:func:`resacct.account.lora_step.trace_lora_step`: ~13 CPU s, more under the type-checking hook),
+(:func:`resacct.account.trace.lora_step.trace_lora_step`: ~13 CPU s, more under the type-checking hook),
 and a dozen quick-tier tests ask the command the same question several times over — with and
 without ``--json``, ``--units binary``, ``--memory-gb 24`` or a 24 GB board's name. Those flags
 change what the command prints, never what it traces, so the fixture :func:`memoized_lora_trace`
 keeps each traced step by its whole question: the config's values and every keyword argument. A
 different rank, target list, base, batch, sequence length, dropout or checkpointing is a different
-key and is traced afresh. :class:`~resacct.account.lora_step.LoraStep` is a frozen dataclass; the
+key and is traced afresh. :class:`~resacct.account.trace.lora_step.LoraStep` is a frozen dataclass; the
 command only reads it.
 
 The tests that use it run in one xdist group (``lora-7b``), so each question is traced once per run
@@ -53,7 +53,7 @@ def _memoized(function: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Cal
 def memoized_lora_trace(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
     """``trace_lora_step`` answers a question it has traced before in this process from memory; yields
     the keys asked for during the test (the memo's own test reads them)."""
-    from resacct.account import lora_step
+    from resacct.account.trace import lora_step
 
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(lora_step, "trace_lora_step", _memoized(lora_step.trace_lora_step, calls))

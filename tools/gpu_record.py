@@ -104,7 +104,7 @@ def _build(family: str, model: Any, attention: str, extra: dict, dry: bool, devi
             logits = m(batch[0])
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
         return net, loss
-    from resacct.account.hf_models import HfConfigSpec, build_hf_model
+    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
     values = dict(model)
     if dry:
         values.update({key: value for key, value in TINY.items() if key in values or key == "head_dim" and values["model_type"] != "gpt2"})
@@ -168,7 +168,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
 
     from resacct.account.gpu.allocation_trace import AllocationRecorder
     from resacct.account.gpu.record import compact_snapshot, replay_step
-    from resacct.account.peak_recipes import recipe_step
+    from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
     from resacct.measurement.memory_timeline import run_training_step
 
@@ -346,7 +346,7 @@ def predict_recorded_step(step: dict[str, Any], dry: bool) -> Any:
 
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
     from resacct.account.gpu.record import allocator_config_of
-    from resacct.account.peak_recipes import recipe_step
+    from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
 
     family, model, recipe, attention, *_ = MATRIX[step["name"]]

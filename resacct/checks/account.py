@@ -16,7 +16,7 @@ from resacct.account import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account.step_measurements import measure_step_once, measure_training_state
+from resacct.account.trace.step_measurements import measure_step_once, measure_training_state
 from resacct.measurement.activations import (
     gpt_loss,
     predict_gpt_step_peak_bytes,
@@ -276,7 +276,7 @@ def stack_saved_activations(model: str, batch: int, dim: int, layers: int, hidde
     (``layers`` hidden layers of ``hidden``, ``activation``) on a (batch, dim) batch; predicted
     by :func:`resacct.formulas.account_formulas.predict_stack_step`."""
     from resacct.formulas.account_formulas import predict_stack_step
-    from resacct.account.generic import cruncher, mlp
+    from resacct.account.answers.generic import cruncher, mlp
 
     if model == "cruncher":
         net = cruncher(dim=dim, layers=layers)

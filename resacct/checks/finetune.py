@@ -77,7 +77,7 @@ def _full_step(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vo
     when both ran in one go). Built with seed 0; shared by every LoRA claim on the same base."""
     from transformers import LlamaForCausalLM
 
-    from resacct.account.step_measurements import trace_step_flops
+    from resacct.account.trace.step_measurements import trace_step_flops
     from resacct.measurement.activation_recording import record_saved_activations
 
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
@@ -96,7 +96,7 @@ def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from resacct.account.step_measurements import trace_step_flops
+    from resacct.account.trace.step_measurements import trace_step_flops
     from resacct.measurement.activation_recording import record_saved_activations
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.hf_formulas import predict_step_flops

@@ -209,7 +209,7 @@ def saved_activation_bytes(record: str, step: str) -> Outcome:
 def training_state_bytes(record: str, step: str) -> Outcome:
     """The training state at the recorded step's optimizer step on the board (parameters, gradients,
     AdamW's moments and step counters), beside :func:`predict_state_bytes` for the record's GPT now."""
-    from resacct.account.trainable import predict_state_bytes
+    from resacct.account.load.trainable import predict_state_bytes
 
     data = load_gpu_record(record)
     entry, net = _recorded_gpt(record, data, step)

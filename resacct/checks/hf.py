@@ -34,7 +34,7 @@ def _require_transformers() -> None:
 
 def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
                 experts_per_token: int) -> object:
-    from resacct.account.hf_models import HfConfigSpec
+    from resacct.account.load.hf_models import HfConfigSpec
 
     if model_type == "gpt2":
         values = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": positions, "n_embd": hidden, "n_layer": layers, "n_head": heads,
@@ -52,7 +52,7 @@ def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads:
 @functools.lru_cache(maxsize=16)
 def _account(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
              experts_per_token: int, batch: int, seq: int, recipe: str):  # type: ignore[no-untyped-def]
-    from resacct.account.hf import account_hf_config
+    from resacct.account.answers.hf import account_hf_config
 
     spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, experts, experts_per_token)
     return account_hf_config(spec, batch=batch, seq=seq, recipe=recipe)  # type: ignore[arg-type]
@@ -97,7 +97,7 @@ def shipped_parameters(config: str) -> Outcome:
 def meta_model_parameters(config: str) -> tuple[Any, int]:
     """A shipped config's model as transformers builds it on the meta device, and its parameter
     count (distinct storages: a tied head counts once). Shared by the hf and plan checks."""
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.measurement.memory import distinct_storage_bytes
 
     model = build_hf_model(load_hf_config(config), device="meta")
@@ -133,7 +133,7 @@ def _sdpa_over_eager_flops(layers: int, batch: int, seq: int) -> Outcome:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from resacct.account.step_measurements import trace_step_flops
+    from resacct.account.trace.step_measurements import trace_step_flops
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=64)
@@ -189,7 +189,7 @@ def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, 
                      experts: int, experts_per_token: int, dtype: str, dropout: float, batch: int, seq: int):  # type: ignore[no-untyped-def]
     from resacct.measurement.activations import record_saved_activations
     from resacct.formulas.hf_formulas import architecture_of
-    from resacct.account.hf_models import HfConfigSpec, build_hf_model
+    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
 
     spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, max(64, seq), experts, experts_per_token)
     values = dict(spec.values)  # type: ignore[attr-defined]

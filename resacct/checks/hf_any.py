@@ -2,12 +2,12 @@
 on the CPU (issue 33): a tiny config of each architecture — the keys of its published config.json,
 sizes shrunk — built twice. **Predicted**: the model on the meta device (FlopCounterMode's FLOPs,
 a real ``torch.optim.AdamW``'s state by storage, the saved-tensor hooks' bytes:
-:func:`resacct.account.step_measurements.measure_step_once`) and the whole step's peak on fake
-CPU tensors (:func:`resacct.account.peak.predict_step_peak`). **Measured**: the same functions over
+:func:`resacct.account.trace.step_measurements.measure_step_once`) and the whole step's peak on fake
+CPU tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`). **Measured**: the same functions over
 real CPU tensors — the arithmetic done, the storages allocated — and the step's peak by torch's CPU
-allocator (:func:`resacct.account.peak.measure_step_peak`). Eager attention in both (Gemma-2 and
+allocator (:func:`resacct.account.peak.step_peak.measure_step_peak`). Eager attention in both (Gemma-2 and
 BLOOM have no sdpa in transformers). A mixture of experts (Qwen3-MoE, DeepSeek-V3) runs
-:mod:`resacct.account.moe_routing`'s dropless routing on both devices. Skipped without transformers.
+:mod:`resacct.account.load.moe_routing`'s dropless routing on both devices. Skipped without transformers.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _adamw(parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
 
 
 def _figures(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
-    from resacct.account.step_measurements import measure_step_once
+    from resacct.account.trace.step_measurements import measure_step_once
 
     step = measure_step_once(model, lambda module: _loss(module, inputs))
     return {"parameters": sum(p.numel() for p in model.parameters()), "forward_flops": step.flops.forward_flops,
@@ -98,8 +98,8 @@ def _figures(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[st
 @shared_measurement
 def _step(architecture: str, batch: int, seq: int) -> tuple[dict[str, int], dict[str, int], int]:
     """(predicted, measured, the CPU model's parameter tensors) for one tiny architecture."""
-    from resacct.account.hf_models import HfConfigSpec, build_hf_model
-    from resacct.account.peak import measure_step_peak, predict_step_peak
+    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
+    from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak
 
     spec = HfConfigSpec(name=f"tiny {architecture}", source="claim inputs", values=dict(TINY_CONFIGS[architecture]))
     meta = build_hf_model(spec, device="meta", attention="eager")

@@ -51,7 +51,7 @@ def largest_module_parameters(config: str) -> Outcome:
         import transformers  # noqa: F401
     except ImportError:
         raise NotMeasurable("transformers is not installed (the optional extra: pip install 'resacct[hf]')") from None
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.formulas.hf_formulas import architecture_of
     from resacct.formulas.offload import largest_module_parameters as predicted
 

@@ -1,14 +1,14 @@
 """Will it fit: a training step's peak memory, predicted by resacct on fake tensors before the step
-runs (:mod:`resacct.account.peak`), against the peak the CPU allocator records when it runs
+runs (:mod:`resacct.account.peak.step_peak`), against the peak the CPU allocator records when it runs
 (``torch.profiler`` with ``profile_memory=True``, :mod:`resacct.measurement.memory_timeline`) — and
 the lecture's sums (training state + activations; 16 bytes per parameter) against the same measurement.
 
 The law's quantities come from torch too: the training state is a real ``torch.optim.AdamW``'s
-storages with the gradients (:func:`resacct.account.step_measurements.measure_training_state`),
+storages with the gradients (:func:`resacct.account.trace.step_measurements.measure_training_state`),
 the activations what ``saved_tensors_hooks`` see, the inputs their storages, the parameters counted.
-Recipes (autocast, master weights) run the step :func:`resacct.account.peak_recipes.recipe_step`
-builds; gradient accumulation the step of :mod:`resacct.account.peak_accumulation`; a fit the
-search of :mod:`resacct.account.fit_search` (predictions only), its answer then run for real.
+Recipes (autocast, master weights) run the step :func:`resacct.account.peak.recipes.recipe_step`
+builds; gradient accumulation the step of :mod:`resacct.account.peak.accumulation`; a fit the
+search of :mod:`resacct.account.fit.search` (predictions only), its answer then run for real.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _adamw(parameters: list) -> torch.optim.Optimizer:
 
 
 def _model(model: str, batch: int, seq: int) -> tuple[Any, Any, Any]:
-    from resacct.account.peak_models import peak_model
+    from resacct.account.peak.models import peak_model
 
     try:
         return peak_model(model, batch=batch, seq=seq)
@@ -49,12 +49,12 @@ def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """One step of a peak model under ``recipe``: the prediction on fake tensors, the allocator's
     record, and the lecture's parts (the training state of a real AdamW run, the saved activations
     of one forward). Shared by every claim on the same step (``peak.step_peak``, ``peak.phase_matches``).
-    Not :func:`resacct.account.step_measurements.measure_step_once`: the same bytes, but its
+    Not :func:`resacct.account.trace.step_measurements.measure_step_once`: the same bytes, but its
     FlopCounterMode costs more than the second step it saves on models this small (0.56 against
     0.41 CPU s over 14 steps, one thread)."""
-    from resacct.account.peak import measure_step_peak, predict_step_peak
-    from resacct.account.peak_recipes import recipe_step
-    from resacct.account.step_measurements import measure_training_state
+    from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak
+    from resacct.account.peak.recipes import recipe_step
+    from resacct.account.trace.step_measurements import measure_training_state
     from resacct.facts.recipes import parse_recipe
     from resacct.measurement.activations import record_saved_activations
 
@@ -80,8 +80,8 @@ def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
        quantities=("state_bytes", "saved_bytes", "input_bytes", "params", "measured_start_bytes", "predicted_start_bytes"))
 def step_peak(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """The CPU allocator's peak over one steady AdamW step (forward, backward, step, zero_grad) of a
-    :data:`resacct.account.peak_models.PEAK_MODELS` model under the precision ``recipe`` (bf16
-    parameters, autocast, fp32 master weights: :func:`resacct.account.peak_recipes.recipe_step`);
+    :data:`resacct.account.peak.models.PEAK_MODELS` model under the precision ``recipe`` (bf16
+    parameters, autocast, fp32 master weights: :func:`resacct.account.peak.recipes.recipe_step`);
     predicted: resacct on fake tensors. ``state_bytes``: the recipe's training state at the step."""
     return _step(model, batch, seq, recipe)
 
@@ -101,7 +101,7 @@ def accumulated_step_peak(model: str, batch: int, seq: int, micro_batches: int) 
     ``micro_batches`` micro-steps of ``batch`` × ``seq`` (forward, ``(loss / k).backward()`` each; the
     gradients kept between them), predicted on fake tensors; ``single_step_peak_bytes`` the
     allocator's peak of one plain step at the same micro-batch, ``gradient_bytes`` the gradients'."""
-    from resacct.account.peak import measure_step_peak, predict_step_peak
+    from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak
 
     net, inputs, loss_fn = _model(model, batch, seq)
     predicted = predict_step_peak(net, inputs, loss_fn, _adamw, micro_batches=micro_batches)
@@ -122,8 +122,8 @@ def state_bytes_per_parameter(model: str, batch: int, small_batch: int, seq: int
     parameters counted (predicted: resacct's state bytes ÷ the same count). Beside it, for the
     caveat the source adds, the CPU allocator's peak over a whole steady step ÷ parameters at
     ``batch`` × ``seq`` and at ``small_batch`` × ``seq`` (activations included)."""
-    from resacct.account.peak import measure_step_peak
-    from resacct.account.step_measurements import measure_training_state
+    from resacct.account.peak.step_peak import measure_step_peak
+    from resacct.account.trace.step_measurements import measure_training_state
 
     net, inputs, loss_fn = _model(model, batch, seq)
     params = sum(p.numel() for p in net.parameters())
@@ -141,12 +141,12 @@ def state_bytes_per_parameter(model: str, batch: int, small_batch: int, seq: int
 
 @check("peak.fit_batch", evidence="measured", quantities=("batch", "budget_bytes", "next_predicted_peak_bytes"))
 def fit_batch(model: str, seq: int, memory_bytes: int) -> Outcome:
-    """The step peak the CPU allocator records when the micro-batch :func:`resacct.account.fit_search.fit_step`
+    """The step peak the CPU allocator records when the micro-batch :func:`resacct.account.fit.search.fit_step`
     answers (the largest whose predicted steady AdamW step peak is at most ``memory_bytes``, the
     model built on the meta device) runs for real; predicted: that answer's predicted peak.
     ``next_predicted_peak_bytes``: the predicted peak one micro-batch larger."""
-    from resacct.account.fit_search import FitTarget, fit_step
-    from resacct.account.peak import measure_step_peak
+    from resacct.account.fit.search import FitTarget, fit_step
+    from resacct.account.peak.step_peak import measure_step_peak
 
     meta_net, _, loss_fn = _model(model, 1, seq)
     meta_net = meta_net.to("meta")

@@ -1,6 +1,6 @@
 """Checks of the sharded step peak: each rank's peak of one steady AdamW step under ZeRO-1 (DDP +
 ``ZeroRedundancyOptimizer``) and ZeRO-3 (FSDP2 ``fully_shard``) — predicted by resacct on fake
-tensors under torch's fake process group (:mod:`resacct.account.peak_sharded`), measured on real
+tensors under torch's fake process group (:mod:`resacct.account.peak.sharded`), measured on real
 gloo ranks by the CPU allocator (``torch.profiler``, ``profile_memory=True``) and, for what is live
 at the peak, by the same tracker over the real tensors (the census) — against the ZeRO paper's
 per-rank state (:mod:`resacct.formulas.sharding`).
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from resacct.account.peak_sharded_measure import MAX_ATTEMPTS, allocator_summary, first_complete
-from resacct.account.sharded_account import ENGINE_RECIPES, ENGINE_STAGES
+from resacct.account.peak.sharded_measure import MAX_ATTEMPTS, allocator_summary, first_complete
+from resacct.account.answers.sharded import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.distributed import preload_in_ranks
 
-preload_in_ranks(__name__, "resacct.account.peak_sharded", "resacct.account.peak_models")  # what the ranks and the prediction's child run
+preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
 
 __all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "MAX_ATTEMPTS", "measured_on_rank", "sharded_peak_measurements"]
 
@@ -58,7 +58,7 @@ def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, los
     """The storages of the engine's own state on this rank after one more forward and backward:
     parameters, gradients (DDP's bucket, FSDP's shards), optimizer state; and, counted on the
     unsharded model, the largest FSDP unit's full parameters and the whole model's."""
-    from resacct.account.peak_sharded import fsdp_units, local_optimizer_state, local_tensor
+    from resacct.account.peak.sharded import fsdp_units, local_optimizer_state, local_tensor
     from resacct.measurement.memory import distinct_storage_bytes
 
     loss_fn(wrapped, work_inputs).backward()
@@ -73,7 +73,7 @@ def _engine_state(wrapped: Any, optimizer: Any, work: Any, work_inputs: Any, los
 def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> tuple[Any, int]:
     """What the tracker over the real tensors finds (the peak and what is live at it), the engine's
     state, and the bytes freed on another thread."""
-    from resacct.account.peak_sharded import ShardedStorageTracker, sharded_step, step_copies, step_summary
+    from resacct.account.peak.sharded import ShardedStorageTracker, sharded_step, step_copies, step_summary
     from resacct.measurement.memory_timeline import gc_paused
 
     tracker = ShardedStorageTracker()
@@ -89,7 +89,7 @@ def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int,
 def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model_name: str, batch: int, seq: int) -> dict[str, Any]:
     """What each gloo rank runs (:func:`resacct.measurement.distributed.run_on_ranks`), per engine:
     the allocator's first complete record and the census's, with the engine's state."""
-    from resacct.account.peak_sharded import build_peak_model, engine_mesh
+    from resacct.account.peak.sharded import build_peak_model, engine_mesh
 
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
     report = {}
@@ -133,7 +133,7 @@ def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int,
 
 @functools.lru_cache(maxsize=6)
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
-    from resacct.account.peak_sharded import predict_sharded_step_peaks_in_process
+    from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
     from resacct.measurement.distributed import DistributedUnavailableError, run_on_ranks, started_isolated
 
     _require_engines()
@@ -172,7 +172,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     :data:`ENGINE_RECIPES`: fp32, or mixed precision for ``fsdp2-bf16``);
     ``state_bytes``, ``excess_bytes``, ``peak_phase``, ``breakdown`` (resacct's, at the predicted
     peak): rank 0's; ``attempts``: the most records a rank took to get a complete one."""
-    from resacct.account.peak_sharded import build_peak_model
+    from resacct.account.peak.sharded import build_peak_model
     from resacct.formulas.sharding import per_rank_bytes
 
     predicted, measured = _sides(engine, world_size, model, batch, seq)

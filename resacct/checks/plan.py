@@ -96,7 +96,7 @@ def parameter_breakdown(config: str, component: str) -> Outcome:
 
 @functools.lru_cache(maxsize=4)
 def _parameter_breakdown(config: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.formulas.hf_formulas import architecture_of
 
     model = build_hf_model(load_hf_config(config), device="meta")

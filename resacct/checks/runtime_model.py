@@ -40,7 +40,7 @@ def predicted_step(model: str, batch: int) -> StepPrediction:
             return predict_step(net, tokens, machine_costs(), repeats=5,
                                 loss=lambda logits: torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()))
         if model == "mlp":
-            from resacct.account.generic import mlp
+            from resacct.account.answers.generic import mlp
 
             return predict_step(mlp(dim=256, hidden=1024, depth=2), torch.randn(batch, 256), machine_costs(), repeats=5)
         if model == "cruncher":

@@ -50,7 +50,7 @@ def _render(account: Any, *, per_module: bool, title: str | None = None, units: 
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=table_width_columns(width), no_color=True, highlight=False)
-    from resacct.account.optimizers import optimizer_display_name
+    from resacct.account.load.optimizers import optimizer_display_name
 
     title = title or (f"{account.model}: batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.state.optimizer)}, {account.attention} attention, on {account.device}")

@@ -53,9 +53,9 @@ def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_source(args: argparse.Namespace) -> Any:
     """``--hf-config`` or ``--model`` with its arguments as one
-    :class:`~resacct.account.fit_search.ModelSource` (one line for a bad combination)."""
-    from resacct.account.fit_search import ModelSource
-    from resacct.account.model_factory import parse_model_arg
+    :class:`~resacct.account.fit.search.ModelSource` (one line for a bad combination)."""
+    from resacct.account.fit.search import ModelSource
+    from resacct.account.load.model_factory import parse_model_arg
 
     if (args.hf_config is None) == (args.model is None):
         raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
@@ -100,7 +100,7 @@ def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
         given = [f"--{name.replace('_', '-')}" for name, value in shape.items() if value is not None]
         if given:
             raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
-        from resacct.account.hf_models import load_hf_config
+        from resacct.account.load.hf_models import load_hf_config
 
         spec = load_hf_config(args.hf_config)
         return spec.name, architecture_from_values(spec.values)
@@ -126,7 +126,7 @@ def model_config(args: argparse.Namespace) -> tuple[str, Any, Any]:
              if getattr(args, name, None) is not None]
     if given:
         raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
-    from resacct.account.hf_models import load_hf_config, transformers_config
+    from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.hf_formulas import FAMILIES
 

@@ -1,6 +1,6 @@
 """``resacct fit --hf-config NAME`` / ``--model module:factory``: the largest micro-batch — or
 sequence length — of a real model whose training step fits a device, from the step's **predicted**
-peak (:mod:`resacct.account.fit_search`: each probe a prediction on fake tensors of the model built
+peak (:mod:`resacct.account.fit.search`: each probe a prediction on fake tensors of the model built
 on the meta device; nothing allocated).
 
 Without a model, ``resacct fit`` (:mod:`resacct.cli.compute`) answers the napkin question, the
@@ -94,13 +94,13 @@ def run_model_fit(args: argparse.Namespace) -> int:
         raise ResacctError(f"--batch {args.batch} is searched with --search batch; give --seq (the fixed length), or --search seq with --batch")
     if args.search == "seq" and args.seq is not None:
         raise ResacctError(f"--seq {args.seq} is searched with --search seq; give --batch (the fixed micro-batch), or --search batch with --seq")
-    from resacct.account.user_code import running_phase, stopping_after
+    from resacct.account.load.user_code import running_phase, stopping_after
 
     with stopping_after(args.timeout, command="resacct fit", hint="expected a search within the limit: raise --timeout, or a smaller "
                         "--max-batch, --seq or model"):
         with running_phase("importing torch and resacct's accounting"):
-            from resacct.account.fit_search import MAX_BATCH, fit_step
-            from resacct.account.trace_cache import cache_wanted, cached, caching, last_outcome
+            from resacct.account.fit.search import MAX_BATCH, fit_step
+            from resacct.account.trace.cache import cache_wanted, cached, caching, last_outcome
         gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
 
         def searched() -> tuple[Any, Any]:
@@ -123,7 +123,7 @@ def _question(args: argparse.Namespace, memory_bytes: float, reserve_bytes: floa
     (a --model factory's fit is never cached: no question is built for it)."""
     if args.hf_config is None:
         return {}
-    from resacct.account.hf_models import load_hf_config
+    from resacct.account.load.hf_models import load_hf_config
 
     spec = load_hf_config(args.hf_config)
     return {"config": spec.values, "name": spec.name, "source": spec.source, "search": args.search, "batch": args.batch, "seq": args.seq,
@@ -134,7 +134,7 @@ def _question(args: argparse.Namespace, memory_bytes: float, reserve_bytes: floa
 def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,
             fit_step: Any, max_batch: int) -> Any:
     """The model built on meta, then the search, each probe a prediction (``fit_search.fit_step``)."""
-    from resacct.account.user_code import running_phase
+    from resacct.account.load.user_code import running_phase
 
     started = time.perf_counter()
     target = _target(args)

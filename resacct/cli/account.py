@@ -53,7 +53,7 @@ _EXAMPLES = """examples:
       mixed precision state (20 B/param at the step), fused attention, as JSON
   resacct account --train-tokens 1B --accelerator h100-sxm
       projects a run of 1B tokens at the measured speed; MFU against a named peak
-  resacct account --model resacct.account.generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
+  resacct account --model resacct.account.answers.generic:mlp --model-arg dim=64 --model-arg hidden=256 --batch 8
       any nn.Module from a factory (module:factory): traced FLOPs, real optimizer state, saved bytes
   resacct account --model resacct.training.models:Cruncher --model-arg dim=64 --model-arg num_layers=4 --optimizer sgd-momentum
       the lecture's deep linear model, state of torch.optim.SGD(momentum=0.9)
@@ -177,9 +177,9 @@ def _hf_config_names() -> list[str]:
 
 
 def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
-    from resacct.account.hf import account_hf_config
-    from resacct.account.optimizers import optimizer_display_name
-    from resacct.account.user_code import running_phase
+    from resacct.account.answers.hf import account_hf_config
+    from resacct.account.load.optimizers import optimizer_display_name
+    from resacct.account.load.user_code import running_phase
 
     other = [flag for flag, used in (("--model", args.model != "gpt-tiny"), ("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
                                      ("--input-dtype", args.input_dtype),
@@ -191,7 +191,7 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
         raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
     if args.device != "cpu":  # a board's name is checked before the account's seconds
         importlib.import_module("resacct.facts.hardware").get_accelerator(args.device)
-    from resacct.account.trace_cache import cache_wanted, caching
+    from resacct.account.trace.cache import cache_wanted, caching
 
     with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)):
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
@@ -206,8 +206,8 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
 def _board_text(args: argparse.Namespace, account: Any) -> str:
     """``--device BOARD``'s lines (its step traced as CUDA runs it) and the note they add — read back
     from the trace cache when it holds the same question (the same rebuild and trace otherwise)."""
-    from resacct.account.hf_models import load_hf_config
-    from resacct.account.trace_cache import cached
+    from resacct.account.load.hf_models import load_hf_config
+    from resacct.account.trace.cache import cached
 
     ran: list[bool] = []
 
@@ -231,7 +231,7 @@ def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
     """Write ``--timeline``'s PNG from the account's step peak (one line, exit 2, when there is none)."""
     if args.timeline is None:
         return
-    from resacct.account.timeline_plot import write_timeline_png
+    from resacct.account.render.timeline_plot import write_timeline_png
 
     step_peak = account.step_peak
     if step_peak is None or (step_peak.predicted is None and step_peak.measured is None):
@@ -259,8 +259,8 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
 def _run_generic(args: argparse.Namespace) -> tuple[Any, str, Any]:
     import os
 
-    from resacct.account.generic import account_named_model
-    from resacct.account.model_factory import parse_model_arg
+    from resacct.account.answers.generic import account_named_model
+    from resacct.account.load.model_factory import parse_model_arg
 
     gpt_only = [flag for flag, used in (("--attention", args.attention != "math"),
                                         ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
@@ -279,7 +279,7 @@ def _run_generic(args: argparse.Namespace) -> tuple[Any, str, Any]:
 
     predicted = None
     if args.max_memory is not None:
-        from resacct.account.model_factory import predict_named_model_peak
+        from resacct.account.load.model_factory import predict_named_model_peak
 
         predicted = predict_named_model_peak(args.model, model_args, batch=args.batch, seq=args.seq, input_shape=args.input_shape,
                                              input_dtype=args.input_dtype or "float32", loss=args.loss, recipe=args.recipe, optimizer=args.optimizer)
@@ -299,10 +299,10 @@ def run_account(args: argparse.Namespace) -> int:
                            "(a factory's example input, input_ids and example_input() keep their own dtype)")
     if args.device not in ("cpu", "cuda") and args.hf_config is None:
         raise ResacctError(f"--device {args.device}: a board (no GPU here) answers for --hf-config only; expected cpu or cuda")
-    from resacct.account.user_code import running_phase, showing_progress, stopping_after
+    from resacct.account.load.user_code import running_phase, showing_progress, stopping_after
 
     if args.timeline is not None:
-        from resacct.account.timeline_plot import check_timeline_path
+        from resacct.account.render.timeline_plot import check_timeline_path
 
         check_timeline_path(args.timeline)  # a path that cannot be written: one line before any work
     live = sys.stderr.isatty()
@@ -312,7 +312,7 @@ def run_account(args: argparse.Namespace) -> int:
                         "--batch, --seq or model"), progress, user_output_to_stderr(args.json):
         with running_phase("importing torch and resacct's accounting"):
             importlib.import_module("resacct.account")  # torch: seconds on a busy machine
-        profile = importlib.import_module("resacct.account.pass_profile").pass_profile(args.profile, started)
+        profile = importlib.import_module("resacct.account.trace.pass_profile").pass_profile(args.profile, started)
         with running_phase("predicting and comparing (resacct's own work)"), profile.installed():  # the user's code and the builds name their own phases
             account, title, render = _run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)
     with profile.timing("render"):
@@ -327,7 +327,7 @@ def run_account(args: argparse.Namespace) -> int:
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
     from resacct.account import account_gpt
-    from resacct.account.user_code import running_phase
+    from resacct.account.load.user_code import running_phase
     from resacct.training.gpt import get_gpt_config
 
     generic_only = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
@@ -352,7 +352,7 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
 
 def _predicted_peak(account: Any) -> tuple[int, str]:
     """The step's predicted peak in bytes and how it was found: the fake-tensor timeline of the whole
-    step (:mod:`resacct.account.peak`), else the training state at the step plus the saved activations."""
+    step (:mod:`resacct.account.peak.step_peak`), else the training state at the step plus the saved activations."""
     step_peak = getattr(account, "step_peak", None)
     if step_peak is not None and step_peak.predicted is not None:
         return step_peak.predicted.peak_bytes, "the step's peak traced on fake tensors"
@@ -370,7 +370,7 @@ def _check_max_memory(args: argparse.Namespace, predicted: tuple[int, str], what
 def _within_max_memory(args: argparse.Namespace, account: Any, what: str, predicted: tuple[int | None, str] | None = None) -> Any:
     """``account(args.measure)``; with ``--max-memory``, refused first when the step's peak is above
     the limit: ``predicted`` (bytes, how) when given, else the account on the meta device."""
-    from resacct.account.user_code import running_phase
+    from resacct.account.load.user_code import running_phase
 
     if args.max_memory is None:
         return account(args.measure)

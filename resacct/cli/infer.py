@@ -124,11 +124,11 @@ def _model(args: argparse.Namespace) -> tuple[str, Any, Any]:
     if args.hf_config is None:
         name, architecture = model_architecture(args)
         return name, architecture, None
-    from resacct.account.meta_facts import meta_model_facts
+    from resacct.account.load.meta_facts import meta_model_facts
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.hf_formulas import FAMILIES
 
-    from resacct.account.hf_models import load_hf_config
+    from resacct.account.load.hf_models import load_hf_config
 
     given = [f"--{key.replace('_', '-')}" for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab") if getattr(args, key, None) is not None]
     if given:

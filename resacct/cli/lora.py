@@ -14,7 +14,7 @@ FLOPs: matmuls of one forward and backward (no weight gradients of the base: abo
 fine-tuning's).
 
 With ``--hf-config`` (any architecture transformers builds) and a bf16/fp16/fp32 base, the step is
-also traced (:mod:`resacct.account.lora_step`): peft on the model built on the meta device, the whole
+also traced (:mod:`resacct.account.trace.lora_step`): peft on the model built on the meta device, the whole
 step's peak on fake CPU tensors — temporaries included — is the total that decides "fits"; where
 resacct has no LoRA closed form for the model, the traced step's state, FLOPs and saved bytes are shown.
 """
@@ -116,7 +116,7 @@ def _run_lora(args: argparse.Namespace) -> int:
     if args.targets is None and config is None:  # the shape flags: the napkin path never imports torch (resacct.account does)
         args.targets = ("q_proj", "v_proj")
     elif args.targets is None:  # peft's default for the model type (q_proj, v_proj for Llama)
-        from resacct.account.lora_step import default_lora_targets
+        from resacct.account.trace.lora_step import default_lora_targets
 
         args.targets = default_lora_targets(config)
     formula = architecture is not None and architecture.family == "llama" and all(t in (*LORA_TARGETS, "all-linear") for t in args.targets)
@@ -125,7 +125,7 @@ def _run_lora(args: argparse.Namespace) -> int:
         _refuse_missing_targets(args.targets, names, names, name)  # before the trace: a 7B one costs ~10 CPU s
     traced, untraced = _trace(args, config)
     if traced is None and config is not None:  # a config transformers cannot build a model from is refused, never answered by the formulas
-        from resacct.account.hf_models import build_hf_model, load_hf_config
+        from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
         build_hf_model(load_hf_config(args.hf_config), device="meta")
     if not formula and traced is None:
@@ -247,7 +247,7 @@ def _linear_names(config: Any) -> list[str]:
     """The names of the linear layers of ``config``'s model (built on meta), the LM head left out."""
     import torch
 
-    from resacct.account.lora_step import build_lora_model
+    from resacct.account.trace.lora_step import build_lora_model
 
     model = build_lora_model(config, rank=1, targets=("all-linear",), base="bf16")
     return sorted({name.split(".")[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")} - {"lm_head"}
@@ -255,13 +255,13 @@ def _linear_names(config: Any) -> list[str]:
 
 
 def _trace(args: argparse.Namespace, config: Any) -> tuple[Any, str | None]:
-    """The LoRA step traced (:func:`resacct.account.lora_step.trace_lora_step`), or None and why not."""
+    """The LoRA step traced (:func:`resacct.account.trace.lora_step.trace_lora_step`), or None and why not."""
     from resacct.errors import ResacctError
 
     if config is None:  # before importing resacct.account (torch): the shape flags are the napkin path
         return None, ("the model is given by its shape: give --hf-config NAME or a config.json to trace the step" if args.hf_config is None
                       else "transformers is not installed")
-    from resacct.account.lora_step import TRACED_BASES, trace_lora_step
+    from resacct.account.trace.lora_step import TRACED_BASES, trace_lora_step
 
     if args.base not in TRACED_BASES:
         return None, "NF4's bitsandbytes kernels do not run on fake tensors"

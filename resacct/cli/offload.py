@@ -48,7 +48,7 @@ def _check_transformers_builds(spec: Any) -> None:
 
     if importlib.util.find_spec("transformers") is None:
         return
-    from resacct.account.hf_models import build_hf_model
+    from resacct.account.load.hf_models import build_hf_model
 
     build_hf_model(spec, device="meta")
 
@@ -58,7 +58,7 @@ def _model(args: argparse.Namespace) -> tuple[str | None, float, float]:
     if args.hf_config is not None:
         if args.params is not None or args.largest_layer is not None:
             raise ResacctError(f"--params/--largest-layer and --hf-config {args.hf_config!r}: give the model by one of them, not both")
-        from resacct.account.hf_models import load_hf_config
+        from resacct.account.load.hf_models import load_hf_config
         from resacct.formulas.config_shapes import architecture_from_values
         from resacct.formulas.hf_formulas import predict_parameters
         from resacct.formulas.offload import largest_module_parameters
@@ -66,8 +66,8 @@ def _model(args: argparse.Namespace) -> tuple[str | None, float, float]:
         spec = load_hf_config(args.hf_config)
         from resacct.formulas.hf_formulas import FAMILIES
 
-        if spec.model_type not in FAMILIES:  # any other architecture: the model built on meta (resacct.account.meta_facts)
-            from resacct.account.meta_facts import meta_model_facts
+        if spec.model_type not in FAMILIES:  # any other architecture: the model built on meta (resacct.account.load.meta_facts)
+            from resacct.account.load.meta_facts import meta_model_facts
 
             facts = meta_model_facts(args.hf_config)
             return spec.name, float(facts.parameters), float(facts.largest_module_parameters)

@@ -86,12 +86,12 @@ def _shape(args: argparse.Namespace) -> tuple[float, Any]:
     if args.hf_config is not None:
         from resacct.formulas.config_shapes import architecture_from_values
         from resacct.formulas.hf_formulas import predict_parameters
-        from resacct.account.hf_models import load_hf_config
+        from resacct.account.load.hf_models import load_hf_config
 
         given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "mlp", "vocab") if getattr(args, name) is not None]
         if given:
             raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the shape by one of them, not both")
-        from resacct.account.meta_facts import meta_model_facts
+        from resacct.account.load.meta_facts import meta_model_facts
         from resacct.formulas.hf_formulas import FAMILIES
 
         spec = load_hf_config(args.hf_config)

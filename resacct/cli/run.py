@@ -42,7 +42,7 @@ def _model(args: argparse.Namespace) -> tuple[float, float, int | None, int | No
     if args.hf_config is not None:
         if args.params is not None or args.active_params is not None:
             raise ResacctError("give --hf-config NAME or --params (with --active-params), not both")
-        from resacct.account.meta_facts import meta_model_facts
+        from resacct.account.load.meta_facts import meta_model_facts
 
         facts = meta_model_facts(args.hf_config)  # the model built on meta: any model_type transformers builds
         return (float(facts.parameters), float(facts.active_parameters), layers or facts.layers,
@@ -247,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _traced_model(args: argparse.Namespace) -> dict[str, Any]:
     """The --hf-config model as the meta trace counts it, beside resacct's closed forms for its family (None: no family formula)."""
-    from resacct.account.meta_facts import meta_model_facts
+    from resacct.account.load.meta_facts import meta_model_facts
 
     facts = meta_model_facts(args.hf_config)
     seq = args.seq or min(facts.positions or 2048, 2048)

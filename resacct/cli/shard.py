@@ -3,7 +3,7 @@
 
 The engine itself (DDP + ZeroRedundancyOptimizer, or ``fully_shard`` on every block and the root)
 runs on fake tensors of the model built on the meta device, under torch's fake process group, one
-rank after another in a child process (:mod:`resacct.account.sharded_account`); nothing is sent and
+rank after another in a child process (:mod:`resacct.account.answers.sharded`); nothing is sent and
 the model is never allocated. The same prediction equals each gloo rank's CPU allocator to the byte
 on 2 and 4 ranks (``resacct/specs/peak_sharded.claims.yaml``). Beside it: the ZeRO paper's per-rank
 state (parameters, gradients, optimizer state — no activations, no buffers). With ``--device`` or
@@ -27,7 +27,7 @@ from resacct.errors import ResacctError
 
 __all__ = ["register", "run_shard", "ENGINE_CHOICES"]
 
-#: The engines (resacct.account.peak_sharded.ENGINES), listed here so that --help needs no torch.
+#: The engines (resacct.account.peak.sharded.ENGINES), listed here so that --help needs no torch.
 ENGINE_CHOICES = ("zero1", "zero2", "fsdp2", "fsdp2-bf16")
 
 _EXAMPLES = """engines:
@@ -39,7 +39,7 @@ _EXAMPLES = """engines:
 examples:
   resacct shard --hf-config llama-2-7b --engine fsdp2 --devices 8 --seq 4096 --device h100
       each rank's step peak of Llama-2-7B under FSDP2 on 8 GPUs, batch 1 × 4,096 tokens per rank; does it fit 80 GB?
-  resacct shard --model resacct.account.generic:mlp --model-arg dim=64 --model-arg hidden=256 --engine zero1 --devices 4 --batch 16
+  resacct shard --model resacct.account.answers.generic:mlp --model-arg dim=64 --model-arg hidden=256 --engine zero1 --devices 4 --batch 16
       ZeRO-1 on 4 ranks: ranks owning whole weights peak in the optimizer step, those with a bias in backward
   resacct shard --hf-config gpt2 --engine fsdp2-bf16 --devices 16 --rank 0 --rank 15 --json
       two ranks of 16, bf16 gathers, as JSON
@@ -86,7 +86,7 @@ def run_shard(args: argparse.Namespace) -> int:
     if outside:
         raise ResacctError(f"--rank {', '.join(map(str, outside))}: expected ranks 0 to {args.devices - 1} of --devices {args.devices}")
     board, memory_bytes = device_memory_bytes(args)
-    from resacct.account.user_code import stopping_after
+    from resacct.account.load.user_code import stopping_after
 
     with stopping_after(args.timeout, command="resacct shard", hint="expected a run within the limit: raise --timeout, or fewer --devices "
                         "or --rank, a smaller --batch, --seq or model"):
@@ -107,7 +107,7 @@ def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str,
     ranks predicted above (a second child process), with what calibrates it, or why there is no number."""
     from resacct.account.gpu.command_answers import cuda_board_gap
     from resacct.account.gpu.device_answer import calibration_text
-    from resacct.account.user_code import running_phase
+    from resacct.account.load.user_code import running_phase
 
     answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None}
     if answer["gap"] is not None:
@@ -142,10 +142,10 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
 
 def _predict(args: argparse.Namespace) -> Any:
     """The model parsed, then each rank predicted in a child process (and measured, with --measure)."""
-    from resacct.account.user_code import running_phase, showing_progress
+    from resacct.account.load.user_code import running_phase, showing_progress
 
     with running_phase("importing torch and resacct's accounting"):
-        from resacct.account.sharded_account import account_sharded_step
+        from resacct.account.answers.sharded import account_sharded_step
 
     model = model_source(args)
     live = sys.stderr.isatty()

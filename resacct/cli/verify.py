@@ -334,8 +334,8 @@ def output_width_columns() -> int:
 
 
 def _write_step_timeline(directory: Path) -> Path:
-    """step-timeline.png: a training step's memory predicted beside measured (resacct.account.timeline_plot)."""
-    from resacct.account.timeline_plot import write_reference_step_timeline_png
+    """step-timeline.png: a training step's memory predicted beside measured (resacct.account.render.timeline_plot)."""
+    from resacct.account.render.timeline_plot import write_reference_step_timeline_png
 
     return write_reference_step_timeline_png(directory / "step-timeline.png")
 

@@ -24,7 +24,7 @@ STATE_TENSORS_PER_PARAMETER: dict[str, int] = {
 }
 
 #: How tables write each command-line optimizer name (the same words as
-#: ``resacct.account.optimizers.optimizer_display_name``, which builds the torch.optim ones).
+#: ``resacct.account.load.optimizers.optimizer_display_name``, which builds the torch.optim ones).
 OPTIMIZER_DISPLAY_NAMES: dict[str, str] = {
     "adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "SGD momentum", "adagrad": "Adagrad", "rmsprop": "RMSprop",
 }

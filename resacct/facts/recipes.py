@@ -54,7 +54,7 @@ MOMENTS: tuple[Moment, ...] = ("after_backward", "at_step")
 #: How output names each moment.
 MOMENT_WORDS = {"after_backward": "between steps", "at_step": "at the optimizer step"}
 DEFAULT_OPTIMIZER = "adamw"
-#: The optimizers a command's --optimizer takes (resacct.account.optimizers builds them).
+#: The optimizers a command's --optimizer takes (resacct.account.load.optimizers builds them).
 OPTIMIZER_CHOICES = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop")
 #: The ZeRO stage every command assumes unless told: plain data parallelism, nothing sharded.
 DEFAULT_ZERO_STAGE = 0

@@ -173,7 +173,7 @@ def predict_stack_step(model: nn.Module, input_shape: tuple[int, ...], *, elemen
 
 
 def mlp_saved_bytes(batch: int, dim: int, hidden: int, depth: int, *, activation: str = "gelu", element_bytes: int = 4) -> int:
-    """Bytes an MLP of :func:`resacct.account.generic.mlp` (``depth`` hidden layers of ``hidden``,
+    """Bytes an MLP of :func:`resacct.account.answers.generic.mlp` (``depth`` hidden layers of ``hidden``,
     mean loss) saves: the input, then per hidden layer one tensor (ReLU, Tanh, Sigmoid: the output
     the next Linear also saves) or two (GELU, SiLU: the input and the output).
 

@@ -3,7 +3,7 @@
 ``plan``, ``infer`` and ``lora`` need to count parameters, key/value heads and adapter shapes.
 transformers' defaults are filled in where a GPT-2 config leaves a key out.
 
->>> from resacct.account.hf_models import load_hf_config
+>>> from resacct.account.load.hf_models import load_hf_config
 >>> a = architecture_from_values(load_hf_config("llama-3-8b").values)
 >>> a.layers, a.heads, a.kv_heads, a.head_dim
 (32, 32, 8, 128)

@@ -2,7 +2,7 @@
 Mistral, the same shapes), Mixtral (mixture of experts): parameters (total and active per
 token), parameter tensors, and the matmul FLOPs of one training step. Pure arithmetic on an
 :class:`HfArchitecture`; the measurements they are compared with (FlopCounterMode, storages on
-the meta device) live in :mod:`resacct.account.hf`.
+the meta device) live in :mod:`resacct.account.answers.hf`.
 
 Notation: V vocabulary, d hidden size, L layers, h query heads, g key/value heads (grouped-query
 attention: g < h), e head size (d / h), f MLP width, E experts, k experts per token, P learned

@@ -135,7 +135,7 @@ def inference_memory(*, parameters: float, layers: int, kv_heads: int, head_dim:
                      kv_cache_elements_per_token: float | None = None) -> InferenceMemory:
     """Weights in ``weight_format`` plus the KV cache of ``batch`` × ``context`` tokens in ``kv_format``.
     ``kv_cache_elements_per_token``: the cache's elements per token as the model itself keeps them
-    (:mod:`resacct.account.meta_facts`: sliding windows, DeepSeek's latent cache) instead of 2·layers·kv_heads·head_dim."""
+    (:mod:`resacct.account.load.meta_facts`: sliding windows, DeepSeek's latent cache) instead of 2·layers·kv_heads·head_dim."""
     kv = _format("KV-cache format", kv_format, KV_FORMAT_BYTES)
     if not device_memory_bytes > 0:
         raise ResacctError(f"device memory {device_memory_bytes!r} bytes: expected a number > 0")

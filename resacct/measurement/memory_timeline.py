@@ -1,5 +1,5 @@
 """The memory of one training step over time, as the CPU allocator records it — the measured side
-of resacct's predicted peak (:mod:`resacct.account.peak`).
+of resacct's predicted peak (:mod:`resacct.account.peak.step_peak`).
 
 One training step is one Python program, :func:`run_training_step`: forward (``loss_fn``),
 backward, ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``, with the optimizer's
@@ -173,7 +173,7 @@ def allocator_recording() -> Iterator[tuple[Callable[[str], None], list[Any]]]:
 def measure_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer) -> MemoryTimeline:
     """Run one steady training step of a copy of ``model`` on a copy of ``inputs`` (both made
     inside the trace, so their bytes count) with the optimizer ``make_optimizer(parameters)``
-    builds (e.g. :func:`resacct.account.optimizers.build_optimizer` with torch's default
+    builds (e.g. :func:`resacct.account.load.optimizers.build_optimizer` with torch's default
     implementation for the device) and return the CPU allocator's timeline of it.
     ``loss_fn(model, inputs)`` returns a scalar loss. The model must be on the CPU."""
     return _timeline_of(record_step_events(model, inputs, make_optimizer,

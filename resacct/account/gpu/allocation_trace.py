@@ -3,7 +3,7 @@ CUDA caching allocator model as they happen: the trace the allocator *would* rec
 
 :class:`AllocationRecorder` is a ``TorchDispatchMode``: every aten op's outputs that own a new
 storage are one ``malloc`` of the storage's bytes, each storage's death (a weak reference, as
-:class:`~resacct.account.peak_tracker.LiveStorageTracker` does) one ``free``; both go to a
+:class:`~resacct.account.peak.tracker.LiveStorageTracker` does) one ``free``; both go to a
 :class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel`. Over meta tensors
 (:mod:`resacct.account.gpu.cuda_step`) it is a prediction; over real tensors on the CPU it is what the GPU recorder's
 dry run writes (``tools/gpu_record.py --dry-run``), in ``torch.cuda.memory._snapshot()``'s format

@@ -2,7 +2,7 @@
 predicted allocated and reserved peaks on that board, the step time where the command has a step,
 and what calibrates them (the board's committed record, else its datasheet).
 
-- **lora**: the peft LoRA step of :mod:`resacct.account.lora_step` (forward, backward, AdamW over
+- **lora**: the peft LoRA step of :mod:`resacct.account.trace.lora_step` (forward, backward, AdamW over
   the adapters, ``zero_grad``) traced on meta tensors by
   :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` with CUDA's kernel choices (flash
   attention for a 16-bit base, the efficient kernel for float32; foreach AdamW), and its per-op
@@ -126,7 +126,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
                     gradient_checkpointing: bool, board: Any) -> GpuStepAnswer:
     """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, step time."""
     from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
-    from resacct.account.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
+    from resacct.account.trace.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
     gap = cuda_board_gap(board)
     if gap is None and base not in TRACED_BASES:
@@ -159,7 +159,7 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype)."""
     import torch
 
-    from resacct.account.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     gap = cuda_board_gap(board)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

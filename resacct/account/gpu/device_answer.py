@@ -1,7 +1,7 @@
 """What a command answers for a GPU it does not have (``--device h100``): the CUDA caching
 allocator's predicted **allocated** and **reserved** peaks of the step, and what calibrates them.
 
-The step is the one the recipe runs (:func:`resacct.account.peak_recipes.recipe_step`: parameters
+The step is the one the recipe runs (:func:`resacct.account.peak.recipes.recipe_step`: parameters
 in its dtype, master weights), traced on meta tensors with CUDA's kernel choices by
 :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`: sdpa takes flash attention for 16-bit
 inputs without a mask (the efficient kernel otherwise, as ``sdpa_kernel`` would on a Hopper or Ampere
@@ -93,7 +93,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     """The CUDA allocated and reserved peaks of ``recipe``'s step of ``model`` on ``board`` (the
     model on the meta device or the CPU; nothing allocated), or the one-line reason there is none."""
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.peak_recipes import recipe_step
+    from resacct.account.peak.recipes import recipe_step
 
     calibration = calibration_text(board)
     try:
@@ -135,8 +135,8 @@ def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) ->
 def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[float], str]) -> str:
     """``resacct account --hf-config X --device BOARD``: the lines printed under the account (the
     model rebuilt on meta, its step traced as CUDA runs it), the answer added to its notes (``--json``)."""
-    from resacct.account.hf_models import build_hf_model, load_hf_config
-    from resacct.account.model_io import call_model, default_inputs, loss_of_output
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
     from resacct.facts.hardware import get_accelerator
 
     board = get_accelerator(device)
@@ -151,7 +151,7 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
 
 def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6) -> dict[str, Any]:
     """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
-    :class:`~resacct.account.fit_search.FitAnswer` of ``target``), judged by the **reserved** peak
+    :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
     against the budget — what a GPU runs out of. Where it does not fit, smaller sizes are traced
     (the batch less one, a sequence an eighth shorter; at most ``max_traces``) until one does.
     Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept), ``largest`` (the size whose reserved

@@ -1,7 +1,7 @@
 """``resacct shard --device BOARD``: each rank's step under ZeRO-1/2/3 (FSDP2) as the CUDA caching
 allocator would hold it — predicted allocated and reserved peaks per rank, no GPU.
 
-The same engine as ``shard`` (:mod:`resacct.account.peak_sharded`: the model built on meta, each rank
+The same engine as ``shard`` (:mod:`resacct.account.peak.sharded`: the model built on meta, each rank
 on fake CPU tensors under torch's fake process group, in a child process), with two CUDA choices and
 one more listener:
 
@@ -26,7 +26,7 @@ import itertools
 from typing import Any
 
 from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
-from resacct.account.peak_sharded import ShardedStorageTracker
+from resacct.account.peak.sharded import ShardedStorageTracker
 from resacct.errors import ResacctError
 
 __all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE"]
@@ -36,7 +36,7 @@ STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-s
 
 
 class CudaShardedTracker(ShardedStorageTracker):
-    """:class:`~resacct.account.peak_sharded.ShardedStorageTracker` whose storages are also
+    """:class:`~resacct.account.peak.sharded.ShardedStorageTracker` whose storages are also
     allocations of a caching allocator model (``allocator``)."""
 
     def __init__(self) -> None:
@@ -110,8 +110,8 @@ def _step_counts(optimizer: Any) -> list[Any]:
 
 def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any,
                costs: Any = None) -> None:
-    """:func:`resacct.account.peak_sharded.sharded_step` with the optimizer as CUDA runs it."""
-    from resacct.account.peak_sharded import _collectives_named, _wrap
+    """:func:`resacct.account.peak.sharded.sharded_step` with the optimizer as CUDA runs it."""
+    from resacct.account.peak.sharded import _collectives_named, _wrap
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
     with _collectives_named(tracker, world_size, backend="dispatcher"):
@@ -153,7 +153,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from resacct.account.peak_sharded import engine_mesh, step_copies
+    from resacct.account.peak.sharded import engine_mesh, step_copies
     from resacct.measurement.memory_timeline import gc_paused
 
     try:
@@ -197,7 +197,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
 def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
                                board: Any, timeout_seconds: float = 600.0) -> list[dict[str, Any]]:
     """For each of ``ranks``: the CUDA caching allocator's predicted allocated and reserved peaks of
-    one steady ``engine`` step on ``board`` (``model``: a :class:`~resacct.account.fit_search.ModelSource`)."""
+    one steady ``engine`` step on ``board`` (``model``: a :class:`~resacct.account.fit.search.ModelSource`)."""
     from resacct.account.gpu.command_answers import sdpa_kernel_for
     from resacct.measurement.distributed import run_isolated
 

@@ -1,0 +1,254 @@
+"""Hugging Face configs resacct ships (``resacct/hf_configs/known.yaml``: GPT-2 sizes, Llama-2,
+Llama-3, Mistral-7B, Mixtral-8x7B — each the architecture fields of its model card's
+config.json, with the source), config JSON files, and the models built from them on the meta
+device (no weights, no hub). Needs ``transformers`` (``pip install 'resacct[hf]'``).
+
+>>> sorted(known_hf_configs())[:3]
+['gpt2', 'gpt2-large', 'gpt2-medium']
+>>> load_hf_config("llama-2-7b").values["num_key_value_heads"]
+32
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from resacct.errors import ResacctError, UnknownNameError
+
+__all__ = ["HfConfigSpec", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+           "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
+
+_KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
+
+
+@dataclass(frozen=True)
+class HfConfigSpec:
+    """A config to build: its name, where its values come from, and the values (``model_type`` included)."""
+
+    name: str
+    source: str
+    values: dict[str, Any]
+
+    @property
+    def model_type(self) -> str:
+        return str(self.values["model_type"])
+
+
+@lru_cache(maxsize=1)
+def known_hf_configs() -> dict[str, HfConfigSpec]:
+    """The configs that ship with resacct, by name."""
+    import yaml
+
+    table = yaml.safe_load(_KNOWN.read_text(encoding="utf-8"))
+    return {name: HfConfigSpec(name=name, source=entry["source"], values=dict(entry["config"])) for name, entry in table.items()}
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""A config.json is a few kilobytes; anything over this is refused before it is read."""
+
+MAX_LAYERS = 256
+"""The most layers ``--hf-config`` builds: the largest published configs have ~130 (Llama-3-405B:
+126), and building and tracing costs ~0.1 s a layer on a CPU, so 100,000 layers would run for hours."""
+
+MAX_SIZE = 2**31 - 1
+"""The largest size (hidden, vocabulary, heads …) accepted: larger ones overflow torch's sizes."""
+
+#: The sizes resacct reads from a config (``architecture_of``, the default inputs) or that decide
+#: the shapes transformers builds: when present and not null, each must be a whole number ≥ 1.
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "max_position_embeddings", "head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
+    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
+)
+_LAYER_KEYS = ("num_hidden_layers", "n_layer")
+
+
+def _label(spec: HfConfigSpec) -> str:
+    """How messages name the config: its file, or its shipped name."""
+    return f"config file {spec.source!r}" if not spec.source.startswith("https://") else f"config {spec.name!r}"
+
+
+def _reason(error: BaseException) -> str:
+    """transformers' reason in one line: the first line, and the second when the first only
+    introduces it (``Validation error for field 'hidden_size':``)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    text = text if len(text) <= 300 else text[:299] + "…"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def load_hf_config(name_or_path: str) -> HfConfigSpec:
+    """A shipped config by name (``llama-2-7b``), or a config JSON file (a model card's config.json).
+
+    A file must be a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or a device is
+    refused, not read), UTF-8 JSON (not nested past Python's limit, no integer of more than 4,300
+    digits), an object with a ``"model_type"``, and its sizes (:data:`SIZE_KEYS`) whole numbers in
+    1..:data:`MAX_SIZE` (layers at most :data:`MAX_LAYERS`); each refusal is one line naming the file."""
+    from resacct.training.input_files import read_regular_file
+
+    known = known_hf_configs()
+    if name_or_path in known:
+        return known[name_or_path]
+    if not name_or_path.endswith(".json") and not os.path.sep in name_or_path:
+        raise UnknownNameError("hf config", name_or_path, list(known))
+    path = Path(name_or_path)
+    where = f"config file {name_or_path!r}"
+    try:
+        raw = read_regular_file(path, where, max_bytes=MAX_CONFIG_BYTES, directory_hint="; expected a config.json file")
+    except ResacctError as error:
+        if not path.exists() and not path.is_symlink():
+            raise ResacctError(f"cannot read the config file {name_or_path!r}: No such file or directory; expected a config.json or one of {', '.join(known)}") from None
+        raise error from None
+    try:
+        values = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResacctError(f"{where} is not JSON ({error}); expected a transformers config.json") from None
+    except RecursionError:
+        raise ResacctError(f"{where} is not a config: its JSON is nested deeper than Python's parser allows; expected a transformers config.json") from None
+    except ValueError as error:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ResacctError(f"{where} is not a config: {str(error).splitlines()[0]}; expected a transformers config.json") from None
+    if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+        raise ResacctError(f"config file {name_or_path!r} has no \"model_type\"; expected a transformers config.json (e.g. \"model_type\": \"llama\")")
+    spec = HfConfigSpec(name=path.name, source=str(path), values=values)
+    check_sizes(spec)
+    return spec
+
+
+def _refuse_size(spec: HfConfigSpec, key: str, value: Any, expected: str) -> ResacctError:
+    if isinstance(value, int) and not isinstance(value, bool) and len(str(abs(value))) > 30:
+        shown = f"a {len(str(abs(value)))}-digit integer"
+    else:
+        try:
+            shown = json.dumps(value)  # as the file spells it: true, null, NaN, "32"
+        except (TypeError, ValueError):
+            shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return ResacctError(f"{_label(spec)}: \"{key}\" is {shown}; expected {expected}")
+
+
+def check_sizes(spec: HfConfigSpec) -> None:
+    """Refuse, in one line naming the config and the key, a size in :data:`SIZE_KEYS` that is not
+    a whole number in 1..:data:`MAX_SIZE` (a string, a float, NaN, a bool, 0, a negative number),
+    more than :data:`MAX_LAYERS` layers, and sizes that cannot fit together: query heads that do
+    not divide the hidden size (without an explicit ``head_dim``), key/value heads that do not
+    divide the query heads, more experts per token than experts. Keys left out take transformers'
+    defaults, checked again once the config is built."""
+    values = spec.values
+    for key in SIZE_KEYS:
+        value = values.get(key)
+        if value is None and key in ("num_key_value_heads", "head_dim", "n_inner", "sliding_window", "n_ctx"):
+            continue  # null: transformers derives it (or, for sliding_window, there is none)
+        if key not in values:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _refuse_size(spec, key, value, "a whole number ≥ 1 (a JSON integer)")
+        if not 1 <= value <= MAX_SIZE:
+            raise _refuse_size(spec, key, value, f"a whole number in 1..{MAX_SIZE}")
+        if key in _LAYER_KEYS and value > MAX_LAYERS:
+            raise _refuse_size(spec, key, value, f"at most {MAX_LAYERS} layers (the largest published models have ~130; each layer costs ~0.1 s to build and trace)")
+    _check_fit(spec, values.get)
+
+
+def _check_fit(spec: HfConfigSpec, get: Any) -> None:
+    """Sizes that must fit together, read through ``get(key)`` (the JSON values, or the built config's attributes)."""
+    hidden, heads = get("hidden_size") or get("n_embd"), get("num_attention_heads") or get("n_head")
+    kv_heads, head_dim = get("num_key_value_heads"), get("head_dim")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and head_dim is None and hidden % heads:
+        raise ResacctError(f"{_label(spec)}: {heads} attention heads do not divide the hidden size {hidden}; expected a divisor of {hidden} (or an explicit \"head_dim\")")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        raise ResacctError(f"{_label(spec)}: {kv_heads} key/value heads do not divide the {heads} attention heads; expected a divisor of {heads}")
+    experts, per_token = get("num_local_experts"), get("num_experts_per_tok")
+    if isinstance(experts, int) and isinstance(per_token, int) and per_token > experts:
+        raise ResacctError(f"{_label(spec)}: \"num_experts_per_tok\" {per_token} is more than the {experts} experts (\"num_local_experts\"); expected at most {experts}")
+
+
+def require_transformers() -> Any:
+    """``transformers``, imported offline (``HF_HUB_OFFLINE=1``: nothing is downloaded)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError:
+        raise ResacctError("--hf-config needs transformers; expected it installed: pip install 'resacct[hf]'") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def transformers_config(spec: HfConfigSpec) -> Any:
+    """The transformers config object (its class's defaults for every field the spec leaves out).
+    Anything transformers raises while parsing it is one line naming the config and the reason;
+    the sizes are checked (:func:`check_sizes`) before, and again with the defaults filled in."""
+    transformers = require_transformers()
+    check_sizes(spec)
+    values = dict(spec.values)
+    model_type = values.pop("model_type")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
+        values.pop(key, None)
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as error:  # transformers raises anything on a hostile config (ZeroDivisionError, KeyError, RecursionError …)
+        raise ResacctError(f"{_label(spec)}: transformers refused it ({_reason(error)})") from None
+    built = HfConfigSpec(name=spec.name, source=spec.source, values={key: getattr(config, key, None) for key in SIZE_KEYS if hasattr(config, key)})
+    check_sizes(built)
+    _check_fit(spec, lambda key: getattr(config, key, None))
+    return config
+
+
+def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str = "sdpa") -> Any:
+    """The causal LM of ``spec`` built on ``device`` (meta: shapes, no memory), attention by
+    ``F.scaled_dot_product_attention`` (``attention="eager"``: transformers' own matmuls; an
+    architecture transformers gives no sdpa — Gemma-2, BLOOM — gets eager). Mixtral uses transformers' ``batched_mm``
+    experts, which route without data-dependent shapes (the default loops over the experts a
+    batch hits, which the meta device cannot tell) and which resacct's Mixtral formulas model.
+    Any other mixture of experts follows :mod:`resacct.account.load.moe_routing`'s dropless routing (a
+    grouped matmul per expert over its tokens: no per-token copy of the expert weights).
+    Anything transformers raises while building it is one line naming the config and the reason."""
+    import torch
+
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():  # its configs work under an older torch, its models do not
+        raise ResacctError(f"{_label(spec)}: {problem}")
+    config = transformers_config(spec)
+    import_before_device_modes()
+    with torch.device(device):
+        try:
+            return causal_lm_from_config(config, attention=attention)
+        except ValueError as error:
+            raise ResacctError(f"{_label(spec)}: transformers has no causal LM for it ({str(error).splitlines()[0]})") from None
+        except Exception as error:  # a hostile config can break model construction anywhere (a bogus rope type: KeyError)
+            raise ResacctError(f"{_label(spec)}: transformers cannot build a model from it ({_reason(error)})") from None
+
+
+def import_before_device_modes() -> None:
+    """Import what transformers' lazy model import pulls in that must not be first imported under
+    ``torch.device(...)`` (a TorchFunctionMode): on torch 2.8 ``torch._dynamo`` imported there fails
+    as a circular import ("partially initialized module 'torch._dynamo' has no attribute 'disable'"),
+    and a fresh ``resacct account --hf-config gpt2`` said transformers could not build the model."""
+    import torch._dynamo  # noqa: F401
+
+
+def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any) -> Any:
+    """transformers' causal LM of ``config`` (on the current device): ``attention`` (sdpa falls back
+    to eager where transformers has none: Gemma-2, BLOOM); Mixtral's experts ``batched_mm`` (resacct's
+    closed forms model it), any other mixture of experts :mod:`resacct.account.load.moe_routing`'s dropless routing."""
+    transformers = require_transformers()
+    extra: dict[str, Any] = dict(kwargs)
+    if config.model_type == "mixtral":
+        extra["experts_implementation"] = "batched_mm"
+    elif any(getattr(config, key, None) for key in ("num_local_experts", "num_experts", "n_routed_experts")):
+        from resacct.account.load.moe_routing import register_dropless_experts
+
+        extra["experts_implementation"] = register_dropless_experts()  # dropless routing, as training holds it
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, **extra)
+    except ValueError as error:  # an architecture without sdpa: transformers' own matmuls
+        if attention != "sdpa" or "scaled_dot_product_attention" not in str(error):
+            raise
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra)

@@ -1,0 +1,254 @@
+"""resacct's tracker of live tensor storages: the engine of the predicted peak (:mod:`resacct.account.peak.step_peak`).
+
+:class:`LiveStorageTracker` is a ``TorchDispatchMode``: every aten op's outputs that own a new
+storage are added with their bytes, each storage is dropped when it dies (a weak reference to
+it), and after every op the total is compared with the peak. Run over fake tensors
+(``FakeTensorMode``) it predicts what the CPU allocator will hold, without allocating: the
+kernels chosen are the CPU's (fake CPU tensors), only their arithmetic is skipped.
+
+What it knows beyond a total (the breakdown at the peak):
+
+- **what** each live storage is — parameters, buffers, inputs, optimizer state, gradients (a
+  parameter's ``.grad``), activations still held from forward (what autograd saved, and the
+  outputs the caller holds), backward temporaries (activation gradients), optimizer temporaries;
+- **when** — the phase (forward, backward, optimizer step, zero_grad), the aten op whose outputs
+  made the peak, and the module (forward) or autograd node (backward) running it;
+- **kernel workspaces** the dispatcher never shows either: the CPU flash-attention kernels'
+  per-thread buffers (:mod:`resacct.account.peak.kernel_workspace`), and oneDNN's scratchpad for 16-bit
+  matmuls, measured once per distinct matmul on this CPU (:mod:`resacct.measurement.kernel_probe`;
+  ``unprobed_matmuls`` counts those too large to run, whose scratchpad is left out);
+- **Python numbers** an op receives where its schema takes a tensor (``x * 0.5``): torch wraps
+  each in an 8-byte CPU tensor the dispatcher never shows (alive while the op runs, and kept
+  when autograd saves it: ``mul``/``div`` keep their scalar operand for the gradient).
+
+>>> import torch
+>>> tracker = LiveStorageTracker()
+>>> with tracker:
+...     tracker.mark("forward")
+...     a = torch.ones(256)                  # 1024 bytes
+...     b = a * 2.0                          # 1024 more; the 2.0 wrapped (8 bytes) and copied to float32 (4) during the op
+...     del a
+...     c = b.sum()                          # 4 bytes
+>>> tracker.peak_bytes, tracker.peak_phase, tracker.peak_op, tracker.total_bytes
+(2060, 'forward', 'aten.mul.Tensor', 1028)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from resacct.account.peak.kernel_workspace import WRAPPED_NUMBER_BYTES, kernel_workspace_bytes, op_name, output_storage_bytes, wrapped_number_bytes
+from resacct.measurement.kernel_probe import matmul_scratchpad_bytes
+
+__all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE", "WORKSPACE_KIND", "SCRATCHPAD_KIND"]
+
+#: What a storage created in each phase is, until it is known better (a gradient, a state tensor).
+KIND_BY_PHASE = {"setup": "other", "forward": "activations held from forward", "backward": "backward temporaries",
+                 "optimizer step": "optimizer temporaries", "zero_grad": "optimizer temporaries"}
+
+#: Ops whose backward keeps their (wrapped) scalar operand: grad·other, grad/other.
+_SAVES_SCALAR_OPERAND = frozenset({"aten.mul.Tensor", "aten.div.Tensor"})
+
+WRAPPED_KIND = "scalars autograd keeps"
+WRAPPED_TRANSIENT_KIND = "scalars inside the op"
+WORKSPACE_KIND = "kernel workspace (attention)"
+SCRATCHPAD_KIND = "kernel workspace (oneDNN matmul)"
+
+
+@dataclass(frozen=True)
+class PeakMoment:
+    """The most bytes live at once, and what they were: ``bytes_by_kind`` sums to ``bytes``."""
+
+    bytes: int
+    phase: str
+    op: str
+    where: str
+    bytes_by_kind: dict[str, int]
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Live storages by kind, their total after every op, the peak and what was live at it.
+
+    ``mark(phase)`` starts a phase (the timeline and the peak count from the first mark);
+    ``classify(tensors, kind)`` names what existing storages are (parameters, inputs …);
+    ``timeline`` holds ``(phase, bytes)`` after every op and at every mark."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [bytes, kind]
+        self.bytes_by_kind: Counter[str] = Counter()
+        self.total_bytes = 0
+        self.phase = "setup"
+        self.timeline: list[tuple[str, int]] = []
+        self.peak: PeakMoment | None = None
+        self.ops_seen: Counter[str] = Counter()
+        self.where = ""
+        self._pending_scalars: list[tuple[weakref.ref, int]] = []
+        self._module_names: dict[int, str] = {}
+        self._module_stack: list[str] = []
+        self._hooks: list[Any] = []
+        self.unprobed_matmuls = 0  # 16-bit oneDNN matmuls too large to probe: their scratchpad is not counted
+
+    # ── what is live ──────────────────────────────────────────────────────────────────────
+    def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
+        nbytes = storage.nbytes() if nbytes is None else nbytes
+        entry = [nbytes, kind]
+        self._live[storage] = entry
+        weakref.finalize(storage, self._drop, entry)
+        self.bytes_by_kind[kind] += nbytes
+        self.total_bytes += nbytes
+
+    def _drop(self, entry: list) -> None:
+        self.bytes_by_kind[entry[1]] -= entry[0]
+        self.total_bytes -= entry[0]
+        self.storage_freed(entry[0], entry[1])
+        if self.phase != "setup" and self.phase in KIND_BY_PHASE:
+            self.timeline.append((self.phase, self.total_bytes))
+
+    def _change(self, amount: int, kind: str) -> None:
+        self.bytes_by_kind[kind] += amount
+        self.total_bytes += amount
+
+    # ── hooks for engines that allocate beside the dispatcher (FSDP's storage resizes) ────────
+    def storage_freed(self, nbytes: int, kind: str) -> None:
+        """Called when a tracked storage dies (on whatever thread drops it); override to see frees."""
+
+    def storage_resized(self, storage: Any, before_bytes: int, after_bytes: int, grown_kind: str) -> None:
+        """A storage resized in place (``UntypedStorage.resize_``), which the dispatcher never sees:
+        the allocator counts a resize up as an allocation and one to 0 as a free. An untracked
+        storage is added at ``after_bytes``; one that grows becomes ``grown_kind``."""
+        entry = self._live.get(storage)
+        if entry is None:
+            self._add(storage, grown_kind, after_bytes)
+        else:
+            self._change(after_bytes - before_bytes, entry[1])
+            entry[0] = after_bytes
+            if after_bytes > before_bytes and entry[1] != grown_kind:
+                self._change(-after_bytes, entry[1])
+                self._change(after_bytes, grown_kind)
+                entry[1] = grown_kind
+        if self.phase in KIND_BY_PHASE and self.phase != "setup":
+            self._observe(f"{type(storage).__name__}.resize_", 0, 0)
+
+    def classify(self, tensors: Iterable[Any], kind: str) -> None:
+        """Name the storages of ``tensors`` (None skipped) as ``kind``; unseen ones are added."""
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            entry = self._live.get(storage)
+            if entry is None:
+                self._add(storage, kind)
+            elif entry[1] != kind:
+                self.bytes_by_kind[entry[1]] -= entry[0]
+                self.bytes_by_kind[kind] += entry[0]
+                entry[1] = kind
+
+    # ── when ──────────────────────────────────────────────────────────────────────────────
+    def mark(self, phase: str) -> None:
+        """Begin ``phase`` (``"end"`` closes the last one)."""
+        self._resolve_pending_scalars(final=True)
+        self.phase = phase
+        self.timeline.append((phase, self.total_bytes))
+
+    def name_modules(self, model: torch.nn.Module) -> None:
+        """Attribute forward ops to ``model``'s submodules by name (forward hooks, removed on exit)."""
+        self._module_names = {id(module): name or type(model).__name__ for name, module in model.named_modules()}
+        self._hooks = [torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
+                       torch.nn.modules.module.register_module_forward_hook(self._leave_module)]
+
+    def _enter_module(self, module: Any, args: Any) -> None:
+        self._module_stack.append(self._module_names.get(id(module), type(module).__name__))
+
+    def _leave_module(self, module: Any, args: Any, output: Any) -> None:
+        if self._module_stack:
+            self._module_stack.pop()
+
+    def _location(self) -> str:
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            return "" if node is None else node.name()
+        return self._module_stack[-1] if self._module_stack else ""
+
+    # ── the dispatch ──────────────────────────────────────────────────────────────────────
+    def __exit__(self, *exc: Any) -> Any:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self._pending_scalars:
+            self._resolve_pending_scalars()
+        name = op_name(func)
+        self.ops_seen[name] += 1
+        real_bytes = output_storage_bytes(func, args, kwargs)  # a kernel that returns its output in a larger storage
+        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                if storage not in self._live:
+                    self._add(storage, KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
+        wrapped = wrapped_number_bytes(func, args, out)
+        # Saved in forward: kept until its node runs. Saved while recomputing a checkpointed segment in
+        # backward: the recomputed graph is dropped as soon as its tensors are unpacked, scalars with it.
+        if wrapped and name in _SAVES_SCALAR_OPERAND and self.phase != "backward" and torch.is_grad_enabled() and _any_requires_grad(args):
+            kept = sum(WRAPPED_NUMBER_BYTES[type(value)] for value in args if isinstance(value, (bool, int, float, complex)))
+            self._pending_scalars += [(weakref.ref(value), kept) for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)][:1]
+        if self.phase in KIND_BY_PHASE and self.phase != "setup":
+            workspace = kernel_workspace_bytes(func, args, kwargs)
+            scratchpad = matmul_scratchpad_bytes(func, args, kwargs)
+            if scratchpad is None:
+                self.unprobed_matmuls += 1
+            self._observe(name, wrapped, workspace, scratchpad or 0)
+        return out
+
+    def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
+        candidate = self.total_bytes + transient_bytes + workspace_bytes + scratchpad_bytes
+        self.timeline.append((self.phase, candidate))
+        if self.peak is None or candidate > self.peak.bytes:
+            kinds = {kind: value for kind, value in self.bytes_by_kind.items() if value}
+            for kind, value in ((WRAPPED_TRANSIENT_KIND, transient_bytes), (WORKSPACE_KIND, workspace_bytes), (SCRATCHPAD_KIND, scratchpad_bytes)):
+                if value:
+                    kinds[kind] = value
+            self.peak = PeakMoment(bytes=candidate, phase=self.phase, op=op, where=self._location(), bytes_by_kind=kinds)
+
+    def _resolve_pending_scalars(self, *, final: bool = False) -> None:
+        """A Python number autograd saved (``x * 0.5`` keeps the 0.5): counted from when its node
+        exists (autograd attaches it after the op returns) until the node has run in backward."""
+        pending, self._pending_scalars = self._pending_scalars, []
+        for reference, nbytes in pending:
+            output = reference()
+            node = None if output is None else output.grad_fn
+            if node is None:
+                if output is not None and not final:
+                    self._pending_scalars.append((reference, nbytes))
+                continue
+            self._change(nbytes, WRAPPED_KIND)
+            node.register_hook(lambda grad_inputs, grad_outputs, nbytes=nbytes: self._change(-nbytes, WRAPPED_KIND))
+
+    @property
+    def peak_bytes(self) -> int:
+        return 0 if self.peak is None else self.peak.bytes
+
+    @property
+    def peak_phase(self) -> str:
+        return "" if self.peak is None else self.peak.phase
+
+    @property
+    def peak_op(self) -> str:
+        return "" if self.peak is None else self.peak.op
+
+
+def _any_requires_grad(args: Any) -> bool:
+    return any(isinstance(value, torch.Tensor) and value.requires_grad for value in tree_flatten(args)[0])
