@@ -293,3 +293,19 @@ def test_the_package_root_keeps_only_its_face() -> None:
     everything else lives in its layer folder or in ``resacct/account/``."""
     root_modules = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(root_modules) <= MAX_ROOT_MODULES, f"{len(root_modules)} modules directly under resacct/: {root_modules}"
+
+
+ACCOUNT_STAGES = ("load", "trace", "peak", "fit", "answers", "render", "gpu")
+
+
+def test_account_is_its_pipeline_stages() -> None:
+    """The house note: ``account/`` is read as the pipeline — its root holds only ``__init__`` and
+    the stage folders (load → trace → peak → fit → answers → render, and gpu); a new module goes
+    into the stage it belongs to."""
+    account = PACKAGE / "account"
+    flat = sorted(path.name for path in account.glob("*.py") if path.name != "__init__.py")
+    stages = sorted(path.name for path in account.iterdir() if path.is_dir() and path.name != "__pycache__")
+    assert flat == [], f"modules directly under resacct/account/ (move each into its stage folder): {flat}"
+    assert stages == sorted(ACCOUNT_STAGES), f"account/'s stage folders are {stages}, expected {sorted(ACCOUNT_STAGES)}"
+    for stage in ACCOUNT_STAGES:
+        assert (account / stage / "__init__.py").read_text().startswith('"""'), f"account/{stage}/__init__.py says what the stage holds"
