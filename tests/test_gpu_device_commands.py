@@ -208,3 +208,54 @@ def test_flash_routing_sends_values_of_another_head_size_to_the_efficient_kernel
     assert routing.calls == 2 and mixed.shape[-1] == 128 and same.shape[-1] == 192
     # what the kernels themselves return: flash keeps the queries' width, efficient the values'
     assert torch.ops.aten._scaled_dot_product_flash_attention(query, query, value, 0.0, True)[0].shape[-1] == 192
+
+
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_infer_of_a_mixtral_on_a_board_holds_its_weights_not_a_weight_copy_per_token(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``infer --hf-config mixtral-8x7b --device h100`` said 2980.60 GB at 1 × 4096 where the weights are 93.41 GB:
+    transformers' ``batched_mm`` experts (what resacct builds Mixtral with) gather the expert weights for every
+    (token, expert) pair. On a CUDA board transformers runs ``grouped_mm`` by default: the answer is the weights,
+    the cache and the prefill's activations, as the CPU ``infer`` counts the first two."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(MIXTRAL))
+    batch, context = 2, 128
+    fields = _json(capsys, "infer", "--hf-config", str(path), "--batch", str(batch), "--context", str(context), "--device", "h100")
+    gpu, held = fields["gpu"], fields["weight_bytes"] + fields["kv_cache_bytes"]
+    assert gpu["gap"] is None and gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] > held
+    # what batched_mm gathered in one layer: a bf16 copy of the gate, up and down weights for each of T·k rows
+    gathered_one_layer = batch * context * MIXTRAL["num_experts_per_tok"] * 3 * MIXTRAL["hidden_size"] * MIXTRAL["intermediate_size"] * 2
+    assert gpu["predicted_allocated_peak_bytes"] - held < gathered_one_layer / 10
+
+
+@pytest.mark.slow  # a real CPU prefill beside the meta one (1.4-1.8 s here); the quick tier keeps the CLI test above
+def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The grouped experts of ``infer --device`` on meta against the same prefill run for real on CPU tensors
+    (transformers' grouped_mm forward, its grouped matmul by transformers' fallback op on both), both through
+    the allocator model: the same peaks to the byte; and batched_mm's weight copies, which it replaces."""
+    pytest.importorskip("transformers")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.command_answers import grouped_experts, kv_prefill
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(MIXTRAL))
+    spec, ids = load_hf_config(str(path)), torch.zeros(2, 64, dtype=torch.long)
+    batched = build_hf_model(spec, device="meta").to(torch.bfloat16).eval()
+    assert batched.config._experts_implementation == "batched_mm"
+    grouped = predict_cuda_step_memory(grouped_experts(build_hf_model(spec, device="meta")).to(torch.bfloat16).eval(), ids, kv_prefill, None)
+    real = grouped_experts(build_hf_model(spec, device="cpu")).to(torch.bfloat16).eval()
+    with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
+        for tensor in [*real.parameters(), *real.buffers(), ids]:
+            recorder.track(tensor)
+        recorder.start_window()
+        kv_prefill(real, ids)
+    assert (grouped.peak_allocated_bytes, grouped.peak_reserved_bytes) == (recorder.allocator.peak_allocated_bytes, recorder.allocator.peak_reserved_bytes)
+    copies = predict_cuda_step_memory(batched, ids, kv_prefill, None)
+    assert copies.peak_allocated_bytes - copies.start_allocated_bytes > 10 * (grouped.peak_allocated_bytes - grouped.start_allocated_bytes)

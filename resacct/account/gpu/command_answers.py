@@ -24,7 +24,7 @@ from typing import Any
 from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
 from resacct.errors import ResacctError
 
-__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill"]
+__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
 
 #: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
 CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
@@ -169,7 +169,7 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
         gap = f"a {kv_format} KV cache beside {weights} weights: transformers' cache keeps the model's dtype; expected --kv-format {weights}"
     if gap is not None:
         return _unavailable(board, gap)
-    model = build_hf_model(load_hf_config(config_name), device="meta").to(dtypes[weights])
+    model = grouped_experts(build_hf_model(load_hf_config(config_name), device="meta")).to(dtypes[weights])
     model.eval()
     ids = torch.zeros(batch, context, dtype=torch.long)
 
@@ -179,6 +179,25 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
         return _unavailable(board, _why(error, "the prefill"))
     return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
                          step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
+
+
+def grouped_experts(model: Any) -> Any:
+    """``model`` with its experts run as transformers runs them on a CUDA board by default: ``grouped_mm``
+    (``PreTrainedModel.get_correct_experts_implementation``: no implementation asked → ``grouped_mm``
+    where ``torch._grouped_mm`` can dispatch, sm80 and later on torch ≥ 2.9). resacct builds Mixtral with
+    ``batched_mm`` (its training formulas model that path), which gathers a copy of the expert weights
+    for every (token, expert) pair — ``gate_up_proj[expert_ids]``: at a 4096-token prefill of
+    Mixtral-8x7B 2980.60 GB "allocated", where the weights are 93.41 GB. Here the rows are grouped by
+    expert instead (:mod:`resacct.account.load.moe_routing`'s dropless forward, transformers' own
+    ``grouped_mm_experts_forward``): T·k rows, the weights never copied. A model without experts, or
+    with another implementation, is returned as it is."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_experts_implementation", None) != "batched_mm":
+        return model
+    from resacct.account.load.moe_routing import register_dropless_experts
+
+    model.set_experts_implementation(register_dropless_experts())
+    return model
 
 
 def kv_prefill(module: Any, tokens: Any) -> Any:
