@@ -44,3 +44,25 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):  # type: ignore[no-untyped-
 def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """pytest-xdist workers run with COLUMNS=80; the CLI's output width must not depend on the runner."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow-audit", metavar="PATH", default=None,
+                     help="write every item's wall and CPU seconds per phase to PATH (JSON); "
+                          "tools/slow_audit.py PATH lists the quick-tier items over pytest.ini's slow line")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--slow-audit PATH``: tools/slow_audit.py's recorder, registered as a plugin (not a conftest), so it
+    times the claims under resacct/specs as well as the tests here."""
+    if path := config.getoption("--slow-audit", None):
+        import importlib.util
+        from pathlib import Path
+
+        import sys
+
+        spec = importlib.util.spec_from_file_location("tools_slow_audit", Path(__file__).parent.parent / "tools" / "slow_audit.py")
+        assert spec is not None and spec.loader is not None
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config.pluginmanager.register(module.SlowAuditRecorder(Path(path)), "resacct-slow-audit")
