@@ -83,8 +83,9 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert set(ceilings["matmul"]) >= {"bf16", "fp16", "tf32", "fp32"}
     assert ceilings["matmul"]["fp32"]["max_flops_per_sec"] > 0 and ceilings["copy"]["bandwidth_bytes_per_sec"] > 0
     assert ceilings["launch"]["per_launch_sec"] > 0
+    assert len(record["library_probe"]["stages"]) == 4 and record["library_probe"]["device"] == "cpu"  # the cuBLAS workspace probe
     summary = json.loads((out / "gpu-record-summary.json").read_text())
-    assert summary["failed"] == [] and summary["record_bytes"] < 10 * 2**20
+    assert summary["failed"] == [] and summary["record_bytes"] < 10 * 2**20 and summary["library_probe_status"] == "ok"
     assert all(row["status"] == "ok" and row["replay"]["holds"] for row in summary["steps"])
 
 
@@ -166,6 +167,33 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.M
     assert step["replay"]["holds"] and step["trace_complete"] and 0 < step["window_start"] < len(step["trace"])
     assert len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS and step["ops"]
     assert json.loads(json.dumps(step)) == step  # what the child prints must be JSON
+
+
+def test_the_library_probe_reads_the_allocator_around_the_first_matmuls(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The probe that will confirm or refute the cuBLAS workspaces (docs/gpu.md): its CUDA branch against a
+    stubbed torch.cuda (resacct's allocation recorder answers, tensors on the CPU: no workspace can appear,
+    so each stage's growth is the tensors' own), and the script's ``--library --dry-run`` child printing JSON."""
+    import torch
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.library_workspaces import probe_library_allocations
+
+    recorder = AllocationRecorder(device="cpu")
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", **kwargs: recorder.__enter__() if enabled else recorder.__exit__(None, None, None))
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", recorder.snapshot)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: recorder.allocator.allocated_bytes)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: recorder.allocator.reserved_bytes)
+    probe = probe_library_allocations("cpu", cuda=True)
+    inputs = probe["stages"][0]
+    assert inputs["allocated"] == 2 * 64 * 64 * 4 + 512 and inputs["reserved"] == 2 * 2**20  # two 16 KiB blocks and a bias in a small segment
+    assert all(stage["trace_entries"] >= inputs["trace_entries"] > 0 for stage in probe["stages"])
+    assert probe["trace"][0] == ["segment_alloc", 2 * 2**20] and {action for action, _ in probe["trace"]} >= {"alloc", "free_completed"}
+    assert json.loads(json.dumps(probe)) == probe
+    assert gpu_record.main(["--library", "--dry-run"]) == 0
+    assert len(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]) == 4
 
 
 @pytest.mark.slow

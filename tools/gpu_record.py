@@ -9,7 +9,10 @@ context=None)`` + ``_snapshot()``, compacted by :func:`resacct.account.gpu.recor
 CUDA-synchronised), and every aten op's time with its shapes and dtypes (``torch.profiler``) — then
 the board's ceilings: the most matmul FLOP/s over a sweep of shapes for bf16, fp16, tf32, fp32 and
 fp8 where the board has it (the MAMF method: the best of a sweep, not a datasheet), memory
-bandwidth (a 1 GiB copy) and the launch overhead of a tiny kernel. Each step is replayed through
+bandwidth (a 1 GiB copy) and the launch overhead of a tiny kernel; first, in a fresh process, the
+library probe (:func:`resacct.account.gpu.library_workspaces.probe_library_allocations`): what the
+first ``mm``, the first ``Linear`` with a bias and the first backward allocate — the cuBLAS/cuBLASLt
+workspaces the predictions take from PyTorch's source, unconfirmed until a record has it. Each step is replayed through
 the allocator model at once, so the call's summary already says whether the model holds.
 
     python3 tools/gpu_record.py                  on the GPU machine: at most --budget seconds (540)
@@ -450,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="a record whose steps to predict on meta tensors, beside the recorded peaks")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--library", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(record_step(args.one, args.dry_run), separators=(",", ":")))
@@ -460,6 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         return compare_record(args.compare)
     if args.ceilings:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
+        return 0
+    if args.library:  # a fresh process: what the first matmuls allocate (cuBLAS/cuBLASLt workspaces)
+        from resacct.account.gpu.library_workspaces import probe_library_allocations
+        print(json.dumps(probe_library_allocations("cpu" if args.dry_run else CUDA_DEVICE, cuda=not args.dry_run)))
         return 0
     names = [name for name in args.only.split(",") if name] or list(MATRIX)
     unknown = [name for name in names if name not in MATRIX]
@@ -479,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     steps, summary = [], []
     with open(args.out / "gpu-record.log", "w") as log:
+        log.write("== library probe\n")
+        library, library_status = _child(["--library"] + (["--dry-run"] if args.dry_run else []), 60, env, log)
+        print(json.dumps({"library_probe": library_status, "stages": library and library["stages"]}), flush=True)
         for name in names:
             left = args.budget - 130 - (time.perf_counter() - started)  # 130 s kept for the ceilings and the bundle
             if left < 15:
@@ -507,13 +518,15 @@ def main(argv: list[str] | None = None) -> int:
     from resacct.account.gpu.record import RECORD_FORMAT
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
-              "steps": steps, "ceilings": ceilings if ceilings is not None else {"error": status}}
+              "steps": steps, "ceilings": ceilings if ceilings is not None else {"error": status},
+              "library_probe": library if library is not None else {"error": library_status}}
     with gzip.open(args.out / "gpu-record.json.gz", "wt") as handle:
         json.dump(record, handle, separators=(",", ":"))
-    failed = [row["name"] for row in summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
+    failed = ([row["name"] for row in summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
+              + ([] if library is not None else ["library probe"]))
     (args.out / "gpu-record-summary.json").write_text(json.dumps(
         {"board": record["board"], "torch": record["torch"], "dry_run": args.dry_run, "seconds": round(time.perf_counter() - started, 1),
-         "steps": summary, "ceilings_status": status, "failed": failed,
+         "steps": summary, "ceilings_status": status, "library_probe_status": library_status, "failed": failed,
          "record_bytes": (args.out / "gpu-record.json.gz").stat().st_size}, indent=1) + "\n")
     print(f"== gpu_record: {len(summary) - len(failed)} of {len(summary)} steps ok, {time.perf_counter() - started:.0f} s, files in {args.out}")
     return 1 if failed else 0

@@ -11,6 +11,10 @@ and what calibrates them (the board's committed record, else its datasheet).
   tokens as ``generate`` runs it (``use_cache=True``, the logits of the last position only, no
   gradients), the KV cache kept: its peaks. No step time (``infer`` has no step).
 
+Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
+source, unconfirmed on a board; one line says so): LoRA's step two cuBLAS ones (forward and autograd's
+backward thread), the prefill one.
+
 A board outside NVIDIA's CUDA families (TPU, Gaudi, AMD Instinct) gets no number: the CUDA caching
 allocator is not what runs there.
 """
@@ -22,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
+from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
 __all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
@@ -94,7 +99,7 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
-_LORA_TRACES: dict[tuple, tuple[Any, list]] = {}  # the last LoRA step traced: (its CUDA prediction, its ops)
+_LORA_TRACES: dict[tuple, tuple[Any, list, Any]] = {}  # the last LoRA step traced: (its CUDA prediction, its ops, its workspaces)
 _UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
 
 
@@ -103,18 +108,19 @@ def _why(error: BaseException, what: str) -> str:
     return first if isinstance(error, ResacctError) else f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
 
 
-def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str) -> Any:
+def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str, workspaces: tuple[int, ...] = ()) -> Any:
     """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel``; a mask moves flash to the efficient
-    kernel (flash takes none), a model that never calls sdpa runs as it is."""
+    kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
+    workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start."""
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
 
     try:
-        return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=kernel)
+        return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=kernel, workspaces=workspaces)
     except ResacctError as error:
         if "never called F.scaled_dot_product_attention" in str(error):
-            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=None)
+            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=None, workspaces=workspaces)
         if "mask" in str(error) and kernel == "flash":
-            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention="efficient")
+            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention="efficient", workspaces=workspaces)
         raise
 
 
@@ -135,22 +141,28 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         gap = "gradient checkpointing's recomputation calls .item(), which meta tensors refuse"
     if gap is not None:
         return _unavailable(board, gap)
+    from resacct.account.gpu.library_workspaces import step_workspaces
+
     bits = 32 if base == "fp32" else 16
     kernel = sdpa_kernel_for(board, bits)
-    key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel)
+    key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
+           capability_major(board))
     try:
         if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
             model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
             model.train()
             inputs = lora_step_inputs(config, batch=batch, seq=seq)
+            workspaces = step_workspaces(model, board=board, backward=True)
             _LORA_TRACES.clear()
-            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel), trace_step_ops(model, inputs, lora_loss, adamw_over))
-        predicted, ops = _LORA_TRACES[key]
+            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes),
+                                 trace_step_ops(model, inputs, lora_loss, adamw_over), workspaces)
+        predicted, ops, workspaces = _LORA_TRACES[key]
         rates = board_rates(board, bits)
         time = predict_step_seconds(ops, rates)
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
-    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board))
+    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
+                           workspaces=workspaces)
     return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
 
@@ -159,6 +171,7 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype)."""
     import torch
 
+    from resacct.account.gpu.library_workspaces import step_workspaces
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     gap = cuda_board_gap(board)
@@ -172,12 +185,14 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     model = grouped_experts(build_hf_model(load_hf_config(config_name), device="meta")).to(dtypes[weights])
     model.eval()
     ids = torch.zeros(batch, context, dtype=torch.long)
+    workspaces = step_workspaces(model, board=board, backward=False)  # no backward: the forward thread's only
 
     try:
-        predicted = _predict(model, ids, kv_prefill, None, sdpa_kernel_for(board, 32 if weights == "fp32" else 16))
+        predicted = _predict(model, ids, kv_prefill, None, sdpa_kernel_for(board, 32 if weights == "fp32" else 16), workspaces.sizes)
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
+                         workspaces=workspaces,
                          step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
 
 

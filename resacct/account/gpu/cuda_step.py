@@ -20,8 +20,9 @@ Why meta and not ``FakeTensorMode`` with ``device="cuda"``: on this CPU-only tor
 fake cuda tensors are made, but C++ paths that take a CUDA device guard (``tensor[:, :-1]``,
 ``F.linear``) fail or abort the process ("PyTorch is not linked with support for cuda devices").
 
-Not seen (the record shows them on a board): cuBLAS/cuBLASLt workspaces (allocated by the first
-matmul of a stream, kept), CUDA's context, NCCL.
+Not seen by the trace: cuBLAS/cuBLASLt workspaces (allocated by a thread's first matmul on a stream,
+kept) — ``workspaces=`` adds them as :mod:`~resacct.account.gpu.library_workspaces` reads them from
+PyTorch's source (unconfirmed on a board) — and CUDA's context and NCCL, which the record shows.
 
 Measured against a real board (tests/test_cuda_step.py): the H100 record's
 ``gpu-step-peak-predicted`` (gpt-tiny, float32, batch 8 × 128, forward + backward) measured
@@ -135,13 +136,18 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 
 
 def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = cuda_adamw,
-                             *, attention: str | None = None, config: AllocatorConfig | None = None) -> CudaStepPrediction:
+                             *, attention: str | None = None, config: AllocatorConfig | None = None,
+                             workspaces: tuple[int, ...] = ()) -> CudaStepPrediction:
     """Predict the CUDA caching allocator's peaks over one steady training step of ``model``
     (on the CPU or the meta device) on ``inputs`` (a tensor, tuple or mapping), ``loss_fn(model,
     inputs)`` the loss: forward, backward, ``optimizer.step()``, ``zero_grad`` — the optimizer's
     state made first, as a second step finds it. ``make_optimizer=None``: forward and backward
     only, gradients starting at None. ``attention``: ``"flash"``, ``"efficient"`` or None
-    (module docstring); ``config``: the allocator's settings (``expandable_segments`` …).
+    (module docstring); ``config``: the allocator's settings (``expandable_segments`` …);
+    ``workspaces``: library blocks (bytes) allocated once the parameters and inputs are on the board,
+    before the optimizer's state, and kept — the cuBLAS workspaces of
+    :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (none by default: the record's peaks
+    above the start did not see them).
 
     >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
     >>> prediction = predict_cuda_step_memory(model, torch.randn(64, 512), lambda m, x: m(x).square().mean())
@@ -153,13 +159,15 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     meta_model = _meta_copy(model)
     meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
     recorder = AllocationRecorder(config, device="meta")
-    routing = _CudaAttention(attention) if attention else None
+    routing: _CudaAttention | _SdpaCalls = _CudaAttention(attention) if attention else _SdpaCalls()
     with recorder:
         for tensor in [*meta_model.parameters(), *meta_model.buffers()]:
             recorder.track(tensor)  # loaded onto the GPU first, in the module's order
         for tensor in (meta_inputs.values() if isinstance(meta_inputs, dict) else meta_inputs if isinstance(meta_inputs, (tuple, list)) else [meta_inputs]):
             if isinstance(tensor, torch.Tensor):
                 recorder.track(tensor)
+        for index, size in enumerate(workspaces):  # the first step's first matmuls, before its optimizer.step()
+            recorder.allocator.malloc(("library workspace", index), size)
         optimizer = None
         if make_optimizer is not None:
             optimizer = make_optimizer([p for p in meta_model.parameters() if p.requires_grad])
@@ -167,8 +175,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
             make_optimizer_state(meta_model, optimizer)
         start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
         recorder.start_window()
-        if routing is not None:
-            routing.__enter__()
+        routing.__enter__()
         try:
             if optimizer is None:
                 loss = loss_fn(meta_model, meta_inputs)
@@ -177,12 +184,36 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
             else:
                 run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
         finally:
-            if routing is not None:
-                routing.__exit__(None, None, None)
-    if routing is not None and routing.calls == 0:
+            routing.__exit__(None, None, None)
+    if attention and routing.calls == 0:
         raise ResacctError(f"attention={attention!r}, but the step never called F.scaled_dot_product_attention; expected attention=None for this model")
     allocator = recorder.allocator
     return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
                               peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
                               live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
-                              attention=attention or "sdpa's choice on meta tensors (math)")
+                              attention=attention or _attention_label(meta_model, routing.calls))
+
+
+class _SdpaCalls(TorchFunctionMode):
+    """Counts ``F.scaled_dot_product_attention`` calls (sdpa left to its own choice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _attention_label(model: nn.Module, sdpa_calls: int) -> str:
+    """What ran as attention when no CUDA kernel was chosen: sdpa's own choice (on meta tensors its
+    math path), or — where the step never called sdpa — the model's eager attention (Gemma-2, BLOOM:
+    transformers' own matmuls and softmax), or none."""
+    if sdpa_calls:
+        return "sdpa's choice on meta tensors (math)"
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation == "eager":
+        return "eager (transformers' own matmuls and softmax; no sdpa)"
+    return "no sdpa call (the model's own attention, if any)"

@@ -42,6 +42,7 @@ class GpuStepAnswer:
     gap: str | None = None
     step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
     step_time_basis: str | None = None  # how it was predicted (or why there is no step)
+    workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -50,7 +51,7 @@ class GpuStepAnswer:
         assert self.allocated_bytes is not None and self.reserved_bytes is not None
         return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
                 f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
-                f"  calibrated by: {self.calibration}"] + self._time_lines()
+                f"  calibrated by: {self.calibration}"] + ([self.workspaces.line()] if self.workspaces is not None else []) + self._time_lines()
 
     def _time_lines(self) -> list[str]:
         if self.step_sec is None:
@@ -63,12 +64,15 @@ class GpuStepAnswer:
             return f"on {self.board}: no CUDA allocator prediction — {self.gap}"
         return (f"on {self.board}: predicted CUDA allocated peak {self.allocated_bytes} B, reserved peak {self.reserved_bytes} B "
                 f"(attention {self.attention}); {self.calibration}"
+                + ("" if self.workspaces is None else f"; cuBLAS workspaces {self.workspaces.total_bytes} B in the peaks ({self.workspaces.basis})")
                 + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s ({self.step_time_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
-                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis}
+                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis,
+                "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
+                "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks]}
 
 
 def calibration_text(board: Any) -> str:
@@ -93,6 +97,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     """The CUDA allocated and reserved peaks of ``recipe``'s step of ``model`` on ``board`` (the
     model on the meta device or the CPU; nothing allocated), or the one-line reason there is none."""
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.library_workspaces import capability_major, step_workspaces
     from resacct.account.peak.recipes import recipe_step
 
     calibration = calibration_text(board)
@@ -108,8 +113,10 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
         step = replace(step, loss_fn=under_cuda_autocast(loss_fn, autocast_dtype))
     bits = 16 if autocast_dtype is not None else next((p.element_size() * 8 for p in step.model.parameters()), 32)
     attention = _attention_for(step.model, bits)
+    workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
+    library = workspaces.sizes if workspaces is not None else ()
     try:
-        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
+        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
     except ResacctError as error:
         if attention != "flash" or "mask" not in str(error):
             if "never called F.scaled_dot_product_attention" not in str(error):
@@ -117,8 +124,8 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
             attention = None
         else:
             attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
-        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention)
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration)
+        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration, workspaces=workspaces)
 
 
 def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) -> Callable[[nn.Module, Any], Any]:
