@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["WRAPPED_NUMBER_BYTES", "op_name", "wrapped_number_bytes", "kernel_workspace_bytes", "output_storage_bytes", "flash_block_sizes"]
+__all__ = ["WRAPPED_NUMBER_BYTES", "WORKSPACE_OPS", "SIZED_OUTPUT_OPS", "op_name", "wrapped_number_bytes", "kernel_workspace_bytes", "output_storage_bytes", "flash_block_sizes"]
 
 #: Bytes of the CPU tensor torch wraps a Python number in where an op takes a tensor.
 WRAPPED_NUMBER_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
@@ -108,6 +108,9 @@ _FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.def
 
 
 _MSE = ("aten.mse_loss.default", "aten.mse_loss_backward.default")
+#: The ops :func:`kernel_workspace_bytes` may add bytes for, and those :func:`output_storage_bytes` may size (0 / None for every other op).
+WORKSPACE_OPS = frozenset({*_MSE, *_DIVIDES_BY_COUNT, _FLASH_FORWARD, _FLASH_BACKWARD})
+SIZED_OUTPUT_OPS = frozenset({"aten.mse_loss.default"})
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 

@@ -46,8 +46,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from resacct.account.peak.kernel_workspace import WRAPPED_NUMBER_BYTES, kernel_workspace_bytes, op_name, output_storage_bytes, wrapped_number_bytes
-from resacct.measurement.kernel_probe import matmul_scratchpad_bytes
+from resacct.account.peak.kernel_workspace import (
+    SIZED_OUTPUT_OPS,
+    WORKSPACE_OPS,
+    WRAPPED_NUMBER_BYTES,
+    kernel_workspace_bytes,
+    op_name,
+    output_storage_bytes,
+    wrapped_number_bytes,
+)
+from resacct.measurement.kernel_probe import PROBED_OPS, matmul_scratchpad_bytes
 
 __all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE", "WORKSPACE_KIND", "SCRATCHPAD_KIND"]
 
@@ -187,30 +195,54 @@ class LiveStorageTracker(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE_QUERY:  # tensor.device on a fake tensor: over half of a fake step's dispatches, nothing made
+            return self._device_query(func, args, kwargs)
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self._pending_scalars:
             self._resolve_pending_scalars()
-        name = op_name(func)
+        _, name, sized_output, workspace_op, probed_op = _facts_of(func)
         self.ops_seen[name] += 1
-        real_bytes = output_storage_bytes(func, args, kwargs)  # a kernel that returns its output in a larger storage
-        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                if storage not in self._live:
-                    self._add(storage, KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
+        real_bytes = output_storage_bytes(func, args, kwargs) if sized_output else None  # a kernel that returns its output in a larger storage
+        if isinstance(out, torch.Tensor):
+            storage = out.untyped_storage()
+            if storage not in self._live:
+                self._add(storage, KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
+        elif isinstance(out, (tuple, list, dict)):
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor):
+                    storage = value.untyped_storage()
+                    if storage not in self._live:
+                        self._add(storage, KIND_BY_PHASE.get(self.phase, "other"), real_bytes)
         wrapped = wrapped_number_bytes(func, args, out)
         # Saved in forward: kept until its node runs. Saved while recomputing a checkpointed segment in
         # backward: the recomputed graph is dropped as soon as its tensors are unpacked, scalars with it.
         if wrapped and name in _SAVES_SCALAR_OPERAND and self.phase != "backward" and torch.is_grad_enabled() and _any_requires_grad(args):
             kept = sum(WRAPPED_NUMBER_BYTES[type(value)] for value in args if isinstance(value, (bool, int, float, complex)))
             self._pending_scalars += [(weakref.ref(value), kept) for value in tree_flatten(out)[0] if isinstance(value, torch.Tensor)][:1]
-        if self.phase in KIND_BY_PHASE and self.phase != "setup":
-            workspace = kernel_workspace_bytes(func, args, kwargs)
-            scratchpad = matmul_scratchpad_bytes(func, args, kwargs)
+        if self.phase in _OBSERVED_PHASES:
+            workspace = kernel_workspace_bytes(func, args, kwargs) if workspace_op else 0
+            scratchpad = matmul_scratchpad_bytes(func, args, kwargs) if probed_op else 0
             if scratchpad is None:
                 self.unprobed_matmuls += 1
             self._observe(name, wrapped, workspace, scratchpad or 0)
+        return out
+
+    def _device_query(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """``prim.device`` (a fake tensor's ``.device``): answered as ``FakeTensor`` answers it (its
+        ``fake_device``; meta inside a kernel) without the fake mode's dispatch, then counted and observed
+        as any op is (no storage, no number, no workspace: the same timeline point, the same peak)."""
+        tensor = args[0] if len(args) == 1 and not kwargs else None
+        fake_mode = getattr(tensor, "fake_mode", None)
+        if fake_mode is None or not hasattr(tensor, "fake_device"):
+            out = func(*args, **(kwargs or {}))
+        else:
+            out = torch.device("meta") if fake_mode.in_kernel_invocation else tensor.fake_device
+        if self._pending_scalars:
+            self._resolve_pending_scalars()
+        self.ops_seen[_DEVICE_QUERY_NAME] += 1
+        if self.phase in _OBSERVED_PHASES:
+            self._observe(_DEVICE_QUERY_NAME, 0, 0)
         return out
 
     def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
@@ -248,6 +280,24 @@ class LiveStorageTracker(TorchDispatchMode):
     @property
     def peak_op(self) -> str:
         return "" if self.peak is None else self.peak.op
+
+
+_OBSERVED_PHASES = frozenset(KIND_BY_PHASE) - {"setup"}
+_DEVICE_QUERY = torch.ops.prim.device.default
+_DEVICE_QUERY_NAME = op_name(_DEVICE_QUERY)
+_OP_FACTS: dict[int, tuple[Any, str, bool, bool, bool]] = {}  # id(op) -> (op, name, sized output?, workspace?, probed matmul?)
+
+
+def _facts_of(func: Any) -> tuple[Any, str, bool, bool, bool]:
+    """What the tracker asks of every call of ``func``, worked out once per op (most calls are ops
+    with nothing to add — ``prim.device`` alone is over half of a fake step's dispatches): its
+    name, whether its kernel may return a larger storage (:func:`output_storage_bytes`), may allocate
+    a workspace (:func:`kernel_workspace_bytes`), or is a matmul whose oneDNN scratchpad is probed."""
+    known = _OP_FACTS.get(id(func))
+    if known is None or known[0] is not func:
+        name = op_name(func)
+        known = _OP_FACTS[id(func)] = (func, name, name in SIZED_OUTPUT_OPS, name in WORKSPACE_OPS, name in PROBED_OPS)
+    return known
 
 
 def _any_requires_grad(args: Any) -> bool:
