@@ -56,6 +56,7 @@ def test_unrounded_bytes_equal_the_cpu_engine_less_what_cuda_keeps_on_the_cpu() 
     assert cuda.peak_reserved_bytes >= cuda.peak_allocated_bytes == sum(cuda.live_at_peak_bytes)
 
 
+@pytest.mark.slow  # 1.0 CPU s: three attention kernels traced (measured with 5 agents on 2 cores)
 def test_flash_attention_is_cudas_kernel_and_keeps_no_scores() -> None:
     config = get_gpt_config("gpt-tiny")
     math = predict_cuda_step_memory(build_gpt(config, device="meta", seed=None, attention="sdpa"), (TOKENS, TOKENS), _loss)
@@ -73,6 +74,7 @@ def test_flash_attention_is_cudas_kernel_and_keeps_no_scores() -> None:
         predict_cuda_step_memory(build_gpt(config, device="meta", seed=None), (TOKENS, TOKENS), _loss, attention="fast")
 
 
+@pytest.mark.slow  # 1.2 CPU s: two traces (measured with 5 agents on 2 cores)
 def test_expandable_segments_reserve_less_for_the_same_allocations() -> None:
     model = build_gpt(get_gpt_config("gpt-tiny"), device="meta", seed=None)
     default = predict_cuda_step_memory(model, (TOKENS, TOKENS), _loss)

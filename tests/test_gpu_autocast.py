@@ -152,6 +152,7 @@ def test_the_cast_cache_keeps_one_copy_of_a_parameter_per_region() -> None:
     assert autocast._cache == {}
 
 
+@pytest.mark.slow  # 1.0-1.4 CPU s a recipe: the step traced twice (measured with 5 agents on 2 cores)
 @pytest.mark.parametrize("recipe", ["bf16-autocast", "bf16-fp32-master"])
 def test_a_mixed_precision_recipe_gets_cuda_peaks(recipe: str) -> None:
     pytest.importorskip("transformers")

@@ -79,6 +79,7 @@ def test_the_calibration_names_the_record_or_says_datasheet_only() -> None:
     assert "no record for this board (a100-sxm-40gb): datasheet only" in calibration_text(get_accelerator("a100-sxm-40gb"))
 
 
+@pytest.mark.slow  # 2.5 CPU s: two accounts with their CUDA traces (measured with 5 agents on 2 cores)
 def test_account_hf_config_device_h100_prints_both_peaks_and_the_record(config_path: str, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["account", "--hf-config", config_path, "--seq", "16", "--recipe", "bf16", "--device", "h100"]) == 0
     out = capsys.readouterr().out
@@ -98,6 +99,7 @@ def test_account_device_board_without_hf_config_or_unknown_is_one_line(config_pa
     assert "unknown accelerator 'tpu-v9'" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # 3.8 CPU s: two fit searches and their CUDA traces (measured with 5 agents on 2 cores)
 def test_fit_on_a_board_judges_the_reserved_peak_and_steps_down(config_path: str) -> None:
     from resacct.account.fit.search import fit_step, hf_config_target
 

@@ -31,6 +31,7 @@ def test_an_unknown_board_is_one_line_naming_every_board(command: list[str], cap
     assert all(name in err for name in ("h100-sxm", "h200-sxm", "a100-sxm-40gb", "mi300x", "tpu-v5p"))
 
 
+@pytest.mark.slow  # 4.6 CPU s: the CPU engine's LoRA account twice and the CUDA trace (measured with 5 agents on 2 cores)
 def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     fields = _json(capsys, "lora", "--hf-config", config_path, "--batch", "2", "--seq", "32", "--device", "h100")
     gpu = fields["gpu"]
@@ -49,6 +50,7 @@ def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(con
     assert "on h100-sxm (CUDA caching allocator, predicted): allocated peak" in text and "step time there (predicted):" in text
 
 
+@pytest.mark.slow  # 1.2 CPU s: the LoRA account and its CUDA trace (measured with 5 agents on 2 cores)
 def test_lora_on_a_board_without_a_record_says_datasheet_only(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     gpu = _json(capsys, "lora", "--hf-config", config_path, "--seq", "16", "--base", "fp32", "--device", "a100")["gpu"]
     assert "no record for this board (a100-sxm-80gb): datasheet only" in gpu["calibration"]
@@ -160,6 +162,7 @@ def test_a_model_given_by_its_shape_with_a_board_never_imports_torch(command: li
 
 @pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
                     reason=f"torch {torch.__version__} has no public torch.distributed.tensor.DTensor (torch 2.4.1)")
+@pytest.mark.slow  # 1.4 CPU s: two traces of a gpt-tiny step (measured with 5 agents on 2 cores)
 def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does() -> None:
     """One process, no sharding: the tracker ``shard --device`` uses over fake CPU tensors gives the
     allocator model what :func:`predict_cuda_step_memory` gives it over meta tensors (the path equal to

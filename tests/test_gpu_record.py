@@ -109,6 +109,7 @@ def test_replay_reads_the_record_back(dry_run: tuple[subprocess.CompletedProcess
     assert "DRY RUN" in done.stdout and f"{len(DRY_STEPS)} of {len(DRY_STEPS)} recorded steps replay exactly" in done.stdout
 
 
+@pytest.mark.slow  # 3.4 CPU s: a child process importing torch (measured with 5 agents on 2 cores)
 def test_replay_of_a_broken_record_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "resacct-gpu-record/1", "steps": []}))
@@ -132,6 +133,7 @@ def test_op_times_carry_shapes_and_dtypes_even_where_function_events_lack_dtypes
     assert rows["aten::matmul"]["top_level"] and not rows["aten::mm"]["top_level"] and rows["aten::mm"]["calls"] == 1
 
 
+@pytest.mark.slow  # 2.5 CPU s: a GQA Llama step recorded seven times (measured with 5 agents on 2 cores)
 def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """record_step's CUDA branch (history on, snapshot, peaks, settings), never run on this CPU
     otherwise: torch.cuda's calls answered by resacct's allocation recorder, tensors on the CPU."""

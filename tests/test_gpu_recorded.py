@@ -37,6 +37,7 @@ def _set_measured(claim_id: str, value: object):  # type: ignore[no-untyped-def]
     return edit
 
 
+@pytest.mark.slow  # 1.1 CPU s: every recorded claim run (resacct verify --area gpu_recorded runs them too) (measured with 5 agents on 2 cores)
 def test_every_recorded_claim_runs_on_a_cpu_and_is_recorded_evidence() -> None:
     claims = load_claims_file(SPEC).claims
     assert len(claims) >= 15
@@ -66,6 +67,7 @@ def test_a_broken_record_value_makes_the_claim_fail(tmp_path: Path, claim_id: st
         evaluate_claim(loaded, inputs)
 
 
+@pytest.mark.slow  # 0.8 CPU s: a recorded step re-predicted (measured with 5 agents on 2 cores)
 def test_a_broken_step_peak_beyond_one_percent_fails(tmp_path: Path) -> None:
     def edit(record: dict) -> None:
         record["step_time"]["gpt2-small"]["peak"][0]["measured_bytes"] = int(14_668_702_720 * 1.02)
