@@ -198,6 +198,22 @@ def test_the_library_probe_reads_the_allocator_around_the_first_matmuls(monkeypa
     assert len(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]) == 4
 
 
+def test_compare_adds_the_boards_cublas_workspaces_to_a_board_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board's record holds absolute peaks, the workspaces of the warm-up steps in them: --compare's
+    prediction adds what PyTorch's source gives that capability (two 32 MiB on sm90 for a step with a
+    backward, no bias here), the probe's environment respected."""
+    pytest.importorskip("transformers")
+    tiny = {"model_type": "llama", **{key: gpu_record.TINY[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                                                          "num_attention_heads", "num_key_value_heads", "head_dim")}}
+    monkeypatch.setitem(gpu_record.MATRIX, "tiny/fp32/efficient", ("hf", tiny, "fp32", "efficient", 1, 16, {}))
+    step = {"name": "tiny/fp32/efficient", "batch": 1, "seq": 16, "allocator_settings": {}}
+    hopper = gpu_record.predict_recorded_step(step, False, "9.0")
+    config = gpu_record.predict_recorded_step(step, False, "9.0", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})
+    # the same step, its two workspaces 32 MiB each by default and 128 KiB each under the probe's CUBLAS_WORKSPACE_CONFIG (kept: exact)
+    assert hopper.peak_allocated_bytes - config.peak_allocated_bytes == 2 * (32 * 2**20 - 128 * 1024)
+    assert hopper.start_allocated_bytes - config.start_allocated_bytes == 2 * (32 * 2**20 - 128 * 1024)
+
+
 @pytest.mark.slow
 def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """--compare rebuilds each step on meta tensors and predicts it beside the record (a dry run's

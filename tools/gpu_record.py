@@ -342,9 +342,11 @@ def _read_record(path: Path) -> dict[str, Any] | None:
     return record
 
 
-def predict_recorded_step(step: dict[str, Any], dry: bool) -> Any:
+def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:
     """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record names:
-    the same model (on meta), recipe, batch, attention kernel and allocator settings."""
+    the same model (on meta), recipe, batch, attention kernel and allocator settings; on a board's
+    record (``capability`` "9.0" …) with the cuBLAS workspaces PyTorch's source gives it (the
+    recorded peaks are absolute: the warm-up steps allocated them), ``env`` the probe's variables."""
     import torch
 
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
@@ -363,8 +365,12 @@ def predict_recorded_step(step: dict[str, Any], dry: bool) -> Any:
         from resacct.facts.dtypes import parse_dtype
         step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
     kernel = attention if attention in ("flash", "efficient") and not dry else None
+    workspaces: tuple[int, ...] = ()
+    if capability and not dry:
+        from resacct.account.gpu.library_workspaces import step_workspaces
+        workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
     return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
-                                    config=allocator_config_of(step.get("allocator_settings")))
+                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces)
 
 
 def compare_record(path: Path) -> int:
@@ -379,7 +385,8 @@ def compare_record(path: Path) -> int:
         if "error" in step or step["name"] not in MATRIX:
             continue
         try:
-            predicted = predict_recorded_step(step, bool(record.get("dry_run")))
+            probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
+            predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env)
         except (ResacctError, RuntimeError, ImportError) as error:
             print(f"{step['name']:48} cannot predict: {str(error).splitlines()[0][:120]}")
             continue

@@ -140,11 +140,13 @@ def _matmul_modules(model: nn.Module) -> tuple[bool, bool]:
     return matmul, bias
 
 
-def step_workspaces(model: nn.Module, *, board: Any, backward: bool, env: Mapping[str, str] | None = None) -> LibraryWorkspaces:
-    """The workspaces ``model``'s step allocates on ``board``: a cuBLAS workspace on the thread that runs
-    the forward, another on autograd's device thread when the step has a ``backward``, and a cuBLASLt
-    workspace where a ``Linear`` has a bias. None for a model without a ``Linear`` (no matmul seen)."""
-    major = capability_major(board)
+def step_workspaces(model: nn.Module, *, board: Any = None, backward: bool, env: Mapping[str, str] | None = None,
+                    major: int | None = None) -> LibraryWorkspaces:
+    """The workspaces ``model``'s step allocates on ``board`` (or a board of compute capability ``major``):
+    a cuBLAS workspace on the thread that runs the forward, another on autograd's device thread when the
+    step has a ``backward``, and a cuBLASLt workspace where a ``Linear`` has a bias. None for a model
+    without a ``Linear`` (no matmul seen)."""
+    major = capability_major(board) if major is None else major
     if major is None:
         raise ResacctError(f"board {getattr(board, 'name', board)!r} ({getattr(board, 'family', '?')}): expected an NVIDIA board "
                            f"({', '.join(_CAPABILITY_MAJOR)}) for cuBLAS workspaces")
