@@ -24,7 +24,8 @@ Read at pytorch/pytorch commit 26a39059ec580351411f180816c47e2ef5134ae1,
   ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``, when cuBLASLt uses the cuBLAS workspace and allocates nothing.
 
 **Versions differ** (pull requests of pytorch/pytorch, by date; which torch release carries which is
-not pinned here): before #91564 (2023-01) no workspace went through the caching allocator; in older
+not pinned here): torch 1.13 took none from the caching allocator (#95668: "1.13 does not have this
+issue"), 2.0 does (#83461, 2022-08; its default sizes fixed by #91564, 2023-01); in older
 CUDABlas.cpp ``gemm_and_bias`` allocated its 1 MiB per call and freed it at once (peak only); #168175
 (2025-11) and #175879 (2026-03: "previously diverged between size parsing and actually using unified
 workspaces", the divergence still in the commit read here) make the unified workspace the default,
