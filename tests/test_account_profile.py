@@ -35,6 +35,7 @@ def test_nested_passes_take_their_seconds_out_of_the_outer_one():
     assert passes == pytest.approx(report["total"]["cpu_seconds"], abs=1e-3)
 
 
+@pytest.mark.slow  # 0.96 s idle on 2026-11-28
 def test_account_json_has_every_pass_and_they_sum_to_the_total(capsys):
     import resacct.account.peak.step_peak as peak
     import resacct.account.trace.step_measurements as measurements

@@ -124,6 +124,7 @@ def test_the_gpt_flop_rows_say_how_much_is_the_sdpa_fill():
     assert step == f"FlopCounterMode + resacct's sdpa fill ({f.gap_filled_flops:,} of {f.step_flops:,} FLOPs)"
 
 
+@pytest.mark.slow  # 1.44 s idle on 2026-11-28
 def test_no_account_module_imports_the_package_back_under_type_checking(monkeypatch):
     """Issue 21: ``if TYPE_CHECKING:`` imports hide circles from the layer test (they never run);
     counted here, no circle may pass through resacct.account (layout.py imported StepAccount back)."""

@@ -21,6 +21,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # 1.02 s idle on 2026-11-28
 def test_infer_counts_the_cache_the_model_keeps(capsys: pytest.CaptureFixture[str]) -> None:
     """Falcon-7B's one key/value head (multi-query): 2 · 32 layers · 1 · 64 · 2 bytes a token in bf16 — read off its
     own past_key_values on meta; Llama-3-8B's beside resacct's closed form 2·L·g·e·b."""
@@ -31,6 +32,7 @@ def test_infer_counts_the_cache_the_model_keeps(capsys: pytest.CaptureFixture[st
     assert llama["kv_cache_bytes_per_token"] == llama["formula_kv_cache_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
 
 
+@pytest.mark.slow  # 4.65 s idle on 2026-11-28
 def test_run_takes_a_mixture_of_experts_active_parameters_from_the_model(capsys: pytest.CaptureFixture[str]) -> None:
     """Qwen3-30B-A3B on meta: 30.5B parameters, 3.35B a token runs (k = 8 of 128 routed experts) — the model card's 30.5B / 3.3B."""
     fields = _json(capsys, "run", "--hf-config", "qwen3-30b-a3b", "--tokens", "1e12", "--devices", "64", "--mfu", "0.4", "--seq", "256")

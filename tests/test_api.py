@@ -20,6 +20,7 @@ def test_public_names_resolve_and_import_resacct_stays_light():
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
+@pytest.mark.slow  # 0.94 s idle on 2026-11-28
 def test_a_gpt_name_on_the_meta_device_predicts_what_it_measures():
     report = resacct.account_model("gpt-nano", batch=1, seq=8, recipe="mixed-adam", measure=False)
     assert report.optimizer == "adam" and report.recipe == "bf16-fp32-master"

@@ -152,6 +152,7 @@ def torch_touches() -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 5.09 s idle on 2026-11-28: its module fixture runs every claim in a fresh process
 def test_checks_declared_published_or_arithmetic_never_touch_torch(torch_touches):
     not_measured = torch_touches["not_measured"]
     declared = {name for name, one in all_checks().items() if one.evidence in ("published", "arithmetic")}
@@ -162,6 +163,7 @@ def test_checks_declared_published_or_arithmetic_never_touch_torch(torch_touches
     assert touching == {}, "these checks call into torch: their evidence is 'measured' (claim, first torch call)"
 
 
+@pytest.mark.slow  # the same fresh-process fixture as the test above
 def test_a_sample_of_measured_checks_do_touch_torch(torch_touches):
     sample = torch_touches["sample"]
     assert set(sample) == set(MEASURED_SAMPLE)

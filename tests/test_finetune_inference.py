@@ -141,6 +141,7 @@ def test_architecture_from_values_matches_every_llama_config() -> None:
 # ── commands ─────────────────────────────────────────────────────────────────────────────────────
 @pytest.mark.usefixtures("memoized_infer_gpu_answer")
 @pytest.mark.xdist_group(INFER_8B_GROUP)
+@pytest.mark.slow  # 1.98 s idle on 2026-11-28: llama-3-8b's prefill traced for the h100
 def test_infer_json_and_binary_units(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, "infer", "--hf-config", "llama-3-8b", "--batch", "8", "--context", "8192", "--device", "h100")
@@ -156,6 +157,7 @@ def test_infer_json_and_binary_units(capsys: pytest.CaptureFixture[str]) -> None
 
 @pytest.mark.usefixtures("memoized_lora_trace")
 @pytest.mark.xdist_group(LORA_7B_GROUP)
+@pytest.mark.slow  # 17.05 s idle on 2026-11-28: the 7B LoRA step traced
 def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, "lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24",
@@ -172,6 +174,7 @@ def test_lora_answers_the_24gb_question(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.usefixtures("memoized_lora_trace")
 @pytest.mark.xdist_group(LORA_7B_GROUP)
 @pytest.mark.parametrize("board", ["l4", "a10", "rtx-4090"])
+@pytest.mark.slow  # 16.50 s idle on 2026-11-28: the 7B LoRA step traced, a CUDA answer per board
 def test_lora_on_a_24gb_board_is_the_24gb_answer(capsys: pytest.CaptureFixture[str], board: str) -> None:
     """The table's 24 GB boards give --memory-gb 24's answer: "r=16 LoRA on a 7B, on a 24 GB card?" by name."""
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)

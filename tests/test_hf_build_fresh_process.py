@@ -16,6 +16,7 @@ print(type(model).__name__, sum(p.numel() for p in model.parameters()))
 """
 
 
+@pytest.mark.slow  # 4.11 s idle on 2026-11-28: a fresh process
 def test_a_fresh_process_builds_gpt2_on_meta() -> None:
     pytest.importorskip("transformers")
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300)

@@ -37,6 +37,7 @@ def _json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # 1.10 s idle on 2026-11-28
 def test_a_config_json_file_predicted_equals_measured(tmp_path, capsys):
     pytest.importorskip("transformers")
     path = tmp_path / "config.json"

@@ -36,6 +36,7 @@ def test_llama_sdpa_on_a_real_cpu_step_counts_what_its_eager_twin_counts():
     assert bar["attention_recompute_flops"] == 2 * (2 * 4) * 16 * 16 * 16 * 2  # q·kᵀ again per layer: 2·(b·h)·s·e·s, 2 layers
 
 
+@pytest.mark.slow  # ~1.1 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_cli_accounts_a_raw_llama_with_its_own_loss(capsys):
     assert main(["account", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--no-measure", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -47,6 +48,7 @@ def test_cli_accounts_a_raw_llama_with_its_own_loss(capsys):
     assert state["measured_bytes"] == state["predicted_bytes"]
 
 
+@pytest.mark.slow  # ~0.8 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_cli_accounts_a_raw_gpt2_from_its_logits(capsys):
     assert main(["account", "--model", "tests.fixtures_hf_models:tiny_gpt2", "--batch", "2", "--seq", "8", "--loss", "mean", "--no-measure"]) == 0
     out = capsys.readouterr().out

@@ -179,6 +179,7 @@ def test_import_graph_sees_relative_function_level_and_submodule_imports(tmp_pat
     }
 
 
+@pytest.mark.slow  # ~1.0 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_import_graph_covers_the_project() -> None:
     graph = _project_graph()
     assert {"pytest_resacct", "resacct", "resacct.account", "resacct.harness.plugin"} <= set(graph)
@@ -198,6 +199,7 @@ def test_no_import_cycles_beyond_the_allow_list() -> None:
     )
 
 
+@pytest.mark.slow  # 1.21 s idle on 2026-11-28
 def test_no_circle_hides_under_type_checking(monkeypatch: pytest.MonkeyPatch) -> None:
     """``if TYPE_CHECKING:`` imports never run, but a circle through one is still a circle for a
     reader and for the next runtime import (issue 21: account ↔ layout, machine_profile ↔
@@ -209,6 +211,7 @@ def test_no_circle_hides_under_type_checking(monkeypatch: pytest.MonkeyPatch) ->
         _describe(c, graph) for c in new)
 
 
+@pytest.mark.slow  # 0.97 s idle on 2026-11-28
 def test_cycle_allow_list_has_no_stale_entries() -> None:
     found = set(import_cycles(_project_graph()))
     stale = [sorted(c) for c in ALLOWED_CYCLES if c not in found]

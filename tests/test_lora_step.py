@@ -62,6 +62,7 @@ def test_dropout_keeps_a_mask_only_where_the_input_needs_a_gradient() -> None:
 
 @pytest.mark.usefixtures("memoized_lora_trace")
 @pytest.mark.xdist_group(LORA_7B_GROUP)
+@pytest.mark.slow  # the 7B LoRA step traced (paid by another test of the lora-7b group until now)
 def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     assert main(["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--batch", "1", "--seq", "2048", "--memory-gb", "24", "--json"]) == 0
@@ -77,6 +78,7 @@ def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytes
 
 @pytest.mark.usefixtures("memoized_lora_trace")
 @pytest.mark.xdist_group(LORA_7B_GROUP)
+@pytest.mark.slow  # 28.26 s idle on 2026-11-28: three traces of the 7B LoRA step
 def test_largest_batch_is_the_boundary(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
     argv = ["lora", "--hf-config", "llama-2-7b", "--rank", "16", "--seq", "2048", "--memory-gb", "24", "--gradient-checkpointing", "--json"]

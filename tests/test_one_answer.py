@@ -50,6 +50,7 @@ def real_step() -> dict[str, int]:
     return {"state": state, "peak": peak, "frozen": sum(p.numel() for p in model.parameters() if not p.requires_grad)}
 
 
+@pytest.mark.slow  # 2.40 s idle on 2026-11-28
 def test_every_route_gives_the_real_steps_state_and_peak(real_step: dict[str, int], tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import resacct
     from resacct.account.fit.search import FitTarget, fit_step

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from resacct.measurement import distributed
 
 
@@ -17,6 +19,7 @@ def test_the_forkserver_preloads_torch_distributed_optim_through_the_quiet_modul
     assert "torch.distributed.optim" not in distributed._PRELOAD
 
 
+@pytest.mark.slow  # 2.14 s idle on 2026-11-28: a fresh process
 def test_the_quiet_module_imports_torch_distributed_optim_and_prints_nothing():
     code = ("import sys, warnings; warnings.simplefilter('always'); import resacct.measurement.quiet_distributed_optim; "
             "print('torch.distributed.optim' in sys.modules)")
@@ -26,6 +29,7 @@ def test_the_quiet_module_imports_torch_distributed_optim_and_prints_nothing():
     assert "TorchScript" not in result.stderr and "DeprecationWarning" not in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # 1.79 s idle on 2026-11-28: a fresh process killed
 def test_the_quiet_module_leaves_no_temporary_folder_behind_a_killed_process(tmp_path):
     """torch up to 2.8 makes a folder at the import (removed at a normal exit only); os._exit stands for
     the SIGKILL that stops an interrupted run's forkserver."""

@@ -110,6 +110,7 @@ def test_cli_device_hours_round_trip_through_the_printed_mfu(capsys) -> None:
     assert back["device_hours"] == pytest.approx(2.664e6, rel=4e-16)  # the printed MFU is a float: one rounding
 
 
+@pytest.mark.slow  # 2.02 s idle on 2026-11-28
 def test_cli_hf_config_moe_and_other_peaks(capsys) -> None:
     pytest.importorskip("transformers")  # builds the model (torch 2.4: transformers 5.x cannot)
     fields = _json(capsys, ["--hf-config", "mixtral-8x7b", "--tokens", "1T", "--devices", "8", "--mfu", "0.4"])

@@ -149,6 +149,7 @@ def test_account_hf_config_answers_the_second_time_from_the_cache(cache_folder: 
     assert json.loads(first)["parameters"] > 0
 
 
+@pytest.mark.slow  # 2.76 s idle on 2026-11-28
 def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")

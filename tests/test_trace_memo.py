@@ -45,6 +45,7 @@ def test_a_question_is_traced_once_and_every_other_question_afresh(monkeypatch: 
     assert [config for config, _ in traced[5:]] == ["llama-3-8b", "llama-3-70b", "llama-3-8b"]
 
 
+@pytest.mark.slow  # 1.54 s idle on 2026-11-28: three LoRA traces
 def test_the_lora_command_answers_the_same_from_memory(memoized_lora_trace: list, capsys: pytest.CaptureFixture[str],  # type: ignore[type-arg]
                                                        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """A tiny Llama through the real command: the second, memoized answer is the fresh one, field by field."""

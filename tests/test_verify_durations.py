@@ -43,6 +43,7 @@ def specs_dir(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.slow  # 2.15 s idle on 2026-11-28
 def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_path, capsys):
     report_dir = tmp_path / "reports"
     assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "--durations", "2"]) == 0
@@ -62,6 +63,7 @@ def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_
     assert "slowest 2 claims of 7" in out and "by area: storage" in out
 
 
+@pytest.mark.slow  # 1.96 s idle on 2026-11-28
 def test_json_carries_the_slowest_and_zero_lists_every_claim(specs_dir, tmp_path, capsys):
     assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(tmp_path / "r"), "--no-roofline", "--no-timeline",
                  "--durations", "0", "--json"]) == 0
@@ -71,6 +73,7 @@ def test_json_carries_the_slowest_and_zero_lists_every_claim(specs_dir, tmp_path
     assert fields["run"]["seconds_by_area"].keys() == {"storage", "devices"}
 
 
+@pytest.mark.slow  # 1.94 s idle on 2026-11-28
 def test_without_the_flag_nothing_more_is_printed_but_report_json_keeps_the_seconds(specs_dir, tmp_path, capsys):
     assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(tmp_path / "r"), "--no-roofline", "--no-timeline"]) == 0
     assert "slowest" not in capsys.readouterr().out

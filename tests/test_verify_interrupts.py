@@ -64,6 +64,7 @@ def test_ctrl_c_while_the_command_modules_load_is_130_not_a_traceback(monkeypatc
     assert capsys.readouterr().err.strip() == "resacct: interrupted"
 
 
+@pytest.mark.slow  # 1.23 s idle on 2026-11-28
 def test_ctrl_c_during_the_imports_is_raised_when_they_complete(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
     import resacct.cli.verify as verify_command
 
@@ -125,6 +126,7 @@ def test_sigint_at_random_moments_of_the_real_command(tmp_path):
     assert done.stdout.strip().splitlines()[-1].startswith("4 of 4 tries")
 
 
+@pytest.mark.slow  # 1.17 s idle on 2026-11-28
 def test_a_full_disk_under_the_report_dir_is_one_line_and_exit_2(specs_dir, tmp_path, capsys, monkeypatch, _complete_report):
     import errno
 

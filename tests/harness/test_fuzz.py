@@ -104,6 +104,7 @@ def test_a_broken_claim_is_reported_not_raised(tmp_path_factory, document, key, 
 
 @FUZZ
 @given(data=json_like)
+@pytest.mark.slow  # ~1.5 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_arbitrary_yaml_data_never_raises(tmp_path_factory, data):
     path = write(tmp_path_factory, dump(data))
     loaded = load_claims_file(path)
