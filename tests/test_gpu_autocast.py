@@ -48,13 +48,14 @@ def test_the_casts_match_torchs_own_cuda_autocast_test_lists() -> None:
     cases += [(torch, entry, torch.float32) for entry in lists.torch_fp32] + [(torch._C._nn, entry, torch.float32) for entry in lists.nn_fp32]
     cases += [(None, entry, torch.float32) for entry in lists.methods_fp32]
     cases += [(torch, entry, torch.float32) for entry in lists.torch_need_autocast_promote]  # fp16 beside fp32 inputs: the widest
-    checked, wrong = 0, []
+    checked, wrong, unjudged = 0, [], set()
     for where, (name, args, *_), expected in cases:
         function = getattr(args[0], name) if where is None else getattr(where, name)
         arguments = args[1:] if where is None else args
         try:
             function(*arguments)  # without autocast: an op with no meta kernel here (cuDNN's) is not judged
         except (NotImplementedError, TypeError, RuntimeError):
+            unjudged.add(name)
             continue
         with CudaAutocast(torch.float16):
             out = function(*arguments)
@@ -63,7 +64,17 @@ def test_the_casts_match_torchs_own_cuda_autocast_test_lists() -> None:
         if out.dtype != expected:
             wrong.append(f"{name}: {out.dtype}, torch's list expects {expected}")
     assert not wrong, wrong
-    assert checked >= 90, f"only {checked} of {len(cases)} ops of torch's lists ran on meta"
+    # what cannot run on meta tensors without autocast, each for a named reason; any other op left unjudged fails here
+    cannot_run = {"cudnn_convolution", "cudnn_convolution_transpose"}  # cuDNN's own ops: no meta kernel
+    cannot_run |= {"einsum", "bilinear", "dot", "vdot", "tensordot", "scatter_add"}  # the promote list's mixed dtypes: they need autocast
+    if _torch_below(2, 13):  # torch 2.8.0 and 2.11.0: "convolution_overrideable not implemented" on meta; 2.13 and 2.14 run it
+        cannot_run.add("_convolution")
+    assert unjudged <= cannot_run, f"ops of torch's lists that did not run on meta: {sorted(unjudged - cannot_run)}"
+    assert checked >= 87, f"only {checked} of {len(cases)} ops of torch's lists ran on meta"  # 90 on torch 2.13 and 2.14, 87 on 2.8 and 2.11
+
+
+def _torch_below(major: int, minor: int) -> bool:
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (major, minor)
 
 
 class _Net(nn.Module):

@@ -18,6 +18,7 @@ from resacct.errors import ResacctError
 from resacct.account.peak.recipes import recipe_step
 from resacct.facts.recipes import parse_recipe
 from resacct.measurement.memory_timeline import STEP_PHASES
+from resacct.measurement.sdpa_choice import cpu_sdpa_kernel
 
 
 def _adamw(parameters):
@@ -207,7 +208,9 @@ def test_cli_json_has_the_step_peak_with_its_breakdown_and_the_timeline_png(caps
     report = json.loads(capsys.readouterr().out)
     peak = report["step_peak"]
     assert peak["predicted_peak_bytes"] == peak["measured_peak_bytes"] > 0
-    assert peak["attention_kernel"].startswith("flash (CPU)")
+    # the kernel the step traced: CPU flash, or the math kernel where torch refuses flash for grouped-query attention (2.8)
+    flash = cpu_sdpa_kernel(heads=4, kv_heads=2, head_dim=16, dtype="float32") == "flash"
+    assert peak["attention_kernel"].startswith("flash (CPU)" if flash else "math: ")
     assert sum(peak["live_at_peak_bytes"].values()) == peak["predicted_peak_bytes"]
     assert set(peak["predicted_phase_peak_bytes"]) == set(STEP_PHASES)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -128,13 +128,16 @@ def _build(family: str, model: Any, attention: str, extra: dict, dry: bool, devi
 
 
 def _attention_context(attention: str, dry: bool) -> Any:
-    """The sdpa backend a step names (a dry run's CPU has no memory-efficient kernel: its flash kernel instead)."""
+    """The sdpa backend a step names (a dry run's CPU has no memory-efficient kernel: its flash kernel instead,
+    and the math kernel where the CPU's flash kernel refuses the shapes: torch 2.8's refuses grouped-query attention)."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
     if dry and attention == "efficient":
         attention = "flash"
+    if dry and attention == "flash":
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
     return sdpa_kernel(backends[attention]) if attention in backends else contextlib.nullcontext()
 
 

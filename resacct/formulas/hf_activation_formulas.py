@@ -23,7 +23,9 @@ LayerNorm statistics' bytes (E on CPU, 4 on meta), M the math attention's bytes 
   float32 softmax (4·b·h·s²) and, in 16 bits, its E copy that weights·v keeps; o_proj's input
   (the merged heads: E·T·h·e). **sdpa on CPU** (the flash kernel, no dropout): q (E·b·h·s·e), k and
   v as given (E·b·g·s·e: transformers passes ``enable_gqa``), the output (E·b·h·s·e, laid out
-  (b, s, h, e): o_proj's input is a view of it) and the float32 logsumexp (4·b·h·s). **sdpa on
+  (b, s, h, e): o_proj's input is a view of it) and the float32 logsumexp (4·b·h·s); where torch's
+  CPU dispatcher refuses the flash kernel (torch 2.8 for grouped-query attention: measured by
+  :func:`~resacct.measurement.sdpa_choice.cpu_sdpa_kernel`) the math kernel's terms below. **sdpa on
   meta** (torch's math decomposition): q, k, v (h heads) and the softmax in M bytes, o_proj's
   input in E. The first layer also holds RoPE's cos and sin (E·s·e each, shape (1, s, e)), which
   every layer multiplies by and which are saved once. Attention dropout (p > 0) adds its mask and
@@ -58,8 +60,9 @@ LayerNorm statistics' bytes (E on CPU, 4 on meta), M the math attention's bytes 
 >>> tiny = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=48, positions=64)
 >>> predict_hf_saved_bytes(tiny, batch=2, seq=8, dtype="float32", attention="eager")     # measured: 83012
 83012
->>> predict_hf_layer_saved_bytes(tiny, batch=2, seq=8, dtype="float32", attention="sdpa", device_type="cpu", first=False)
-31104
+>>> mha = HfArchitecture(family="llama", vocab=96, hidden=32, layers=2, heads=4, kv_heads=4, head_dim=8, mlp=48, positions=64)
+>>> predict_hf_layer_saved_bytes(mha, batch=2, seq=8, dtype="float32", attention="sdpa", device_type="cpu", first=False)  # flash: measured 33152
+33152
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from __future__ import annotations
 from resacct.errors import ResacctError
 from resacct.formulas.gpt_activation_formulas import SavedTerm, layer_norm_stats_bytes
 from resacct.formulas.hf_formulas import HfArchitecture
+from resacct.measurement.sdpa_choice import cpu_sdpa_kernel
 
 __all__ = ["TRANSFORMERS_VERSION_DERIVED", "HF_ATTENTIONS", "attention_kernel", "hf_saved_terms", "hf_layer_saved_terms",
            "predict_hf_saved_bytes", "predict_hf_layer_saved_bytes"]
@@ -79,10 +83,12 @@ _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ACTIVATIONS = {"gpt2": ("gelu_new",), "llama": ("silu",), "mixtral": ("silu",)}
 
 
-def attention_kernel(a: HfArchitecture, attention: str, device_type: str, seq: int = 1) -> str:
+def attention_kernel(a: HfArchitecture, attention: str, device_type: str, seq: int = 1, dtype: str = "float32") -> str:
     """Which attention code runs: ``eager`` (transformers' matmuls), ``flash`` (torch's CPU flash
-    kernel: sdpa on CPU without attention dropout) or ``math`` (sdpa's decomposition: on meta,
-    and on CPU with dropout, which the flash kernel does not do).
+    kernel: sdpa on CPU without attention dropout, where this torch's CPU dispatcher takes the heads
+    and ``dtype``) or ``math`` (sdpa's decomposition: on meta, on CPU with dropout, which the flash
+    kernel does not do, and on CPU where the dispatcher refuses the flash kernel — torch 2.8 does for
+    grouped-query attention; :func:`resacct.measurement.sdpa_choice.cpu_sdpa_kernel` runs it once to see).
 
     >>> from resacct.formulas.hf_formulas import HfArchitecture
     >>> gpt2 = HfArchitecture(family="gpt2", vocab=96, hidden=32, layers=2, heads=4, kv_heads=4, head_dim=8, mlp=128, positions=64, attention_dropout=0.1)
@@ -100,7 +106,7 @@ def attention_kernel(a: HfArchitecture, attention: str, device_type: str, seq: i
         if a.sliding_window is not None and seq >= a.sliding_window:  # a mask reaches the flash kernel (from seq = window on), which then keeps more
             raise ResacctError(f"seq {seq} is not shorter than the sliding window {a.sliding_window}: resacct predicts the CPU flash kernel "
                                f"without a mask only; expected seq < {a.sliding_window}, attention 'eager', or the meta device")
-        return "flash"
+        return cpu_sdpa_kernel(heads=a.heads, kv_heads=a.kv_heads, head_dim=a.head_dim, dtype=dtype)
     return "math"
 
 
@@ -168,7 +174,7 @@ def hf_layer_saved_terms(a: HfArchitecture, batch: int, seq: int, *, dtype: str 
                          layer: int = 0) -> tuple[SavedTerm, ...]:
     """The terms one decoder layer saves (``layer`` 0 also holds the rotary cos/sin all share)."""
     element = _check(a, batch, seq, dtype)
-    kernel = attention_kernel(a, attention, device_type, seq)
+    kernel = attention_kernel(a, attention, device_type, seq, dtype)
     b, s, d, f = batch, seq, a.hidden, a.mlp
     tokens = b * s
     x = element * tokens * d
