@@ -23,7 +23,6 @@ that an incomplete one was off.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from resacct.account.answers.sharded import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.distributed import preload_in_ranks
+from resacct.measurement.memo import shared_measurement, start_in_background
 
 preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
 
@@ -131,7 +131,21 @@ def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int,
     return _launched(world_size, model, batch, seq, tuple(engine for engine in ENGINE_STAGES if engine in engines))
 
 
-@functools.lru_cache(maxsize=6)
+def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
+    """The engines the launch that measures ``engine`` on ``world_size`` ranks runs (:data:`LAUNCH_ENGINES`, and ``engine``)."""
+    if engine not in ENGINE_STAGES:
+        raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
+    engines = LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES))
+    wanted = engines if engine in engines else (*engines, engine)
+    return tuple(name for name in ENGINE_STAGES if name in wanted)
+
+
+def _start_launch(engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> bool:
+    """Start the launch a claim with these inputs waits for, in the background (the checks' ``background=``)."""
+    return start_in_background(_launched, world_size, model, batch, seq, _launch_engines(engine, world_size))
+
+
+@shared_measurement(switchable=False)  # one child and one launch per world size and step, whatever RESACCT_MEMO says
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
     from resacct.measurement.distributed import DistributedUnavailableError, run_on_ranks, started_isolated
@@ -148,10 +162,7 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
 
 
 def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    if engine not in ENGINE_STAGES:
-        raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
-    engines = LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES))
-    runs = sharded_peak_measurements(world_size, model, batch, seq, engines if engine in engines else (*engines, engine))[engine]
+    runs = sharded_peak_measurements(world_size, model, batch, seq, _launch_engines(engine, world_size))[engine]
     return runs["predicted"], runs["measured"]
 
 
@@ -162,7 +173,7 @@ def _breakdown_text(bytes_by_kind: dict[str, int]) -> str:
 # --- checks ---------------------------------------------------------------------------------
 
 
-@check("peak_sharded.step_peak_per_rank", evidence="measured",
+@check("peak_sharded.step_peak_per_rank", evidence="measured", background=_start_launch,
        quantities=("params", "formula_state_bytes", "state_bytes", "excess_bytes", "peak_phase", "breakdown", "attempts"))
 def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq: int = 1) -> Outcome:
     """Each gloo rank's CPU-allocator peak over one steady AdamW step of ``engine`` (``zero1``: DDP +
@@ -192,7 +203,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     )
 
 
-@check("peak_sharded.peak_breakdown", evidence="measured",
+@check("peak_sharded.peak_breakdown", evidence="measured", background=_start_launch,
        quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "model_parameter_bytes", "peak_bytes",
                    "rest_bytes", "peak_phase"))
 def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: int, seq: int = 1) -> Outcome:

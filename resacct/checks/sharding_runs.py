@@ -14,14 +14,16 @@ Two scales, both in child processes (this process never joins a process group):
   by ``fully_shard``; optimizer state is allocated by ``torch.optim.AdamW.step()`` itself, on
   the partition ``ZeroRedundancyOptimizer`` chose or on FSDP's sharded DTensors.
 
-Results are cached per configuration, so the claims of one world size share one launch. The
+Results are cached per configuration, so the claims of one world size share one launch, and
+``resacct verify`` starts each launch in the background once the claims are collected
+(:func:`start_small_scale_launch`, :func:`start_paper_scale_launch`): the ranks work while this
+process runs the claims before them. The
 claims' checks, which compare these measurements with :mod:`resacct.formulas.sharding`'s formulas, are in
 :mod:`resacct.checks.sharding` (which re-exports the names here).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ from jaxtyping import Float, Shaped
 from torch import nn
 
 from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated, run_on_ranks
+from resacct.measurement.memo import shared_measurement, start_in_background
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
 
@@ -40,6 +43,8 @@ __all__ = [
     "paper_scale_state_on_fake_ranks",
     "small_scale_measurements",
     "paper_scale_measurements",
+    "start_small_scale_launch",
+    "start_paper_scale_launch",
     "MODEL_KINDS",
     "PAPER_TENSOR_SHAPE",
     "PAPER_TENSOR_COUNT",
@@ -228,13 +233,18 @@ def _require_sharding_engines() -> None:
         raise NotMeasurable(f"torch {torch.__version__} lacks a sharding engine measured here (public FSDP2 arrived in torch 2.6): {error}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@shared_measurement(switchable=False)
 def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...]:
     _require_sharding_engines()
     try:
         return tuple(run_on_ranks(sharded_training_on_rank, world_size, MODEL_KINDS, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
+
+
+def start_small_scale_launch(world_size: int, **_: Any) -> bool:
+    """Start the launch on ``world_size`` ranks in the background (a check's ``background=``, with a claim's inputs)."""
+    return start_in_background(_small_scale_launch, world_size)
 
 
 def small_scale_measurements(world_size: int, kind: str) -> dict[str, Any]:
@@ -337,32 +347,39 @@ def paper_scale_state_on_fake_ranks(configurations: Sequence[tuple[int, int, str
 
 #: The configurations the claims use, measured together in one child process.
 PAPER_SCALE_CONFIGURATIONS = ((1, "fp32-adamw"), (1, "mixed-adam"), (8, "fp32-adamw"), (64, "mixed-adam"))
-_paper_scale_cache: dict[tuple[int, str], dict[int, list[int]]] = {}
 
 
 def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int]]:
     """Per stage, the element-wise largest [parameters, gradients, optimizer state] bytes over
     the first and the last rank (rank 0 gets the full ⌈rows/N⌉ rows and the first pick).
-    The first call measures every configuration in :data:`PAPER_SCALE_CONFIGURATIONS` too."""
+    A configuration of :data:`PAPER_SCALE_CONFIGURATIONS` is measured with all of them, in one child."""
     _require_sharding_engines()
     if recipe not in _PAPER_DTYPES:
         raise NotMeasurable(f"recipe {recipe!r} has no paper-scale construction (known: {sorted(_PAPER_DTYPES)})")
     wanted = (world_size, recipe)
-    if wanted not in _paper_scale_cache:
-        missing = [wanted] + [c for c in PAPER_SCALE_CONFIGURATIONS if c not in _paper_scale_cache and c != wanted]
-        runs = [(size, rank, name) for size, name in missing for rank in sorted({0, size - 1})]
-        try:
-            reports = run_isolated(paper_scale_state_on_fake_ranks, runs, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
-        except DistributedError as error:
-            if isinstance(error, DistributedUnavailableError) or "fake process group is not importable" in str(error):
-                raise NotMeasurable(str(error).splitlines()[0]) from None
-            if "with Meta tensors" in str(error):  # torch 2.8's fake process group cannot broadcast meta tensors
-                raise NotMeasurable(f"torch {torch.__version__} cannot run collectives on meta tensors under the fake "
-                                    f"process group: {str(error).splitlines()[0][:160]}") from None
-            raise
-        for size, name in missing:
-            mine = [report for (s, _, n), report in zip(runs, reports) if (s, n) == (size, name)]
-            _paper_scale_cache[(size, name)] = {
-                stage: [max(report[stage][piece] for report in mine) for piece in range(3)] for stage in range(4)
-            }
-    return _paper_scale_cache[wanted]
+    return _paper_scale_launch(PAPER_SCALE_CONFIGURATIONS if wanted in PAPER_SCALE_CONFIGURATIONS else (wanted,))[wanted]
+
+
+def start_paper_scale_launch(**_: Any) -> bool:
+    """Start the child measuring every paper-scale configuration in the background (a check's ``background=``)."""
+    return start_in_background(_paper_scale_launch, PAPER_SCALE_CONFIGURATIONS)
+
+
+@shared_measurement(switchable=False)
+def _paper_scale_launch(configurations: tuple[tuple[int, str], ...]) -> dict[tuple[int, str], dict[int, list[int]]]:
+    _require_sharding_engines()
+    runs = [(size, rank, name) for size, name in configurations for rank in sorted({0, size - 1})]
+    try:
+        reports = run_isolated(paper_scale_state_on_fake_ranks, runs, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+    except DistributedError as error:
+        if isinstance(error, DistributedUnavailableError) or "fake process group is not importable" in str(error):
+            raise NotMeasurable(str(error).splitlines()[0]) from None
+        if "with Meta tensors" in str(error):  # torch 2.8's fake process group cannot broadcast meta tensors
+            raise NotMeasurable(f"torch {torch.__version__} cannot run collectives on meta tensors under the fake "
+                                f"process group: {str(error).splitlines()[0][:160]}") from None
+        raise
+    measured = {}
+    for size, name in configurations:
+        mine = [report for (s, _, n), report in zip(runs, reports) if (s, n) == (size, name)]
+        measured[(size, name)] = {stage: [max(report[stage][piece] for report in mine) for piece in range(3)] for stage in range(4)}
+    return measured

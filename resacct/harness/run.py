@@ -2,7 +2,8 @@
 
 pytest runs with the claims plugin (jaxtyping's hook is left out: the caller has already imported
 resacct), its own output goes to ``pytest.log``, and a rich progress bar on stderr advances as
-claims finish. Ctrl-C inside the run stops it; the claims that finished are kept and the result
+claims finish. Launches of gloo ranks that claims declare (``@check(..., background=...)``) start
+once the claims are collected and run beside the claims before theirs. Ctrl-C inside the run stops it; the claims that finished are kept and the result
 says it was interrupted — also when Python drops the KeyboardInterrupt (one raised inside a gc
 callback or a ``__del__`` is only reported as "ignored": hypothesis registers gc callbacks), as
 the next claim's hook raises it again.
@@ -99,6 +100,61 @@ class _Progress:
         self.latch.check()
 
 
+def _background_plugin() -> Any:
+    """pytest plugin of ``resacct verify``: once the claims are collected, every claim whose check
+    declares ``background=`` (a launch of gloo ranks) has that started, so the ranks work on the
+    other core while this process runs the claims before theirs; each such claim then waits for
+    its own result (:mod:`resacct.measurement.memo`). A timed claim first waits until none is
+    running — its cores are its own — and so does the end of the session."""
+    import pytest
+
+    from resacct.harness.plugin import TIMED_KEYWORD, ClaimItem
+    from resacct.measurement.memo import wait_for_background
+
+    class Background:
+        @pytest.hookimpl(trylast=True)  # after the claims plugin started the forkserver, with the ranks' modules to preload
+        def pytest_collection_finish(self, session: Any) -> None:
+            for item in session.items:
+                if isinstance(item, ClaimItem) and _runs_here(item.loaded.claim):
+                    _start_in_background(item.loaded.claim)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_call(self, item: Any) -> None:
+            if TIMED_KEYWORD in item.extra_keyword_matches and isinstance(item, ClaimItem) and _runs_here(item.loaded.claim, examples=True):
+                wait_for_background()
+
+        def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
+            if exitstatus != pytest.ExitCode.INTERRUPTED:  # after a Ctrl-C the process ends, and its launches with it
+                wait_for_background()
+
+    return Background()
+
+
+def _runs_here(claim: Any, *, examples: bool = False) -> bool:
+    """Whether a claim will measure on this machine: not a GPU claim on a machine without one, not one
+    whose ``when:`` this machine fails, and (unless ``examples``) not a ``forall`` one (each example
+    measures its own inputs, which are not known before)."""
+    import torch
+
+    if (claim.forall and not examples) or ("gpu" in claim.marks and not torch.cuda.is_available()):
+        return False
+    if claim.when:
+        from resacct.measurement.machine_profile import this_machine, unmet_conditions
+
+        return not unmet_conditions(this_machine(), claim.when)
+    return True
+
+
+def _start_in_background(claim: Any) -> None:
+    from resacct.harness.registry import get_check
+
+    try:
+        check = get_check(claim.measure)
+    except ResacctError:  # the claim's own run reports the unknown check
+        return
+    check.start_in_background(**dict(claim.given))
+
+
 @contextlib.contextmanager
 def _environment_variable(name: str, value: str | None):
     previous = os.environ.get(name)
@@ -150,7 +206,7 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 try:
-                    exit_code = int(pytest.main(args, plugins=[_Progress(progress, latch)]))
+                    exit_code = int(pytest.main(args, plugins=[_Progress(progress, latch), _background_plugin()]))
                 except Exception:
                     if not latch.received:
                         raise

@@ -14,6 +14,16 @@ Inputs that differ never share: a hypothesis example measures its own inputs. Ar
 hashable (numbers, strings, tuples); a function that builds its model from a name and numbers is
 the shape this is made for.
 
+A measurement that runs in other processes (a gloo launch: its ranks do the work, this process
+only waits on their pipes) can be **queued for the background** (``wrapper.start_in_background(...)``,
+:func:`start_in_background`): one background thread makes the queued calls **one at a time** (two
+launches at once oversubscribe the two cores: their ranks spin in collectives — 55 s for what took
+21 s in turn), while this process runs other claims. A caller whose key is being measured waits for
+it; one whose key is still queued takes it out and measures it itself, at once. A background call
+that raised is forgotten, so the caller measures afresh and the error is its own.
+:func:`wait_for_background` returns once the queue is empty and nothing runs (a timed claim waits
+there: its cores are its own).
+
 ``RESACCT_MEMO=0`` turns sharing off (every call measures afresh: what
 ``benchmarks/claim_sharing.py`` compares against); :func:`memo_stats` counts hits and misses per
 function; :func:`forget_shared_measurements` empties every memo (a fresh measurement, e.g. in a
@@ -36,14 +46,16 @@ import copy
 import functools
 import inspect
 import os
+import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from resacct.errors import ResacctError
 
-__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "MemoStats", "MEMO_VARIABLE"]
+__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "start_in_background", "wait_for_background",
+           "MemoStats", "MEMO_VARIABLE"]
 
 MEMO_VARIABLE = "RESACCT_MEMO"
 _Result = TypeVar("_Result")
@@ -65,11 +77,13 @@ def memo_enabled() -> bool:
 
 
 class _Memo:
-    def __init__(self, function: Callable[..., Any]) -> None:
+    def __init__(self, function: Callable[..., Any], switchable: bool = True) -> None:
         self.function = function
+        self.switchable = switchable  # False: shared whatever RESACCT_MEMO says (a launch one run pays once by design)
         self.name = f"{function.__module__}.{function.__qualname__}"
         self.signature = inspect.signature(function)
         self.results: dict[tuple[Any, ...], Any] = {}
+        self.queued: dict[tuple[Any, ...], _Job] = {}  # keys queued for, or being measured by, the background thread
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
@@ -89,11 +103,21 @@ class _Memo:
             raise ResacctError(f"{self.name}: arguments {dict(bound.arguments)!r} are not hashable; expected numbers, strings, tuples") from None
         return key
 
+    def enabled(self) -> bool:
+        return not self.switchable or memo_enabled()
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not memo_enabled():
+        if not self.enabled():
             self.misses += 1
             return self.function(*args, **kwargs)
         key = self.key(args, kwargs)
+        with self.lock:
+            job = self.queued.get(key)
+            if job is not None and not job.started:  # still waiting its turn: measured here, now
+                del self.queued[key]
+                job.cancelled = True
+        if job is not None and job.started:
+            job.done.wait()  # measured in the background: its result (or, had it raised, a fresh call below)
         with self.lock:
             if key in self.results:
                 self.hits += 1
@@ -103,6 +127,36 @@ class _Memo:
             self.misses += 1
             self.results.setdefault(key, result)
             return copy.deepcopy(self.results[key])
+
+    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Queue ``args`` for the background thread unless sharing is off or the key is measured or
+        queued; whether it was queued."""
+        if not self.enabled():
+            return False
+        key = self.key(args, kwargs)
+        with self.lock:
+            if key in self.results or key in self.queued:
+                return False
+            job = self.queued[key] = _Job(self, key, args, kwargs)
+        _QUEUE.put(job)
+        _ensure_worker()
+        return True
+
+    def run_job(self, job: _Job) -> None:
+        with self.lock:
+            if job.cancelled:
+                return
+            job.started = True
+        try:
+            result = self.function(*job.args, **job.kwargs)
+        except BaseException:  # noqa: BLE001 - the caller measures again and raises it as the claim's own
+            result = job
+        with self.lock:
+            if result is not job:
+                self.misses += 1
+                self.results.setdefault(job.key, result)
+            self.queued.pop(job.key, None)
+        job.done.set()
 
     def clear(self) -> None:
         with self.lock:
@@ -116,10 +170,14 @@ class _Memo:
 _MEMOS: list[_Memo] = []
 
 
-def shared_measurement(function: Callable[..., _Result]) -> Callable[..., _Result]:
+def shared_measurement(function: Callable[..., _Result] | None = None, *, switchable: bool = True) -> Any:
     """``function`` measured once per process per key (see the module doc); each caller gets a copy.
-    The wrapper has ``cache_clear()`` (this function's memo) and ``memo_stats()``."""
-    memo = _Memo(function)
+    The wrapper has ``cache_clear()`` (this function's memo), ``memo_stats()`` and
+    ``start_in_background(...)``. ``@shared_measurement(switchable=False)``: shared even under
+    ``RESACCT_MEMO=0`` — for a launch of ranks whose one run serves several claims by design."""
+    if function is None:
+        return functools.partial(shared_measurement, switchable=switchable)
+    memo = _Memo(function, switchable)
     _MEMOS.append(memo)
 
     @functools.wraps(function)
@@ -128,7 +186,66 @@ def shared_measurement(function: Callable[..., _Result]) -> Callable[..., _Resul
 
     wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
     wrapper.memo_stats = memo.stats  # type: ignore[attr-defined]
+    wrapper.start_in_background = lambda *args, **kwargs: memo.start(args, kwargs)  # type: ignore[attr-defined]
     return wrapper
+
+
+@dataclass(eq=False)
+class _Job:
+    memo: _Memo
+    key: tuple[Any, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    started: bool = False
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_QUEUE: queue.Queue[_Job] = queue.Queue()
+_WORKER: list[threading.Thread] = []
+_WORKER_LOCK = threading.Lock()
+
+
+def _work() -> None:
+    while True:
+        job = _QUEUE.get()
+        try:
+            job.memo.run_job(job)
+        finally:
+            _QUEUE.task_done()
+
+
+def _ensure_worker() -> None:
+    with _WORKER_LOCK:
+        if not _WORKER:
+            _WORKER.append(threading.Thread(target=_work, name="resacct background measurements", daemon=True))
+            _WORKER[0].start()
+
+
+def start_in_background(measurement: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Queue ``measurement(*args, **kwargs)`` (a :func:`shared_measurement`) for the background
+    thread, which measures queued calls one at a time, for a caller that will ask for it later;
+    whether it was queued (not when sharing is off, or that key is measured or queued already).
+
+    >>> import time
+    >>> @shared_measurement
+    ... def slow_square(x: int) -> int:
+    ...     time.sleep(0.05)
+    ...     return x * x
+    >>> start_in_background(slow_square, 7), start_in_background(slow_square, 7)
+    (True, False)
+    >>> slow_square(7), slow_square.memo_stats().misses
+    (49, 1)
+    """
+    start = getattr(measurement, "start_in_background", None)
+    if start is None:
+        raise ResacctError(f"{getattr(measurement, '__qualname__', measurement)!r} is not a shared_measurement; only those can be started in the background")
+    return bool(start(*args, **kwargs))
+
+
+def wait_for_background() -> None:
+    """Return once no background measurement is queued or running."""
+    _QUEUE.join()
 
 
 def memo_stats() -> list[MemoStats]:

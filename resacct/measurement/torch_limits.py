@@ -12,6 +12,7 @@ claim is then *not measurable here* (a skip naming the limit), never a failure o
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 import torch
@@ -50,17 +51,23 @@ def torch_limitation(error: BaseException) -> str | None:
 def transformers_unusable() -> str | None:
     """Why the installed transformers cannot build models with this torch (the torch its ``torch``
     extra asks for is newer), or None: also None when transformers is not installed (an import
-    says that). Reads the distribution's metadata; nothing is imported."""
+    says that). Reads the distribution's metadata (~4 ms); nothing is imported. Every HF claim asks,
+    so the verdict on what was read is kept per process (parsing its ~240 requirements was ~15 ms a call)."""
+    try:
+        version = importlib.metadata.version("transformers")
+        requirements = tuple(importlib.metadata.requires("transformers") or ())
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return _unusable_under(version, requirements, torch.__version__)
+
+
+@functools.lru_cache(maxsize=32)
+def _unusable_under(version: str, requirements: tuple[str, ...], torch_version: str) -> str | None:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 
     try:
-        version = importlib.metadata.version("transformers")
-        requirements = importlib.metadata.requires("transformers") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    try:
-        installed = Version(torch.__version__)
+        installed = Version(torch_version)
     except InvalidVersion:
         return None
     for text in requirements:
@@ -71,6 +78,6 @@ def transformers_unusable() -> str | None:
         if requirement.name != "torch" or (requirement.marker is not None and not requirement.marker.evaluate({"extra": "torch"})):
             continue
         if not requirement.specifier.contains(installed, prereleases=True):
-            return (f"transformers {version} needs torch{requirement.specifier} and this torch is {torch.__version__} "
+            return (f"transformers {version} needs torch{requirement.specifier} and this torch is {torch_version} "
                     f"(transformers disables PyTorch under it); expected torch{requirement.specifier} for the HF models")
     return None
