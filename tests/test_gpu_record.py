@@ -20,6 +20,7 @@ SCRIPT = REPO / "tools" / "gpu_record.py"
 sys.path.insert(0, str(REPO / "tools"))
 
 import gpu_record  # noqa: E402
+import gpu_record_step  # noqa: E402
 
 from resacct.account.gpu.record import check_record_layout  # noqa: E402
 
@@ -128,7 +129,7 @@ def test_op_times_carry_shapes_and_dtypes_even_where_function_events_lack_dtypes
         (a @ b).relu()
     for event in prof.events():
         object.__setattr__(event, "input_dtypes", None)  # torch 2.11's FunctionEvent (the H100 image) has no input_dtypes
-    rows = {row["name"]: row for row in gpu_record._op_times(prof)}
+    rows = {row["name"]: row for row in gpu_record.op_times(prof)}
     assert rows["aten::mm"]["shapes"] == [[8, 4], [4, 2]] and rows["aten::mm"]["dtypes"] == ["float", "float"]
     assert rows["aten::matmul"]["top_level"] and not rows["aten::mm"]["top_level"] and rows["aten::mm"]["calls"] == 1
 
@@ -153,7 +154,7 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.M
         else:
             recorder.__exit__(None, None, None)
 
-    monkeypatch.setattr(gpu_record, "CUDA_DEVICE", "cpu")
+    monkeypatch.setattr(gpu_record_step, "CUDA_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", history)
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {**recorder.snapshot(), "allocator_settings": settings})

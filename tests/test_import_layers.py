@@ -239,6 +239,19 @@ def test_no_module_much_over_400_lines() -> None:
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by meaning, re-export old names): {long}"
 
 
+#: the scripts beside the package: the same bar (a helper module beside the script, imported by it, when one grows)
+SCRIPT_FOLDERS = ("tools", "benchmarks")
+
+
+def test_no_script_much_over_400_lines() -> None:
+    """tools/ and benchmarks/ hold scripts a reader opens too (tools/gpu_record.py was 546 lines): the same bar."""
+    scripts = [path for folder in SCRIPT_FOLDERS for path in sorted((REPO / folder).rglob("*.py")) if "__pycache__" not in path.parts]
+    assert any(path.name == "gpu_record.py" for path in scripts), "no script found under tools/: the rule checks nothing"
+    long = {str(path.relative_to(REPO)): _line_count(path) for path in scripts
+            if _line_count(path) > MAX_MODULE_LINES and str(path.relative_to(REPO)) not in ALLOWED_LONG_MODULES}
+    assert not long, f"scripts over {MAX_MODULE_LINES} lines (split them into modules beside them): {long}"
+
+
 def test_long_module_allow_list_has_no_stale_entries() -> None:
     stale = [
         name for name in ALLOWED_LONG_MODULES if not (REPO / name).exists() or _line_count(REPO / name) <= MAX_MODULE_LINES

@@ -1,0 +1,111 @@
+"""tools/gpu_record.py's ``--replay`` and ``--compare`` (issue 31), on any CPU: a record read back
+(one line on stderr when it is not a whole record), each recorded step replayed through the allocator
+model, or predicted on meta tensors (:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`)
+beside what the board did.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpu_record_matrix import MATRIX, build_model
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path`` (.json or .json.gz), or None after one line on stderr."""
+    from resacct.account.gpu.record import check_record_layout
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError) as error:
+        print(f"gpu_record.py: cannot read the record {str(path)!r} ({error}); expected a .json or .json.gz record", file=sys.stderr)
+        return None
+    problems = check_record_layout(record)
+    if problems:
+        print(f"gpu_record.py: {path} is not a whole record: {problems[0]}", file=sys.stderr)
+        return None
+    return record
+
+
+def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:
+    """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record names:
+    the same model (on meta), recipe, batch, attention kernel and allocator settings; on a board's
+    record (``capability`` "9.0" …) with the cuBLAS workspaces PyTorch's source gives it (the
+    recorded peaks are absolute: the warm-up steps allocated them), ``env`` the probe's variables."""
+    import torch
+
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.record import allocator_config_of
+    from resacct.account.peak.recipes import recipe_step
+    from resacct.facts.recipes import parse_recipe
+
+    family, model, recipe, attention, *_ = MATRIX[step["name"]]
+    net, loss_fn = build_model(family, model, attention, step.get("extra", {}), dry, "meta")
+    tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
+    chosen = parse_recipe(recipe)
+    work = recipe_step(chosen, net, (tokens, tokens), loss_fn, "adamw")
+    step_loss = work.loss_fn
+    if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct (cuda_autocast.py)
+        from resacct.account.gpu.device_answer import under_cuda_autocast
+        from resacct.facts.dtypes import parse_dtype
+        step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
+    kernel = attention if attention in ("flash", "efficient") and not dry else None
+    workspaces: tuple[int, ...] = ()
+    if capability and not dry:
+        from resacct.account.gpu.library_workspaces import step_workspaces
+        workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
+    return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
+                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces)
+
+
+def compare_record(path: Path) -> int:
+    """Each recorded step predicted on a CPU beside the board's peaks: allocated, reserved, ratios."""
+    from resacct.errors import ResacctError
+    record = read_record(path)
+    if record is None:
+        return 2
+    print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
+    print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
+    for step in record["steps"]:
+        if "error" in step or step["name"] not in MATRIX:
+            continue
+        try:
+            probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
+            predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env)
+        except (ResacctError, RuntimeError, ImportError) as error:
+            print(f"{step['name']:48} cannot predict: {str(error).splitlines()[0][:120]}")
+            continue
+        allocated, reserved = step["max_memory_allocated"], step["max_memory_reserved"]
+        print(f"{step['name']:48} {predicted.peak_allocated_bytes:>21,} {allocated:>15,} {predicted.peak_allocated_bytes / allocated:>6.3f}  "
+              f"{predicted.peak_reserved_bytes:>20,} {reserved:>15,} {predicted.peak_reserved_bytes / reserved:>6.3f}")
+    return 0
+
+
+def replay_record(path: Path) -> int:
+    """Replay every step of the record at ``path`` through the allocator model; one line per step."""
+    from resacct.account.gpu.record import replay_step
+    from resacct.errors import ResacctError
+    record = read_record(path)
+    if record is None:
+        return 2
+    print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
+    held = 0
+    steps = [step for step in record["steps"] if "error" not in step]
+    for step in steps:
+        try:
+            result = replay_step(step)
+        except ResacctError as error:
+            print(f"{step['name']:48} cannot replay: {error}")
+            continue
+        held += result.holds
+        print(f"{step['name']:48} allocated {result.peak_allocated_bytes:>14,} (recorded {result.recorded_max_allocated_bytes:>14,})  "
+              f"reserved {result.peak_reserved_bytes:>14,} (recorded {result.recorded_max_reserved_bytes:>14,})  "
+              f"{'holds' if result.holds else 'DIFFERS: ' + (result.first_segment_mismatch or result.first_misplaced_block or 'the peaks')}")
+    print(f"{held} of {len(steps)} recorded steps replay exactly ({len(record['steps']) - len(steps)} not recorded)")
+    return 0 if held == len(steps) else 1
+
