@@ -105,6 +105,13 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`resacct/measurement/distributed.py` drops each group's backend last (see its docstring).",
           "- **FSDP2 parity on 2.8**: its gloo `reduce_scatter_tensor` sums where FSDP2 asks for AVG "
           "(`fsdp2-trains-like-one-process-*`: `requires_torch: \">=2.13\"`).",
+          "- **The CPU sdpa kernel for grouped-query attention** (fewer key/value heads, transformers' `enable_gqa`): torch 2.8 "
+          "runs it by the math kernel (its CPU flash kernel wants equal heads: the s² scores are kept, k and v at every query head), "
+          "2.11, 2.13 and 2.14 by the flash kernel; equal heads run flash on all, 2.4.1 included (measured 2026-11-28). "
+          "`resacct/measurement/sdpa_choice.py` runs a tiny sdpa once to see which, and the HF activation formulas follow it "
+          "(the tiny Llama's 173,636 saved bytes on 2.8 against 161,860 by flash). The laws written for the flash kernel "
+          "(`hf-llama-gqa-sdpa-cpu-layer-activations`, `lora-step-backward-flops-frozen-base`, `lora-saved-activations-q-v-bf16`, "
+          "`lora-saved-activations-all-linear-any-shape`) carry `requires_torch: \">=2.13\"`.",
           "- **torch 2.4 and 2.5** print a DeprecationWarning when `torch.distributed.optim` is imported (their own "
           "`simplefilter(\"always\")`), and torch up to 2.8 makes a `tmp*` folder at that import: the ranks' forkserver "
           "imports it through `resacct/measurement/quiet_distributed_optim.py`, which catches the one and removes the other "
