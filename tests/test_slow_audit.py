@@ -86,6 +86,10 @@ def test_the_recorder_writes_cpu_and_wall_seconds_and_the_command_lists_what_is_
     assert "test_waits_without_cpu" in out and "most in setup" in out and "test_busy_but_marked" not in out
     assert slow_audit.main([str(path)]) == 0  # nothing near 0.7 s
     assert "0 of 5 items not marked slow are over the line (cpu seconds" in capsys.readouterr().err
+    assert slow_audit.main([str(path), "--marked"]) == 0  # the marked one's 0.05 s is under half of 0.7 s
+    out, err = capsys.readouterr()
+    assert out.split()[-1].endswith("::test_busy_but_marked") and "1 of 1 items marked slow" in err
+    assert slow_audit.main([str(path), "--marked", "--test-line", "0.04"]) == 0 and capsys.readouterr().out == ""
 
 
 def test_the_command_reads_pytest_durations_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

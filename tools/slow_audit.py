@@ -20,6 +20,7 @@ than wall seconds; ``--by wall`` judges wall seconds, the rule's own measure on 
     pytest -n 2 --dist loadgroup -p no:cacheprovider --slow-audit /tmp/items.json
     python tools/slow_audit.py /tmp/items.json            # CPU seconds
     python tools/slow_audit.py --by wall /tmp/items.json  # an idle machine
+    python tools/slow_audit.py --marked /tmp/items.json   # of a --run-slow run: marked slow, now quick
     pytest --durations=0 -q > run.txt; python tools/slow_audit.py run.txt   # wall seconds only
 """
 
@@ -170,6 +171,15 @@ def over_the_line(items: Iterable[ItemTime], by: str, *, test_line_s: float = TE
     return sorted(over, key=lambda item: item.total(by), reverse=True)
 
 
+def marked_but_quick(items: Iterable[ItemTime], by: str, *, test_line_s: float = TEST_LINE_S,
+                     claim_line_s: float = CLAIM_LINE_S) -> list[ItemTime]:
+    """The items marked slow that took under half their line (a ``--run-slow`` run): made fast since, or
+    marked on a loaded machine's say-so — candidates for the quick tier again. Fastest first."""
+    quick = [item for item in items if item.marked_slow
+             and item.total(by) < 0.5 * line_for(item.nodeid, test_line_s=test_line_s, claim_line_s=claim_line_s)]
+    return sorted(quick, key=lambda item: item.total(by))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slow_audit", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a --slow-audit JSON file, or pytest --durations=0 output")
@@ -177,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="judge CPU seconds (default where the file has them) or wall seconds")
     parser.add_argument("--test-line", type=float, default=TEST_LINE_S, metavar="S", help=f"a test's line (default {TEST_LINE_S})")
     parser.add_argument("--claim-line", type=float, default=CLAIM_LINE_S, metavar="S", help=f"a claim's line (default {CLAIM_LINE_S})")
+    parser.add_argument("--marked", action="store_true",
+                        help="list instead the items marked slow that took under half their line (a --run-slow run); exit 0")
     args = parser.parse_args(argv)
     try:
         items = read_items(args.run)
@@ -188,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slow_audit: --by cpu: {str(args.run)!r} has wall seconds only (pytest --durations); use --by wall "
               f"or a {OPTION} file", file=sys.stderr)
         return 2
+    if args.marked:
+        quick = marked_but_quick(items, by, test_line_s=args.test_line, claim_line_s=args.claim_line)
+        for item in quick:
+            print(f"{item.total(by):7.2f} {by} s  marked slow, under half its line  {item.nodeid}")
+        print(f"{len(quick)} of {sum(item.marked_slow for item in items)} items marked slow took under half their line "
+              f"({by} seconds)", file=sys.stderr)
+        return 0
     over = over_the_line(items, by, test_line_s=args.test_line, claim_line_s=args.claim_line)
     for item in over:
         line = line_for(item.nodeid, test_line_s=args.test_line, claim_line_s=args.claim_line)
