@@ -89,6 +89,7 @@ def test_a_step_outside_the_formula_says_why_and_keeps_the_rest(spec, model_args
     assert parameters.predicted == parameters.measured
 
 
+@pytest.mark.slow  # 1.16 s idle on 2026-11-28
 def test_the_sliding_window_boundary_is_measured():
     """One token short of the window sdpa gets no mask: exact; at the window it does (refused
     above): transformers then repeats k and v to every query head and torch runs its CPU flash
@@ -109,6 +110,7 @@ def test_the_sliding_window_boundary_is_measured():
     ("tests.fixtures_hf_models:tiny_llama_classifier", "predicted: — (transformers LlamaForSequenceClassification: "
                                                        "resacct models llama as LlamaForCausalLM, with its own next-token loss)"),
 ])
+@pytest.mark.slow  # 0.82 s idle on 2026-11-28
 def test_a_transformers_model_resacct_does_not_model_is_one_line(capsys, spec, line):
     assert main(["account", "--model", spec, "--batch", "2", "--seq", "8", "--no-measure"]) == 0
     out = capsys.readouterr().out
@@ -117,6 +119,7 @@ def test_a_transformers_model_resacct_does_not_model_is_one_line(capsys, spec, l
     assert saved and saved[0].split("│")[3].strip() == "—"
 
 
+@pytest.mark.slow  # ~0.8 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_json_carries_the_predicted_fields_with_units(capsys):
     assert main(["account", "--model", LLAMA, "--batch", "2", "--seq", "16", "--no-measure", "--json", "--per-module"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -76,6 +76,7 @@ def test_the_flash_kernel_workspace_follows_the_thread_count_and_without_it_the_
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # ~1.0 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_python_numbers_wrapped_by_torch_are_counted_and_without_them_the_prediction_is_wrong(monkeypatch):
     pytest.importorskip("transformers")
     predicted, measured = _both("gpt2-eager", 2, 16)  # gelu_new keeps 0.5, 0.044715, √(2/π) per layer
@@ -201,6 +202,7 @@ def test_the_workspace_formula_block_sizes():
     assert kernel_workspace.flash_block_sizes(200, 100) == (64, 100)
 
 
+@pytest.mark.slow  # 1.23 s idle on 2026-11-28
 def test_cli_json_has_the_step_peak_with_its_breakdown_and_the_timeline_png(capsys, tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "step.png"
