@@ -12,7 +12,12 @@ one more listener:
   outside the caching allocator); the window (``reset_peak_memory_stats``) starts at the forward,
   after the optimizer's state exists;
 - the optimizer takes its foreach implementation, CUDA's default (fake CPU tensors would get the
-  for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise.
+  for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise;
+- each rank is its own process, so it takes the cuBLAS/cuBLASLt workspaces of
+  :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (from PyTorch's source, unconfirmed on
+  a board) as a one-process step does: one for the forward's thread, one for autograd's backward thread,
+  a cuBLASLt one where a ``Linear`` has a bias — allocated once the engine has wrapped the model, before
+  the optimizer's state, and kept: in both peaks of every rank.
 
 **Not modelled**: FSDP2 issues its all-gathers and reduce-scatters on their own CUDA streams, whose
 blocks the caching allocator keeps apart (a block freed on one stream is not reused by another);
@@ -29,7 +34,7 @@ from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
 from resacct.account.peak.sharded import ShardedStorageTracker
 from resacct.errors import ResacctError
 
-__all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE"]
+__all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE", "workspaces_line"]
 
 STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-scatter streams keep their blocks apart on a GPU, "
                 "so its reserved peak is a lower bound")
@@ -109,14 +114,17 @@ def _step_counts(optimizer: Any) -> list[Any]:
 
 
 def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_size: int, tracker: CudaShardedTracker, mesh: Any,
-               costs: Any = None) -> None:
-    """:func:`resacct.account.peak.sharded.sharded_step` with the optimizer as CUDA runs it."""
+               costs: Any = None, workspaces: tuple[int, ...] = ()) -> None:
+    """:func:`resacct.account.peak.sharded.sharded_step` with the optimizer as CUDA runs it; ``workspaces``
+    (bytes) allocated after the engine wrapped the model, before the optimizer's state, and kept."""
     from resacct.account.peak.sharded import _collectives_named, _wrap
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
     with _collectives_named(tracker, world_size, backend="dispatcher"):
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=True, backend="dispatcher")
         _on_cuda(optimizer)
+        for index, size in enumerate(workspaces):  # the first step's first matmuls, before its optimizer.step()
+            tracker.allocator.malloc(("library workspace", index), size)
         make_optimizer_state(wrapped, optimizer)
         tracker.on_host(_step_counts(optimizer))
         with costs if costs is not None else contextlib.nullcontext():  # the step's ops (forward, backward, optimizer step, zero_grad)
@@ -162,6 +170,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         net, inputs, loss_fn = target.model, target.make_inputs(batch, fixed_seq), target.loss_fn()
         bits = 16 if (engine == "fsdp2-bf16" or next((p.element_size() for p in net.parameters()), 4) == 2) else 32
         kernel = kernel_for_bits[bits]
+        workspaces = _rank_workspaces(net, board)
         answers = []
         for rank in ranks:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
@@ -171,12 +180,13 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
                 with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
                     work, work_inputs = step_copies(net, inputs, fake=True)
                     with tracker, routing:
-                        _rank_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, costs)
+                        _rank_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, costs,
+                                   workspaces.sizes if workspaces is not None else ())
                 del work, work_inputs
                 allocator = tracker.allocator
                 answer = {"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes, "peak_reserved_bytes": allocator.peak_reserved_bytes,
                           "attention": kernel if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
-                          "compute_step_sec": None, "compute_step_basis": None}
+                          "compute_step_sec": None, "compute_step_basis": None, **_workspace_fields(workspaces)}
                 if board is not None:
                     from resacct.account.gpu.command_answers import board_rates
                     from resacct.account.gpu.step_time import predict_step_seconds
@@ -192,6 +202,35 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         return answers
     except ResacctError as error:
         return str(error)
+
+
+def _rank_workspaces(model: Any, board: Any) -> Any:
+    """The :class:`~resacct.account.gpu.library_workspaces.LibraryWorkspaces` of one rank's step of ``model`` on
+    ``board`` (a training step: forward and backward threads), None without a board or off NVIDIA's families."""
+    from resacct.account.gpu.library_workspaces import capability_major, step_workspaces
+
+    if board is None or capability_major(board) is None:
+        return None
+    return step_workspaces(model, board=board, backward=True)
+
+
+def _workspace_fields(workspaces: Any) -> dict[str, Any]:
+    """A rank's ``--json`` fields for its workspaces, named as the other commands' ``gpu`` answers name them."""
+    if workspaces is None:
+        return {"library_workspace_bytes": None, "library_workspaces": None, "library_workspaces_basis": None}
+    return {"library_workspace_bytes": workspaces.total_bytes, "library_workspaces": [{"what": what, "bytes": size} for what, size in workspaces.blocks],
+            "library_workspaces_basis": workspaces.basis}
+
+
+def workspaces_line(rank: dict[str, Any]) -> str | None:
+    """The workspaces line the other ``--device`` commands print (:meth:`LibraryWorkspaces.line`), for one
+    rank's answer (every rank takes the same: each is its own process); None where it has none."""
+    from resacct.account.gpu.library_workspaces import LibraryWorkspaces
+
+    if rank.get("library_workspaces") is None:
+        return None
+    blocks = tuple((block["what"], block["bytes"]) for block in rank["library_workspaces"])
+    return LibraryWorkspaces(blocks, rank["library_workspaces_basis"]).line() + ", on each rank (its own process)"
 
 
 def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
