@@ -76,3 +76,30 @@ def test_without_the_flag_nothing_is_timed():
         pass
     profile.publish((0.0, 0.0), fields)
     assert fields == {}
+
+
+def test_collector_off_pauses_the_collector_and_leaves_nothing_frozen() -> None:
+    """``collector_off`` (the account and fit commands' builds and traces): no cyclic collection inside,
+    the collector back on after, nothing left in the permanent generation, and a cycle made inside still
+    collected by the next full collection."""
+    import gc
+    import weakref
+
+    from resacct.account.trace.pass_profile import collector_off
+
+    class Node:
+        pass
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    with collector_off():
+        assert not gc.isenabled()
+        node = Node()
+        node.self = node  # a cycle: only the collector frees it
+        alive = weakref.ref(node)
+        del node
+        made = [[index] for index in range(100_000)]  # far past every generation's threshold: no automatic collection runs
+        assert alive() is not None and len(made) == 100_000
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    gc.collect()
+    assert alive() is None

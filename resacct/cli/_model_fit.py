@@ -101,6 +101,7 @@ def run_model_fit(args: argparse.Namespace) -> int:
         with running_phase("importing torch and resacct's accounting"):
             from resacct.account.fit.search import MAX_BATCH, fit_step
             from resacct.account.trace.cache import cache_wanted, cached, caching, last_outcome
+            from resacct.account.trace.pass_profile import collector_off
         gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
 
         def searched() -> tuple[Any, Any]:
@@ -108,7 +109,7 @@ def run_model_fit(args: argparse.Namespace) -> int:
             return answer, gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer) if gpu else None
 
         # --hf-config: the same question's answer read back from the trace cache (a factory's code may change: searched afresh)
-        with user_output_to_stderr(getattr(args, "json", False)), caching(args.hf_config is not None and cache_wanted(args.no_cache)):
+        with user_output_to_stderr(getattr(args, "json", False)), caching(args.hf_config is not None and cache_wanted(args.no_cache)), collector_off():
             answer, found = cached("hf-fit", _question(args, memory_bytes, reserve_bytes, board, recipe, optimizer), searched)
         if last_outcome() == "hit":
             print(f"resacct fit: answered from the trace cache ({answer.traces} traces, {answer.seconds:.1f} s when first searched; "

@@ -192,11 +192,12 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     if args.device != "cpu":  # a board's name is checked before the account's seconds
         importlib.import_module("resacct.facts.hardware").get_accelerator(args.device)
     from resacct.account.trace.cache import cache_wanted, caching
+    from resacct.account.trace.pass_profile import collector_off
 
-    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)):
+    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)), collector_off():
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
-    with caching(cache_wanted(args.no_cache)):
+    with caching(cache_wanted(args.no_cache)), collector_off():
         gpu = "" if args.device == "cpu" else _board_text(args, account)
     title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
              f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
