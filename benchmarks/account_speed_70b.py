@@ -1,7 +1,9 @@
 """The issue-22 and issue-34 speed bar: ``resacct account --hf-config <70B> --json`` (meta device,
 default options) beside the anchors a user would run instead — ``torch.distributed._tools.mem_tracker.MemTracker``
-over one training step of the same transformers model under ``FakeTensorMode`` (the step's peak), and
-bare ``FlopCounterMode`` over its forward and backward on meta (the step's FLOPs) — and a floor (the
+over one training step of the same transformers model under ``FakeTensorMode`` (the step's peak),
+bare ``FlopCounterMode`` over its forward and backward on meta (the step's FLOPs) and, where accelerate is
+installed, what ``accelerate estimate-memory`` computes (weights, gradients and Adam state from the parameter
+bytes) — and a floor (the
 plain transformers build on meta and one fake forward + backward, no tool), each in a fresh
 process, interleaved and repeated, in one run.
 
@@ -15,8 +17,9 @@ temporary folder: the answer read back), side by side. The commands run the same
 ``resacct account`` with its defaults: batch 4 × the config's context (4,096 for Llama-2-70B), the
 model's own next-token loss, fp32 AdamW (torch's default implementation for the CPU), a steady step
 (the optimizer's state made first). Each round runs the commands in a rotated order, so a change of
-load hits every command alike. accelerate's ``estimate-memory`` and calflops (issue 34's other
-anchors) are not installed here and not run.
+load hits every command alike. The bar is judged against the fastest anchor whatever it answers (issue 34:
+accelerate 4.8 s, calflops 5.0 s, FlopCounterMode 8.3 s); each anchor's question is printed beside it.
+calflops is not installed here: the output says so, and it is not run.
 
 Printed per command: the median wall time and the median CPU time of the child (user + system —
 what it costs with a core to itself; on a shared machine wall time also counts the wait for one),
@@ -137,7 +140,44 @@ def child_flopcounter(config_name: str, batch: int, seq: int) -> dict:
     return {"step_flops": int(counter.get_total_flops())}
 
 
-CHILDREN = {"memtracker": child_memtracker, "flopcounter": child_flopcounter, "floor": child_floor}
+def child_accelerate(config_name: str, batch: int, seq: int) -> dict:
+    """An anchor for the training state: what ``accelerate estimate-memory`` computes — the model built
+    empty (``init_empty_weights``, ``AutoModel.from_config`` in float32, as its ``create_empty_model``
+    does), ``calculate_maximum_sizes`` and ``estimate_training_usage`` (weights, gradients, Adam's two
+    moments: "Training using Adam", batch 1) — from the shipped config instead of the Hub (offline here).
+    No FLOPs, no activations, no peak of a step: a smaller question than resacct's."""
+    import torch
+    import transformers
+    import yaml
+    from accelerate import init_empty_weights
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+
+    transformers.logging.set_verbosity_error()
+    values = dict(yaml.safe_load(KNOWN.read_text(encoding="utf-8"))[config_name]["config"])
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with init_empty_weights():
+        model = transformers.AutoModel.from_config(config, torch_dtype=torch.float32)
+    total_size, _ = calculate_maximum_sizes(model)
+    return {"model_bytes": int(total_size), "training_adam_bytes": int(max(estimate_training_usage(total_size, "float32").values()))}
+
+
+CHILDREN = {"memtracker": child_memtracker, "flopcounter": child_flopcounter, "floor": child_floor, "accelerate": child_accelerate}
+
+#: What each command answers (printed beside its time: an anchor answering less is still an anchor the issue names).
+ANSWERS = {
+    "resacct account": "FLOPs, training state, saved activations, the step's peak and timeline",
+    "anchor: accelerate estimate-memory": "weights + gradients + Adam state from the parameter bytes (no FLOPs, activations or peak)",
+    "anchor: MemTracker step": "the step's peak (tensor bytes)",
+    "anchor: FlopCounterMode fwd+bwd": "the step's FLOPs",
+    "floor: build + fake fwd/bwd": "nothing (a build and one fake forward + backward)",
+}
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 # ───────────────────────────── the parent: interleaved fresh processes ─────────────────────────────
@@ -170,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-root", default=None, metavar="PATH",
                         help="also time `python -m resacct account` run from another checkout (e.g. `git worktree add /tmp/base HEAD~1`), "
                              "interleaved with the rest: a before/after in one run")
+    parser.add_argument("--skip", action="append", default=[], choices=sorted(CHILDREN),
+                        help="leave an anchor (or the floor) out of the rounds, e.g. memtracker (170 CPU s idle; never the fastest): said so")
     parser.add_argument("--child", choices=sorted(CHILDREN), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=4, help="sequences (default 4, account's default)")
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the config's context, account's default)")
@@ -185,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "resacct account": [python, "-m", "resacct", "account", "--hf-config", args.config, *sizes, "--json", "--no-cache"],
         "resacct account, warm cache": [python, "-m", "resacct", "account", "--hf-config", args.config, *sizes, "--json"],
         "anchor: MemTracker step": [python, __file__, "--child", "memtracker", *child],
+        **({"anchor: accelerate estimate-memory": [python, __file__, "--child", "accelerate", *child]} if _installed("accelerate") else {}),
         "anchor: FlopCounterMode fwd+bwd": [python, __file__, "--child", "flopcounter", *child],
         "floor: build + fake fwd/bwd": [python, __file__, "--child", "floor", *child],
     }
@@ -192,9 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_root is not None:  # `python -m resacct` imports the package of its working directory first
         commands["resacct account, baseline"] = commands["resacct account"][:-1]  # a checkout from before the cache: no --no-cache
         where["resacct account, baseline"] = Path(args.baseline_root).resolve()
+    skipped = {"memtracker": "anchor: MemTracker step", "flopcounter": "anchor: FlopCounterMode fwd+bwd", "floor": "floor: build + fake fwd/bwd",
+               "accelerate": "anchor: accelerate estimate-memory"}
+    for child_name in args.skip:
+        commands.pop(skipped[child_name], None)
     names = list(commands)
     cache = tempfile.TemporaryDirectory(prefix="resacct-bench-cache-")  # the warm runs' cache: filled once before the rounds
     envs = {name: {"RESACCT_CACHE_DIR": cache.name, "RESACCT_NO_CACHE": "0"} for name in names}
+    if "resacct account, baseline" in envs:  # traced afresh every round (a checkout from before the cache ignores the variable)
+        envs["resacct account, baseline"]["RESACCT_NO_CACHE"] = "1"
     _run_once(commands["resacct account, warm cache"], ROOT, envs["resacct account, warm cache"])
     walls: dict[str, list[float]] = {name: [] for name in names}
     cpus: dict[str, list[float]] = {name: [] for name in names}
@@ -209,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     report = outputs["resacct account"]
     print(f"{args.config}: batch {args.batch} × seq {seq}, {report['parameters']:,} parameters, fp32 AdamW, on meta / fake CPU tensors; "
           f"{args.repeats} rounds, interleaved, fresh processes; torch threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    for missing in [anchor for anchor, module in (("accelerate estimate-memory", "accelerate"), ("calflops", "calflops")) if not _installed(module)]:
+        print(f"  anchor: {missing}: not installed here, not run")
+    for name in names:
+        print(f"  {name:28s} answers: {ANSWERS.get(name.removesuffix(', warm cache').removesuffix(', baseline'), '')}")
     for name in names:
         print(f"  {name:28s} wall median {statistics.median(walls[name]):6.2f} s (runs {', '.join(f'{w:.2f}' for w in walls[name])})  "
               f"CPU median {statistics.median(cpus[name]):6.2f} s (runs {', '.join(f'{c:.2f}' for c in cpus[name])})")
@@ -218,20 +271,31 @@ def main(argv: list[str] | None = None) -> int:
         fastest = min(anchors, key=lambda name: statistics.median(table[name]))
         for account in [name for name in names if name.startswith("resacct account")]:
             ratio = statistics.median(table[account]) / statistics.median(table[fastest])
-            floor = statistics.median(table[account]) / statistics.median(table["floor: build + fake fwd/bwd"])
+            floor = (f"   (÷ floor: {statistics.median(table[account]) / statistics.median(table['floor: build + fake fwd/bwd']):.2f})"
+                     if "floor: build + fake fwd/bwd" in table else "")
             ratios.setdefault(measure, ratio)
             if account == "resacct account, warm cache":
                 warm[measure] = ratio
-            print(f"  {account} ÷ fastest anchor ({fastest.removeprefix('anchor: ')}), {measure}: {ratio:.2f}   (÷ floor: {floor:.2f})")
+            others = ", ".join(f"÷ {other.removeprefix('anchor: ')} {statistics.median(table[account]) / statistics.median(table[other]):.2f}"
+                               for other in anchors if other != fastest)
+            print(f"  {account} ÷ fastest anchor ({fastest.removeprefix('anchor: ')}), {measure}: {ratio:.2f}{floor}"
+                  + (f"; {others}" if others else ""))
     print(f"  warm --json identical to the cold one's: {outputs['resacct account'] == outputs['resacct account, warm cache']}")
-    flops = outputs["anchor: FlopCounterMode fwd+bwd"]["step_flops"]
+    for child_name in args.skip:
+        print(f"  {skipped[child_name]}: skipped (--skip {child_name})")
     step = next(row["measured_flops"] for row in report["flops"] if row["quantity"] == "step")
-    print(f"  step FLOPs: resacct {step:,}; bare FlopCounterMode {flops:,} (its meta trace, no gap filled)")
+    if "anchor: FlopCounterMode fwd+bwd" in outputs:
+        flops = outputs["anchor: FlopCounterMode fwd+bwd"]["step_flops"]
+        print(f"  step FLOPs: resacct {step:,}; bare FlopCounterMode {flops:,} (its meta trace, no gap filled)")
+    if "anchor: accelerate estimate-memory" in outputs:
+        estimate = outputs["anchor: accelerate estimate-memory"]
+        print(f"  accelerate: model {estimate['model_bytes']:,} B (AutoModel, no LM head), training with Adam {estimate['training_adam_bytes']:,} B")
     if args.baseline_root is not None:
         same = outputs["resacct account"] == outputs["resacct account, baseline"]
         print(f"  --json identical to the baseline's: {same}")
     peak = report.get("step_peak", {}).get("predicted_peak_bytes")
-    print(f"  peaks: resacct predicted {peak:,} B; MemTracker {outputs['anchor: MemTracker step']['peak_bytes']:,} B (tensor bytes, no kernel workspaces)")
+    if "anchor: MemTracker step" in outputs:
+        print(f"  peaks: resacct predicted {peak:,} B; MemTracker {outputs['anchor: MemTracker step']['peak_bytes']:,} B (tensor bytes, no kernel workspaces)")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     ok = ratios[args.judge] <= 1.0
     print(f"  bar (judged cold: a fresh process, --no-cache): resacct ÷ fastest anchor ({args.judge}) {ratios[args.judge]:.2f} ≤ 1 → "
