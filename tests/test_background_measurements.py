@@ -117,11 +117,12 @@ def test_a_check_starts_its_background_with_a_claims_inputs_and_never_raises() -
     assert Check("area.plain", outcome, (), "").start_in_background(world_size=2) is False
 
 
-def test_the_sharded_checks_declare_the_launches_they_wait_for() -> None:
+def test_the_launching_and_child_checks_declare_what_they_wait_for() -> None:
     from resacct.harness.registry import get_check
 
     for name in ("sharding.per_rank_bytes_gloo", "sharding.sharded_matches_single_process", "sharding.paper_scale_per_rank_bytes",
-                 "peak_sharded.step_peak_per_rank", "peak_sharded.peak_breakdown", "parallelism.tensor_parallel_layer_saved_bytes"):
+                 "peak_sharded.step_peak_per_rank", "peak_sharded.peak_breakdown", "parallelism.tensor_parallel_layer_saved_bytes",
+                 "hf.any_architecture", "finetune.lora_step"):
         assert get_check(name).background is not None, name
 
 
@@ -172,3 +173,44 @@ def test_the_transformers_torch_check_parses_the_requirements_once_per_answer(mo
     assert parsed == ['torch>=2.6; extra == "torch"', "numpy>=1.17"]
     monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=99; extra == "torch"'])
     assert "needs torch>=99" in (torch_limits.transformers_unusable() or "")
+
+
+def test_an_in_child_measurements_queued_calls_go_to_one_child_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every queued call of an ``in_child`` measurement is one batch (one child imports transformers
+    once); what the child could not measure is measured again by its caller."""
+    import resacct.measurement.memo as memo
+
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    batches: list[list[tuple[object, ...]]] = []
+    gate = threading.Event()
+
+    def child(function: object, batch: list[object]) -> list[tuple[bool, object]]:
+        assert gate.wait(10)
+        batches.append([job.args for job in batch])  # type: ignore[attr-defined]
+        return [(job.args != (3,), None if job.args == (3,) else 100 + job.args[0]) for job in batch]  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(memo, "_answers_from_child", child)
+    here: list[int] = []
+
+    @shared_measurement(in_child=True)
+    def step(size: int) -> int:
+        here.append(size)
+        return size
+
+    for size in (1, 2, 3):
+        start_in_background(step, size)
+    gate.set()
+    wait_for_background()
+    assert batches == [[(1,), (2,), (3,)]]
+    assert [step(1), step(2), step(3)] == [101, 102, 3] and here == [3]  # type: ignore[operator]
+
+
+def test_the_childs_program_measures_each_call_with_the_askers_threads() -> None:
+    import math
+
+    from resacct.measurement.background import measure_in_child
+    from resacct.measurement.distributed import run_isolated
+
+    answers = run_isolated(measure_in_child, math.factorial, [((5,), {}), ((-1,), {})], 1, timeout_seconds=120)
+    assert answers[0] == (True, 120)
+    assert answers[1][0] is False and "ValueError" in answers[1][1]

@@ -247,6 +247,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "specs": str(Path(specs).resolve()),
         "rootdir": str(files[0].parent.parent.resolve()),
         "seconds": round(time.monotonic() - started, 1),
+        "cpu_seconds": _process_cpu_seconds(),
         "seconds_by_area": seconds_by_area(document["claims"]),
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
@@ -255,6 +256,15 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         latch.check()  # a Ctrl-C that Python dropped after the last claim: nothing is published
     write_report_files(document, staging.path, roofline.read_bytes() if roofline else None, timeline.read_bytes() if timeline else None)
     return run, staging.publish(complete=document["run"]["complete"])
+
+
+def _process_cpu_seconds() -> float:
+    """This process's CPU seconds so far, user + system, its threads included (report.json's
+    ``run.cpu_seconds``): the claims' own work, without the ranks and children that worked beside it."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 1)
 
 
 def _import_what_claims_need() -> None:

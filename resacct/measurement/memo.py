@@ -14,15 +14,15 @@ Inputs that differ never share: a hypothesis example measures its own inputs. Ar
 hashable (numbers, strings, tuples); a function that builds its model from a name and numbers is
 the shape this is made for.
 
-A measurement that runs in other processes (a gloo launch: its ranks do the work, this process
-only waits on their pipes) can be **queued for the background** (``wrapper.start_in_background(...)``,
-:func:`start_in_background`): one background thread makes the queued calls **one at a time** (two
-launches at once oversubscribe the two cores: their ranks spin in collectives — 55 s for what took
-21 s in turn), while this process runs other claims. A caller whose key is being measured waits for
-it; one whose key is still queued takes it out and measures it itself, at once. A background call
-that raised is forgotten, so the caller measures afresh and the error is its own.
-:func:`wait_for_background` returns once the queue is empty and nothing runs (a timed claim waits
-there: its cores are its own).
+A measurement can be **queued for the background** (``wrapper.start_in_background(...)``,
+:func:`start_in_background`): :mod:`resacct.measurement.background`'s thread measures the queue one
+at a time — a launch of gloo ranks (its processes work, the thread waits on their pipes), or, for a
+function declared ``@shared_measurement(in_child=True)``, every queued call of it in one child
+process — while this process runs other claims. A caller whose key is being measured waits for it;
+one whose key is still queued takes it out and measures it itself, at once. A background call that
+raised is forgotten, so the caller measures afresh and the error is its own.
+:func:`wait_for_background` returns once nothing is queued or running (a timed claim waits there:
+its cores are its own).
 
 ``RESACCT_MEMO=0`` turns sharing off (every call measures afresh: what
 ``benchmarks/claim_sharing.py`` compares against); :func:`memo_stats` counts hits and misses per
@@ -46,13 +46,13 @@ import copy
 import functools
 import inspect
 import os
-import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from resacct.errors import ResacctError
+from resacct.measurement.background import Job, submit, wait_for_background
 
 __all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "start_in_background", "wait_for_background",
            "MemoStats", "MEMO_VARIABLE"]
@@ -77,13 +77,15 @@ def memo_enabled() -> bool:
 
 
 class _Memo:
-    def __init__(self, function: Callable[..., Any], switchable: bool = True) -> None:
+    def __init__(self, function: Callable[..., Any], switchable: bool = True, in_child: bool = False) -> None:
         self.function = function
         self.switchable = switchable  # False: shared whatever RESACCT_MEMO says (a launch one run pays once by design)
+        self.in_child = in_child  # its background calls run together in one child process
+        self.wrapper: Callable[..., Any] = function  # what a child calls: the module-level name (set by shared_measurement)
         self.name = f"{function.__module__}.{function.__qualname__}"
         self.signature = inspect.signature(function)
         self.results: dict[tuple[Any, ...], Any] = {}
-        self.queued: dict[tuple[Any, ...], _Job] = {}  # keys queued for, or being measured by, the background thread
+        self.queued: dict[tuple[Any, ...], Job] = {}  # keys queued for, or being measured by, the background thread
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
@@ -137,20 +139,29 @@ class _Memo:
         with self.lock:
             if key in self.results or key in self.queued:
                 return False
-            job = self.queued[key] = _Job(self, key, args, kwargs)
-        _QUEUE.put(job)
-        _ensure_worker()
+            job = self.queued[key] = Job(self, key, args, kwargs)
+        submit(job)
         return True
 
-    def run_job(self, job: _Job) -> None:
+    def run_jobs(self, batch: list[Job]) -> None:
+        """Measure the queued calls of ``batch`` that no caller took out: in turn here, or in one child."""
         with self.lock:
-            if job.cancelled:
-                return
-            job.started = True
-        try:
-            result = self.function(*job.args, **job.kwargs)
-        except BaseException:  # noqa: BLE001 - the caller measures again and raises it as the claim's own
-            result = job
+            batch = [job for job in batch if not job.cancelled]
+            for job in batch:
+                job.started = True
+        if self.in_child and batch:
+            answers = _answers_from_child(self.wrapper, batch)
+            for job, (measured, result) in zip(batch, answers):
+                self._finish(job, result if measured else job)
+            return
+        for job in batch:
+            try:
+                result = self.function(*job.args, **job.kwargs)
+            except BaseException:  # noqa: BLE001 - the caller measures again and raises it as the claim's own
+                result = job
+            self._finish(job, result)
+
+    def _finish(self, job: Job, result: Any) -> None:
         with self.lock:
             if result is not job:
                 self.misses += 1
@@ -170,56 +181,40 @@ class _Memo:
 _MEMOS: list[_Memo] = []
 
 
-def shared_measurement(function: Callable[..., _Result] | None = None, *, switchable: bool = True) -> Any:
+def _answers_from_child(function: Callable[..., Any], batch: list[Job]) -> list[tuple[bool, Any]]:
+    import torch
+
+    from resacct.measurement.background import CHILD_TIMEOUT_SECONDS, measure_in_child
+    from resacct.measurement.distributed import run_isolated
+
+    try:
+        return run_isolated(measure_in_child, function, [(job.args, job.kwargs) for job in batch], torch.get_num_threads(),  # type: ignore[no-any-return]
+                            timeout_seconds=CHILD_TIMEOUT_SECONDS)
+    except Exception:  # noqa: BLE001 - the child failed as a whole: every caller measures here
+        return [(False, None)] * len(batch)
+
+
+def shared_measurement(function: Callable[..., _Result] | None = None, *, switchable: bool = True, in_child: bool = False) -> Any:
     """``function`` measured once per process per key (see the module doc); each caller gets a copy.
     The wrapper has ``cache_clear()`` (this function's memo), ``memo_stats()`` and
     ``start_in_background(...)``. ``@shared_measurement(switchable=False)``: shared even under
-    ``RESACCT_MEMO=0`` — for a launch of ranks whose one run serves several claims by design."""
+    ``RESACCT_MEMO=0`` — for a launch of ranks whose one run serves several claims by design.
+    ``in_child=True``: its background calls run in one child process, together (see the module
+    doc); the function and its arguments must pickle, and so must its results."""
     if function is None:
-        return functools.partial(shared_measurement, switchable=switchable)
-    memo = _Memo(function, switchable)
+        return functools.partial(shared_measurement, switchable=switchable, in_child=in_child)
+    memo = _Memo(function, switchable, in_child)
     _MEMOS.append(memo)
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> _Result:
         return memo(*args, **kwargs)  # type: ignore[no-any-return]
 
+    memo.wrapper = wrapper
     wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
     wrapper.memo_stats = memo.stats  # type: ignore[attr-defined]
     wrapper.start_in_background = lambda *args, **kwargs: memo.start(args, kwargs)  # type: ignore[attr-defined]
     return wrapper
-
-
-@dataclass(eq=False)
-class _Job:
-    memo: _Memo
-    key: tuple[Any, ...]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    started: bool = False
-    cancelled: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-_QUEUE: queue.Queue[_Job] = queue.Queue()
-_WORKER: list[threading.Thread] = []
-_WORKER_LOCK = threading.Lock()
-
-
-def _work() -> None:
-    while True:
-        job = _QUEUE.get()
-        try:
-            job.memo.run_job(job)
-        finally:
-            _QUEUE.task_done()
-
-
-def _ensure_worker() -> None:
-    with _WORKER_LOCK:
-        if not _WORKER:
-            _WORKER.append(threading.Thread(target=_work, name="resacct background measurements", daemon=True))
-            _WORKER[0].start()
 
 
 def start_in_background(measurement: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
@@ -241,11 +236,6 @@ def start_in_background(measurement: Callable[..., Any], *args: Any, **kwargs: A
     if start is None:
         raise ResacctError(f"{getattr(measurement, '__qualname__', measurement)!r} is not a shared_measurement; only those can be started in the background")
     return bool(start(*args, **kwargs))
-
-
-def wait_for_background() -> None:
-    """Return once no background measurement is queued or running."""
-    _QUEUE.join()
 
 
 def memo_stats() -> list[MemoStats]:
