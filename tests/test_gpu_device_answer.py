@@ -116,3 +116,89 @@ def test_fit_on_a_board_judges_the_reserved_peak_and_steps_down(config_path: str
     found = fit_gpu_answer(tight, target, board=board, recipe="bf16", optimizer="adamw")
     assert found["traces"] >= 2 and (found["largest"] is None or found["largest"] < 4)
     assert found["largest"] is None or found["gpu"].reserved_bytes <= tight.budget_bytes
+
+
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def _measured_cuda_order_step(model, batch, loss_fn, make_optimizer) -> int:  # type: ignore[no-untyped-def]
+    """The step run for real on CPU tensors (sdpa's math kernel), its allocations fed to the allocator model in the
+    order predict_cuda_step_memory gives a board's (parameters, batch, the optimizer's state, then the step, foreach
+    AdamW as on CUDA): its allocated peak, less AdamW's step counts (CUDA keeps them on the host)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.cuda_allocator import round_size
+    from resacct.account.gpu.cuda_step import _as_on_cuda
+    from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
+
+    with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
+        for tensor in [*model.parameters(), *model.buffers(), *{id(t): t for t in batch.values()}.values()]:
+            recorder.track(tensor)
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad])
+        _as_on_cuda(optimizer)
+        make_optimizer_state(model, optimizer)
+        recorder.start_window()
+        run_training_step(model, batch, loss_fn, optimizer)
+    host = sum(round_size(state["step"].untyped_storage().nbytes()) for state in optimizer.state.values())
+    return recorder.allocator.peak_allocated_bytes - host
+
+
+@pytest.mark.slow  # a real CPU training step of a tiny Mixtral beside three meta traces (~3 CPU s, 5 agents on 2 cores)
+def test_a_mixtral_training_step_on_a_board_runs_its_experts_grouped(tmp_path: Path) -> None:
+    """``account``/``fit --device``: transformers runs a Mixtral's experts by ``grouped_mm`` on a CUDA board;
+    resacct builds it with ``batched_mm``, which keeps a copy of the expert weights per (token, expert) for
+    backward. The answer runs them grouped, says so, and leaves the caller's model as it was; measured against the
+    same step run for real on CPU tensors with grouped experts (the allocator model fed in a board's order)."""
+    pytest.importorskip("transformers")
+    from resacct.account.gpu.cuda_experts import grouped_experts
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(MIXTRAL))
+    spec, ids = load_hf_config(str(path)), torch.zeros(2, 64, dtype=torch.long)
+    batch = {"input_ids": ids, "labels": ids}
+    model = build_hf_model(spec, device="meta").train()
+    answer = gpu_step_answer(model, batch, _loss, recipe=get_recipe("fp32"), optimizer="adamw", board=get_accelerator("h100"))
+    assert model.config._experts_implementation == "batched_mm"  # restored: fit's search goes on with the CPU engine's model
+    assert answer.experts is not None and "grouped" in answer.experts and any("experts: grouped" in line for line in answer.lines(str))
+    assert answer.to_dict()["experts"] == answer.experts
+    torch.manual_seed(0)
+    measured = _measured_cuda_order_step(grouped_experts(build_hf_model(spec, device="cpu")).train(), batch, _loss, torch.optim.AdamW)
+    predicted = answer.allocated_bytes - answer.workspaces.total_bytes
+    assert predicted == pytest.approx(measured, rel=0.05)  # flash/efficient attention on the board, math here: not to the byte
+    copies = predict_cuda_step_memory(build_hf_model(spec, device="meta").train(), batch, _loss)  # batched_mm: what the answer was
+    gathered_one_layer = 2 * 64 * MIXTRAL["num_experts_per_tok"] * 3 * MIXTRAL["hidden_size"] * MIXTRAL["intermediate_size"] * 4
+    assert copies.peak_allocated_bytes - measured > gathered_one_layer > 10 * abs(predicted - measured)
+
+
+@pytest.mark.slow  # a real CPU LoRA step of a tiny Mixtral beside its CUDA trace (~3 CPU s, 5 agents on 2 cores)
+def test_lora_of_a_mixtral_on_a_board_runs_its_experts_grouped(tmp_path: Path) -> None:
+    """``lora --device``: the same for peft's LoRA step (adapters on q and v; the experts frozen but still run):
+    grouped, said so, and its peak the real CPU LoRA step's with grouped experts (within 5 %); the step time
+    counts the grouped matmuls' FLOPs (transformers' op, which torch's flop registry does not know)."""
+    pytest.importorskip("peft")
+    from resacct.account.gpu.command_answers import lora_gpu_answer
+    from resacct.account.gpu.cuda_experts import grouped_experts
+    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.account.load.hf_models import load_hf_config, transformers_config
+    from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
+
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(MIXTRAL))
+    config = transformers_config(load_hf_config(str(path)))
+    answer = lora_gpu_answer(config, rank=8, targets=("q_proj", "v_proj"), base="fp32", batch=2, seq=64, dropout=0.0,
+                             gradient_checkpointing=False, board=get_accelerator("h100"))
+    assert answer.gap is None and answer.experts is not None and "grouped" in answer.experts
+    torch.manual_seed(0)
+    real = grouped_experts(build_lora_model(config, rank=8, targets=("q_proj", "v_proj"), base="fp32", device="cpu"))
+    measured = _measured_cuda_order_step(real, lora_step_inputs(config, batch=2, seq=64, device="cpu"), lora_loss, adamw_over)
+    assert answer.allocated_bytes - answer.workspaces.total_bytes == pytest.approx(measured, rel=0.05)
+    ops = trace_step_ops(real, lora_step_inputs(config, batch=2, seq=64), lora_loss, adamw_over)
+    grouped = [op for op in ops if "grouped_mm_fallback" in op.op]
+    # each layer: gate_up (2·S·d·2f) and down (2·S·f·d) forward, the input's gradients backward (the weights are frozen: no weight gradient
+    # is asked, but transformers' backward op computes both, 2× the forward)
+    rows = 2 * 64 * MIXTRAL["num_experts_per_tok"]
+    forward = 2 * rows * MIXTRAL["hidden_size"] * 2 * MIXTRAL["intermediate_size"] + 2 * rows * MIXTRAL["intermediate_size"] * MIXTRAL["hidden_size"]
+    assert grouped and sum(op.flops for op in grouped) == MIXTRAL["num_hidden_layers"] * 3 * forward

@@ -13,7 +13,8 @@ and what calibrates them (the board's committed record, else its datasheet).
 
 Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
 source, unconfirmed on a board; one line says so): LoRA's step two cuBLAS ones (forward and autograd's
-backward thread), the prefill one.
+backward thread), the prefill one. A mixture of experts runs its experts grouped by expert, as transformers
+does on a CUDA board (:mod:`resacct.account.gpu.cuda_experts`); one line says so.
 
 A board outside NVIDIA's CUDA families (TPU, Gaudi, AMD Instinct) gets no number: the CUDA caching
 allocator is not what runs there.
@@ -25,6 +26,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
+from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
 from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
@@ -99,7 +101,7 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
-_LORA_TRACES: dict[tuple, tuple[Any, list, Any]] = {}  # the last LoRA step traced: (its CUDA prediction, its ops, its workspaces)
+_LORA_TRACES: dict[tuple, tuple[Any, list, Any, str | None]] = {}  # the last LoRA step traced: (CUDA prediction, ops, workspaces, experts)
 _UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
 
 
@@ -151,18 +153,19 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
             model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
             model.train()
+            experts = group_experts(model)  # a model of its own: its experts as the board runs them, for the peaks and the step time
             inputs = lora_step_inputs(config, batch=batch, seq=seq)
             workspaces = step_workspaces(model, board=board, backward=True)
             _LORA_TRACES.clear()
             _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes),
-                                 trace_step_ops(model, inputs, lora_loss, adamw_over), workspaces)
-        predicted, ops, workspaces = _LORA_TRACES[key]
+                                 trace_step_ops(model, inputs, lora_loss, adamw_over), workspaces, experts)
+        predicted, ops, workspaces, experts = _LORA_TRACES[key]
         rates = board_rates(board, bits)
         time = predict_step_seconds(ops, rates)
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
-                           workspaces=workspaces)
+                           workspaces=workspaces, experts=experts)
     return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
 
@@ -182,7 +185,9 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
         gap = f"a {kv_format} KV cache beside {weights} weights: transformers' cache keeps the model's dtype; expected --kv-format {weights}"
     if gap is not None:
         return _unavailable(board, gap)
-    model = grouped_experts(build_hf_model(load_hf_config(config_name), device="meta")).to(dtypes[weights])
+    model = build_hf_model(load_hf_config(config_name), device="meta")
+    experts = group_experts(model)  # as transformers runs them on a CUDA board
+    model = model.to(dtypes[weights])
     model.eval()
     ids = torch.zeros(batch, context, dtype=torch.long)
     workspaces = step_workspaces(model, board=board, backward=False)  # no backward: the forward thread's only
@@ -192,27 +197,8 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
-                         workspaces=workspaces,
+                         workspaces=workspaces, experts=experts,
                          step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
-
-
-def grouped_experts(model: Any) -> Any:
-    """``model`` with its experts run as transformers runs them on a CUDA board by default: ``grouped_mm``
-    (``PreTrainedModel.get_correct_experts_implementation``: no implementation asked → ``grouped_mm``
-    where ``torch._grouped_mm`` can dispatch, sm80 and later on torch ≥ 2.9). resacct builds Mixtral with
-    ``batched_mm`` (its training formulas model that path), which gathers a copy of the expert weights
-    for every (token, expert) pair — ``gate_up_proj[expert_ids]``: at a 4096-token prefill of
-    Mixtral-8x7B 2980.60 GB "allocated", where the weights are 93.41 GB. Here the rows are grouped by
-    expert instead (:mod:`resacct.account.load.moe_routing`'s dropless forward, transformers' own
-    ``grouped_mm_experts_forward``): T·k rows, the weights never copied. A model without experts, or
-    with another implementation, is returned as it is."""
-    config = getattr(model, "config", None)
-    if getattr(config, "_experts_implementation", None) != "batched_mm":
-        return model
-    from resacct.account.load.moe_routing import register_dropless_experts
-
-    model.set_experts_implementation(register_dropless_experts())
-    return model
 
 
 def kv_prefill(module: Any, tokens: Any) -> Any:

@@ -8,7 +8,8 @@ inputs without a mask (the efficient kernel otherwise, as ``sdpa_kernel`` would 
 board), AdamW its foreach implementation. What it cannot predict it says in one line instead of a
 number: loss scaling (GradScaler reads whether a gradient overflowed). An autocast recipe runs its
 forward and loss under :class:`~resacct.account.gpu.cuda_autocast.CudaAutocast` (CUDA autocast's casts
-applied to meta tensors), its attention through flash (16-bit inputs).
+applied to meta tensors), its attention through flash (16-bit inputs). A mixture of experts runs its
+experts grouped by expert, as transformers does on a CUDA board (:mod:`~resacct.account.gpu.cuda_experts`).
 
 The calibration line names the committed record of the board (``docs/gpu/``), else "datasheet only".
 """
@@ -43,6 +44,7 @@ class GpuStepAnswer:
     step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
     step_time_basis: str | None = None  # how it was predicted (or why there is no step)
     workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
+    experts: str | None = None  # how a mixture of experts' experts ran (grouped, as on a CUDA board: cuda_experts.py); None: no experts switched
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -51,7 +53,8 @@ class GpuStepAnswer:
         assert self.allocated_bytes is not None and self.reserved_bytes is not None
         return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
                 f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
-                f"  calibrated by: {self.calibration}"] + ([self.workspaces.line()] if self.workspaces is not None else []) + self._time_lines()
+                f"  calibrated by: {self.calibration}"] + ([self.workspaces.line()] if self.workspaces is not None else []) + (
+                    [f"  experts: {self.experts}"] if self.experts is not None else []) + self._time_lines()
 
     def _time_lines(self) -> list[str]:
         if self.step_sec is None:
@@ -65,6 +68,7 @@ class GpuStepAnswer:
         return (f"on {self.board}: predicted CUDA allocated peak {self.allocated_bytes} B, reserved peak {self.reserved_bytes} B "
                 f"(attention {self.attention}); {self.calibration}"
                 + ("" if self.workspaces is None else f"; cuBLAS workspaces {self.workspaces.total_bytes} B in the peaks ({self.workspaces.basis})")
+                + ("" if self.experts is None else f"; experts {self.experts}")
                 + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s ({self.step_time_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,7 +76,8 @@ class GpuStepAnswer:
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
                 "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
-                "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks]}
+                "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
+                "experts": self.experts}
 
 
 def calibration_text(board: Any) -> str:
@@ -115,17 +120,21 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     attention = _attention_for(step.model, bits)
     workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
     library = workspaces.sizes if workspaces is not None else ()
-    try:
-        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
-    except ResacctError as error:
-        if attention != "flash" or "mask" not in str(error):
-            if "never called F.scaled_dot_product_attention" not in str(error):
-                raise
-            attention = None
-        else:
-            attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
-        predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration, workspaces=workspaces)
+    from resacct.account.gpu.cuda_experts import experts_as_on_cuda
+
+    with experts_as_on_cuda(step.model) as experts:  # grouped_mm, as transformers runs them on the board; batched_mm again after
+        try:
+            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
+        except ResacctError as error:
+            if attention != "flash" or "mask" not in str(error):
+                if "never called F.scaled_dot_product_attention" not in str(error):
+                    raise
+                attention = None
+            else:
+                attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
+            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration, workspaces=workspaces,
+                         experts=experts)
 
 
 def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) -> Callable[[nn.Module, Any], Any]:

@@ -70,9 +70,12 @@ class StepTimePrediction:
 class _OpCosts(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
+        from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-        self.registry = flop_registry
+        from resacct.account.load.moe_routing import grouped_mm_flop_mapping
+
+        # transformers' grouped-matmul ops (a mixture of experts run grouped, as on a CUDA board) counted from their shapes
+        self.registry = {**flop_registry, **{op: shape_wrapper(count) for op, count in grouped_mm_flop_mapping().items()}}
         self.ops: list[OpCost] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
