@@ -38,6 +38,8 @@ MATRIX: dict[str, tuple[str, Any, str, str, int, int, dict]] = {
     "gqa-llama/bf16/flash": ("hf", GQA_LLAMA, "bf16", "flash", 4, 1024, {}),
     "mixtral-small/bf16-autocast/eager-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "eager"}),
     "mixtral-small/bf16-autocast/batched_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "batched_mm"}),
+    # transformers' default on a CUDA board, what the --device answers predict (resacct/account/gpu/cuda_experts.py): last, the first a spent budget skips
+    "mixtral-small/bf16-autocast/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "grouped_mm"}),
 }
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
