@@ -202,3 +202,24 @@ def test_lora_of_a_mixtral_on_a_board_runs_its_experts_grouped(tmp_path: Path) -
     rows = 2 * 64 * MIXTRAL["num_experts_per_tok"]
     forward = 2 * rows * MIXTRAL["hidden_size"] * 2 * MIXTRAL["intermediate_size"] + 2 * rows * MIXTRAL["intermediate_size"] * MIXTRAL["hidden_size"]
     assert grouped and sum(op.flops for op in grouped) == MIXTRAL["num_hidden_layers"] * 3 * forward
+
+
+def test_experts_run_grouped_inside_the_block_and_as_built_after_it(tmp_path: Path, config_path: str) -> None:
+    """The switch ``account``/``fit --device`` make around their trace: a Mixtral's ``batched_mm`` experts run
+    resacct's grouped forward inside, ``batched_mm`` again after (fit's search goes on with that model);
+    a model without experts is left alone and gets no experts line."""
+    from resacct.account.gpu.cuda_experts import GROUPED_EXPERTS_NOTE, experts_as_on_cuda
+    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.moe_routing import EXPERTS_IMPLEMENTATION
+
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(MIXTRAL))
+    model = build_hf_model(load_hf_config(str(path)), device="meta")
+    experts = [module for module in model.modules() if type(module).__name__ == "MixtralExperts"]
+    assert experts and model.config._experts_implementation == "batched_mm"
+    with experts_as_on_cuda(model) as note:
+        assert note == GROUPED_EXPERTS_NOTE
+        assert {module.config._experts_implementation for module in experts} == {EXPERTS_IMPLEMENTATION}
+    assert {module.config._experts_implementation for module in experts} == {"batched_mm"}
+    with experts_as_on_cuda(_model(config_path)) as note:
+        assert note is None
