@@ -44,6 +44,13 @@ def _argv(command: str, tiny_config: str) -> list[str]:
     return [tiny_config if word == TINY_CONFIG else word for word in COMMANDS[command]]
 
 
+def _commands() -> list:  # type: ignore[type-arg]
+    """The commands as parameters; lora's and infer's two tests each ask one traced question, answered from memory
+    the second time where they share a process (tests/trace_memo.py): one xdist group."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group("units-traced")) if name in ("lora", "infer") else name
+            for name in sorted(COMMANDS)]
+
+
 def _memoized_if_traced(request: pytest.FixtureRequest, command: str) -> None:
     fixture = {"lora": "memoized_lora_trace", "infer": "memoized_infer_gpu_answer"}.get(command)
     if fixture is not None:
@@ -55,7 +62,7 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", _commands())
 def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest, tiny_config: str) -> None:
     _memoized_if_traced(request, command)
     if "--hf-config" in COMMANDS[command]:
@@ -69,7 +76,7 @@ def test_binary_units_print_gib_only(capsys: pytest.CaptureFixture[str], command
     assert decimal in default and "GiB" not in default
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", _commands())
 def test_json_is_bytes_whatever_the_units(capsys: pytest.CaptureFixture[str], command: str, request: pytest.FixtureRequest, tiny_config: str) -> None:
     _memoized_if_traced(request, command)
     if "--hf-config" in COMMANDS[command]:
