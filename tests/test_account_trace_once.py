@@ -172,3 +172,31 @@ def test_measured_state_on_meta_is_the_step_s_without_its_arithmetic(monkeypatch
     if optimizer.startswith("adam"):
         assert once.state.parts_bytes["step counters"] > 0 and once.state.parts_bytes["optimizer moments"] > 0
     assert all(p.grad is None for p in once.model.parameters())
+
+
+def test_the_tracker_answers_a_fake_tensor_s_device_as_the_fake_mode_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prim.device`` (a fake tensor's ``.device``, over half of a fake step's dispatches) answered by the tracker
+    itself: the model sees the fake device, and the prediction — peak, timeline, ops seen — is the one the fake
+    mode's own answer gives (the shortcut switched off)."""
+    from resacct.account.peak import tracker
+
+    seen: list[str] = []
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _mlp()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.device.type)
+            return self.inner(x)
+
+    inputs = torch.empty(8, 16, device="meta")
+    adamw = lambda parameters: torch.optim.AdamW(parameters, lr=1e-3)  # noqa: E731
+    shortcut = predict_step_peak(Probe().to("meta"), inputs, _loss, adamw)
+    with monkeypatch.context() as patched:
+        patched.setattr(tracker, "_DEVICE_QUERY", object())  # no op is it: every call goes through the fake mode
+        through = predict_step_peak(Probe().to("meta"), inputs, _loss, adamw)
+    assert seen == ["cpu", "cpu"]
+    assert shortcut.ops_seen.get("prim.device.default", 0) > 0
+    assert shortcut == through
