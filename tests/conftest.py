@@ -7,8 +7,6 @@ import os
 
 import pytest
 
-from resacct.measurement.torch_limits import transformers_unusable
-
 # Commands trace afresh in tests (resacct.account.trace.cache): nothing written to the user's cache, no
 # answer read back past a test's monkeypatch. The cache's own tests unset it and use a temporary folder.
 os.environ.setdefault("RESACCT_NO_CACHE", "1")
@@ -22,6 +20,8 @@ def _importorskip_usable(modname: str, *args, **kwargs):  # type: ignore[no-unty
     ``pytest.importorskip("transformers")`` or ``("peft")`` skips naming both versions; config-only
     tests that import nothing this way still run. The library says the same itself
     (:func:`~resacct.measurement.torch_limits.transformers_unusable`), in claims and commands."""
+    from resacct.measurement.torch_limits import transformers_unusable  # here: the xdist controller never imports torch
+
     if modname.partition(".")[0] in {"transformers", "peft"} and (reason := transformers_unusable()):
         pytest.skip(f"could not use {modname!r}: {reason}", allow_module_level=True)
     return _importorskip(modname, *args, **kwargs)
