@@ -8,7 +8,8 @@
 Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis derandomized, so
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall
 seconds; CPU seconds of the verify process itself (report.json's ``run.cpu_seconds``) and of
-everything it started (gloo ranks, background children; the rest of ``RUSAGE_CHILDREN``); the
+everything it started (gloo ranks, background children: every process under verify, read from /proc
+every 0.2 s, since the forkserver they run under is killed unreaped); the
 claims and verdict counts. With ``--baseline`` the trees take turns round by round (load moves
 both alike), each claim's outcome is compared between them (exit 1 if any differs), and the
 ratios of the medians are printed. The machine's load average is printed before and after: on a
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,22 +39,67 @@ BAR_SECONDS = 25.0
 OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
 
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def _process_table() -> dict[int, tuple[int, float]]:
+    """pid → (parent pid, CPU seconds so far: user + system) of every process /proc shows."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND)
+    return table
+
+
+def _watch_tree_cpu(root: int, seen: dict[int, float], stop: threading.Event) -> None:
+    """Until ``stop``: the last CPU seconds of ``root`` and of every process under it, every 0.2 s. The
+    gloo ranks and background children live under a forkserver that verify kills without reaping it,
+    so RUSAGE_CHILDREN never counts them; this does (a process that lives under 0.2 s is missed)."""
+    tree = {root}
+    while not stop.wait(0.2):
+        table = _process_table()
+        grown = True
+        while grown:
+            grown = False
+            for pid, (parent, _) in table.items():
+                if parent in tree and pid not in tree:
+                    tree.add(pid)
+                    grown = True
+        for pid in tree:
+            if pid in table:
+                seen[pid] = table[pid][1]
+
+
 def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     """One `resacct verify` of ``tree``'s claims: wall and CPU seconds, outcome per claim."""
     with tempfile.TemporaryDirectory() as report_dir:
         env = {**os.environ, "CI": "true", "PYTHONPATH": str(tree)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        completed = subprocess.run([sys.executable, "-m", "resacct", "verify", "--quiet", "--report-dir", report_dir, *extra],
-                                   cwd=tree, capture_output=True, text=True, env=env)
+        process = subprocess.Popen([sys.executable, "-m", "resacct", "verify", "--quiet", "--report-dir", report_dir, *extra],
+                                   cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        seen: dict[int, float] = {}
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch_tree_cpu, args=(process.pid, seen, stop), daemon=True)
+        watcher.start()
+        _, stderr = process.communicate()
         wall = time.perf_counter() - started
+        stop.set()
+        watcher.join()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        completed = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
         report = Path(report_dir) / "report.json"
         if not report.exists():
             raise SystemExit(f"verify of {tree} wrote no report (exit {completed.returncode}): {completed.stderr.strip()[-400:]}")
         document = json.loads(report.read_text(encoding="utf-8"))
-    total_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    reaped_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # verify and what it reaped
     own_cpu = float(document["run"].get("cpu_seconds") or 0.0)  # absent in trees before it was recorded
+    total_cpu = max(reaped_cpu, sum(seen.values()))  # the watched tree: verify, the forkserver and everything under it
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
     return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "exit": completed.returncode}
 
