@@ -20,6 +20,7 @@ from resacct.account.gpu.cuda_step import predict_cuda_step_memory
 from resacct.account.gpu.recorded import load_gpu_record, record_source, recorded_step, recorded_value
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
+from resacct.measurement.memo import shared_measurement, start_in_background
 
 SOURCE = ("board", "recorded_on", "record_file")
 
@@ -43,17 +44,45 @@ def allocation_growth(record: str, claim: str, sizes_bytes: list[int]) -> Outcom
     return Outcome(measured=measured, predicted=grown, quantities={"allocator_model_bytes": grown, **record_source(record, data)})
 
 
-@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE))
+@shared_measurement(in_child=True)  # resacct verify predicts the queued steps in one child, beside the claims before these
+def _predicted_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, optimizer: bool) -> tuple[int, int]:
+    """(peak allocated above the start, peak reserved) that :func:`predict_cuda_step_memory` predicts for
+    a GPT of ``config`` (its fields) on meta: forward and backward, and with ``optimizer`` CUDA's foreach
+    AdamW step."""
+    from resacct.training.gpt import GPTConfig, build_gpt
+
+    net = build_gpt(GPTConfig(**dict(config)), device="meta", seed=None)
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss, *(() if optimizer else (None,)))
+    return predicted.peak_above_start_bytes, predicted.peak_reserved_bytes
+
+
+def _fields(config: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(vars(config).items()))
+
+
+def _start_forward_backward(model: str, batch: int, seq: int, **_: Any) -> bool:
+    """Queue the prediction for the background (the check's ``background=``)."""
+    from resacct.training.gpt import get_gpt_config
+
+    return start_in_background(_predicted_step, _fields(get_gpt_config(model)), batch, seq, False)
+
+
+def _start_training_step(record: str, step: str, **_: Any) -> bool:
+    """Queue the prediction of the record's step for the background (the check's ``background=``)."""
+    entry, net = _recorded_gpt(record, load_gpu_record(record), step)
+    return start_in_background(_predicted_step, _fields(net.config), entry["batch"], entry["seq"], True)
+
+
+@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), background=_start_forward_backward)
 def forward_backward_peak(record: str, claim: str, model: str, batch: int, seq: int) -> Outcome:
     """``max_memory_allocated`` above the parameters over a float32 GPT forward + backward, as the
     record's ``claim`` measured it, beside :func:`predict_cuda_step_memory` (no optimizer) now."""
-    from resacct.training.gpt import build_gpt, get_gpt_config
+    from resacct.training.gpt import get_gpt_config
 
     data = load_gpu_record(record)
     measured = recorded_value(record, data, "gpu_claims", claim)
-    tokens = torch.zeros(batch, seq, dtype=torch.long)
-    net = build_gpt(get_gpt_config(model), device="meta", seed=None)
-    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss, None).peak_above_start_bytes
+    predicted = _predicted_step(_fields(get_gpt_config(model)), batch, seq, False)[0]
     return Outcome(measured=measured, predicted=predicted, quantities={"allocator_model_bytes": predicted, **record_source(record, data)})
 
 
@@ -71,18 +100,17 @@ def _recorded_gpt(record: str, data: dict[str, Any], step: str) -> tuple[dict[st
     return entry, build_gpt(config, device="meta", seed=None)
 
 
-@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE))
+@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE),
+       background=_start_training_step)
 def training_step_peak(record: str, step: str) -> Outcome:
     """The record's ``max_memory_allocated`` above the start over a steady GPT training step
     (forward, backward, AdamW; ``resacct account --device cuda``), beside
     :func:`predict_cuda_step_memory` with CUDA's foreach AdamW, built now from the record's config."""
     data = load_gpu_record(record)
     entry, net = _recorded_gpt(record, data, step)
-    tokens = torch.zeros(entry["batch"], entry["seq"], dtype=torch.long)
-    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss)
-    return Outcome(measured=entry["peak_bytes"], predicted=predicted.peak_above_start_bytes,
-                   quantities={"allocator_model_bytes": predicted.peak_above_start_bytes, "reserved_model_bytes": predicted.peak_reserved_bytes,
-                               **record_source(record, data)})
+    peak_bytes, reserved_bytes = _predicted_step(_fields(net.config), entry["batch"], entry["seq"], True)
+    return Outcome(measured=entry["peak_bytes"], predicted=peak_bytes,
+                   quantities={"allocator_model_bytes": peak_bytes, "reserved_model_bytes": reserved_bytes, **record_source(record, data)})
 
 
 @check("gpu_recorded.step_flops", evidence="recorded", quantities=("formula_flops", *SOURCE))
