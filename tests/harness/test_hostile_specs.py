@@ -45,6 +45,7 @@ claims:
 """
 
 _CORPUS_RUN: dict[str, Any] = {}
+CORPUS_RUN_GROUP = "hostile-corpus-run"
 
 
 def matches(line: str, expected: str) -> bool:
@@ -91,6 +92,8 @@ def test_the_corpus_is_complete():
     assert sorted(EXPECTED) == CASES, "every hostile spec needs its expected message, and only those"
 
 
+# One xdist worker runs every test of the corpus run, so the run (2.7 CPU s, loaded) is paid once, not once per worker
+@pytest.mark.xdist_group(CORPUS_RUN_GROUP)
 @pytest.mark.parametrize("name", CASES)
 def test_hostile_spec_gives_its_exact_message_and_the_rest_still_runs(corpus_run, name):
     assert any(matches(line, EXPECTED[name]) for line in corpus_run["lines"]), (
@@ -102,6 +105,7 @@ def test_hostile_spec_gives_its_exact_message_and_the_rest_still_runs(corpus_run
     assert bystanders == {"bystander-given": "holds", "bystander-forall": "holds"}
 
 
+@pytest.mark.xdist_group(CORPUS_RUN_GROUP)
 def test_the_corpus_run_is_one_line_per_problem_without_tracebacks(corpus_run):
     assert corpus_run["outcomes"] == {"failed": len(CASES), "passed": 3}  # the bystander's 2 and duplicate-id's first claim
     assert "Traceback" not in corpus_run["text"]
