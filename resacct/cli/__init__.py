@@ -83,7 +83,15 @@ def _main(argv: list[str]) -> int:
 
 
 def entry_point() -> None:
-    sys.exit(main())
+    status = main()
+    # Everything still alive joins the permanent generation: the interpreter's collection at exit
+    # then skips it instead of scanning every object a traced 7B step left (0.8-1.2 CPU s of a
+    # `resacct account --hf-config llama-2-7b`, measured side by side under load). Objects are
+    # still released at exit as before; only the cyclic collector's last scan is saved.
+    import gc
+
+    gc.freeze()
+    sys.exit(status)
 
 
 if __name__ == "__main__":
