@@ -127,14 +127,22 @@ def test_the_launching_and_child_checks_declare_what_they_wait_for() -> None:
         assert get_check(name).background is not None, name
 
 
-def test_verify_starts_what_collected_claims_wait_for_and_a_timed_claim_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_starts_what_collected_claims_wait_for_and_a_timed_claim_has_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
     import resacct.harness.run as run
     from resacct.harness.plugin import TIMED_KEYWORD, ClaimItem
 
     started: list[str] = []
-    waits: list[bool] = []
+    quiet: list[bool] = []
+
+    @contextlib.contextmanager
+    def recording():  # type: ignore[no-untyped-def]
+        quiet.append(True)
+        yield
+
     monkeypatch.setattr(run, "_start_in_background", lambda claim: started.append(claim.measure))
-    monkeypatch.setattr("resacct.measurement.memo.wait_for_background", lambda: waits.append(True))
+    monkeypatch.setattr("resacct.measurement.background.cores_to_itself", recording)
 
     def item(measure: str, *, forall: dict[str, str] | None = None, marks: tuple[str, ...] = (), timed: bool = False) -> ClaimItem:
         claim = SimpleNamespace(measure=measure, forall=forall or {}, marks=list(marks), when={}, given={})
@@ -149,8 +157,43 @@ def test_verify_starts_what_collected_claims_wait_for_and_a_timed_claim_waits(mo
     gpu = torch.cuda.is_available()
     assert started == ["sharding.launch", *(["perf.gpu"] if gpu else []), "perf.cpu"]  # a GPU claim only where one is
     for each in items:
-        plugin.pytest_runtest_call(each)
-    assert len(waits) == (2 if gpu else 1)  # the timed claims that run here wait; the others do not
+        wrapper = plugin.pytest_runtest_call(each)
+        next(wrapper)
+        with pytest.raises(StopIteration):
+            wrapper.send(None)
+    assert len(quiet) == (2 if gpu else 1)  # the timed claims that run here have the cores; the others do not ask
+
+
+def test_a_timed_claim_waits_for_the_running_batch_and_none_starts_until_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resacct.measurement.background import cores_to_itself
+
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+    calls, gate, launch = _gated()
+    start_in_background(launch, 1)  # running, until the gate opens
+    for _ in range(200):
+        if calls:
+            break
+        threading.Event().wait(0.01)
+    entered = threading.Event()
+    leave = threading.Event()
+
+    def timed_claim() -> None:
+        with cores_to_itself():
+            entered.set()
+            assert leave.wait(10)
+
+    claim = threading.Thread(target=timed_claim)
+    claim.start()
+    assert not entered.wait(0.3)  # the running launch first
+    gate.set()
+    assert entered.wait(10)
+    start_in_background(launch, 6)
+    threading.Event().wait(0.3)
+    assert calls == [1]  # queued behind the timed claim
+    leave.set()
+    claim.join()
+    wait_for_background()
+    assert calls == [1, 6]
 
 
 def test_the_transformers_torch_check_parses_the_requirements_once_per_answer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -104,11 +104,12 @@ def _background_plugin() -> Any:
     """pytest plugin of ``resacct verify``: once the claims are collected, every claim whose check
     declares ``background=`` (a launch of gloo ranks) has that started, so the ranks work on the
     other core while this process runs the claims before theirs; each such claim then waits for
-    its own result (:mod:`resacct.measurement.memo`). A timed claim first waits until none is
-    running — its cores are its own — and so does the end of the session."""
+    its own result (:mod:`resacct.measurement.memo`). A timed claim waits for the batch running, and
+    none starts until it is done — its cores are its own; the end of the session waits for the queue."""
     import pytest
 
     from resacct.harness.plugin import TIMED_KEYWORD, ClaimItem
+    from resacct.measurement.background import cores_to_itself
     from resacct.measurement.memo import wait_for_background
 
     class Background:
@@ -118,10 +119,13 @@ def _background_plugin() -> Any:
                 if isinstance(item, ClaimItem) and _runs_here(item.loaded.claim):
                     _start_in_background(item.loaded.claim)
 
-        @pytest.hookimpl(tryfirst=True)
-        def pytest_runtest_call(self, item: Any) -> None:
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(self, item: Any) -> Any:
             if TIMED_KEYWORD in item.extra_keyword_matches and isinstance(item, ClaimItem) and _runs_here(item.loaded.claim, examples=True):
-                wait_for_background()
+                with cores_to_itself():
+                    yield
+            else:
+                yield
 
         def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
             if exitstatus != pytest.ExitCode.INTERRUPTED:  # after a Ctrl-C the process ends, and its launches with it

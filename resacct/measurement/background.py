@@ -3,7 +3,7 @@ claims are collected, so that the other core works while this process runs the c
 
 One thread takes the queued measurements **one batch at a time**, in the order they were queued
 (two gloo launches at once oversubscribe two cores: their ranks spin in collectives — 55 s for what
-took 21 s in turn). A batch is one measurement (a launch of ranks: its processes do the work, the
+took 21 s in turn); while a timed claim runs (:func:`cores_to_itself`) no batch starts. A batch is one measurement (a launch of ranks: its processes do the work, the
 thread only waits on their pipes), or, for a measurement declared ``in_child``, every queued call
 of it at once, measured in **one child process** (:func:`measure_in_child`): the child imports
 what they need (transformers, peft) once and runs them in turn with this process's thread count, so
@@ -14,12 +14,13 @@ waits, who takes a job still queued, what a failed one becomes); this module onl
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Job", "submit", "wait_for_background", "measure_in_child", "CHILD_TIMEOUT_SECONDS"]
+__all__ = ["Job", "submit", "wait_for_background", "cores_to_itself", "measure_in_child", "CHILD_TIMEOUT_SECONDS"]
 
 #: The longest one child may take over its batch (every tiny architecture's step: ~10 s idle).
 CHILD_TIMEOUT_SECONDS = 600.0
@@ -42,6 +43,7 @@ class Job:
 _PENDING: collections.deque[Job] = collections.deque()
 _CONDITION = threading.Condition()
 _RUNNING = [0]  # batches taken and not finished
+_PAUSED = [0]  # timed claims running: no batch starts meanwhile
 _WORKER: list[threading.Thread] = []
 
 
@@ -57,7 +59,7 @@ def submit(job: Job) -> None:
 
 def _next_batch() -> list[Job]:
     with _CONDITION:
-        while not _PENDING:
+        while not _PENDING or _PAUSED[0]:
             _CONDITION.wait()
         batch = [_PENDING.popleft()]
         if getattr(batch[0].owner, "in_child", False):  # every queued call of it: one child imports their modules once
@@ -84,6 +86,22 @@ def wait_for_background() -> None:
     with _CONDITION:
         while _PENDING or _RUNNING[0]:
             _CONDITION.wait()
+
+
+@contextlib.contextmanager
+def cores_to_itself() -> Iterator[None]:
+    """For a timed claim: wait until the batch running now (if any) is done, and start no other until
+    the block ends — the claim's timings get both cores; the queue goes on after it."""
+    with _CONDITION:
+        _PAUSED[0] += 1
+        while _RUNNING[0]:
+            _CONDITION.wait()
+    try:
+        yield
+    finally:
+        with _CONDITION:
+            _PAUSED[0] -= 1
+            _CONDITION.notify_all()
 
 
 def measure_in_child(function: Callable[..., Any], calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]], threads: int) -> list[tuple[bool, Any]]:
