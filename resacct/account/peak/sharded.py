@@ -152,6 +152,9 @@ def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, b
     if tracker is None:
         yield
         return
+    if not (hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")):  # torch 2.8: FSDP2 calls others
+        raise ResacctError(f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, whose buffers "
+                           "resacct's sharded peak names; expected torch 2.13 or later")
 
     gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
 
