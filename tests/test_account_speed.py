@@ -128,13 +128,9 @@ def test_one_flop_counter_counts_what_two_counted(name, device, fill):
 
 
 @pytest.mark.parametrize(("name", "recipe", "optimizer"), [
-    # slow: ~0.8-1.2 s each on 2026-11-28 (a loaded run's seconds ÷ 6.2); the three left in the quick tier took ~0.5-0.7 s
-    pytest.param("llama", "fp32", "adamw", marks=pytest.mark.slow), pytest.param("llama", "bf16-fp32-master", "adamw", marks=pytest.mark.slow),
-    pytest.param("llama", "bf16-fp32-master-free-bf16-grads", "sgd-momentum", marks=pytest.mark.slow),
-    pytest.param("llama", "bf16", "adagrad", marks=pytest.mark.slow), pytest.param("llama", "bf16-autocast", "rmsprop", marks=pytest.mark.slow),
-    ("llama", "fp32", "sgd"), ("llama", "fp16-autocast-scaled", "adam"),
-    ("gpt2", "fp32", "adamw"), pytest.param("gpt2", "bf16-fp32-master", "adam", marks=pytest.mark.slow),
-    pytest.param("mixtral", "fp32", "adamw", marks=pytest.mark.slow), pytest.param("mixtral", "bf16-fp32-master", "adamw", marks=pytest.mark.slow),
+    ("llama", "fp32", "adamw"), ("llama", "bf16-fp32-master", "adamw"), ("llama", "bf16-fp32-master-free-bf16-grads", "sgd-momentum"),
+    ("llama", "bf16", "adagrad"), ("llama", "bf16-autocast", "rmsprop"), ("llama", "fp32", "sgd"), ("llama", "fp16-autocast-scaled", "adam"),
+    ("gpt2", "fp32", "adamw"), ("gpt2", "bf16-fp32-master", "adam"), ("mixtral", "fp32", "adamw"), ("mixtral", "bf16-fp32-master", "adamw"),
 ])
 def test_one_forward_and_backward_measure_what_the_separate_passes_measured(name, recipe, optimizer):
     """What ``account_hf_config`` measured before, on the meta device: FLOPs on the float32 model, the state by two

@@ -69,7 +69,6 @@ def test_checkpointing_accumulation_and_per_module(capsys):
     assert modules["blocks.0.attention"]["measured_saved_bytes"] == modules["blocks.0.attention"]["predicted_saved_bytes"]
 
 
-@pytest.mark.slow  # ~0.8 s (a loaded run's seconds ÷ 6.2) on 2026-11-28
 def test_per_module_table_and_sdpa_note_in_text(capsys):
     assert main(["account", "--model", "gpt-nano", "--batch", "2", "--seq", "16", "--attention", "sdpa", "--per-module", "--no-time"]) == 0
     out = capsys.readouterr().out

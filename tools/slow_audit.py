@@ -16,6 +16,9 @@ tests drifted over the line unmarked. This module is both halves of the check:
 An item's time is setup + call + teardown: what the quick tier pays for it. ``--by cpu`` (the default
 where the file has them) judges CPU seconds, which a machine shared by other work inflates far less
 than wall seconds; ``--by wall`` judges wall seconds, the rule's own measure on an idle machine.
+CPU seconds miss work done for an item elsewhere: a child process it did not wait for (the gloo
+ranks' forkserver, a measuring child kept for the run), or a measurement shared by several claims
+(the first asks and pays, the others read it at ~0 CPU s). Read such items by wall seconds.
 
     pytest -n 2 --dist loadgroup -p no:cacheprovider --slow-audit /tmp/items.json
     python tools/slow_audit.py /tmp/items.json            # CPU seconds
