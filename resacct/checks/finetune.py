@@ -10,13 +10,12 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any
 
 import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 _MISSING = "{name} is not installed (the optional extra: pip install 'resacct[finetune]')"
 _DTYPES = {"float32": (torch.float32, "fp32"), "bfloat16": (torch.bfloat16, "bf16"), "float16": (torch.float16, "fp16")}
@@ -37,17 +36,7 @@ def _require(name: str) -> None:
         raise NotMeasurable(_MISSING.format(name=name)) from None
 
 
-def _start_lora_step(quantity: str, rank: int, targets: str, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96,
-                     vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16, attention: str = "sdpa",
-                     **_: Any) -> bool:
-    """Queue the LoRA step for the background (the check's ``background=``): ``resacct verify``'s background
-    thread measures every queued one in one child process (transformers and peft imported once there)."""
-    _require("peft")
-    _require("transformers")
-    return start_in_background(_lora_step, rank, targets, hidden, layers, heads, kv_heads, mlp, vocab, dtype, dropout, batch, seq, attention)
-
-
-@check("finetune.lora_step", evidence="measured", background=_start_lora_step, quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "tokens",
+@check("finetune.lora_step", evidence="measured", quantities=("base_parameters", "adapter_parameters", "adapter_tensors", "head_dim", "tokens",
                                                                "element_bytes", "full_saved_activation_bytes", "full_step_flops"))
 def lora_step(quantity: str, rank: int, targets: str, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96,
               vocab: int = 128, dtype: str = "bfloat16", dropout: float = 0.0, batch: int = 2, seq: int = 16, attention: str = "sdpa") -> Outcome:
@@ -101,7 +90,7 @@ def _full_step(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vo
     return full_saved.activation_bytes, full_flops.step_flops, torch.get_rng_state()
 
 
-@shared_measurement(in_child=True)
+@shared_measurement
 def _lora_step(rank: int, targets: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, dtype: str, dropout: float,
                batch: int, seq: int, attention: str) -> dict[str, Outcome]:
     from peft import LoraConfig, get_peft_model

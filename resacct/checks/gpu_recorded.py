@@ -20,7 +20,7 @@ from resacct.account.gpu.cuda_step import predict_cuda_step_memory
 from resacct.account.gpu.recorded import load_gpu_record, record_source, recorded_step, recorded_value
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 SOURCE = ("board", "recorded_on", "record_file")
 
@@ -44,7 +44,7 @@ def allocation_growth(record: str, claim: str, sizes_bytes: list[int]) -> Outcom
     return Outcome(measured=measured, predicted=grown, quantities={"allocator_model_bytes": grown, **record_source(record, data)})
 
 
-@shared_measurement(in_child=True)  # resacct verify predicts the queued steps in one child, beside the claims before these
+@shared_measurement
 def _predicted_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, optimizer: bool) -> tuple[int, int]:
     """(peak allocated above the start, peak reserved) that :func:`predict_cuda_step_memory` predicts for
     a GPT of ``config`` (its fields) on meta: forward and backward, and with ``optimizer`` CUDA's foreach
@@ -61,20 +61,7 @@ def _fields(config: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(vars(config).items()))
 
 
-def _start_forward_backward(model: str, batch: int, seq: int, **_: Any) -> bool:
-    """Queue the prediction for the background (the check's ``background=``)."""
-    from resacct.training.gpt import get_gpt_config
-
-    return start_in_background(_predicted_step, _fields(get_gpt_config(model)), batch, seq, False)
-
-
-def _start_training_step(record: str, step: str, **_: Any) -> bool:
-    """Queue the prediction of the record's step for the background (the check's ``background=``)."""
-    entry, net = _recorded_gpt(record, load_gpu_record(record), step)
-    return start_in_background(_predicted_step, _fields(net.config), entry["batch"], entry["seq"], True)
-
-
-@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), background=_start_forward_backward)
+@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE))
 def forward_backward_peak(record: str, claim: str, model: str, batch: int, seq: int) -> Outcome:
     """``max_memory_allocated`` above the parameters over a float32 GPT forward + backward, as the
     record's ``claim`` measured it, beside :func:`predict_cuda_step_memory` (no optimizer) now."""
@@ -100,8 +87,7 @@ def _recorded_gpt(record: str, data: dict[str, Any], step: str) -> tuple[dict[st
     return entry, build_gpt(config, device="meta", seed=None)
 
 
-@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE),
-       background=_start_training_step)
+@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE))
 def training_step_peak(record: str, step: str) -> Outcome:
     """The record's ``max_memory_allocated`` above the start over a steady GPT training step
     (forward, backward, AdamW; ``resacct account --device cuda``), beside

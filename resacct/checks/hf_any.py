@@ -18,7 +18,7 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 #: per architecture, the keys of its published config.json (the shipped configs in resacct/hf_configs/known.yaml), sizes shrunk
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -60,17 +60,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 _QUANTITIES = ("parameters", "forward_flops", "backward_flops", "step_flops", "state_at_step_bytes", "saved_activation_bytes", "step_peak_bytes")
 
 
-def _start_step(architecture: str, quantity: str, batch: int = 2, seq: int = 16, **_: Any) -> bool:
-    """Queue the architecture's step for the background (the check's ``background=``): ``resacct verify``'s
-    background thread measures every queued architecture in one child process (transformers imported
-    once there) while this process runs the claims before these."""
-    from resacct.checks.hf import _require_transformers
-
-    _require_transformers()
-    return architecture in TINY_CONFIGS and start_in_background(_step, architecture, batch, seq)
-
-
-@check("hf.any_architecture", evidence="measured", quantities=("parameters", "tensors", "tokens", "traced"), background=_start_step)
+@check("hf.any_architecture", evidence="measured", quantities=("parameters", "tensors", "tokens", "traced"))
 def any_architecture(architecture: str, quantity: str, batch: int = 2, seq: int = 16) -> Outcome:
     """One quantity of a tiny ``architecture`` (:data:`TINY_CONFIGS`) — predicted on meta / fake
     tensors, measured on the CPU (see the module doc): ``parameters``, ``forward_flops``,
@@ -105,7 +95,7 @@ def _figures(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[st
             "saved_activation_bytes": int(step.saved.activation_bytes)}
 
 
-@shared_measurement(in_child=True)
+@shared_measurement
 def _step(architecture: str, batch: int, seq: int) -> tuple[dict[str, int], dict[str, int], int]:
     """(predicted, measured, the CPU model's parameter tensors) for one tiny architecture."""
     from resacct.account.load.hf_models import HfConfigSpec, build_hf_model

@@ -19,7 +19,7 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 
 def _adamw(parameters: list) -> torch.optim.Optimizer:
@@ -44,7 +44,7 @@ def _input_bytes(inputs: Any) -> int:
     return distinct_storage_bytes(tensors)
 
 
-@shared_measurement(in_child=True)  # resacct verify measures the queued steps in one child, beside the claims before these
+@shared_measurement
 def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """One step of a peak model under ``recipe``: the prediction on fake tensors, the allocator's
     record, and the lecture's parts (the training state of a real AdamW run, the saved activations
@@ -76,12 +76,7 @@ def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     )
 
 
-def _start_step(model: str, batch: int, seq: int, recipe: str = "fp32", **_: Any) -> bool:
-    """Queue the step for the background (the checks' ``background=``)."""
-    return start_in_background(_step, model, batch, seq, recipe)
-
-
-@check("peak.step_peak", evidence="measured", background=_start_step,
+@check("peak.step_peak", evidence="measured",
        quantities=("state_bytes", "saved_bytes", "input_bytes", "params", "measured_start_bytes", "predicted_start_bytes"))
 def step_peak(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """The CPU allocator's peak over one steady AdamW step (forward, backward, step, zero_grad) of a
@@ -91,7 +86,7 @@ def step_peak(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome
     return _step(model, batch, seq, recipe)
 
 
-@check("peak.phase_matches", evidence="measured", background=_start_step)
+@check("peak.phase_matches", evidence="measured")
 def phase_matches(model: str, batch: int, seq: int) -> Outcome:
     """1 when the allocator's peak falls in the phase resacct predicts for it (forward, backward,
     optimizer step, zero_grad), else 0."""
