@@ -50,6 +50,17 @@ def _bmm_flops(batch: int, rows: int, inner: int, columns: int) -> int:
     return 2 * batch * rows * inner * columns
 
 
+def _kv_heads_as_query_heads(query_shape: Any, shape: Any) -> tuple[int, ...]:
+    """A key or value shape with its heads broadcast to the query's, as grouped-query attention's
+    kernel broadcasts them: the FLOPs are the query heads'. torch 2.13's ``sdpa_flop_count`` does this
+    itself; before 2.13 (2.8, 2.11) it asserts equal heads, so resacct broadcasts before asking it."""
+    batch, heads, length, size = shape
+    query_heads = query_shape[1]
+    if heads != query_heads and heads > 0 and query_heads % heads == 0:
+        return (batch, query_heads, length, size)
+    return tuple(shape)
+
+
 def attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any) -> int:
     """q·kᵀ and weights·v: 2·b·h_q·s_q·s_k·(d_qk + d_v) (torch's ``sdpa_flop_count``, which checks the shapes).
 
@@ -58,7 +69,8 @@ def attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any) 
     """
     from torch.utils.flop_counter import sdpa_flop_count
 
-    return int(sdpa_flop_count(tuple(query_shape), tuple(key_shape), tuple(value_shape)))
+    return int(sdpa_flop_count(tuple(query_shape), _kv_heads_as_query_heads(query_shape, key_shape),
+                               _kv_heads_as_query_heads(query_shape, value_shape)))
 
 
 def attention_recompute_flops(query_shape: Any, key_shape: Any) -> int:
@@ -76,7 +88,8 @@ def attention_backward_flops(grad_shape: Any, query_shape: Any, key_shape: Any, 
     """
     from torch.utils.flop_counter import sdpa_backward_flop_count
 
-    with_recompute = int(sdpa_backward_flop_count(tuple(grad_shape), tuple(query_shape), tuple(key_shape), tuple(value_shape)))
+    with_recompute = int(sdpa_backward_flop_count(tuple(grad_shape), tuple(query_shape), _kv_heads_as_query_heads(query_shape, key_shape),
+                                                  _kv_heads_as_query_heads(query_shape, value_shape)))
     return with_recompute - attention_recompute_flops(query_shape, key_shape)
 
 
