@@ -2,8 +2,8 @@
 
 pytest runs with the claims plugin (jaxtyping's hook is left out: the caller has already imported
 resacct), its own output goes to ``pytest.log``, and a rich progress bar on stderr advances as
-claims finish. Launches of gloo ranks that claims declare (``@check(..., background=...)``) start
-once the claims are collected and run beside the claims before theirs. Ctrl-C inside the run stops it; the claims that finished are kept and the result
+claims finish. With ``background=True``, launches of gloo ranks that claims declare
+(``@check(..., background=...)``) start once the claims are collected and run beside the claims before theirs. Ctrl-C inside the run stops it; the claims that finished are kept and the result
 says it was interrupted — also when Python drops the KeyboardInterrupt (one raised inside a gc
 callback or a ``__del__`` is only reported as "ignored": hypothesis registers gc callbacks), as
 the next claim's hook raises it again.
@@ -183,11 +183,13 @@ def _pytest_error(log_text: str) -> str | None:
 
 def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 0,
                gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False,
-               latch: InterruptLatch | None = None) -> ClaimsRun:
+               latch: InterruptLatch | None = None, background: bool = False) -> ClaimsRun:
     """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
     (which should be the run's own; see :class:`resacct.reporting.ReportStaging`). With
     ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback.
-    ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise)."""
+    ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise). ``background``:
+    queue the measurements checks declare (``background=``) once the claims are collected — off by
+    default: near idle on 2 cores the ranks beside the claims cost more than they saved (docs/verify_time.md)."""
     import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -210,7 +212,8 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 try:
-                    exit_code = int(pytest.main(args, plugins=[_Progress(progress, latch), _background_plugin()]))
+                    plugins = [_Progress(progress, latch), *([_background_plugin()] if background else [])]
+                    exit_code = int(pytest.main(args, plugins=plugins))
                 except Exception:
                     if not latch.received:
                         raise
