@@ -105,7 +105,10 @@ def runtime_estimator_ms(config: dict[str, Any], batch: int, seq: int) -> float:
 
     mode, net, tokens, adamw = _fake_step(config, batch, seq, True)
     estimator = RuntimeEstimator()
+    # is_available() is faked, so Adam's graph-capture check asks the CUDA runtime whether a stream is
+    # capturing: a CUDA build of torch without a driver (torch 2.11+cu130 here) raises there; nothing captures
     with mock.patch("torch.cuda.is_available", return_value=True), \
+            mock.patch("torch.cuda.is_current_stream_capturing", return_value=False), \
             mock.patch.object(estimation, "get_device_tflops", lambda dtype: H100_TFLOPS[dtype]), \
             mock.patch.object(estimation, "get_gpu_dram_gbps", lambda: H100_DRAM_GBPS), \
             mock.patch("builtins.print"), mode, estimator("operator-level-cost-model"):
