@@ -210,9 +210,9 @@ def test_the_transformers_torch_check_parses_the_requirements_once_per_answer(mo
 
     monkeypatch.setattr(packaging.requirements, "Requirement", Counting)
     monkeypatch.setattr(torch_limits.importlib.metadata, "version", lambda name: "5.99.1")
-    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=2.6; extra == "torch"', "numpy>=1.17"])
+    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=2.0; extra == "torch"', "numpy>=1.17"])
     assert torch_limits.transformers_unusable() is None and torch_limits.transformers_unusable() is None
-    assert parsed == ['torch>=2.6; extra == "torch"', "numpy>=1.17"]
+    assert parsed == ['torch>=2.0; extra == "torch"', "numpy>=1.17"]
     monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=99; extra == "torch"'])
     assert "needs torch>=99" in (torch_limits.transformers_unusable() or "")
 
