@@ -200,3 +200,38 @@ def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, 
     with torch.random.fork_rng(), record_saved_activations(model) as saved:
         model(input_ids=ids, labels=ids)
     return tuple(saved.by_module().items()), architecture_of(model.config)
+
+
+@check("hf.repeated_layers", evidence="measured", quantities=("extrapolated_peak_bytes", "whole_step_flops", "extrapolated_step_flops",
+                                                              "whole_saved_bytes", "extrapolated_saved_bytes", "fields_differing"))
+def repeated_layers(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, batch: int, seq: int,
+                    recipe: str = "fp32", measured: str = "peak_bytes") -> Outcome:
+    """A small config's account traced at depths 3, 4 and 5 and extrapolated to ``layers``
+    (:mod:`resacct.account.trace.repeated_layers`) beside the same account with every layer traced
+    (FlopCounterMode, saved-tensor hooks, the tracker over fake tensors). Measured (``measured``):
+    ``peak_bytes``, the whole trace's step peak, or ``fields_differing``, how many fields of the two
+    ``--json`` documents differ (the notes left out); quantities: the extrapolated peak, both step FLOPs
+    and saved bytes, and that count."""
+    _require_transformers()
+    if measured not in ("peak_bytes", "fields_differing"):
+        raise ResacctError(f"measured {measured!r}: expected peak_bytes or fields_differing")
+    outcome = _repeated_layers(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, batch, seq, recipe)
+    return outcome if measured == "peak_bytes" else Outcome(measured=outcome.quantities["fields_differing"], quantities=outcome.quantities)
+
+
+@shared_measurement
+def _repeated_layers(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, batch: int, seq: int,
+                     recipe: str) -> Outcome:
+    from resacct.account.answers.hf import account_hf_config
+
+    spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, 0, 0)
+    extrapolated = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe)  # type: ignore[arg-type]
+    whole = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, all_layers=True)  # type: ignore[arg-type]
+    if not any("traced at depths" in note for note in extrapolated.notes):
+        raise NotMeasurable(f"the {layers}-layer {model_type} was not extrapolated: {extrapolated.notes[-1]}")
+    a, b = extrapolated.to_dict(), whole.to_dict()
+    return Outcome(measured=whole.step_peak.predicted.peak_bytes, quantities={
+        "extrapolated_peak_bytes": extrapolated.step_peak.predicted.peak_bytes,
+        "whole_step_flops": whole.flops.step_flops, "extrapolated_step_flops": extrapolated.flops.step_flops,
+        "whole_saved_bytes": whole.saved.activation_bytes, "extrapolated_saved_bytes": extrapolated.saved.activation_bytes,
+        "fields_differing": sum(a[key] != b.get(key) for key in a if key != "notes")})

@@ -158,6 +158,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="with --hf-config: trace afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
                              "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
+    parser.add_argument("--trace-all-layers", action="store_true",
+                        help="with --hf-config: trace every decoder layer (default: a stack of more than 5 identical layers is traced "
+                             "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_account)
@@ -195,7 +198,8 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
     from resacct.account.trace.pass_profile import collector_off
 
     with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)), collector_off():
-        account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer)
+        account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer,
+                                    all_layers=args.trace_all_layers)
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     with caching(cache_wanted(args.no_cache)), collector_off():
         gpu = "" if args.device == "cpu" else _board_text(args, account)
@@ -298,6 +302,8 @@ def run_account(args: argparse.Namespace) -> int:
     if args.input_dtype is not None and args.input_shape is None and args.hf_config is None and ":" in args.model:
         raise ResacctError(f"--input-dtype {args.input_dtype} applies to --input-shape's tensor; expected --input-shape N,N,… with it "
                            "(a factory's example input, input_ids and example_input() keep their own dtype)")
+    if args.trace_all_layers and args.hf_config is None:
+        raise ResacctError("--trace-all-layers applies to --hf-config (a stack of decoder layers); expected --hf-config NAME with it")
     if args.device not in ("cpu", "cuda") and args.hf_config is None:
         raise ResacctError(f"--device {args.device}: a board (no GPU here) answers for --hf-config only; expected cpu or cuda")
     from resacct.account.load.user_code import running_phase, showing_progress, stopping_after

@@ -271,10 +271,13 @@ def _checkpoint_rows(a: HfAccount) -> list[Row]:
     ]
 
 
-def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str | Recipe = "fp32", optimizer: str = "adamw") -> HfAccount:
+def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str | Recipe = "fp32", optimizer: str = "adamw",
+                      all_layers: bool = False) -> HfAccount:
     """Build the config's causal LM (a shipped name, a config.json path, or an
     :class:`~resacct.account.load.hf_models.HfConfigSpec`) on the meta device and account one step of
-    ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss."""
+    ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss.
+    A stack of identical layers is traced at three small depths and extrapolated, checked
+    (:mod:`resacct.account.trace.repeated_layers`); ``all_layers``: every layer traced."""
     from resacct.account.load.hf_models import load_hf_config
     from resacct.account.trace.cache import cached
 
@@ -282,13 +285,43 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
     question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": batch, "seq": seq, "recipe": chosen,
-                "optimizer": optimizer, "attention": "sdpa", "device": "meta"}
+                "optimizer": optimizer, "attention": "sdpa", "device": "meta", **({"all_layers": True} if all_layers else {})}
     # with caching on (a command's, resacct.account.trace.cache): the same question's answer read back, not traced again
-    return cached("hf-account", question, lambda: _traced_hf_account(spec, batch=batch, seq=seq, recipe=chosen, optimizer=optimizer))
+    return cached("hf-account", question, lambda: _traced_hf_account(spec, batch=batch, seq=seq, recipe=chosen, optimizer=optimizer, whole=all_layers))
 
 
-def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str) -> HfAccount:
-    """:func:`account_hf_config`'s answer, traced: the model built on meta, one step measured, its peak predicted."""
+def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, whole: bool = False) -> HfAccount:
+    """:func:`account_hf_config`'s answer, traced: a stack of more than 5 identical layers at depths 3, 4 and 5
+    and extrapolated (:mod:`resacct.account.trace.repeated_layers`), any other model (or ``whole``) whole."""
+    from resacct.account.load.hf_models import repeated_depth, with_depth
+    from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
+    from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of
+
+    depth, why_not = repeated_depth(spec)
+    if whole or depth <= SAMPLE_DEPTHS[-1]:
+        return _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer)
+    if why_not is None:
+        samples = []
+        for sample_depth in SAMPLE_DEPTHS:
+            with segmenting(sample_depth):
+                samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer))
+        try:
+            names = [*samples[-1].flops.forward_by_module, *(entry.module for entry in samples[-1].saved.entries)]
+            account = extrapolate_account(samples, depth, layer_path_of(names, SAMPLE_DEPTHS[-1]))
+        except NotRepeating as error:
+            why_not = str(error)
+        else:
+            account.notes.append(f"its {depth} layers are one layer repeated: traced at depths {', '.join(map(str, SAMPLE_DEPTHS))} "
+                                 f"({sum(SAMPLE_DEPTHS)} layers, not {depth}) and extrapolated, every number fitted through two depths "
+                                 "and checked on the third (--trace-all-layers traces them all)")
+            return account
+    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer)
+    account.notes.append(f"all {depth} layers traced: {why_not}")
+    return account
+
+
+def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str) -> HfAccount:
+    """Every layer of the model built on meta, one step measured, its peak predicted."""
     from resacct.account.load.hf_models import build_hf_model
 
     chosen = recipe

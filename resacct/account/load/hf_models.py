@@ -20,7 +20,7 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["HfConfigSpec", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "repeated_depth", "with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
@@ -252,3 +252,37 @@ def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any
         if attention != "sdpa" or "scaled_dot_product_attention" not in str(error):
             raise
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra)
+
+
+#: Model types whose decoder layers are one layer repeated (no layer built differently by its index),
+#: each checked by tests/test_repeated_layers.py against a whole trace: their accounts may be traced
+#: at three small depths and extrapolated (:mod:`resacct.account.trace.repeated_layers`).
+REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gpt2", "gpt_neox", "phi3", "olmo2"})
+
+
+def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
+    """The config's number of decoder layers, and why its layers may not be one layer repeated (None: they are):
+    a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), or a
+    per-layer list among its values."""
+    config = transformers_config(spec)
+    depth = int(config.num_hidden_layers)
+    if spec.model_type not in REPEATING_MODEL_TYPES:
+        return depth, f"model_type {spec.model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
+    kinds = getattr(config, "layer_types", None)
+    if kinds is not None and len(set(kinds)) > 1:
+        return depth, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
+    listed = [key for key, value in spec.values.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
+    if listed:
+        return depth, f"it sets {', '.join(listed)} per layer"
+    return depth, None
+
+
+def with_depth(spec: HfConfigSpec, depth: int) -> HfConfigSpec:
+    """``spec`` with ``depth`` decoder layers (``num_hidden_layers``, or its alias such as GPT-2's ``n_layer``)."""
+    config = transformers_config(spec)
+    key = next((name for name in ("num_hidden_layers", config.attribute_map.get("num_hidden_layers")) if name and name in spec.values),
+               "num_hidden_layers")
+    values = {**spec.values, key: depth}
+    if isinstance(values.get("layer_types"), (list, tuple)):
+        values["layer_types"] = list(values["layer_types"])[:depth]
+    return HfConfigSpec(name=spec.name, source=spec.source, values=values)

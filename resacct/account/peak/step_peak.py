@@ -43,6 +43,7 @@ from torch import nn
 
 from resacct.account.peak.accumulation import check_micro_batches, measure_accumulated_step_memory, run_accumulated_step
 from resacct.account.peak.recipes import master_parameters_of, optimizer_state_tensors
+from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers, segments_of
 from resacct.account.peak.tracker import LiveStorageTracker, PeakMoment
 from resacct.account.render.rows import Row
 from resacct.errors import ResacctError
@@ -81,6 +82,8 @@ class PredictedStepPeak:
     timeline: MemoryTimeline
     ops_seen: dict[str, int]
     unprobed_matmuls: int = 0  # 16-bit oneDNN matmuls too large to probe: their scratchpad is left out
+    #: the step's segments, per layer (:mod:`resacct.account.peak.layer_segments`), when asked for; else None
+    segments: Any = None
 
     @property
     def peak_bytes(self) -> int:
@@ -173,6 +176,8 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                 tracker.classify(optimizer_state_tensors(optimizer), "optimizer state")
                 hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.classify((p.grad,), "gradients")) for p in parameters]
                 tracker.name_modules(fake_model)
+                if (layers := segmenting_layers()) is not None:
+                    hooks += mark_layer_segments(fake_model, tracker, layers)
                 if micro_batches == 1:
                     run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark)
                 else:
@@ -199,10 +204,12 @@ def _prediction(tracker: LiveStorageTracker) -> PredictedStepPeak:
     kept = (*STEP_PHASES, "end")
     phases = tuple("zero_grad" if phase == "end" else phase for phase, _ in tracker.timeline if phase in kept)
     held = tuple(value for phase, value in tracker.timeline if phase in kept)
+    segments = None if tracker.segments is None else segments_of(tracker)
     tracker.timeline = []
     timeline = MemoryTimeline(phases=phases, bytes_held=held, start_bytes=start, peak_bytes=tracker.peak.bytes, peak_phase=tracker.peak.phase,
                               source=ENGINE)
-    return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen), unprobed_matmuls=tracker.unprobed_matmuls)
+    return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen), unprobed_matmuls=tracker.unprobed_matmuls,
+                             segments=segments)
 
 
 def made_adam_state(optimizer: torch.optim.Optimizer) -> bool:

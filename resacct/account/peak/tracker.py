@@ -105,6 +105,10 @@ class LiveStorageTracker(TorchDispatchMode):
         self._module_stack: list[str] = []
         self._hooks: list[Any] = []
         self.unprobed_matmuls = 0  # 16-bit oneDNN matmuls too large to probe: their scratchpad is not counted
+        #: when not None: one ``[key, phase, first timeline index, peak moment or None]`` per segment
+        #: (:meth:`begin_segment`; every mark begins one) — :mod:`resacct.account.peak.layer_segments`
+        self.segments: list[list[Any]] | None = None
+        self.segment_path = ""
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
@@ -166,7 +170,14 @@ class LiveStorageTracker(TorchDispatchMode):
         """Begin ``phase`` (``"end"`` closes the last one)."""
         self._resolve_pending_scalars(final=True)
         self.phase = phase
+        self.begin_segment(("phase", phase))
         self.timeline.append((phase, self.total_bytes))
+
+    def begin_segment(self, key: tuple[Any, ...]) -> None:
+        """Begin a segment of the timeline named ``key`` (kept only when :attr:`segments` is a list):
+        its peak moment is kept beside the step's."""
+        if self.segments is not None:
+            self.segments.append([key, self.phase, len(self.timeline), None])
 
     def name_modules(self, model: torch.nn.Module) -> None:
         """Attribute forward ops to ``model``'s submodules by name (forward hooks, removed on exit)."""
@@ -248,12 +259,18 @@ class LiveStorageTracker(TorchDispatchMode):
     def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
         candidate = self.total_bytes + transient_bytes + workspace_bytes + scratchpad_bytes
         self.timeline.append((self.phase, candidate))
-        if self.peak is None or candidate > self.peak.bytes:
+        segment = self.segments[-1] if self.segments else None
+        new_peak = self.peak is None or candidate > self.peak.bytes
+        if new_peak or (segment is not None and (segment[3] is None or candidate > segment[3].bytes)):
             kinds = {kind: value for kind, value in self.bytes_by_kind.items() if value}
             for kind, value in ((WRAPPED_TRANSIENT_KIND, transient_bytes), (WORKSPACE_KIND, workspace_bytes), (SCRATCHPAD_KIND, scratchpad_bytes)):
                 if value:
                     kinds[kind] = value
-            self.peak = PeakMoment(bytes=candidate, phase=self.phase, op=op, where=self._location(), bytes_by_kind=kinds)
+            moment = PeakMoment(bytes=candidate, phase=self.phase, op=op, where=self._location(), bytes_by_kind=kinds)
+            if new_peak:
+                self.peak = moment
+            if segment is not None and (segment[3] is None or candidate > segment[3].bytes):
+                segment[3] = moment
 
     def _resolve_pending_scalars(self, *, final: bool = False) -> None:
         """A Python number autograd saved (``x * 0.5`` keeps the 0.5): counted from when its node

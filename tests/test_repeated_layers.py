@@ -1,0 +1,114 @@
+"""A deep transformers config accounted from its step traced at depths 3, 4 and 5
+(resacct.account.trace.repeated_layers, resacct.account.peak.layer_segments) equals the account of
+every layer traced — FLOPs per module and op, the state, every saved tensor, the step's peak, what is
+live at it, when, and each phase's peak — and anything that does not repeat is traced whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from resacct.account.peak.layer_segments import NotRepeating, _affine, _plane
+
+pytest.importorskip("transformers")
+
+from resacct.account.answers.hf import account_hf_config  # noqa: E402
+from resacct.account.load.hf_models import REPEATING_MODEL_TYPES, HfConfigSpec  # noqa: E402
+
+_DECODER = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 160,
+            "max_position_embeddings": 128}
+TINY = {
+    "llama": {"model_type": "llama", **_DECODER},
+    "mistral": {"model_type": "mistral", **_DECODER, "sliding_window": 16},
+    "mixtral": {"model_type": "mixtral", **_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": {"model_type": "qwen2", **_DECODER},
+    "qwen3": {"model_type": "qwen3", **_DECODER, "head_dim": 16},
+    "phi3": {"model_type": "phi3", **_DECODER, "pad_token_id": 0},
+    "olmo2": {"model_type": "olmo2", **_DECODER, "pad_token_id": 0},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 160,
+                 "max_position_embeddings": 128},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "vocab_size": 160, "n_positions": 128},
+}
+
+
+def _spec(model_type: str, layers: int) -> HfConfigSpec:
+    values = dict(TINY[model_type])
+    values["n_layer" if model_type == "gpt2" else "num_hidden_layers"] = layers
+    return HfConfigSpec(name=f"tiny {model_type}", source="tests", values=values)
+
+
+def _equal_but_notes(extrapolated, whole) -> None:  # noqa: ANN001
+    a, b = extrapolated.to_dict(), whole.to_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        if key != "notes":
+            assert a[key] == b[key], key
+    assert "traced at depths 3, 4, 5" in extrapolated.notes[-1]
+    assert not any("traced at depths" in note for note in whole.notes)
+
+
+def test_every_repeating_type_is_checked_here() -> None:
+    assert set(TINY) == set(REPEATING_MODEL_TYPES)
+
+
+@pytest.mark.slow  # 3-12 s each: four models built and traced
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None:
+    spec = _spec(model_type, 7)
+    _equal_but_notes(account_hf_config(spec, batch=2, seq=24), account_hf_config(spec, batch=2, seq=24, all_layers=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "recipe", "batch", "seq", "layers"), [
+    ("gpt2", "fp32", 2, 32, 12),              # the peak moves from backward (depths 3-7) to the loss's forward at 12
+    ("llama", "bf16", 1, 4, 9),               # the peak in the optimizer step
+    ("llama", "bf16-fp32-master", 1, 8, 8),
+    ("mixtral", "bf16-autocast", 2, 16, 6),
+])
+def test_extrapolated_peak_follows_the_phase_that_wins_at_depth(model_type: str, recipe: str, batch: int, seq: int, layers: int) -> None:
+    spec = _spec(model_type, layers)
+    _equal_but_notes(account_hf_config(spec, batch=batch, seq=seq, recipe=recipe),
+                     account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, all_layers=True))
+
+
+@pytest.mark.slow
+def test_llama_2_7b_extrapolated_equals_its_32_layers_traced() -> None:
+    _equal_but_notes(account_hf_config("llama-2-7b", batch=1, seq=256), account_hf_config("llama-2-7b", batch=1, seq=256, all_layers=True))
+
+
+@pytest.mark.slow
+def test_shallow_models_are_traced_whole() -> None:
+    account = account_hf_config(_spec("llama", 5), batch=1, seq=8)
+    assert not any("traced at depths" in note for note in account.notes)
+
+
+@pytest.mark.slow
+def test_a_type_not_checked_to_repeat_is_traced_whole_and_says_why() -> None:
+    spec = HfConfigSpec(name="tiny gemma2", source="tests", values={"model_type": "gemma2", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
+    account = account_hf_config(spec, batch=1, seq=8)
+    assert any(note.startswith("all 6 layers traced: model_type 'gemma2' is not among") for note in account.notes)
+
+
+@pytest.mark.slow
+def test_layers_that_differ_fall_back_to_every_layer_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSeek-V3's first dense layers: at depths 3, 4, 5 with 4 dense layers, the last layer is dense at 3 and 4 but not
+    at 5 — the check catches it and the whole model is traced (the allowlist would have kept it out anyway)."""
+    import resacct.account.load.hf_models as hf_models
+
+    monkeypatch.setattr(hf_models, "REPEATING_MODEL_TYPES", REPEATING_MODEL_TYPES | {"deepseek_v3"})
+    values = {"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+              "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+              "n_shared_experts": 1, "first_k_dense_replace": 4, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
+              "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "max_position_embeddings": 128}
+    account = account_hf_config(HfConfigSpec(name="tiny deepseek", source="tests", values=values), batch=1, seq=8)
+    assert any(note.startswith("all 7 layers traced:") for note in account.notes), account.notes
+
+
+def test_a_number_off_the_line_is_refused() -> None:
+    assert _affine({3: 10, 4: 14, 5: 18}, 80, "x") == 18 + 75 * 4
+    with pytest.raises(NotRepeating, match="not a line"):
+        _affine({3: 10, 4: 14, 5: 19}, 80, "x")
+    plane = {(d, i): 100 + 7 * i + 30 * d for d in (3, 4, 5) for i in range(1, d - 1)}
+    assert _plane(plane, 80, 78, "y") == 100 + 7 * 78 + 30 * 80
+    plane[(5, 3)] += 1
+    with pytest.raises(NotRepeating, match="middle layer 3 at depth 5"):
+        _plane(plane, 80, 78, "y")
