@@ -22,7 +22,7 @@ COMMANDS = {
     "memory": ["memory", "--params", "7.5B", "--recipe", "mixed-adam", "--zero", "1", "--devices", "64", "--device", "h100"],
     "devices": ["devices", "h100"],
     "infer": ["infer", "--hf-config", TINY_CONFIG, "--batch", "8", "--context", "64", "--device", "h100"],
-    "lora": ["lora", "--hf-config", TINY_CONFIG, "--rank", "16", "--seq", "16", "--memory-gb", "24", "--gradient-checkpointing"],
+    "lora": ["lora", "--hf-config", TINY_CONFIG, "--rank", "16", "--seq", "16", "--memory-gb", "24"],
     "offload": ["offload", "--params", "2851M", "--largest-layer", "32M", "--gpus-per-node", "8", "--device", "h100"],
     "fit": ["fit", "--devices", "8", "--memory-gb", "80", "--zero", "3"],
     "plan": ["plan", "--hf-config", "llama-3-8b", "--seq", "4096", "--memory-gb", "80"],

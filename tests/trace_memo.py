@@ -7,7 +7,8 @@ without ``--json``, ``--units binary``, ``--memory-gb 24`` or a 24 GB board's na
 change what the command prints, never what it traces, so the fixture :func:`memoized_lora_trace`
 keeps each traced step by its whole question: the config's values and every keyword argument. A
 different rank, target list, base, batch, sequence length, dropout or checkpointing is a different
-key and is traced afresh. :class:`~resacct.account.trace.lora_step.LoraStep` is a frozen dataclass; the
+key and is traced afresh. The largest-batch search's peaks (:func:`resacct.account.fit.lora_batch.lora_batch_peaks`)
+are kept the same way, by question and batch. :class:`~resacct.account.trace.lora_step.LoraStep` is a frozen dataclass; the
 command only reads it.
 
 The tests that use it run in one xdist group (``lora-7b``), so each question is traced once per run
@@ -53,11 +54,35 @@ def _memoized(function: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Cal
 def memoized_lora_trace(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
     """``trace_lora_step`` answers a question it has traced before in this process from memory; yields
     the keys asked for during the test (the memo's own test reads them)."""
+    from resacct.account.fit import lora_batch
     from resacct.account.trace import lora_step
 
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(lora_step, "trace_lora_step", _memoized(lora_step.trace_lora_step, calls))
+    monkeypatch.setattr(lora_batch, "lora_batch_peaks", _memoized_peaks(lora_batch.lora_batch_peaks))
     yield calls
+
+
+_PEAKS: dict[tuple[Any, ...], Any] = {}
+
+
+def _memoized_peaks(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``lora_batch_peaks`` whose ``peak_of(batch)`` answers a batch of the same question traced before
+    in this process (the largest-batch search of ``lora --memory-gb``) from memory (kept apart from
+    ``_TRACED``: a peak is not a traced step)."""
+    @functools.wraps(function)
+    def peaks(config: Any, *, model: Any = None, **keywords: Any) -> Callable[[int], Any]:
+        fresh = function(config, model=model, **keywords)
+
+        def peak_of(batch: int) -> Any:
+            key = question_key(config, {**keywords, "batch": batch})
+            if key not in _PEAKS:
+                _PEAKS[key] = fresh(batch)
+            return _PEAKS[key]
+
+        return peak_of
+
+    return peaks
 
 
 @pytest.fixture

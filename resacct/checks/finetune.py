@@ -246,3 +246,46 @@ def _qlora_base(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, v
                  "frozen_bytes": lora_training_memory(architecture, rank=1, targets=("q_proj",), base_format="nf4").base_bytes}
     quantities = {"quantized_parameters": quantized, "quantized_layers": len(layers4), "base_parameters": quantized + sum(p.numel() for p in others)}
     return {name: Outcome(measured=value, predicted=predicted.get(name), quantities=quantities) for name, value in parts.items()}
+
+
+# ── resacct lora's largest batch, checked against the CPU allocator ───────────────────────────────
+
+
+@check("finetune.lora_largest_batch", evidence="measured",
+       quantities=("largest_batch", "measured_peak_bytes", "next_measured_peak_bytes", "predicted_peak_bytes", "next_predicted_peak_bytes",
+                   "traces"))
+def lora_largest_batch(budget_bytes: int, base: str = "fp32", rank: int = 4, targets: str = "q_proj,v_proj", seq: int = 16, hidden: int = 64,
+                       layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 96, vocab: int = 128) -> Outcome:
+    """``resacct lora``'s largest batch within ``budget_bytes`` (:func:`resacct.account.fit.lora_batch.largest_lora_batch`,
+    the search the command runs: the step's predicted peak traced on fake tensors at a few batches) for a
+    peft LoRA step (AdamW over the adapters) of a tiny Llama over a ``base`` (fp32, bf16, fp16) base, then
+    the real step on the CPU at that batch and one more, its peak by torch's CPU allocator
+    (:func:`resacct.account.peak.step_peak.measure_step_peak`). Measured: [the peak at the answer ≤ the
+    budget, the peak at the answer + 1 > the budget]; predicted: the same pair from the search's own
+    traced peaks. Quantities: the answer, both measured and both predicted peaks, the traces it took."""
+    _require("peft")
+    _require("transformers")
+    if base not in ("fp32", "bf16", "fp16"):
+        raise ResacctError(f"base {base!r}: expected fp32, bf16 or fp16 (the traced LoRA step's bases)")
+    from resacct.account.fit.lora_batch import largest_lora_batch
+    from resacct.account.peak.step_peak import measure_step_peak
+    from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss
+
+    config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
+    target_list = tuple(t.strip() for t in targets.split(","))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        answer = largest_lora_batch(config, rank=rank, targets=target_list, base=base, seq=seq, budget_bytes=budget_bytes)
+        if answer.largest == 0:
+            raise NotMeasurable(f"not even batch 1 fits {budget_bytes} bytes: no answer to check; expected a budget above batch 1's peak")
+        torch.manual_seed(0)
+        model = build_lora_model(config, rank=rank, targets=target_list, base=base, device="cpu")
+    measured = []
+    for batch in (answer.largest, answer.largest + 1):
+        ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+        measured.append(measure_step_peak(model, {"input_ids": ids, "labels": ids}, lora_loss, adamw_over).peak_bytes)
+    predicted = (answer.peak_bytes, answer.next_peak_bytes)
+    return Outcome(measured=[measured[0] <= budget_bytes, measured[1] > budget_bytes],
+                   predicted=[predicted[0] is not None and predicted[0] <= budget_bytes, predicted[1] is not None and predicted[1] > budget_bytes],
+                   quantities={"largest_batch": answer.largest, "measured_peak_bytes": measured[0], "next_measured_peak_bytes": measured[1],
+                               "predicted_peak_bytes": predicted[0], "next_predicted_peak_bytes": predicted[1], "traces": answer.traced})

@@ -17,6 +17,8 @@ With ``--hf-config`` (any architecture transformers builds) and a bf16/fp16/fp32
 also traced (:mod:`resacct.account.trace.lora_step`): peft on the model built on the meta device, the whole
 step's peak on fake CPU tensors — temporaries included — is the total that decides "fits"; where
 resacct has no LoRA closed form for the model, the traced step's state, FLOPs and saved bytes are shown.
+The largest batch that fits is then searched as ``fit`` searches (:mod:`resacct.account.fit.lora_batch`):
+the peaks at batches 1 and 2 name it, and the step is traced at the answer (it fits) and one more (it does not).
 """
 
 from __future__ import annotations
@@ -159,11 +161,18 @@ def _run_lora(args: argparse.Namespace) -> int:
     total = state.state_bytes + activations if peak is None else peak
     fits = None if memory_bytes is None else total + reserved <= memory_bytes
     room = None if memory_bytes is None else memory_bytes - reserved - state.state_bytes
+    search = None
     if peak is None:
         largest = None if room is None else _largest_batch(architecture, args, dtype, room, per_sample)
-    else:  # the traced peak less what the step starts with grows with the batch: the estimate from this batch's slope
-        per_sequence = max(1, (peak - traced.start_bytes) / args.batch)
-        largest = None if memory_bytes is None else max(0, int((memory_bytes - reserved - traced.start_bytes) // per_sequence))
+    elif memory_bytes is not None:  # fit's search over the traced step: lines through two batches' peaks, the answer and one more traced
+        from resacct.account.fit.lora_batch import largest_lora_batch
+
+        search = largest_lora_batch(config, rank=args.rank, targets=tuple(args.targets), base=args.base, seq=args.seq,
+                                    budget_bytes=memory_bytes - reserved, dropout=args.dropout,
+                                    gradient_checkpointing=args.gradient_checkpointing, known={args.batch: traced.peak}, model=traced.model)
+        largest = search.largest
+    else:
+        largest = None
     targets = ", ".join(args.targets)
     fields: dict[str, Any] = {
         "model": name, "base_parameters": state.base_parameters, "base_format": args.base, "base_bits_per_parameter": BASE_FORMAT_BITS[args.base],
@@ -182,6 +191,8 @@ def _run_lora(args: argparse.Namespace) -> int:
         "total_bytes": total, "total_basis": "step peak" if peak is not None else "training state + activations",
         "device": board.name if board is not None else None, "device_memory_bytes": memory_bytes, "reserved_bytes": reserved,
         "headroom_bytes": None if memory_bytes is None else memory_bytes - reserved - total, "fits": fits, "largest_batch": largest,
+        "largest_batch_basis": None if largest is None else "training state + activations" if peak is None else "traced at the answer and one more",
+        "largest_batch_search": None if search is None else search.to_dict(),
     }
     units = args.units
     where = "" if memory_bytes is None else f" on {board.name if board is not None else gigabytes_text(memory_bytes, units) + ' per device'}"
@@ -210,7 +221,7 @@ def _run_lora(args: argparse.Namespace) -> int:
         lines += [_row("total" if peak is None else "total (the step peak)", total, units) + f" of {gigabytes_text(memory_bytes, units)}"
                   + (f" ({gigabytes_text(reserved, units)} reserved)" if reserved else "")
                   + (f" — fits, {gigabytes_text(headroom, units)} to spare" if fits else f" — does NOT fit: {gigabytes_text(-headroom, units)} over"),
-                  f"  largest batch at seq {args.seq}: {largest}" + ("" if peak is None else " (estimate: the peak's growth per sequence)")
+                  f"  largest batch at seq {args.seq}: {largest}" + ("" if search is None else " " + search.text())
                   + ("" if largest else _no_room(room, per_sample, units, args.gradient_checkpointing))]
     lines.append(f"  FLOPs a step: {flops.step_flops:.4g} (forward {flops.forward_flops:.4g}, backward {flops.backward_flops:.4g}"
                  + ("" if full_flops is None else f": {flops.step_flops / full_flops:.2f}× full fine-tuning's {full_flops:.4g}") + ")"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,7 +32,8 @@ class LoraStep:
     """A LoRA step traced on the meta device and on fake tensors: the built model's frozen and
     trainable parameters, the state an AdamW step over the adapters holds, FlopCounterMode's
     FLOPs, the bytes autograd saves, and the whole step's predicted peak (``peak``:
-    :class:`~resacct.account.peak.models.PredictedStepPeak`). ``targets``: the modules peft adapted."""
+    :class:`~resacct.account.peak.models.PredictedStepPeak`). ``targets``: the modules peft adapted;
+    ``model``: the peft model on meta it traced (a search over the batch traces it again, unbuilt)."""
 
     targets: tuple[str, ...]
     base_parameters: int
@@ -44,6 +45,7 @@ class LoraStep:
     backward_flops: int
     saved_activation_bytes: int | None  # None where it could not be recorded on meta (gradient checkpointing; LoRA on expert weights)
     peak: Any
+    model: Any = field(default=None, compare=False, repr=False)
 
     @property
     def gradient_bytes(self) -> int:
@@ -188,4 +190,4 @@ def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: s
     return LoraStep(targets=adapted, base_parameters=sum(p.numel() for p in frozen), base_bytes=distinct_storage_bytes(frozen),
                     adapter_parameters=sum(p.numel() for p in trainable), adapter_tensors=len(trainable), adapter_bytes=distinct_storage_bytes(trainable),
                     forward_flops=flops.forward_flops, backward_flops=flops.backward_flops,
-                    saved_activation_bytes=saved_bytes, peak=peak)
+                    saved_activation_bytes=saved_bytes, peak=peak, model=model)

@@ -1,0 +1,119 @@
+"""``resacct lora``'s largest batch by few traces: the LoRA step's predicted peak
+(:mod:`resacct.account.trace.lora_step`: peft on the model built on meta, the whole step on fake
+tensors) searched as ``fit`` searches it (:func:`resacct.account.fit.lines.largest_fitting`) —
+the peaks at batches 1 and 2 give each phase's line, its answer ``b`` is traced and ``b + 1``
+too: ``b`` fits and ``b + 1`` does not, both traced, never estimated. Where the peak is not
+affine in the batch (another phase takes the peak over) the search goes on from the probes made.
+Three traces answer the command where ``b`` ≤ 128 (its own batch's trace, 1 or 2, is the fourth,
+reused); a larger ``b`` costs one more per × 64, as in ``fit``.
+
+The model is built once for the search; a peak already traced (the command's own batch) is
+reused, not traced again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from resacct.account.fit.lines import FitProbe, affine_deviation_bytes, largest_fitting
+
+__all__ = ["LoraBatchAnswer", "MAX_LORA_BATCH", "largest_lora_batch", "lora_batch_peaks"]
+
+#: The largest batch the search tries (a bound on its growth, not a property of any model): fit's.
+MAX_LORA_BATCH = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoraBatchAnswer:
+    """The largest batch whose predicted LoRA step peak is within ``budget_bytes`` (0: not even 1),
+    every probe of the search (``traced``: how many of them were traced here, the rest reused)."""
+
+    largest: int
+    budget_bytes: float
+    probes: tuple[FitProbe, ...]
+    traced: int
+    limit: int
+
+    def _peak_at(self, batch: int) -> int | None:
+        return next((probe.peak_bytes for probe in self.probes if probe.size == batch), None)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The predicted step peak at the answer (None: not even batch 1 fits)."""
+        return self._peak_at(self.largest) if self.largest else None
+
+    @property
+    def next_peak_bytes(self) -> int | None:
+        """The predicted step peak at one batch more than the answer (None: the answer is the limit)."""
+        return self._peak_at(self.largest + 1)
+
+    @property
+    def checked(self) -> bool:
+        """The answer fits and one more does not, both traced (or the answer is the search's limit)."""
+        fits = self.largest == 0 or (self.peak_bytes is not None and self.peak_bytes <= self.budget_bytes)
+        over = self.largest == self.limit or (self.next_peak_bytes is not None and self.next_peak_bytes > self.budget_bytes)
+        return fits and over
+
+    def to_dict(self) -> dict[str, Any]:
+        """``--json``: the search's probes, peaks in bytes (no seconds: the same question, the same answer)."""
+        return {"budget_bytes": self.budget_bytes, "largest": self.largest, "checked": self.checked, "traces": self.traced,
+                "limit": self.limit, "predicted_peak_bytes": self.peak_bytes, "next_predicted_peak_bytes": self.next_peak_bytes,
+                "affine_deviation_bytes": affine_deviation_bytes(list(self.probes)),
+                "probes": [{"batch": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits} for p in self.probes]}
+
+    def text(self) -> str:
+        """How the answer was found, for the command's line: the traces and the two that check it."""
+        if self.largest == 0:
+            return "(traced: batch 1's step peak is over the budget)"
+        past = f"batch {self.largest + 1} does not" if self.next_peak_bytes is not None else "the search's limit"
+        reused = len(self.probes) - self.traced
+        return (f"(checked: batch {self.largest}'s traced step peak fits, {past}; {self.traced} trace{'s' * (self.traced != 1)}"
+                + (f" + {reused} reused" if reused else "") + f" at batches {', '.join(str(p.size) for p in self.probes)})")
+
+
+def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, dropout: float = 0.0,
+                     gradient_checkpointing: bool = False, model: Any = None) -> Callable[[int], Any]:
+    """``peak_of(batch)``: the predicted peak (:class:`~resacct.account.peak.models.PredictedStepPeak`)
+    of the LoRA step at ``batch`` × ``seq`` — one trace of the whole step on fake tensors a call, the
+    peft model (``model``: that model already built on meta) built on meta at the first."""
+    from resacct.account.peak.step_peak import predict_step_peak
+    from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
+
+    built: list[Any] = [] if model is None else [model]
+
+    def peak_of(batch: int) -> Any:
+        if not built:
+            built.append(build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout,
+                                          gradient_checkpointing=gradient_checkpointing))
+        return predict_step_peak(built[0], lora_step_inputs(config, batch=batch, seq=seq), lora_loss, adamw_over)
+
+    return peak_of
+
+
+def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, budget_bytes: float,
+                       dropout: float = 0.0, gradient_checkpointing: bool = False, known: dict[int, Any] | None = None,
+                       model: Any = None, limit: int = MAX_LORA_BATCH) -> LoraBatchAnswer:
+    """The largest batch (at most ``limit``) whose LoRA step (see :func:`lora_batch_peaks`) peaks within
+    ``budget_bytes``, by :func:`~resacct.account.fit.lines.largest_fitting`; ``known``: predicted peaks
+    already traced, by batch (reused); ``model``: the peft model on meta, if already built."""
+    import warnings
+
+    from resacct.account.fit.search import phase_peaks_bytes
+
+    peaks: dict[int, Any] = dict(known or {})
+    reused = set(peaks)
+    trace = lora_batch_peaks(config, rank=rank, targets=targets, base=base, seq=seq, dropout=dropout,
+                             gradient_checkpointing=gradient_checkpointing, model=model)
+
+    def peak_of(batch: int) -> int:
+        if batch not in peaks:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # transformers' and peft's, as in the traced step
+                peaks[batch] = trace(batch)
+        return int(peaks[batch].peak_bytes)
+
+    largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]))
+    return LoraBatchAnswer(largest=largest or 0, budget_bytes=budget_bytes, probes=tuple(probes),
+                           traced=sum(probe.size not in reused for probe in probes), limit=limit)
