@@ -1,4 +1,4 @@
-"""Root conftest: runtime type checking, pytester for the harness tests, and this repository's
+"""Root conftest: runtime type checking (off in the plain quick tier, on in CI), pytester for the harness tests, and this repository's
 own Hypothesis profile.
 
 The claims plugin itself is the installed ``pytest_resacct`` entry point, so ``pytest`` collects
@@ -9,9 +9,11 @@ host project would, for its own unit tests only.
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import jaxtyping
+import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["pytester", "tests.quick_tier", "tests.xdist_groups"]
@@ -23,6 +25,7 @@ pytest_plugins = ["pytester", "tests.quick_tier", "tests.xdist_groups"]
 # (94 s vs 67 s for `pytest resacct/specs`, one process, 2026-11-24). The hook must be installed
 # before any resacct module is imported, which is why it lives here and not in pytest.ini's
 # `--jaxtyping-packages` (whose parser cannot take a list of modules with a configured checker).
+# It is installed in every session but the plain quick tier outside CI (typecheck_wanted, below).
 UNCHECKED_SUBPACKAGES = frozenset({"harness", "reporting", "cli", "specs"})
 TYPECHECKER = "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
 
@@ -45,11 +48,71 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     if "torch" in sys.modules:  # imported by another plugin before this conftest: set it directly
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+TYPECHECK_VARIABLE = "RESACCT_TYPECHECK"
+TYPECHECK_SKIP_REASON = ("needs the type-checking hook, which the plain quick tier leaves off: "
+                         "CI=true, RESACCT_TYPECHECK=1, --run-slow, -m/-k or naming the file turn it on")
+
+
+def typecheck_wanted(quick_tier: bool, environ: Mapping[str, str]) -> bool:
+    """Whether this pytest session installs the hook: ``RESACCT_TYPECHECK=1`` always, ``=0`` never
+    (benchmarks); unset, everywhere but the plain quick tier outside CI. The quick tier is what a
+    developer runs (the hook was 33 of its 145.5 CPU s, 2026-11-28: docs/suite_time.md); CI (`.ci/run`
+    exports CI=true) runs it under the hook, as do the slow tier and any run that names what it runs."""
+    value = environ.get(TYPECHECK_VARIABLE, "")
+    if value not in {"", "0", "1"}:
+        raise pytest.UsageError(f"{TYPECHECK_VARIABLE}={value!r}: expected 1 (type-check), 0 (do not) or unset (all but the plain quick tier)")
+    if value:
+        return value == "1"
+    return not quick_tier or environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def plain_quick_tier(early_config: pytest.Config | None) -> bool:
+    """tests/quick_tier.py's quick_tier_only, from what pytest knows while it imports this conftest
+    (its options are not registered yet). None (this file run outside pytest's start-up, as
+    tools/mutation does): not the quick tier, so the hook goes in, as it always did."""
+    pytest.register_assert_rewrite("tests.quick_tier")  # imported here before pytest_plugins loads it
+    from tests.quick_tier import RUN_SLOW_OPTION, RUN_SLOW_VARIABLE
+
+    if early_config is None:
+        return False
+    known = early_config.known_args_namespace
+    raw = [*early_config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    run_slow = any(arg == RUN_SLOW_OPTION for arg in raw) or os.environ.get(RUN_SLOW_VARIABLE, "") not in {"", "0"}
+    return not (run_slow or getattr(known, "file_or_dir", None) or getattr(known, "markexpr", "") or getattr(known, "keyword", ""))
+
+
+def _starting_config() -> pytest.Config | None:
+    """The Config pytest is starting while it imports this file: the ``early_config`` argument of
+    the pytest_load_initial_conftests hook (a hookspec name, so stable), found up the call stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        config = frame.f_locals.get("early_config")
+        if isinstance(config, pytest.Config):
+            return config
+        frame = frame.f_back
+    return None
+
+
+def type_checking() -> bool:
+    """Whether this process runs under the hook (jaxtyping's finder is on sys.meta_path)."""
+    return any(type(finder).__module__.startswith("jaxtyping") for finder in sys.meta_path)
+
+
 _already_imported = sorted(name for name in sys.modules if name == "resacct" or name.startswith("resacct."))
 if _already_imported:
     raise RuntimeError(f"resacct was imported before the type-checking hook: {_already_imported[:5]}")
 if os.environ.get("RESACCT_TYPECHECK", "1") != "0":  # RESACCT_TYPECHECK=0: without it (benchmarks)
-    jaxtyping.install_import_hook(type_checked_modules(), TYPECHECKER)
+    if typecheck_wanted(plain_quick_tier(_starting_config()), os.environ):
+        jaxtyping.install_import_hook(type_checked_modules(), TYPECHECKER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``typecheck`` assert that the hook refuses a wrong call: skipped where it is off."""
+    if not type_checking():
+        for item in items:
+            if item.get_closest_marker("typecheck") is not None:
+                item.add_marker(pytest.mark.skip(reason=TYPECHECK_SKIP_REASON))
+
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 settings.register_profile("resacct-tests", max_examples=40, deadline=None, suppress_health_check=_QUIET)

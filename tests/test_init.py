@@ -95,6 +95,7 @@ def test_bad_arguments_echo_the_value(call, message):
     assert message in str(error.value)
 
 
+@pytest.mark.typecheck
 def test_weight_must_be_a_float_matrix():
     import beartype.roar
     import jaxtyping

@@ -167,6 +167,7 @@ def test_unknown_optimizer_name():
         optim.state_tensors_per_parameter("adamW")
 
 
+@pytest.mark.typecheck
 def test_update_rules_refuse_mismatched_shapes():
     import beartype.roar
     import jaxtyping

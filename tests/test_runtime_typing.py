@@ -9,6 +9,8 @@ import torch
 from resacct.measurement import tensors
 from resacct.training.models import Cruncher, TwoLayerNetwork
 
+pytestmark = pytest.mark.typecheck  # the hook is off in the plain quick tier (conftest.py): these skip there
+
 
 def type_errors() -> tuple[type[BaseException], ...]:
     import beartype.roar
