@@ -117,3 +117,35 @@ def test_a_file_without_item_times_is_one_line_and_exit_2(tmp_path: Path, capsys
     assert slow_audit.main([str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("slow_audit: ") and str(run) in err
+
+
+def test_workers_says_when_each_worker_finished_and_the_largest_groups(
+        pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--workers (issue 34): the idle tail of --dist loadgroup, from the items' worker and times."""
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makepyfile(test_suite=BUSY_SUITE)
+    recorded = tmp_path / "recorded.json"
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[slow_audit.SlowAuditRecorder(recorded)]).assert_outcomes(passed=5)
+    items = json.loads(recorded.read_text())["items"]
+    assert {item["worker"] for item in items} == {"main"}  # no xdist here
+    assert all(0 < item["start"] < item["stop"] for item in items)
+
+    def record(nodeid: str, worker: str, start: float, stop: float, group: str = "") -> dict[str, object]:
+        return {"nodeid": nodeid, "wall_s": {"call": stop - start}, "cpu_s": {"call": stop - start}, "marked_slow": False,
+                "worker": worker, "group": group, "start": start, "stop": stop}
+
+    run = tmp_path / "items.json"
+    run.write_text(json.dumps({"items": [
+        record("tests/test_a.py::test_1", "gw0", 100.0, 110.0, "lora-7b"), record("tests/test_a.py::test_2", "gw0", 110.0, 140.0, "lora-7b"),
+        record("tests/test_b.py::test_3", "gw1", 100.5, 120.0), record("tests/test_b.py::test_4", "gw1", 120.0, 125.0)]}))
+    assert slow_audit.worker_finishes(slow_audit.read_items(run)) == [("gw1", 2, 24.5, 24.5, 25.0), ("gw0", 2, 40.0, 40.0, 40.0)]
+    assert slow_audit.largest_groups(slow_audit.read_items(run)) == [("lora-7b", 2, 40.0)]
+    capsys.readouterr()
+    assert slow_audit.main([str(run), "--workers"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gw1") and "idle  15.0 s before the last worker" in out[0] and "idle   0.0 s" in out[1]
+    assert out[2] == "group lora-7b: 2 items, 40.0 wall s"
+    old = tmp_path / "old.json"  # a file from before workers were recorded: one line, exit 2
+    old.write_text(json.dumps({"items": [{"nodeid": "tests/test_a.py::test_1", "wall_s": {"call": 1.0}}]}))
+    assert slow_audit.main([str(old), "--workers"]) == 2
+    assert "no item carries its worker and times" in capsys.readouterr().err

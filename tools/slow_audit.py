@@ -24,6 +24,7 @@ ranks' forkserver, a measuring child kept for the run), or a measurement shared 
     python tools/slow_audit.py /tmp/items.json            # CPU seconds
     python tools/slow_audit.py --by wall /tmp/items.json  # an idle machine
     python tools/slow_audit.py --marked /tmp/items.json   # of a --run-slow run: marked slow, now quick
+    python tools/slow_audit.py --workers /tmp/items.json  # when each xdist worker finished; the largest groups
     pytest --durations=0 -q > run.txt; python tools/slow_audit.py run.txt   # wall seconds only
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import sys
@@ -80,6 +82,10 @@ class ItemTime:
     wall_s: dict[str, float] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     marked_slow: bool = False
+    worker: str = ""  # the xdist worker that ran it ("main" without xdist; "" in files from before)
+    group: str = ""  # its --dist loadgroup group ("" where none)
+    start: float = 0.0  # epoch seconds: its setup began, its teardown ended (0 where not recorded)
+    stop: float = 0.0
 
     def total(self, by: str) -> float:
         return sum((self.cpu_s if by == "cpu" else self.wall_s).values())
@@ -123,6 +129,7 @@ class SlowAuditRecorder:
         # extra attributes travel with the report from an xdist worker to the controller
         report.slow_audit_cpu_s = item.stash.get(_CPU_KEY, {}).get(call.when)
         report.slow_audit_marked = item.get_closest_marker("slow") is not None
+        report.slow_audit_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         return report
 
     def pytest_runtest_logreport(self, report: Any) -> None:
@@ -132,11 +139,17 @@ class SlowAuditRecorder:
         if cpu_s is not None:
             entry.cpu_s[report.when] = float(cpu_s)
         entry.marked_slow = entry.marked_slow or bool(getattr(report, "slow_audit_marked", False))
+        entry.worker = str(getattr(report, "slow_audit_worker", entry.worker))
+        entry.group = report.nodeid.rpartition("@")[2] if plain_nodeid(report.nodeid) != report.nodeid else entry.group
+        start, stop = float(getattr(report, "start", 0) or 0), float(getattr(report, "stop", 0) or 0)
+        entry.start = min(entry.start, start) if entry.start and start else (entry.start or start)
+        entry.stop = max(entry.stop, stop)
 
     def pytest_sessionfinish(self, session: Any) -> None:
         if getattr(session.config, "workerinput", None) is not None:
             return  # an xdist worker: the controller has every report and writes the file
-        records = [{"nodeid": entry.nodeid, "wall_s": entry.wall_s, "cpu_s": entry.cpu_s, "marked_slow": entry.marked_slow}
+        records = [{"nodeid": entry.nodeid, "wall_s": entry.wall_s, "cpu_s": entry.cpu_s, "marked_slow": entry.marked_slow,
+                    "worker": entry.worker, "group": entry.group, "start": entry.start, "stop": entry.stop}
                    for entry in self.items.values()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"items": records}, indent=1) + "\n")
@@ -151,7 +164,8 @@ def read_items(path: Path) -> list[ItemTime]:
     if text.lstrip().startswith("{"):
         try:
             records = json.loads(text)["items"]
-            return [ItemTime(r["nodeid"], dict(r["wall_s"]), dict(r.get("cpu_s") or {}), bool(r.get("marked_slow")))
+            return [ItemTime(r["nodeid"], dict(r["wall_s"]), dict(r.get("cpu_s") or {}), bool(r.get("marked_slow")),
+                             str(r.get("worker") or ""), str(r.get("group") or ""), float(r.get("start") or 0), float(r.get("stop") or 0))
                     for r in records]
         except (ValueError, KeyError, TypeError) as error:
             raise AuditError(f"{str(path)!r} is not a --slow-audit file (expected {{\"items\": [...]}}): {error}") from error
@@ -183,6 +197,42 @@ def marked_but_quick(items: Iterable[ItemTime], by: str, *, test_line_s: float =
     return sorted(quick, key=lambda item: item.total(by))
 
 
+def worker_finishes(items: Iterable[ItemTime]) -> list[tuple[str, int, float, float, float]]:
+    """Per xdist worker: (worker, items, its items' wall seconds, its items' CPU seconds, seconds from the
+    run's first item to its own last): how long the worker that finished first sat idle at the end."""
+    timed = [item for item in items if item.worker and item.stop]
+    if not timed:
+        raise AuditError("no item carries its worker and times (a --slow-audit file written before they were "
+                         "recorded, or pytest --durations text): run pytest --slow-audit PATH again")
+    first = min(item.start for item in timed)
+    workers: dict[str, list[ItemTime]] = {}
+    for item in timed:
+        workers.setdefault(item.worker, []).append(item)
+    return sorted(((name, len(ran), sum(i.total("wall") for i in ran), sum(i.total("cpu") for i in ran),
+                    max(i.stop for i in ran) - first) for name, ran in workers.items()), key=lambda row: row[4])
+
+
+def largest_groups(items: Iterable[ItemTime], count: int = 5) -> list[tuple[str, int, float]]:
+    """The --dist loadgroup groups with the most wall seconds: (group, items, wall seconds). One worker
+    runs a whole group, so a group near half the run's seconds leaves the other worker idle."""
+    groups: dict[str, list[float]] = {}
+    for item in items:
+        if item.group:
+            groups.setdefault(item.group, []).append(item.total("wall"))
+    return sorted(((name, len(walls), sum(walls)) for name, walls in groups.items()), key=lambda row: -row[2])[:count]
+
+
+def _print_workers(items: list[ItemTime]) -> int:
+    rows = worker_finishes(items)
+    last = rows[-1][4]
+    for name, count, wall_s, cpu_s, finished_s in rows:
+        print(f"{name:6s} {count:5d} items  {wall_s:8.1f} wall s  {cpu_s:8.1f} cpu s  last item done at {finished_s:7.1f} s"
+              f"  (idle {last - finished_s:5.1f} s before the last worker)")
+    for name, count, wall_s in largest_groups(items):
+        print(f"group {name}: {count} items, {wall_s:.1f} wall s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slow_audit", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a --slow-audit JSON file, or pytest --durations=0 output")
@@ -192,9 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claim-line", type=float, default=CLAIM_LINE_S, metavar="S", help=f"a claim's line (default {CLAIM_LINE_S})")
     parser.add_argument("--marked", action="store_true",
                         help="list instead the items marked slow that took under half their line (a --run-slow run); exit 0")
+    parser.add_argument("--workers", action="store_true",
+                        help="list instead when each xdist worker finished its last item, and the largest loadgroup groups; exit 0")
     args = parser.parse_args(argv)
     try:
         items = read_items(args.run)
+        if args.workers:
+            return _print_workers(items)
     except AuditError as error:
         print(f"slow_audit: {error}", file=sys.stderr)
         return 2
