@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from resacct.account.peak.layer_segments import NotRepeating, _affine, _plane
+from resacct.errors import ResacctError
 
 pytest.importorskip("transformers")
 
-from resacct.account.answers.hf import account_hf_config  # noqa: E402
+from resacct.account.answers.hf import SAMPLED_ABOVE_LAYERS, account_hf_config  # noqa: E402
 from resacct.account.load.hf_models import REPEATING_MODEL_TYPES, HfConfigSpec  # noqa: E402
 
 _DECODER = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 160,
@@ -54,7 +55,7 @@ def test_every_repeating_type_is_checked_here() -> None:
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None:
     spec = _spec(model_type, 7)
-    _equal_but_notes(account_hf_config(spec, batch=2, seq=24), account_hf_config(spec, batch=2, seq=24, all_layers=True))
+    _equal_but_notes(account_hf_config(spec, batch=2, seq=24, layers="sampled"), account_hf_config(spec, batch=2, seq=24, layers="all"))
 
 
 @pytest.mark.slow
@@ -66,25 +67,34 @@ def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None
 ])
 def test_extrapolated_peak_follows_the_phase_that_wins_at_depth(model_type: str, recipe: str, batch: int, seq: int, layers: int) -> None:
     spec = _spec(model_type, layers)
-    _equal_but_notes(account_hf_config(spec, batch=batch, seq=seq, recipe=recipe),
-                     account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, all_layers=True))
+    _equal_but_notes(account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, layers="sampled"),
+                     account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, layers="all"))
 
 
 @pytest.mark.slow
 def test_llama_2_7b_extrapolated_equals_its_32_layers_traced() -> None:
-    _equal_but_notes(account_hf_config("llama-2-7b", batch=1, seq=256), account_hf_config("llama-2-7b", batch=1, seq=256, all_layers=True))
+    _equal_but_notes(account_hf_config("llama-2-7b", batch=1, seq=256, layers="sampled"), account_hf_config("llama-2-7b", batch=1, seq=256, layers="all"))
 
 
 @pytest.mark.slow
 def test_shallow_models_are_traced_whole() -> None:
-    account = account_hf_config(_spec("llama", 5), batch=1, seq=8)
-    assert not any("traced at depths" in note for note in account.notes)
+    """At 5 layers there is nothing to sample; by default, up to 16 layers one whole trace is cheaper than three builds."""
+    for layers, asked in ((5, "sampled"), (SAMPLED_ABOVE_LAYERS, "auto")):
+        account = account_hf_config(_spec("llama", layers), batch=1, seq=8, layers=asked)
+        assert not any("traced at depths" in note for note in account.notes)
+    deeper = account_hf_config(_spec("llama", SAMPLED_ABOVE_LAYERS + 1), batch=1, seq=8)
+    assert "traced at depths 3, 4, 5" in deeper.notes[-1]
+
+
+def test_an_unknown_layers_choice_is_refused() -> None:
+    with pytest.raises(ResacctError, match="layers 'some': expected one of auto, sampled, all"):
+        account_hf_config(_spec("llama", 7), batch=1, seq=8, layers="some")
 
 
 @pytest.mark.slow
 def test_a_type_not_checked_to_repeat_is_traced_whole_and_says_why() -> None:
     spec = HfConfigSpec(name="tiny gemma2", source="tests", values={"model_type": "gemma2", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
-    account = account_hf_config(spec, batch=1, seq=8)
+    account = account_hf_config(spec, batch=1, seq=8, layers="sampled")
     assert any(note.startswith("all 6 layers traced: model_type 'gemma2' is not among") for note in account.notes)
 
 
@@ -99,7 +109,7 @@ def test_layers_that_differ_fall_back_to_every_layer_traced(monkeypatch: pytest.
               "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
               "n_shared_experts": 1, "first_k_dense_replace": 4, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
               "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "max_position_embeddings": 128}
-    account = account_hf_config(HfConfigSpec(name="tiny deepseek", source="tests", values=values), batch=1, seq=8)
+    account = account_hf_config(HfConfigSpec(name="tiny deepseek", source="tests", values=values), batch=1, seq=8, layers="sampled")
     assert any(note.startswith("all 7 layers traced:") for note in account.notes), account.notes
 
 

@@ -225,8 +225,8 @@ def _repeated_layers(model_type: str, hidden: int, layers: int, heads: int, kv_h
     from resacct.account.answers.hf import account_hf_config
 
     spec = _small_spec(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, 0, 0)
-    extrapolated = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe)  # type: ignore[arg-type]
-    whole = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, all_layers=True)  # type: ignore[arg-type]
+    extrapolated = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, layers="sampled")  # type: ignore[arg-type]
+    whole = account_hf_config(spec, batch=batch, seq=seq, recipe=recipe, layers="all")  # type: ignore[arg-type]
     if not any("traced at depths" in note for note in extrapolated.notes):
         raise NotMeasurable(f"the {layers}-layer {model_type} was not extrapolated: {extrapolated.notes[-1]}")
     a, b = extrapolated.to_dict(), whole.to_dict()

@@ -159,7 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="with --hf-config: trace afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
                              "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
     parser.add_argument("--trace-all-layers", action="store_true",
-                        help="with --hf-config: trace every decoder layer (default: a stack of more than 5 identical layers is traced "
+                        help="with --hf-config: trace every decoder layer (default: a stack of more than 16 identical layers is traced "
                              "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_units_flag(parser)
     add_json_flag(parser)
@@ -199,7 +199,7 @@ def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
 
     with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)), collector_off():
         account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer,
-                                    all_layers=args.trace_all_layers)
+                                    layers="all" if args.trace_all_layers else "auto")
     _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
     with caching(cache_wanted(args.no_cache)), collector_off():
         gpu = "" if args.device == "cpu" else _board_text(args, account)
