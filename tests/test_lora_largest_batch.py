@@ -68,7 +68,8 @@ def test_the_answer_fits_the_cpu_allocator_and_one_more_does_not(tmp_path, capsy
     measured = _measured_peaks("fp32", range(largest, largest + 2))
     assert measured[largest] <= budget < measured[largest + 1] and largest == 7
     assert search["checked"] is True and search["budget_bytes"] == pytest.approx(budget)
-    assert [p["batch"] for p in search["probes"]] == [1, 2, 7, 8] and search["traces"] == 3  # batch 1: the command's own trace
+    # batch 1: the command's own trace; 6: what it says alone (the second batch); 7 and 8: the phases' lines through 1 and 6
+    assert [p["batch"] for p in search["probes"]] == [1, 6, 7, 8] and search["traces"] == 3
     assert search["predicted_peak_bytes"] == measured[7] and search["next_predicted_peak_bytes"] == measured[8]
     assert fields["largest_batch_basis"] == "traced at the answer and one more"
     assert search["probes"][0]["predicted_peak_bytes"] == fields["step_peak_bytes"]  # batch 1 is the command's own: reused

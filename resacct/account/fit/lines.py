@@ -60,7 +60,7 @@ def affine_deviation_bytes(probes: list[FitProbe]) -> int | None:
 
 def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit: int,
                     on_probe: Callable[[FitProbe], None] | None = None,
-                    phase_peaks_of: Callable[[int], dict[str, int]] | None = None) -> tuple[int | None, list[FitProbe]]:
+                    phase_peaks_of: Callable[[int], dict[str, int]] | None = None, second: int = 2) -> tuple[int | None, list[FitProbe]]:
     """The largest n in 1..``limit`` with ``peak_of(n) ≤ budget_bytes`` (None: not even 1), for a
     ``peak_of`` that grows with n, and every probe made (n + 1 among them unless n is the limit).
 
@@ -73,7 +73,9 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     that fit while none has failed (× 8 while it does not rise, at most × 64); after a miss, by the line
     through two sizes side by side that do not fit (exact where one phase holds the peak there);
     last, between the largest that fits and the smallest that does not, by their line, bisecting
-    when the line would not halve the gap.
+    when the line would not halve the gap. ``second``: the size probed after 1 (default 2; a caller
+    with a guess at the answer names it: where the line through 1 and the guess answers the guess,
+    the guess + 1 is the one more probe — **three traces**).
 
     >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6)
     >>> answer, [p.size for p in probes]
@@ -83,6 +85,9 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     (99900, [1, 2, 128, 8192, 99900, 99901])
     >>> largest_fitting(lambda n: 10 * n, 5, limit=8)[0], largest_fitting(lambda n: n, 100, limit=8)[0]
     (None, 8)
+    >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6, second=9)
+    >>> answer, [p.size for p in probes]
+    (9, [1, 9, 10])
     """
     probes: dict[int, FitProbe] = {}
 
@@ -109,8 +114,8 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     low, previous, high = 1, None, None  # low fits; high (when known) does not; previous: the size that fit before low
     while high is None and low < limit:
         guess = None if previous is None else line(previous, low)
-        if guess is None or guess < low:  # 2 (the line's second size), or × 8 while the line does not rise (or low fits above it)
-            size = 2 * low if previous is None else 8 * low
+        if guess is None or guess < low:  # the line's second size, or × 8 while the line does not rise (or low fits above it)
+            size = max(second, 2) if previous is None else 8 * low
         else:  # the line's answer (at most GROWTH × low: a line from small sizes may miss by far); when that is low itself, one more
             size = min(max(guess, low + 1), GROWTH * low)
         size = min(size, limit)

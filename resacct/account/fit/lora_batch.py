@@ -1,11 +1,14 @@
 """``resacct lora``'s largest batch by few traces: the LoRA step's predicted peak
 (:mod:`resacct.account.trace.lora_step`: peft on the model built on meta, the whole step on fake
 tensors) searched as ``fit`` searches it (:func:`resacct.account.fit.lines.largest_fitting`) —
-the peaks at batches 1 and 2 give each phase's line, its answer ``b`` is traced and ``b + 1``
-too: ``b`` fits and ``b + 1`` does not, both traced, never estimated. Where the peak is not
+the peaks at batch 1 and at a second batch give each phase's line, its answer ``b`` is traced and
+``b + 1`` too: ``b`` fits and ``b + 1`` does not, both traced, never estimated. The second batch is
+what one trace says (the budget over the peak's growth per sequence): where that is ``b`` already,
+``b + 1`` is the only other trace. Where the peak is not
 affine in the batch (another phase takes the peak over) the search goes on from the probes made.
-Three traces answer the command where ``b`` ≤ 128 (its own batch's trace, 1 or 2, is the fourth,
-reused); a larger ``b`` costs one more per × 64, as in ``fit``.
+The command's own batch (1 by default) is reused, not traced again: two traces where one trace's
+guess is the answer, three where the line through it names another (up to 64 × the guess: one more
+per × 64 beyond, as in ``fit``).
 
 The model is built once for the search; a peak already traced (the command's own batch) is
 reused, not traced again.
@@ -114,6 +117,19 @@ def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base
                 peaks[batch] = trace(batch)
         return int(peaks[batch].peak_bytes)
 
-    largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]))
+    largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]),
+                                      second=_one_trace_guess(peaks, budget_bytes))
     return LoraBatchAnswer(largest=largest or 0, budget_bytes=budget_bytes, probes=tuple(probes),
                            traced=sum(probe.size not in reused for probe in probes), limit=limit)
+
+
+def _one_trace_guess(peaks: dict[int, Any], budget_bytes: float) -> int:
+    """The search's second batch: what one traced step says — (budget − the step's start) ÷ its peak's
+    growth per sequence at its batch (the first of ``peaks``; 2 without one, or where that says less).
+    Where it is the answer, two traces settle it: it fits and one more does not."""
+    for batch, predicted in peaks.items():
+        start = predicted.timeline.start_bytes
+        growth = (predicted.peak_bytes - start) / batch
+        if growth > 0:
+            return max(2, min(MAX_LORA_BATCH, int((budget_bytes - start) // growth)))
+    return 2
