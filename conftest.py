@@ -66,44 +66,36 @@ def typecheck_wanted(quick_tier: bool, environ: Mapping[str, str]) -> bool:
     return not quick_tier or environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def plain_quick_tier(early_config: pytest.Config | None) -> bool:
-    """tests/quick_tier.py's quick_tier_only, from what pytest knows while it imports this conftest
-    (its options are not registered yet). None (this file run outside pytest's start-up, as
-    tools/mutation does): not the quick tier, so the hook goes in, as it always did."""
-    pytest.register_assert_rewrite("tests.quick_tier")  # imported here before pytest_plugins loads it
-    from tests.quick_tier import RUN_SLOW_OPTION, RUN_SLOW_VARIABLE
-
-    if early_config is None:
-        return False
-    known = early_config.known_args_namespace
-    raw = [*early_config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
-    run_slow = any(arg == RUN_SLOW_OPTION for arg in raw) or os.environ.get(RUN_SLOW_VARIABLE, "") not in {"", "0"}
-    return not (run_slow or getattr(known, "file_or_dir", None) or getattr(known, "markexpr", "") or getattr(known, "keyword", ""))
-
-
-def _starting_config() -> pytest.Config | None:
-    """The Config pytest is starting while it imports this file: the ``early_config`` argument of
-    the pytest_load_initial_conftests hook (a hookspec name, so stable), found up the call stack."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        config = frame.f_locals.get("early_config")
-        if isinstance(config, pytest.Config):
-            return config
-        frame = frame.f_back
-    return None
-
-
 def type_checking() -> bool:
     """Whether this process runs under the hook (jaxtyping's finder is on sys.meta_path)."""
     return any(type(finder).__module__.startswith("jaxtyping") for finder in sys.meta_path)
 
 
+def _checked_modules_imported() -> list[str]:
+    checked = tuple(f"{name}." for name in type_checked_modules())
+    return sorted(name for name in sys.modules if name.startswith(checked) or f"{name}." in checked)
+
+
+# Installed as this file is imported (before anything imports resacct: pytest has not parsed its
+# options yet), then taken out again by pytest_configure where the session does not want it.
+_HOOK: list = []
 _already_imported = sorted(name for name in sys.modules if name == "resacct" or name.startswith("resacct."))
 if _already_imported:
     raise RuntimeError(f"resacct was imported before the type-checking hook: {_already_imported[:5]}")
 if os.environ.get("RESACCT_TYPECHECK", "1") != "0":  # RESACCT_TYPECHECK=0: without it (benchmarks)
-    if typecheck_wanted(plain_quick_tier(_starting_config()), os.environ):
-        jaxtyping.install_import_hook(type_checked_modules(), TYPECHECKER)
+    _HOOK.append(jaxtyping.install_import_hook(type_checked_modules(), TYPECHECKER))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The plain quick tier outside CI takes the hook out before any checked module is imported
+    (tryfirst: before pytest_resacct's pytest_configure, the first to import resacct; collection
+    comes later). Where one already was (an initial conftest imported it), the hook stays."""
+    from tests.quick_tier import quick_tier_only
+
+    wanted = typecheck_wanted(quick_tier_only(config), os.environ)
+    if _HOOK and not wanted and not _checked_modules_imported():
+        _HOOK.pop().uninstall()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -65,12 +65,17 @@ def test_the_lines_are_pytest_ini_s() -> None:
     assert f"{slow_audit.TEST_LINE_S} s or more (a test)" in slow and f"{slow_audit.CLAIM_LINE_S} s or more (a claim)" in slow
 
 
-def test_the_recorder_writes_cpu_and_wall_seconds_and_the_command_lists_what_is_over(
-        pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _record_busy_suite(pytester: pytest.Pytester, path: Path) -> Path:
+    """BUSY_SUITE run in process with the recorder writing to ``path``."""
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
     pytester.makepyfile(test_suite=BUSY_SUITE)
-    path = tmp_path / "items.json"
     pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[slow_audit.SlowAuditRecorder(path)]).assert_outcomes(passed=5)
+    return path
+
+
+def test_the_recorder_writes_cpu_and_wall_seconds_and_the_command_lists_what_is_over(
+        pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _record_busy_suite(pytester, tmp_path / "items.json")
     items = {item["nodeid"].partition("::")[2]: item for item in json.loads(path.read_text())["items"]}
     assert set(items) == {"test_busy_call", "test_busy_setup", "test_busy_but_marked", "test_waits_without_cpu", "test_quick"}
     assert items["test_busy_call"]["cpu_s"]["call"] >= 0.05 and items["test_busy_setup"]["cpu_s"]["setup"] >= 0.05
@@ -122,10 +127,7 @@ def test_a_file_without_item_times_is_one_line_and_exit_2(tmp_path: Path, capsys
 def test_workers_says_when_each_worker_finished_and_the_largest_groups(
         pytester: pytest.Pytester, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--workers (issue 34): the idle tail of --dist loadgroup, from the items' worker and times."""
-    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
-    pytester.makepyfile(test_suite=BUSY_SUITE)
-    recorded = tmp_path / "recorded.json"
-    pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[slow_audit.SlowAuditRecorder(recorded)]).assert_outcomes(passed=5)
+    recorded = _record_busy_suite(pytester, tmp_path / "recorded.json")
     items = json.loads(recorded.read_text())["items"]
     assert {item["worker"] for item in items} == {"main"}  # no xdist here
     assert all(0 < item["start"] < item["stop"] for item in items)
