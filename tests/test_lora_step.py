@@ -78,7 +78,7 @@ def test_lora_activations_of_a_7b_are_what_the_lora_command_prints(capsys: pytes
 
 @pytest.mark.usefixtures("memoized_lora_trace")
 @pytest.mark.xdist_group(LORA_7B_GROUP)
-@pytest.mark.slow  # two traces of the 7B LoRA step and four of its peak (the search's): ~40 s with 4 agents on 2 cores (2026-11-28)
+@pytest.mark.slow  # two traces of the 7B LoRA step and three of its peak (the searches'): 27 s with 4 agents on 2 cores (2026-11-28)
 def test_largest_batch_is_the_boundary(capsys: pytest.CaptureFixture[str]) -> None:
     """The search traced the answer (it fits) and one more (it does not); the command asked at one more says so too."""
     pytest.importorskip("peft")  # the traced LoRA step (torch 2.4: transformers 5.x and peft cannot build it)
