@@ -47,7 +47,7 @@ CASES = [
     (["verify", "--specs", "/no/such/folder"], "specs folder '/no/such/folder' does not exist"),
     (["verify", "--area", "flopz"], "unknown area 'flopz'; did you mean 'flops'?"),
     (["verify", "--merge", "/no/such/report.json"], "report '/no/such/report.json' does not exist"),
-    (["verify", "--workers", "-2"], "--workers must be 0 or more, got -2"),
+    (["verify", "--workers", "-2"], "--workers must be 1 or more (1: every claim in this process), got -2"),
     (["account", "--model", "gpt2-smal"], "unknown model config 'gpt2-smal'"),
     (["account", "--batch", "0"], "'0' must be a whole number greater than 0"),
     (["account", "--batch", "-4"], "must be a whole number greater than 0"),

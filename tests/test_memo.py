@@ -105,3 +105,44 @@ def test_a_peak_claim_and_its_phase_twin_share_one_step(monkeypatch: pytest.Monk
     stats = peak._step.memo_stats()  # type: ignore[attr-defined]
     assert (stats.misses, stats.hits) == (1, 1)
     assert phase.quantities["measured_phase"] == step.quantities["peak_phase"]
+
+
+def test_a_launch_shared_by_design_is_shared_under_memo_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEMO_VARIABLE, "0")
+    calls: list[int] = []
+
+    @shared_measurement(switchable=False)
+    def launch(size: int) -> int:
+        calls.append(size)
+        return size
+
+    @shared_measurement
+    def switchable(size: int) -> int:
+        calls.append(-size)
+        return size
+
+    assert [launch(2), launch(2), switchable(2), switchable(2)] == [2, 2, 2, 2]
+    assert calls == [2, -2, -2]
+
+
+def test_the_transformers_torch_check_parses_the_requirements_once_per_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every HF claim asks whether transformers works with this torch; parsing its ~240 requirements
+    each time was 2 s of verify. What was read decides: new metadata is judged afresh."""
+    import packaging.requirements
+
+    from resacct.measurement import torch_limits
+
+    parsed: list[str] = []
+
+    class Counting(packaging.requirements.Requirement):
+        def __init__(self, text: str) -> None:
+            parsed.append(text)
+            super().__init__(text)
+
+    monkeypatch.setattr(packaging.requirements, "Requirement", Counting)
+    monkeypatch.setattr(torch_limits.importlib.metadata, "version", lambda name: "5.99.1")
+    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=2.0; extra == "torch"', "numpy>=1.17"])
+    assert torch_limits.transformers_unusable() is None and torch_limits.transformers_unusable() is None
+    assert parsed == ['torch>=2.0; extra == "torch"', "numpy>=1.17"]
+    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=99; extra == "torch"'])
+    assert "needs torch>=99" in (torch_limits.transformers_unusable() or "")

@@ -98,7 +98,7 @@ _INITIALISERS: dict[str, tuple[Callable[[torch.Tensor, torch.Generator], None], 
 }
 
 
-@check("init.deep_variance_ratio", evidence="measured")
+@check("init.deep_variance_ratio", evidence="measured", threads_matter=True)  # a wide matmul's sums follow the threads: the last bits move
 def deep_variance_ratio(init: str, width: int, depth: int, seed: int, batch: int = 256) -> Outcome:
     """mean(h²) / mean(x²) after ``depth`` bias-free linear layers (width×width, weights stored
     (out, in) as in nn.Linear, filled by the named torch.nn.init function), x ~ N(0, 1)."""

@@ -24,7 +24,7 @@ from resacct.harness.registry import Outcome, check
 from resacct.formulas.parallelism import torch_layer_saved_bytes
 from resacct.training.seeding import preserved_global_rng
 from resacct.measurement.distributed import preload_in_ranks
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 preload_in_ranks(__name__)  # the module of what the tensor-parallel ranks run
 
@@ -175,13 +175,7 @@ def _tensor_parallel_saved_bytes_per_rank(seq: int, batch: int, hidden: int, hea
                               timeout_seconds=120))
 
 
-def _start_tensor_parallel_launch(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2, sequence_parallel: bool = False,
-                                  **_: Any) -> bool:
-    """Start the launch a claim with these inputs waits for, in the background (the check's ``background=``)."""
-    return start_in_background(_tensor_parallel_saved_bytes_per_rank, seq, batch, hidden, heads, tensor_parallel, sequence_parallel)
-
-
-@check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",), background=_start_tensor_parallel_launch)
+@check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",))
 def tensor_parallel_layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
                                       sequence_parallel: bool = False) -> Outcome:
     """Bytes one rank of a ``tensor_parallel``-way DTensor layer (gloo, CPU, bfloat16, dropout

@@ -76,7 +76,7 @@ def _step(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     )
 
 
-@check("peak.step_peak", evidence="measured",
+@check("peak.step_peak", evidence="measured", threads_matter=lambda model, **_: "sdpa" in model,  # the CPU flash kernel's scratch grows with the threads
        quantities=("state_bytes", "saved_bytes", "input_bytes", "params", "measured_start_bytes", "predicted_start_bytes"))
 def step_peak(model: str, batch: int, seq: int, recipe: str = "fp32") -> Outcome:
     """The CPU allocator's peak over one steady AdamW step (forward, backward, step, zero_grad) of a

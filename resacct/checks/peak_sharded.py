@@ -32,7 +32,7 @@ from resacct.account.answers.sharded import ENGINE_RECIPES, ENGINE_STAGES
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.distributed import preload_in_ranks
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 
 preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
 
@@ -140,11 +140,6 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
     return tuple(name for name in ENGINE_STAGES if name in wanted)
 
 
-def _start_launch(engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> bool:
-    """Start the launch a claim with these inputs waits for, in the background (the checks' ``background=``)."""
-    return start_in_background(_launched, world_size, model, batch, seq, _launch_engines(engine, world_size))
-
-
 @shared_measurement(switchable=False)  # one child and one launch per world size and step, whatever RESACCT_MEMO says
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
@@ -173,7 +168,7 @@ def _breakdown_text(bytes_by_kind: dict[str, int]) -> str:
 # --- checks ---------------------------------------------------------------------------------
 
 
-@check("peak_sharded.step_peak_per_rank", evidence="measured", background=_start_launch,
+@check("peak_sharded.step_peak_per_rank", evidence="measured",
        quantities=("params", "formula_state_bytes", "state_bytes", "excess_bytes", "peak_phase", "breakdown", "attempts"))
 def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq: int = 1) -> Outcome:
     """Each gloo rank's CPU-allocator peak over one steady AdamW step of ``engine`` (``zero1``: DDP +
@@ -203,7 +198,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     )
 
 
-@check("peak_sharded.peak_breakdown", evidence="measured", background=_start_launch,
+@check("peak_sharded.peak_breakdown", evidence="measured",
        quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "model_parameter_bytes", "peak_bytes",
                    "rest_bytes", "peak_phase"))
 def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: int, seq: int = 1) -> Outcome:

@@ -20,8 +20,6 @@ from resacct.checks.sharding_runs import (
     paper_scale_state_on_fake_ranks,
     sharded_training_on_rank,
     small_scale_measurements,
-    start_paper_scale_launch,
-    start_small_scale_launch,
 )
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.formulas.sharding import (
@@ -67,7 +65,7 @@ def _fp32_adamw_prediction(shapes: Sequence[Sequence[int]], engine: str, world_s
     return [4.0 * padded, 4.0 * padded, float(adam_state_bytes(local))]
 
 
-@check("sharding.per_rank_bytes_gloo", evidence="measured", quantities=("params",), background=start_small_scale_launch)
+@check("sharding.per_rank_bytes_gloo", evidence="measured", quantities=("params",))
 def per_rank_bytes_on_gloo(engine: str, world_size: int, kind: str = "balanced") -> Outcome:
     """[parameters, gradients, optimizer state] bytes held by the busiest of ``world_size`` gloo
     ranks after real AdamW steps with ``engine`` (``zero1``: DDP + ZeroRedundancyOptimizer;
@@ -81,7 +79,7 @@ def per_rank_bytes_on_gloo(engine: str, world_size: int, kind: str = "balanced")
     )
 
 
-@check("sharding.zero1_partition_excess", evidence="measured", quantities=("owned_numels",), background=start_small_scale_launch)
+@check("sharding.zero1_partition_excess", evidence="measured", quantities=("owned_numels",))
 def zero1_partition_excess(world_size: int, kind: str = "uneven") -> Outcome:
     """How far ZeroRedundancyOptimizer's busiest rank is above 1/N of the parameters, in units
     of the largest tensor: (max owned − total/N) / largest. ``owned_numels``: each rank's
@@ -97,7 +95,7 @@ def zero1_partition_excess(world_size: int, kind: str = "uneven") -> Outcome:
     return Outcome(measured=excess(owned_numels), predicted=excess(predicted_numels), quantities={"owned_numels": owned_numels})
 
 
-@check("sharding.fsdp2_padding_excess", evidence="measured", quantities=("local_numels",), background=start_small_scale_launch)
+@check("sharding.fsdp2_padding_excess", evidence="measured", quantities=("local_numels",))
 def fsdp2_padding_excess(world_size: int, kind: str = "uneven") -> Outcome:
     """How far FSDP2's per-rank parameter storage is above 1/N of the parameters, in units of
     one row of every tensor: (stored elements − total/N) / Σ row sizes. ``local_numels``:
@@ -116,7 +114,7 @@ def fsdp2_padding_excess(world_size: int, kind: str = "uneven") -> Outcome:
     return Outcome(measured=excess(stored), predicted=excess(predicted_stored), quantities={"local_numels": local_numels})
 
 
-@check("sharding.sharded_matches_single_process", evidence="measured", background=start_small_scale_launch)
+@check("sharding.sharded_matches_single_process", evidence="measured")
 def sharded_matches_single_process(engine: str, world_size: int, kind: str = "uneven") -> Outcome:
     """Largest |parameter difference| over all ranks between ``engine`` training on
     ``world_size`` ranks (each with its slice of the batch) and one process training on the
@@ -125,7 +123,7 @@ def sharded_matches_single_process(engine: str, world_size: int, kind: str = "un
     return Outcome(measured=max(rank[engine]["max_abs_difference"] for rank in ranks))
 
 
-@check("sharding.parameters_held_between_forward_and_backward", evidence="measured", quantities=("params",), background=start_small_scale_launch)
+@check("sharding.parameters_held_between_forward_and_backward", evidence="measured", quantities=("params",))
 def parameters_held_between_forward_and_backward(reshard_after_forward: bool, world_size: int, kind: str = "balanced") -> Outcome:
     """Bytes of parameters the busiest FSDP2 rank holds right after forward, before backward,
     with ``fully_shard(reshard_after_forward=...)``; ``params``: the parameter count."""
@@ -140,8 +138,7 @@ def parameters_held_between_forward_and_backward(reshard_after_forward: bool, wo
     )
 
 
-@check("sharding.paper_scale_per_rank_bytes", evidence="measured", quantities=("params", "parameters_bytes", "gradients_bytes", "optimizer_state_bytes"),
-       background=start_paper_scale_launch)
+@check("sharding.paper_scale_per_rank_bytes", evidence="measured", quantities=("params", "parameters_bytes", "gradients_bytes", "optimizer_state_bytes"))
 def paper_scale_per_rank_bytes(zero_stage: int, world_size: int, recipe: str = "mixed-adam") -> Outcome:
     """Total bytes the busiest of ``world_size`` ranks holds at ``zero_stage`` for a
     7.5B-parameter state (64 tensors of 9375×12500) in ``recipe``, summed from meta tensors
@@ -157,7 +154,7 @@ def paper_scale_per_rank_bytes(zero_stage: int, world_size: int, recipe: str = "
     )
 
 
-@check("sharding.largest_model_on_devices", evidence="measured", quantities=("bytes_per_parameter_per_rank",), background=start_paper_scale_launch)
+@check("sharding.largest_model_on_devices", evidence="measured", quantities=("bytes_per_parameter_per_rank",))
 def largest_model_on_devices(zero_stage: int, devices: int, device_memory_bytes: float, recipe: str = "fp32-adamw") -> Outcome:
     """The most parameters whose training state fits ``devices`` devices of
     ``device_memory_bytes``: device memory ÷ the bytes per parameter the busiest rank holds,
@@ -173,7 +170,7 @@ def largest_model_on_devices(zero_stage: int, devices: int, device_memory_bytes:
     )
 
 
-@check("sharding.training_state_bytes_per_parameter", evidence="measured", quantities=("params",), background=start_paper_scale_launch)
+@check("sharding.training_state_bytes_per_parameter", evidence="measured", quantities=("params",))
 def training_state_bytes_per_parameter(recipe: str = "fp32-adamw") -> Outcome:
     """Bytes per parameter of parameters + gradients + optimizer state (+ masters) of the
     7.5B meta state, unsharded, after a real AdamW step; ``params``: its parameter count."""

@@ -14,10 +14,7 @@ Two scales, both in child processes (this process never joins a process group):
   by ``fully_shard``; optimizer state is allocated by ``torch.optim.AdamW.step()`` itself, on
   the partition ``ZeroRedundancyOptimizer`` chose or on FSDP's sharded DTensors.
 
-Results are cached per configuration, so the claims of one world size share one launch, and
-``resacct verify`` starts each launch in the background once the claims are collected
-(:func:`start_small_scale_launch`, :func:`start_paper_scale_launch`): the ranks work while this
-process runs the claims before them. The
+Results are cached per configuration, so the claims of one world size share one launch. The
 claims' checks, which compare these measurements with :mod:`resacct.formulas.sharding`'s formulas, are in
 :mod:`resacct.checks.sharding` (which re-exports the names here).
 """
@@ -32,7 +29,7 @@ from jaxtyping import Float, Shaped
 from torch import nn
 
 from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated, run_on_ranks
-from resacct.measurement.memo import shared_measurement, start_in_background
+from resacct.measurement.memo import shared_measurement
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
 
@@ -43,8 +40,6 @@ __all__ = [
     "paper_scale_state_on_fake_ranks",
     "small_scale_measurements",
     "paper_scale_measurements",
-    "start_small_scale_launch",
-    "start_paper_scale_launch",
     "MODEL_KINDS",
     "PAPER_TENSOR_SHAPE",
     "PAPER_TENSOR_COUNT",
@@ -242,11 +237,6 @@ def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...
         raise NotMeasurable(str(error)) from None
 
 
-def start_small_scale_launch(world_size: int, **_: Any) -> bool:
-    """Start the launch on ``world_size`` ranks in the background (a check's ``background=``, with a claim's inputs)."""
-    return start_in_background(_small_scale_launch, world_size)
-
-
 def small_scale_measurements(world_size: int, kind: str) -> dict[str, Any]:
     """Every rank's report for model ``kind`` from :func:`sharded_training_on_rank`, with the
     model's parameter shapes. One launch per world size serves every kind (cached)."""
@@ -358,11 +348,6 @@ def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int
         raise NotMeasurable(f"recipe {recipe!r} has no paper-scale construction (known: {sorted(_PAPER_DTYPES)})")
     wanted = (world_size, recipe)
     return _paper_scale_launch(PAPER_SCALE_CONFIGURATIONS if wanted in PAPER_SCALE_CONFIGURATIONS else (wanted,))[wanted]
-
-
-def start_paper_scale_launch(**_: Any) -> bool:
-    """Start the child measuring every paper-scale configuration in the background (a check's ``background=``)."""
-    return start_in_background(_paper_scale_launch, PAPER_SCALE_CONFIGURATIONS)
 
 
 @shared_measurement(switchable=False)

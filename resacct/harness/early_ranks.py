@@ -8,16 +8,21 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["start_ranks_early"]
+__all__ = ["start_ranks_early", "WORKERS_PLUGIN_NAME"]
+
+#: The name ``resacct verify``'s workers plugin (:class:`resacct.harness.workers.ClaimWorkers`) is registered under.
+WORKERS_PLUGIN_NAME = "resacct-claim-workers"
 
 
-def start_ranks_early(session: Any) -> bool:
+def start_ranks_early(session: Any, *, force: bool = False) -> bool:
     """Start the forkserver when ``session`` (a pytest session after collection) runs resacct claims
-    marked ``distributed`` in this process (not an xdist worker: those get claims in an order of their own);
-    whether it was started."""
+    marked ``distributed`` in this process (not an xdist worker: those get claims in an order of their own;
+    not the parent of ``resacct verify``'s forked workers, :mod:`resacct.harness.workers`, unless
+    ``force``: the worker that runs them starts its own); whether it was started."""
     from resacct.harness.plugin import ClaimItem  # a host project's own tests marked distributed are not resacct's to start for
 
-    if hasattr(session.config, "workerinput") or not any(isinstance(item, ClaimItem) and item.get_closest_marker("distributed")
+    forks = session.config.pluginmanager.has_plugin(WORKERS_PLUGIN_NAME) and not force
+    if forks or hasattr(session.config, "workerinput") or not any(isinstance(item, ClaimItem) and item.get_closest_marker("distributed")
                                                          for item in session.items):
         return False
     from resacct.harness.registry import all_checks

@@ -16,7 +16,7 @@ import pytest
 from resacct.errors import ResacctError, SpecError
 from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
 from resacct.harness.loader import LoadedClaim, load_claims_file
-from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings, claims_hypothesis_home
+from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings, claims_hypothesis_home, examples_independent_of_imports
 from resacct.harness.timing import INCONCLUSIVE_PREFIX
 
 __all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group", "is_machine_dependent", "MACHINE_DEPENDENT_KEYWORD", "TIMED_KEYWORD"]
@@ -211,7 +211,7 @@ class ClaimItem(pytest.Item):
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
         # resacct's Hypothesis settings apply to this claim only, never globally (see harness.pytest_settings).
         test = claim_hypothesis_settings(claim.examples)(given(**strategies)(law_for_drawn_inputs))
-        with claims_hypothesis_home():  # nothing of Hypothesis' lands in a .hypothesis/ where the run started
+        with claims_hypothesis_home(), examples_independent_of_imports():  # nothing of Hypothesis' lands in a .hypothesis/ where the run started
             test()
         self.record["examples"] = examples[0]
 

@@ -25,6 +25,7 @@ __all__ = [
     "claims_example_database",
     "claims_cache_folder",
     "claims_hypothesis_home",
+    "examples_independent_of_imports",
 ]
 
 CLAIM_PROPERTY = "resacct_claim"
@@ -116,6 +117,35 @@ def claims_hypothesis_home():  # type: ignore[no-untyped-def]
         yield
     finally:
         configuration.set_hypothesis_home_dir(previous)
+
+
+@contextlib.contextmanager
+def examples_independent_of_imports():  # type: ignore[no-untyped-def]
+    """While a claim's examples run, Hypothesis draws no constants from the modules imported so far.
+
+    Hypothesis (6.1xx) mixes into its draws the literals of every "local" module (not the standard
+    library's, not site-packages') in ``sys.modules`` at that moment, so under ``CI=true`` a claim's
+    examples still depended on what ran before it in the process: the full run, ``--area``, ``-k``
+    or a worker of ``resacct verify --workers`` drew different ones. Its own constants (powers of
+    two, edge floats) stay; where this Hypothesis has no such pool, nothing changes."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the module
+        yield
+        return
+    local_pool = getattr(providers, "_get_local_constants", None)
+    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if local_pool is None or cache is None or not hasattr(providers, "Constants"):
+        yield
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache.clear()  # the allowed constants per draw kind, built from the pool
+    try:
+        yield
+    finally:
+        providers._get_local_constants = local_pool
+        cache.clear()
 
 
 def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]

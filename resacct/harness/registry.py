@@ -84,7 +84,7 @@ class Check:
     forget: tuple[Callable[[], object], ...] = ()  # clears what the check caches, so a new round measures afresh
     evidence: str | None = None  # one of EVIDENCE_KINDS: what the measured value is (None: not declared)
     paired: bool = False  # a timing whose value compares timings taken in turn: load moves it either way (timing's sign test)
-    background: Callable[..., object] | None = None  # starts, with a claim's inputs, what the check will wait for (a launch of ranks)
+    threads_matter: bool | Callable[..., bool] = False  # its values depend on torch's intra-op thread count (for these inputs)
 
     def forget_cached(self) -> None:
         """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
@@ -95,15 +95,14 @@ class Check:
     def parameters(self) -> Mapping[str, inspect.Parameter]:
         return inspect.signature(self.function).parameters
 
-    def start_in_background(self, **inputs: Any) -> bool:
-        """Start, in the background, the measurement a claim with ``inputs`` will ask for (the
-        check's ``background=``); whether one started. Inputs it cannot start from start nothing:
-        the claim measures (and fails, or skips) in the foreground, as it would have."""
-        if self.background is None:
-            return False
+    def depends_on_threads(self, given: Mapping[str, Any]) -> bool:
+        """Whether a claim with these ``given`` inputs measures values that depend on torch's thread
+        count (``threads_matter``: True, or a predicate over the inputs; False if it raises)."""
+        if not callable(self.threads_matter):
+            return bool(self.threads_matter)
         try:
-            return bool(self.background(**inputs))
-        except Exception:  # noqa: BLE001 - the claim's own run reports it
+            return bool(self.threads_matter(**given))
+        except Exception:  # noqa: BLE001 - inputs it cannot judge: the claim's own run reports them
             return False
 
     def required_inputs(self) -> set[str]:
@@ -134,7 +133,7 @@ _discovered = False
 
 def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...] = (), timing: bool = False,
           forget: tuple[Callable[[], object], ...] = (), paired: bool = False,
-          background: Callable[..., object] | None = None) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+          threads_matter: bool | Callable[..., bool] = False) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
     """Register ``function`` as the check called ``name`` (``area.what``).
 
     ``evidence``: what its measured value is, one of :data:`EVIDENCE_KINDS` (see the module's
@@ -145,10 +144,12 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     called before every round but the first. ``paired=True`` (timing checks only): its value compares
     timings taken in turn on this machine (a ratio of best-ofs of interleaved samples), so load slows
     both sides and moves a round's value up as often as down — the harness may then decide it by a
-    sign test over rounds taken under load (:mod:`resacct.harness.timing`). ``background``: called
-    with a claim's inputs when ``resacct verify`` has collected it, starts what the check will wait
-    for — a launch of gloo ranks, whose processes work beside the claims that run first
-    (:func:`resacct.measurement.memo.start_in_background`); whether one started."""
+    sign test over rounds taken under load (:mod:`resacct.harness.timing`). ``threads_matter=True``
+    (or a predicate over a claim's ``given``): its measured or predicted values depend on torch's
+    intra-op thread count (a CPU kernel's scratch grows with it, a reduction's order follows it), so
+    ``resacct verify``, whose workers run the other claims on one thread each, runs its claims in the
+    phase of their own with the run's own count (:mod:`resacct.harness.workers`): the report is the
+    one a single process writes."""
     if paired and not timing:
         raise ResacctError(f"check {name!r}: paired=True describes a timing check's value; it needs timing=True")
     if evidence is not None and evidence not in EVIDENCE_KINDS:
@@ -160,7 +161,7 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
         if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
             raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
         _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget), evidence, paired,
-                                background)
+                                threads_matter)
         return function
 
     return register

@@ -2,8 +2,8 @@
 
 pytest runs with the claims plugin (jaxtyping's hook is left out: the caller has already imported
 resacct), its own output goes to ``pytest.log``, and a rich progress bar on stderr advances as
-claims finish. With ``background=True``, launches of gloo ranks that claims declare
-(``@check(..., background=...)``) start once the claims are collected and run beside the claims before theirs. Ctrl-C inside the run stops it; the claims that finished are kept and the result
+claims finish. With ``workers`` ≥ 2 the claims run on that many forked processes, then the timed
+ones alone here (:mod:`resacct.harness.workers`). Ctrl-C inside the run stops it; the claims that finished are kept and the result
 says it was interrupted — also when Python drops the KeyboardInterrupt (one raised inside a gc
 callback or a ``__del__`` is only reported as "ignored": hypothesis registers gc callbacks), as
 the next claim's hook raises it again.
@@ -47,6 +47,10 @@ class InterruptLatch:
         self.received = True
         if not self._deferring:
             raise KeyboardInterrupt
+
+    def handled(self) -> None:
+        """The Ctrl-C received is being handled (raised already): :meth:`check` will not raise it again."""
+        self._raised_again = self.received
 
     def check(self) -> None:
         """Raise KeyboardInterrupt once if a Ctrl-C came and was not raised (deferred) or was dropped."""
@@ -100,65 +104,6 @@ class _Progress:
         self.latch.check()
 
 
-def _background_plugin() -> Any:
-    """pytest plugin of ``resacct verify``: once the claims are collected, every claim whose check
-    declares ``background=`` (a launch of gloo ranks) has that started, so the ranks work on the
-    other core while this process runs the claims before theirs; each such claim then waits for
-    its own result (:mod:`resacct.measurement.memo`). A timed claim waits for the batch running, and
-    none starts until it is done — its cores are its own; the end of the session waits for the queue."""
-    import pytest
-
-    from resacct.harness.plugin import TIMED_KEYWORD, ClaimItem
-    from resacct.measurement.background import cores_to_itself
-    from resacct.measurement.memo import wait_for_background
-
-    class Background:
-        @pytest.hookimpl(trylast=True)  # after the claims plugin started the forkserver, with the ranks' modules to preload
-        def pytest_collection_finish(self, session: Any) -> None:
-            for item in session.items:
-                if isinstance(item, ClaimItem) and _runs_here(item.loaded.claim):
-                    _start_in_background(item.loaded.claim)
-
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_call(self, item: Any) -> Any:
-            if TIMED_KEYWORD in item.extra_keyword_matches and isinstance(item, ClaimItem) and _runs_here(item.loaded.claim, examples=True):
-                with cores_to_itself():
-                    yield
-            else:
-                yield
-
-        def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
-            if exitstatus != pytest.ExitCode.INTERRUPTED:  # after a Ctrl-C the process ends, and its launches with it
-                wait_for_background()
-
-    return Background()
-
-
-def _runs_here(claim: Any, *, examples: bool = False) -> bool:
-    """Whether a claim will measure on this machine: not a GPU claim on a machine without one, not one
-    whose ``when:`` this machine fails, and (unless ``examples``) not a ``forall`` one (each example
-    measures its own inputs, which are not known before)."""
-    import torch
-
-    if (claim.forall and not examples) or ("gpu" in claim.marks and not torch.cuda.is_available()):
-        return False
-    if claim.when:
-        from resacct.measurement.machine_profile import this_machine, unmet_conditions
-
-        return not unmet_conditions(this_machine(), claim.when)
-    return True
-
-
-def _start_in_background(claim: Any) -> None:
-    from resacct.harness.registry import get_check
-
-    try:
-        check = get_check(claim.measure)
-    except ResacctError:  # the claim's own run reports the unknown check
-        return
-    check.start_in_background(**dict(claim.given))
-
-
 @contextlib.contextmanager
 def _environment_variable(name: str, value: str | None):
     previous = os.environ.get(name)
@@ -181,15 +126,15 @@ def _pytest_error(log_text: str) -> str | None:
     return None
 
 
-def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 0,
+def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 1,
                gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False,
-               latch: InterruptLatch | None = None, background: bool = False) -> ClaimsRun:
+               latch: InterruptLatch | None = None) -> ClaimsRun:
     """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
     (which should be the run's own; see :class:`resacct.reporting.ReportStaging`). With
     ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback.
-    ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise). ``background``:
-    queue the measurements checks declare (``background=``) once the claims are collected — off by
-    default: near idle on 2 cores the ranks beside the claims cost more than they saved (docs/verify_time.md)."""
+    ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise). ``workers``:
+    processes that run the claims (1: this one; more: forked workers, the timed claims then alone
+    here: :mod:`resacct.harness.workers`)."""
     import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -203,16 +148,19 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     args += ["-c", os.devnull, "--noconftest", "--rootdir", str(rootdir), "-p", "no:cacheprovider", *(["-v", "--tb=short"] if tracebacks else ["-q"]), "--no-claims-summary", "--claims-json", str(json_path)]
     if pattern:
         args += ["-k", pattern]
-    if workers:
-        args += ["-n", str(workers)]
     log = io.StringIO()
     latch = latch or InterruptLatch()
+    plugins: list[Any] = []
     with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 try:
-                    plugins = [_Progress(progress, latch), *([_background_plugin()] if background else [])]
+                    plugins.append(_Progress(progress, latch))
+                    if workers > 1:
+                        from resacct.harness.workers import ClaimWorkers
+
+                        plugins.append(ClaimWorkers(workers, on_interrupt=latch.handled, hide_in_workers=plugins[:1]))
                     exit_code = int(pytest.main(args, plugins=plugins))
                 except Exception:
                     if not latch.received:

@@ -14,15 +14,8 @@ Inputs that differ never share: a hypothesis example measures its own inputs. Ar
 hashable (numbers, strings, tuples); a function that builds its model from a name and numbers is
 the shape this is made for.
 
-A measurement can be **queued for the background** (``wrapper.start_in_background(...)``,
-:func:`start_in_background`): :mod:`resacct.measurement.background`'s thread measures the queue one
-at a time — a launch of gloo ranks (its processes work, the thread waits on their pipes), or, for a
-function declared ``@shared_measurement(in_child=True)``, every queued call of it in one child
-process — while this process runs other claims. A caller whose key is being measured waits for it;
-one whose key is still queued takes it out and measures it itself, at once. A background call that
-raised is forgotten, so the caller measures afresh and the error is its own.
-:func:`wait_for_background` returns once nothing is queued or running (a timed claim waits there:
-its cores are its own).
+The memo is per process: ``resacct verify``'s workers (:mod:`resacct.harness.workers`) run the
+claims of one area in one process, so the claims that share a measurement find it there.
 
 ``RESACCT_MEMO=0`` turns sharing off (every call measures afresh: what
 ``benchmarks/claim_sharing.py`` compares against); :func:`memo_stats` counts hits and misses per
@@ -52,10 +45,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from resacct.errors import ResacctError
-from resacct.measurement.background import Job, submit, wait_for_background
 
-__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "start_in_background", "wait_for_background",
-           "MemoStats", "MEMO_VARIABLE"]
+__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "MemoStats", "MEMO_VARIABLE"]
 
 MEMO_VARIABLE = "RESACCT_MEMO"
 _Result = TypeVar("_Result")
@@ -77,15 +68,12 @@ def memo_enabled() -> bool:
 
 
 class _Memo:
-    def __init__(self, function: Callable[..., Any], switchable: bool = True, in_child: bool = False) -> None:
+    def __init__(self, function: Callable[..., Any], switchable: bool = True) -> None:
         self.function = function
         self.switchable = switchable  # False: shared whatever RESACCT_MEMO says (a launch one run pays once by design)
-        self.in_child = in_child  # its background calls run together in one child process
-        self.wrapper: Callable[..., Any] = function  # what a child calls: the module-level name (set by shared_measurement)
         self.name = f"{function.__module__}.{function.__qualname__}"
         self.signature = inspect.signature(function)
         self.results: dict[tuple[Any, ...], Any] = {}
-        self.queued: dict[tuple[Any, ...], Job] = {}  # keys queued for, or being measured by, the background thread
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
@@ -114,13 +102,6 @@ class _Memo:
             return self.function(*args, **kwargs)
         key = self.key(args, kwargs)
         with self.lock:
-            job = self.queued.get(key)
-            if job is not None and not job.started:  # still waiting its turn: measured here, now
-                del self.queued[key]
-                job.cancelled = True
-        if job is not None and job.started:
-            job.done.wait()  # measured in the background: its result (or, had it raised, a fresh call below)
-        with self.lock:
             if key in self.results:
                 self.hits += 1
                 return copy.deepcopy(self.results[key])
@@ -129,45 +110,6 @@ class _Memo:
             self.misses += 1
             self.results.setdefault(key, result)
             return copy.deepcopy(self.results[key])
-
-    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Queue ``args`` for the background thread unless sharing is off or the key is measured or
-        queued; whether it was queued."""
-        if not self.enabled():
-            return False
-        key = self.key(args, kwargs)
-        with self.lock:
-            if key in self.results or key in self.queued:
-                return False
-            job = self.queued[key] = Job(self, key, args, kwargs)
-        submit(job)
-        return True
-
-    def run_jobs(self, batch: list[Job]) -> None:
-        """Measure the queued calls of ``batch`` that no caller took out: in turn here, or in one child."""
-        with self.lock:
-            batch = [job for job in batch if not job.cancelled]
-            for job in batch:
-                job.started = True
-        if self.in_child and batch:
-            answers = _answers_from_child(self.wrapper, batch)
-            for job, (measured, result) in zip(batch, answers):
-                self._finish(job, result if measured else job)
-            return
-        for job in batch:
-            try:
-                result = self.function(*job.args, **job.kwargs)
-            except BaseException:  # noqa: BLE001 - the caller measures again and raises it as the claim's own
-                result = job
-            self._finish(job, result)
-
-    def _finish(self, job: Job, result: Any) -> None:
-        with self.lock:
-            if result is not job:
-                self.misses += 1
-                self.results.setdefault(job.key, result)
-            self.queued.pop(job.key, None)
-        job.done.set()
 
     def clear(self) -> None:
         with self.lock:
@@ -181,61 +123,23 @@ class _Memo:
 _MEMOS: list[_Memo] = []
 
 
-def _answers_from_child(function: Callable[..., Any], batch: list[Job]) -> list[tuple[bool, Any]]:
-    import torch
-
-    from resacct.measurement.background import CHILD_TIMEOUT_SECONDS, measure_in_child
-    from resacct.measurement.distributed import run_isolated
-
-    try:
-        return run_isolated(measure_in_child, function, [(job.args, job.kwargs) for job in batch], torch.get_num_threads(),  # type: ignore[no-any-return]
-                            timeout_seconds=CHILD_TIMEOUT_SECONDS)
-    except Exception:  # noqa: BLE001 - the child failed as a whole: every caller measures here
-        return [(False, None)] * len(batch)
-
-
-def shared_measurement(function: Callable[..., _Result] | None = None, *, switchable: bool = True, in_child: bool = False) -> Any:
+def shared_measurement(function: Callable[..., _Result] | None = None, *, switchable: bool = True) -> Any:
     """``function`` measured once per process per key (see the module doc); each caller gets a copy.
-    The wrapper has ``cache_clear()`` (this function's memo), ``memo_stats()`` and
-    ``start_in_background(...)``. ``@shared_measurement(switchable=False)``: shared even under
-    ``RESACCT_MEMO=0`` — for a launch of ranks whose one run serves several claims by design.
-    ``in_child=True``: its background calls run in one child process, together (see the module
-    doc); the function and its arguments must pickle, and so must its results."""
+    The wrapper has ``cache_clear()`` (this function's memo) and ``memo_stats()``.
+    ``@shared_measurement(switchable=False)``: shared even under ``RESACCT_MEMO=0`` — for a launch
+    of ranks whose one run serves several claims by design."""
     if function is None:
-        return functools.partial(shared_measurement, switchable=switchable, in_child=in_child)
-    memo = _Memo(function, switchable, in_child)
+        return functools.partial(shared_measurement, switchable=switchable)
+    memo = _Memo(function, switchable)
     _MEMOS.append(memo)
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> _Result:
         return memo(*args, **kwargs)  # type: ignore[no-any-return]
 
-    memo.wrapper = wrapper
     wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
     wrapper.memo_stats = memo.stats  # type: ignore[attr-defined]
-    wrapper.start_in_background = lambda *args, **kwargs: memo.start(args, kwargs)  # type: ignore[attr-defined]
     return wrapper
-
-
-def start_in_background(measurement: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-    """Queue ``measurement(*args, **kwargs)`` (a :func:`shared_measurement`) for the background
-    thread, which measures queued calls one at a time, for a caller that will ask for it later;
-    whether it was queued (not when sharing is off, or that key is measured or queued already).
-
-    >>> import time
-    >>> @shared_measurement
-    ... def slow_square(x: int) -> int:
-    ...     time.sleep(0.05)
-    ...     return x * x
-    >>> start_in_background(slow_square, 7), start_in_background(slow_square, 7)
-    (True, False)
-    >>> slow_square(7), slow_square.memo_stats().misses
-    (49, 1)
-    """
-    start = getattr(measurement, "start_in_background", None)
-    if start is None:
-        raise ResacctError(f"{getattr(measurement, '__qualname__', measurement)!r} is not a shared_measurement; only those can be started in the background")
-    return bool(start(*args, **kwargs))
 
 
 def memo_stats() -> list[MemoStats]:

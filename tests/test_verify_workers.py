@@ -1,0 +1,189 @@
+"""``resacct verify --workers N`` (issue 34): the claims on forked workers, one area per process,
+the timed and thread-dependent claims alone afterwards in the parent, and a report equal to the one
+a single process writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resacct.cli import main
+from resacct.harness import registry
+from resacct.harness.registry import Check, Outcome
+from resacct.reporting import load_report
+
+SPECS = Path(__file__).resolve().parents[1] / "resacct" / "specs"
+
+
+def _claims(area: str, *claims: tuple[str, str, str]) -> str:
+    lines = [f"area: {area}", 'source: test — "workers"', "claims:"]
+    for claim_id, measure, given in claims:
+        lines += [f"  - id: {claim_id}", f"    says: {claim_id}.", f"    measure: {measure}", f"    given: {given}", "    expect: {at_least: 0}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def logged_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Three checks that log, to a file, the process, its torch threads and the time of each call:
+    ``workers.shared`` measures through one memoised function (a line per real measurement),
+    ``workers.plain`` measures nothing shared, ``workers.timed`` is a timing check."""
+    from resacct.measurement.memo import shared_measurement
+
+    log = tmp_path / "log.jsonl"
+
+    def write(kind: str, **extra: object) -> None:
+        with log.open("a") as file:
+            file.write(json.dumps({"kind": kind, "pid": os.getpid(), "threads": torch.get_num_threads(), "at": time.monotonic(), **extra}) + "\n")
+
+    @shared_measurement
+    def measured_once(size: int) -> int:
+        write("measurement", size=size)
+        time.sleep(0.05)
+        return size
+
+    def shared(size: int) -> Outcome:
+        write("shared")
+        return Outcome(measured=measured_once(size))
+
+    def plain(size: int) -> Outcome:
+        write("plain")
+        time.sleep(0.05)
+        return Outcome(measured=size)
+
+    def timed(size: int) -> Outcome:
+        write("timed")
+        return Outcome(measured=float(size))
+
+    for name, function, timing in (("workers.shared", shared, False), ("workers.plain", plain, False), ("workers.timed", timed, True)):
+        monkeypatch.setitem(registry._REGISTRY, name, Check(name, function, (), "", timing=timing, evidence="measured"))
+    return log
+
+
+def _entries(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.slow  # 2.1 s (4 agents on 2 cores)
+def test_one_area_runs_in_one_worker_and_timed_claims_run_alone_afterwards(tmp_path: Path, logged_checks: Path, capsys) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "alpha.claims.yaml").write_text(_claims("alpha", *[(f"alpha-{i}", "workers.shared", "{size: 3}") for i in range(4)]))
+    (specs / "beta.claims.yaml").write_text(_claims("beta", *[(f"beta-{i}", "workers.plain", f"{{size: {i}}}") for i in range(4)],
+                                                    ("beta-timed", "workers.timed", "{size: 1}")))
+    report_dir = tmp_path / "reports"
+    assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
+    entries = _entries(logged_checks)
+    by_kind = {kind: [entry for entry in entries if entry["kind"] == kind] for kind in ("measurement", "shared", "plain", "timed")}
+    assert len(by_kind["shared"]) == 4 and len(by_kind["measurement"]) == 1  # the area's claims share one measurement
+    assert len({entry["pid"] for entry in by_kind["shared"] + by_kind["measurement"]}) == 1
+    workers = {entry["pid"] for entry in by_kind["shared"] + by_kind["plain"]}
+    assert os.getpid() not in workers and len({entry["pid"] for entry in by_kind["plain"]}) == 1
+    assert all(entry["threads"] == 1 for entry in by_kind["shared"] + by_kind["plain"])  # one torch thread per worker
+    timed = by_kind["timed"]
+    assert timed and all(entry["pid"] == os.getpid() and entry["threads"] == torch.get_num_threads() for entry in timed)
+    assert min(entry["at"] for entry in timed) > max(entry["at"] for entry in by_kind["shared"] + by_kind["plain"])  # alone: after them
+    document = load_report(report_dir / "report.json")
+    assert sorted(record["id"] for record in document["claims"]) == sorted([*(f"alpha-{i}" for i in range(4)), *(f"beta-{i}" for i in range(4)), "beta-timed"])
+
+
+@pytest.mark.slow  # 1.8 s (4 agents on 2 cores)
+def test_claims_of_a_worker_that_dies_run_in_the_parent(tmp_path: Path, logged_checks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = os.getpid()
+
+    def dies_in_a_worker(size: int) -> Outcome:
+        if os.getpid() != parent:
+            os._exit(9)
+        return Outcome(measured=size)
+
+    monkeypatch.setitem(registry._REGISTRY, "workers.dies", Check("workers.dies", dies_in_a_worker, (), "", evidence="measured"))
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "alpha.claims.yaml").write_text(_claims("alpha", ("alpha-0", "workers.plain", "{size: 1}"), ("alpha-dies", "workers.dies", "{size: 2}"),
+                                                     ("alpha-2", "workers.plain", "{size: 3}")))
+    (specs / "beta.claims.yaml").write_text(_claims("beta", ("beta-0", "workers.plain", "{size: 4}")))
+    report_dir = tmp_path / "reports"
+    assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
+    outcomes = {record["id"]: record["outcome"] for record in load_report(report_dir / "report.json")["claims"]}
+    assert outcomes == {"alpha-0": "holds", "alpha-dies": "holds", "alpha-2": "holds", "beta-0": "holds"}
+
+
+def _comparable(document: dict) -> list[dict]:
+    return sorted(({key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]), key=lambda r: r["id"])
+
+
+@pytest.mark.slow  # 9.5 s (4 agents on 2 cores)
+def test_a_serial_and_a_parallel_run_write_the_same_claims(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record but its seconds: forall examples (derandomized, and Hypothesis' draws no longer
+    depend on what the process imported before), thread-dependent values (init's variances: alone,
+    with the run's threads)."""
+    monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "ci")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for area in ("storage", "devices", "optim", "init", "tensors"):
+        shutil.copy(SPECS / f"{area}.claims.yaml", specs)
+    documents = []
+    for workers in ("1", "2"):
+        report_dir = tmp_path / f"reports-{workers}"
+        main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", workers])
+        documents.append(load_report(report_dir / "report.json"))
+    serial, parallel = documents
+    assert len(serial["claims"]) == 93 and {record["outcome"] for record in serial["claims"]} == {"holds", "refuted", "skipped"}
+    assert _comparable(serial) == _comparable(parallel)
+    assert serial["evidence"] == parallel["evidence"]
+
+
+def test_timed_gpu_and_thread_dependent_claims_run_alone_and_areas_stay_whole() -> None:
+    from resacct.harness.plugin import TIMED_KEYWORD
+    from resacct.harness.workers import item_groups
+
+    class Claim:
+        def __init__(self, measure: str, given: dict) -> None:
+            self.measure, self.given = measure, given
+
+    class Item:
+        def __init__(self, area: str, measure: str, given: dict | None = None, *, timed: bool = False, gpu: bool = False) -> None:
+            self.loaded = type("Loaded", (), {"area": area, "claim": Claim(measure, given or {})})()
+            self.extra_keyword_matches = {TIMED_KEYWORD} if timed else set()
+            self.gpu = gpu
+
+        def get_closest_marker(self, name: str) -> object:
+            return object() if name == "gpu" and self.gpu else None
+
+    items = [Item("peak", "peak.step_peak", {"model": "mlp"}), Item("perf", "perf.cpu_matmul_mfu", timed=True),
+             Item("peak", "peak.step_peak", {"model": "sdpa-block"}), Item("hf", "hf.any"), Item("init", "init.deep_variance_ratio"),
+             Item("peak", "peak.phase_matches"), Item("devices", "devices.x", gpu=True), Item("hf", "hf.other")]
+    groups, alone = item_groups(items)
+    assert alone == [items[1], items[2], items[4], items[6]]  # timed; the CPU flash kernel's scratch; init's sums; a GPU claim
+    assert {group.name: group.items for group in groups} == {"hf": [items[3], items[7]], "peak": [items[0], items[5]]}
+    assert [group.name for group in groups] == ["hf", "peak"]  # largest estimate first
+
+
+def test_hypothesis_draws_no_constants_from_imported_modules_while_a_claims_examples_run() -> None:
+    from hypothesis.internal.conjecture import providers
+
+    from resacct.harness.pytest_settings import examples_independent_of_imports
+
+    before = providers._get_local_constants
+    with examples_independent_of_imports():
+        pool = providers._get_local_constants()
+        assert not (pool.integers or pool.floats or pool.strings or pool.bytes)
+    assert providers._get_local_constants is before
+
+
+def test_the_default_is_two_workers_on_a_linux_machine_with_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resacct.harness import workers
+
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(workers.sys, "platform", "linux")
+    assert workers.default_workers() == 2
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 1)
+    assert workers.default_workers() == 1
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(workers.sys, "platform", "darwin")  # no fork after torch's import there
+    assert workers.default_workers() == 1
