@@ -122,3 +122,23 @@ def test_a_number_off_the_line_is_refused() -> None:
     plane[(5, 3)] += 1
     with pytest.raises(NotRepeating, match="middle layer 3 at depth 5"):
         _plane(plane, 80, 78, "y")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "memory_bytes"), [("fp32", 40e6), ("bf16", 9e6)])
+def test_fit_probes_sampled_find_what_every_layer_traced_finds(tmp_path, recipe: str, memory_bytes: float) -> None:  # noqa: ANN001
+    """``fit``'s search over a 17-layer Llama: each probe from depths 3, 4, 5 gives the same answer and the same
+    peak at every probed batch as each probe tracing all 17 layers."""
+    import json
+
+    from resacct.account.fit.search import fit_step, hf_config_target
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY["llama"], "num_hidden_layers": SAMPLED_ABOVE_LAYERS + 1}))
+    sampled = fit_step(hf_config_target(str(path)), memory_bytes=memory_bytes, seq=32, recipe=recipe)
+    whole = fit_step(hf_config_target(str(path), layers="all"), memory_bytes=memory_bytes, seq=32, recipe=recipe)
+    assert sampled.sampled is not None and sampled.sampled.startswith("each probe the step at depths 3, 4, 5 (12 of 17 layers)")
+    assert whole.sampled is None
+    assert sampled.largest == whole.largest and sampled.largest > 1
+    assert [(p.size, p.peak_bytes) for p in sampled.probes] == [(p.size, p.peak_bytes) for p in whole.probes]
+    assert (sampled.peak_phase, sampled.peak_op, sampled.live_at_peak_bytes) == (whole.peak_phase, whole.peak_op, whole.live_at_peak_bytes)

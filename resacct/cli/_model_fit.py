@@ -173,8 +173,9 @@ def _text(answer: Any, units: str) -> str:
             lines.append(f"  {answer.searched} {answer.largest + 1:,} would need {_bytes_text(answer.next_peak_bytes, units)} "
                          f"({_bytes_text(answer.next_peak_bytes - answer.budget_bytes, units)} over)")
     sizes = " ".join(f"{p.size:,}{'✓' if p.fits else '✗'}" for p in answer.probes)
-    lines.append(f"  probes: {sizes} — {answer.traces} traces, each the whole step (fwd, bwd, optimizer, zero_grad) on fake tensors, the model never allocated; "
-                 f"{answer.seconds:.1f} s")
+    each = "each the whole step" if answer.sampled is None or answer.sampled.startswith("every layer") else "each the step"
+    lines.append(f"  probes: {sizes} — {answer.traces} traces, {each} (fwd, bwd, optimizer, zero_grad) on fake tensors, the model never allocated; "
+                 f"{answer.seconds:.1f} s" + ("" if answer.sampled is None else f" ({answer.sampled})"))
     lines.append(f"  attention: {answer.attention_kernel}. The peak is the CPU kernels' step as the allocator counts it; a GPU runs "
                  "other kernels and its caching allocator rounds blocks to 512 B and keeps freed segments: keep a reserve")
     return "\n".join(lines)

@@ -51,6 +51,8 @@ class FitTarget:
     make_inputs: Callable[[int, int | None], Any]
     loss: str | Callable[[nn.Module, Any], Any]
     seq_limit: int | None
+    #: the model at depths 3, 4 and 5, when its probes are sampled (:mod:`resacct.account.fit.sampled_layers`); None: traced whole
+    shallow: Any = None
 
     def loss_fn(self) -> Callable[[nn.Module, Any], Any]:
         """``loss(model, inputs)``: the target's own callable, or its named loss of the model's output."""
@@ -106,6 +108,8 @@ class FitAnswer:
     peak_op: str = ""
     attention_kernel: str = ""
     live_at_peak_bytes: dict[str, int] = field(default_factory=dict)
+    #: how the probes traced a deep model from three shallow ones (None: each the whole step)
+    sampled: str | None = None
 
     @property
     def budget_bytes(self) -> float:
@@ -151,7 +155,7 @@ class FitAnswer:
             "live_at_peak_bytes": self.live_at_peak_bytes, "seconds": self.seconds, "traces": self.traces,
             "affine_deviation_bytes": affine_deviation_bytes(self.probes),
             "probes": [{"size": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits, "seconds": p.seconds} for p in self.probes],
-            "predicted_by": ENGINE,
+            "predicted_by": ENGINE, "sampled_layers": self.sampled,
         }
 
 
@@ -190,12 +194,14 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
             raise ResacctError(f"seq {seq} is longer than {target.name}'s context length {target.seq_limit}; expected seq ≤ {target.seq_limit}")
         limit, fixed = max_batch, seq if seq is not None else target.seq_limit
     latest: dict[int, Any] = {}
+    sampled: dict[str, Any] = {}
     peak_of = step_peak_function(target, model, search=search, fixed=fixed, recipe=chosen, optimizer=optimizer, micro_batches=micro_batches,
-                                 keep=latest)
+                                 keep=latest, sampled=sampled)
     largest, probes = largest_fitting(peak_of, memory_bytes - reserve_bytes, limit=limit, on_probe=on_probe,
                                       phase_peaks_of=lambda size: phase_peaks_bytes(latest[size]))
     answer = FitAnswer(model=target.name, searched=search, fixed=fixed, memory_bytes=memory_bytes, reserve_bytes=reserve_bytes, device=device,
-                       recipe=chosen.name, optimizer=optimizer, micro_batches=micro_batches, limit=limit, largest=largest, probes=probes)
+                       recipe=chosen.name, optimizer=optimizer, micro_batches=micro_batches, limit=limit, largest=largest, probes=probes,
+                       sampled=sampled.get("how"))
     shown = latest.get(largest if largest is not None else 1)
     if shown is not None:
         answer.peak_phase, answer.peak_op, answer.attention_kernel = shown.peak.phase, shown.peak.op, shown.attention_kernel
@@ -210,30 +216,48 @@ def phase_peaks_bytes(predicted: Any) -> dict[str, int]:
 
 
 def step_peak_function(target: FitTarget, model: nn.Module, *, search: str, fixed: int | None, recipe: Any, optimizer: str,
-                       micro_batches: int = 1, keep: dict[int, Any] | None = None) -> Callable[[int], int]:
+                       micro_batches: int = 1, keep: dict[int, Any] | None = None, sampled: dict[str, Any] | None = None) -> Callable[[int], int]:
     """``peak_of(size)``: the predicted step peak (bytes) of ``model`` (``target``'s, in the recipe's
     parameter dtype) at ``search`` = size, the other size ``fixed`` — one trace of the whole step on
-    fake tensors per call; each prediction kept in ``keep`` by size."""
+    fake tensors per call, or, for a target with shallow copies and one micro-batch, the step at
+    depths 3, 4 and 5 extrapolated (:mod:`resacct.account.fit.sampled_layers`; one that does not
+    repeat: whole from then on; ``sampled["how"]`` says which); each prediction kept in ``keep`` by size."""
+    from resacct.account.fit.sampled_layers import sampled_step_peak
+    from resacct.account.peak.layer_segments import NotRepeating
     from resacct.account.peak.step_peak import account_recipe_step_peak
 
     loss_fn = target.loss_fn()
+    shallow = [target.shallow if micro_batches == 1 else None]
+    dtype = next(model.parameters()).dtype
+    said = sampled if sampled is not None else {}
 
     def peak_of(size: int) -> int:
         inputs = target.make_inputs(size, fixed) if search == "batch" else target.make_inputs(fixed, size)
-        account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False, micro_batches=micro_batches)
-        if account.predicted is None:
-            raise ResacctError(f"{target.name}: no predicted peak at {search} {size} ({account.gap})")
+        predicted = None
+        if shallow[0] is not None:
+            try:
+                predicted = sampled_step_peak(shallow[0], dtype, inputs, loss_fn, recipe=recipe, optimizer=optimizer)
+                said.setdefault("how", shallow[0].describe())
+            except NotRepeating as error:
+                shallow[0], said["how"] = None, f"every layer traced: at {search} {size} the layers did not repeat ({error})"
+        if predicted is None:
+            account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False, micro_batches=micro_batches)
+            if account.predicted is None:
+                raise ResacctError(f"{target.name}: no predicted peak at {search} {size} ({account.gap})")
+            predicted = account.predicted
         if keep is not None:
-            keep[size] = account.predicted
-        return account.predicted.peak_bytes
+            keep[size] = predicted
+        return predicted.peak_bytes
 
     return peak_of
 
 
-def hf_config_target(config: str) -> FitTarget:
+def hf_config_target(config: str, layers: str = "auto") -> FitTarget:
     """A Hugging Face causal LM from a shipped config name or a ``config.json`` path, built on the
     meta device (sdpa attention; a mixture of experts with ``batched_mm`` experts), its own loss on
-    ``input_ids`` and ``labels``; the sequence limit is its context length."""
+    ``input_ids`` and ``labels``; the sequence limit is its context length. A deep stack of identical
+    layers also gets its shallow copies (``layers``: as :func:`resacct.account.answers.hf.account_hf_config`'s)."""
+    from resacct.account.fit.sampled_layers import shallow_copies
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.account.load.model_io import context_length, default_inputs
 
@@ -241,7 +265,7 @@ def hf_config_target(config: str) -> FitTarget:
     model = build_hf_model(spec, device="meta")
     model.train()
     return FitTarget(name=spec.name, model=model, make_inputs=lambda batch, seq: default_inputs(model, batch=batch, seq=seq, device="meta"),
-                     loss="model", seq_limit=context_length(model))
+                     loss="model", seq_limit=context_length(model), shallow=shallow_copies(spec, layers))
 
 
 def _with_batch(example: Any, batch: int) -> Any:

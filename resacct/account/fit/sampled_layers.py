@@ -1,0 +1,69 @@
+"""``fit``'s probes of a deep stack of identical layers, each from the step at depths 3, 4 and 5
+(:mod:`resacct.account.peak.layer_segments`): 12 layers traced per probe, whatever the depth, every
+number of the extrapolated peak fitted through two depths and checked on the third. A probe that
+does not repeat raises :class:`~resacct.account.peak.layer_segments.NotRepeating`, and the search
+traces the whole model from then on (:func:`resacct.account.fit.search.step_peak_function`)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, extrapolate_peak, segmenting
+
+__all__ = ["ShallowCopies", "shallow_copies", "sampled_step_peak"]
+
+
+@dataclass
+class ShallowCopies:
+    """The model rebuilt at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` (on meta) and its own depth."""
+
+    depth: int
+    models: tuple[nn.Module, ...]
+    _in_dtype: dict[Any, tuple[nn.Module, ...]] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        return (f"each probe the step at depths {', '.join(map(str, SAMPLE_DEPTHS))} ({sum(SAMPLE_DEPTHS)} of {self.depth} layers) "
+                "extrapolated, every number checked on the third depth")
+
+    def in_dtype(self, dtype: Any) -> tuple[nn.Module, ...]:
+        """The copies with parameters in ``dtype`` (converted once)."""
+        if dtype not in self._in_dtype:
+            self._in_dtype[dtype] = tuple(m if all(p.dtype == dtype for p in m.parameters()) else copy.deepcopy(m).to(dtype) for m in self.models)
+        return self._in_dtype[dtype]
+
+
+def shallow_copies(spec: Any, layers: str = "auto") -> ShallowCopies | None:
+    """The config's model at depths 3, 4 and 5 when its layers are one layer repeated and deeper than
+    :data:`resacct.account.answers.hf.SAMPLED_ABOVE_LAYERS` (``layers="sampled"``: deeper than 5;
+    ``"all"``: never); else None."""
+    from resacct.account.answers.hf import SAMPLED_ABOVE_LAYERS
+    from resacct.account.load.hf_models import build_hf_model, repeated_depth, with_depth
+
+    if layers == "all":
+        return None
+    depth, why_not = repeated_depth(spec)
+    if why_not is not None or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
+        return None
+    models = tuple(build_hf_model(with_depth(spec, d), device="meta") for d in SAMPLE_DEPTHS)
+    for model in models:
+        model.train()
+    return ShallowCopies(depth=depth, models=models)
+
+
+def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: Any, *, recipe: Any, optimizer: str) -> Any:
+    """The step's :class:`~resacct.account.peak.step_peak.PredictedStepPeak` at ``shallow.depth`` on ``inputs``."""
+    from resacct.account.peak.step_peak import account_recipe_step_peak
+    from resacct.errors import ResacctError
+
+    samples = []
+    for depth, model in zip(SAMPLE_DEPTHS, shallow.in_dtype(dtype)):
+        with segmenting(depth):
+            account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False)
+        if account.predicted is None:
+            raise ResacctError(f"no predicted peak at depth {depth} ({account.gap})")
+        samples.append(account.predicted)
+    return extrapolate_peak(samples, shallow.depth)
