@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 from jaxtyping import Float
@@ -226,6 +226,7 @@ class DispatchedOps(TorchDispatchMode):
         super().__init__()
         self.calls: list[tuple[Any, int, int]] = []
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
         self.calls.append((func, _first_tensor_elements(args), _tensor_elements(result)))

@@ -30,7 +30,7 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -52,6 +52,7 @@ _OP_NAMES: dict[int, tuple[Any, str]] = {}  # id(op) -> (op, its name): ops live
 _NUMBER_SLOTS: dict[int, tuple[Any, tuple[bool, ...]]] = {}  # id(op) -> (op, per positional argument: may a number there be wrapped)
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def op_name(func: Any) -> str:
     """``str(func)`` (``aten.mm.default``), computed once per op: the tracker asks for every call."""
     known = _OP_NAMES.get(id(func))
@@ -71,6 +72,7 @@ def _number_slots(func: Any, name: str) -> tuple[bool, ...]:
     return known[1]
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def wrapped_number_bytes(func: Any, args: Any, out: Any) -> int:
     """Bytes of the CPU tensors torch makes for this call's Python numbers while it runs: each
     number in a Tensor slot (or the operand of a ``.Scalar`` add/sub/mul/div) is wrapped in a
@@ -142,6 +144,7 @@ def _mse_workspace_bytes(name: str, args: Any, kwargs: Any) -> int:
     return size + 8 + source.element_size()
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def output_storage_bytes(func: Any, args: Any, kwargs: Any) -> int | None:
     """Bytes of the storage a CPU kernel really returns its output in, where that differs from
     the output's own size (None elsewhere): ``mse_loss`` with ``mean`` or ``sum`` returns its 0-d
@@ -171,6 +174,7 @@ def _sixteen_bit_mean_workspace_bytes(name: str, args: Any, kwargs: Any) -> int:
     return out_numel * 4 + max(source.numel() * 4, WRAPPED_NUMBER_BYTES[int] + 4)
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def kernel_workspace_bytes(func: Any, args: Any, kwargs: Any) -> int:
     """Bytes a CPU kernel allocates for itself while it runs (0 for the ops resacct knows nothing
     to add for): the flash attention kernels' buffers, mse_loss's, a 16-bit mean's float32 copies.

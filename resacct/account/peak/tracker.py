@@ -39,7 +39,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -111,6 +111,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.segment_path = ""
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
         nbytes = storage.nbytes() if nbytes is None else nbytes
         entry = [nbytes, kind]
@@ -119,6 +120,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.bytes_by_kind[kind] += nbytes
         self.total_bytes += nbytes
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _drop(self, entry: list) -> None:
         self.bytes_by_kind[entry[1]] -= entry[0]
         self.total_bytes -= entry[0]
@@ -126,6 +128,7 @@ class LiveStorageTracker(TorchDispatchMode):
         if self.phase != "setup" and self.phase in KIND_BY_PHASE:
             self.timeline.append((self.phase, self.total_bytes))
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _change(self, amount: int, kind: str) -> None:
         self.bytes_by_kind[kind] += amount
         self.total_bytes += amount
@@ -185,13 +188,16 @@ class LiveStorageTracker(TorchDispatchMode):
         self._hooks = [torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
                        torch.nn.modules.module.register_module_forward_hook(self._leave_module)]
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _enter_module(self, module: Any, args: Any) -> None:
         self._module_stack.append(self._module_names.get(id(module), type(module).__name__))
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _leave_module(self, module: Any, args: Any, output: Any) -> None:
         if self._module_stack:
             self._module_stack.pop()
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _location(self) -> str:
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
@@ -205,6 +211,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self._hooks = []
         return super().__exit__(*exc)
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is _DEVICE_QUERY:  # tensor.device on a fake tensor: over half of a fake step's dispatches, nothing made
             return self._device_query(func, args, kwargs)
@@ -239,6 +246,7 @@ class LiveStorageTracker(TorchDispatchMode):
             self._observe(name, wrapped, workspace, scratchpad or 0)
         return out
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _device_query(self, func: Any, args: Any, kwargs: Any) -> Any:
         """``prim.device`` (a fake tensor's ``.device``): answered as ``FakeTensor`` answers it (its
         ``fake_device``; meta inside a kernel) without the fake mode's dispatch, then counted and observed
@@ -256,6 +264,7 @@ class LiveStorageTracker(TorchDispatchMode):
             self._observe(_DEVICE_QUERY_NAME, 0, 0)
         return out
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
         candidate = self.total_bytes + transient_bytes + workspace_bytes + scratchpad_bytes
         self.timeline.append((self.phase, candidate))
@@ -272,6 +281,7 @@ class LiveStorageTracker(TorchDispatchMode):
             if segment is not None and (segment[3] is None or candidate > segment[3].bytes):
                 segment[3] = moment
 
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _resolve_pending_scalars(self, *, final: bool = False) -> None:
         """A Python number autograd saved (``x * 0.5`` keeps the 0.5): counted from when its node
         exists (autograd attaches it after the op returns) until the node has run in backward."""
@@ -305,6 +315,7 @@ _DEVICE_QUERY_NAME = op_name(_DEVICE_QUERY)
 _OP_FACTS: dict[int, tuple[Any, str, bool, bool, bool]] = {}  # id(op) -> (op, name, sized output?, workspace?, probed matmul?)
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _facts_of(func: Any) -> tuple[Any, str, bool, bool, bool]:
     """What the tracker asks of every call of ``func``, worked out once per op (most calls are ops
     with nothing to add — ``prim.device`` alone is over half of a fake step's dispatches): its
@@ -317,5 +328,6 @@ def _facts_of(func: Any) -> tuple[Any, str, bool, bool, bool]:
     return known
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _any_requires_grad(args: Any) -> bool:
     return any(isinstance(value, torch.Tensor) and value.requires_grad for value in tree_flatten(args)[0])
