@@ -3,7 +3,7 @@
     python benchmarks/verify_time.py                         # this tree, one run
     python benchmarks/verify_time.py --baseline 27b77d1      # and that commit's tree, the two taking turns
     python benchmarks/verify_time.py --baseline 27b77d1 --commit HEAD --rounds 2   # two commits' trees
-    python benchmarks/verify_time.py --workers 2
+    python benchmarks/verify_time.py --workers 1                            # verify's claims all in one process
 
 Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis derandomized, so
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall
@@ -11,8 +11,10 @@ seconds; CPU seconds of the verify process itself (report.json's ``run.cpu_secon
 everything it started (gloo ranks, background children: every process under verify, read from /proc
 every 0.2 s, since the forkserver they run under is killed unreaped); the
 claims and verdict counts. With ``--baseline`` the trees take turns round by round (load moves
-both alike), each claim's outcome is compared between them (exit 1 if any differs), and the
-ratios of the medians are printed. The machine's load average is printed before and after: on a
+both alike), each claim's outcome is compared between them (exit 1 if any differs), the claims
+whose record differs in anything but its seconds are counted and named (timed claims' values move
+from run to run), and the ratios of the medians are printed. ``--workers`` is passed to this tree's
+verify only (verify's default: 2 processes on 2 cores; the baseline runs as its tree does). The machine's load average is printed before and after: on a
 shared machine wall seconds are the load's as much as verify's, and CPU seconds are the steadier
 figure. The bar is the issue's 25 s wall on an idle 2-core machine.
 """
@@ -101,7 +103,8 @@ def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     own_cpu = float(document["run"].get("cpu_seconds") or 0.0)  # absent in trees before it was recorded
     total_cpu = max(reaped_cpu, sum(seen.values()))  # the watched tree: verify, the forkserver and everything under it
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
-    return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "exit": completed.returncode}
+    records = {record["id"]: {key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]}
+    return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode}
 
 
 def _tree_of(commit: str, into: Path) -> Path:
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="COMMIT", help="also run that commit's tree (git archive), taking turns")
     parser.add_argument("--commit", metavar="COMMIT", help="run that commit's tree as 'this tree' instead of the working tree (which others may be editing)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree (default 1)")
-    parser.add_argument("--workers", type=int, default=0, help="pass --workers N to verify")
+    parser.add_argument("--workers", type=int, default=0, help="pass --workers N to this tree's verify (default: verify's own default)")
     args = parser.parse_args(argv)
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                runs[name].append(run_verify(tree, extra))
+                runs[name].append(run_verify(tree, extra if name == "this tree" else []))
                 print(_line(name, runs[name][-1]), flush=True)
     print(f"load average after:  {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
     medians = {name: statistics.median(float(run["wall"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]
@@ -149,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"this tree / {args.baseline}: wall {medians['this tree'] / medians[args.baseline]:.2f}, "
               f"CPU {cpu['this tree'] / cpu[args.baseline]:.2f} (medians of {args.rounds})")
         print(f"claims whose outcome differs: {len(changed)}" + (f" ({', '.join(changed[:10])})" if changed else ""))
+        old_records, new_records = runs[args.baseline][-1]["records"], runs["this tree"][-1]["records"]
+        moved = sorted(claim for claim in set(old_records) & set(new_records) if old_records[claim] != new_records[claim])  # type: ignore[operator]
+        print(f"claims whose record differs beyond its seconds (values, examples, messages): {len(moved)}" + (f" ({', '.join(moved[:12])})" if moved else ""))
         status = 1 if changed else 0
     best = medians["this tree"]
     print(f"bar {BAR_SECONDS:.0f} s wall (idle, 2 cores): {'met' if best <= BAR_SECONDS else 'not met'} here ({best:.1f} s)")

@@ -48,6 +48,13 @@ AREA_SECONDS = {"hf": 14.0, "account": 11.0, "finetune": 5.0, "sharding": 4.6, "
                 "peak_sharded": 2.2, "plan": 1.7, "flops": 1.4, "optim": 0.9, "init": 0.9, "data": 0.8, "parallelism": 0.7, "memory": 0.6,
                 "train": 0.6, "einops": 0.5}
 
+#: Imported once in this process before the workers fork, when the claims to run are a long run's
+#: (their areas' :data:`AREA_SECONDS` past :data:`_SHARED_IMPORTS_FROM_SECONDS`): each worker would
+#: import them again (torch's compiler stack on the first build on meta, ~1 s idle; transformers
+#: and its model classes, ~1 s), and the claims run here afterwards need them too.
+SHARED_IMPORTS = ("torch._dynamo", "transformers", "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2")
+_SHARED_IMPORTS_FROM_SECONDS = 10.0
+
 #: How long a worker may take to stop after Ctrl-C (its claim's own cleanup: a launch kills its ranks) before it is killed.
 _STOP_GRACE_SECONDS = 20.0
 
@@ -131,6 +138,8 @@ class ClaimWorkers:
         if session.config.option.collectonly:
             return True
         groups, alone = item_groups(session.items)
+        if sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS:
+            _import_shared_modules()
         left = _Parallel(self, session, groups).run()
         for index, item in enumerate(left + alone):
             following = (left + alone)[index + 1:]
@@ -319,6 +328,16 @@ class _Worker:
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
             if self.interrupted:
                 raise KeyboardInterrupt
+
+
+def _import_shared_modules() -> None:
+    import importlib
+
+    for name in SHARED_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - not installed, or broken: the claims that need it say so themselves
+            continue
 
 
 def _threads_matter(item: pytest.Item) -> bool:
