@@ -11,10 +11,12 @@ an xdist worker imports and collects everything again. Then the run has two phas
    groups first (:data:`AREA_SECONDS`, a scheduling estimate only). Each finished claim's pytest reports come back
    through a pipe, and this process replays them through its own hooks (the claims recorder, the
    progress bar, pytest's terminal), as xdist's controller does.
-2. **Alone**: the timed claims (their checks' ``timing=True``), the GPU claims and those whose
-   values depend on torch's thread count (``threads_matter``) then run in this process, with
-   torch's own thread count, while no worker runs: a time measured beside another process's work is
-   the load's, CUDA is never used in a forked child, and a worker never uses more than one thread
+2. **Alone**: the timed claims (their checks' ``timing=True``), the GPU claims, those that launch
+   gloo ranks (mark ``distributed``) and those whose values depend on torch's thread count
+   (``threads_matter``) then run in this process, with torch's own thread count, while no worker
+   runs: a time measured beside another process's work is the load's, CUDA is never used in a
+   forked child, 2 or 4 ranks beside a worker oversubscribe 2 cores (ranks waiting in a collective
+   spin: 23 s of the workers' wall for 8 s alone, loaded), and a worker never uses more than one thread
    (OpenMP's pool does not survive a fork: a process that had used it hangs in its child's first
    parallel region).
 
@@ -83,11 +85,13 @@ def workers_count(text: str) -> int:
 
 
 def runs_alone(item: pytest.Item) -> bool:
-    """Whether a claim runs in the phase of its own: timed here, on a GPU, or measuring what depends
-    on torch's thread count (its check's ``threads_matter``)."""
+    """Whether a claim runs in the phase of its own: timed here, on a GPU, launching gloo ranks (2 or
+    4 processes: beside a worker they oversubscribe the cores, and ranks waiting in a collective
+    spin), or measuring what depends on torch's thread count (its check's ``threads_matter``)."""
     from resacct.harness.plugin import TIMED_KEYWORD
 
-    return TIMED_KEYWORD in item.extra_keyword_matches or item.get_closest_marker("gpu") is not None or _threads_matter(item)
+    return (TIMED_KEYWORD in item.extra_keyword_matches or item.get_closest_marker("gpu") is not None
+            or item.get_closest_marker("distributed") is not None or _threads_matter(item))
 
 
 def _area(item: pytest.Item) -> str:
@@ -183,6 +187,7 @@ class _Parallel:
                 _Worker(self.plugin, self.session, self.groups, child_end).serve()
             child_end.close()
             self.connections[parent_end] = (pid, [])
+        start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
         try:
             self._serve()
         except KeyboardInterrupt:
@@ -272,7 +277,6 @@ class _Worker:
         self.groups = groups
         self.connection = connection
         self.interrupted = False
-        self.ranks_started = False
 
     def serve(self) -> None:
         status = 0
@@ -321,8 +325,6 @@ class _Worker:
             raise KeyboardInterrupt
 
     def _run(self, group: _Group) -> None:
-        if not self.ranks_started and any(item.get_closest_marker("distributed") for item in group.items):
-            self.ranks_started = start_ranks_early(self.session, force=True)
         for index, item in enumerate(group.items):
             following = group.items[index + 1] if index + 1 < len(group.items) else None
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
