@@ -17,11 +17,12 @@ WORKERS_PLUGIN_NAME = "resacct-claim-workers"
 def start_ranks_early(session: Any, *, force: bool = False) -> bool:
     """Start the forkserver when ``session`` (a pytest session after collection) runs resacct claims
     marked ``distributed`` in this process (not an xdist worker: those get claims in an order of their own;
-    not the parent of ``resacct verify``'s forked workers, :mod:`resacct.harness.workers`, unless
-    ``force``: the worker that runs them starts its own); whether it was started."""
+    not when collected in ``resacct verify``'s process that forks workers, :mod:`resacct.harness.workers`,
+    which calls it with ``force`` once they are forked: they must not inherit it); whether it was started."""
     from resacct.harness.plugin import ClaimItem  # a host project's own tests marked distributed are not resacct's to start for
 
-    forks = session.config.pluginmanager.has_plugin(WORKERS_PLUGIN_NAME) and not force
+    manager = getattr(session.config, "pluginmanager", None)
+    forks = manager is not None and manager.has_plugin(WORKERS_PLUGIN_NAME) and not force
     if forks or hasattr(session.config, "workerinput") or not any(isinstance(item, ClaimItem) and item.get_closest_marker("distributed")
                                                          for item in session.items):
         return False
