@@ -187,3 +187,6 @@ def test_the_default_is_two_workers_on_a_linux_machine_with_two_cores(monkeypatc
     monkeypatch.setattr(workers.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(workers.sys, "platform", "darwin")  # no fork after torch's import there
     assert workers.default_workers() == 1
+    monkeypatch.setattr(workers.sys, "platform", "linux")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA in a forked child fails: not by default
+    assert workers.default_workers() == 1

@@ -63,8 +63,14 @@ _STOP_GRACE_SECONDS = 20.0
 
 def default_workers() -> int:
     """``resacct verify``'s default: 2 processes where the machine has 2 cores or more and can fork
-    (Linux), else 1 (every claim in this process)."""
-    return 2 if (os.cpu_count() or 1) >= 2 and sys.platform.startswith("linux") else 1
+    (Linux) and torch sees no GPU, else 1 (every claim in this process). With a GPU, ``--workers N``
+    forks all the same (the GPU claims run in this process), but a CPU claim that touches CUDA in a
+    forked worker fails there: not a default until a GPU host has run it."""
+    import torch
+
+    if (os.cpu_count() or 1) < 2 or not sys.platform.startswith("linux") or torch.cuda.is_available():
+        return 1
+    return 2
 
 
 def workers_count(text: str) -> int:
