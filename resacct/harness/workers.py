@@ -32,6 +32,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -256,8 +257,6 @@ class _Parallel:
         self.pending.clear()
         for pid, _ in self.connections.values():
             _signal(pid, signal.SIGINT)
-        import time
-
         deadline = time.monotonic() + _STOP_GRACE_SECONDS
         while self.connections and time.monotonic() < deadline:
             for connection in multiprocessing.connection.wait(list(self.connections), timeout=max(0.0, deadline - time.monotonic())):
@@ -383,22 +382,17 @@ class _Sender:
 
 
 def _signal(pid: int, number: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, number)
-    except OSError:
-        pass
 
 
 def _wait_for(pid: int, timeout_seconds: float) -> None:
-    import time
-
     deadline = time.monotonic() + timeout_seconds
     while True:
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
         except ChildProcessError:
-            return
-        if done:
             return
         if time.monotonic() >= deadline:
             _signal(pid, signal.SIGKILL)
