@@ -264,6 +264,10 @@ def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
     """The config's number of decoder layers, and why its layers may not be one layer repeated (None: they are):
     a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), or a
     per-layer list among its values."""
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():  # before transformers is imported: under an older torch its import prints warnings
+        raise ResacctError(f"{_label(spec)}: {problem}")
     config = transformers_config(spec)
     depth = int(config.num_hidden_layers)
     if spec.model_type not in REPEATING_MODEL_TYPES:
