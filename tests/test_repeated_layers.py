@@ -12,7 +12,8 @@ from resacct.errors import ResacctError
 
 pytest.importorskip("transformers")
 
-from resacct.account.answers.hf import SAMPLED_ABOVE_LAYERS, account_hf_config  # noqa: E402
+from resacct.account.answers.hf import account_hf_config  # noqa: E402
+from resacct.account.trace.repeated_layers import SAMPLED_ABOVE_LAYERS  # noqa: E402
 from resacct.account.load.hf_models import REPEATING_MODEL_TYPES, HfConfigSpec  # noqa: E402
 
 _DECODER = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 160,

@@ -51,12 +51,6 @@ __all__ = ["HfAccount", "account_hf_config", "checkpoint_bytes_predicted"]
 
 _NOT_CHECKPOINTED = ("gradients", "master gradients")
 
-#: ``account_hf_config(layers="auto")`` samples depths 3, 4 and 5 of a stack deeper than this: at 16
-#: layers the two ways cost the same (4.9 CPU s each, olmo-2-1b at 512 tokens), at 32 sampling saves
-#: 1.4 s (mistral-7b: 4.2 against 5.6 CPU s), at 80 about 5 s.
-SAMPLED_ABOVE_LAYERS = 16
-LAYER_CHOICES = ("auto", "sampled", "all")
-
 
 @dataclass
 class HfAccount:
@@ -284,13 +278,14 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss.
     A stack of identical layers is traced at three small depths and extrapolated, checked
     (:mod:`resacct.account.trace.repeated_layers`). ``layers``: ``"auto"`` does that above
-    :data:`SAMPLED_ABOVE_LAYERS` layers (below, three small builds cost more than one whole trace),
-    ``"sampled"`` above 5, ``"all"`` traces every layer."""
-    if layers not in LAYER_CHOICES:
-        raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
+    :data:`~resacct.account.trace.repeated_layers.SAMPLED_ABOVE_LAYERS` layers (below, three small builds
+    cost more than one whole trace), ``"sampled"`` above 5, ``"all"`` traces every layer."""
     from resacct.account.load.hf_models import load_hf_config
+    from resacct.account.trace.repeated_layers import LAYER_CHOICES
     from resacct.account.trace.cache import cached
 
+    if layers not in LAYER_CHOICES:  # before any work; :func:`~resacct.account.trace.repeated_layers.layer_plan` says the same
+        raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
     spec = config if isinstance(config, HfConfigSpec) else load_hf_config(config)
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
@@ -303,14 +298,13 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
 def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, layers: str = "auto") -> HfAccount:
     """:func:`account_hf_config`'s answer, traced: a stack of more than 5 identical layers at depths 3, 4 and 5
     and extrapolated (:mod:`resacct.account.trace.repeated_layers`), any other model whole (see :func:`account_hf_config`'s ``layers``)."""
-    from resacct.account.load.hf_models import repeated_depth, with_depth
+    from resacct.account.load.hf_models import with_depth
     from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
-    from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of
+    from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of, layer_plan
 
-    depth, why_not = repeated_depth(spec)
-    if layers == "all" or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
-        return _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer)
-    if why_not is None:
+    plan = layer_plan(spec, layers)
+    depth, why_not = plan.depth, plan.why_whole
+    if plan.sample:
         samples = []
         for sample_depth in SAMPLE_DEPTHS:
             with segmenting(sample_depth):
@@ -326,7 +320,8 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
                                  "and checked on the third (--trace-all-layers traces them all)")
             return account
     account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer)
-    account.notes.append(f"all {depth} layers traced: {why_not}")
+    if why_not is not None:
+        account.notes.append(f"all {depth} layers traced: {why_not}")
     return account
 
 

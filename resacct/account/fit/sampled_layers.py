@@ -6,13 +6,13 @@ traces the whole model from then on (:func:`resacct.account.fit.search.step_peak
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, extrapolate_peak, segmenting
+from resacct.account.peak.recipes import model_in_dtype
 
 __all__ = ["ShallowCopies", "shallow_copies", "sampled_step_peak"]
 
@@ -32,22 +32,20 @@ class ShallowCopies:
     def in_dtype(self, dtype: Any) -> tuple[nn.Module, ...]:
         """The copies with parameters in ``dtype`` (converted once)."""
         if dtype not in self._in_dtype:
-            self._in_dtype[dtype] = tuple(m if all(p.dtype == dtype for p in m.parameters()) else copy.deepcopy(m).to(dtype) for m in self.models)
+            self._in_dtype[dtype] = tuple(model_in_dtype(model, dtype) for model in self.models)
         return self._in_dtype[dtype]
 
 
 def shallow_copies(spec: Any, layers: str = "auto") -> ShallowCopies | None:
-    """The config's model at depths 3, 4 and 5 when its layers are one layer repeated and deeper than
-    :data:`resacct.account.answers.hf.SAMPLED_ABOVE_LAYERS` (``layers="sampled"``: deeper than 5;
-    ``"all"``: never); else None."""
-    from resacct.account.answers.hf import SAMPLED_ABOVE_LAYERS
-    from resacct.account.load.hf_models import build_hf_model, repeated_depth, with_depth
+    """The config's model at depths 3, 4 and 5 when :func:`~resacct.account.trace.repeated_layers.layer_plan`
+    samples it (``layers``: one of its choices); else None."""
+    from resacct.account.load.hf_models import build_hf_model, with_depth
+    from resacct.account.trace.repeated_layers import layer_plan
 
-    if layers == "all":
+    plan = layer_plan(spec, layers)
+    if not plan.sample:
         return None
-    depth, why_not = repeated_depth(spec)
-    if why_not is not None or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
-        return None
+    depth = plan.depth
     models = tuple(build_hf_model(with_depth(spec, d), device="meta") for d in SAMPLE_DEPTHS)
     for model in models:
         model.train()

@@ -18,7 +18,6 @@ probed, always): four traces for ``b`` up to 128 (one more per × 64 beyond), tw
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 from collections.abc import Callable
@@ -171,6 +170,7 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     ``batch``) of ``target`` whose predicted step peak — ``recipe`` (a name or a
     :class:`~resacct.facts.recipes.Recipe`), ``optimizer``, ``micro_batches`` accumulated micro-steps —
     is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer)."""
+    from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
 
@@ -183,8 +183,7 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     if not memory_bytes > 0 or not 0 <= reserve_bytes < memory_bytes:
         raise ResacctError(f"memory {memory_bytes!r} bytes with {reserve_bytes!r} reserved: expected memory > 0 and 0 ≤ reserve < memory")
     chosen = get_recipe(recipe)
-    dtype = parse_dtype(chosen.parameter_dtype)
-    model = target.model if all(p.dtype == dtype for p in target.model.parameters()) else copy.deepcopy(target.model).to(dtype)  # once
+    model = model_in_dtype(target.model, parse_dtype(chosen.parameter_dtype))  # once, not per probe
     if search == "seq":
         if target.seq_limit is None:
             raise ResacctError(f"{target.name} has no sequence length to search (no context length in its config); expected --search batch")

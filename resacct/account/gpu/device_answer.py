@@ -172,16 +172,12 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
     (the batch less one, a sequence an eighth shorter; at most ``max_traces``) until one does.
     Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept), ``largest`` (the size whose reserved
     peak fits; None: none found or no prediction) and ``traces``."""
-    import copy
-
+    from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
 
     chosen = get_recipe(recipe)
-    dtype = parse_dtype(chosen.parameter_dtype)
-    # nn.Module.to converts in place: the recipe's dtype goes on a copy (on meta, a copy costs nothing),
-    # so the caller's target keeps the dtype it was built in
-    model = target.model if all(p.dtype == dtype for p in target.model.parameters()) else copy.deepcopy(target.model).to(dtype)
+    model = model_in_dtype(target.model, parse_dtype(chosen.parameter_dtype))  # a copy in the recipe's dtype: the caller's target keeps its own
     loss_fn = target.loss_fn()
     size, traces, gpu = answer.largest, 0, None
     while size is not None and size >= 1 and traces < max_traces:

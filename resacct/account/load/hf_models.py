@@ -20,7 +20,7 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "repeated_depth", "with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
@@ -200,6 +200,15 @@ def transformers_config(spec: HfConfigSpec) -> Any:
     return config
 
 
+def refuse_unusable_transformers(spec: HfConfigSpec) -> None:
+    """One line naming the versions where transformers' models do not work under this torch (its configs
+    do), raised before transformers' models are imported: under an older torch that import prints warnings."""
+    from resacct.measurement.torch_limits import transformers_unusable
+
+    if problem := transformers_unusable():
+        raise ResacctError(f"{_label(spec)}: {problem}")
+
+
 def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str = "sdpa") -> Any:
     """The causal LM of ``spec`` built on ``device`` (meta: shapes, no memory), attention by
     ``F.scaled_dot_product_attention`` (``attention="eager"``: transformers' own matmuls; an
@@ -211,10 +220,7 @@ def build_hf_model(spec: HfConfigSpec, *, device: str = "meta", attention: str =
     Anything transformers raises while building it is one line naming the config and the reason."""
     import torch
 
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():  # its configs work under an older torch, its models do not
-        raise ResacctError(f"{_label(spec)}: {problem}")
+    refuse_unusable_transformers(spec)
     config = transformers_config(spec)
     import_before_device_modes()
     with torch.device(device):
@@ -264,10 +270,7 @@ def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
     """The config's number of decoder layers, and why its layers may not be one layer repeated (None: they are):
     a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), or a
     per-layer list among its values."""
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():  # before transformers is imported: under an older torch its import prints warnings
-        raise ResacctError(f"{_label(spec)}: {problem}")
+    refuse_unusable_transformers(spec)
     config = transformers_config(spec)
     depth = int(config.num_hidden_layers)
     if spec.model_type not in REPEATING_MODEL_TYPES:

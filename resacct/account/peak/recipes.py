@@ -112,6 +112,12 @@ def _cast_floating(inputs: Any, dtype: torch.dtype) -> Any:
     return copy_inputs(inputs, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
 
 
+def model_in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` itself when its parameters are all ``dtype``, else a copy converted (``nn.Module.to``
+    converts in place: the caller's model keeps its dtype; on meta a copy costs nothing)."""
+    return model if all(p.dtype == dtype for p in model.parameters()) else copy.deepcopy(model).to(dtype)
+
+
 def recipe_step(recipe: Any, model: nn.Module, inputs: Any, loss_fn: LossFn, optimizer: str) -> RecipeStep:
     """The step of ``recipe`` (a :class:`~resacct.facts.recipes.Recipe`) for ``model``: ``loss_fn``
     as the float32 model would compute it, ``optimizer`` a name of
@@ -125,7 +131,7 @@ def recipe_step(recipe: Any, model: nn.Module, inputs: Any, loss_fn: LossFn, opt
         raise ResacctError(f"recipe {recipe.alias or recipe.name}: GradScaler reads whether a gradient overflowed (.item()), which fake tensors "
                            "cannot know; the step peak is predicted for fp32, bf16, bf16-autocast and the master-weight recipes")
     dtype = parse_dtype(recipe.parameter_dtype)
-    work = model if all(p.dtype == dtype for p in model.parameters()) else copy.deepcopy(model).to(dtype)
+    work = model_in_dtype(model, dtype)
     work_inputs = _cast_floating(inputs, dtype) if dtype != torch.float32 else inputs
     parts = [f"parameters in {recipe.parameter_dtype}"]
     step_loss = loss_fn

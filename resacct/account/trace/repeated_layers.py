@@ -23,11 +23,43 @@ import copy
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, extrapolate_peak
 
-__all__ = ["extrapolate_account", "layer_path_of"]
+__all__ = ["LAYER_CHOICES", "SAMPLED_ABOVE_LAYERS", "LayerPlan", "extrapolate_account", "layer_path_of", "layer_plan"]
+
+#: ``layers="auto"`` samples depths 3, 4 and 5 of a stack deeper than this: at 16 layers the two ways
+#: cost the same (4.9 CPU s each, ``account --hf-config olmo-2-0425-1b --seq 512``), at 32 sampling saves
+#: 1.4 s (mistral-7b: 4.2 against 5.6 CPU s), at 80 about 5 s.
+SAMPLED_ABOVE_LAYERS = 16
+#: ``auto``: sample above :data:`SAMPLED_ABOVE_LAYERS` layers; ``sampled``: above 5; ``all``: trace every layer.
+LAYER_CHOICES = ("auto", "sampled", "all")
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How a config's step is traced: ``sample`` (depths 3, 4, 5, extrapolated to ``depth``) or whole;
+    ``why_whole``: what to tell the user when a stack deep enough to sample is traced whole (None: nothing)."""
+
+    depth: int
+    sample: bool
+    why_whole: str | None = None
+
+
+def layer_plan(spec: Any, layers: str = "auto") -> LayerPlan:
+    """The :class:`LayerPlan` for an :class:`~resacct.account.load.hf_models.HfConfigSpec` and a
+    :data:`LAYER_CHOICES` choice (anything else: a :class:`~resacct.errors.ResacctError`)."""
+    from resacct.account.load.hf_models import repeated_depth
+    from resacct.errors import ResacctError
+
+    if layers not in LAYER_CHOICES:
+        raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
+    depth, why_not = repeated_depth(spec)
+    if layers == "all" or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
+        return LayerPlan(depth=depth, sample=False)
+    return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not)
 
 
 def layer_path_of(names: Sequence[str], depth: int) -> str:
