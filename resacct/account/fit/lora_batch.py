@@ -8,10 +8,7 @@ what one trace says (the budget over the peak's growth per sequence): where that
 affine in the batch (another phase takes the peak over) the search goes on from the probes made.
 The command's own batch (1 by default) is reused, not traced again: two traces where one trace's
 guess is the answer, three where the line through it names another (up to 64 × the guess: one more
-per × 64 beyond, as in ``fit``).
-
-The model is built once for the search; a peak already traced (the command's own batch) is
-reused, not traced again.
+per × 64 beyond, as in ``fit``). The peft model is built once for the search.
 """
 
 from __future__ import annotations
