@@ -210,17 +210,22 @@ def test_a_k_run_leaves_the_complete_report_in_place(specs_dir, tmp_path, capsys
 
 
 def at_the_second_claim(monkeypatch, interrupt) -> None:  # type: ignore[no-untyped-def]
-    """Call ``interrupt()`` when the run judges its second claim (the Ctrl-C tests' moment)."""
+    """Call ``interrupt()`` when a process starts judging its second claim (the Ctrl-C tests' moment).
+
+    Counted by claim id, not by call: a ``forall`` claim is judged once per example, and counting
+    calls interrupted storage's forall claim at its second example, before any claim had finished
+    in that worker, so whether the partial report held a claim depended on the other worker's pace."""
     import resacct.harness.plugin as plugin
 
-    judged: list[int] = []
+    judged: set[str] = set()
     real_evaluate = plugin.evaluate_claim
 
-    def judge(*args, **kwargs):  # type: ignore[no-untyped-def]
-        judged.append(1)
-        if len(judged) == 2:
+    def judge(claim, *args, **kwargs):  # type: ignore[no-untyped-def]
+        first_time = claim.claim.id not in judged
+        judged.add(claim.claim.id)
+        if first_time and len(judged) == 2:
             interrupt()
-        return real_evaluate(*args, **kwargs)
+        return real_evaluate(claim, *args, **kwargs)
 
     monkeypatch.setattr(plugin, "evaluate_claim", judge)
 
