@@ -357,7 +357,7 @@ def test_annotation_outside_the_hook_is_documentation() -> None:
 
 def test_resacct_functions_are_checked_by_the_hook_in_this_suite() -> None:
     if not hasattr(trace_flops, "__wrapped__"):
-        pytest.skip("jaxtyping's import hook is off (run through pytest.ini's --jaxtyping-packages)")
+        pytest.skip("jaxtyping's import hook is off (conftest.py installs it unless RESACCT_TYPECHECK=0 or the plain quick tier)")
     with pytest.raises(TypeError, match="inputs"):
         trace_flops(build_on_meta(lambda: TwoLayerNetwork(4, 2)), torch.tensor(1.0))  # 0-D: no "*batch features"
 

@@ -1,5 +1,5 @@
-"""Runtime type checking: pytest.ini installs jaxtyping's import hook with beartype on the
-``resacct`` package, so a wrong shape, dtype or type raises at the call."""
+"""Runtime type checking: the root conftest.py installs jaxtyping's import hook with beartype on
+resacct's tensor-handling layers, so a wrong shape, dtype or type raises at the call."""
 
 from __future__ import annotations
 
