@@ -134,6 +134,10 @@ def test_nothing_fits_says_so_without_tracing_again(tmp_path, capsys) -> None:  
     fields = json.loads(capsys.readouterr().out)
     assert fields["fits"] is False and fields["largest_batch"] == 0
     assert fields["largest_batch_search"]["traces"] == 0 and [p["batch"] for p in fields["largest_batch_search"]["probes"]] == [1]
+    assert main(["lora", "--hf-config", str(path), "--rank", str(RANK), "--seq", str(SEQ), "--memory-gb", "0.0001"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "largest batch" in line)
+    # one parenthesis: how the search decided, and why (two in a row before)
+    assert line == "  largest batch at seq 16: 0 (traced: batch 1's step peak is over the budget; the state alone leaves no room for one sequence)"
 
 
 def test_checked_needs_the_answer_within_and_one_more_over() -> None:

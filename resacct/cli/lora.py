@@ -221,8 +221,7 @@ def _run_lora(args: argparse.Namespace) -> int:
         lines += [_row("total" if peak is None else "total (the step peak)", total, units) + f" of {gigabytes_text(memory_bytes, units)}"
                   + (f" ({gigabytes_text(reserved, units)} reserved)" if reserved else "")
                   + (f" — fits, {gigabytes_text(headroom, units)} to spare" if fits else f" — does NOT fit: {gigabytes_text(-headroom, units)} over"),
-                  f"  largest batch at seq {args.seq}: {largest}" + ("" if search is None else " " + search.text())
-                  + ("" if largest else _no_room(room, per_sample, units, args.gradient_checkpointing))]
+                  f"  largest batch at seq {args.seq}: {largest}" + _largest_batch_note(search, largest, room, per_sample, units, args.gradient_checkpointing)]
     lines.append(f"  FLOPs a step: {flops.step_flops:.4g} (forward {flops.forward_flops:.4g}, backward {flops.backward_flops:.4g}"
                  + ("" if full_flops is None else f": {flops.step_flops / full_flops:.2f}× full fine-tuning's {full_flops:.4g}") + ")"
                  + ("" if formula else ": FlopCounterMode on the traced step")
@@ -298,11 +297,20 @@ def _largest_batch(architecture: Any, args: argparse.Namespace, dtype: str, room
     return batch
 
 
-def _no_room(room: float, per_sample: int, units: str, checkpointing: bool) -> str:
-    if room <= 0:
-        return " (the state alone leaves no room for one sequence)"
-    return (f" (one sequence's activations need {gigabytes_text(per_sample, units)}, the state leaves {gigabytes_text(room, units)}"
-            + ("" if checkpointing else "; try --gradient-checkpointing") + ")")
+def _largest_batch_note(search: Any, largest: int | None, room: float | None, per_sample: int, units: str, checkpointing: bool) -> str:
+    """One parenthesis after the largest batch (with its leading space; "" for none): how the search
+    found it, and why nothing fits where nothing does."""
+    why_none = "" if largest else _no_room(room, per_sample, units, checkpointing)
+    if search is not None:
+        return " " + search.text(why_none)
+    return f" ({why_none})" if why_none else ""
+
+
+def _no_room(room: float | None, per_sample: int, units: str, checkpointing: bool) -> str:
+    if room is None or room <= 0:
+        return "the state alone leaves no room for one sequence"
+    return (f"one sequence's activations need {gigabytes_text(per_sample, units)}, the state leaves {gigabytes_text(room, units)}"
+            + ("" if checkpointing else "; try --gradient-checkpointing"))
 
 
 def _row(label: str, value_bytes: float | int, units: str) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FitProbe", "GROWTH", "affine_answer", "affine_deviation_bytes", "largest_fitting"]
+__all__ = ["FitProbe", "GROWTH", "affine_answer", "affine_deviation_bytes", "largest_fitting", "probed_peak_bytes"]
 
 #: The farthest a line's answer is trusted before a size that fails: × the largest size that fits.
 GROWTH = 64
@@ -26,6 +26,11 @@ class FitProbe:
     peak_bytes: int
     fits: bool
     seconds: float
+
+
+def probed_peak_bytes(probes: Sequence[FitProbe], size: int | None) -> int | None:
+    """The predicted peak the search traced at ``size`` (None: not traced, or no size)."""
+    return next((probe.peak_bytes for probe in probes if probe.size == size), None)
 
 
 def _crossing(low: int, low_peak: int, high: int, high_peak: int, budget_bytes: float) -> float | None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from resacct.account.fit.lines import FitProbe, affine_deviation_bytes, largest_fitting
+from resacct.account.fit.lines import FitProbe, affine_deviation_bytes, largest_fitting, probed_peak_bytes
 
 __all__ = ["LoraBatchAnswer", "MAX_LORA_BATCH", "largest_lora_batch", "lora_batch_peaks"]
 
@@ -36,18 +36,15 @@ class LoraBatchAnswer:
     traced: int
     limit: int
 
-    def _peak_at(self, batch: int) -> int | None:
-        return next((probe.peak_bytes for probe in self.probes if probe.size == batch), None)
-
     @property
     def peak_bytes(self) -> int | None:
         """The predicted step peak at the answer (None: not even batch 1 fits)."""
-        return self._peak_at(self.largest) if self.largest else None
+        return probed_peak_bytes(self.probes, self.largest) if self.largest else None
 
     @property
     def next_peak_bytes(self) -> int | None:
         """The predicted step peak at one batch more than the answer (None: the answer is the limit)."""
-        return self._peak_at(self.largest + 1)
+        return probed_peak_bytes(self.probes, self.largest + 1)
 
     @property
     def checked(self) -> bool:
@@ -63,10 +60,11 @@ class LoraBatchAnswer:
                 "affine_deviation_bytes": affine_deviation_bytes(list(self.probes)),
                 "probes": [{"batch": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits} for p in self.probes]}
 
-    def text(self) -> str:
-        """How the answer was found, for the command's line: the traces and the two that check it."""
+    def text(self, why_none: str = "") -> str:
+        """How the answer was found, for the command's line: the traces and the two that check it;
+        where not even batch 1 fits, ``why_none`` (the command's reason) in the same parentheses."""
         if self.largest == 0:
-            return "(traced: batch 1's step peak is over the budget)"
+            return "(traced: batch 1's step peak is over the budget" + (f"; {why_none}" if why_none else "") + ")"
         past = f"batch {self.largest + 1} does not" if self.next_peak_bytes is not None else "the search's limit"
         reused = len(self.probes) - self.traced
         return (f"(checked: batch {self.largest}'s traced step peak fits, {past}; {self.traced} trace{'s' * (self.traced != 1)}"

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from resacct.account.fit.lines import GROWTH, FitProbe, affine_answer, affine_deviation_bytes, largest_fitting
+from resacct.account.fit.lines import GROWTH, FitProbe, affine_answer, affine_deviation_bytes, largest_fitting, probed_peak_bytes
 from resacct.errors import ResacctError
 
 __all__ = ["FitProbe", "FitTarget", "FitAnswer", "ModelSource", "SEARCHES", "MAX_BATCH", "GROWTH", "affine_answer", "affine_deviation_bytes",
@@ -114,18 +114,15 @@ class FitAnswer:
     def budget_bytes(self) -> float:
         return self.memory_bytes - self.reserve_bytes
 
-    def _peak_at(self, size: int | None) -> int | None:
-        return next((probe.peak_bytes for probe in self.probes if probe.size == size), None)
-
     @property
     def peak_bytes(self) -> int | None:
         """The predicted peak at the answer (None: nothing fits)."""
-        return self._peak_at(self.largest)
+        return probed_peak_bytes(self.probes, self.largest)
 
     @property
     def next_peak_bytes(self) -> int | None:
         """The predicted peak one size past the answer (None when the answer is the limit)."""
-        return self._peak_at(1 if self.largest is None else self.largest + 1)
+        return probed_peak_bytes(self.probes, 1 if self.largest is None else self.largest + 1)
 
     @property
     def headroom_bytes(self) -> float | None:
