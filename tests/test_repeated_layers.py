@@ -143,3 +143,14 @@ def test_fit_probes_sampled_find_what_every_layer_traced_finds(tmp_path, recipe:
     assert sampled.largest == whole.largest and sampled.largest > 1
     assert [(p.size, p.peak_bytes) for p in sampled.probes] == [(p.size, p.peak_bytes) for p in whole.probes]
     assert (sampled.peak_phase, sampled.peak_op, sampled.live_at_peak_bytes) == (whole.peak_phase, whole.peak_op, whole.live_at_peak_bytes)
+
+
+@pytest.mark.parametrize("layers", ["all", "sampled"])
+def test_an_account_without_the_peak_is_the_same_account_less_the_peak(layers: str) -> None:
+    """``peak=False`` (the hf claims' small models: no claim there reads the peak) skips the pass on
+    fake tensors and changes nothing else — whole or extrapolated."""
+    spec = _spec("llama", 7)
+    with_peak = account_hf_config(spec, batch=2, seq=24, layers=layers).to_dict()
+    without = account_hf_config(spec, batch=2, seq=24, layers=layers, peak=False)
+    assert without.step_peak is None and "step_peak" in with_peak
+    assert without.to_dict() == {key: value for key, value in with_peak.items() if key != "step_peak"}

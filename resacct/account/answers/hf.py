@@ -272,14 +272,16 @@ def _checkpoint_rows(a: HfAccount) -> list[Row]:
 
 
 def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | None = None, recipe: str | Recipe = "fp32", optimizer: str = "adamw",
-                      layers: str = "auto") -> HfAccount:
+                      layers: str = "auto", peak: bool = True) -> HfAccount:
     """Build the config's causal LM (a shipped name, a config.json path, or an
     :class:`~resacct.account.load.hf_models.HfConfigSpec`) on the meta device and account one step of
     ``batch`` × ``seq`` tokens (default: the config's context length) with its own next-token loss.
     A stack of identical layers is traced at three small depths and extrapolated, checked
     (:mod:`resacct.account.trace.repeated_layers`). ``layers``: ``"auto"`` does that above
     :data:`~resacct.account.trace.repeated_layers.SAMPLED_ABOVE_LAYERS` layers (below, three small builds
-    cost more than one whole trace), ``"sampled"`` above 5, ``"all"`` traces every layer."""
+    cost more than one whole trace), ``"sampled"`` above 5, ``"all"`` traces every layer. ``peak=False``:
+    FLOPs, training state and saved tensors only, no step peak (its pass on fake tensors is most of
+    the time: ~0.6 of a small model's account)."""
     from resacct.account.load.hf_models import load_hf_config
     from resacct.account.trace.repeated_layers import LAYER_CHOICES
     from resacct.account.trace.cache import cached
@@ -290,12 +292,14 @@ def account_hf_config(config: str | HfConfigSpec, *, batch: int = 1, seq: int | 
     chosen = get_state_recipe(recipe)
     memory_optimizer_name(optimizer)
     question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": batch, "seq": seq, "recipe": chosen,
-                "optimizer": optimizer, "attention": "sdpa", "device": "meta", **({} if layers == "auto" else {"layers": layers})}
+                "optimizer": optimizer, "attention": "sdpa", "device": "meta", **({} if layers == "auto" else {"layers": layers}),
+                **({} if peak else {"peak": False})}
     # with caching on (a command's, resacct.account.trace.cache): the same question's answer read back, not traced again
-    return cached("hf-account", question, lambda: _traced_hf_account(spec, batch=batch, seq=seq, recipe=chosen, optimizer=optimizer, layers=layers))
+    return cached("hf-account", question, lambda: _traced_hf_account(spec, batch=batch, seq=seq, recipe=chosen, optimizer=optimizer, layers=layers, peak=peak))
 
 
-def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, layers: str = "auto") -> HfAccount:
+def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, layers: str = "auto",
+                       peak: bool = True) -> HfAccount:
     """:func:`account_hf_config`'s answer, traced: a stack of more than 5 identical layers at depths 3, 4 and 5
     and extrapolated (:mod:`resacct.account.trace.repeated_layers`), any other model whole (see :func:`account_hf_config`'s ``layers``)."""
     from resacct.account.load.hf_models import with_depth
@@ -308,7 +312,7 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
         samples = []
         for sample_depth in SAMPLE_DEPTHS:
             with segmenting(sample_depth):
-                samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer))
+                samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak))
         try:
             names = [*samples[-1].flops.forward_by_module, *(entry.module for entry in samples[-1].saved.entries)]
             account = extrapolate_account(samples, depth, layer_path_of(names, SAMPLE_DEPTHS[-1]))
@@ -319,14 +323,14 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
                                  f"({sum(SAMPLE_DEPTHS)} layers, not {depth}) and extrapolated, every number fitted through two depths "
                                  "and checked on the third (--trace-all-layers traces them all)")
             return account
-    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer)
+    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak)
     if why_not is not None:
         account.notes.append(f"all {depth} layers traced: {why_not}")
     return account
 
 
-def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str) -> HfAccount:
-    """Every layer of the model built on meta, one step measured, its peak predicted."""
+def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, peak: bool = True) -> HfAccount:
+    """Every layer of the model built on meta, one step measured, its peak predicted (``peak``)."""
     from resacct.account.load.hf_models import build_hf_model
 
     chosen = recipe
@@ -358,7 +362,7 @@ def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe
         notes.append(basis)
     from resacct.account.peak.step_peak import account_model_step_peak
 
-    step_peak = account_model_step_peak(model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False)
+    step_peak = account_model_step_peak(model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False) if peak else None
     return HfAccount(
         name=spec.name, source=spec.source, model_type=spec.model_type, model_class=type(model).__name__, architecture=architecture,
         batch=batch, seq=length, recipe=chosen, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
