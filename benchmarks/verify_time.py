@@ -4,6 +4,7 @@
     python benchmarks/verify_time.py --baseline 27b77d1      # and that commit's tree, the two taking turns
     python benchmarks/verify_time.py --baseline 27b77d1 --commit HEAD --rounds 2   # two commits' trees
     python benchmarks/verify_time.py --workers 1                            # verify's claims all in one process
+    python benchmarks/verify_time.py --baseline fea76ea --area sharding --area peak_sharded   # a partial run of both trees
 
 Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis derandomized, so
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall
@@ -104,7 +105,8 @@ def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     total_cpu = max(reaped_cpu, sum(seen.values()))  # the watched tree: verify, the forkserver and everything under it
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
     records = {record["id"]: {key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]}
-    return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode}
+    return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode,
+            "areas": document["run"].get("seconds_by_area") or {}}
 
 
 def _tree_of(commit: str, into: Path) -> Path:
@@ -119,8 +121,9 @@ def _line(name: str, run: dict[str, object]) -> str:
     verdicts = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES if counts[outcome] or outcome in ("holds", "failed"))
     own = float(run["own_cpu"])  # type: ignore[arg-type]
     split = f" ({own:.1f} verify + {float(run['cpu']) - own:.1f} ranks/children)" if own else ""  # type: ignore[arg-type]
+    areas = "; by area " + ", ".join(f"{area} {float(seconds):.1f} s" for area, seconds in sorted(run["areas"].items())) if run.get("areas") else ""  # type: ignore[union-attr]
     return (f"{name:10s} {float(run['wall']):6.1f} s wall  {float(run['cpu']):6.1f} CPU s{split}  "  # type: ignore[arg-type]
-            f"{len(run['outcomes'])} claims: {verdicts}")  # type: ignore[arg-type]
+            f"{len(run['outcomes'])} claims: {verdicts}{areas}")  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", metavar="COMMIT", help="run that commit's tree as 'this tree' instead of the working tree (which others may be editing)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree (default 1)")
     parser.add_argument("--workers", type=int, default=0, help="pass --workers N to this tree's verify (default: verify's own default)")
+    parser.add_argument("--area", action="append", default=[], help="pass --area AREA to both trees' verify (repeatable): a partial run, "
+                        "each area's seconds printed")
     args = parser.parse_args(argv)
+    selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory() as folder:
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                runs[name].append(run_verify(tree, extra if name == "this tree" else []))
+                runs[name].append(run_verify(tree, [*selected, *(extra if name == "this tree" else [])]))
                 print(_line(name, runs[name][-1]), flush=True)
     print(f"load average after:  {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
     medians = {name: statistics.median(float(run["wall"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]

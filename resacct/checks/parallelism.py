@@ -25,6 +25,7 @@ from resacct.formulas.parallelism import torch_layer_saved_bytes
 from resacct.training.seeding import preserved_global_rng
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
+from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
 
 preload_in_ranks(__name__)  # the module of what the tensor-parallel ranks run
 
@@ -165,14 +166,22 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
     return sum(storages.values())
 
 
+_TENSOR_PARALLEL_TIMEOUT_SECONDS = 120.0
+
+
 @shared_measurement(switchable=False)
 def _tensor_parallel_saved_bytes_per_rank(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int, sequence_parallel: bool) -> tuple[int, ...]:
     """:func:`tensor_parallel_saved_bytes_on_rank` on ``tensor_parallel`` gloo ranks, once per layer and
     layout in a process: the claims that ask the same (the Korthikanti term, eager PyTorch's) share one launch."""
-    from resacct.measurement.distributed import run_on_ranks
+    return tuple(shared_rank_launch(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
+                                    timeout_seconds=_TENSOR_PARALLEL_TIMEOUT_SECONDS))
 
-    return tuple(run_on_ranks(tensor_parallel_saved_bytes_on_rank, tensor_parallel, seq, batch, hidden, heads, sequence_parallel,
-                              timeout_seconds=120))
+
+@plans_rank_jobs("parallelism.tensor_parallel_layer_saved_bytes")
+def _planned_tensor_parallel_launch(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
+                                    sequence_parallel: bool = False) -> list[PlannedLaunch]:
+    """The launch :func:`tensor_parallel_layer_saved_bytes` asks for with these inputs."""
+    return [(tensor_parallel, tensor_parallel_saved_bytes_on_rank, (seq, batch, hidden, heads, sequence_parallel), _TENSOR_PARALLEL_TIMEOUT_SECONDS)]
 
 
 @check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",))

@@ -33,6 +33,7 @@ from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
+from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
 
 preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
 
@@ -143,17 +144,27 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
 @shared_measurement(switchable=False)  # one child and one launch per world size and step, whatever RESACCT_MEMO says
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
-    from resacct.measurement.distributed import DistributedUnavailableError, run_on_ranks, started_isolated
+    from resacct.measurement.distributed import DistributedUnavailableError, started_isolated
 
     _require_engines()
     try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
         with started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
                               timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
-            ranks = run_on_ranks(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+            ranks = shared_rank_launch(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
             predicted = prediction()
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
     return {engine: {"predicted": predicted[engine], "measured": [rank[engine] for rank in ranks]} for engine in engines}
+
+
+@plans_rank_jobs("peak_sharded.step_peak_per_rank", "peak_sharded.peak_breakdown")
+def _planned_launch(engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> list[PlannedLaunch]:
+    """The gloo launch a claim asks :func:`_launched` for (none where this torch lacks its engines)."""
+    try:
+        _require_engines()
+    except NotMeasurable:
+        return []
+    return [(world_size, measured_on_rank, (_launch_engines(engine, world_size), model, batch, seq), _LAUNCH_TIMEOUT_SECONDS)]
 
 
 def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -28,8 +28,9 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
-from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated, run_on_ranks
+from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated
 from resacct.measurement.memo import shared_measurement
+from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
 
@@ -231,10 +232,22 @@ def _require_sharding_engines() -> None:
 @shared_measurement(switchable=False)
 def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...]:
     _require_sharding_engines()
-    try:
-        return tuple(run_on_ranks(sharded_training_on_rank, world_size, MODEL_KINDS, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
+    try:  # with the run's other launches of world_size ranks, when planned (resacct.measurement.rank_jobs)
+        return tuple(shared_rank_launch(sharded_training_on_rank, world_size, MODEL_KINDS, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
+
+
+@plans_rank_jobs("sharding.per_rank_bytes_gloo", "sharding.zero1_partition_excess", "sharding.fsdp2_padding_excess",
+                 "sharding.sharded_matches_single_process", "sharding.parameters_held_between_forward_and_backward")
+def _planned_small_scale_launch(world_size: int, **_: Any) -> list[PlannedLaunch]:
+    """The launch a gloo claim of ``world_size`` ranks asks for: :func:`_small_scale_launch`'s (none
+    where this torch lacks the engines: the claim skips without launching)."""
+    try:
+        _require_sharding_engines()
+    except NotMeasurable:
+        return []
+    return [(world_size, sharded_training_on_rank, (MODEL_KINDS,), _LAUNCH_TIMEOUT_SECONDS)]
 
 
 def small_scale_measurements(world_size: int, kind: str) -> dict[str, Any]:

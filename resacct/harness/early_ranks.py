@@ -1,6 +1,8 @@
 """Start the gloo ranks' forkserver as soon as a run's claims are collected, when some of them launch
 ranks (mark ``distributed``): the forkserver imports torch and the rank programs' modules (about 2 s
-on an idle 2-core machine) beside the claims that run before the first launch, not in front of it."""
+on an idle 2-core machine) beside the claims that run before the first launch, not in front of it; and plan
+the launches those claims will ask for, so that one launch per world size serves them
+(:mod:`resacct.measurement.rank_jobs`)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,24 @@ def start_ranks_early(session: Any, *, force: bool = False) -> bool:
         return False
     from resacct.harness.registry import all_checks
     from resacct.measurement.distributed import start_forkserver_early
+    from resacct.measurement.rank_jobs import plan_claims
 
-    all_checks()  # imports every check module: those whose ranks run their code name it to be preloaded
+    all_checks()  # imports every check module: those whose ranks run their code name it to be preloaded (and plan their launches)
+    plan_claims(_claims_that_launch(session.items))  # one launch per world size for what these claims ask (rank_jobs)
     try:
         start_forkserver_early()
     except (ResacctError, OSError):  # e.g. a TMPDIR too long for its socket: the claims that launch say so, one by one
         return False
     return True
+
+
+def _claims_that_launch(items: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(check name, inputs) of each collected claim marked ``distributed`` with fixed inputs (``given``, no ``forall``)."""
+    from resacct.harness.plugin import ClaimItem
+
+    claims = []
+    for item in items:
+        claim = getattr(getattr(item, "loaded", None), "claim", None)
+        if isinstance(item, ClaimItem) and claim is not None and item.get_closest_marker("distributed") and not claim.forall:
+            claims.append((claim.measure, dict(claim.given)))
+    return claims

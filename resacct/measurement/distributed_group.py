@@ -15,7 +15,7 @@ from typing import Any
 
 from resacct.measurement.rank_errors import DistributedUnavailableError
 
-__all__ = ["loopback_interface", "gloo_process_group", "all_reduce_rank_sum", "raise_on_rank", "sleep_on_rank", "frozen_object_count", "imported", "no_collective"]
+__all__ = ["loopback_interface", "gloo_process_group", "all_reduce_rank_sum", "raise_on_rank", "sleep_on_rank", "frozen_object_count", "imported", "no_collective", "pid_on_rank"]
 
 
 def loopback_interface() -> str:
@@ -109,6 +109,13 @@ def raise_on_rank(rank: int, world_size: int, failing_rank: int) -> int:
 def no_collective(rank: int, world_size: int) -> int:
     """Returns ``rank`` at once, without a collective of its own."""
     return rank
+
+
+def pid_on_rank(rank: int, world_size: int, tag: str) -> tuple[str, int, int]:
+    """(``tag``, rank, this process's id): which process ran a program."""
+    import os
+
+    return tag, rank, os.getpid()
 
 
 def frozen_object_count() -> int:

@@ -1,0 +1,129 @@
+"""One gloo launch per world size for the launches a run's claims will ask for (resacct.measurement.rank_jobs)."""
+
+from __future__ import annotations
+
+import pytest
+
+import resacct.measurement.distributed as distributed
+from resacct.measurement import rank_jobs
+from resacct.measurement.distributed_group import pid_on_rank, raise_on_rank
+from resacct.measurement.rank_errors import DistributedRankError
+
+
+@pytest.fixture(autouse=True)
+def _no_plan_left():
+    rank_jobs.forget_planned_rank_jobs()
+    yield
+    rank_jobs.forget_planned_rank_jobs()
+
+
+def _counting_launches(monkeypatch) -> list[tuple]:
+    launches: list[tuple] = []
+    real = distributed.run_on_ranks
+
+    def counted(program, world_size, *args, **kwargs):
+        launches.append((program.__name__, world_size))
+        return real(program, world_size, *args, **kwargs)
+
+    monkeypatch.setattr(distributed, "run_on_ranks", counted)
+    return launches
+
+
+def _planner(world_size: int, tag: str, fail: bool = False):
+    return [(world_size, raise_on_rank if fail else pid_on_rank, (1,) if fail else (tag,), 30.0)]
+
+
+rank_jobs.plans_rank_jobs("test_rank_jobs.tagged")(_planner)
+
+
+def test_the_plan_keeps_each_launch_once_in_order_and_skips_refused_inputs():
+    planned = rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("other.check", {"x": 1}),
+                                     ("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("test_rank_jobs.tagged", {"nonsense": 1}),
+                                     ("test_rank_jobs.tagged", {"world_size": 4, "tag": "b"})])
+    assert planned == 2
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",)), (4, pid_on_rank, ("b",))]
+    assert rank_jobs.plan_claims([]) == 0 and rank_jobs.planned_rank_jobs() == [], "a new plan replaces the old"
+
+
+def test_without_a_plan_a_launch_runs_its_program_alone(monkeypatch):
+    launches = []
+    monkeypatch.setattr(distributed, "run_on_ranks", lambda program, world_size, *args, **kwargs: launches.append((program, args)) or ["r0", "r1"])
+    assert rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=5) == ["r0", "r1"]
+    assert launches == [(pid_on_rank, ("a",))]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_planned_launches_of_one_world_size_share_one_launch(monkeypatch):
+    launches = _counting_launches(monkeypatch)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": tag}) for tag in ("a", "b", "c")]
+                          + [("test_rank_jobs.tagged", {"world_size": 4, "tag": "d"})])
+    b = rank_jobs.shared_rank_launch(pid_on_rank, 2, "b", timeout_seconds=30)
+    a = rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
+    c = rank_jobs.shared_rank_launch(pid_on_rank, 2, "c", timeout_seconds=30)
+    assert launches == [("run_rank_jobs", 2)], "one launch ran the three 2-rank programs, none for 4 ranks yet"
+    assert [tag for tag, _, _ in a + b + c] == ["a", "a", "b", "b", "c", "c"] and [rank for _, rank, _ in a] == [0, 1]
+    assert [pid for _, _, pid in a] == [pid for _, _, pid in b] == [pid for _, _, pid in c], "the same two processes ran them"
+    assert rank_jobs.planned_rank_jobs() == [(4, pid_on_rank, ("d",))]
+    again = rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
+    assert launches[-1] == ("pid_on_rank", 2) and [pid for _, _, pid in again] != [pid for _, _, pid in a], "a result is handed out once"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_failing_planned_program_costs_the_others_nothing_but_its_own_error_is_its_own(monkeypatch):
+    launches = _counting_launches(monkeypatch)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("test_rank_jobs.tagged", {"world_size": 2, "tag": "x", "fail": True})])
+    good = rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
+    assert [tag for tag, _, _ in good] == ["a", "a"]
+    assert launches == [("run_rank_jobs", 2), ("pid_on_rank", 2)], "the shared launch failed: the one asked for ran alone"
+    with pytest.raises(DistributedRankError, match="raise_on_rank: rank 1 raised ValueError"):
+        rank_jobs.shared_rank_launch(raise_on_rank, 2, 1, timeout_seconds=30)
+    assert launches[-1] == ("raise_on_rank", 2)
+
+
+def test_collected_claims_that_launch_plan_their_launches(monkeypatch):
+    """start_ranks_early plans the launches of the collected claims marked distributed with fixed inputs, only those."""
+    from types import SimpleNamespace
+
+    from resacct.harness.early_ranks import start_ranks_early
+    from resacct.harness.plugin import ClaimItem
+
+    monkeypatch.setattr(distributed, "start_forkserver_early", lambda: None)
+
+    def item(marks, given, forall=None):
+        node = object.__new__(ClaimItem)
+        node.get_closest_marker = lambda name: name if name in marks else None
+        node.loaded = SimpleNamespace(claim=SimpleNamespace(measure="test_rank_jobs.tagged", given=given, forall=forall or {}))
+        return node
+
+    items = [item({"distributed"}, {"world_size": 2, "tag": "a"}), item({"slow"}, {"world_size": 2, "tag": "not distributed"}),
+             item({"distributed"}, {"world_size": 2}, forall={"tag": "st.text()"}), item({"distributed"}, {"world_size": 4, "tag": "b"})]
+    assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items))
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",)), (4, pid_on_rank, ("b",))]
+
+
+def test_the_sharded_checks_plan_what_they_launch():
+    """Each claim of the sharded areas plans the launch its check asks shared_rank_launch for (one per world size and program)."""
+    from resacct.checks import parallelism, peak_sharded, sharding_runs
+
+    rank_jobs.plan_claims([("sharding.per_rank_bytes_gloo", {"engine": "zero1", "world_size": 4}),
+                           ("sharding.zero1_partition_excess", {"world_size": 4}),
+                           ("peak_sharded.peak_breakdown", {"engine": "zero2", "world_size": 2, "model": "mlp", "batch": 16, "rank": 0}),
+                           ("parallelism.tensor_parallel_layer_saved_bytes", {"seq": 16, "batch": 2, "hidden": 64, "heads": 4})])
+    expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,)),
+                (2, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[2], "mlp", 16, 1)),
+                (2, parallelism.tensor_parallel_saved_bytes_on_rank, (16, 2, 64, 4, False))]
+    runnable = [_measurable(sharding_runs._require_sharding_engines), _measurable(peak_sharded._require_engines), True]
+    assert rank_jobs.planned_rank_jobs() == [launch for launch, runs in zip(expected, runnable) if runs], \
+        "a torch without a sharding engine plans nothing for its claims (they skip without launching)"
+
+
+def _measurable(requirement) -> bool:
+    from resacct.harness.registry import NotMeasurable
+
+    try:
+        requirement()
+    except NotMeasurable:
+        return False
+    return True
