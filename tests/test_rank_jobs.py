@@ -25,7 +25,14 @@ def _counting_launches(monkeypatch) -> list[tuple]:
         launches.append((program.__name__, world_size))
         return real(program, world_size, *args, **kwargs)
 
+    real_child = distributed.started_isolated
+
+    def counted_child(program, *args, **kwargs):
+        launches.append((program.__name__, 1))
+        return real_child(program, *args, **kwargs)
+
     monkeypatch.setattr(distributed, "run_on_ranks", counted)
+    monkeypatch.setattr(distributed, "started_isolated", counted_child)
     return launches
 
 
@@ -34,6 +41,7 @@ def _planner(world_size: int, tag: str, fail: bool = False):
 
 
 rank_jobs.plans_rank_jobs("test_rank_jobs.tagged")(_planner)
+rank_jobs.plans_rank_jobs("test_rank_jobs.child")(lambda n: [rank_jobs.PlannedLaunch(2, __import__("math").factorial, (n,), 30.0, isolated=True)])
 
 
 def test_the_plan_keeps_each_launch_once_in_order_and_skips_refused_inputs():
@@ -41,7 +49,7 @@ def test_the_plan_keeps_each_launch_once_in_order_and_skips_refused_inputs():
                                      ("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("test_rank_jobs.tagged", {"nonsense": 1}),
                                      ("test_rank_jobs.tagged", {"world_size": 4, "tag": "b"})])
     assert planned == 2
-    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",)), (4, pid_on_rank, ("b",))]
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",), False), (4, pid_on_rank, ("b",), False)]
     assert rank_jobs.plan_claims([]) == 0 and rank_jobs.planned_rank_jobs() == [], "a new plan replaces the old"
 
 
@@ -64,9 +72,36 @@ def test_planned_launches_of_one_world_size_share_one_launch(monkeypatch):
     assert launches == [("run_rank_jobs", 2)], "one launch ran the three 2-rank programs, none for 4 ranks yet"
     assert [tag for tag, _, _ in a + b + c] == ["a", "a", "b", "b", "c", "c"] and [rank for _, rank, _ in a] == [0, 1]
     assert [pid for _, _, pid in a] == [pid for _, _, pid in b] == [pid for _, _, pid in c], "the same two processes ran them"
-    assert rank_jobs.planned_rank_jobs() == [(4, pid_on_rank, ("d",))]
+    assert rank_jobs.planned_rank_jobs() == [(4, pid_on_rank, ("d",), False)]
     again = rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
     assert launches[-1] == ("pid_on_rank", 2) and [pid for _, _, pid in again] != [pid for _, _, pid in a], "a result is handed out once"
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": size, "tag": tag}) for size in (2, 4) for tag in ("a", "b")])
+    assert [rank for _, rank, _ in rank_jobs.shared_rank_launch(pid_on_rank, 4, "b", timeout_seconds=30)] == [0, 1, 2, 3]
+    assert [rank for _, rank, _ in rank_jobs.shared_rank_launch(pid_on_rank, 2, "b", timeout_seconds=30)] == [0, 1], "each world size its own"
+    assert rank_jobs.planned_rank_jobs() == [] and launches[-2:] == [("run_rank_jobs", 4), ("run_rank_jobs", 2)]
+    assert [rank for _, rank, _ in rank_jobs.shared_rank_launch(pid_on_rank, 4, "a", timeout_seconds=30)] == [0, 1, 2, 3], \
+        "the program of the same arguments kept from the 2-rank launch is not the 4-rank one"
+    assert [rank for _, rank, _ in rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)] == [0, 1]
+    assert launches[-1] == ("run_rank_jobs", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_child_planned_beside_a_launch_runs_with_it_and_is_handed_to_whoever_asks(monkeypatch):
+    import math
+
+    launches = _counting_launches(monkeypatch)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("test_rank_jobs.child", {"n": 5}),
+                           ("test_rank_jobs.child", {"n": -1})])
+    rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
+    assert launches == [("factorial", 1), ("factorial", 1), ("run_rank_jobs", 2)], "both children started with the ranks"
+    assert rank_jobs.planned_rank_jobs() == []
+    with rank_jobs.shared_started_isolated(math.factorial, 5, timeout_seconds=30) as result:
+        assert result() == 120
+    assert len(launches) == 3, "its result came from the child beside the ranks"
+    with pytest.raises(DistributedRankError, match="ValueError"), rank_jobs.shared_started_isolated(math.factorial, -1, timeout_seconds=30) as result:
+        result()
+    assert launches[-1] == ("factorial", 1), "a child that failed beside the ranks runs again for its caller: its own error"
 
 
 @pytest.mark.slow
@@ -100,21 +135,29 @@ def test_collected_claims_that_launch_plan_their_launches(monkeypatch):
     items = [item({"distributed"}, {"world_size": 2, "tag": "a"}), item({"slow"}, {"world_size": 2, "tag": "not distributed"}),
              item({"distributed"}, {"world_size": 2}, forall={"tag": "st.text()"}), item({"distributed"}, {"world_size": 4, "tag": "b"})]
     assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items))
-    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",)), (4, pid_on_rank, ("b",))]
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",), False), (4, pid_on_rank, ("b",), False)]
 
 
 def test_the_sharded_checks_plan_what_they_launch():
     """Each claim of the sharded areas plans the launch its check asks shared_rank_launch for (one per world size and program)."""
-    from resacct.checks import parallelism, peak_sharded, sharding_runs
+    from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
+    from resacct.checks import parallelism, peak_sharded, sharding_plans, sharding_runs
 
     rank_jobs.plan_claims([("sharding.per_rank_bytes_gloo", {"engine": "zero1", "world_size": 4}),
                            ("sharding.zero1_partition_excess", {"world_size": 4}),
+                           ("sharding.paper_scale_per_rank_bytes", {"zero_stage": 1, "world_size": 64}),
+                           ("sharding.largest_model_on_devices", {"zero_stage": 1, "devices": 8, "device_memory_bytes": 8e10}),
                            ("peak_sharded.peak_breakdown", {"engine": "zero2", "world_size": 2, "model": "mlp", "batch": 16, "rank": 0}),
                            ("parallelism.tensor_parallel_layer_saved_bytes", {"seq": 16, "batch": 2, "hidden": 64, "heads": 4})])
-    expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,)),
-                (2, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[2], "mlp", 16, 1)),
-                (2, parallelism.tensor_parallel_saved_bytes_on_rank, (16, 2, 64, 4, False))]
-    runnable = [_measurable(sharding_runs._require_sharding_engines), _measurable(peak_sharded._require_engines), True]
+    engines, beside = peak_sharded.LAUNCH_ENGINES[2], sharding_plans.PAPER_SCALE_BESIDE_WORLD_SIZE
+    paper_runs = sharding_runs._paper_scale_runs(sharding_runs.PAPER_SCALE_CONFIGURATIONS)  # (64, mixed-adam) and (8, fp32-adamw): one child
+    expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,), False),
+                (beside, sharding_runs.paper_scale_state_on_fake_ranks, (paper_runs,), True),
+                (2, peak_sharded.measured_on_rank, (engines, "mlp", 16, 1), False),
+                (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1)), True),
+                (2, parallelism.tensor_parallel_saved_bytes_on_rank, (16, 2, 64, 4, False), False)]
+    sharding_ok, peak_ok = _measurable(sharding_runs._require_sharding_engines), _measurable(peak_sharded._require_engines)
+    runnable = [sharding_ok, sharding_ok, peak_ok, peak_ok, True]
     assert rank_jobs.planned_rank_jobs() == [launch for launch, runs in zip(expected, runnable) if runs], \
         "a torch without a sharding engine plans nothing for its claims (they skip without launching)"
 

@@ -181,7 +181,8 @@ def _tensor_parallel_saved_bytes_per_rank(seq: int, batch: int, hidden: int, hea
 def _planned_tensor_parallel_launch(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 2,
                                     sequence_parallel: bool = False) -> list[PlannedLaunch]:
     """The launch :func:`tensor_parallel_layer_saved_bytes` asks for with these inputs."""
-    return [(tensor_parallel, tensor_parallel_saved_bytes_on_rank, (seq, batch, hidden, heads, sequence_parallel), _TENSOR_PARALLEL_TIMEOUT_SECONDS)]
+    return [PlannedLaunch(tensor_parallel, tensor_parallel_saved_bytes_on_rank, (seq, batch, hidden, heads, sequence_parallel),
+                          _TENSOR_PARALLEL_TIMEOUT_SECONDS)]
 
 
 @check("parallelism.tensor_parallel_layer_saved_bytes", evidence="measured", quantities=("min_rank_bytes",))

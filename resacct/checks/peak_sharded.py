@@ -33,7 +33,7 @@ from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
-from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
+from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch, shared_started_isolated
 
 preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
 
@@ -144,12 +144,12 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
 @shared_measurement(switchable=False)  # one child and one launch per world size and step, whatever RESACCT_MEMO says
 def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
-    from resacct.measurement.distributed import DistributedUnavailableError, started_isolated
+    from resacct.measurement.distributed import DistributedUnavailableError
 
     _require_engines()
     try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
-        with started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
-                              timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
+        with shared_started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
+                                     timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
             ranks = shared_rank_launch(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
             predicted = prediction()
     except DistributedUnavailableError as error:
@@ -159,12 +159,17 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
 
 @plans_rank_jobs("peak_sharded.step_peak_per_rank", "peak_sharded.peak_breakdown")
 def _planned_launch(engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> list[PlannedLaunch]:
-    """The gloo launch a claim asks :func:`_launched` for (none where this torch lacks its engines)."""
+    """The gloo launch a claim asks :func:`_launched` for and its prediction's child (none where this torch lacks its engines)."""
+    from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
+
     try:
         _require_engines()
     except NotMeasurable:
         return []
-    return [(world_size, measured_on_rank, (_launch_engines(engine, world_size), model, batch, seq), _LAUNCH_TIMEOUT_SECONDS)]
+    engines = _launch_engines(engine, world_size)
+    return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq), _LAUNCH_TIMEOUT_SECONDS),
+            PlannedLaunch(world_size, predict_sharded_step_peaks_in_process, (engines, model, batch, seq, world_size, tuple(range(world_size))),
+                          _LAUNCH_TIMEOUT_SECONDS, isolated=True)]
 
 
 def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -28,9 +28,9 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
-from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks, run_isolated
+from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks
 from resacct.measurement.memo import shared_measurement
-from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
+from resacct.measurement.rank_jobs import shared_rank_launch, shared_started_isolated
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
 
@@ -238,18 +238,6 @@ def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...
         raise NotMeasurable(str(error)) from None
 
 
-@plans_rank_jobs("sharding.per_rank_bytes_gloo", "sharding.zero1_partition_excess", "sharding.fsdp2_padding_excess",
-                 "sharding.sharded_matches_single_process", "sharding.parameters_held_between_forward_and_backward")
-def _planned_small_scale_launch(world_size: int, **_: Any) -> list[PlannedLaunch]:
-    """The launch a gloo claim of ``world_size`` ranks asks for: :func:`_small_scale_launch`'s (none
-    where this torch lacks the engines: the claim skips without launching)."""
-    try:
-        _require_sharding_engines()
-    except NotMeasurable:
-        return []
-    return [(world_size, sharded_training_on_rank, (MODEL_KINDS,), _LAUNCH_TIMEOUT_SECONDS)]
-
-
 def small_scale_measurements(world_size: int, kind: str) -> dict[str, Any]:
     """Every rank's report for model ``kind`` from :func:`sharded_training_on_rank`, with the
     model's parameter shapes. One launch per world size serves every kind (cached)."""
@@ -363,12 +351,18 @@ def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int
     return _paper_scale_launch(PAPER_SCALE_CONFIGURATIONS if wanted in PAPER_SCALE_CONFIGURATIONS else (wanted,))[wanted]
 
 
+def _paper_scale_runs(configurations: tuple[tuple[int, str], ...]) -> tuple[tuple[int, int, str], ...]:
+    """(world size, rank, recipe) of each child run that measures ``configurations``: the first and the last rank."""
+    return tuple((size, rank, name) for size, name in configurations for rank in sorted({0, size - 1}))
+
+
 @shared_measurement(switchable=False)
 def _paper_scale_launch(configurations: tuple[tuple[int, str], ...]) -> dict[tuple[int, str], dict[int, list[int]]]:
     _require_sharding_engines()
-    runs = [(size, rank, name) for size, name in configurations for rank in sorted({0, size - 1})]
-    try:
-        reports = run_isolated(paper_scale_state_on_fake_ranks, runs, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+    runs = _paper_scale_runs(configurations)
+    try:  # or the child a planned gloo launch ran beside its ranks (resacct.measurement.rank_jobs)
+        with shared_started_isolated(paper_scale_state_on_fake_ranks, runs, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as started:
+            reports = started()
     except DistributedError as error:
         if isinstance(error, DistributedUnavailableError) or "fake process group is not importable" in str(error):
             raise NotMeasurable(str(error).splitlines()[0]) from None
