@@ -113,6 +113,10 @@ def _run_lora(args: argparse.Namespace) -> int:
     from resacct.formulas.hf_formulas import predict_step_flops
     from resacct.formulas.lora import BASE_FORMAT_BITS, LORA_TARGETS, lora_step_flops, lora_training_memory
 
+    from resacct.errors import ResacctError
+
+    if args.trace_all_layers and args.hf_config is None:
+        raise ResacctError("--trace-all-layers applies to --hf-config (a stack of decoder layers); expected --hf-config NAME with it")
     name, architecture, config = model_config(args)
     board, memory_bytes = device_memory_bytes(args)
     if args.targets is None and config is None:  # the shape flags: the napkin path never imports torch (resacct.account does)
@@ -187,7 +191,8 @@ def _run_lora(args: argparse.Namespace) -> int:
         "full_finetuning_step_flops": full_flops, "state_and_activation_bytes": state.state_bytes + activations,
         "step_peak_bytes": peak, "step_peak_basis": "traced on fake CPU tensors (forward, backward, AdamW step, zero_grad)" if peak is not None else untraced,
         "traced": None if traced is None else {"training_state_bytes": traced.state_bytes, "step_flops": traced.step_flops,
-                                                "adapter_parameters": traced.adapter_parameters, "adapted_modules": list(traced.targets)},
+                                                "adapter_parameters": traced.adapter_parameters, "adapted_modules": list(traced.targets),
+                                                "layers_note": traced.layers_note},
         "total_bytes": total, "total_basis": "step peak" if peak is not None else "training state + activations",
         "device": board.name if board is not None else None, "device_memory_bytes": memory_bytes, "reserved_bytes": reserved,
         "headroom_bytes": None if memory_bytes is None else memory_bytes - reserved - total, "fits": fits, "largest_batch": largest,
@@ -229,6 +234,9 @@ def _run_lora(args: argparse.Namespace) -> int:
     lines.append("  not counted: " + ("temporaries (the step is not traced: " + str(untraced) + "), " if peak is None else "")
                  + "the allocator's fragmentation, the CUDA context"
                  + ("; activations are a bf16 base's (bitsandbytes' 4-bit matmul is not measured)" if args.base == "nf4" else ""))
+    for note in (None if traced is None else traced.layers_note, None if search is None else search.layers_note):
+        if note:
+            lines.append(f"  layers: {note}")
     if board is not None and config is None:  # the shape flags (no torch): no traced step to predict
         fields["gpu"], line = untraced_gpu_answer(board, "the step is not traced (" + (
             "the model is given by its shape: give --hf-config NAME" if args.hf_config is None else "transformers is not installed") + ")")
@@ -277,7 +285,8 @@ def _trace(args: argparse.Namespace, config: Any) -> tuple[Any, str | None]:
         return None, "NF4's bitsandbytes kernels do not run on fake tensors"
     try:
         return trace_lora_step(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
-                               dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing), None
+                               dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing,
+                               layers="all" if args.trace_all_layers else "auto"), None
     except ResacctError as error:
         return None, str(error)
     except Exception as error:  # peft refuses targets the model has not, or the model cannot run on fake tensors
@@ -331,6 +340,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default: 1)")
     parser.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence (default: 2048)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="estimate activations with every layer recomputed")
+    parser.add_argument("--trace-all-layers", action="store_true",
+                        help="with --hf-config: trace every decoder layer (default: a stack of more than 16 identical layers is traced "
+                             "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_device_arguments(parser, required=False)
     parse_boards_at_the_edge(parser, "a CUDA board adds the step's predicted CUDA allocated and reserved peaks and its step time there")
     add_units_flag(parser)

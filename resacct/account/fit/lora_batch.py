@@ -35,6 +35,8 @@ class LoraBatchAnswer:
     probes: tuple[FitProbe, ...]
     traced: int
     limit: int
+    #: where the search gave up tracing three depths for a deep stack of layers, why (None: it did not)
+    layers_note: str | None = None
 
     @property
     def peak_bytes(self) -> int | None:
@@ -56,7 +58,7 @@ class LoraBatchAnswer:
     def to_dict(self) -> dict[str, Any]:
         """``--json``: the search's probes, peaks in bytes (no seconds: the same question, the same answer)."""
         return {"budget_bytes": self.budget_bytes, "largest": self.largest, "checked": self.checked, "traces": self.traced,
-                "limit": self.limit, "predicted_peak_bytes": self.peak_bytes, "next_predicted_peak_bytes": self.next_peak_bytes,
+                "limit": self.limit, "layers_note": self.layers_note, "predicted_peak_bytes": self.peak_bytes, "next_predicted_peak_bytes": self.next_peak_bytes,
                 "affine_deviation_bytes": affine_deviation_bytes(list(self.probes)),
                 "probes": [{"batch": p.size, "predicted_peak_bytes": p.peak_bytes, "fits": p.fits} for p in self.probes]}
 
@@ -72,38 +74,65 @@ class LoraBatchAnswer:
 
 
 def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, dropout: float = 0.0,
-                     gradient_checkpointing: bool = False, model: Any = None) -> Callable[[int], Any]:
+                     gradient_checkpointing: bool = False, model: Any = None, layers: str = "auto",
+                     said: dict[str, str] | None = None) -> Callable[[int], Any]:
     """``peak_of(batch)``: the predicted peak (:class:`~resacct.account.peak.models.PredictedStepPeak`)
-    of the LoRA step at ``batch`` × ``seq`` — one trace of the whole step on fake tensors a call, the
-    peft model (``model``: that model already built on meta) built on meta at the first."""
-    from resacct.account.peak.step_peak import predict_step_peak
+    of the LoRA step at ``batch`` × ``seq`` — the step traced on fake tensors a call
+    (:func:`~resacct.account.trace.lora_layers.lora_step_peak`: the whole model, or a deep stack of
+    identical layers at depths 3, 4 and 5, as ``layers`` plans it), the peft model(s) built on meta at
+    the first (``model``: a :class:`~resacct.account.trace.lora_step.LoraStep`'s, already built). A batch
+    whose three depths do not repeat is traced whole, and every batch after it (``said["how"]`` says why)."""
+    from resacct.account.trace.lora_layers import ShallowLoraModels, lora_layer_plan, lora_step_peak
     from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
     built: list[Any] = [] if model is None else [model]
 
+    def build(config_at_depth: Any) -> Any:
+        return build_lora_model(config_at_depth, rank=rank, targets=targets, base=base, dropout=dropout, gradient_checkpointing=gradient_checkpointing)
+
     def peak_of(batch: int) -> Any:
         if not built:
-            built.append(build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout,
-                                          gradient_checkpointing=gradient_checkpointing))
-        return predict_step_peak(built[0], lora_step_inputs(config, batch=batch, seq=seq), lora_loss, adamw_over)
+            plan = lora_layer_plan(config, layers)
+            if plan.sample:
+                from resacct.account.load.hf_models import config_with_depth
+                from resacct.account.peak.layer_segments import SAMPLE_DEPTHS
+
+                built.append(ShallowLoraModels(plan.depth, tuple(build(config_with_depth(config, depth)) for depth in SAMPLE_DEPTHS)))
+            else:
+                built.append(build(config))
+        def inputs_of(size: int) -> Any:
+            return lora_step_inputs(config, batch=size, seq=seq)
+
+        if isinstance(built[0], ShallowLoraModels):
+            from resacct.account.peak.layer_segments import NotRepeating
+
+            try:
+                return lora_step_peak(built[0], inputs_of, lora_loss, adamw_over, batch)
+            except NotRepeating as error:
+                if said is not None:
+                    said["how"] = f"every layer traced: at batch {batch} the layers did not repeat ({error})"
+                built[0] = build(config)
+        return lora_step_peak(built[0], inputs_of, lora_loss, adamw_over, batch)
 
     return peak_of
 
 
 def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, budget_bytes: float,
                        dropout: float = 0.0, gradient_checkpointing: bool = False, known: dict[int, Any] | None = None,
-                       model: Any = None, limit: int = MAX_LORA_BATCH) -> LoraBatchAnswer:
+                       model: Any = None, limit: int = MAX_LORA_BATCH, layers: str = "auto") -> LoraBatchAnswer:
     """The largest batch (at most ``limit``) whose LoRA step (see :func:`lora_batch_peaks`) peaks within
     ``budget_bytes``, by :func:`~resacct.account.fit.lines.largest_fitting`; ``known``: predicted peaks
-    already traced, by batch (reused); ``model``: the peft model on meta, if already built."""
+    already traced, by batch (reused); ``model``: the peft model on meta (or the three shallow ones), if
+    already built; ``layers``: how a deep stack is traced when the models are built here (:func:`lora_batch_peaks`)."""
     import warnings
 
     from resacct.account.fit.search import phase_peaks_bytes
 
     peaks: dict[int, Any] = dict(known or {})
+    said: dict[str, str] = {}
     reused = set(peaks)
     trace = lora_batch_peaks(config, rank=rank, targets=targets, base=base, seq=seq, dropout=dropout,
-                             gradient_checkpointing=gradient_checkpointing, model=model)
+                             gradient_checkpointing=gradient_checkpointing, model=model, layers=layers, said=said)
 
     def peak_of(batch: int) -> int:
         if batch not in peaks:
@@ -115,7 +144,7 @@ def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base
     largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]),
                                       second=_one_trace_guess(peaks, budget_bytes))
     return LoraBatchAnswer(largest=largest or 0, budget_bytes=budget_bytes, probes=tuple(probes),
-                           traced=sum(probe.size not in reused for probe in probes), limit=limit)
+                           traced=sum(probe.size not in reused for probe in probes), limit=limit, layers_note=said.get("how"))
 
 
 def _one_trace_guess(peaks: dict[int, Any], budget_bytes: float) -> int:

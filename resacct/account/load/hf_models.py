@@ -20,7 +20,7 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "config_repeated_depth", "with_depth", "config_with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
@@ -271,17 +271,35 @@ def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
     a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), or a
     per-layer list among its values."""
     refuse_unusable_transformers(spec)
-    config = transformers_config(spec)
+    return config_repeated_depth(transformers_config(spec), spec.values)
+
+
+def config_repeated_depth(config: Any, values: dict[str, Any] | None = None) -> tuple[int, str | None]:
+    """:func:`repeated_depth` of a transformers config object; ``values``: the fields the user gave
+    (a per-layer list among them is looked for; default: every field of the config)."""
     depth = int(config.num_hidden_layers)
-    if spec.model_type not in REPEATING_MODEL_TYPES:
-        return depth, f"model_type {spec.model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
+    model_type = getattr(config, "model_type", "")
+    if model_type not in REPEATING_MODEL_TYPES:
+        return depth, f"model_type {model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
     kinds = getattr(config, "layer_types", None)
     if kinds is not None and len(set(kinds)) > 1:
         return depth, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
-    listed = [key for key, value in spec.values.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
+    given = config.to_dict() if values is None else values
+    listed = [key for key, value in given.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
     if listed:
         return depth, f"it sets {', '.join(listed)} per layer"
     return depth, None
+
+
+def config_with_depth(config: Any, depth: int) -> Any:
+    """A copy of a transformers config object with ``depth`` decoder layers (``layer_types`` cut to it)."""
+    import copy
+
+    made = copy.deepcopy(config)
+    made.num_hidden_layers = depth  # GPT-2's n_layer through its attribute_map
+    if isinstance(getattr(made, "layer_types", None), (list, tuple)):
+        made.layer_types = list(made.layer_types)[:depth]
+    return made
 
 
 def with_depth(spec: HfConfigSpec, depth: int) -> HfConfigSpec:

@@ -46,6 +46,8 @@ class LoraStep:
     saved_activation_bytes: int | None  # None where it could not be recorded on meta (gradient checkpointing; LoRA on expert weights)
     peak: Any
     model: Any = field(default=None, compare=False, repr=False)
+    #: how the layers were traced, when not simply all of them (from three depths, or all of them and why)
+    layers_note: str | None = field(default=None, compare=False)
 
     @property
     def gradient_bytes(self) -> int:
@@ -154,11 +156,43 @@ def default_lora_targets(config: Any) -> tuple[str, ...]:
 
 
 def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float = 0.0,
-                    gradient_checkpointing: bool = False) -> LoraStep:
+                    gradient_checkpointing: bool = False, layers: str = "auto") -> LoraStep:
     """One LoRA step of ``config``'s model (see the module doc), nothing allocated: the parameters of the
     peft model built on meta and the tensors its forward saves there; FlopCounterMode's FLOPs of a forward
     and backward on fake CPU tensors (the CPU's sdpa kernel, counted from its shapes) and the whole
-    step's peak on fake CPU tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`)."""
+    step's peak on fake CPU tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`).
+    ``layers`` (``auto``, ``sampled``, ``all``): a stack of identical layers deeper than 16 (``sampled``:
+    5) is traced at depths 3, 4 and 5 and extrapolated, checked (:mod:`resacct.account.trace.lora_layers`)."""
+    import dataclasses
+
+    from resacct.account.load.hf_models import config_with_depth
+    from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
+    from resacct.account.trace.lora_layers import ShallowLoraModels, lora_layer_plan, sampled_note
+    from resacct.account.trace.repeated_layers import extrapolate_dataclass
+
+    plan = lora_layer_plan(config, layers)
+    why_whole = plan.why_whole
+    traced = {"rank": rank, "targets": targets, "base": base, "batch": batch, "seq": seq, "dropout": dropout,
+              "gradient_checkpointing": gradient_checkpointing}
+    if plan.sample:
+        samples = []
+        for depth in SAMPLE_DEPTHS:
+            with segmenting(depth):
+                samples.append(_traced_lora_step(config_with_depth(config, depth), **traced))
+        try:
+            step = extrapolate_dataclass([dataclasses.replace(sample, model=None) for sample in samples], plan.depth)
+        except NotRepeating as error:
+            why_whole = str(error)
+        else:
+            return dataclasses.replace(step, model=ShallowLoraModels(plan.depth, tuple(sample.model for sample in samples)),
+                                       layers_note=sampled_note(plan.depth))
+    step = _traced_lora_step(config, **traced)
+    return step if why_whole is None else dataclasses.replace(step, layers_note=f"all {plan.depth} layers traced: {why_whole}")
+
+
+def _traced_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
+                      gradient_checkpointing: bool) -> LoraStep:
+    """:func:`trace_lora_step` of every layer of ``config``'s model."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from resacct.account.peak.step_peak import _fake_copy as fake_copy, predict_step_peak

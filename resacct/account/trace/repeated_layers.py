@@ -28,7 +28,7 @@ from typing import Any
 
 from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, extrapolate_peak
 
-__all__ = ["LAYER_CHOICES", "SAMPLED_ABOVE_LAYERS", "LayerPlan", "extrapolate_account", "layer_path_of", "layer_plan"]
+__all__ = ["LAYER_CHOICES", "SAMPLED_ABOVE_LAYERS", "LayerPlan", "extrapolate_account", "extrapolate_dataclass", "layer_path_of", "layer_plan", "plan_for_depth"]
 
 #: ``layers="auto"`` samples depths 3, 4 and 5 of a stack deeper than this: at 16 layers the two ways
 #: cost the same (4.9 CPU s each, ``account --hf-config olmo-2-0425-1b --seq 512``), at 32 sampling saves
@@ -57,6 +57,16 @@ def layer_plan(spec: Any, layers: str = "auto") -> LayerPlan:
     if layers not in LAYER_CHOICES:
         raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
     depth, why_not = repeated_depth(spec)
+    return plan_for_depth(depth, why_not, layers)
+
+
+def plan_for_depth(depth: int, why_not: str | None, layers: str) -> LayerPlan:
+    """The :class:`LayerPlan` of a stack of ``depth`` layers (``why_not``: why they may not repeat, None: they
+    may) under a :data:`LAYER_CHOICES` choice (see :func:`layer_plan`)."""
+    from resacct.errors import ResacctError
+
+    if layers not in LAYER_CHOICES:
+        raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
     if layers == "all" or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
         return LayerPlan(depth=depth, sample=False)
     return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not)
@@ -177,3 +187,11 @@ def extrapolate_account(samples: Sequence[Any], depth: int, path: str) -> Any:
     from resacct.account.peak.step_peak import PredictedStepPeak
 
     return _Walk(path, depth, {PredictedStepPeak: extrapolate_peak}).value(list(samples), type(samples[0]).__name__)
+
+
+def extrapolate_dataclass(samples: Sequence[Any], depth: int) -> Any:
+    """A dataclass of whole numbers, names and a step peak (no module-keyed collections: ``resacct lora``'s
+    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths."""
+    from resacct.account.peak.step_peak import PredictedStepPeak
+
+    return _Walk("", depth, {PredictedStepPeak: extrapolate_peak}).value(list(samples), type(samples[0]).__name__)
