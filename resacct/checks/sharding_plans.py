@@ -36,7 +36,7 @@ def _planned_small_scale_launch(world_size: int, **_: Any) -> list[PlannedLaunch
 
 
 #: The gloo launch whose ranks the paper-scale child runs beside, when one is planned.
-PAPER_SCALE_BESIDE_WORLD_SIZE = 4
+PAPER_SCALE_BESIDE_WORLD_SIZE = 2
 #: Per check asking for the paper-scale child: the input that names its world size, and its default recipe.
 _PAPER_SCALE_CHECKS = {"sharding.paper_scale_per_rank_bytes": ("world_size", "mixed-adam"),
                        "sharding.largest_model_on_devices": ("devices", "fp32-adamw"), "sharding.training_state_bytes_per_parameter": (None, "fp32-adamw")}

@@ -1,0 +1,132 @@
+"""Where each gloo launch of `resacct verify`'s phase alone spends its time (issue 34), one launch of each kind split into parts.
+
+    python benchmarks/launch_profile.py
+
+Printed, in seconds, in this one process with the forkserver verify uses (preloads as verify's):
+the forkserver's start (first launch); an empty launch on 2 and 4 ranks split into fork + unpickling +
+gloo rendezvous (until every rank runs the program) and results + teardown; an empty child; then
+each launch the sharded claims make, alone: its ranks' work and the rest; sharding's rank program
+split by engine, peak_sharded's by engine (allocator record, census), each prediction child and
+the paper-scale child alone; and the 2-rank programs in one launch against each in its own
+(resacct.measurement.rank_jobs). Say how busy the machine was: on a shared machine the parts are
+the load's as much as resacct's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+TENSOR_PARALLEL_LAYERS = [(16, 2, 64, 4, False), (12, 3, 32, 4, False), (16, 2, 64, 4, True)]  # parallelism.claims.yaml's three
+
+
+def probe(rank: int, world_size: int, launched_at: float) -> tuple[float, float]:
+    """(seconds from the launch to this program, to its end): one barrier, as every launch makes."""
+    import torch.distributed as dist
+
+    started = time.time() - launched_at
+    dist.barrier()
+    return started, time.time() - launched_at
+
+
+def timed(rank: int, world_size: int, launched_at: float, program: Any, *args: Any) -> tuple[float, float]:
+    started = time.time() - launched_at
+    program(rank, world_size, *args)
+    return started, time.time() - launched_at
+
+
+def timed_child(launched_at: float, program: Any, *args: Any) -> tuple[float, float]:
+    started = time.time() - launched_at
+    program(*args)
+    return started, time.time() - launched_at
+
+
+def split_program(rank: int, world_size: int, what: str) -> dict[str, float]:
+    """Sharding's rank program (what="sharding") or peak_sharded's ("peak") with a time stamp after each part."""
+    import torch
+
+    from resacct.checks import sharding_runs as runs
+
+    stamps, last = {}, time.perf_counter()
+
+    def stamp(name: str) -> None:
+        nonlocal last
+        stamps[name] = stamps.get(name, 0.0) + time.perf_counter() - last
+        last = time.perf_counter()
+
+    if what == "sharding":
+        for kind in runs.MODEL_KINDS:
+            reference = runs._single_process_parameters(kind); stamp("one-process reference")
+            runs._zero1(kind, rank, world_size, reference); stamp("zero1 (DDP + ZeRO) 3 steps")
+            runs._fsdp2(kind, rank, world_size, reference); stamp("fsdp2 3 steps")
+            runs._parameter_bytes_after_forward(kind, False); runs._parameter_bytes_after_forward(kind, True); stamp("fsdp2 after forward ×2")
+            runs._fsdp2(kind, rank, world_size, None, compute_dtype=torch.bfloat16); stamp("fsdp2 bf16 3 steps")
+        return stamps
+    from resacct.account.peak.sharded import build_peak_model, engine_mesh
+    from resacct.account.peak.sharded_measure import allocator_summary, first_complete
+    from resacct.checks.peak_sharded import LAUNCH_ENGINES, _census
+
+    model, inputs, loss_fn = build_peak_model("mlp", 16, 1); stamp("build the model")
+    for engine in LAUNCH_ENGINES[world_size]:
+        allocator_summary(engine, model, inputs, loss_fn, world_size); stamp(f"{engine} allocator record")
+        mesh = engine_mesh(engine, world_size)
+        first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh), "census"); stamp(f"{engine} census")
+    return stamps
+
+
+def main() -> int:
+    import launch_profile as me  # by its module name: the ranks unpickle the programs above from it
+
+    import resacct.measurement.distributed as distributed
+    from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
+    from resacct.checks import parallelism, peak_sharded, sharding_runs
+    from resacct.measurement.rank_jobs import run_rank_jobs
+
+    distributed.preload_in_ranks("launch_profile")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    first = time.time()
+    distributed.run_on_ranks(me.probe, 2, first)
+    print(f"forkserver start + first empty launch (2 ranks)      {time.time() - first:6.2f}")
+    for size in (2, 4):
+        launched = time.time()
+        stamps = distributed.run_on_ranks(me.probe, size, launched)
+        whole = time.time() - launched
+        print(f"empty launch, {size} ranks: {whole:5.2f} = fork+unpickle+rendezvous {max(s[0] for s in stamps):.2f}"
+              f" + barrier {max(s[1] for s in stamps) - max(s[0] for s in stamps):.2f} + results+teardown {whole - max(s[1] for s in stamps):.2f}")
+    launched = time.time()
+    started = distributed.run_isolated(me.timed_child, launched, time.sleep, 0)[0]
+    print(f"empty child: {time.time() - launched:5.2f} (start {started:.2f})")
+    launches = [(f"sharding {size} ranks", size, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,)) for size in (2, 4)]
+    launches += [(f"peak_sharded {size} ranks", size, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1)) for size in (2, 4)]
+    launches += [(f"parallelism {layer}", 2, parallelism.tensor_parallel_saved_bytes_on_rank, layer) for layer in TENSOR_PARALLEL_LAYERS]
+    alone_2 = 0.0
+    for name, size, program, args in launches:
+        launched = time.time()
+        stamps = distributed.run_on_ranks(me.timed, size, launched, program, *args, timeout_seconds=300)
+        whole = time.time() - launched
+        alone_2 += whole if size == 2 else 0.0
+        print(f"{name:40s} {whole:5.2f} = start {max(s[0] for s in stamps):.2f} + work {max(s[1] - s[0] for s in stamps):.2f}"
+              f" + end {whole - max(s[1] for s in stamps):.2f}")
+    for size in (2, 4):
+        for what in ("sharding", "peak"):
+            parts = distributed.run_on_ranks(me.split_program, size, what, timeout_seconds=300)[0]
+            print(f"  {what} {size} ranks, rank 0: " + ", ".join(f"{part} {seconds:.2f}" for part, seconds in parts.items()))
+    children = [(f"peak_sharded prediction child, {size} ranks", predict_sharded_step_peaks_in_process,
+                 (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1, size, tuple(range(size)))) for size in (2, 4)]
+    children.append(("sharding paper-scale child", sharding_runs.paper_scale_state_on_fake_ranks,
+                     (sharding_runs._paper_scale_runs(sharding_runs.PAPER_SCALE_CONFIGURATIONS),)))
+    for name, program, args in children:
+        launched = time.time()
+        started, ended = distributed.run_isolated(me.timed_child, launched, program, *args, timeout_seconds=300)
+        print(f"{name:40s} {time.time() - launched:5.2f} = start {started:.2f} + work {ended - started:.2f}")
+    jobs = tuple((program, args) for _, size, program, args in launches if size == 2)
+    launched = time.time()
+    distributed.run_on_ranks(run_rank_jobs, 2, jobs, timeout_seconds=600)
+    print(f"the five 2-rank programs in one launch: {time.time() - launched:.2f} (each in its own, above: {alone_2:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
