@@ -11,7 +11,8 @@ every run draws the same examples) with its report in a temporary folder. Printe
 seconds; CPU seconds of the verify process itself (report.json's ``run.cpu_seconds``) and of
 everything it started (gloo ranks, background children: every process under verify, read from /proc
 every 0.2 s, since the forkserver they run under is killed unreaped); the
-claims and verdict counts. With ``--baseline`` the trees take turns round by round (load moves
+claims and verdict counts, each area's seconds and those of the claims marked ``distributed`` (they
+launch gloo ranks or children, in verify's phase alone). With ``--baseline`` the trees take turns round by round (load moves
 both alike), each claim's outcome is compared between them (exit 1 if any differs), the claims
 whose record differs in anything but its seconds are counted and named (timed claims' values move
 from run to run), and the ratios of the medians are printed. ``--workers`` is passed to this tree's
@@ -106,7 +107,8 @@ def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
     records = {record["id"]: {key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]}
     return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode,
-            "areas": document["run"].get("seconds_by_area") or {}}
+            "areas": document["run"].get("seconds_by_area") or {},
+            "launching": sum(float(record.get("seconds") or 0.0) for record in document["claims"] if "distributed" in (record.get("marks") or []))}
 
 
 def _tree_of(commit: str, into: Path) -> Path:
@@ -123,7 +125,7 @@ def _line(name: str, run: dict[str, object]) -> str:
     split = f" ({own:.1f} verify + {float(run['cpu']) - own:.1f} ranks/children)" if own else ""  # type: ignore[arg-type]
     areas = "; by area " + ", ".join(f"{area} {float(seconds):.1f} s" for area, seconds in sorted(run["areas"].items())) if run.get("areas") else ""  # type: ignore[union-attr]
     return (f"{name:10s} {float(run['wall']):6.1f} s wall  {float(run['cpu']):6.1f} CPU s{split}  "  # type: ignore[arg-type]
-            f"{len(run['outcomes'])} claims: {verdicts}{areas}")  # type: ignore[arg-type]
+            f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s")  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
