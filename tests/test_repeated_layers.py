@@ -145,6 +145,7 @@ def test_fit_probes_sampled_find_what_every_layer_traced_finds(tmp_path, recipe:
     assert (sampled.peak_phase, sampled.peak_op, sampled.live_at_peak_bytes) == (whole.peak_phase, whole.peak_op, whole.live_at_peak_bytes)
 
 
+@pytest.mark.slow  # 2-4 accounts of a 7-layer Llama: 4-8 s loaded
 @pytest.mark.parametrize("layers", ["all", "sampled"])
 def test_an_account_without_the_peak_is_the_same_account_less_the_peak(layers: str) -> None:
     """``peak=False`` (the hf claims' small models: no claim there reads the peak) skips the pass on
