@@ -52,9 +52,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "tools/slow_audit.py PATH lists the quick-tier items over pytest.ini's slow line")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest_resacct's, which starts importing resacct
 def pytest_configure(config: pytest.Config) -> None:
-    """``--slow-audit PATH``: tools/slow_audit.py's recorder, registered as a plugin (not a conftest), so it
+    """Under xdist the workers compile each module once between them (tests/run_bytecode.py).
+
+    ``--slow-audit PATH``: tools/slow_audit.py's recorder, registered as a plugin (not a conftest), so it
     times the claims under resacct/specs as well as the tests here."""
+    from conftest import type_checking, typecheck_wanted
+    from tests import run_bytecode
+    from tests.quick_tier import quick_tier_only
+
+    run_bytecode.start_run(config)
+    run_bytecode.share_with_other_worker(config, type_checked=type_checking() and typecheck_wanted(quick_tier_only(config), os.environ))
     if path := config.getoption("--slow-audit", None):
         import importlib.util
         from pathlib import Path
@@ -66,3 +75,9 @@ def pytest_configure(config: pytest.Config) -> None:
         module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         config.pluginmanager.register(module.SlowAuditRecorder(Path(path)), "resacct-slow-audit")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests import run_bytecode
+
+    run_bytecode.end_run(config)

@@ -1,0 +1,95 @@
+"""tests/run_bytecode.py: what one xdist worker compiles, the other reads, and the code read is the code
+the importer would have made (the hook's checks included, pytest's assert messages included)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import uuid
+from pathlib import Path
+
+import jaxtyping
+import pytest
+from _pytest.assertion import rewrite
+from jaxtyping import _import_hook
+
+from conftest import TYPECHECKER
+from tests import run_bytecode
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A run's folder, with both redirections undone after the test."""
+    monkeypatch.setattr(_import_hook, "_optimized_cache_from_source", _import_hook._optimized_cache_from_source)
+    monkeypatch.setattr(rewrite, "get_cache_dir", rewrite.get_cache_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    return str(run)
+
+
+def test_a_module_compiled_by_one_worker_is_read_by_the_other_with_its_checks(folder: str, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"hc_checked_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "src" / f"{name}.py"
+    source.parent.mkdir()
+    source.write_text("def double(x: int) -> int:\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(source.parent))
+    manager = jaxtyping.install_import_hook([name], TYPECHECKER)
+    try:
+        finder = manager.hook
+        assert run_bytecode._redirect_hook_cache(folder)
+        pyc = run_bytecode._hook_pyc(finder, str(source))
+        assert pyc.startswith(folder + os.sep) and ".opt-jaxtyping" in pyc
+        assert run_bytecode._claim(pyc) and not run_bytecode._claim(pyc)  # the other worker skips it
+        assert run_bytecode._compile_hooked(finder, str(source), pyc) == 1
+
+        def never(*args: object, **kwargs: object) -> types.CodeType:
+            raise AssertionError("compiled again: the pyc in the run's folder was not read")
+
+        monkeypatch.setattr(_import_hook._JaxtypingLoader, "source_to_code", never)
+        module = __import__(name)
+        assert module.double(3) == 6
+        with pytest.raises(Exception, match="double"):  # beartype refuses a str: the cached code carries the hook
+            module.double("3")
+    finally:
+        manager.uninstall()
+        sys.modules.pop(name, None)
+    assert not list((tmp_path / "src").rglob("*.pyc")), "a pyc was written beside the source"
+
+
+def test_a_test_module_rewritten_by_one_worker_is_read_by_pytest(folder: str, tmp_path: Path,
+                                                                  pytestconfig: pytest.Config) -> None:
+    source = tmp_path / "test_rewritten.py"
+    source.write_text("def check():\n    x = 1\n    assert x == 2\n")
+    assert run_bytecode._redirect_rewrite_cache(folder)
+    pyc = run_bytecode._rewrite_pyc(str(source))
+    assert pyc.startswith(folder) and pyc.endswith(rewrite.PYC_TAIL)
+    assert run_bytecode._compile_rewritten(pytestconfig, str(source), pyc) == 1
+    code = rewrite._read_pyc(source, Path(pyc), lambda *args: None)
+    assert code is not None, "pytest does not accept the pyc"
+    namespace: dict[str, object] = {}
+    exec(code, namespace)
+    with pytest.raises(AssertionError, match=r"assert 1 == 2"):  # pytest's rewritten message, not a bare assert
+        namespace["check"]()  # type: ignore[operator]
+
+
+def test_the_controller_makes_the_folder_and_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv(run_bytecode.FOLDER_VARIABLE, raising=False)
+    config = types.SimpleNamespace(option=types.SimpleNamespace(numprocesses=2), stash=pytest.Stash())
+    run_bytecode.start_run(config)  # type: ignore[arg-type]
+    made = os.environ[run_bytecode.FOLDER_VARIABLE]
+    assert os.path.isdir(made)
+    run_bytecode.end_run(config)  # type: ignore[arg-type]
+    assert not os.path.exists(made) and run_bytecode.FOLDER_VARIABLE not in os.environ
+
+
+@pytest.mark.parametrize("numprocesses", [None, 0])
+def test_without_workers_nothing_is_made(monkeypatch: pytest.MonkeyPatch, numprocesses: int | None) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv(run_bytecode.FOLDER_VARIABLE, raising=False)
+    config = types.SimpleNamespace(option=types.SimpleNamespace(numprocesses=numprocesses), stash=pytest.Stash())
+    run_bytecode.start_run(config)  # type: ignore[arg-type]
+    assert run_bytecode.FOLDER_VARIABLE not in os.environ
+    assert run_bytecode.share_with_other_worker(config, type_checked=True) == 0  # type: ignore[arg-type]
