@@ -1,6 +1,6 @@
 """Where each gloo launch of `resacct verify`'s phase alone spends its time (issue 34), one launch of each kind split into parts.
 
-    python benchmarks/launch_profile.py
+    python benchmarks/launch_profile.py [--rounds 3]
 
 Printed, in seconds, in this one process with the forkserver verify uses (preloads as verify's):
 the forkserver's start (first launch); an empty launch on 2 and 4 ranks split into fork + unpickling +
@@ -8,13 +8,15 @@ gloo rendezvous (until every rank runs the program) and results + teardown; an e
 each launch the sharded claims make, alone: its ranks' work and the rest; sharding's rank program
 split by engine, peak_sharded's by engine (allocator record, census), each prediction child and
 the paper-scale child alone; and the 2-rank programs in one launch against each in its own
-(resacct.measurement.rank_jobs). Say how busy the machine was: on a shared machine the parts are
+(resacct.measurement.rank_jobs), taking turns, the median of ``--rounds``. Say how busy the machine was: on a shared machine the parts are
 the load's as much as resacct's.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -76,7 +78,12 @@ def split_program(rank: int, world_size: int, what: str) -> dict[str, float]:
     return stamps
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the shared-against-own comparison (the median is printed)")
+    rounds = parser.parse_args(argv).rounds
+    if rounds < 1:
+        parser.error(f"--rounds {rounds}: expected 1 or more")
     import launch_profile as me  # by its module name: the ranks unpickle the programs above from it
 
     import resacct.measurement.distributed as distributed
@@ -101,12 +108,10 @@ def main() -> int:
     launches = [(f"sharding {size} ranks", size, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,)) for size in (2, 4)]
     launches += [(f"peak_sharded {size} ranks", size, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1)) for size in (2, 4)]
     launches += [(f"parallelism {layer}", 2, parallelism.tensor_parallel_saved_bytes_on_rank, layer) for layer in TENSOR_PARALLEL_LAYERS]
-    alone_2 = 0.0
     for name, size, program, args in launches:
         launched = time.time()
         stamps = distributed.run_on_ranks(me.timed, size, launched, program, *args, timeout_seconds=300)
         whole = time.time() - launched
-        alone_2 += whole if size == 2 else 0.0
         print(f"{name:40s} {whole:5.2f} = start {max(s[0] for s in stamps):.2f} + work {max(s[1] - s[0] for s in stamps):.2f}"
               f" + end {whole - max(s[1] for s in stamps):.2f}")
     for size in (2, 4):
@@ -121,10 +126,20 @@ def main() -> int:
         launched = time.time()
         started, ended = distributed.run_isolated(me.timed_child, launched, program, *args, timeout_seconds=300)
         print(f"{name:40s} {time.time() - launched:5.2f} = start {started:.2f} + work {ended - started:.2f}")
-    jobs = tuple((program, args) for _, size, program, args in launches if size == 2)
-    launched = time.time()
-    distributed.run_on_ranks(run_rank_jobs, 2, jobs, timeout_seconds=600)
-    print(f"the five 2-rank programs in one launch: {time.time() - launched:.2f} (each in its own, above: {alone_2:.2f})")
+    for size in (2, 4):  # each world size's programs in one launch against each in its own, taking turns
+        jobs = tuple((program, args) for _, world_size, program, args in launches if world_size == size)
+        shared, own = [], []
+        for _ in range(rounds):
+            launched = time.time()
+            distributed.run_on_ranks(run_rank_jobs, size, jobs, timeout_seconds=600)
+            shared.append(time.time() - launched)
+            launched = time.time()
+            for program, args in jobs:
+                distributed.run_on_ranks(program, size, *args, timeout_seconds=300)
+            own.append(time.time() - launched)
+        print(f"the {len(jobs)} {size}-rank programs: in one launch {statistics.median(shared):.2f}, each in its own "
+              f"{statistics.median(own):.2f} (medians of {rounds}; ratio {statistics.median(shared) / statistics.median(own):.2f})")
+    print(f"load average {os.getloadavg()[0]:.1f}")
     return 0
 
 
