@@ -155,3 +155,35 @@ def test_an_account_without_the_peak_is_the_same_account_less_the_peak(layers: s
     without = account_hf_config(spec, batch=2, seq=24, layers=layers, peak=False)
     assert without.step_peak is None and "step_peak" in with_peak
     assert without.to_dict() == {key: value for key, value in with_peak.items() if key != "step_peak"}
+
+
+@pytest.mark.slow  # two searches over a 17-layer Llama: ~10 s loaded
+def test_fit_trace_all_layers_traces_every_layer_and_answers_the_same(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from resacct.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY["llama"], "num_hidden_layers": SAMPLED_ABOVE_LAYERS + 1}))
+    argv = ["fit", "--hf-config", str(path), "--seq", "32", "--memory-gb", "0.04", "--no-cache", "--json"]
+    answers = []
+    for extra in ([], ["--trace-all-layers"]):
+        assert main([*argv, *extra]) == 0
+        answers.append(json.loads(capsys.readouterr().out))
+    sampled, whole = answers
+    assert sampled["sampled_layers"].startswith("each probe the step at depths 3, 4, 5") and whole["sampled_layers"] is None
+    assert sampled["largest"] == whole["largest"] > 1
+    assert [(p["size"], p["predicted_peak_bytes"]) for p in sampled["probes"]] == [(p["size"], p["predicted_peak_bytes"]) for p in whole["probes"]]
+
+
+@pytest.mark.parametrize("argv", [
+    ["fit", "--memory-gb", "80", "--trace-all-layers"],
+    ["fit", "--model", "resacct.training.models:Cruncher", "--memory-gb", "1", "--trace-all-layers"],
+    ["account", "--model", "resacct.training.models:Cruncher", "--trace-all-layers"],
+])
+def test_trace_all_layers_without_a_config_is_one_line(capsys, argv: list[str]) -> None:  # noqa: ANN001
+    from resacct.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--trace-all-layers" in err and err.count("\n") == 1 and "Traceback" not in err

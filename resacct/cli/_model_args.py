@@ -59,11 +59,13 @@ def model_source(args: argparse.Namespace) -> Any:
 
     if (args.hf_config is None) == (args.model is None):
         raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
+    if args.hf_config is None and getattr(args, "trace_all_layers", False):
+        raise ResacctError("--trace-all-layers applies to --hf-config (a stack of decoder layers); expected --hf-config NAME with it")
     if args.hf_config is not None:
         extra = [flag for flag, used in (("--model-arg", args.model_arg), ("--input-shape", args.input_shape), ("--loss", args.loss != "auto")) if used]
         if extra:
             raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
-        return ModelSource(hf_config=args.hf_config)
+        return ModelSource(hf_config=args.hf_config, layers="all" if getattr(args, "trace_all_layers", False) else "auto")
     return ModelSource(factory=args.model, model_args=tuple(parse_model_arg(text) for text in args.model_arg),
                        input_shape=parse_input_shape(args.input_shape), input_dtype=args.input_dtype, loss=args.loss)
 

@@ -66,6 +66,9 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="with --hf-config: search afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
                              "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
+    parser.add_argument("--trace-all-layers", action="store_true",
+                        help="with --hf-config: each probe traces every decoder layer (default: a stack of more than 16 identical layers "
+                             "is traced at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
 
 
 def _target(args: argparse.Namespace) -> Any:
@@ -129,7 +132,8 @@ def _question(args: argparse.Namespace, memory_bytes: float, reserve_bytes: floa
     spec = load_hf_config(args.hf_config)
     return {"config": spec.values, "name": spec.name, "source": spec.source, "search": args.search, "batch": args.batch, "seq": args.seq,
             "memory_bytes": memory_bytes, "reserve_bytes": reserve_bytes, "board": None if board is None else board.name, "recipe": recipe,
-            "optimizer": optimizer, "micro_batches": args.grad_accum, "max_batch": args.max_batch, "attention": "sdpa"}
+            "optimizer": optimizer, "micro_batches": args.grad_accum, "max_batch": args.max_batch, "attention": "sdpa",
+            **({"layers": "all"} if args.trace_all_layers else {})}
 
 
 def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,

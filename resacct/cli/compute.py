@@ -124,7 +124,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     model_flags = [flag for flag, used in (("--search", args.search != "batch"), ("--batch", args.batch != 1), ("--seq", args.seq is not None),
                                            ("--grad-accum", args.grad_accum != 1), ("--reserve-gb", args.reserve_gb != 0.0),
                                            ("--input-shape", args.input_shape is not None), ("--model-arg", bool(args.model_arg)),
-                                           ("--max-batch", args.max_batch is not None), ("--timeout", args.timeout is not None)) if used]
+                                           ("--max-batch", args.max_batch is not None), ("--timeout", args.timeout is not None),
+                                           ("--no-cache", args.no_cache), ("--trace-all-layers", args.trace_all_layers)) if used]
     if model_flags:
         raise ResacctError(f"{', '.join(model_flags)} search a real model's step: give --hf-config NAME or --model module:factory "
                            "(without one, resacct fit answers the largest model from bytes per parameter)")

@@ -75,12 +75,14 @@ class ModelSource:
     input_dtype: str = "float32"
     loss: str = "auto"
     path: str = field(default_factory=os.getcwd)
+    #: how a ``hf_config``'s deep stack of identical layers is traced (:data:`~resacct.account.trace.repeated_layers.LAYER_CHOICES`)
+    layers: str = "auto"
 
     def target(self) -> FitTarget:
         if (self.hf_config is None) == (self.factory is None):
             raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
         if self.hf_config is not None:
-            return hf_config_target(self.hf_config)
+            return hf_config_target(self.hf_config, self.layers)
         if self.path not in sys.path:
             sys.path.insert(0, self.path)  # as python -m does: a module next to you is importable
         return named_model_target(self.factory, dict(self.model_args), input_shape=self.input_shape, input_dtype=self.input_dtype, loss=self.loss)
