@@ -170,3 +170,18 @@ def _measurable(requirement) -> bool:
     except NotMeasurable:
         return False
     return True
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), rank_jobs.DistributedUnavailableError("no gloo here")])
+def test_ctrl_c_and_a_torch_without_gloo_end_a_shared_launch_without_a_second_one(monkeypatch, error):
+    launches = []
+
+    def refuse(program, world_size, *args, **kwargs):
+        launches.append(program.__name__)
+        raise error
+
+    monkeypatch.setattr(distributed, "run_on_ranks", refuse)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": tag}) for tag in ("a", "b")])
+    with pytest.raises(type(error)):
+        rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=5)
+    assert launches == ["run_rank_jobs"], "not launched again alone"
