@@ -64,7 +64,8 @@ __all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure
 
 ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): the model never allocated"
 
-_ATTENTION_KERNELS = {
+#: The fused attention kernels sdpa may dispatch to (on meta it always takes the math path: bmm, softmax).
+FUSED_ATTENTION_KERNELS = _ATTENTION_KERNELS = {
     "aten._scaled_dot_product_flash_attention_for_cpu.default": "flash (CPU): keeps the output and a float32 logsumexp, no s² scores",
     "aten._scaled_dot_product_flash_attention.default": "flash (CUDA)",
     "aten._scaled_dot_product_efficient_attention.default": "memory-efficient (CUDA)",
@@ -135,12 +136,15 @@ def _tensors_of(inputs: Any) -> list[Any]:
 
 
 def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *,
-                      micro_batches: int = 1) -> PredictedStepPeak:
+                      micro_batches: int = 1, recorder: Any = None) -> PredictedStepPeak:
     """Predict the peak of one steady training step of ``model`` on ``inputs`` (a tensor, a tuple,
     or a mapping of tensors; on the CPU or the meta device — only their shapes are used) with the
     optimizer ``make_optimizer(parameters)`` builds, ``loss_fn(model, inputs)`` the scalar loss.
     ``micro_batches`` > 1: gradient accumulation over that many micro-steps on ``inputs``
     (:func:`resacct.account.peak.accumulation.run_accumulated_step`).
+
+    ``recorder`` (a :class:`resacct.account.trace.fake_pass.FakeStepRecorder`, one micro-batch): the
+    step's FLOPs, saved tensors and training state recorded on this same pass.
 
     Raises :class:`~resacct.errors.ResacctError` when the step cannot run on fake tensors (an
     op that needs the data, such as routing that loops over the experts a batch hits)."""
@@ -179,7 +183,8 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                 if (layers := segmenting_layers()) is not None:
                     hooks += mark_layer_segments(fake_model, tracker, layers)
                 if micro_batches == 1:
-                    run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark)
+                    with contextlib.nullcontext() if recorder is None else recorder.start(fake_model, optimizer, tracker):
+                        run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark if recorder is None else recorder.marking(tracker.mark))
                 else:
                     run_accumulated_step(fake_model, fake_inputs, loss_fn, optimizer, micro_batches, tracker.mark)
                 for hook in hooks:
@@ -331,13 +336,13 @@ class StepPeakAccount:
 
 
 def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: MakeOptimizer, *, measure: bool,
-                      gap: str | None = None, micro_batches: int = 1) -> StepPeakAccount:
+                      gap: str | None = None, micro_batches: int = 1, recorder: Any = None) -> StepPeakAccount:
     """Predict (unless ``gap`` says why not) and, when ``measure`` and the model is on the CPU, measure;
     ``micro_batches`` > 1: a step accumulating gradients over that many micro-steps on ``inputs``."""
     predicted, notes = None, []
     if gap is None:
         try:
-            predicted = predict_step_peak(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches)
+            predicted = predict_step_peak(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches, recorder=recorder)
         except ResacctError as error:
             gap = str(error)
     measured = measure_step_peak(model, inputs, loss_fn, make_optimizer, micro_batches=micro_batches) if measure else None
@@ -348,19 +353,23 @@ def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
 
 
 def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool,
-                            micro_batches: int = 1) -> StepPeakAccount:
+                            micro_batches: int = 1, recorder: Any = None) -> StepPeakAccount:
     """The step peak of an account's model: ``loss`` as :func:`resacct.account.load.model_io.loss_of_output`
-    reads it (see :func:`account_recipe_step_peak`)."""
-    from resacct.account.load.model_io import call_model, loss_of_output
+    reads it (see :func:`account_recipe_step_peak`); ``recorder`` (:func:`predict_step_peak`) is told what ``auto`` resolved to."""
+    from resacct.account.load.model_io import call_model, loss_of_output, resolve_loss
 
     def loss_fn(module: nn.Module, step_inputs: Any) -> torch.Tensor:
-        return loss_of_output(call_model(module, step_inputs), loss)
+        output = call_model(module, step_inputs)
+        if recorder is not None and recorder.resolved_loss is None:
+            recorder.resolved_loss = resolve_loss(output, loss)
+        return loss_of_output(output, loss)
 
-    return account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=measure, micro_batches=micro_batches)
+    return account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=measure, micro_batches=micro_batches,
+                                    recorder=recorder)
 
 
 def account_recipe_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, *, recipe: Any, optimizer: str, measure: bool,
-                             micro_batches: int = 1) -> StepPeakAccount:
+                             micro_batches: int = 1, recorder: Any = None) -> StepPeakAccount:
     """The step peak of the step ``recipe`` (a :class:`~resacct.facts.recipes.Recipe`) runs
     (:func:`resacct.account.peak.recipes.recipe_step`: parameters in its dtype, autocast, master
     weights) with the ``torch.optim`` ``optimizer`` (torch's default implementation), ``loss_fn``
@@ -372,7 +381,8 @@ def account_recipe_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, *, 
         step = recipe_step(recipe, model, inputs, loss_fn, optimizer)
     except ResacctError as error:
         return StepPeakAccount(predicted=None, gap=str(error))
-    account = account_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer, measure=measure, micro_batches=micro_batches)
+    account = account_step_peak(step.model, step.inputs, step.loss_fn, step.make_optimizer, measure=measure, micro_batches=micro_batches,
+                                recorder=recorder)
     account.notes.append(f"recipe {recipe.name}: {step.description}")
     if recipe.computes_in in ("bfloat16", "float16") and onednn_matmuls(recipe.computes_in):
         account.notes.append(onednn_note(recipe.computes_in, 0 if account.predicted is None else account.predicted.unprobed_matmuls))

@@ -109,6 +109,7 @@ class LiveStorageTracker(TorchDispatchMode):
         #: (:meth:`begin_segment`; every mark begins one) — :mod:`resacct.account.peak.layer_segments`
         self.segments: list[list[Any]] | None = None
         self.segment_path = ""
+        self._skip_detach_of: int | None = None  # id of the storage whose detach is the next op's to skip (:meth:`skip_next_detach`)
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
@@ -216,6 +217,10 @@ class LiveStorageTracker(TorchDispatchMode):
         if func is _DEVICE_QUERY:  # tensor.device on a fake tensor: over half of a fake step's dispatches, nothing made
             return self._device_query(func, args, kwargs)
         kwargs = kwargs or {}
+        if self._skip_detach_of is not None:
+            skipped, self._skip_detach_of = self._skip_detach_of, None
+            if func is _DETACH and id(args[0].untyped_storage()) == skipped:
+                return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if self._pending_scalars:
             self._resolve_pending_scalars()
@@ -245,6 +250,13 @@ class LiveStorageTracker(TorchDispatchMode):
                 self.unprobed_matmuls += 1
             self._observe(name, wrapped, workspace, scratchpad or 0)
         return out
+
+    def skip_next_detach(self, tensor: torch.Tensor) -> None:
+        """Leave out the next op when it detaches ``tensor``'s storage: autograd detaches what a
+        saved-tensor unpack hook returns — an op of the hook, not of the step (a view: no storage, no
+        bytes) — so a step recorded by hooks (:mod:`resacct.account.trace.fake_pass`) keeps the
+        timeline and ops it has without them."""
+        self._skip_detach_of = id(tensor.untyped_storage())
 
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _device_query(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -312,6 +324,7 @@ class LiveStorageTracker(TorchDispatchMode):
 _OBSERVED_PHASES = frozenset(KIND_BY_PHASE) - {"setup"}
 _DEVICE_QUERY = torch.ops.prim.device.default
 _DEVICE_QUERY_NAME = op_name(_DEVICE_QUERY)
+_DETACH = torch.ops.aten.detach.default
 _OP_FACTS: dict[int, tuple[Any, str, bool, bool, bool]] = {}  # id(op) -> (op, name, sized output?, workspace?, probed matmul?)
 
 

@@ -100,7 +100,7 @@ def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
     return FusedAttentionCount().custom_mapping()
 
 
-class _StepFlopTracer:
+class StepFlopTracer:
     """One FlopCounterMode (and a record of every op) over a forward and its backward: the
     forward's counts are copied when it ends (:meth:`end_forward`), the backward's are the
     step's less them — what a second counter around the forward alone would count, at half the
@@ -116,7 +116,7 @@ class _StepFlopTracer:
         self.forward_total = 0
         self.forward_calls: list[tuple[Any, int, int]] = []
 
-    def __enter__(self) -> _StepFlopTracer:
+    def __enter__(self) -> StepFlopTracer:
         self.counter.__enter__()
         self.ops.__enter__()
         return self
@@ -160,7 +160,7 @@ def trace_step_flops(model: nn.Module, loss_fn: Callable[[], torch.Tensor], *, f
     """
     for parameter in model.parameters():
         parameter.grad = None
-    with _StepFlopTracer(model, fill_tracer_gaps) as tracer:
+    with StepFlopTracer(model, fill_tracer_gaps) as tracer:
         loss = loss_fn()
         tracer.end_forward()
         loss.backward()
@@ -243,19 +243,25 @@ class _RecipeTraining:
         }
 
     def measurement(self, after_backward: int, at_step: dict[str, int]) -> TrainingStateMeasurement:
-        memory_name = memory_optimizer_name(self.optimizer_name)
-        numbers, tensors = parameter_count(self.work), len(self.params)
-        return TrainingStateMeasurement(
-            recipe=self.recipe,
-            optimizer=self.optimizer_name,
-            parameters=numbers,
-            parameter_tensors=tensors,
-            after_backward_bytes=after_backward,
-            at_step_bytes=sum(at_step.values()),
-            parts_bytes={name: value for name, value in at_step.items() if value},
-            predicted_after_backward_bytes=predict_state_bytes(self.work, self.recipe, memory_name, "after_backward"),
-            predicted_at_step_bytes=predict_state_bytes(self.work, self.recipe, memory_name, "at_step"),
-        )
+        return state_measurement(self.work, self.recipe, self.optimizer_name, after_backward_bytes=after_backward, at_step_parts=at_step)
+
+
+def state_measurement(model: nn.Module, recipe: StateRecipe, optimizer: str, *, after_backward_bytes: int,
+                      at_step_parts: dict[str, int]) -> TrainingStateMeasurement:
+    """The measurement of ``model``'s training state (``model``: the one trained, in the recipe's
+    dtype — its parameters counted, the prediction made for it) from the storages counted."""
+    memory_name = memory_optimizer_name(optimizer)
+    return TrainingStateMeasurement(
+        recipe=recipe,
+        optimizer=optimizer,
+        parameters=parameter_count(model),
+        parameter_tensors=len(list(model.parameters())),
+        after_backward_bytes=after_backward_bytes,
+        at_step_bytes=sum(at_step_parts.values()),
+        parts_bytes={name: value for name, value in at_step_parts.items() if value},
+        predicted_after_backward_bytes=predict_state_bytes(model, recipe, memory_name, "after_backward"),
+        predicted_at_step_bytes=predict_state_bytes(model, recipe, memory_name, "at_step"),
+    )
 
 
 def measure_training_state(
@@ -312,7 +318,7 @@ def measure_step_once(
     parameters' dtype (FlopCounterMode counts from shapes); the gaps it reports are the copy's ops.
     """
     run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
-    with _StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
+    with StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
         with record_saved_activations(run.work) as saved:
             loss = run.loss(loss_fn)
         tracer.end_forward()

@@ -1,0 +1,126 @@
+"""Trace once (issue 34): account_module's FLOPs, saved tensors and training state recorded on the
+step peak's fake pass (:mod:`resacct.account.trace.fake_pass`) against the meta pass they replace,
+the whole account compared — every figure, per module, the peak and its timeline — to the byte."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from resacct.account.answers import generic  # noqa: E402
+from resacct.account.answers.generic import account_module  # noqa: E402
+from resacct.account.load.model_io import default_inputs  # noqa: E402
+
+
+def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, **kwargs: Any) -> tuple[Any, Any, int]:
+    """The account traced once, then with the fake pass's records thrown away (the meta pass runs);
+    the number of accounts the fake pass fed."""
+    fed = []
+    original = generic._trace_once
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        once = original(*args, **kw)
+        fed.append(once is not None and once[0] is not None)
+        return once
+
+    with monkeypatch.context() as patched:
+        patched.setattr(generic, "_trace_once", counted)
+        once = account_module(model, inputs, **kwargs)
+    with monkeypatch.context() as patched:
+        patched.setattr(generic, "_trace_once", lambda *args, **kw: None)
+        meta = account_module(model, inputs, **kwargs)
+    return once, meta, sum(fed)
+
+
+def _assert_same(once: Any, meta: Any) -> None:
+    assert once.to_dict() == meta.to_dict()
+    assert once.flops == meta.flops  # per module, forward and backward, the uncounted ops
+    assert once.state == meta.state
+    assert once.saved == meta.saved  # every storage: its module, shape, dtype, bytes, whether a parameter
+    assert once.step_peak.predicted == meta.step_peak.predicted  # the peak, what is live at it, the timeline, the ops seen
+    assert once.notes == meta.notes
+
+
+def _meta_mlp() -> nn.Module:
+    with torch.device("meta"):
+        return generic.mlp(dim=32, hidden=64, depth=2)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "sgd-momentum", "adagrad"])
+def test_a_meta_mlp_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest.MonkeyPatch, optimizer: str) -> None:
+    model = _meta_mlp()
+    once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"), optimizer=optimizer)
+    assert fed == 1
+    _assert_same(once, meta)
+    assert once.saved.activation_bytes > 0 and once.flops.step_flops > 0 and once.state.at_step_bytes > 0
+
+
+def test_resacct_gpt_with_its_own_loss_is_accounted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resacct.training.gpt import build_gpt
+
+    model = build_gpt("gpt-nano", device="meta")
+    model.train()
+    tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    once, meta, fed = _both_ways(monkeypatch, model, (tokens,), loss="cross-entropy")
+    assert fed == 1
+    _assert_same(once, meta)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "bf16-autocast", "bf16-fp32-master"])
+def test_recipes_the_fake_cpu_step_runs_differently_keep_the_meta_pass(monkeypatch: pytest.MonkeyPatch, recipe: str) -> None:
+    """On the CPU a bf16 layer norm keeps bf16 statistics, the meta kernel float32; autocast runs on
+    the CPU, not on meta; master weights are parted otherwise: those stay on the meta pass."""
+    model = _meta_mlp()
+    once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"), recipe=recipe)
+    assert fed == 0
+    assert (once.flops, once.state, once.saved) == (meta.flops, meta.state, meta.saved)  # a bf16 peak's timeline varies run to run
+
+
+class _Checkpointed(nn.Module):
+    """Two blocks of Linear → GELU → Linear, each under ``torch.utils.checkpoint`` (non-reentrant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+def test_an_activation_checkpointed_model_is_accounted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    with torch.device("meta"):
+        model = _Checkpointed()
+    once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
+    assert fed == 1
+    _assert_same(once, meta)
+    assert once.flops.backward_flops > 2 * once.flops.forward_flops  # the blocks' forward again in backward
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama-gqa", "mixtral"])
+@pytest.mark.slow  # each a transformers model accounted twice
+def test_transformers_models_are_accounted_the_same(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """GPT-2 (its sdpa call takes the math path on the fake CPU step, as on meta) from the fake pass; Llama
+    with grouped-query attention and Mixtral take the CPU flash kernel there — meta the math path, which
+    saves other tensors — so their FLOPs, state and saved tensors come from the meta pass, the peak from the fake one."""
+    pytest.importorskip("transformers")
+    from tests.fixtures_hf_models import tiny_gpt2, tiny_llama, tiny_mixtral
+
+    with torch.device("meta"):
+        model = {"gpt2": tiny_gpt2, "llama-gqa": tiny_llama, "mixtral": tiny_mixtral}[case]()
+    if case == "llama-gqa":
+        assert model.config.num_key_value_heads < model.config.num_attention_heads
+    model.train()
+    inputs = default_inputs(model, batch=2, seq=16, device="meta")
+    once, meta, fed = _both_ways(monkeypatch, model, inputs)
+    assert fed == (1 if case == "gpt2" else 0)
+    _assert_same(once, meta)
