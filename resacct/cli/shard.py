@@ -71,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="stop after SECONDS with one line naming the phase, exit 2; the child processes are killed and their "
                              "folders removed (Ctrl-C: exit 130)")
+    parser.add_argument("--trace-all-layers", action="store_true",
+                        help="with --hf-config: trace every decoder layer (default: under an FSDP engine, a stack of more than 16 identical "
+                             "layers is traced at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_shard)

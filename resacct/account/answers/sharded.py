@@ -128,6 +128,8 @@ def account_sharded_step(model: ModelSource, *, engine: str, world_size: int, ba
         from resacct.account.peak.step_peak import onednn_note
 
         notes.append(onednn_note("bfloat16", unprobed))
+    if answer.get("layers_note"):
+        notes.append(answer["layers_note"])
     if ranks is None and len(chosen) < world_size:
         notes.append(f"ranks {', '.join(map(str, chosen))} of {world_size} predicted (--rank R asks for others): FSDP pads the last rank's "
                      "shards; ZeroRedundancyOptimizer gives whole tensors to ranks in order")
@@ -165,15 +167,28 @@ def _formula_text(engine: str) -> str:
 def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None) -> Any:
     """In the child: build the model on meta, then each rank's step on fake tensors. A
     :class:`ResacctError` comes back as its message (one line for the user)."""
+    from resacct.account.peak.layer_segments import NotRepeating
     from resacct.account.peak.sharded import fsdp_units, predict_rank_summaries
+    from resacct.account.peak.sharded_layers import sampled_rank_summaries
 
     try:
         target = model.target()
         fixed_seq = seq if seq is not None else target.seq_limit
         if seq is not None and target.seq_limit is not None and seq > target.seq_limit:
             raise ResacctError(f"seq {seq} is longer than {target.name}'s context length {target.seq_limit}; expected seq ≤ {target.seq_limit}")
-        summaries = predict_rank_summaries(target.model, target.make_inputs(batch, fixed_seq), target.loss_fn(), engine, world_size, ranks)
+        summaries, layers_note = None, None
+        if target.shallow is not None:  # a deep stack of identical layers: each rank from depths 3, 4 and 5
+            depth = target.shallow.depth
+            try:
+                summaries = sampled_rank_summaries(target.shallow, target.make_inputs, target.loss_fn(), engine, world_size, ranks, batch, fixed_seq)
+                layers_note = (f"its {depth} layers are one layer repeated: each rank's step traced at depths 3, 4, 5 (12 layers, not {depth}) "
+                               "and extrapolated, every number checked on the third depth (--trace-all-layers traces them all)")
+            except NotRepeating as error:
+                layers_note = f"all {depth} layers traced: {error}"
+        if summaries is None:
+            summaries = predict_rank_summaries(target.model, target.make_inputs(batch, fixed_seq), target.loss_fn(), engine, world_size, ranks)
     except ResacctError as error:
         return str(error)
     return {"name": target.name, "seq": fixed_seq, "parameters": sum(p.numel() for p in target.model.parameters()),
-            "units": len(fsdp_units(target.model)) if engine != "zero1" else 0, "summaries": [summary["allocator"] for summary in summaries]}
+            "units": len(fsdp_units(target.model)) if engine != "zero1" else 0, "summaries": [summary["allocator"] for summary in summaries],
+            "layers_note": layers_note}

@@ -326,8 +326,12 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers
+    from resacct.account.peak.step_peak import _prediction as prediction_of
+
     if engine not in ENGINES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    layers = segmenting_layers()  # inside layer_segments.segmenting: each report also has its predictions, segments marked
     summaries = []
     for rank in ranks:
         if on_rank is not None:
@@ -339,11 +343,16 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
                 tracker = ShardedStorageTracker()
                 with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
                     work, work_inputs = step_copies(model, inputs, fake=True)
+                    hooks = [] if layers is None else mark_layer_segments(work, tracker, layers)
                     with tracker:
                         sharded_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, fake=True,
                                      backend="dispatcher" if backend == "census" else backend)
-                del work, work_inputs
+                    for hook in hooks:
+                        hook.remove()
+                del work, work_inputs, hooks
                 report[backend] = step_summary(tracker)
+                if layers is not None:
+                    report.setdefault("predictions", {})[backend] = prediction_of(tracker)
             summaries.append(report)
         finally:
             dist.destroy_process_group()

@@ -1,0 +1,55 @@
+"""``resacct shard`` on a deep stack of identical layers: under an FSDP engine each rank's step is traced
+at depths 3, 4 and 5 and extrapolated (resacct.account.peak.sharded_layers), and equals each rank with
+every layer traced — the peak, its phase, op and module, what is live at it, each phase's peak; ZeRO-1
+and a step that does not repeat are traced whole, and the answer says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from resacct.account.answers.sharded import account_sharded_step
+from resacct.account.fit.search import ModelSource
+from resacct.cli import main
+
+pytest.importorskip("transformers")
+needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
+                                                           reason="FSDP2's collectives of torch 2.13 (dist.reduce_scatter_single) are missing here")
+
+#: a 7-layer Llama (d 64, 4 query and 2 key/value heads)
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 160, "max_position_embeddings": 128, "num_hidden_layers": 7}
+
+
+def _ranks(account) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [vars(rank) for rank in account.ranks]
+
+
+@pytest.mark.slow  # the step at 3 depths (+ one warm-up) and whole, per rank, in child processes: 5-15 s loaded each
+@needs_fsdp2_collectives_of_torch_2_13
+@pytest.mark.parametrize("engine, world_size", [("fsdp2", 2), ("fsdp2", 4), ("fsdp2-bf16", 2)])
+def test_each_rank_from_three_depths_equals_every_layer_traced(tmp_path, engine: str, world_size: int) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    sampled = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine=engine, world_size=world_size, batch=2, seq=16)
+    whole = account_sharded_step(ModelSource(hf_config=str(path), layers="all"), engine=engine, world_size=world_size, batch=2, seq=16)
+    assert any(note.startswith("its 7 layers are one layer repeated: each rank's step traced at depths 3, 4, 5") for note in sampled.notes)
+    assert not any("layers" in note for note in whole.notes)
+    assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == world_size
+
+
+@pytest.mark.slow  # ZeRO-1 whole, one child
+@needs_fsdp2_collectives_of_torch_2_13
+def test_zero1_is_traced_whole_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    account = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine="zero1", world_size=2, batch=2, seq=16)
+    assert any(note.startswith("all 7 layers traced: zero1 hands out whole parameters") for note in account.notes)
+
+
+def test_trace_all_layers_without_a_config_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["shard", "--model", "resacct.account.answers.generic:mlp", "--trace-all-layers"]) == 2
+    err = capsys.readouterr().err
+    assert "--trace-all-layers applies to --hf-config" in err and err.count("\n") == 1
