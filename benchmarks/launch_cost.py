@@ -105,7 +105,7 @@ def _claims_launches(way: str) -> dict[str, float]:
     for world_size in (2, 4):
         sharding_runs._small_scale_launch.cache_clear()
         seconds[f"sharding gloo {world_size} ranks"] = _timed(lambda: sharding_runs._small_scale_launch(world_size))
-    sharding_runs._paper_scale_cache.clear()
+    sharding_runs._paper_scale_launch.cache_clear()
     seconds["sharding paper scale (1 child)"] = _timed(lambda: sharding_runs.paper_scale_measurements(1, "fp32-adamw"))
     parallelism._tensor_parallel_saved_bytes_per_rank.cache_clear()
     if way == "new":
