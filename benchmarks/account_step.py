@@ -176,8 +176,8 @@ def _account_model_bar(repeats: int, limit: float = 2.0) -> int:
     """CPU seconds of :func:`resacct.api.account_model` on transformers' GPT-2 (config ``gpt2``, built on
     meta, batch 1 × 1024) beside one bare FlopCounterMode over the same model's forward (its own loss)
     and backward, interleaved in one process after a warm-up of each; the ratio of the medians.
-    account_model does more than count: FLOPs, saved tensors and training state on meta, and the
-    step's peak predicted on fake CPU tensors (forward, backward, optimizer step) — fails above ``limit``."""
+    account_model does more than count: FLOPs, saved tensors, training state and the step's peak, all
+    from one pass on fake CPU tensors (forward, backward, optimizer step; docs/account.md "Trace once") — fails above ``limit``."""
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.api import account_model
 
