@@ -72,7 +72,10 @@ def share_with_other_worker(config: pytest.Config, *, type_checked: bool) -> int
     for path, how in work:
         pyc = _hook_pyc(finder, path) if how is finder else _rewrite_pyc(path)
         if _claim(pyc):
-            compiled += _compile_hooked(finder, path, pyc) if how is finder else _compile_rewritten(config, path, pyc)
+            try:
+                compiled += _compile_hooked(finder, path, pyc) if how is finder else _compile_rewritten(config, path, pyc)
+            except (SyntaxError, ValueError, OSError):  # the importer meets it and reports it as it always did
+                continue
     return compiled
 
 

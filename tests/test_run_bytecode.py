@@ -93,3 +93,18 @@ def test_without_workers_nothing_is_made(monkeypatch: pytest.MonkeyPatch, numpro
     run_bytecode.start_run(config)  # type: ignore[arg-type]
     assert run_bytecode.FOLDER_VARIABLE not in os.environ
     assert run_bytecode.share_with_other_worker(config, type_checked=True) == 0  # type: ignore[arg-type]
+
+
+def test_a_module_that_does_not_compile_is_left_to_the_importer(folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 pytestconfig: pytest.Config) -> None:
+    """A broken file under tests/ (a half-written test) does not stop the worker: its import reports it."""
+    broken = tmp_path / "tests" / "test_broken.py"
+    broken.parent.mkdir()
+    broken.write_text("def f(:\n")
+    fine = tmp_path / "tests" / "test_fine.py"
+    fine.write_text("def test_f():\n    assert 1\n")
+    monkeypatch.setattr(run_bytecode, "REPO", tmp_path)
+    monkeypatch.setenv(run_bytecode.FOLDER_VARIABLE, folder)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    assert run_bytecode.share_with_other_worker(pytestconfig, type_checked=False) == 1  # test_fine.py only
+    assert os.path.exists(run_bytecode._rewrite_pyc(str(fine))) and not os.path.exists(run_bytecode._rewrite_pyc(str(broken)))
