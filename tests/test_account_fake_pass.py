@@ -106,6 +106,49 @@ def test_an_activation_checkpointed_model_is_accounted_the_same(monkeypatch: pyt
     assert once.flops.backward_flops > 2 * once.flops.forward_flops  # the blocks' forward again in backward
 
 
+class _SavesItsOutput(torch.autograd.Function):
+    """exp, saving its output (as a custom function does): a saved output that is no op's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.exp()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+class _InPlace(nn.Module):
+    """In-place ops that save their result (relu_, sigmoid_) or a copy of ``self`` made before they run
+    (div_ by a tensor), and a custom function saving its output: the saves autograd treats apart."""
+
+    def __init__(self, *, modifies_a_saved_tensor: bool = False) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.modifies_a_saved_tensor = modifies_a_saved_tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        h = torch.relu_(h.div_(h.sum(-1, keepdim=True) + 1))
+        h = _SavesItsOutput.apply(self.second(h))
+        return h.sigmoid_() if self.modifies_a_saved_tensor else h.sigmoid()  # sigmoid_ overwrites what exp saved
+
+
+@pytest.mark.parametrize("modifies", [False, True], ids=["valid", "modifies-a-saved-tensor"])
+def test_in_place_ops_and_a_custom_function_are_accounted_the_same(monkeypatch: pytest.MonkeyPatch, modifies: bool) -> None:
+    """A step that overwrites a saved tensor cannot run (autograd raises in backward) — with saved-tensor hooks
+    autograd no longer checks, so the recorder does: the fake pass fails as it does alone, the meta pass runs."""
+    with torch.device("meta"):
+        model = _InPlace(modifies_a_saved_tensor=modifies)
+    once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
+    assert fed == (0 if modifies else 1)
+    _assert_same(once, meta)
+    assert (once.step_peak.predicted is None) == modifies
+
+
 @pytest.mark.parametrize("case", ["gpt2", "llama-gqa", "mixtral"])
 @pytest.mark.slow  # each a transformers model accounted twice
 def test_transformers_models_are_accounted_the_same(monkeypatch: pytest.MonkeyPatch, case: str) -> None:

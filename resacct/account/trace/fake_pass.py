@@ -210,7 +210,8 @@ def _record_saved_weakly(model: nn.Module, unpacked: Callable[[torch.Tensor], No
     it saves (``tensor_data``; the unpack detaches it again), with them it hands the pack hook the
     output itself and detaches whatever the unpack hook returns. So the pack hook detaches a saved
     output as autograd would have, and ``unpacked(tensor)`` is told of every other unpacked tensor
-    (the tracker skips the detach that follows)."""
+    (the tracker skips the detach that follows). Nor does autograd check, with hooks, that a saved
+    tensor was not modified in place before backward: the unpack hook does, and raises as it would."""
     result = SavedActivations()
     parameter_storages = WeakIdKeyDictionary()
     for parameter in model.parameters():
@@ -219,7 +220,7 @@ def _record_saved_weakly(model: nn.Module, unpacked: Callable[[torch.Tensor], No
     with module_stack(model) as stack:
 
         @no_type_check  # per-save hot path, and its caller's frame is read (_checkpoint_saving)
-        def pack(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        def pack(tensor: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
             result.saves += 1
             storage = tensor.untyped_storage()
             if storage not in seen:
@@ -233,11 +234,14 @@ def _record_saved_weakly(model: nn.Module, unpacked: Callable[[torch.Tensor], No
                          and type(node).__name__ != "CloneBackward0" and not _checkpoint_saving())
             if is_output:
                 tensor.detach()
-            return tensor, is_output
+            return tensor, is_output, tensor._version
 
         @no_type_check
-        def unpack(packed: tuple[torch.Tensor, bool]) -> torch.Tensor:
-            tensor, is_output = packed
+        def unpack(packed: tuple[torch.Tensor, bool, int]) -> torch.Tensor:
+            tensor, is_output, version = packed
+            if tensor._version != version:  # autograd checks this itself only without hooks: the step would raise here
+                raise RuntimeError(f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                                   f"at version {tensor._version}; expected version {version} instead")
             if not is_output:
                 unpacked(tensor)
             return tensor
