@@ -61,6 +61,16 @@ def test_a_meta_mlp_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest
     assert once.saved.activation_bytes > 0 and once.flops.step_flops > 0 and once.state.at_step_bytes > 0
 
 
+def test_a_partly_frozen_model_is_accounted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen parameter: counted among the parameters, without a gradient or optimizer state."""
+    model = _meta_mlp()
+    model[0].requires_grad_(False)
+    once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
+    assert fed == 1
+    _assert_same(once, meta)
+    assert once.state.parts_bytes["parameters"] > once.state.parts_bytes["gradients"]
+
+
 def test_resacct_gpt_with_its_own_loss_is_accounted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     from resacct.training.gpt import build_gpt
 
