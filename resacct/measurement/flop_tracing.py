@@ -54,6 +54,7 @@ _NO_ARITHMETIC = frozenset(
 )
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _packet_name(op: Any) -> str:
     """'aten.add.Tensor' → 'aten.add' (an overload's packet); packets and plain names pass through."""
     name = str(op)
@@ -72,6 +73,7 @@ def flop_counter_counts(op: Any) -> bool:
     return _packet_name(op) in {_packet_name(registered) for registered in flop_registry}
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _has_tag(op: Any, tag_name: str) -> bool:
     tag = getattr(torch.Tag, tag_name, None)
     return tag is not None and tag in getattr(op, "tags", ())
@@ -89,6 +91,7 @@ _ESTIMATE_PER_ELEMENT: dict[str, tuple[int, int]] = {
 }
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def estimate_uncounted_flops(op: Any, input_elements: int, output_elements: int) -> int | None:
     """resacct's estimate for one call of an op FlopCounterMode does not count (None: no estimate).
 
@@ -115,6 +118,7 @@ def estimate_uncounted_flops(op: Any, input_elements: int, output_elements: int)
     return None
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _resolve_op(op: Any) -> Any:
     """An OpOverload for ``op`` (given as one, or as a name such as 'aten.add.Tensor')."""
     if not isinstance(op, str):
@@ -197,12 +201,14 @@ class FlopTrace:
         return [op.op for op in self.uncounted_ops if phase in (None, op.phase)]
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _tensor_elements(value: Any) -> int:
     if isinstance(value, torch.Tensor):  # the common case, without flattening
         return value.numel()
     return sum(leaf.numel() for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def _first_tensor_elements(args: tuple[Any, ...]) -> int:
     for argument in args:  # tensors are almost always direct arguments
         if isinstance(argument, torch.Tensor):

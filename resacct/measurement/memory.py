@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import no_type_check
 
 import torch
 from jaxtyping import Shaped
@@ -157,6 +158,7 @@ def cruncher_training_memory_bytes(batch: int, dim: int, num_layers: int, optimi
 # ── measuring real tensors ─────────────────────────────────────────────────────────────────
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
 def storage_key(tensor: Shaped[torch.Tensor, "..."]) -> tuple[str, int]:
     """An identity for the storage behind ``tensor``: (device, data pointer); on the meta device,
     where every pointer is 0, the storage implementation's address. Views share their base's key.

@@ -135,6 +135,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.total_bytes += amount
 
     # ── hooks for engines that allocate beside the dispatcher (FSDP's storage resizes) ────────
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def storage_freed(self, nbytes: int, kind: str) -> None:
         """Called when a tracked storage dies (on whatever thread drops it); override to see frees."""
 
