@@ -18,6 +18,14 @@ from resacct.account.answers.generic import account_module  # noqa: E402
 from resacct.account.load.model_io import default_inputs  # noqa: E402
 
 
+from resacct.account.trace.fake_pass import FAKE_PASS_FROM_TORCH, torch_release  # noqa: E402
+
+#: before FAKE_PASS_FROM_TORCH the fake pass feeds nothing (the meta pass runs): the accounts are equal all the same
+TRACED_ONCE = torch_release() >= FAKE_PASS_FROM_TORCH
+needs_traced_once = pytest.mark.skipif(not TRACED_ONCE, reason=f"the fake pass feeds the account from torch "
+                                       f"{'.'.join(map(str, FAKE_PASS_FROM_TORCH))} (this is torch {torch.__version__})")
+
+
 def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, **kwargs: Any) -> tuple[Any, Any, int]:
     """The account traced once, then with the fake pass's records thrown away (the meta pass runs);
     the number of accounts the fake pass fed."""
@@ -56,7 +64,7 @@ def _meta_mlp() -> nn.Module:
 def test_a_meta_mlp_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest.MonkeyPatch, optimizer: str) -> None:
     model = _meta_mlp()
     once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"), optimizer=optimizer)
-    assert fed == 1
+    assert fed == int(TRACED_ONCE)
     _assert_same(once, meta)
     assert once.saved.activation_bytes > 0 and once.flops.step_flops > 0 and once.state.at_step_bytes > 0
 
@@ -66,7 +74,7 @@ def test_a_partly_frozen_model_is_accounted_the_same(monkeypatch: pytest.MonkeyP
     model = _meta_mlp()
     model[0].requires_grad_(False)
     once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
-    assert fed == 1
+    assert fed == int(TRACED_ONCE)
     _assert_same(once, meta)
     assert once.state.parts_bytes["parameters"] > once.state.parts_bytes["gradients"]
 
@@ -78,7 +86,7 @@ def test_resacct_gpt_with_its_own_loss_is_accounted_the_same(monkeypatch: pytest
     model.train()
     tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
     once, meta, fed = _both_ways(monkeypatch, model, (tokens,), loss="cross-entropy")
-    assert fed == 1
+    assert fed == int(TRACED_ONCE)
     _assert_same(once, meta)
 
 
@@ -107,11 +115,23 @@ class _Checkpointed(nn.Module):
         return x
 
 
+def _checkpoint_runs_on_meta() -> bool:
+    """torch 2.4's non-reentrant checkpoint looks up a device module ``torch.meta``, which it lacks."""
+    from torch.utils.checkpoint import checkpoint
+
+    try:
+        checkpoint(torch.nn.functional.gelu, torch.empty(2, device="meta", requires_grad=True), use_reentrant=False)
+    except AttributeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _checkpoint_runs_on_meta(), reason=f"torch {torch.__version__}'s checkpoint does not run on meta (no torch.meta)")
 def test_an_activation_checkpointed_model_is_accounted_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.device("meta"):
         model = _Checkpointed()
     once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
-    assert fed == 1
+    assert fed == int(TRACED_ONCE)
     _assert_same(once, meta)
     assert once.flops.backward_flops > 2 * once.flops.forward_flops  # the blocks' forward again in backward
 
@@ -154,7 +174,7 @@ def test_in_place_ops_and_a_custom_function_are_accounted_the_same(monkeypatch: 
     with torch.device("meta"):
         model = _InPlace(modifies_a_saved_tensor=modifies)
     once, meta, fed = _both_ways(monkeypatch, model, torch.empty(8, 32, device="meta"))
-    assert fed == (0 if modifies else 1)
+    assert fed == (0 if modifies or not TRACED_ONCE else 1)
     _assert_same(once, meta)
     assert (once.step_peak.predicted is None) == modifies
 
@@ -175,5 +195,5 @@ def test_transformers_models_are_accounted_the_same(monkeypatch: pytest.MonkeyPa
     model.train()
     inputs = default_inputs(model, batch=2, seq=16, device="meta")
     once, meta, fed = _both_ways(monkeypatch, model, inputs)
-    assert fed == (1 if case == "gpt2" else 0)
+    assert fed == (1 if case == "gpt2" and TRACED_ONCE else 0)
     _assert_same(once, meta)
