@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from fractions import Fraction
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -59,7 +60,7 @@ def affine_deviation_bytes(probes: list[FitProbe]) -> int | None:
     if len(probes) < 3:
         return None
     first, second = probes[0], probes[1]
-    slope = (second.peak_bytes - first.peak_bytes) / (second.size - first.size)
+    slope = Fraction(second.peak_bytes - first.peak_bytes, second.size - first.size)  # exact: peaks past 2**53 bytes lose bytes in floats
     return max(round(abs(p.peak_bytes - (first.peak_bytes + slope * (p.size - first.size)))) for p in probes[2:])
 
 
