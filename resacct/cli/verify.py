@@ -52,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown = parser.add_argument_group("what is printed (the report files always hold every claim that ran)")
     shown.add_argument("--all", action="store_true", help="list every claim, not only those that do not hold")
     shown.add_argument("--status", action="append", choices=_OUTCOMES, default=[], metavar="STATUS",
-                       help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted")
+                       help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted. "
+                            "Of this run: verify runs the claims again and replaces the report (the last run's is in "
+                            "<report-dir>/report.md and report.json)")
     shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
     shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages (a check's exception with its traceback), and every listed claim's inputs")
     shown.add_argument("--durations", type=_durations_count, nargs="?", const=10, default=None, metavar="N",
