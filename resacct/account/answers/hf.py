@@ -304,7 +304,7 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
     and extrapolated (:mod:`resacct.account.trace.repeated_layers`), any other model whole (see :func:`account_hf_config`'s ``layers``)."""
     from resacct.account.load.hf_models import with_depth
     from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
-    from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of, layer_plan
+    from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of, layer_plan, sampled_note
 
     plan = layer_plan(spec, layers)
     depth, why_not = plan.depth, plan.why_whole
@@ -319,9 +319,7 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
         except NotRepeating as error:
             why_not = str(error)
         else:
-            account.notes.append(f"its {depth} layers are one layer repeated: traced at depths {', '.join(map(str, SAMPLE_DEPTHS))} "
-                                 f"({sum(SAMPLE_DEPTHS)} layers, not {depth}) and extrapolated, every number fitted through two depths "
-                                 "and checked on the third (--trace-all-layers traces them all)")
+            account.notes.append(sampled_note(depth))
             return account
     account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak)
     if why_not is not None:

@@ -170,6 +170,7 @@ def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: t
     from resacct.account.peak.layer_segments import NotRepeating
     from resacct.account.peak.sharded import fsdp_units, predict_rank_summaries
     from resacct.account.peak.sharded_layers import sampled_rank_summaries
+    from resacct.account.trace.repeated_layers import sampled_note
 
     try:
         target = model.target()
@@ -181,8 +182,7 @@ def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: t
             depth = target.shallow.depth
             try:
                 summaries = sampled_rank_summaries(target.shallow, target.make_inputs, target.loss_fn(), engine, world_size, ranks, batch, fixed_seq)
-                layers_note = (f"its {depth} layers are one layer repeated: each rank's step traced at depths 3, 4, 5 (12 layers, not {depth}) "
-                               "and extrapolated, every number checked on the third depth (--trace-all-layers traces them all)")
+                layers_note = sampled_note(depth, "each rank's step")
             except NotRepeating as error:
                 layers_note = f"all {depth} layers traced: {error}"
         if summaries is None:

@@ -327,7 +327,7 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers
-    from resacct.account.peak.step_peak import _prediction as prediction_of
+    from resacct.account.peak.step_peak import prediction_of_tracker
 
     if engine not in ENGINES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
@@ -352,7 +352,7 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
                 del work, work_inputs, hooks
                 report[backend] = step_summary(tracker)
                 if layers is not None:
-                    report.setdefault("predictions", {})[backend] = prediction_of(tracker)
+                    report.setdefault("predictions", {})[backend] = prediction_of_tracker(tracker)
             summaries.append(report)
         finally:
             dist.destroy_process_group()

@@ -60,7 +60,7 @@ from resacct.measurement.memory_timeline import (
     run_training_step,
 )
 
-__all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "account_recipe_step_peak", "ENGINE"]
+__all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "prediction_of_tracker", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "account_recipe_step_peak", "ENGINE"]
 
 ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): the model never allocated"
 
@@ -200,10 +200,10 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
             torch.get_rng_state = original_rng_state
         if tracker.peak is None:
             raise ResacctError(f"the step of {type(model).__name__} dispatched no aten op; expected a forward that computes something")
-        return _prediction(tracker)  # before the collector runs again: the timeline's points are many small objects
+        return prediction_of_tracker(tracker)  # before the collector runs again: the timeline's points are many small objects
 
 
-def _prediction(tracker: LiveStorageTracker) -> PredictedStepPeak:
+def prediction_of_tracker(tracker: LiveStorageTracker) -> PredictedStepPeak:
     """The tracker's peak and timeline (from the first phase on; ``end`` counted as zero_grad's last point)."""
     start = next(held for phase, held in tracker.timeline if phase == "forward")
     kept = (*STEP_PHASES, "end")

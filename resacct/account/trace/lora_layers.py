@@ -22,7 +22,7 @@ from torch import nn
 from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, extrapolate_peak, segmenting
 from resacct.account.trace.repeated_layers import LayerPlan
 
-__all__ = ["ShallowLoraModels", "lora_layer_plan", "lora_step_peak", "sampled_note"]
+__all__ = ["ShallowLoraModels", "lora_layer_plan", "lora_step_peak"]
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,6 @@ def lora_layer_plan(config: Any, layers: str = "auto") -> LayerPlan:
 
     depth, why_not = config_repeated_depth(config)
     return plan_for_depth(depth, why_not, layers)
-
-
-def sampled_note(depth: int) -> str:
-    """What the command says of a step extrapolated from three depths."""
-    return (f"its {depth} layers are one layer repeated: the step traced at depths {', '.join(map(str, SAMPLE_DEPTHS))} "
-            f"({sum(SAMPLE_DEPTHS)} layers, not {depth}) and extrapolated, every number checked on the third depth")
 
 
 def lora_step_peak(model: nn.Module | ShallowLoraModels, inputs_of: Any, loss_fn: Any, optimizer_fn: Any, batch: int) -> Any:

@@ -167,8 +167,8 @@ def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 
     from resacct.account.load.hf_models import config_with_depth
     from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
-    from resacct.account.trace.lora_layers import ShallowLoraModels, lora_layer_plan, sampled_note
-    from resacct.account.trace.repeated_layers import extrapolate_dataclass
+    from resacct.account.trace.lora_layers import ShallowLoraModels, lora_layer_plan
+    from resacct.account.trace.repeated_layers import extrapolate_dataclass, sampled_note
 
     plan = lora_layer_plan(config, layers)
     why_whole = plan.why_whole
@@ -185,7 +185,7 @@ def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             why_whole = str(error)
         else:
             return dataclasses.replace(step, model=ShallowLoraModels(plan.depth, tuple(sample.model for sample in samples)),
-                                       layers_note=sampled_note(plan.depth))
+                                       layers_note=sampled_note(plan.depth, "the step"))
     step = _traced_lora_step(config, **traced)
     return step if why_whole is None else dataclasses.replace(step, layers_note=f"all {plan.depth} layers traced: {why_whole}")
 

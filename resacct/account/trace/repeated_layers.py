@@ -28,7 +28,7 @@ from typing import Any
 
 from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, extrapolate_peak
 
-__all__ = ["LAYER_CHOICES", "SAMPLED_ABOVE_LAYERS", "LayerPlan", "extrapolate_account", "extrapolate_dataclass", "layer_path_of", "layer_plan", "plan_for_depth"]
+__all__ = ["LAYER_CHOICES", "SAMPLED_ABOVE_LAYERS", "LayerPlan", "extrapolate_account", "extrapolate_dataclass", "layer_path_of", "layer_plan", "plan_for_depth", "sampled_note"]
 
 #: ``layers="auto"`` samples depths 3, 4 and 5 of a stack deeper than this: at 16 layers the two ways
 #: cost the same (4.9 CPU s each, ``account --hf-config olmo-2-0425-1b --seq 512``), at 32 sampling saves
@@ -70,6 +70,14 @@ def plan_for_depth(depth: int, why_not: str | None, layers: str) -> LayerPlan:
     if layers == "all" or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
         return LayerPlan(depth=depth, sample=False)
     return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not)
+
+
+def sampled_note(depth: int, traced: str = "") -> str:
+    """What a command says of an answer extrapolated from the sample depths (``traced``: what was
+    traced, "the step", "each rank's step"; "" for the whole account)."""
+    what = f"{traced} traced" if traced else "traced"
+    return (f"its {depth} layers are one layer repeated: {what} at depths {', '.join(map(str, SAMPLE_DEPTHS))} ({sum(SAMPLE_DEPTHS)} layers, "
+            f"not {depth}) and extrapolated, every number fitted through two depths and checked on the third (--trace-all-layers traces them all)")
 
 
 def layer_path_of(names: Sequence[str], depth: int) -> str:
