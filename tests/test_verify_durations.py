@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from resacct.cli import main
-from resacct.cli.verify import seconds_by_area, slowest_claims
+from resacct.reporting.durations import seconds_by_area, slowest_claims
+from resacct.harness.phases import PhaseClock
+from resacct.harness.workers import default_workers
 
 SPECS = Path(__file__).resolve().parents[1] / "resacct" / "specs"
 
@@ -61,6 +63,13 @@ def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_
     listed = [line for line in out.splitlines() if line.startswith("  ") and " s  " in line and "::" in line]
     assert len(listed) == 2 and "storage::strides-drawn-300-times" in listed[0], out
     assert "slowest 2 claims of 7" in out and "by area: storage" in out
+    phases = document["run"]["phases"]  # 2 workers by default on a Linux machine with 2 cores, else every claim here
+    expected = ["start", "claims in parallel", "claims alone", "claims report"] if default_workers() > 1 else ["start", "claims"]
+    assert list(phases) == expected and all(seconds >= 0 for seconds in phases.values()), phases
+    assert sum(phases.values()) <= document["run"]["seconds"] + 0.05  # no figures: the phases end with the claims
+    main_phase = "claims in parallel" if default_workers() > 1 else "claims"
+    assert phases[main_phase] >= by_id["strides-drawn-300-times"] - 0.05  # the claim ran inside that phase
+    assert "by phase (wall): start" in out and main_phase in out
 
 
 @pytest.mark.slow  # 1.96 s idle on 2026-11-28
@@ -90,6 +99,25 @@ def test_the_helpers_order_and_sum():
     assert slowest_claims(claims, 1)[0]["where"] == "b.yaml:5"
 
 
+def test_the_phase_clock_counts_each_phase_from_the_end_of_the_one_before():
+    clock = PhaseClock(started=100.0)
+    clock.mark("start", now=102.5)
+    clock.mark("claims", now=130.0)
+    clock.mark("figures", now=131.25)
+    assert clock.phase_seconds() == {"start": 2.5, "claims": 27.5, "figures": 1.25}
+    clock.mark("start", now=103.0)  # marked again: its last end, still before claims
+    assert clock.phase_seconds() == {"start": 3.0, "claims": 27.0, "figures": 1.25}
+    assert PhaseClock(started=5.0).phase_seconds() == {}
+
+
+@pytest.mark.slow  # one process: the phases of a run without workers
+def test_one_process_has_a_claims_phase_and_figures(specs_dir, tmp_path):
+    assert main(["verify", "--specs", str(specs_dir), "--report-dir", str(tmp_path / "r"), "--workers", "1", "--no-roofline", "-q"]) == 0
+    document = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
+    phases = document["run"]["phases"]
+    assert list(phases) == ["start", "claims", "figures"] and phases["figures"] > 0, phases  # step-timeline.png drawn
+
+
 @pytest.mark.parametrize("value", ["-1", "many"])
 def test_a_bad_count_is_one_line_exit_2(value, capsys):
     assert main(["verify", "--durations", value]) == 2
@@ -100,7 +128,7 @@ def test_a_bad_count_is_one_line_exit_2(value, capsys):
 def test_the_durations_lines_fit_100_columns():
     """Long claim ids and many areas (the shipped 36 areas' line was 554 characters) wrap or move
     their detail to the next line, as every other line verify prints fits 100 columns."""
-    from resacct.cli.verify import _durations_text
+    from resacct.reporting.durations import durations_text as _durations_text
 
     claims = [{"area": f"area{index:02d}", "id": "a-claim-id-long-enough-to-push-the-line-past-the-edge-" + "x" * index,
                "seconds": 1.0 + index, "outcome": "refuted", "path": "specs/peak_sharded.claims.yaml", "line": 125} for index in range(36)]

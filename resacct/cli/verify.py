@@ -17,14 +17,13 @@ import argparse
 import os
 import shutil
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["register", "run_verify", "default_specs_dir", "seconds_by_area", "slowest_claims"]
+__all__ = ["register", "run_verify", "default_specs_dir"]
 
 STATUS_STYLE = {"holds": "green", "refuted": "magenta", "skipped": "yellow", "inconclusive": "yellow", "failed": "bold red", "invalid": "bold red"}
 _OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
@@ -58,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
     shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages (a check's exception with its traceback), and every listed claim's inputs")
     shown.add_argument("--durations", type=_durations_count, nargs="?", const=10, default=None, metavar="N",
-                       help="also print the N slowest claims (default 10; 0: every claim) and each area's seconds; report.json always "
-                            "holds every claim's seconds and run.seconds_by_area")
+                       help="also print the N slowest claims (default 10; 0: every claim), each area's seconds and each phase's wall "
+                            "seconds; report.json always holds every claim's seconds, run.seconds_by_area and run.phases")
     shown.add_argument("--json", action="store_true",
                        help="print one strict JSON object (counts, per-area counts, run, report files, and the claims --status selects; all by default)")
     parser.add_argument("--gpu-required", action="store_true", help="fail GPU claims instead of skipping them when no GPU is present")
@@ -85,7 +84,7 @@ def _report_dir(text: str) -> Path:
 
 
 def _workers_count(text: str) -> int:
-    from resacct.harness.workers import workers_count  # (pytest is imported only when --workers is given)
+    from resacct.harness.worker_count import workers_count
     return workers_count(text)
 
 
@@ -100,40 +99,6 @@ def _durations_count(text: str) -> int:
     return value
 
 
-def seconds_by_area(claims: list[dict[str, Any]]) -> dict[str, float]:
-    """Each area's claims' seconds summed (report.json's ``run.seconds_by_area``), slowest area first.
-
-    >>> seconds_by_area([{"area": "a", "seconds": 0.5}, {"area": "b", "seconds": 2.0}, {"area": "a", "seconds": 0.25}])
-    {'b': 2.0, 'a': 0.75}
-    """
-    totals: dict[str, float] = {}
-    for record in claims:
-        totals[record["area"]] = totals.get(record["area"], 0.0) + float(record.get("seconds") or 0.0)
-    return {area: round(total, 3) for area, total in sorted(totals.items(), key=lambda item: (-item[1], item[0]))}
-
-
-def slowest_claims(claims: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """The ``count`` slowest claims (0: all), each as area, id, seconds, outcome, file:line; slowest first."""
-    ordered = sorted(claims, key=lambda r: (-float(r.get("seconds") or 0.0), r["area"], r["id"]))
-    return [{"area": r["area"], "id": r["id"], "seconds": round(float(r.get("seconds") or 0.0), 3), "outcome": r.get("outcome"),
-             "where": f"{r.get('path')}:{r.get('line')}"} for r in (ordered if count == 0 else ordered[:count])]
-
-
-def _durations_text(document: dict[str, Any], count: int) -> str:
-    claims = document["claims"]
-    total = sum(float(r.get("seconds") or 0.0) for r in claims)
-    lines = [f"slowest {'' if count == 0 else f'{min(count, len(claims))} '}claims of {len(claims)} "
-             f"({total:.1f} s in claims; {document['run']['seconds']:.1f} s the whole run):"]
-    for r in slowest_claims(claims, count):  # every line fits the terminal's 100 columns, as the rest of verify's output
-        name, detail = f"  {r['seconds']:8.3f} s  {r['area']}::{r['id']}", f"({r['outcome']}, {r['where']})"
-        lines += [f"{name}  {detail}"] if len(name) + 2 + len(detail) <= _COLUMNS else [name[:_COLUMNS], f"{' ' * 14}{detail}"[:_COLUMNS]]
-    by_area = document["run"].get("seconds_by_area") or seconds_by_area(claims)
-    lines += textwrap.wrap("by area: " + ", ".join(f"{area} {seconds:.1f} s" for area, seconds in by_area.items()),
-                           width=_COLUMNS, subsequent_indent="  ", break_on_hyphens=False)
-    return "\n".join(lines)
-
-
-_COLUMNS = 100
 
 
 def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
@@ -204,6 +169,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
     """The run under ``latch``: Ctrl-C at any moment is 130 with the complete report kept — before the
     claims run (torch's import completes first), while they run (the finished ones go to a
     partial report), or after (nothing is published)."""
+    from resacct.harness.phases import begin_run
     from resacct.reporting import ReportStaging
 
     specs = args.specs or default_specs_dir()
@@ -211,6 +177,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
     pattern = _selection_pattern(args)
     staging = ReportStaging(args.report_dir)  # refuses a --report-dir that cannot be one before any claim runs
     started = time.monotonic()
+    begin_run(started)
     try:
         with latch.deferred():
             _import_what_claims_need()
@@ -236,9 +203,11 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
 
 def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], specs: Path, pattern: str | None,
                      staging: Any, started: float) -> tuple[Any, Path]:
+    from resacct.harness.phases import mark, run_clock
     from resacct.harness.run import run_claims
-    from resacct.harness.workers import default_workers
+    from resacct.harness.worker_count import default_workers
     from resacct.reporting import write_report_files
+    from resacct.reporting.durations import seconds_by_area
 
     workers = args.workers if args.workers is not None else default_workers()
     run = run_claims(files, staging.path, pattern=pattern, workers=workers, gpu_required=args.gpu_required,
@@ -256,6 +225,9 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
     timeline = None if args.no_timeline or run.interrupted else _write_step_timeline(staging.path)  # with this process's threads, as the claims
+    if roofline or timeline:
+        mark("figures")
+    document["run"]["phases"] = run_clock().phase_seconds()
     if not run.interrupted:
         latch.check()  # a Ctrl-C that Python dropped after the last claim: nothing is published
     write_report_files(document, staging.path, roofline.read_bytes() if roofline else None, timeline.read_bytes() if timeline else None)
@@ -304,6 +276,7 @@ def _print_machine_line() -> None:
 
 def _print_result(args: argparse.Namespace, document: dict[str, Any], destination: Path, files_written: list[str]) -> None:
     from resacct.reporting import counts_by_area, evidence_summary, outcome_counts, run_notice, strict_json_text
+    from resacct.reporting.durations import durations_text, slowest_claims
     from resacct.reporting.terminal import render_summary, summary_line
 
     diverted = destination.resolve() != Path(args.report_dir).resolve()
@@ -334,7 +307,7 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
     else:
         print(render_summary(document, statuses=_shown_statuses(args), width=output_width_columns(), verbose=args.verbose))
     if args.durations is not None and document["claims"]:
-        print(_durations_text(document, args.durations))
+        print(durations_text(document, args.durations))
     print(moved)
 
 

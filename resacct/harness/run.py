@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
+from resacct.harness.phases import mark
 
 __all__ = ["ClaimsRun", "InterruptLatch", "run_claims"]
 
@@ -92,6 +93,7 @@ class _Progress:
         self.task = None
 
     def pytest_collection_finish(self, session: Any) -> None:
+        mark("start")
         self.latch.check()
         self.task = self.progress.add_task("verifying claims", total=len(session.items))
 
@@ -168,6 +170,7 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
                     # pytest's own report of the Ctrl-C can fail (a traceback entry without a line number:
                     # TypeError in _pytest/_code/code.py); the run was interrupted all the same
                     exit_code = int(pytest.ExitCode.INTERRUPTED)
+    mark("claims" if workers < 2 else "claims report")
     (directory / "pytest.log").write_text(log.getvalue(), encoding="utf-8")
     interrupted = exit_code == int(pytest.ExitCode.INTERRUPTED) or latch.received
     if json_path.exists():

@@ -41,6 +41,8 @@ from typing import Any
 import pytest
 
 from resacct.harness.early_ranks import WORKERS_PLUGIN_NAME, start_ranks_early
+from resacct.harness.phases import mark
+from resacct.harness.worker_count import default_workers, workers_count
 
 __all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "default_workers", "workers_count"]
 
@@ -60,35 +62,6 @@ _SHARED_IMPORTS_FROM_SECONDS = 10.0
 
 #: How long a worker may take to stop after Ctrl-C (its claim's own cleanup: a launch kills its ranks) before it is killed.
 _STOP_GRACE_SECONDS = 20.0
-
-
-def default_workers() -> int:
-    """``resacct verify``'s default: 2 processes where the machine has 2 cores or more and can fork
-    (Linux) and torch sees no GPU, else 1 (every claim in this process). With a GPU, ``--workers N``
-    forks all the same (the GPU claims run in this process), but a CPU claim that touches CUDA in a
-    forked worker fails there: not a default until a GPU host has run it."""
-    import torch
-
-    if (os.cpu_count() or 1) < 2 or not sys.platform.startswith("linux") or torch.cuda.is_available():
-        return 1
-    return 2
-
-
-def workers_count(text: str) -> int:
-    """``resacct verify --workers N`` (an argparse type): 1 (every claim in this process) up to the
-    machine's CPU count."""
-    import argparse
-
-    cpus = os.cpu_count() or 1
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers {text!r}: expected a whole number of processes, 1 to {cpus} (1: every claim in this process)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--workers must be 1 or more (1: every claim in this process), got {value}")
-    if value > cpus:
-        raise argparse.ArgumentTypeError(f"--workers {value}: this machine has {cpus} CPUs and the claims are CPU-bound; expected 1 to {cpus}")
-    return value
 
 
 def runs_alone(item: pytest.Item) -> bool:
@@ -151,7 +124,9 @@ class ClaimWorkers:
         groups, alone = item_groups(session.items)
         if sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS:
             _import_shared_modules()
+            mark("shared imports")
         left = _Parallel(self, session, groups).run()
+        mark("claims in parallel")
         for index, item in enumerate(left + alone):
             following = (left + alone)[index + 1:]
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following[0] if following else None)
@@ -159,6 +134,7 @@ class ClaimWorkers:
                 raise session.Failed(session.shouldfail)
             if session.shouldstop:
                 raise session.Interrupted(session.shouldstop)
+        mark("claims alone")
         return True
 
 
