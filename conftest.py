@@ -12,9 +12,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import jaxtyping
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests import lazy_typecheck
 
 pytest_plugins = ["pytester", "tests.quick_tier", "tests.xdist_groups"]
 
@@ -25,7 +26,9 @@ pytest_plugins = ["pytester", "tests.quick_tier", "tests.xdist_groups"]
 # (94 s vs 67 s for `pytest resacct/specs`, one process, 2026-11-24). The hook must be installed
 # before any resacct module is imported, which is why it lives here and not in pytest.ini's
 # `--jaxtyping-packages` (whose parser cannot take a list of modules with a configured checker).
-# It is installed in every session but the plain quick tier outside CI (typecheck_wanted, below).
+# It is installed in every session but the plain quick tier outside CI (typecheck_wanted, below), and
+# decorates each function on its first call (tests/lazy_typecheck.py: ~70 % of the functions imported
+# are never called in the quick tier; a called one is checked exactly as by jaxtyping's own hook).
 UNCHECKED_SUBPACKAGES = frozenset({"harness", "reporting", "cli", "specs"})
 TYPECHECKER = "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
 
@@ -83,7 +86,7 @@ _already_imported = sorted(name for name in sys.modules if name == "resacct" or 
 if _already_imported:
     raise RuntimeError(f"resacct was imported before the type-checking hook: {_already_imported[:5]}")
 if os.environ.get("RESACCT_TYPECHECK", "1") != "0":  # RESACCT_TYPECHECK=0: without it (benchmarks)
-    _HOOK.append(jaxtyping.install_import_hook(type_checked_modules(), TYPECHECKER))
+    _HOOK.append(lazy_typecheck.install_import_hook(type_checked_modules(), TYPECHECKER))
 
 
 @pytest.hookimpl(tryfirst=True)
