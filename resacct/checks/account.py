@@ -16,7 +16,7 @@ from resacct.account import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account.trace.step_measurements import measure_step_once, measure_training_state
+from resacct.account.trace.step_measurements import TrainingStateMeasurement, measure_step_once, measure_training_state
 from resacct.measurement.activations import (
     gpt_loss,
     predict_gpt_step_peak_bytes,
@@ -102,21 +102,28 @@ def gpt_step_flops(model: str, batch: int, seq: int, phase: str = "step", attent
     )
 
 
-@check("account.gpt_training_state", evidence="measured", quantities=("params", "parameter_tensors", "step_counter_bytes"))
-def gpt_training_state(model: str, recipe: str, moment: str, include_step_counters: bool = True, device: str = "cpu") -> Outcome:
-    """Bytes of distinct storages a real torch.optim.AdamW run of a GPT holds under ``recipe``
-    (bf16 model copy + fp32 master + fp32 AdamW state for the master recipes), during its second
-    step: right after backward, or when ``step()`` runs. The tied LM head is the embedding's
-    storage: counted once."""
+@shared_measurement
+def _training_state(model: str, recipe: str, device: str) -> TrainingStateMeasurement:
+    """The training state of a real AdamW run of ``model`` under ``recipe``, once per input (both
+    moments, with and without the step counters, come from the one run)."""
     config = get_gpt_config(model)
     net = build_gpt(config, device=device)
     tokens, targets = _tokens(config, 2, min(16, config.context_length), device)
     loss_fn = lambda module: gpt_loss(module, tokens, targets)  # noqa: E731
     # the same bytes either way; on meta one traced pass is cheaper than two steps (gpt2-small: ~0.5 against ~0.8 CPU s),
     # on a tiny CPU model FlopCounterMode costs more than the second step
-    state = measure_step_once(net, loss_fn, recipe, fill_tracer_gaps=False).state if device == "meta" else measure_training_state(net, loss_fn, recipe)
+    return measure_step_once(net, loss_fn, recipe, fill_tracer_gaps=False).state if device == "meta" else measure_training_state(net, loss_fn, recipe)
+
+
+@check("account.gpt_training_state", evidence="measured", quantities=("params", "parameter_tensors", "step_counter_bytes"))
+def gpt_training_state(model: str, recipe: str, moment: str, include_step_counters: bool = True, device: str = "cpu") -> Outcome:
+    """Bytes of distinct storages a real torch.optim.AdamW run of a GPT holds under ``recipe``
+    (bf16 model copy + fp32 master + fp32 AdamW state for the master recipes), during its second
+    step: right after backward, or when ``step()`` runs. The tied LM head is the embedding's
+    storage: counted once."""
     if moment not in ("after_backward", "at_step"):
         raise ResacctError(f"moment {moment!r}: expected after_backward or at_step")
+    state = _training_state(model, recipe, device)
     measured = state.after_backward_bytes if moment == "after_backward" else state.at_step_bytes
     predicted = state.predicted_after_backward_bytes if moment == "after_backward" else state.predicted_at_step_bytes
     counters = state.step_counter_bytes
