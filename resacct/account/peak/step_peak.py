@@ -44,6 +44,8 @@ from torch import nn
 from resacct.account.peak.accumulation import check_micro_batches, measure_accumulated_step_memory, run_accumulated_step
 from resacct.account.peak.recipes import master_parameters_of, optimizer_state_tensors
 from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers, segments_of
+from resacct.account.peak.fake_state import made_adam_state
+from resacct.account.peak.optimizer_replay import replayed_optimizer_steps
 from resacct.account.peak.tracker import LiveStorageTracker, PeakMoment
 from resacct.account.render.rows import Row
 from resacct.errors import ResacctError
@@ -182,11 +184,12 @@ def predict_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
                 tracker.name_modules(fake_model)
                 if (layers := segmenting_layers()) is not None:
                     hooks += mark_layer_segments(fake_model, tracker, layers)
-                if micro_batches == 1:
-                    with contextlib.nullcontext() if recorder is None else recorder.start(fake_model, optimizer, tracker):
-                        run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark if recorder is None else recorder.marking(tracker.mark))
-                else:
-                    run_accumulated_step(fake_model, fake_inputs, loss_fn, optimizer, micro_batches, tracker.mark)
+                with replayed_optimizer_steps(optimizer, tracker):  # one parameter of each shape traced, the others replayed
+                    if micro_batches == 1:
+                        with contextlib.nullcontext() if recorder is None else recorder.start(fake_model, optimizer, tracker):
+                            run_training_step(fake_model, fake_inputs, loss_fn, optimizer, tracker.mark if recorder is None else recorder.marking(tracker.mark))
+                    else:
+                        run_accumulated_step(fake_model, fake_inputs, loss_fn, optimizer, micro_batches, tracker.mark)
                 for hook in hooks:
                     hook.remove()
                 del fake_model, fake_inputs, parameters, optimizer, hooks  # freed by their counts now, not by the collector later
@@ -215,47 +218,6 @@ def prediction_of_tracker(tracker: LiveStorageTracker) -> PredictedStepPeak:
                               source=ENGINE)
     return PredictedStepPeak(peak=tracker.peak, timeline=timeline, ops_seen=dict(tracker.ops_seen), unprobed_matmuls=tracker.unprobed_matmuls,
                              segments=segments)
-
-
-def made_adam_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Make a ``torch.optim.Adam``/``AdamW``'s state (or a
-    :class:`~resacct.account.peak.recipes.MasterWeightsOptimizer` stepping one) as its first step on
-    zero gradients leaves it — each parameter's ``step`` counter at 1 (a CPU float scalar) and its
-    ``exp_avg`` and ``exp_avg_sq`` (``max_exp_avg_sq`` with amsgrad) shaped like it, as
-    ``Adam._init_group`` makes them — without that step's dozen ops a parameter (on fake tensors,
-    a fifth of a prediction's time). False, making nothing: another optimizer, fused, capturable or
-    differentiable, a parameter without a gradient, or state already there;
-    :func:`~resacct.measurement.memory_timeline.make_optimizer_state` then runs the step.
-    ``tests/test_account_trace_once.py`` checks the two ways give the same prediction to the byte.
-
-    >>> weight = torch.nn.Parameter(torch.ones(2, 3))
-    >>> adamw = torch.optim.AdamW([weight])
-    >>> made_adam_state(adamw), sorted(adamw.state[weight]), adamw.state[weight]["step"].item()
-    (True, ['exp_avg', 'exp_avg_sq', 'step'], 1.0)
-    """
-    from torch.optim.optimizer import _get_scalar_dtype
-
-    from resacct.account.peak.recipes import MasterWeightsOptimizer
-
-    inner = optimizer.inner if type(optimizer) is MasterWeightsOptimizer else optimizer
-    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW) or inner.state:
-        return False
-    groups = inner.param_groups
-    if any(group["fused"] or group["capturable"] or group["differentiable"] for group in groups):
-        return False
-    if any(not parameter.requires_grad for group in groups for parameter in group["params"]):
-        return False
-    if inner is not optimizer and any(not parameter.requires_grad for parameter in optimizer.model_parameters):
-        return False
-    for group in groups:
-        for parameter in group["params"]:
-            state = inner.state[parameter]
-            state["step"] = torch.tensor(1.0, dtype=_get_scalar_dtype(), device="cpu")
-            state["exp_avg"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-    return True
 
 
 def _state_is_torch_optims(optimizer: torch.optim.Optimizer) -> bool:
@@ -349,7 +311,6 @@ def account_step_peak(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optim
     if micro_batches > 1:
         notes.append(f"gradient accumulation: {micro_batches} micro-steps on the same micro-batch, gradients kept between them")
     return StepPeakAccount(predicted=predicted, measured=measured, gap=gap, notes=notes)
-
 
 
 def account_model_step_peak(model: nn.Module, inputs: Any, *, loss: str, recipe: Any, optimizer: str, measure: bool,

@@ -110,12 +110,16 @@ class LiveStorageTracker(TorchDispatchMode):
         self.segments: list[list[Any]] | None = None
         self.segment_path = ""
         self._skip_detach_of: int | None = None  # id of the storage whose detach is the next op's to skip (:meth:`skip_next_detach`)
+        #: when not None, told of every event that moves the count (:mod:`resacct.account.peak.optimizer_replay`)
+        self.event_log: Any = None
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
         nbytes = storage.nbytes() if nbytes is None else nbytes
         entry = [nbytes, kind]
+        if self.event_log is not None:
+            self.event_log.added(entry)
         self._live[storage] = entry
         weakref.finalize(storage, self._drop, entry)
         self.bytes_by_kind[kind] += nbytes
@@ -123,6 +127,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _drop(self, entry: list) -> None:
+        if self.event_log is not None:
+            self.event_log.dropped(entry)
         self.bytes_by_kind[entry[1]] -= entry[0]
         self.total_bytes -= entry[0]
         self.storage_freed(entry[0], entry[1])
@@ -131,6 +137,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _change(self, amount: int, kind: str) -> None:
+        if self.event_log is not None:
+            self.event_log.changed("a storage's bytes or kind changed")
         self.bytes_by_kind[kind] += amount
         self.total_bytes += amount
 
@@ -158,6 +166,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def classify(self, tensors: Iterable[Any], kind: str) -> None:
         """Name the storages of ``tensors`` (None skipped) as ``kind``; unseen ones are added."""
+        if self.event_log is not None:
+            self.event_log.changed(f"storages classified as {kind}")
         for tensor in tensors:
             if not isinstance(tensor, torch.Tensor):
                 continue
@@ -227,6 +237,8 @@ class LiveStorageTracker(TorchDispatchMode):
             self._resolve_pending_scalars()
         _, name, sized_output, workspace_op, probed_op = _facts_of(func)
         self.ops_seen[name] += 1
+        if self.event_log is not None:
+            self.event_log.op(name, args, kwargs)
         real_bytes = output_storage_bytes(func, args, kwargs) if sized_output else None  # a kernel that returns its output in a larger storage
         if isinstance(out, torch.Tensor):
             storage = out.untyped_storage()
@@ -249,6 +261,8 @@ class LiveStorageTracker(TorchDispatchMode):
             scratchpad = matmul_scratchpad_bytes(func, args, kwargs) if probed_op else 0
             if scratchpad is None:
                 self.unprobed_matmuls += 1
+                if self.event_log is not None:
+                    self.event_log.changed("a matmul too large to probe")
             self._observe(name, wrapped, workspace, scratchpad or 0)
         return out
 
@@ -273,12 +287,16 @@ class LiveStorageTracker(TorchDispatchMode):
         if self._pending_scalars:
             self._resolve_pending_scalars()
         self.ops_seen[_DEVICE_QUERY_NAME] += 1
+        if self.event_log is not None:
+            self.event_log.op(_DEVICE_QUERY_NAME, args, kwargs)
         if self.phase in _OBSERVED_PHASES:
             self._observe(_DEVICE_QUERY_NAME, 0, 0)
         return out
 
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def _observe(self, op: str, transient_bytes: int, workspace_bytes: int, scratchpad_bytes: int = 0) -> None:
+        if self.event_log is not None:
+            self.event_log.observed(op, transient_bytes, workspace_bytes, scratchpad_bytes)
         candidate = self.total_bytes + transient_bytes + workspace_bytes + scratchpad_bytes
         self.timeline.append((self.phase, candidate))
         segment = self.segments[-1] if self.segments else None

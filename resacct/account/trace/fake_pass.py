@@ -158,10 +158,10 @@ class FakeStepRecorder:
         self.state = state_measurement(self.model, self.recipe, self.optimizer_name, after_backward_bytes=total, at_step_parts=parts)
 
 
-def _checkpoint_saving() -> bool:
+def _checkpoint_saving(frame: Any) -> bool:
     """Whether the save being packed is ``torch.utils.checkpoint``'s own ``_make_saved_tensor(arg,
-    is_output=False)`` of a segment's inputs (no node made: its input looks like the newest node's output)."""
-    frame = sys._getframe(2)  # pack's caller
+    is_output=False)`` of a segment's inputs (no node made: its input looks like the newest node's output);
+    ``frame``: the pack hook's caller (read by the hook itself: a wrapper around this function moves its own frames)."""
     for _ in range(3):  # a wrapper or two between them at most
         if frame is None:
             return False
@@ -245,7 +245,7 @@ def _record_saved_weakly(model: nn.Module, unpacked: Callable[[torch.Tensor], No
             # saves before it runs (``self.clone()``: clone's node saves nothing), nor checkpoint's own save of its inputs.
             node = tensor.grad_fn
             is_output = (node is not None and node._sequence_nr() == torch.autograd._get_sequence_nr() - 1
-                         and type(node).__name__ != "CloneBackward0" and not _checkpoint_saving())
+                         and type(node).__name__ != "CloneBackward0" and not _checkpoint_saving(sys._getframe(1)))
             if is_output:
                 tensor.detach()
             return tensor, is_output, tensor._version
