@@ -432,7 +432,7 @@ def test_the_default_output_for_the_shipped_claims_fits_100_columns_and_150_line
     listed = [record for record in records if record["outcome"] == "refuted" and any(line.startswith(f"  {record['id']}: ") for line in lines)]
     assert all(any(record["truth"][:20] in line for line in lines) for record in listed)  # each listed one with its truth
     more = [line for line in lines if line.startswith("  … and ")]
-    assert len(listed) == refuted or more == [f"  … and {refuted - len(listed)} more refuted: resacct verify --status refuted, or errata.md"]
+    assert len(listed) == refuted or more == [f"  … and {refuted - len(listed)} more refuted: resacct verify --last --status refuted, or errata.md"]
     assert max(len(line) for line in lines) <= 100
     assert len(lines) < 150, f"{len(lines)} lines for {len(records)} claims ({refuted} refuted)"
     evidence = lines.index(next(line for line in lines if line.startswith("evidence: ")))
@@ -471,7 +471,7 @@ def test_many_refuted_claims_get_one_line_each_to_keep_the_default_short():
     document = {"environment": {}, "claims": records}
     short = render_summary(document).splitlines()
     assert len(short) < 150 and "  claim-7: the source doubles it" in short
-    assert "REFUTED (100): one line each, the truth (--status refuted adds law, value and measurement)" in short
+    assert "REFUTED (100): one line each, the truth (verify --last --status refuted: law, value, measurement)" in short
     full = render_summary(document, statuses=("refuted",)).splitlines()
     assert "  claim-7: 2*n = 14; measured 7" in full and "    the source doubles it" in full and len(full) > 200
 
@@ -487,7 +487,7 @@ def test_more_refuted_claims_than_lines_are_counted_not_cut_silently():
     assert len(lines) <= 145 and any(line.startswith("  broken") for line in lines)  # a failure is never the one cut
     listed = [line for line in lines if line.startswith("  claim-")]
     assert 100 < len(listed) < 300 and listed[0] == "  claim-1: the source doubles it"
-    assert f"  … and {300 - len(listed)} more refuted: resacct verify --status refuted, or errata.md" in lines
+    assert f"  … and {300 - len(listed)} more refuted: resacct verify --last --status refuted, or errata.md" in lines
 
 
 @pytest.mark.slow

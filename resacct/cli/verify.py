@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  resacct verify\n  resacct verify --area dtypes --area storage --all\n  resacct verify -k gpt3 --status holds\n"
-               "  resacct verify --json | jq '.counts'",
+               "  resacct verify --json | jq '.counts'\n  resacct verify --last --status failed",
     )
     parser.add_argument("--specs", type=Path, default=None, help="a folder of *.claims.yaml files, or one such file (default: the claims shipped with resacct)")
     parser.add_argument("--area", action="append", default=[], help="only this area (repeatable), e.g. dtypes; the report is partial")
@@ -52,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("--all", action="store_true", help="list every claim, not only those that do not hold")
     shown.add_argument("--status", action="append", choices=_OUTCOMES, default=[], metavar="STATUS",
                        help=f"list the claims with this outcome (repeatable; one of {', '.join(_OUTCOMES)}); default: failed, invalid, refuted. "
-                            "Of this run: verify runs the claims again and replaces the report (the last run's is in "
-                            "<report-dir>/report.md and report.json)")
+                            "Of this run: verify runs the claims again and replaces the report; --last lists the last run's "
+                            "without running a claim")
     shown.add_argument("-q", "--quiet", action="store_true", help="print only the summary line and where the report went")
     shown.add_argument("-v", "--verbose", action="store_true", help="whole truths and messages (a check's exception with its traceback), and every listed claim's inputs")
     shown.add_argument("--durations", type=_durations_count, nargs="?", const=10, default=None, metavar="N",
@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--no-timeline", action="store_true",
                         help="skip step-timeline.png: one training step's memory, predicted beside the CPU allocator's measurement (~1 s)")
+    parser.add_argument("--last", action="store_true",
+                        help="run nothing: list the last run's report in --report-dir (report.json) as that run printed it; "
+                             "--status, --all, --durations, --json, -q and -v apply; exit 1 when a claim in it failed")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON", default=None,
                         help="run nothing: combine report.json files (e.g. one per tox env or machine) into a claims × environment matrix "
                              "(torch version · device · CPU bf16 kind)")
@@ -158,11 +161,26 @@ def _check_switch_variables() -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from resacct.harness.run import InterruptLatch
 
+    if args.last:
+        return _list_last_run(args)
     if args.merge:
         return run_merge(args.merge, args.report_dir, quiet=args.quiet, json_output=args.json)
     _check_switch_variables()
     with InterruptLatch().installed() as latch:
         return _run_verify(args, latch)
+
+
+def _list_last_run(args: argparse.Namespace) -> int:
+    """``--last``: the report in --report-dir printed as its run printed it; that run's exit status."""
+    from resacct.cli._verify_last import last_report, refuse_run_options
+
+    refuse_run_options(args)
+    document, folder, files, note = last_report(args.report_dir)
+    _print_result(args, document, folder, files)
+    if not args.json:
+        created = (document.get("environment") or {}).get("created") or "at an unknown time"
+        print(f"(--last: nothing ran; this is the run of {created})" + (f"\n{note}" if note else ""))
+    return 1 if any(record.get("outcome") in {"failed", "invalid"} for record in document["claims"]) else 0
 
 
 def _run_verify(args: argparse.Namespace, latch: Any) -> int:
@@ -171,6 +189,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
     partial report), or after (nothing is published)."""
     from resacct.harness.phases import begin_run
     from resacct.reporting import ReportStaging
+    from resacct.reporting.directory import REPORT_FILES_LISTED
 
     specs = args.specs or default_specs_dir()
     files = _claim_files(specs, args.area)
@@ -190,8 +209,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
         staging.discard()
         raise
     document = run.document
-    files_written = [name for name in ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "step-timeline.png", "pytest.log")
-                     if (destination / name).exists()]
+    files_written = [name for name in REPORT_FILES_LISTED if (destination / name).exists()]
     _print_result(args, document, destination, files_written)
     if run.interrupted:
         print(f"resacct verify: interrupted: the {len(document['claims'])} claims that finished are in {destination}/ (marked partial)",

@@ -27,9 +27,11 @@ from resacct.reporting.documents import is_complete, load_report, strict_json_te
 from resacct.reporting.html import render_html
 from resacct.reporting.markdown import render_errata_markdown, render_markdown
 
-__all__ = ["REPORT_FILES", "ReportStaging", "write_report_files", "holds_complete_report"]
+__all__ = ["REPORT_FILES", "REPORT_FILES_LISTED", "ReportStaging", "write_report_files", "holds_complete_report"]
 
 REPORT_FILES = ("roofline.png", "step-timeline.png", "pytest.log", "errata.md", "report.md", "report.html", "report.json")  # report.json goes last
+#: the same files in the order ``resacct verify`` names them
+REPORT_FILES_LISTED = ("report.json", "report.md", "report.html", "errata.md", "roofline.png", "step-timeline.png", "pytest.log")
 _TEMPORARY_SUFFIX = ".tmp"
 
 

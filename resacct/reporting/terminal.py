@@ -212,7 +212,7 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
             continue
         title, _, explanation = _SECTION_TITLES[outcome].partition(": ")
         if outcome == "refuted" and compact_refuted:
-            explanation = "one line each, the truth (--status refuted adds law, value and measurement)"
+            explanation = "one line each, the truth (verify --last --status refuted: law, value, measurement)"
         lines += ["", f"{title} ({len(chosen)})" + (f": {explanation}" if explanation else "")]
         shown = chosen if outcome != "refuted" or refuted_limit is None else chosen[:refuted_limit]
         for record in shown:
@@ -221,8 +221,8 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
             else:
                 lines += claim_lines(record, width, verbose)
         if len(shown) < len(chosen):
-            lines.append(_clip(f"  … and {len(chosen) - len(shown)} more refuted: resacct verify --status refuted, or errata.md", width))
+            lines.append(_clip(f"  … and {len(chosen) - len(shown)} more refuted: resacct verify --last --status refuted, or errata.md", width))
     if "skipped" not in statuses and any(record["outcome"] == "skipped" for record in records):
-        lines += ["", "skipped, by reason (--status skipped lists them):", *_skip_reasons(records, width)]
+        lines += ["", "skipped, by reason (verify --last --status skipped lists them):", *_skip_reasons(records, width)]
     lines += ["", summary_line(document, width)]
     return lines
