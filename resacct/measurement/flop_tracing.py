@@ -27,6 +27,7 @@ from resacct.errors import ResacctError
 
 __all__ = [
     "DispatchedOps",
+    "dispatched_call",
     "uncounted_ops",
     "flop_counter_counts",
     "estimate_uncounted_flops",
@@ -219,6 +220,12 @@ def _first_tensor_elements(args: tuple[Any, ...]) -> int:
     return 0
 
 
+@no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
+def dispatched_call(func: Any, args: tuple[Any, ...], result: Any) -> tuple[Any, int, int]:
+    """What :class:`DispatchedOps` records of one call (a mode that forwards ops itself records the same)."""
+    return func, _first_tensor_elements(args), _tensor_elements(result)
+
+
 class DispatchedOps(TorchDispatchMode):
     """Records every aten op that runs: (op, elements of its first tensor input, elements of its outputs).
 
@@ -235,7 +242,7 @@ class DispatchedOps(TorchDispatchMode):
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
-        self.calls.append((func, _first_tensor_elements(args), _tensor_elements(result)))
+        self.calls.append(dispatched_call(func, args, result))
         return result
 
 

@@ -55,6 +55,7 @@ from resacct.account.peak.kernel_workspace import (
     output_storage_bytes,
     wrapped_number_bytes,
 )
+from resacct.measurement.flop_tracing import dispatched_call
 from resacct.measurement.kernel_probe import PROBED_OPS, matmul_scratchpad_bytes
 
 __all__ = ["LiveStorageTracker", "PeakMoment", "KIND_BY_PHASE", "WORKSPACE_KIND", "SCRATCHPAD_KIND"]
@@ -112,6 +113,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self._skip_detach_of: int | None = None  # id of the storage whose detach is the next op's to skip (:meth:`skip_next_detach`)
         #: when not None, told of every event that moves the count (:mod:`resacct.account.peak.optimizer_replay`)
         self.event_log: Any = None
+        #: when not None, an object whose ``calls`` list gets each op the tracker hands down, as a
+        #: :class:`~resacct.measurement.flop_tracing.DispatchedOps` right below it would record it (one mode fewer)
+        self.op_record: Any = None
 
     # ── what is live ──────────────────────────────────────────────────────────────────────
     @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
@@ -231,8 +235,13 @@ class LiveStorageTracker(TorchDispatchMode):
         if self._skip_detach_of is not None:
             skipped, self._skip_detach_of = self._skip_detach_of, None
             if func is _DETACH and id(args[0].untyped_storage()) == skipped:
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if self.op_record is not None:
+                    self.op_record.calls.append(dispatched_call(func, args, out))
+                return out
         out = func(*args, **kwargs)
+        if self.op_record is not None:
+            self.op_record.calls.append(dispatched_call(func, args, out))
         if self._pending_scalars:
             self._resolve_pending_scalars()
         _, name, sized_output, workspace_op, probed_op = _facts_of(func)
@@ -282,6 +291,8 @@ class LiveStorageTracker(TorchDispatchMode):
         fake_mode = getattr(tensor, "fake_mode", None)
         if fake_mode is None or not hasattr(tensor, "fake_device"):
             out = func(*args, **(kwargs or {}))
+            if self.op_record is not None:
+                self.op_record.calls.append(dispatched_call(func, args, out))
         else:
             out = torch.device("meta") if fake_mode.in_kernel_invocation else tensor.fake_device
         if self._pending_scalars:

@@ -35,6 +35,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.trace.step_measurements import StepFlopTrace, TrainingStateMeasurement, StepFlopTracer, state_measurement
 from resacct.measurement.activation_recording import SavedActivation, SavedActivations, module_stack
+from resacct.measurement.lean_flop_counter import lean_flop_counter
 from resacct.errors import ResacctError
 from resacct.measurement.memory import StateRecipe
 
@@ -110,6 +111,7 @@ class FakeStepRecorder:
         if self._tracer is not None:
             with _under_the_tracker(self._tracker):
                 self._tracer.__exit__(*exc)
+            self._tracker.op_record = None
             self._tracer = None
 
     def marking(self, mark: Callable[[str], None]) -> Callable[[str], None]:
@@ -134,6 +136,8 @@ class FakeStepRecorder:
         if self._fake_model is None:
             return
         self._tracer = StepFlopTracer(self._fake_model, self.fill_tracer_gaps)
+        self._tracer.ops = self._tracker.op_record = _RecordedByTheTracker()  # the calls DispatchedOps would record below it
+        lean_flop_counter(self._tracer.counter)  # FlopCounterMode's dispatch without its per-op set and mode re-entry
         with _under_the_tracker(self._tracker):
             self._tracer.__enter__()
         self._recording = contextlib.ExitStack()
@@ -151,11 +155,27 @@ class FakeStepRecorder:
             return
         with _under_the_tracker(self._tracker):
             self._tracer.__exit__(None, None, None)
+        self._tracker.op_record = None
         self.flops = self._tracer.trace()
         self._tracer = None
         parts = _state_parts(self._fake_model, self._optimizer, self.optimizer_name)
         total = sum(parts.values())
         self.state = state_measurement(self.model, self.recipe, self.optimizer_name, after_backward_bytes=total, at_step_parts=parts)
+
+
+class _RecordedByTheTracker:
+    """Stands in for the step tracer's :class:`~resacct.measurement.flop_tracing.DispatchedOps`: the
+    tracker appends each op it hands down (:attr:`~resacct.account.peak.tracker.LiveStorageTracker.op_record`),
+    the very calls that mode would see right below it — one dispatch mode fewer on every op."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, int, int]] = []
+
+    def __enter__(self) -> _RecordedByTheTracker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
 
 
 def _checkpoint_saving(frame: Any) -> bool:
