@@ -1,118 +1,79 @@
-"""The type-checking hook, decorating on first call (issue 34).
+"""The type-checking hook, with beartype put on at first call (issue 34).
 
 jaxtyping's import hook puts ``@jaxtyping.jaxtyped(typechecker=...)`` on every function and class of the
-checked modules, and that decoration is work done at import: jaxtyped reads the signature and resolves
-its annotations, writes two functions with that signature and hands each to beartype (0.6-0.8 ms a
-function; ~70 % of the functions the quick tier imports are never called in it, and each xdist worker
-decorated them all). Here the hook's decorator is :func:`lazy_jaxtyped` instead: a function gets a thin
-wrapper (``functools.wraps``: same name, qualname, module, ``__wrapped__``, annotations, signature,
-pickled by reference as before) whose first call makes ``jaxtyped(fn, typechecker=...)`` with the very
-typechecker the hook was given, and every call goes through it: a called function is checked exactly
-as before. A dataclass's ``__init__`` is wrapped the same way, under jaxtyped's own conditions; any
-other class (NamedTuple, Protocol, Enum) and any non-function object is handed to jaxtyped at once, as
-the hook always did.
+checked modules. jaxtyped reads the signature, resolves its annotations and writes two functions with
+that signature (one for the parameters, one with the return), and hands each to the typechecker:
+beartype builds a checking wrapper for each, ~80 % of the 0.75 ms a function cost at import (0.15 ms
+without it; ~70 % of the functions the quick tier imports are never called in it, and each xdist worker
+decorated them all). Here the hook's typechecker is :func:`lazily`'s: for each of those two functions it
+returns a thin wrapper that calls beartype on its first call and delegates to what beartype made. So
+the hook and jaxtyped are jaxtyping's own, applied at import as before (the wrapper every module holds,
+its metadata, dataclasses' ``__init__``, pickling by reference, the frames between a caller and the
+function: all as before), and every call of a decorated function is checked by the same beartype
+wrapper as before; only that wrapper is made when first needed.
 
 What moves: a hint beartype cannot take is refused at the function's first call, not at import.
 
-The hook's own machinery stays (its finder, loader, AST transform, bytecode cache): only the decorator
-the transform inserts differs, through the finder's ``Typechecker`` (``get_ast``/``get_hash``, the
-same private interface tests/run_bytecode.py relies on). Where an installed jaxtyping lacks it,
-:func:`install_import_hook` keeps jaxtyping's eager hook and says so in ``LAZY``.
+The hook's loader also looked up, under its own bytecode tag, the pyc of every module a checked module
+imported first (``_OwnPycLoader``): that is corrected here too.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import functools
-import hashlib
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxtyping
 
-LAZY_PREFIX = "resacct-lazy:"
+#: How many typechecker wrappers were made at first call, in this process (the tests read it).
+built = 0
 
 
-def lazy_jaxtyped(typechecker: Callable[..., Any]) -> Callable[[Any], Any]:
-    """The decorator the hook inserts: ``jaxtyped(typechecker=typechecker)``, made on first call."""
+@functools.cache
+def lazily(typechecker: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The typechecker named by ``typechecker`` (a jaxtyping hook string: ``"beartype.beartype"``, ...),
+    applied to each function on its first call. ``lazy_typechecker(typechecker)`` names it for the hook."""
+    module = typechecker.split(".", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(f"import {module}\nchecker = {typechecker}", namespace)  # as jaxtyping's hook evaluates it
+    checker = namespace["checker"]
 
-    def decorate(fn: Any) -> Any:
-        if isinstance(fn, types.FunctionType):
-            return _checked_on_first_call(fn, typechecker)
-        if isinstance(fn, type) and dataclasses.is_dataclass(fn) and not getattr(fn, "__no_type_check__", False):
-            init = fn.__init__
-            if getattr(init, "__globals__", {}).get("__name__") not in {jaxtyping._decorator.__name__, __name__}:
-                fn.__init__ = _checked_on_first_call(init, typechecker)  # as jaxtyped does, unless inherited wrapped
-            return fn
-        return jaxtyping.jaxtyped(fn, typechecker=typechecker)
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return _checked_on_first_call(fn, checker)
 
     return decorate
 
 
-def _checked_on_first_call(fn: types.FunctionType, typechecker: Callable[..., Any]) -> Callable[..., Any]:
+def lazy_typechecker(typechecker: str) -> str:
+    """The hook string for ``typechecker`` put on lazily: ``install_import_hook(modules, lazy_typechecker(...))``."""
+    if "'" in typechecker or "\\" in typechecker:
+        raise ValueError(f"typechecker {typechecker!r}: expected a dotted expression without quotes or backslashes")
+    return f"{__name__}.lazily('{typechecker}')"
+
+
+def _checked_on_first_call(fn: Callable[..., Any], checker: Callable[..., Any]) -> Callable[..., Any]:
     checked: list[Callable[..., Any]] = []
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         if not checked:
-            checked.append(jaxtyping.jaxtyped(fn, typechecker=typechecker))
+            global built
+            checked.append(checker(fn))
+            built += 1
         return checked[0](*args, **kwargs)
 
-    call.resacct_checked_on_first_call = checked  # type: ignore[attr-defined]  # empty until the first call
     return call
 
 
-def is_lazy(fn: Any) -> bool:
-    """Whether ``fn`` is a wrapper that decorates on first call (and not yet called: ``False`` after)."""
-    return getattr(fn, "resacct_checked_on_first_call", None) == []
-
-
-def was_called(fn: Any) -> bool:
-    return bool(getattr(fn, "resacct_checked_on_first_call", None))
-
-
-class LazyTypechecker:
-    """Stands in for the hook's ``Typechecker`` of a typechecker string (what its transform and loader
-    ask of one: ``get_ast``, ``get_hash``): the same checker, put on by :func:`lazy_jaxtyped`. Its hash
-    (the bytecode cache's tag) differs from the eager one's, so neither reads the other's pycs."""
-
-    def __init__(self, typechecker: str) -> None:
-        eager = jaxtyping._import_hook.Typechecker(typechecker)
-        self.hash = hashlib.md5((LAZY_PREFIX + typechecker).encode("utf-8")).hexdigest()
-        jaxtyping._import_hook.Typechecker.lookup[self.hash] = lazy_jaxtyped(jaxtyping._import_hook.Typechecker.lookup[eager.get_hash()])
-
-    def get_hash(self) -> str:
-        return self.hash
-
-    def get_ast(self) -> ast.expr:
-        """``jaxtyping._import_hook.Typechecker.lookup[<hash>]``, a fresh node each time (the transform
-        sets its location). Built, not parsed: ``ast.parse`` per function was 0.8 of the 4.1 CPU s that
-        importing the checked modules from source took (cProfile, 180 modules, 2,002 functions)."""
-        load = ast.Load()
-        lookup = ast.Attribute(ast.Attribute(ast.Attribute(ast.Name("jaxtyping", load), "_import_hook", load), "Typechecker", load), "lookup", load)
-        return ast.Subscript(lookup, ast.Constant(self.hash), load)
-
-
-def _lazy_supported() -> bool:
-    hook = getattr(jaxtyping, "_import_hook", None)
-    typechecker = getattr(hook, "Typechecker", None)
-    return all(hasattr(typechecker, name) for name in ("lookup", "get_ast", "get_hash")) and hasattr(jaxtyping, "_decorator")
-
-
-LAZY = _lazy_supported()
-
-
 def install_import_hook(modules: Sequence[str], typechecker: str) -> Any:
-    """``jaxtyping.install_import_hook(modules, typechecker)``, decorating on first call where this
-    jaxtyping allows (``LAZY``), its loaders tagging only their own module's pyc; the returned manager
+    """``jaxtyping.install_import_hook(modules, typechecker)`` with the typechecker put on at first call
+    (:func:`lazily`), and its loaders tagging only their own module's pyc; the returned manager
     uninstalls it as jaxtyping's does."""
-    manager = jaxtyping.install_import_hook(list(modules), typechecker)
+    manager = jaxtyping.install_import_hook(list(modules), lazy_typechecker(typechecker))
     finder = manager.hook
-    if LAZY and hasattr(finder, "_typechecker"):
-        finder._typechecker = LazyTypechecker(typechecker)
     loader_class = getattr(jaxtyping._import_hook, "_JaxtypingLoader", None)
     if loader_class is not None and hasattr(jaxtyping._import_hook, "_optimized_cache_from_source"):
         find_spec = finder.find_spec

@@ -1,4 +1,5 @@
-"""tests/lazy_typecheck.py: the type-checking hook decorates on first call and checks what it checked.
+"""tests/lazy_typecheck.py: the type-checking hook makes its beartype wrappers on first call and checks
+what it checked.
 
 Each test imports one source twice, under jaxtyping's own hook (eager) and under the lazy one, and
 compares what they do; none needs the session's hook, so they run in every tier."""
@@ -115,6 +116,8 @@ SOURCE = textwrap.dedent('''
 
 
 def _import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lazy: bool) -> types.ModuleType:
+    """The probe source imported under jaxtyping's own hook (eager) or the lazy one: the lazy import makes
+    no beartype wrapper (nothing in the source is called at import)."""
     name = f"lazy_probe_{'lazy' if lazy else 'eager'}_{uuid.uuid4().hex[:8]}"
     folder = tmp_path / name
     folder.mkdir()
@@ -122,11 +125,13 @@ def _import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lazy: bool) -> t
     monkeypatch.syspath_prepend(str(folder))
     install = lazy_typecheck.install_import_hook if lazy else jaxtyping.install_import_hook
     manager = install([name], TYPECHECKER)
+    built = lazy_typecheck.built
     try:
         module = importlib.import_module(name)
     finally:
         manager.uninstall()
     monkeypatch.setitem(sys.modules, name, module)
+    assert lazy_typecheck.built == built, "the lazy hook ran beartype at import"
     return module
 
 
@@ -177,8 +182,11 @@ def _probes(m: types.ModuleType) -> dict[str, tuple[str, str]]:
 def test_every_call_is_refused_or_allowed_as_by_jaxtypings_own_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager = _import(tmp_path, monkeypatch, lazy=False)
     lazy = _import(tmp_path, monkeypatch, lazy=True)
-    assert lazy_typecheck.is_lazy(lazy.first_rows) and lazy_typecheck.is_lazy(lazy.Box.__init__)
-    eager_outcomes, lazy_outcomes = _probes(eager), _probes(lazy)
+    built = lazy_typecheck.built
+    eager_outcomes = _probes(eager)
+    assert lazy_typecheck.built == built
+    lazy_outcomes = _probes(lazy)
+    assert lazy_typecheck.built >= built + 2 * 13, "each checked function called makes its two wrappers"
     assert lazy_outcomes == eager_outcomes
     refused = {label for label, (outcome, _) in lazy_outcomes.items() if outcome == "refused"}
     assert refused == {"first_rows wrong rank", "first_rows wrong type", "flat wrong return rank", "same_shape mismatched",
@@ -186,23 +194,24 @@ def test_every_call_is_refused_or_allowed_as_by_jaxtypings_own_hook(tmp_path: Pa
                        "LabelledBox wrong weight", "Holder.rows wrong", "Holder.twice wrong", "Holder.make wrong",
                        "Holder.wrong", "count_up wrong", "rank_program wrong", "nested wrong"}
     assert lazy_outcomes["Pair wrong shape"] == ("ok", "Pair")  # unchecked before too (jaxtyped checks dataclasses only)
-    assert lazy_typecheck.was_called(lazy.first_rows) and lazy_typecheck.was_called(lazy.Box.__init__)
 
 
 def test_a_function_first_called_after_import_refuses_a_wrong_shape_with_jaxtypings_message(tmp_path: Path,
                                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     eager = _import(tmp_path, monkeypatch, lazy=False)
     lazy = _import(tmp_path, monkeypatch, lazy=True)
-    assert lazy_typecheck.is_lazy(lazy.same_shape)
     messages = []
+    built = lazy_typecheck.built
     for module in (eager, lazy):
         with pytest.raises(jaxtyping.TypeCheckError) as refused:
             module.same_shape(torch.zeros(4), torch.zeros(5))
         messages.append(str(refused.value).replace(module.__name__, "<module>"))
     assert "same_shape" in messages[1] and "n=4" in messages[1], messages[1]
     assert messages[1] == messages[0]
-    assert not lazy_typecheck.is_lazy(lazy.same_shape) and lazy_typecheck.was_called(lazy.same_shape)
-    lazy.same_shape(torch.zeros(2), torch.zeros(2))  # checked, and the right call still passes
+    assert lazy_typecheck.built > built, "same_shape's wrappers were not made at its first call"
+    lazy.same_shape(torch.zeros(2), torch.zeros(2))  # the right call still passes
+    with pytest.raises(jaxtyping.TypeCheckError):  # and the next wrong one is refused by the wrappers made
+        lazy.same_shape(torch.zeros(2), torch.zeros(3))
 
 
 def test_the_wrappers_look_like_jaxtypings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,14 +245,15 @@ def test_a_real_resacct_module_first_called_in_this_test_is_checked(monkeypatch:
     import resacct.training.models as original
 
     name = f"resacct.training._lazy_probe_{uuid.uuid4().hex[:8]}"
-    typechecker = lazy_typecheck.LazyTypechecker(TYPECHECKER)
+    typechecker = jaxtyping._import_hook.Typechecker(lazy_typecheck.lazy_typechecker(TYPECHECKER))
     loader = lazy_typecheck._OwnPycLoader(name, original.__file__, typechecker=typechecker)
     spec = importlib.util.spec_from_file_location(name, original.__file__, loader=loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)
+    built = lazy_typecheck.built
     loader.exec_module(module)
-    assert lazy_typecheck.is_lazy(module.Cruncher.forward) and lazy_typecheck.is_lazy(module.cruncher_parameter_count)
+    assert lazy_typecheck.built == built and hasattr(module.Cruncher.forward, "__wrapped__")
     model = module.Cruncher(dim=4, num_layers=2)
     with pytest.raises(jaxtyping.TypeCheckError, match=r"Cruncher\.forward"):
         model(torch.randn(3, 5, 2))  # a wrong rank
@@ -256,10 +266,13 @@ def test_a_real_resacct_module_first_called_in_this_test_is_checked(monkeypatch:
 def test_the_sessions_hook_is_the_lazy_one() -> None:
     assert type_checking()
     finder = run_bytecode._jaxtyping_finder()
-    assert isinstance(finder._typechecker, lazy_typecheck.LazyTypechecker)
+    assert finder._typechecker.get_hash() == jaxtyping._import_hook.Typechecker(lazy_typecheck.lazy_typechecker(TYPECHECKER)).get_hash()
     from resacct.training import models
 
-    assert lazy_typecheck.is_lazy(models.cruncher_linear_layer_count) or lazy_typecheck.was_called(models.cruncher_linear_layer_count)
+    built = lazy_typecheck.built
+    with pytest.raises(jaxtyping.TypeCheckError):
+        models.cruncher_linear_layer_count("2")
+    assert lazy_typecheck.built >= built  # made now, or by an earlier call in this process
 
 
 def test_a_checked_module_tags_its_own_pyc_and_not_the_modules_it_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,9 +293,15 @@ def test_a_checked_module_tags_its_own_pyc_and_not_the_modules_it_imports(tmp_pa
         manager.uninstall()
         sys.modules.pop(f"{name}_plain", None)
     monkeypatch.setitem(sys.modules, name, module)
-    pycs = sorted(path.name for path in (tmp_path / "__pycache__").iterdir())
-    tag = f"opt-jaxtyping10{manager.hook._typechecker.get_hash()}"
-    assert pycs == sorted([f"{name}.{sys.implementation.cache_tag}.{tag}.pyc", f"{name}_plain.{sys.implementation.cache_tag}.pyc"]), pycs
+    from importlib.util import cache_from_source
+
+    from jaxtyping import _import_hook
+
+    # the checked module's own pyc, tagged (beside it, or in the run's folder under xdist: tests/run_bytecode.py)
+    checked_pyc = _import_hook._optimized_cache_from_source(manager.hook._typechecker.get_hash(), str(tmp_path / f"{name}.py"))
+    assert os.path.isfile(checked_pyc) and "opt-jaxtyping" in checked_pyc
+    pycs = {str(path) for path in (tmp_path / "__pycache__").iterdir()} - {checked_pyc}
+    assert pycs == {cache_from_source(str(tmp_path / f"{name}_plain.py"))}, pycs  # untagged: any later import reads it
     with pytest.raises(jaxtyping.TypeCheckError):
         module.double("2")
 
@@ -315,6 +334,6 @@ def test_a_module_compiled_by_one_worker_is_read_lazily_checked_by_the_other(tmp
     finally:
         manager.uninstall()
     monkeypatch.setitem(sys.modules, name, module)
-    assert lazy_typecheck.is_lazy(module.double) and module.double(3) == 6
+    assert module.double(3) == 6
     with pytest.raises(jaxtyping.TypeCheckError, match="double"):
         module.double("3")
