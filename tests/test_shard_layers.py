@@ -53,3 +53,19 @@ def test_trace_all_layers_without_a_config_is_one_line(capsys: pytest.CaptureFix
     assert main(["shard", "--model", "resacct.account.answers.generic:mlp", "--trace-all-layers"]) == 2
     err = capsys.readouterr().err
     assert "--trace-all-layers applies to --hf-config" in err and err.count("\n") == 1
+
+
+def test_the_shallow_copies_are_built_when_first_asked_for_and_not_under_zero1(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ZeRO-1 is traced whole: its answer builds none of the three copies (they are built on first use)."""
+    from resacct.account.load.hf_models import HfConfigSpec
+    from resacct.account.fit.sampled_layers import shallow_copies
+    from resacct.account.peak.layer_segments import NotRepeating
+    from resacct.account.peak.sharded_layers import sampled_rank_summaries
+
+    copies = shallow_copies(HfConfigSpec(name="tiny llama", source="test", values=dict(TINY_LLAMA)), "sampled")
+    assert copies is not None and copies.depth == 7 and copies._models is None
+    with pytest.raises(NotRepeating, match="zero1 hands out whole parameters"):
+        sampled_rank_summaries(copies, lambda batch, seq: None, None, "zero1", 2, (0, 1), 2, 16)
+    assert copies._models is None
+    assert [model.config.num_hidden_layers for model in copies.models] == [3, 4, 5]
+    assert all(model.training for model in copies.models) and copies.models is copies.models  # built once

@@ -19,11 +19,23 @@ __all__ = ["ShallowCopies", "shallow_copies", "sampled_step_peak"]
 
 @dataclass
 class ShallowCopies:
-    """The model rebuilt at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` (on meta) and its own depth."""
+    """The model rebuilt at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` (on meta) and its
+    own depth. The copies are built when first asked for (``build(depth)`` one of them): an answer that
+    turns out not to sample (``shard`` under ZeRO-1) builds none."""
 
     depth: int
-    models: tuple[nn.Module, ...]
+    build: Any  # depth → the model at that depth, on meta
+    _models: tuple[nn.Module, ...] | None = field(default=None, repr=False)
     _in_dtype: dict[Any, tuple[nn.Module, ...]] = field(default_factory=dict, repr=False)
+
+    @property
+    def models(self) -> tuple[nn.Module, ...]:
+        """The copies at the sample depths, in training mode (built once)."""
+        if self._models is None:
+            self._models = tuple(self.build(depth) for depth in SAMPLE_DEPTHS)
+            for model in self._models:
+                model.train()
+        return self._models
 
     def describe(self) -> str:
         return (f"each probe the step at depths {', '.join(map(str, SAMPLE_DEPTHS))} ({sum(SAMPLE_DEPTHS)} of {self.depth} layers) "
@@ -45,11 +57,7 @@ def shallow_copies(spec: Any, layers: str = "auto") -> ShallowCopies | None:
     plan = layer_plan(spec, layers)
     if not plan.sample:
         return None
-    depth = plan.depth
-    models = tuple(build_hf_model(with_depth(spec, d), device="meta") for d in SAMPLE_DEPTHS)
-    for model in models:
-        model.train()
-    return ShallowCopies(depth=depth, models=models)
+    return ShallowCopies(depth=plan.depth, build=lambda depth: build_hf_model(with_depth(spec, depth), device="meta"))
 
 
 def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: Any, *, recipe: Any, optimizer: str) -> Any:
