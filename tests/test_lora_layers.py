@@ -117,3 +117,32 @@ def test_the_command_says_how_it_traced_and_answers_the_same(tmp_path, capsys) -
     whole = json.loads(capsys.readouterr().out)
     assert sampled["traced"].pop("layers_note").startswith("its 24 layers") and whole["traced"].pop("layers_note") is None
     assert sampled == whole and sampled["largest_batch"] > 1
+
+
+@pytest.mark.slow  # three shallow steps at batch 1, then the whole step at batches 2 and 3
+def test_a_later_batch_that_does_not_repeat_falls_back_to_whole_for_it_and_every_batch_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lora_batch_peaks: the first batch is sampled; a batch whose depths do not repeat is traced with
+    every layer (the same peak as a whole trace), says why, and the batches after it stay whole."""
+    import resacct.account.trace.lora_layers as lora_layers
+    from resacct.account.fit.lora_batch import lora_batch_peaks
+    from resacct.account.peak.layer_segments import NotRepeating
+
+    real = lora_layers.lora_step_peak
+    seen: list[tuple[int, bool]] = []
+
+    def not_repeating_at_batch_2(model, inputs_of, loss, optimizer, batch):  # type: ignore[no-untyped-def]
+        seen.append((batch, isinstance(model, ShallowLoraModels)))
+        if isinstance(model, ShallowLoraModels) and batch == 2:
+            raise NotRepeating("a test's step that is not a line")
+        return real(model, inputs_of, loss, optimizer, batch)
+
+    monkeypatch.setattr(lora_layers, "lora_step_peak", not_repeating_at_batch_2)
+    config = _config(TINY["llama"])
+    question = {"rank": 4, "targets": ("q_proj", "v_proj"), "base": "fp32", "seq": 16}
+    said: dict[str, str] = {}
+    peak_of = lora_batch_peaks(config, layers="sampled", said=said, **question)
+    peaks = {batch: peak_of(batch).peak_bytes for batch in (1, 2, 3)}
+    assert seen == [(1, True), (2, True), (2, False), (3, False)]
+    assert said["how"] == "every layer traced: at batch 2 the layers did not repeat (a test's step that is not a line)"
+    whole = lora_batch_peaks(config, layers="all", **question)
+    assert peaks == {batch: whole(batch).peak_bytes for batch in (1, 2, 3)}
