@@ -69,7 +69,10 @@ def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_
     assert sum(phases.values()) <= document["run"]["seconds"] + 0.05  # no figures: the phases end with the claims
     main_phase = "claims in parallel" if default_workers() > 1 else "claims"
     assert phases[main_phase] >= by_id["strides-drawn-300-times"] - 0.05  # the claim ran inside that phase
-    assert "by phase (wall): start" in out and main_phase in out
+    cpu = document["run"]["phase_cpu_seconds"]
+    assert list(cpu) == expected and all(seconds >= 0 for seconds in cpu.values()), cpu
+    assert sum(cpu.values()) <= document["run"]["cpu_seconds"] + 0.1
+    assert "by phase: start" in out and f"{main_phase} " in out and " CPU s)" in out
 
 
 @pytest.mark.slow  # 1.96 s idle on 2026-11-28
@@ -108,6 +111,10 @@ def test_the_phase_clock_counts_each_phase_from_the_end_of_the_one_before():
     clock.mark("start", now=103.0)  # marked again: its last end, still before claims
     assert clock.phase_seconds() == {"start": 3.0, "claims": 27.0, "figures": 1.25}
     assert PhaseClock(started=5.0).phase_seconds() == {}
+    clock = PhaseClock(started=0.0, started_cpu=1.0)
+    clock.mark("start", now=2.0, cpu=3.5)
+    clock.mark("claims", now=10.0, cpu=18.5)
+    assert clock.phase_cpu_seconds() == {"start": 2.5, "claims": 15.0}  # 15 CPU s in 8 s: two cores nearly busy
 
 
 @pytest.mark.slow  # one process: the phases of a run without workers

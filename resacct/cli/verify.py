@@ -221,7 +221,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
 
 def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], specs: Path, pattern: str | None,
                      staging: Any, started: float) -> tuple[Any, Path]:
-    from resacct.harness.phases import mark, run_clock
+    from resacct.harness.phases import cpu_seconds, mark, run_clock
     from resacct.harness.run import run_claims
     from resacct.harness.worker_count import default_workers
     from resacct.reporting import write_report_files
@@ -238,7 +238,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "specs": str(Path(specs).resolve()),
         "rootdir": str(files[0].parent.parent.resolve()),
         "seconds": round(time.monotonic() - started, 1),
-        "cpu_seconds": _process_cpu_seconds(),
+        "cpu_seconds": round(cpu_seconds(), 1),  # this process and the claims' workers: not the gloo ranks and children beside
         "seconds_by_area": seconds_by_area(document["claims"]),
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
@@ -246,18 +246,11 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
     if roofline or timeline:
         mark("figures")
     document["run"]["phases"] = run_clock().phase_seconds()
+    document["run"]["phase_cpu_seconds"] = run_clock().phase_cpu_seconds()
     if not run.interrupted:
         latch.check()  # a Ctrl-C that Python dropped after the last claim: nothing is published
     write_report_files(document, staging.path, roofline.read_bytes() if roofline else None, timeline.read_bytes() if timeline else None)
     return run, staging.publish(complete=document["run"]["complete"])
-
-
-def _process_cpu_seconds() -> float:
-    """CPU seconds so far of this process and its claims workers (user + system; report.json's
-    ``run.cpu_seconds``): the claims' own work, without the gloo ranks and children beside it."""
-    import resource
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return round(sum(used.ru_utime + used.ru_stime for used in usage), 1)
 
 
 def _import_what_claims_need() -> None:

@@ -44,9 +44,10 @@ def durations_text(document: dict[str, Any], count: int) -> str:
     by_area = document["run"].get("seconds_by_area") or seconds_by_area(claims)
     lines += textwrap.wrap("by area: " + ", ".join(f"{area} {seconds:.1f} s" for area, seconds in by_area.items()),
                            width=COLUMNS, subsequent_indent="  ", break_on_hyphens=False)
-    phases = document["run"].get("phases") or {}
+    phases, cpu = document["run"].get("phases") or {}, document["run"].get("phase_cpu_seconds") or {}
     if phases:  # a report from before phases were kept has none
-        lines += textwrap.wrap("by phase (wall): " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in phases.items()),
+        lines += textwrap.wrap("by phase: " + ", ".join(f"{phase} {seconds:.1f} s" + (f" ({cpu[phase]:.1f} CPU s)" if phase in cpu else "")
+                                                     for phase, seconds in phases.items()),
                                width=COLUMNS, subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join(lines)
 
