@@ -44,7 +44,7 @@ from torch import nn
 from resacct.account.peak.accumulation import check_micro_batches, measure_accumulated_step_memory, run_accumulated_step
 from resacct.account.peak.recipes import master_parameters_of, optimizer_state_tensors
 from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers, segments_of
-from resacct.account.peak.fake_state import made_adam_state
+from resacct.account.peak.fake_state import active_fake_mode, fake_like, made_adam_state
 from resacct.account.peak.optimizer_replay import replayed_optimizer_steps
 from resacct.account.peak.tracker import LiveStorageTracker, PeakMoment
 from resacct.account.render.rows import Row
@@ -117,17 +117,18 @@ def _fake_copy(model: nn.Module) -> nn.Module:
     """``model`` (on the CPU or the meta device) with every parameter, buffer and tensor attribute
     replaced by a fake CPU tensor of the same shape, stride and dtype (under ``FakeTensorMode``); ties kept."""
     memo: dict[int, Any] = {}
-
-    def fake(tensor: torch.Tensor) -> torch.Tensor:
-        made = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-        return nn.Parameter(made, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else made
-
     for module in model.modules():
-        tensors = [*module._parameters.values(), *module._buffers.values(),
-                   *(value for value in vars(module).values() if isinstance(value, torch.Tensor))]
-        for tensor in tensors:
+        for tensor in (*module._parameters.values(), *module._buffers.values(), *(v for v in vars(module).values() if isinstance(v, torch.Tensor))):
             if tensor is not None and id(tensor) not in memo:
-                memo[id(tensor)] = fake(tensor)
+                memo[id(tensor)] = tensor
+    tensors, mode = list(memo.values()), active_fake_mode()
+    made = fake_like(mode, tensors) if mode is not None else [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu") for t in tensors]
+    for tensor, fake in zip(tensors, made):
+        if isinstance(tensor, nn.Parameter) and mode is None:
+            fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
+        elif isinstance(tensor, nn.Parameter):  # as nn.Parameter(fake) makes one of a tensor subclass, without its detach
+            fake.requires_grad_(tensor.requires_grad)._is_param = True
+        memo[id(tensor)] = fake
     return copy.deepcopy(model, memo)
 
 
