@@ -1,11 +1,13 @@
 """Any transformers architecture, traced on the meta device, against the same step run for real
 on the CPU (issue 33): a tiny config of each architecture — the keys of its published config.json,
-sizes shrunk — built twice. **Predicted**: the model on the meta device (FlopCounterMode's FLOPs,
-a real ``torch.optim.AdamW``'s state by storage, the saved-tensor hooks' bytes:
-:func:`resacct.account.trace.step_measurements.measure_step_once`) and the whole step's peak on fake
-CPU tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`). **Measured**: the same functions over
-real CPU tensors — the arithmetic done, the storages allocated — and the step's peak by torch's CPU
-allocator (:func:`resacct.account.peak.step_peak.measure_step_peak`). Eager attention in both (Gemma-2 and
+sizes shrunk — built twice. **Predicted**: what ``resacct account`` answers for the model on the
+meta device (:func:`resacct.account.answers.generic.account_module`: FlopCounterMode's FLOPs, a real
+``torch.optim.AdamW``'s state by storage, the saved-tensor hooks' bytes and the whole step's peak on
+fake CPU tensors — one traced pass where meta and fake CPU run the same step, docs/account.md "Trace
+once"). **Measured**: the same counters over real CPU tensors
+(:func:`resacct.account.trace.step_measurements.measure_step_once`) — the arithmetic done, the
+storages allocated — and the step's peak by torch's CPU allocator
+(:func:`resacct.account.peak.step_peak.measure_step_peak`). Eager attention in both (Gemma-2 and
 BLOOM have no sdpa in transformers). A mixture of experts (Qwen3-MoE, DeepSeek-V3) runs
 :mod:`resacct.account.load.moe_routing`'s dropless routing on both devices. Skipped without transformers.
 """
@@ -99,14 +101,17 @@ def _figures(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[st
 def _step(architecture: str, batch: int, seq: int) -> tuple[dict[str, int], dict[str, int], int]:
     """(predicted, measured, the CPU model's parameter tensors) for one tiny architecture."""
     from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
-    from resacct.account.peak.step_peak import measure_step_peak, predict_step_peak
+    from resacct.account.answers.generic import account_module
+    from resacct.account.peak.step_peak import measure_step_peak
 
     spec = HfConfigSpec(name=f"tiny {architecture}", source="claim inputs", values=dict(TINY_CONFIGS[architecture]))
     meta = build_hf_model(spec, device="meta", attention="eager")
     meta.train()
     meta_ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    predicted = _figures(meta, {"input_ids": meta_ids, "labels": meta_ids})
-    predicted["step_peak_bytes"] = predict_step_peak(meta, {"input_ids": meta_ids, "labels": meta_ids}, _loss, _adamw).peak_bytes
+    account = account_module(meta, {"input_ids": meta_ids, "labels": meta_ids}, loss="model", optimizer="adamw", measure_peaks=False)
+    predicted = {"parameters": account.parameters, "forward_flops": account.flops.forward_flops, "backward_flops": account.flops.backward_flops,
+                 "step_flops": account.flops.step_flops, "state_at_step_bytes": account.state.at_step_bytes,
+                 "saved_activation_bytes": int(account.saved.activation_bytes), "step_peak_bytes": account.step_peak.predicted.peak_bytes}
     torch.manual_seed(0)
     cpu = build_hf_model(spec, device="cpu", attention="eager")
     cpu.train()
