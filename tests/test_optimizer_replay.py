@@ -186,3 +186,30 @@ def test_a_log_that_does_not_make_a_replay_is_refused() -> None:
     log.events = [("op", "a"), ("add", entries[0], 8, "optimizer temporaries")]
     with pytest.raises(optimizer_replay._Unreplayable, match="kept a storage"):
         optimizer_replay._templates(log)
+
+
+def test_a_first_iteration_that_makes_more_is_refused() -> None:
+    """A first iteration that makes one more storage than the rest (a cache of the loop's, say): the
+    later ones' frees of "the previous iteration's first storage" would name another one — refused."""
+    log = optimizer_replay._StepLog(torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1), [])
+    kind = "optimizer temporaries"
+    extra, *temps = [[4, kind]] + [[8, kind] for _ in range(4)]
+    log.events = [("op", "a"), ("add", extra, 4, kind), ("add", temps[0], 8, kind),              # first: two storages
+                  ("op", "a"), ("add", temps[1], 8, kind), ("drop", temps[0], 8, kind),          # each later one frees the one before
+                  ("op", "a"), ("add", temps[2], 8, kind), ("drop", temps[1], 8, kind),
+                  ("op", "a"), ("add", temps[3], 8, kind), ("drop", temps[2], 8, kind),
+                  ("drop", temps[3], 8, kind), ("drop", extra, 4, kind)]
+    log.starts = [0, 3, 6, 9]
+    with pytest.raises(optimizer_replay._Unreplayable, match="stepped with"):
+        optimizer_replay._replay(log, ["x", "y", "x", "x"], ["x", "y", "x", "x", "y"])
+    first_extra_op = [("op", "a"), ("op", "b"), ("add", temps[0], 8, kind),  # an op the later ones do not run
+                      ("op", "a"), ("add", temps[1], 8, kind), ("drop", temps[0], 8, kind),
+                      ("op", "a"), ("add", temps[2], 8, kind), ("drop", temps[1], 8, kind),
+                      ("op", "a"), ("add", temps[3], 8, kind), ("drop", temps[2], 8, kind), ("drop", temps[3], 8, kind)]
+    log.events, log.starts = first_extra_op, [0, 3, 6, 9]
+    with pytest.raises(optimizer_replay._Unreplayable, match="first parameter"):
+        optimizer_replay._replay(log, ["x", "y", "x", "x"], ["x", "y", "x", "x", "y"])
+    log.events = first_extra_op[:1] + first_extra_op[2:]  # without it: replayed
+    log.starts = [0, 2, 5, 8]
+    actions = optimizer_replay._replay(log, ["x", "y", "x", "x"], ["x", "y", "x", "x", "y"])
+    assert [a for a in actions if a[0] == "add"] == [("add", 8, kind)] * 5 and sum(a[0] == "drop" for a in actions) == 5

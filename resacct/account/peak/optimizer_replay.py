@@ -23,7 +23,8 @@ every class with a member left, parameters that share no storage; each op touchi
 parameter's tensors; one iteration per parameter in the log; every storage made in the step freed in
 it, by the same or the next iteration (or, after the loop, one the first made); no storage of the step
 renamed or resized, no scalar kept, no matmul left unprobed; two traces of one class equal to the byte,
-and every iteration the same ops and events whatever its class (only the bytes differ).
+and every iteration the same ops and events whatever its class (only the bytes differ), the first's
+too but for the frees of what an iteration before it would have left.
 ``tests/test_optimizer_replay.py`` compares the prediction with and without it to the byte (timeline,
 peak, ops) for every optimizer resacct builds, weight decay on and off, the recipes with master weights.
 """
@@ -241,6 +242,10 @@ def _shape(template: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [("add", event[2]) if event[0] == "add" else event for event in template]
 
 
+def _but_frees_of_the_previous(template: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [event for event in _shape(template) if not (event[0] == "drop" and event[1][0] == "rel" and event[1][1] == 1)]
+
+
 def _replay(log: _StepLog, reduced: list[Any], stepped: list[Any]) -> list[tuple[Any, ...]]:
     """The tracker's actions for the whole step, from the reduced step's log; ``reduced`` and ``stepped``:
     the classes of the parameters traced and of every parameter, in order."""
@@ -255,6 +260,8 @@ def _replay(log: _StepLog, reduced: list[Any], stepped: list[Any]) -> list[tuple
     body = bodies[reduced[-1]]
     if len(shapes) != 1 or iterations[-1][:len(body)] != body:
         raise _Unreplayable("parameters of different classes stepped with different ops")
+    if _but_frees_of_the_previous(iterations[0]) != _but_frees_of_the_previous(body):  # its adds are the ones a body's frees name
+        raise _Unreplayable("the first parameter stepped with other ops than the rest")
     tail = iterations[-1][len(body):]
     made: dict[int, list[tuple[int, str]]] = {}  # per position (-1: the head), its adds' (bytes, kind)
     live: set[tuple[int, int]] = set()
