@@ -109,6 +109,12 @@ SOURCE = textwrap.dedent('''
         return nested
 
 
+    def make_shaped(offset: float):
+        def shaped(x: Float[Tensor, "n"], y: Float[Tensor, "n"]) -> Float[Tensor, "n"]:
+            return x + y + offset
+        return shaped
+
+
     @typing.no_type_check
     def unchecked(x: int) -> int:
         return x
@@ -337,3 +343,21 @@ def test_a_module_compiled_by_one_worker_is_read_lazily_checked_by_the_other(tmp
     assert module.double(3) == 6
     with pytest.raises(jaxtyping.TypeCheckError, match="double"):
         module.double("3")
+
+
+def test_a_nested_def_made_again_is_checked_by_the_wrappers_made_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``def`` inside a function is decorated each time that function runs: its beartype wrappers are
+    made once, and every later one is still checked (plain hints: reused; jaxtyping's, made per def: made again)."""
+    lazy = _import(tmp_path, monkeypatch, lazy=True)
+    assert lazy.make_nested()(1) == 2
+    built = lazy_typecheck.built
+    assert [lazy.make_nested()(n) for n in range(3)] == [1, 2, 3]
+    assert lazy_typecheck.built == built, "the later defs made their own wrappers"
+    for _ in range(3):  # (a refusal makes jaxtyping's one-argument checks to name the argument, as before)
+        with pytest.raises(jaxtyping.TypeCheckError, match="nested"):
+            lazy.make_nested()("1")
+    for offset in (1.0, 2.0, 3.0):
+        shaped = lazy.make_shaped(offset)
+        with pytest.raises(jaxtyping.TypeCheckError, match="shaped"):
+            shaped(torch.zeros(2), torch.zeros(3))
+        assert shaped(torch.zeros(2), torch.zeros(2)).tolist() == [offset, offset]
