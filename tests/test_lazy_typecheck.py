@@ -313,36 +313,23 @@ def test_a_checked_module_tags_its_own_pyc_and_not_the_modules_it_imports(tmp_pa
 
 
 def test_a_module_compiled_by_one_worker_is_read_lazily_checked_by_the_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/run_bytecode.py with the lazy hook: the pyc one worker writes is read by the other."""
+    """tests/run_bytecode.py with the lazy hook: test_run_bytecode's own test, the lazy hook installed."""
     from jaxtyping import _import_hook
 
+    from tests import test_run_bytecode
+
     monkeypatch.setattr(_import_hook, "_optimized_cache_from_source", _import_hook._optimized_cache_from_source)
-    folder = tmp_path / "run"
-    folder.mkdir()
-    name = f"lazy_shared_{uuid.uuid4().hex[:8]}"
-    source = tmp_path / "src" / f"{name}.py"
-    source.parent.mkdir()
-    source.write_text("def double(x: int) -> int:\n    return 2 * x\n")
-    monkeypatch.syspath_prepend(str(source.parent))
-    manager = lazy_typecheck.install_import_hook([name], TYPECHECKER)
-    try:
-        finder = manager.hook
-        assert run_bytecode._redirect_hook_cache(str(folder))
-        pyc = run_bytecode._hook_pyc(finder, str(source))
-        assert pyc.startswith(str(folder) + os.sep) and finder._typechecker.get_hash() in pyc
-        assert run_bytecode._compile_hooked(finder, str(source), pyc) == 1
+    installed = []
 
-        def never(*args: object, **kwargs: object) -> types.CodeType:
-            raise AssertionError("compiled again: the pyc in the run's folder was not read")
+    def install(modules: list[str], typechecker: str):  # type: ignore[no-untyped-def]
+        installed.append(lazy_typecheck.install_import_hook(modules, typechecker))
+        return installed[-1]
 
-        monkeypatch.setattr(_import_hook._JaxtypingLoader, "source_to_code", never)
-        module = importlib.import_module(name)
-    finally:
-        manager.uninstall()
-    monkeypatch.setitem(sys.modules, name, module)
-    assert module.double(3) == 6
-    with pytest.raises(jaxtyping.TypeCheckError, match="double"):
-        module.double("3")
+    monkeypatch.setattr(test_run_bytecode, "jaxtyping", types.SimpleNamespace(install_import_hook=install))
+    (tmp_path / "run").mkdir()
+    test_run_bytecode.test_a_module_compiled_by_one_worker_is_read_by_the_other_with_its_checks(str(tmp_path / "run"), tmp_path, monkeypatch)
+    lazy_hash = jaxtyping._import_hook.Typechecker(lazy_typecheck.lazy_typechecker(TYPECHECKER)).get_hash()
+    assert [manager.hook._typechecker.get_hash() for manager in installed] == [lazy_hash]
 
 
 def test_a_nested_def_made_again_is_checked_by_the_wrappers_made_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
