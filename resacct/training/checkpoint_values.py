@@ -31,7 +31,7 @@ import os
 import types
 from collections import OrderedDict
 from pathlib import PurePath
-from typing import Any
+from typing import Any, no_type_check
 
 import numpy as np
 import torch
@@ -105,6 +105,7 @@ def plain_value(value: Any, where: str, *, path: str | os.PathLike) -> Any:
     return _plain(value, where, path, 0, set())
 
 
+@no_type_check  # per-element recursion (277,796 checked calls in the CI quick tier): its caller is checked (docs/suite_time.md)
 def _plain(value: Any, where: str, path: str | os.PathLike, depth: int, active: set[int]) -> Any:
     kind = type(value)
     if kind in _LEAVES or isinstance(value, torch.Tensor):
