@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, no_type_check
 
 if TYPE_CHECKING:  # torch loads when a torch dtype is asked for: layouts and bytes (napkin math) never need it
     import torch
@@ -58,10 +58,12 @@ class FloatFormat:
     torch_name: str | None = None
 
     @property
+    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def bits(self) -> int:
         return 1 + self.exponent_bits + self.fraction_bits
 
     @property
+    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def bias(self) -> int:
         return 2 ** (self.exponent_bits - 1) - 1
 

@@ -36,7 +36,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, no_type_check
 
 from resacct.errors import ResacctError
 
@@ -214,6 +214,7 @@ class RecordingWriter:
         self.tail = b""
         self.os_error: OSError | None = None
 
+    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         try:

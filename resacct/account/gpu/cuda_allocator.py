@@ -51,6 +51,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Hashable
+from typing import no_type_check
 
 from resacct.account.gpu.cuda_allocator_rules import (
     KLARGE_BUFFER_BYTES,
@@ -92,6 +93,7 @@ class CachingAllocatorModel:
         self.timeline: list[tuple[int, int]] = []  # (allocated, reserved) after every malloc and free
 
     # ── stats ─────────────────────────────────────────────────────────────────────────────
+    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def _allocated(self, delta: int, owner: Hashable) -> None:
         self.allocated_bytes += delta
         self._history.append((owner, delta))
@@ -244,6 +246,7 @@ class CachingAllocatorModel:
         pool.insert(block)
         self.timeline.append((self.allocated_bytes, self.reserved_bytes))
 
+    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def _try_merge(self, dst: Block, src: Block | None, pool: BlockPool) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
