@@ -170,6 +170,11 @@ def run_verify(args: argparse.Namespace) -> int:
         return _run_verify(args, latch)
 
 
+def _has_failures(document: dict[str, Any]) -> bool:
+    """Whether a claim of the report failed or is invalid (verify's exit status 1, run or listed)."""
+    return any(record.get("outcome") in {"failed", "invalid"} for record in document["claims"])
+
+
 def _list_last_run(args: argparse.Namespace) -> int:
     """``--last``: the report in --report-dir printed as its run printed it; that run's exit status."""
     from resacct.cli._verify_last import last_report, refuse_run_options
@@ -180,7 +185,7 @@ def _list_last_run(args: argparse.Namespace) -> int:
     if not args.json:
         created = (document.get("environment") or {}).get("created") or "at an unknown time"
         print(f"(--last: nothing ran; this is the run of {created})" + (f"\n{note}" if note else ""))
-    return 1 if any(record.get("outcome") in {"failed", "invalid"} for record in document["claims"]) else 0
+    return 1 if _has_failures(document) else 0
 
 
 def _run_verify(args: argparse.Namespace, latch: Any) -> int:
@@ -215,7 +220,7 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
         print(f"resacct verify: interrupted: the {len(document['claims'])} claims that finished are in {destination}/ (marked partial)",
               file=sys.stderr)
         return 130
-    failed = any(record["outcome"] in {"failed", "invalid"} for record in document["claims"])
+    failed = _has_failures(document)
     return 1 if failed or run.exit_code not in (0, 1, 5) else 0
 
 
