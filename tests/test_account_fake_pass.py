@@ -30,7 +30,7 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, *
     """The account traced once, then with the fake pass's records thrown away (the meta pass runs);
     the number of accounts the fake pass fed."""
     fed = []
-    original = generic._trace_once
+    original = generic.trace_once
 
     def counted(*args: Any, **kw: Any) -> Any:
         once = original(*args, **kw)
@@ -38,10 +38,10 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, *
         return once
 
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "_trace_once", counted)
+        patched.setattr(generic, "trace_once", counted)
         once = account_module(model, inputs, **kwargs)
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "_trace_once", lambda *args, **kw: None)
+        patched.setattr(generic, "trace_once", lambda *args, **kw: None)
         meta = account_module(model, inputs, **kwargs)
     return once, meta, sum(fed)
 
@@ -197,3 +197,73 @@ def test_transformers_models_are_accounted_the_same(monkeypatch: pytest.MonkeyPa
     once, meta, fed = _both_ways(monkeypatch, model, inputs)
     assert fed == (1 if case == "gpt2" and TRACED_ONCE else 0)
     _assert_same(once, meta)
+
+
+def _hf_both_ways(monkeypatch: pytest.MonkeyPatch, spec: Any, **kwargs: Any) -> tuple[Any, Any, int]:
+    """``account_hf_config`` traced once, then with the fake pass's records thrown away; how many builds the fake pass fed."""
+    from resacct.account.answers.hf import account_hf_config
+
+    fed = []
+    original = generic.trace_once
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        once = original(*args, **kw)
+        fed.append(once is not None and once[0] is not None)
+        return once
+
+    with monkeypatch.context() as patched:
+        patched.setattr(generic, "trace_once", counted)
+        once = account_hf_config(spec, **kwargs)
+    with monkeypatch.context() as patched:
+        patched.setattr(generic, "trace_once", lambda *args, **kw: None)
+        meta = account_hf_config(spec, **kwargs)
+    return once, meta, sum(fed)
+
+
+def _hf_spec(model_type: str, layers: int) -> Any:
+    from resacct.checks.hf import _small_spec
+
+    return _small_spec(model_type, 64, layers, 4, 2 if model_type == "llama" else 4, 96, 160, 128, 0, 0)
+
+
+@pytest.mark.parametrize("model_type, layers, recipe, fed_when_traced_once", [
+    ("gpt2", 4, "fp32", 1),  # sdpa on the math path on the fake CPU step: FLOPs, state and saved tensors from the fake pass
+    ("gpt2", 4, "bf16-fp32-master", 0),  # master weights: the meta pass runs, the peak from the fake one
+    ("llama", 3, "fp32", 0),  # the fake CPU step takes sdpa's flash kernel, meta the math path
+])
+def test_an_hf_config_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest.MonkeyPatch, model_type: str, layers: int, recipe: str,
+                                                              fed_when_traced_once: int) -> None:
+    pytest.importorskip("transformers")
+    once, meta, fed = _hf_both_ways(monkeypatch, _hf_spec(model_type, layers), batch=2, seq=24, recipe=recipe, layers="all")
+    assert fed == (fed_when_traced_once if TRACED_ONCE else 0)
+    assert once.to_dict() == meta.to_dict()
+    for part in ("flops", "state", "saved", "notes", "checkpoint_weights_bytes"):
+        assert getattr(once, part) == getattr(meta, part), part
+    assert once.step_peak.predicted == meta.step_peak.predicted
+
+
+@pytest.mark.slow  # four traced builds each way
+def test_a_sampled_hf_config_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 9-layer GPT-2 extrapolated from depths 3, 4 and 5: each sample traced once."""
+    pytest.importorskip("transformers")
+    once, meta, fed = _hf_both_ways(monkeypatch, _hf_spec("gpt2", 9), batch=2, seq=24, layers="sampled")
+    assert fed == (3 if TRACED_ONCE else 0)
+    assert once.to_dict() == meta.to_dict()
+    assert once.step_peak.predicted == meta.step_peak.predicted
+
+
+def test_a_config_that_breaks_is_named_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake pass runs first now: a config whose model fails in its step still gets the meta pass's one line naming it."""
+    pytest.importorskip("transformers")
+    from resacct.account.answers.hf import account_hf_config
+    from resacct.errors import ResacctError
+
+    spec = _hf_spec("gpt2", 2)
+    import transformers
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a kernel this build lacks\nsecond line")
+
+    monkeypatch.setattr(transformers.models.gpt2.modeling_gpt2.GPT2MLP, "forward", broken)
+    with pytest.raises(ResacctError, match=r"fails in its first step \(RuntimeError: a kernel this build lacks\)"):
+        account_hf_config(spec, batch=1, seq=8, layers="all")

@@ -83,7 +83,7 @@ from resacct.account.trace.untraced import UnmeasuredState, UnrecordedActivation
 from resacct.training.models import Cruncher
 from resacct.account.load.user_code import calling_user_code, code_location
 
-__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model"]  # the factory loading: resacct.account.load.model_factory
+__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model", "trace_once"]  # the factory loading: resacct.account.load.model_factory
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU}
 
@@ -157,7 +157,7 @@ def account_module(
                                   hint=f"; input {_describe_inputs(example_input)}", fallback=code_location(type(model).forward))
     untraced = None
     one_pass = _copy_runs_as_the_model(parameters, chosen, where)
-    once = _trace_once(model, example_input, loss, chosen, optimizer, parameters, where, user_step) if one_pass else None
+    once = trace_once(model, example_input, loss, chosen, optimizer, parameters, where, user_step) if one_pass else None
     with user_step():
         try:
             flops: StepFlopTrace | UntracedFlops
@@ -220,7 +220,7 @@ def account_module(
     return account
 
 
-def _trace_once(model: nn.Module, inputs: StepInputs, loss: str, recipe: Recipe, optimizer: str, parameters: list[nn.Parameter], where: str,
+def trace_once(model: nn.Module, inputs: StepInputs, loss: str, recipe: Recipe, optimizer: str, parameters: list[nn.Parameter], where: str,
                 user_step: Any) -> tuple[FakeStepRecorder | None, StepPeakAccount] | None:
     """Trace once (issue 34), where the recipe's copy runs as the model (:func:`_copy_runs_as_the_model`):
     the step peak's fake pass also records the FLOPs, the saved tensors and

@@ -20,6 +20,8 @@ True
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,15 +342,14 @@ def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe
     def loss_of(module: Any) -> Any:
         return loss_of_output(call_model(module, inputs), "model")
 
-    try:  # FLOPs, training state and saved tensors in one forward and backward: the model's first run, where a config can still break it
-        measured = measure_step_once(model, loss_of, chosen, optimizer)
-    except ResacctError:
-        raise
-    except Exception as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ResacctError(f"{spec.name} ({spec.source}): the model transformers built from it fails in its first step ({type(error).__name__}: {first[:300]})") from None
-    flops, state, saved = measured.flops, measured.state, measured.saved
-    weights = distinct_storage_bytes(list(measured.model.state_dict().values()))  # the model in the recipe's dtype
+    once = _hf_trace_once(model, inputs, chosen, optimizer) if peak else None
+    if once is not None and once[0] is not None:  # FLOPs, state and saved tensors recorded on the peak's fake pass: no meta pass
+        recorder = once[0]
+        flops, state, saved, recipe_model = recorder.flops, recorder.state, recorder.saved, model
+    else:
+        measured = _measure_on_meta(spec, model, loss_of, chosen, optimizer)
+        flops, state, saved, recipe_model = measured.flops, measured.state, measured.saved, measured.model
+    weights = distinct_storage_bytes(list(recipe_model.state_dict().values()))  # the model in the recipe's dtype
     parameters = list(model.parameters())
     element = parameters[0].element_size()
     architecture = architecture_of(model.config)
@@ -360,10 +361,36 @@ def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe
         notes.append(basis)
     from resacct.account.peak.step_peak import account_model_step_peak
 
-    step_peak = account_model_step_peak(model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False) if peak else None
+    step_peak = None if not peak else once[1] if once is not None else account_model_step_peak(
+        model, inputs, loss="model", recipe=chosen, optimizer=optimizer, measure=False)
     return HfAccount(
         name=spec.name, source=spec.source, model_type=spec.model_type, model_class=type(model).__name__, architecture=architecture,
         batch=batch, seq=length, recipe=chosen, optimizer=optimizer, parameters=distinct_storage_bytes(parameters) // element,
         parameter_tensors=len(parameters), flops=flops, state=state, saved=saved, checkpoint_weights_bytes=weights, notes=notes,
         step_peak=step_peak,
     )
+
+
+def _measure_on_meta(spec: HfConfigSpec, model: Any, loss_of: Callable[[Any], Any], recipe: Recipe, optimizer: str) -> Any:
+    """FLOPs, training state and saved tensors in one forward and backward on meta: the model's first
+    run, where a config can still break it (one line naming the config)."""
+    try:
+        return measure_step_once(model, loss_of, recipe, optimizer)
+    except ResacctError:
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ResacctError(f"{spec.name} ({spec.source}): the model transformers built from it fails in its first step ({type(error).__name__}: {first[:300]})") from None
+
+
+def _hf_trace_once(model: Any, inputs: Any, recipe: Recipe, optimizer: str) -> Any:
+    """Trace once (issue 34): the step peak's fake pass, recording the FLOPs, saved tensors and
+    state where it runs the meta pass's step (:func:`resacct.account.answers.generic.trace_once`:
+    float32, no autocast; sdpa on the math path, e.g. GPT-2). None where it cannot run the step: the
+    meta pass then runs first and names what broke, as before."""
+    from resacct.account.answers.generic import trace_once
+
+    try:
+        return trace_once(model, inputs, "model", recipe, optimizer, list(model.parameters()), "meta", contextlib.nullcontext)
+    except Exception:  # the meta pass below runs the step again: its error (or the peak's) is the account's, as before
+        return None
