@@ -34,6 +34,7 @@ o_proj h·e → d, gate_proj and up_proj d → f, down_proj f → d; ``all-linea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from resacct.errors import ResacctError
@@ -306,6 +307,15 @@ def _attention_core_terms(p: str, a: HfArchitecture, batch: int, seq: int, eleme
     return terms
 
 
+def _layer_adapter_terms(names: tuple[str, ...], *, chosen: tuple[str, ...], p: str, a: HfArchitecture, tokens: int, rank: int, element: int,
+                         dropout: float, flow: dict[str, bool], shared: set[str], kernel: str) -> list[LoraSavedTerm]:
+    """What the adapters of layer ``p`` on ``names`` (those of them ``chosen``) save. A module-level function (a
+    ``functools.partial`` per layer in :func:`lora_saved_terms`), not a def in its loop: the type-checking hook
+    decorates it once (docs/suite_time.md, session 7)."""
+    return [term for t in names if t in chosen for term in _adapter_terms(p, t, a, tokens, rank, element, dropout,
+                                                                          _target_input_needs_gradient(t, flow), shared, kernel, flow["attention"])]
+
+
 def lora_saved_terms(a: HfArchitecture, *, rank: int, targets: tuple[str, ...] | list[str], batch: int, seq: int, dtype: str = "bfloat16",
                      attention: str = "sdpa", dropout: float = 0.0) -> tuple[LoraSavedTerm, ...]:
     """Every tensor one forward of a peft LoRA model with its next-token loss saves on the CPU
@@ -344,11 +354,8 @@ def lora_saved_terms(a: HfArchitecture, *, rank: int, targets: tuple[str, ...] |
     rotary_saved = False
     for layer in range(a.layers):
         p, flow, shared = f"model.layers.{layer}", _gradient_flow(chosen, layer == 0), set[str]()
-
-        def adapters(names: tuple[str, ...]) -> list[LoraSavedTerm]:
-            return [term for t in names if t in chosen for term in _adapter_terms(p, t, a, tokens, r, element, dropout,
-                                                                                  _target_input_needs_gradient(t, flow), shared, kernel, flow["attention"])]
-
+        adapters = functools.partial(_layer_adapter_terms, chosen=chosen, p=p, a=a, tokens=tokens, rank=r, element=element, dropout=dropout,
+                                     flow=flow, shared=shared, kernel=kernel)
         terms += _norm_terms(f"{p}.input_layernorm", tokens, d) if flow["input"] else []
         terms += adapters(_ATTENTION_IN)
         if (flow["q"] or flow["k"]) and not rotary_saved:  # q·cos and rotate(q)·sin keep cos and sin, shared by every layer

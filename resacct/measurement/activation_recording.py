@@ -24,8 +24,9 @@ without allocating. Re-exported by :mod:`resacct.measurement.activations`.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, no_type_check
 
@@ -87,25 +88,26 @@ class SavedActivations:
         return dict(totals)
 
 
+# module_stack's hooks: module-level functions under a functools.partial, not defs in module_stack, so the
+# type-checking hook decorates them once, not at each call (docs/suite_time.md, session 7).
+@no_type_check  # one call per module forward, on torch's arguments: not checked (it was a nested def under no_type_check)
+def _enter_scope(stack: list[str], name: str, module: nn.Module, args: Any) -> None:
+    stack.append(name or MODEL_SCOPE)
+
+
+def _leave_scope(stack: list[str], module: nn.Module, args: Any, output: Any) -> None:
+    stack.pop()
+
+
 @contextlib.contextmanager
 def module_stack(model: nn.Module) -> Iterator[list[str]]:
     """A list whose last item is the path of the module whose forward is running
     (``"blocks.0.attention"``; the root is :data:`MODEL_SCOPE`, outside all: :data:`OUTSIDE_SCOPE`)."""
     stack = [OUTSIDE_SCOPE]
     handles = []
-
-    def enter(name: str) -> Callable[..., None]:
-        @no_type_check  # decorated anew at every call of the function around it: the hook's cost, not a check (docs/suite_time.md)
-        def hook(module: nn.Module, args: Any) -> None:
-            stack.append(name or MODEL_SCOPE)
-
-        return hook
-
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
-        stack.pop()
-
+    leave = functools.partial(_leave_scope, stack)
     for name, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_pre_hook(functools.partial(_enter_scope, stack, name)))
         handles.append(module.register_forward_hook(leave, always_call=True))
     try:
         yield stack

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -106,20 +107,22 @@ def make_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def copy_inputs(inputs: Any, make: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``inputs`` (a tensor, a tuple, or a mapping of tensors) with each distinct tensor replaced
     by ``make(tensor)`` once — two names for one tensor (``input_ids`` and ``labels``) stay one."""
-    made: dict[int, torch.Tensor] = {}
-
-    def one(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        if id(value) not in made:
-            made[id(value)] = make(value)
-        return made[id(value)]
-
+    one = functools.partial(_copy_one, {}, make)
     if isinstance(inputs, dict):
         return {name: one(value) for name, value in inputs.items()}
     if isinstance(inputs, tuple):
         return tuple(one(value) for value in inputs)
     return one(inputs)
+
+
+def _copy_one(made: dict[int, torch.Tensor], make: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
+    """``value``'s copy for :func:`copy_inputs` (``make(value)`` once per tensor, kept in ``made``; anything else as it is).
+    A module-level function, not a def in copy_inputs: the type-checking hook decorates it once (docs/suite_time.md, session 7)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if id(value) not in made:
+        made[id(value)] = make(value)
+    return made[id(value)]
 
 
 @contextlib.contextmanager

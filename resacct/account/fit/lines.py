@@ -64,6 +64,35 @@ def affine_deviation_bytes(probes: list[FitProbe]) -> int | None:
     return max(round(abs(p.peak_bytes - (first.peak_bytes + slope * (p.size - first.size)))) for p in probes[2:])
 
 
+class _Probing:
+    """The probes of one :func:`largest_fitting` search, by size. A class, not defs in the search: the
+    type-checking hook decorates its methods once, not at each search (docs/suite_time.md, session 7)."""
+
+    def __init__(self, peak_of: Callable[[int], int], budget_bytes: float, on_probe: Callable[[FitProbe], None] | None,
+                 phase_peaks_of: Callable[[int], dict[str, int]] | None) -> None:
+        self.peak_of, self.budget_bytes, self.on_probe, self.phase_peaks_of = peak_of, budget_bytes, on_probe, phase_peaks_of
+        self.probes: dict[int, FitProbe] = {}
+
+    def fits(self, size: int) -> bool:
+        """Trace ``size`` (timed; reported to ``on_probe``): whether its peak is within the budget."""
+        started = time.perf_counter()
+        peak = self.peak_of(size)
+        self.probes[size] = FitProbe(size=size, peak_bytes=peak, fits=peak <= self.budget_bytes, seconds=time.perf_counter() - started)
+        if self.on_probe is not None:
+            self.on_probe(self.probes[size])
+        return self.probes[size].fits
+
+    def line(self, first: int, second: int) -> int | None:
+        """The answer of the line through two probes — of each phase's line, the smallest, where the
+        phases' peaks are known (the step's peak is the largest of them, each affine in the batch)."""
+        if self.phase_peaks_of is None:
+            return affine_answer(self.probes[first], self.probes[second], self.budget_bytes)
+        ones, twos = self.phase_peaks_of(first), self.phase_peaks_of(second)
+        answers = [affine_answer(FitProbe(first, ones[name], True, 0.0), FitProbe(second, twos[name], True, 0.0), self.budget_bytes)
+                   for name in ones if name in twos]
+        return min((answer for answer in answers if answer is not None), default=None)
+
+
 def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit: int,
                     on_probe: Callable[[FitProbe], None] | None = None,
                     phase_peaks_of: Callable[[int], dict[str, int]] | None = None, second: int = 2) -> tuple[int | None, list[FitProbe]]:
@@ -95,26 +124,8 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     >>> answer, [p.size for p in probes]
     (9, [1, 9, 10])
     """
-    probes: dict[int, FitProbe] = {}
-
-    def fits(size: int) -> bool:
-        started = time.perf_counter()
-        peak = peak_of(size)
-        probes[size] = FitProbe(size=size, peak_bytes=peak, fits=peak <= budget_bytes, seconds=time.perf_counter() - started)
-        if on_probe is not None:
-            on_probe(probes[size])
-        return probes[size].fits
-
-    def line(first: int, second: int) -> int | None:
-        """The answer of the line through two probes — of each phase's line, the smallest, where the
-        phases' peaks are known (the step's peak is the largest of them, each affine in the batch)."""
-        if phase_peaks_of is None:
-            return affine_answer(probes[first], probes[second], budget_bytes)
-        ones, twos = phase_peaks_of(first), phase_peaks_of(second)
-        answers = [affine_answer(FitProbe(first, ones[name], True, 0.0), FitProbe(second, twos[name], True, 0.0), budget_bytes)
-                   for name in ones if name in twos]
-        return min((answer for answer in answers if answer is not None), default=None)
-
+    search = _Probing(peak_of, budget_bytes, on_probe, phase_peaks_of)
+    probes, fits, line = search.probes, search.fits, search.line
     if not fits(1):
         return None, list(probes.values())
     low, previous, high = 1, None, None  # low fits; high (when known) does not; previous: the size that fit before low
