@@ -6,8 +6,10 @@ Printed, in seconds, in this one process with the forkserver verify uses (preloa
 the forkserver's start (first launch); an empty launch on 2 and 4 ranks split into fork + unpickling +
 gloo rendezvous (until every rank runs the program) and results + teardown; an empty child; then
 each launch the sharded claims make, alone: its ranks' work and the rest; sharding's rank program
-split by engine, peak_sharded's by engine (allocator record, census), each prediction child and
-the paper-scale child alone; and the 2-rank programs in one launch against each in its own
+split by part (resacct.checks.sharding_training.LAUNCH_PARTS), peak_sharded's by engine (allocator
+record, census), each prediction child and the paper-scale child alone; sharding's launch measuring
+the parts its claims read against every part (as it did before LAUNCH_PARTS: both model kinds, four
+pieces, three steps), taking turns, with the ranks' CPU seconds; and the 2-rank programs in one launch against each in its own
 (resacct.measurement.rank_jobs), taking turns, the median of ``--rounds``. Say how busy the machine was: on a shared machine the parts are
 the load's as much as resacct's.
 """
@@ -33,10 +35,14 @@ def probe(rank: int, world_size: int, launched_at: float) -> tuple[float, float]
     return started, time.time() - launched_at
 
 
-def timed(rank: int, world_size: int, launched_at: float, program: Any, *args: Any) -> tuple[float, float]:
-    started = time.time() - launched_at
+def timed(rank: int, world_size: int, launched_at: float, program: Any, *args: Any) -> tuple[float, float, float]:
+    """(seconds from the launch to the program, to its end, this rank's CPU seconds in the program)."""
+    import resource
+
+    started, cpu = time.time() - launched_at, resource.getrusage(resource.RUSAGE_SELF)
     program(rank, world_size, *args)
-    return started, time.time() - launched_at
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    return started, time.time() - launched_at, end.ru_utime + end.ru_stime - cpu.ru_utime - cpu.ru_stime
 
 
 def timed_child(launched_at: float, program: Any, *args: Any) -> tuple[float, float]:
@@ -47,8 +53,6 @@ def timed_child(launched_at: float, program: Any, *args: Any) -> tuple[float, fl
 
 def split_program(rank: int, world_size: int, what: str) -> dict[str, float]:
     """Sharding's rank program (what="sharding") or peak_sharded's ("peak") with a time stamp after each part."""
-    import torch
-
     from resacct.checks import sharding_runs as runs
 
     stamps, last = {}, time.perf_counter()
@@ -58,13 +62,12 @@ def split_program(rank: int, world_size: int, what: str) -> dict[str, float]:
         stamps[name] = stamps.get(name, 0.0) + time.perf_counter() - last
         last = time.perf_counter()
 
-    if what == "sharding":
-        for kind in runs.MODEL_KINDS:
-            reference = runs._single_process_parameters(kind); stamp("one-process reference")
-            runs._zero1(kind, rank, world_size, reference); stamp("zero1 (DDP + ZeRO) 3 steps")
-            runs._fsdp2(kind, rank, world_size, reference); stamp("fsdp2 3 steps")
-            runs._parameter_bytes_after_forward(kind, False); runs._parameter_bytes_after_forward(kind, True); stamp("fsdp2 after forward ×2")
-            runs._fsdp2(kind, rank, world_size, None, compute_dtype=torch.bfloat16); stamp("fsdp2 bf16 3 steps")
+    if what == "sharding":  # each part the launch measures (LAUNCH_PARTS), its one-process reference with it
+        from resacct.checks.sharding_training import _measured_part
+
+        references: dict = {}
+        for kind, piece, steps in runs.launch_parts(world_size):
+            _measured_part(rank, world_size, kind, piece, steps, references); stamp(f"{kind} {piece} {steps} steps")
         return stamps
     from resacct.account.peak.sharded import build_peak_model, engine_mesh
     from resacct.account.peak.sharded_measure import allocator_summary, first_complete
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     launched = time.time()
     started = distributed.run_isolated(me.timed_child, launched, time.sleep, 0)[0]
     print(f"empty child: {time.time() - launched:5.2f} (start {started:.2f})")
-    launches = [(f"sharding {size} ranks", size, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,)) for size in (2, 4)]
+    launches = [(f"sharding {size} ranks", size, sharding_runs.sharded_training_on_rank, (sharding_runs.launch_parts(size),)) for size in (2, 4)]
     launches += [(f"peak_sharded {size} ranks", size, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1)) for size in (2, 4)]
     launches += [(f"parallelism {layer}", 2, parallelism.tensor_parallel_saved_bytes_on_rank, layer) for layer in TENSOR_PARALLEL_LAYERS]
     for name, size, program, args in launches:
@@ -126,6 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         launched = time.time()
         started, ended = distributed.run_isolated(me.timed_child, launched, program, *args, timeout_seconds=300)
         print(f"{name:40s} {time.time() - launched:5.2f} = start {started:.2f} + work {ended - started:.2f}")
+    for size in (2, 4):  # sharding's launch: the parts its claims read against every part (its launch before LAUNCH_PARTS), taking turns
+        walls: dict[str, list[float]] = {"every part": [], "claims' parts": []}
+        cpus: dict[str, list[float]] = {"every part": [], "claims' parts": []}
+        for _ in range(rounds):
+            for name, parts in (("every part", sharding_runs._EVERY_PART), ("claims' parts", sharding_runs.launch_parts(size))):
+                launched = time.time()
+                stamps = distributed.run_on_ranks(me.timed, size, launched, sharding_runs.sharded_training_on_rank, parts, timeout_seconds=300)
+                walls[name].append(time.time() - launched)
+                cpus[name].append(sum(stamp[2] for stamp in stamps))
+        print(f"sharding {size} ranks, every part (2 kinds x 4 pieces, 3 steps) against the claims' parts (LAUNCH_PARTS): "
+              + ", ".join(f"{name} {statistics.median(walls[name]):.2f} s wall, {statistics.median(cpus[name]):.2f} CPU s in the ranks"
+                          for name in walls) + f" (medians of {rounds})")
     for size in (2, 4):  # each world size's programs in one launch against each in its own, taking turns
         jobs = tuple((program, args) for _, world_size, program, args in launches if world_size == size)
         shared, own = [], []

@@ -151,7 +151,7 @@ def test_the_sharded_checks_plan_what_they_launch():
                            ("parallelism.tensor_parallel_layer_saved_bytes", {"seq": 16, "batch": 2, "hidden": 64, "heads": 4})])
     engines, beside = peak_sharded.LAUNCH_ENGINES[2], sharding_plans.PAPER_SCALE_BESIDE_WORLD_SIZE
     paper_runs = sharding_runs._paper_scale_runs(sharding_runs.PAPER_SCALE_CONFIGURATIONS)  # (64, mixed-adam) and (8, fp32-adamw): one child
-    expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.MODEL_KINDS,), False),
+    expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.LAUNCH_PARTS[4],), False),
                 (beside, sharding_runs.paper_scale_state_on_fake_ranks, (paper_runs,), True),
                 (2, peak_sharded.measured_on_rank, (engines, "mlp", 16, 1), False),
                 (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1)), True),

@@ -199,14 +199,14 @@ def test_fully_shard_gets_a_cpu_mesh_so_a_gpu_host_keeps_the_gloo_ranks_on_the_c
     import torch
     import torch.distributed.fsdp as fsdp
 
-    from resacct.checks import sharding_runs
+    from resacct.checks import sharding_training
 
     if not hasattr(fsdp, "fully_shard"):
         pytest.skip(f"torch {torch.__version__} has no public torch.distributed.fsdp.fully_shard (FSDP2)")
 
     calls = []
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, **options: calls.append(options))
-    monkeypatch.setattr(sharding_runs, "_cpu_mesh", lambda: "the CPU mesh")
+    monkeypatch.setattr(sharding_training, "_cpu_mesh", lambda: "the CPU mesh")
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    sharding_runs._fully_shard_linears(model, reshard_after_forward=True)
+    sharding_training._fully_shard_linears(model, reshard_after_forward=True)
     assert len(calls) == 3 and all(options["mesh"] == "the CPU mesh" for options in calls)

@@ -20,6 +20,7 @@ from resacct.checks.sharding import (
     paper_scale_measurements,
     small_scale_measurements,
 )
+from resacct.checks.sharding_runs import LAUNCH_PARTS, MODEL_KINDS, PIECES, TRAINING_STEPS, launch_parts, sharded_training_on_rank
 from resacct.measurement.distributed import (
     DistributedError,
     DistributedRankError,
@@ -108,7 +109,7 @@ def test_bad_launch_arguments(kwargs, fragment):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_zero1_partition_and_state_are_predicted_exactly(world_size):
-    measurement = small_scale_measurements(world_size, "uneven")
+    measurement = small_scale_measurements(world_size, "uneven", {"zero1": 1})
     numels = [math.prod(shape) for shape in measurement["shapes"]]
     predicted = zero_redundancy_partition(numels, world_size)
     for rank, report in enumerate(measurement["ranks"]):
@@ -119,7 +120,7 @@ def test_zero1_partition_and_state_are_predicted_exactly(world_size):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fsdp2_shards_and_padding_are_predicted_exactly(world_size):
-    measurement = small_scale_measurements(world_size, "uneven")
+    measurement = small_scale_measurements(world_size, "uneven", {"fsdp2": 1})
     shapes = measurement["shapes"]
     padded = sum(fsdp_padded_shard_numel(shape, world_size) for shape in shapes)
     for rank, report in enumerate(measurement["ranks"]):
@@ -142,18 +143,40 @@ _TORCH_MINOR = tuple(int(part) for part in torch.__version__.split("+")[0].split
 def test_sharded_training_matches_one_process(world_size, kind):
     # Adam divides by √v, so reduction-order noise in tiny gradients can move a parameter by
     # a few 1e-6 at lr 1e-2 (seen on the 8-layer model); real divergence would be ~lr.
-    for report in small_scale_measurements(world_size, kind)["ranks"]:
+    for report in small_scale_measurements(world_size, kind, {"zero1": TRAINING_STEPS, "fsdp2": TRAINING_STEPS})["ranks"]:
+        assert report["zero1"]["training_steps"] == report["fsdp2"]["training_steps"] == TRAINING_STEPS
         assert report["zero1"]["max_abs_difference"] < 1e-4
         assert report["fsdp2"]["max_abs_difference"] < 1e-4
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_stage_3_parameters_are_freed_after_forward_and_stage_2_style_keeps_them(world_size):
-    measurement = small_scale_measurements(world_size, "balanced")
+    measurement = small_scale_measurements(world_size, "balanced", {"after_forward": 0})
     parameters = sum(math.prod(shape) for shape in measurement["shapes"])
     for report in measurement["ranks"]:
         assert report["parameters_bytes_after_forward_kept"] == 4 * parameters
         assert report["parameters_bytes_after_forward_resharded"] == 4 * parameters // world_size
+
+
+def test_the_state_after_one_step_is_the_state_after_every_step():
+    """LAUNCH_PARTS measures the state claims' engines one step: what each rank holds is allocated by the
+    first step and held, byte for byte, after TRAINING_STEPS (measured here, both after the one and the three)."""
+    parts = tuple(("balanced", engine, steps) for engine in ("zero1", "fsdp2", "fsdp2_bf16") for steps in (1, TRAINING_STEPS))
+    pieces = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "local_parameter_numels", "owned_parameter_indices", "dtypes")
+    for results in run_on_ranks(sharded_training_on_rank, 2, parts, timeout_seconds=90):
+        for one, every in zip(results[::2], results[1::2]):
+            assert (one.get("training_steps"), every.get("training_steps")) in ((1, TRAINING_STEPS), (None, None))  # None: bf16 unavailable
+            assert {key: one[key] for key in pieces if key in one} == {key: every[key] for key in pieces if key in every}
+            assert "parameters_bytes" in one or "unavailable" in one
+
+
+def test_a_piece_not_in_the_launch_is_added_to_it():
+    assert launch_parts(4) == LAUNCH_PARTS[4]
+    assert launch_parts(4, "uneven", {"zero1": 1, "fsdp2": TRAINING_STEPS}) == LAUNCH_PARTS[4], "served by the 3-step parts"
+    assert launch_parts(2, "balanced", {"zero1": TRAINING_STEPS})[-1] == ("balanced", "zero1", TRAINING_STEPS)
+    assert launch_parts(3) == tuple((kind, piece, 0 if piece == "after_forward" else TRAINING_STEPS) for kind in MODEL_KINDS for piece in PIECES)
+    with pytest.raises(ValueError, match=r"part \('balanced', 'zero3', 1\): expected"):
+        launch_parts(2, "balanced", {"zero3": 1})
 
 
 def test_paper_scale_stage_3_is_fsdp_padding_exactly():

@@ -16,6 +16,7 @@ from resacct.checks.sharding_runs import (
     MODEL_KINDS,
     PAPER_TENSOR_COUNT,
     PAPER_TENSOR_SHAPE,
+    TRAINING_STEPS,
     paper_scale_measurements,
     paper_scale_state_on_fake_ranks,
     sharded_training_on_rank,
@@ -71,7 +72,7 @@ def per_rank_bytes_on_gloo(engine: str, world_size: int, kind: str = "balanced")
     ranks after real AdamW steps with ``engine`` (``zero1``: DDP + ZeroRedundancyOptimizer;
     ``fsdp2``: fully_shard; ``fsdp2_bf16``: fully_shard computing in bf16), summed from the storages of the real tensors; ``params``: the
     model's parameter count."""
-    measurement = small_scale_measurements(world_size, kind)
+    measurement = small_scale_measurements(world_size, kind, {engine: 1})  # the state the first step allocates, held by every step after
     return Outcome(
         measured=_busiest(measurement["ranks"], engine),
         predicted=_fp32_adamw_prediction(measurement["shapes"], engine, world_size),
@@ -84,7 +85,7 @@ def zero1_partition_excess(world_size: int, kind: str = "uneven") -> Outcome:
     """How far ZeroRedundancyOptimizer's busiest rank is above 1/N of the parameters, in units
     of the largest tensor: (max owned − total/N) / largest. ``owned_numels``: each rank's
     owned parameter count, read from its real optimizer."""
-    measurement = small_scale_measurements(world_size, kind)
+    measurement = small_scale_measurements(world_size, kind, {"zero1": 1})
     numels = [math.prod(shape) for shape in measurement["shapes"]]
     owned_numels = [sum(numels[i] for i in rank["zero1"]["owned_parameter_indices"]) for rank in measurement["ranks"]]
     predicted_numels = zero_redundancy_partition_numels(numels, world_size)
@@ -100,7 +101,7 @@ def fsdp2_padding_excess(world_size: int, kind: str = "uneven") -> Outcome:
     """How far FSDP2's per-rank parameter storage is above 1/N of the parameters, in units of
     one row of every tensor: (stored elements − total/N) / Σ row sizes. ``local_numels``:
     each rank's unpadded shard sizes."""
-    measurement = small_scale_measurements(world_size, kind)
+    measurement = small_scale_measurements(world_size, kind, {"fsdp2": 1})
     shapes = measurement["shapes"]
     numels = [math.prod(shape) for shape in shapes]
     row_elements = sum(math.prod(shape[1:]) for shape in shapes)
@@ -119,7 +120,7 @@ def sharded_matches_single_process(engine: str, world_size: int, kind: str = "un
     """Largest |parameter difference| over all ranks between ``engine`` training on
     ``world_size`` ranks (each with its slice of the batch) and one process training on the
     whole batch, after the same AdamW steps from the same seed."""
-    ranks = small_scale_measurements(world_size, kind)["ranks"]
+    ranks = small_scale_measurements(world_size, kind, {engine: TRAINING_STEPS})["ranks"]
     return Outcome(measured=max(rank[engine]["max_abs_difference"] for rank in ranks))
 
 
@@ -127,7 +128,7 @@ def sharded_matches_single_process(engine: str, world_size: int, kind: str = "un
 def parameters_held_between_forward_and_backward(reshard_after_forward: bool, world_size: int, kind: str = "balanced") -> Outcome:
     """Bytes of parameters the busiest FSDP2 rank holds right after forward, before backward,
     with ``fully_shard(reshard_after_forward=...)``; ``params``: the parameter count."""
-    measurement = small_scale_measurements(world_size, kind)
+    measurement = small_scale_measurements(world_size, kind, {"after_forward": 0})
     key = "parameters_bytes_after_forward_resharded" if reshard_after_forward else "parameters_bytes_after_forward_kept"
     shapes = measurement["shapes"]
     predicted = 4 * (sum(fsdp_padded_shard_numel(shape, world_size) for shape in shapes) if reshard_after_forward else _parameter_count(shapes))

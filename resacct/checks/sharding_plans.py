@@ -11,10 +11,10 @@ from typing import Any
 from resacct.checks.sharding_runs import (
     _LAUNCH_TIMEOUT_SECONDS,
     _PAPER_DTYPES,
-    MODEL_KINDS,
     PAPER_SCALE_CONFIGURATIONS,
     _paper_scale_runs,
     _require_sharding_engines,
+    launch_parts,
     paper_scale_state_on_fake_ranks,
     sharded_training_on_rank,
 )
@@ -27,12 +27,13 @@ __all__ = ["PAPER_SCALE_BESIDE_WORLD_SIZE"]
 @plans_rank_jobs("sharding.per_rank_bytes_gloo", "sharding.zero1_partition_excess", "sharding.fsdp2_padding_excess",
                  "sharding.sharded_matches_single_process", "sharding.parameters_held_between_forward_and_backward")
 def _planned_small_scale_launch(world_size: int, **_: Any) -> list[PlannedLaunch]:
-    """:func:`~resacct.checks.sharding_runs._small_scale_launch`'s launch (none where this torch lacks the engines: the claim skips)."""
+    """:func:`~resacct.checks.sharding_runs._small_scale_launch`'s launch, the parts of :data:`~resacct.checks.sharding_training.LAUNCH_PARTS`
+    its claims read (none where this torch lacks the engines: the claim skips)."""
     try:
         _require_sharding_engines()
     except NotMeasurable:
         return []
-    return [PlannedLaunch(world_size, sharded_training_on_rank, (MODEL_KINDS,), _LAUNCH_TIMEOUT_SECONDS)]
+    return [PlannedLaunch(world_size, sharded_training_on_rank, (launch_parts(world_size),), _LAUNCH_TIMEOUT_SECONDS)]
 
 
 #: The gloo launch whose ranks the paper-scale child runs beside, when one is planned.

@@ -2,7 +2,7 @@
 
 Two scales, both in child processes (this process never joins a process group):
 
-* **Gloo ranks, real training** (:func:`sharded_training_on_rank`, N = 2 and 4 local
+* **Gloo ranks, real training** (:func:`sharded_training_on_rank`, :mod:`resacct.checks.sharding_training`; N = 2 and 4 local
   processes): a tiny model trained a few AdamW steps with ``DistributedDataParallel`` +
   ``ZeroRedundancyOptimizer`` (ZeRO-1), with FSDP2 ``fully_shard`` (ZeRO-3; also computing
   in bf16), and the same model trained in one process. Each rank reports the bytes of the storages behind its
@@ -14,7 +14,8 @@ Two scales, both in child processes (this process never joins a process group):
   by ``fully_shard``; optimizer state is allocated by ``torch.optim.AdamW.step()`` itself, on
   the partition ``ZeroRedundancyOptimizer`` chose or on FSDP's sharded DTensors.
 
-Results are cached per configuration, so the claims of one world size share one launch. The
+A launch measures the parts (model kind, piece, training steps) its claims read (:data:`LAUNCH_PARTS`),
+and is cached per world size and parts, so the claims of one world size share one launch. The
 claims' checks, which compare these measurements with :mod:`resacct.formulas.sharding`'s formulas, are in
 :mod:`resacct.checks.sharding` (which re-exports the names here).
 """
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Float, Shaped
+from jaxtyping import Float
 from torch import nn
 
 from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks
@@ -33,8 +34,20 @@ from resacct.measurement.memo import shared_measurement
 from resacct.measurement.rank_jobs import shared_rank_launch, shared_started_isolated
 from resacct.measurement.memory import distinct_storage_bytes
 from resacct.harness.registry import NotMeasurable
+from resacct.checks.sharding_training import (  # the ranks' program, re-exported
+    _EVERY_PART,
+    LAUNCH_PARTS,
+    MODEL_KINDS,
+    PIECES,
+    TRAINING_STEPS,
+    _check_parts,
+    _cpu_mesh,
+    _model,
+    _optimizer_state_tensors,
+    sharded_training_on_rank,
+)
 
-preload_in_ranks(__name__)  # the module of what the ranks run
+preload_in_ranks(__name__)  # the module of what the paper-scale child runs
 
 __all__ = [
     "sharded_training_on_rank",
@@ -42,177 +55,17 @@ __all__ = [
     "small_scale_measurements",
     "paper_scale_measurements",
     "MODEL_KINDS",
+    "PIECES",
+    "LAUNCH_PARTS",
+    "launch_parts",
     "PAPER_TENSOR_SHAPE",
     "PAPER_TENSOR_COUNT",
 ]
 
-LEARNING_RATE = 1e-2
-WEIGHT_DECAY = 0.01
-GLOBAL_BATCH = 8
-TRAINING_STEPS = 3
-#: Tiny models: ``balanced`` has equal tensors whose rows divide by 2 and 4 (sharding is
-#: exactly 1/N); ``uneven`` has biases and a 5-row output (partition and padding show).
-MODEL_KINDS = ("balanced", "uneven")
 #: The paper-scale state: 64 tensors of 9375 × 12500 = 7.5e9 parameters (the ZeRO paper's Ψ).
 PAPER_TENSOR_SHAPE = (9375, 12500)
 PAPER_TENSOR_COUNT = 64
 _LAUNCH_TIMEOUT_SECONDS = 90.0
-
-
-# --- what a rank holds -------------------------------------------------------------------
-
-
-def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Shaped[torch.Tensor, "..."]]:
-    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
-
-
-# --- tiny models, trained for real on gloo ranks --------------------------------------------
-
-
-def _model(kind: str) -> nn.Sequential:
-    torch.manual_seed(0)
-    if kind == "balanced":
-        layers: list[nn.Module] = []
-        for _ in range(8):
-            layers += [nn.Linear(32, 32, bias=False), nn.Tanh()]
-        return nn.Sequential(*layers[:-1])
-    if kind == "uneven":
-        return nn.Sequential(nn.Linear(12, 40), nn.Tanh(), nn.Linear(40, 24), nn.Tanh(), nn.Linear(24, 5))
-    raise ValueError(f"model kind {kind!r}: expected one of {MODEL_KINDS}")
-
-
-def _batch(model: nn.Sequential) -> tuple[Float[torch.Tensor, "batch inputs"], Float[torch.Tensor, "batch outputs"]]:
-    linears = [module for module in model if isinstance(module, nn.Linear)]
-    generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(GLOBAL_BATCH, linears[0].in_features, generator=generator)
-    targets = torch.randn(GLOBAL_BATCH, linears[-1].out_features, generator=generator)
-    return inputs, targets
-
-
-def _adamw(parameters: Any) -> torch.optim.AdamW:
-    return torch.optim.AdamW(parameters, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-
-
-def _train(model: nn.Module, optimizer: Any, inputs: Float[torch.Tensor, "batch inputs"], targets: Float[torch.Tensor, "batch outputs"]) -> None:
-    for _ in range(TRAINING_STEPS):
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-
-
-def _single_process_parameters(kind: str) -> list[Float[torch.Tensor, "..."]]:
-    model = _model(kind)
-    _train(model, _adamw(model.parameters()), *_batch(model))
-    return [parameter.detach() for parameter in model.parameters()]
-
-
-def _max_abs_difference(parameters: Sequence[Float[torch.Tensor, "..."]], reference: Sequence[Float[torch.Tensor, "..."]]) -> float:
-    return max(float((parameter.detach() - expected).abs().max()) for parameter, expected in zip(parameters, reference))
-
-
-def _rank_slice(rank: int, world_size: int) -> slice:
-    per_rank = GLOBAL_BATCH // world_size
-    return slice(rank * per_rank, (rank + 1) * per_rank)
-
-
-def _zero1(kind: str, rank: int, world_size: int, reference: Sequence[Float[torch.Tensor, "..."]]) -> dict[str, Any]:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = _model(kind)
-    inputs, targets = _batch(model)
-    replicated = DistributedDataParallel(model, gradient_as_bucket_view=True)
-    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    local = _rank_slice(rank, world_size)
-    _train(replicated, optimizer, inputs[local], targets[local])
-    parameters = list(model.parameters())
-    owned = [next(i for i, p in enumerate(parameters) if p is q) for group in optimizer.optim.param_groups for q in group["params"]]
-    return {
-        "parameters_bytes": distinct_storage_bytes(parameters),
-        "gradients_bytes": distinct_storage_bytes([p.grad for p in parameters if p.grad is not None]),
-        "optimizer_state_bytes": distinct_storage_bytes(_optimizer_state_tensors(optimizer.optim)),
-        "owned_parameter_indices": owned,
-        "max_abs_difference": _max_abs_difference(parameters, reference),
-    }
-
-
-def _cpu_mesh() -> Any:
-    """The ranks as a CPU device mesh. ``fully_shard``'s default mesh is the accelerator's: on a
-    GPU host it moves the parameters to cuda:0 while the gloo ranks' inputs stay on the CPU."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (dist.get_world_size(),))
-
-
-def _fully_shard_linears(model: nn.Sequential, reshard_after_forward: bool, compute_dtype: torch.dtype | None = None) -> None:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy, mesh = MixedPrecisionPolicy(param_dtype=compute_dtype), _cpu_mesh()
-    for module in model:
-        if isinstance(module, nn.Linear):
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-
-
-def _fsdp2(kind: str, rank: int, world_size: int, reference: Sequence[Float[torch.Tensor, "..."]] | None,
-           compute_dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """FSDP2 training; with ``compute_dtype`` under ``MixedPrecisionPolicy(param_dtype=...)``
-    (then no comparison with the fp32 reference)."""
-    model = _model(kind)
-    inputs, targets = _batch(model)
-    _fully_shard_linears(model, reshard_after_forward=True, compute_dtype=compute_dtype)
-    optimizer = _adamw(model.parameters())
-    local = _rank_slice(rank, world_size)
-    _train(model, optimizer, inputs[local], targets[local])
-    parameters = list(model.parameters())
-    gradients = [p.grad for p in parameters if p.grad is not None]
-    report = {
-        "parameters_bytes": distinct_storage_bytes(parameters),
-        "gradients_bytes": distinct_storage_bytes(gradients),
-        "optimizer_state_bytes": distinct_storage_bytes(_optimizer_state_tensors(optimizer)),
-        "local_parameter_numels": [(p.to_local() if hasattr(p, "to_local") else p).numel() for p in parameters],
-        "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in parameters + gradients}),
-    }
-    if reference is not None:
-        report["max_abs_difference"] = _max_abs_difference([p.full_tensor() for p in parameters], reference)
-    return report
-
-
-def _parameter_bytes_after_forward(kind: str, reshard_after_forward: bool) -> int:
-    """Bytes of the parameters a rank holds between forward and backward: FSDP2 with
-    ``reshard_after_forward=False`` keeps them gathered (ZeRO-2 style), ``True`` frees them
-    back to the shard (ZeRO-3)."""
-    model = _model(kind)
-    inputs, targets = _batch(model)
-    _fully_shard_linears(model, reshard_after_forward=reshard_after_forward)
-    loss = nn.functional.mse_loss(model(inputs), targets)
-    held = distinct_storage_bytes(list(model.parameters()))
-    loss.backward()  # finish the step so FSDP's state is clean
-    return held
-
-
-def _training_report(rank: int, world_size: int, kind: str) -> dict[str, Any]:
-    reference = _single_process_parameters(kind)
-    report = {
-        "zero1": _zero1(kind, rank, world_size, reference),
-        "fsdp2": _fsdp2(kind, rank, world_size, reference),
-        "parameters_bytes_after_forward_kept": _parameter_bytes_after_forward(kind, reshard_after_forward=False),
-        "parameters_bytes_after_forward_resharded": _parameter_bytes_after_forward(kind, reshard_after_forward=True),
-    }
-    # Last, and isolated: FSDP2's bf16 mixed precision fails on CPU in some torch versions
-    # (2.8: "Found dtype Float but expected BFloat16"); that must not cost the other engines.
-    try:
-        report["fsdp2_bf16"] = _fsdp2(kind, rank, world_size, None, compute_dtype=torch.bfloat16)
-    except RuntimeError as error:
-        report["fsdp2_bf16"] = {"unavailable": f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"}
-    return report
-
-
-def sharded_training_on_rank(rank: int, world_size: int, kinds: Sequence[str] = MODEL_KINDS) -> dict[str, dict[str, Any]]:
-    """The program each gloo rank runs, per model kind: ZeRO-1, FSDP2 (both after real
-    training), FSDP2's parameters between forward and backward, against one process."""
-    return {kind: _training_report(rank, world_size, kind) for kind in kinds}
 
 
 def _parameter_shapes(kind: str) -> list[list[int]]:
@@ -229,22 +82,48 @@ def _require_sharding_engines() -> None:
         raise NotMeasurable(f"torch {torch.__version__} lacks a sharding engine measured here (public FSDP2 arrived in torch 2.6): {error}") from None
 
 
+def launch_parts(world_size: int, kind: str = "balanced", needs: dict[str, int] | None = None) -> tuple[tuple[str, str, int], ...]:
+    """The parts the launch of ``world_size`` ranks measures (:data:`LAUNCH_PARTS`), with each piece of ``needs``
+    ({piece: least training steps}) of ``kind`` not among them added."""
+    parts = list(LAUNCH_PARTS.get(world_size, _EVERY_PART))
+    for piece, steps in (needs or {}).items():
+        if not any(part[:2] == (kind, piece) and part[2] >= steps for part in parts):
+            parts.append((kind, piece, steps))
+    _check_parts(parts)
+    return tuple(parts)
+
+
 @shared_measurement(switchable=False)
-def _small_scale_launch(world_size: int) -> tuple[dict[str, dict[str, Any]], ...]:
+def _small_scale_launch(world_size: int, parts: tuple[tuple[str, str, int], ...]) -> tuple[list[dict[str, Any]], ...]:
     _require_sharding_engines()
     try:  # with the run's other launches of world_size ranks, when planned (resacct.measurement.rank_jobs)
-        return tuple(shared_rank_launch(sharded_training_on_rank, world_size, MODEL_KINDS, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
+        return tuple(shared_rank_launch(sharded_training_on_rank, world_size, parts, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS))
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
 
 
-def small_scale_measurements(world_size: int, kind: str) -> dict[str, Any]:
-    """Every rank's report for model ``kind`` from :func:`sharded_training_on_rank`, with the
-    model's parameter shapes. One launch per world size serves every kind (cached)."""
+def small_scale_measurements(world_size: int, kind: str, needs: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every rank's report for model ``kind`` from :func:`sharded_training_on_rank` — per piece of ``needs``
+    ({piece: least training steps}; every piece after TRAINING_STEPS when not given): ``zero1``, ``fsdp2``,
+    ``fsdp2_bf16``; ``parameters_bytes_after_forward_kept`` / ``_resharded`` — with the model's parameter shapes.
+    One launch per world size serves the claims (cached): a piece is read from its launch's part of that
+    kind with the fewest steps that are enough."""
     if kind not in MODEL_KINDS:
         raise ValueError(f"model kind {kind!r}: expected one of {MODEL_KINDS}")
-    ranks = _small_scale_launch(world_size)
-    return {"ranks": [report[kind] for report in ranks], "shapes": _parameter_shapes(kind)}
+    if needs is None:
+        needs = {piece: 0 if piece == "after_forward" else TRAINING_STEPS for piece in PIECES}
+    parts = launch_parts(world_size, kind, needs)
+    ranks = _small_scale_launch(world_size, parts)
+    chosen = {piece: min((part[2], index) for index, part in enumerate(parts) if part[:2] == (kind, piece) and part[2] >= steps)[1]
+              for piece, steps in needs.items()}
+    reports = []
+    for results in ranks:
+        report = {piece: results[index] for piece, index in chosen.items() if piece != "after_forward"}
+        if "after_forward" in chosen:
+            held = results[chosen["after_forward"]]
+            report.update(parameters_bytes_after_forward_kept=held["kept"], parameters_bytes_after_forward_resharded=held["resharded"])
+        reports.append(report)
+    return {"ranks": reports, "shapes": _parameter_shapes(kind)}
 
 
 # --- the ZeRO paper's scale, on the meta device under a fake process group ------------------
