@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{name} {statistics.median(walls[name]):.2f} s wall, {statistics.median(cpus[name]):.2f} CPU s in the ranks"
                           for name in walls) + f" (medians of {rounds})")
     for size in (2, 4):  # each world size's programs in one launch against each in its own, taking turns
-        jobs = tuple((program, args) for _, world_size, program, args in launches if world_size == size)
+        jobs = tuple((program, args, 300.0) for _, world_size, program, args in launches if world_size == size)
         shared, own = [], []
         for _ in range(rounds):
             launched = time.time()

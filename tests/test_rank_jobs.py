@@ -6,8 +6,9 @@ import pytest
 
 import resacct.measurement.distributed as distributed
 from resacct.measurement import rank_jobs
-from resacct.measurement.distributed_group import pid_on_rank, raise_on_rank
-from resacct.measurement.rank_errors import DistributedRankError
+from resacct.measurement.distributed_group import pid_on_rank, raise_on_rank, sleep_on_rank
+from resacct.measurement.rank_errors import DistributedRankError, DistributedTimeoutError
+from resacct.measurement.rank_parts import DistributedPartTimeoutError
 
 
 @pytest.fixture(autouse=True)
@@ -185,3 +186,71 @@ def test_ctrl_c_and_a_torch_without_gloo_end_a_shared_launch_without_a_second_on
     with pytest.raises(type(error)):
         rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=5)
     assert launches == ["run_rank_jobs"], "not launched again alone"
+
+
+# --- each program within its own time limit; forgetting what was kept --------------------------------
+
+rank_jobs.plans_rank_jobs("test_rank_jobs.hangs")(lambda world_size, seconds: [(world_size, sleep_on_rank, (0, 600.0), seconds)])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_hung_program_in_a_shared_launch_is_stopped_within_its_own_limit(monkeypatch):
+    """Before: the shared launch's limit was the sum of its programs' (30 + 1 s here; ~630 s in verify)."""
+    import time
+
+    launches = _counting_launches(monkeypatch)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}), ("test_rank_jobs.hangs", {"world_size": 2, "seconds": 1.0}),
+                           ("test_rank_jobs.tagged", {"world_size": 2, "tag": "b"})])
+    started = time.monotonic()
+    good = rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=30)
+    assert time.monotonic() - started < 20, "the hung program was stopped after its own 1 s, not the launch's 31 s"
+    assert [tag for tag, _, _ in good] == ["a", "a"] and launches == [("run_rank_jobs", 2), ("pid_on_rank", 2)]
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("b",), False)], "the hung one launches alone when asked; the others stay planned"
+    assert [tag for tag, _, _ in rank_jobs.shared_rank_launch(pid_on_rank, 2, "b", timeout_seconds=30)] == ["b", "b"]
+    started = time.monotonic()
+    with pytest.raises(DistributedTimeoutError, match=r"sleep_on_rank on 2 ranks: ranks \[[0-9, ]+\] did not finish within 1 s"):
+        rank_jobs.shared_rank_launch(sleep_on_rank, 2, 0, 600.0, timeout_seconds=1.0)
+    assert time.monotonic() - started < 15 and launches[-2:] == [("pid_on_rank", 2), ("sleep_on_rank", 2)], "alone: its own error"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_program_asked_for_that_hangs_in_a_shared_launch_times_out_once_within_its_own_limit(monkeypatch):
+    import time
+
+    launches = _counting_launches(monkeypatch)
+    rank_jobs.plan_claims([("test_rank_jobs.hangs", {"world_size": 2, "seconds": 1.0}), ("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"})])
+    started = time.monotonic()
+    with pytest.raises(DistributedPartTimeoutError, match=r"did not finish sleep_on_rank \(program 1 of 2\) within its 1 s") as error:
+        rank_jobs.shared_rank_launch(sleep_on_rank, 2, 0, 600.0, timeout_seconds=1.0)
+    assert time.monotonic() - started < 15 and launches == [("run_rank_jobs", 2)], "not waited for a second time alone"
+    assert error.value.part == "sleep_on_rank (program 1 of 2)"
+    assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",), False)]
+
+
+def test_part_deadline_outside_a_rank_does_nothing_and_refuses_a_bad_limit():
+    distributed.part_deadline("a part", 1.0)  # no launcher to tell: nothing happens
+    for seconds in (0, -1.0, float("inf"), True):
+        with pytest.raises(distributed.DistributedError, match=rf"part 'a part': seconds {seconds!r}: expected a finite number of seconds greater than 0"):
+            distributed.part_deadline("a part", seconds)
+
+
+def test_forgetting_shared_measurements_forgets_the_results_a_shared_launch_kept(monkeypatch):
+    from resacct.measurement.memo import forget_shared_measurements
+
+    launches = []
+
+    def fake_launch(program, world_size, *args, **kwargs):
+        launches.append(program.__name__)
+        jobs = args[0] if program is rank_jobs.run_rank_jobs else ((program, args, 1.0),)
+        results = [[(job_args[0], rank, len(launches)) for _, job_args, _ in jobs] for rank in range(world_size)]
+        return results if program is rank_jobs.run_rank_jobs else [ranks[0] for ranks in results]
+
+    monkeypatch.setattr(distributed, "run_on_ranks", fake_launch)
+    rank_jobs.plan_claims([("test_rank_jobs.tagged", {"world_size": 2, "tag": tag}) for tag in ("a", "b", "c")])
+    rank_jobs.shared_rank_launch(pid_on_rank, 2, "a", timeout_seconds=5)
+    assert rank_jobs.shared_rank_launch(pid_on_rank, 2, "b", timeout_seconds=5) == [("b", 0, 1), ("b", 1, 1)], "kept from the shared launch"
+    forget_shared_measurements()
+    assert rank_jobs.shared_rank_launch(pid_on_rank, 2, "c", timeout_seconds=5) == [("c", 0, 2), ("c", 1, 2)], "launched again"
+    assert launches == ["run_rank_jobs", "pid_on_rank"]

@@ -14,7 +14,8 @@ What keeps it safe:
   (``GLOO_SOCKET_IFNAME`` is set to it). Nothing listens on another interface.
 * **Timeouts everywhere.** Every collective gets ``init_process_group(timeout=...)``; the
   launcher waits at most ``timeout_seconds`` for all ranks, then kills the stragglers and
-  raises :class:`DistributedTimeoutError`.
+  raises :class:`DistributedTimeoutError`. A program made of parts gives each its own limit
+  (:func:`part_deadline`, :mod:`resacct.measurement.rank_parts`): a hung part is stopped within it.
 * **Failures surface at once.** A rank that raises sends its traceback; the launcher kills
   the others (they would wait in a collective) and raises :class:`DistributedRankError`.
 * **Cleanup.** Each rank destroys its process group in ``finally``; the launcher joins or
@@ -80,22 +81,22 @@ from resacct.measurement.rank_errors import (
     DistributedRankError,
     DistributedTimeoutError,
     DistributedUnavailableError,
-    died_without_answering,
-    raised,
-    rank_failure,
     refuse_reentered_main,
 )
+from resacct.measurement.rank_parts import DistributedPartTimeoutError, collect, part_deadline, report_parts_to
 
 __all__ = [
     "DistributedError",
     "DistributedUnavailableError",
     "DistributedRankError",
     "DistributedTimeoutError",
+    "DistributedPartTimeoutError",
     "MAX_LOCAL_WORLD_SIZE",
     "run_on_ranks",
     "run_isolated",
     "started_isolated",
     "preload_in_ranks",
+    "part_deadline",
     "start_forkserver_early",
     "gloo_process_group",
     "loopback_interface",
@@ -116,8 +117,6 @@ _preloaded_by_callers: list[str] = []
 FREEZE_INHERITED = True
 install_forkserver_excepthook()  # does something only in the forkserver, which preloads this module
 _GRACE_SECONDS = 5.0
-_ERROR_GATHER_SECONDS = 1.0
-_RELAY_EVERY_SECONDS = 0.25
 
 
 def preload_in_ranks(*module_names: str) -> None:
@@ -184,6 +183,7 @@ def _rank_main(payload: bytes, rank: int, world_size: int, folder: str, join_gro
         torch.set_num_threads(1)
         if freeze:  # what the child inherited and imported is never garbage: a collection then scans only what the program makes
             gc.freeze()
+        report_parts_to(connection)  # a program made of parts gives each its own time limit (rank_parts.part_deadline)
         store_path = os.path.join(folder, "store") if join_group else None
         if store_path is None:
             result = program(*args)
@@ -212,44 +212,6 @@ def _stop(processes: Sequence[multiprocessing.process.BaseProcess], grace_second
             process.kill()
     for process in started:
         process.join(_GRACE_SECONDS)
-
-
-def _collect(connections: dict[multiprocessing.connection.Connection, int], processes: Sequence[multiprocessing.process.BaseProcess],
-             timeout_seconds: float, program_name: str, relay: OutputRelay, started: float) -> list[Any]:
-    results: dict[int, Any] = {}
-    errors: dict[int, tuple[str, str]] = {}
-    deadline = started + timeout_seconds  # the time limit counts from the start (a child started in the background ran meanwhile)
-    pending = dict(connections)
-    while pending:
-        relay.pump()
-        remaining = deadline - time.monotonic()
-        ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, _RELAY_EVERY_SECONDS)) if remaining > 0 else []
-        if not ready and time.monotonic() < deadline:
-            continue
-        if not ready:
-            if errors:
-                break
-            missing = sorted(pending.values())
-            returned = f" (ranks {sorted(results)} had returned)" if results else ""
-            raise DistributedTimeoutError(
-                f"{program_name} on {len(processes)} ranks: ranks {missing} did not finish within {timeout_seconds:g} s; "
-                f"they were killed{returned}"
-            )
-        for connection in ready:
-            rank = pending.pop(connection)
-            try:
-                status, payload = connection.recv()
-            except EOFError:
-                status, payload = "died", died_without_answering(processes[rank], relay, rank)
-            if status in ("error", "died"):
-                if not errors:  # give the other ranks a moment to report, to find who failed first-hand
-                    deadline = min(deadline, time.monotonic() + _ERROR_GATHER_SECONDS)
-                errors[rank] = raised(payload) if status == "error" else payload
-            else:
-                results[rank] = payload
-    if errors:
-        raise rank_failure(errors, program_name)
-    return [results[rank] for rank in range(len(processes))]
 
 
 def run_on_ranks(program: Callable[..., Any], world_size: int, *args: Any, timeout_seconds: float = 60.0,
@@ -353,7 +315,7 @@ class _Launch:
         return self
 
     def results(self) -> list[Any]:
-        results = _collect(self._connections, self._processes, self._timeout_seconds, self._name, self._relay, self._started)
+        results = collect(self._connections, self._processes, self._timeout_seconds, self._name, self._relay, self._started)
         self._finished = True
         return results
 

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from resacct.errors import ResacctError
 
-__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "MemoStats", "MEMO_VARIABLE"]
+__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "on_forget", "MemoStats", "MEMO_VARIABLE"]
 
 MEMO_VARIABLE = "RESACCT_MEMO"
 _Result = TypeVar("_Result")
@@ -148,6 +148,18 @@ def memo_stats() -> list[MemoStats]:
 
 
 def forget_shared_measurements() -> None:
-    """Empty every memo (and its counts): the next call of each function measures afresh."""
+    """Empty every memo (and its counts), and what :func:`on_forget` registered (the results a shared
+    gloo launch ran along and keeps for their callers): the next call of each function measures afresh."""
     for memo in _MEMOS:
         memo.clear()
+    for forget in _FORGET_ALSO:
+        forget()
+
+
+_FORGET_ALSO: list[Callable[[], None]] = []
+
+
+def on_forget(forget: Callable[[], None]) -> None:
+    """Have :func:`forget_shared_measurements` call ``forget()`` too: for measurements kept outside a memo."""
+    if forget not in _FORGET_ALSO:
+        _FORGET_ALSO.append(forget)

@@ -19,10 +19,15 @@ knows them in advance, the first that is asked for runs them all, one after the 
   runs alone, such as peak_sharded's prediction on fake tensors) beside the launch of a world size:
   it starts with that launch (the ranks' collectives leave a core idle part of the time), and
   :func:`shared_started_isolated` hands its result to whoever asks for it.
-* **Errors are the program's own.** When the shared launch fails (a rank raises, dies, or runs out
-  of time), the program asked for is launched again alone: its error, or its result, is what it
-  would have been without the plan; the others stay planned and launch when asked. Ctrl-C is not
-  caught.
+* **Errors are the program's own.** When the shared launch fails (a rank raises or dies), the
+  program asked for is launched again alone: its error, or its result, is what it would have been
+  without the plan; the others stay planned and launch when asked. Ctrl-C is not caught.
+* **Each program within its own time limit.** The ranks tell the launcher when each program starts
+  (:func:`~resacct.measurement.distributed.part_deadline`): a hung one is stopped after its own limit,
+  not after the sum of every program's. The program asked for that hangs gets its own timeout error
+  (not a second wait alone); another that hangs is no longer planned (it launches alone when asked:
+  its own error), and the one asked for is launched again alone.
+* :func:`resacct.measurement.memo.forget_shared_measurements` forgets the results kept for later callers.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from resacct.measurement import distributed
-from resacct.measurement.distributed import DistributedError, DistributedUnavailableError, preload_in_ranks
+from resacct.measurement.distributed import DistributedError, DistributedPartTimeoutError, DistributedUnavailableError, preload_in_ranks
+from resacct.measurement.memo import on_forget
 
 preload_in_ranks(__name__)  # the ranks run run_rank_jobs
 
@@ -56,6 +62,7 @@ _Key = tuple[int, Callable[..., Any], tuple[Any, ...], bool]
 _planners: dict[str, Callable[..., Iterable[PlannedLaunch]]] = {}
 _planned: dict[_Key, float] = {}  # (world size, program, args, isolated) → time limit; insertion order: the claims' order
 _kept: dict[tuple[int | None, Callable[..., Any], tuple[Any, ...]], Any] = {}  # results run along, not yet asked for (a child's: world size None)
+on_forget(_kept.clear)  # memo.forget_shared_measurements(): a claim asked again measures again
 
 
 def plans_rank_jobs(*check_names: str) -> Callable[[Callable[..., Iterable[PlannedLaunch]]], Callable[..., Iterable[PlannedLaunch]]]:
@@ -107,14 +114,21 @@ def forget_planned_rank_jobs() -> None:
     _kept.clear()
 
 
-def run_rank_jobs(rank: int, world_size: int, jobs: tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]) -> list[Any]:
-    """What each rank runs in a shared launch: every ``program(rank, world_size, *args)`` of
-    ``jobs`` in turn, with the garbage of one collected before the next; their results in order."""
+def run_rank_jobs(rank: int, world_size: int, jobs: tuple[tuple[Callable[..., Any], tuple[Any, ...], float], ...]) -> list[Any]:
+    """What each rank runs in a shared launch: every ``program(rank, world_size, *args)`` of ``jobs``
+    ((program, args, time limit)) in turn, each within its own time limit (the launcher stops a hung one
+    then: :func:`~resacct.measurement.distributed.part_deadline`), with the garbage of one collected before
+    the next; their results in order."""
     results = []
-    for program, args in jobs:
+    for index, (program, args, timeout_seconds) in enumerate(jobs):
+        distributed.part_deadline(_job_name(index, len(jobs), program), timeout_seconds)
         results.append(program(rank, world_size, *args))
         gc.collect()
     return results
+
+
+def _job_name(index: int, count: int, program: Callable[..., Any]) -> str:
+    return f"{getattr(program, '__qualname__', repr(program))} (program {index + 1} of {count})"
 
 
 def shared_rank_launch(program: Callable[..., Any], world_size: int, *args: Any, timeout_seconds: float = 60.0) -> list[Any]:
@@ -129,20 +143,27 @@ def shared_rank_launch(program: Callable[..., Any], world_size: int, *args: Any,
     beside = [key for key in _planned if key[0] == world_size and key[3]]
     if not along and not beside:
         return distributed.run_on_ranks(program, world_size, *args, timeout_seconds=timeout_seconds)
-    jobs = ((program, args), *((other, other_args) for _, other, other_args, _ in along))
+    jobs = ((program, args, timeout_seconds), *((key[1], key[2], _planned[key]) for key in along))
+    own_timeout = None
     with contextlib.ExitStack() as children:
         started = {key: children.enter_context(distributed.started_isolated(key[1], *key[2], timeout_seconds=_planned.pop(key)))
                    for key in beside}  # no longer planned: a child that fails leaves its caller to run it again (its own error)
-        try:
-            per_rank = distributed.run_on_ranks(run_rank_jobs, world_size, jobs,
-                                                timeout_seconds=timeout_seconds + sum(_planned[key] for key in along))
+        try:  # each program within its own limit (run_rank_jobs); the launch's until the first starts
+            per_rank = distributed.run_on_ranks(run_rank_jobs, world_size, jobs, timeout_seconds=timeout_seconds)
         except DistributedUnavailableError:
             raise
+        except DistributedPartTimeoutError as error:  # a program ran past its own limit: that one is not run again in a shared launch
+            per_rank, hung = None, [key for index, key in enumerate(along, start=1) if error.part == _job_name(index, len(jobs), key[1])]
+            own_timeout = None if hung else error  # the one asked for: its own error, after its own limit (not twice that)
+            for key in hung:
+                _planned.pop(key, None)
         except DistributedError:  # its own launch says what went wrong with it (the others stay planned)
             per_rank = None
         for key, result in started.items():
             with contextlib.suppress(DistributedError):
                 _kept[(None, key[1], key[2])] = result()
+    if own_timeout is not None:
+        raise own_timeout
     if per_rank is None:
         return distributed.run_on_ranks(program, world_size, *args, timeout_seconds=timeout_seconds)
     for index, key in enumerate(along, start=1):
