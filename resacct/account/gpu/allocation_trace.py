@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,6 +51,7 @@ class AllocationRecorder(TorchDispatchMode):
         self._ids = itertools.count()
         self.window_start = 0  # the trace entry where :meth:`start_window` was called
 
+    @no_type_check  # per op (26,788 checks in the CI quick tier) of hints that are all Any: nothing checked (docs/suite_time.md, session 7)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
@@ -68,6 +69,7 @@ class AllocationRecorder(TorchDispatchMode):
         self.allocator.malloc(owner, storage.nbytes())
         weakref.finalize(storage, self._free, owner)
 
+    @no_type_check  # per freed storage (14,902 checks): owner is track's next(itertools.count()) (docs/suite_time.md, session 7)
     def _free(self, owner: int) -> None:
         if owner in self.allocator.active:
             self.allocator.free(owner)

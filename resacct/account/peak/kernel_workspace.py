@@ -61,6 +61,7 @@ def op_name(func: Any) -> str:
     return known[1]
 
 
+@no_type_check  # per op (23,912 checks in the CI quick tier): func is Any, name op_name's checked str (docs/suite_time.md, session 7)
 def _number_slots(func: Any, name: str) -> tuple[bool, ...]:
     """Per positional argument of ``func``: whether a Python number passed there is wrapped in a
     tensor (a Tensor slot; the ``other`` operand of a ``.Scalar`` add/sub/mul/div)."""
