@@ -151,7 +151,7 @@ def test_sharded_training_matches_one_process(world_size, kind):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_stage_3_parameters_are_freed_after_forward_and_stage_2_style_keeps_them(world_size):
-    measurement = small_scale_measurements(world_size, "balanced", {"after_forward": 0})
+    measurement = small_scale_measurements(world_size, "balanced", {"after_forward": 0, "fsdp2": 1})
     parameters = sum(math.prod(shape) for shape in measurement["shapes"])
     for report in measurement["ranks"]:
         assert report["parameters_bytes_after_forward_kept"] == 4 * parameters

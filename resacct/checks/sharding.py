@@ -128,7 +128,7 @@ def sharded_matches_single_process(engine: str, world_size: int, kind: str = "un
 def parameters_held_between_forward_and_backward(reshard_after_forward: bool, world_size: int, kind: str = "balanced") -> Outcome:
     """Bytes of parameters the busiest FSDP2 rank holds right after forward, before backward,
     with ``fully_shard(reshard_after_forward=...)``; ``params``: the parameter count."""
-    measurement = small_scale_measurements(world_size, kind, {"after_forward": 0})
+    measurement = small_scale_measurements(world_size, kind, {"fsdp2": 1} if reshard_after_forward else {"after_forward": 0})
     key = "parameters_bytes_after_forward_resharded" if reshard_after_forward else "parameters_bytes_after_forward_kept"
     shapes = measurement["shapes"]
     predicted = 4 * (sum(fsdp_padded_shard_numel(shape, world_size) for shape in shapes) if reshard_after_forward else _parameter_count(shapes))

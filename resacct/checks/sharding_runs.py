@@ -105,7 +105,8 @@ def _small_scale_launch(world_size: int, parts: tuple[tuple[str, str, int], ...]
 def small_scale_measurements(world_size: int, kind: str, needs: dict[str, int] | None = None) -> dict[str, Any]:
     """Every rank's report for model ``kind`` from :func:`sharded_training_on_rank` — per piece of ``needs``
     ({piece: least training steps}; every piece after TRAINING_STEPS when not given): ``zero1``, ``fsdp2``,
-    ``fsdp2_bf16``; ``parameters_bytes_after_forward_kept`` / ``_resharded`` — with the model's parameter shapes.
+    ``fsdp2_bf16``; ``parameters_bytes_after_forward_kept`` (the ``after_forward`` piece) and ``_resharded``
+    (the ``fsdp2`` piece's first forward) — with the model's parameter shapes.
     One launch per world size serves the claims (cached): a piece is read from its launch's part of that
     kind with the fewest steps that are enough."""
     if kind not in MODEL_KINDS:
@@ -120,8 +121,9 @@ def small_scale_measurements(world_size: int, kind: str, needs: dict[str, int] |
     for results in ranks:
         report = {piece: results[index] for piece, index in chosen.items() if piece != "after_forward"}
         if "after_forward" in chosen:
-            held = results[chosen["after_forward"]]
-            report.update(parameters_bytes_after_forward_kept=held["kept"], parameters_bytes_after_forward_resharded=held["resharded"])
+            report["parameters_bytes_after_forward_kept"] = results[chosen["after_forward"]]["kept"]
+        if "fsdp2" in chosen:
+            report["parameters_bytes_after_forward_resharded"] = results[chosen["fsdp2"]]["parameters_bytes_after_forward"]
         reports.append(report)
     return {"ranks": reports, "shapes": _parameter_shapes(kind)}
 

@@ -9,7 +9,7 @@ are from the single-process ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,9 @@ TRAINING_STEPS = 3
 #: exactly 1/N); ``uneven`` has biases and a 5-row output (partition and padding show).
 MODEL_KINDS = ("balanced", "uneven")
 #: What a rank measures of a model: ZeRO-1 and FSDP2 trained (their state and the difference from one process
-#: trained alike), FSDP2 computing in bf16 (its state), FSDP2's parameters between forward and backward.
+#: trained alike; FSDP2's also the parameters it holds between the first forward and backward, resharded),
+#: FSDP2 computing in bf16 (its state), FSDP2 keeping its parameters gathered after forward
+#: (``reshard_after_forward=False``: what it holds between forward and backward).
 PIECES = ("zero1", "fsdp2", "fsdp2_bf16", "after_forward")
 #: The parts (kind, piece, training steps) one launch measures, per world size: what sharding.claims.yaml's claims
 #: read. The state claims read the bytes held after a step, the same after each (the first step allocates the
@@ -80,10 +82,13 @@ def _adamw(parameters: Any) -> torch.optim.AdamW:
 
 
 def _train(model: nn.Module, optimizer: Any, inputs: Float[torch.Tensor, "batch inputs"], targets: Float[torch.Tensor, "batch outputs"],
-           steps: int) -> None:
-    for _ in range(steps):
+           steps: int, after_first_forward: Callable[[], None] | None = None) -> None:
+    for step in range(steps):
         optimizer.zero_grad()
-        nn.functional.mse_loss(model(inputs), targets).backward()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        if step == 0 and after_first_forward is not None:
+            after_first_forward()
+        loss.backward()
         optimizer.step()
 
 
@@ -151,8 +156,8 @@ def _fsdp2(kind: str, rank: int, world_size: int, reference: Sequence[Float[torc
     inputs, targets = _batch(model)
     _fully_shard_linears(model, reshard_after_forward=True, compute_dtype=compute_dtype)
     optimizer = _adamw(model.parameters())
-    local = _rank_slice(rank, world_size)
-    _train(model, optimizer, inputs[local], targets[local], steps)
+    local, held = _rank_slice(rank, world_size), []
+    _train(model, optimizer, inputs[local], targets[local], steps, lambda: held.append(distinct_storage_bytes(list(model.parameters()))))
     parameters = list(model.parameters())
     gradients = [p.grad for p in parameters if p.grad is not None]
     report = {
@@ -162,6 +167,7 @@ def _fsdp2(kind: str, rank: int, world_size: int, reference: Sequence[Float[torc
         "local_parameter_numels": [(p.to_local() if hasattr(p, "to_local") else p).numel() for p in parameters],
         "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in parameters + gradients}),
         "training_steps": steps,
+        "parameters_bytes_after_forward": held[0],  # between the first forward and its backward, resharded (ZeRO-3)
     }
     if reference is not None:
         report["max_abs_difference"] = _max_abs_difference([p.full_tensor() for p in parameters], reference)
@@ -183,9 +189,8 @@ def _parameter_bytes_after_forward(kind: str, reshard_after_forward: bool) -> in
 
 def _measured_part(rank: int, world_size: int, kind: str, piece: str, steps: int,
                    references: dict[tuple[str, int], list[Float[torch.Tensor, "..."]]]) -> dict[str, Any]:
-    if piece == "after_forward":
-        return {"kept": _parameter_bytes_after_forward(kind, reshard_after_forward=False),
-                "resharded": _parameter_bytes_after_forward(kind, reshard_after_forward=True)}
+    if piece == "after_forward":  # resharded after forward: the fsdp2 piece's training holds its shards then (ZeRO-3)
+        return {"kept": _parameter_bytes_after_forward(kind, reshard_after_forward=False)}
     if piece == "fsdp2_bf16":  # FSDP2's bf16 mixed precision fails on CPU in some torch versions (2.8: "Found dtype
         try:  # Float but expected BFloat16"); that must not cost the other engines
             return _fsdp2(kind, rank, world_size, None, steps, compute_dtype=torch.bfloat16)
