@@ -190,3 +190,56 @@ def test_the_default_is_two_workers_on_a_linux_machine_with_two_cores(monkeypatc
     monkeypatch.setattr(workers.sys, "platform", "linux")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA in a forked child fails: not by default
     assert workers.default_workers() == 1
+
+
+@pytest.mark.slow  # ~3 s: two verify runs' worth of forks
+def test_one_worker_runs_the_smallest_areas_while_the_shared_imports_load_then_retires(tmp_path: Path, logged_checks: Path,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared imports (transformers, torch._dynamo) load on a thread of the parent while one worker,
+    forked before them, runs the smallest areas; the workers forked after them inherit them, and the
+    early one starts no area once they are in (it stops after the one it runs: a replacement inherits them)."""
+    from resacct.harness import workers
+
+    imported_at: list[float] = []
+
+    def slow_shared_imports() -> None:
+        time.sleep(0.3)
+        os.environ["RESACCT_TEST_SHARED_IMPORTS"] = "in"  # what a worker forked afterwards inherits
+        imported_at.append(time.monotonic())
+
+    monkeypatch.setattr(workers, "_import_shared_modules", slow_shared_imports)
+    monkeypatch.setattr(workers, "_SHARED_IMPORTS_FROM_SECONDS", 0.0)
+    monkeypatch.delenv("RESACCT_TEST_SHARED_IMPORTS", raising=False)
+    original_plain = registry._REGISTRY["workers.plain"].function
+
+    def plain_noting_imports(size: int) -> Outcome:
+        with logged_checks.open("a") as file:
+            file.write(json.dumps({"kind": "inherits", "pid": os.getpid(), "at": time.monotonic(), "size": size,
+                                   "imports": os.environ.get("RESACCT_TEST_SHARED_IMPORTS")}) + "\n")
+        return original_plain(size)
+
+    monkeypatch.setitem(registry._REGISTRY, "workers.plain", Check("workers.plain", plain_noting_imports, (), "", evidence="measured"))
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    sizes = {"big": 20, "mid": 10, "small": 2, "tiny": 1}  # claims per area (0.05 s each): the groups' order is their count
+    base = {area: 100 * number for number, area in enumerate(sizes, start=1)}  # each claim's size names its area
+    for area, count in sizes.items():
+        (specs / f"{area}.claims.yaml").write_text(_claims(area, *[(f"{area}-{i}", "workers.plain", f"{{size: {base[area] + i}}}")
+                                                                   for i in range(count)]))
+    report_dir = tmp_path / "reports"
+    assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
+    assert {record["outcome"] for record in load_report(report_dir / "report.json")["claims"]} == {"holds"}
+    runs = [entry for entry in _entries(logged_checks) if entry["kind"] == "inherits"]
+    assert len(runs) == sum(sizes.values()) and os.getpid() not in {entry["pid"] for entry in runs}
+    area_of = {base[area] + i: area for area, count in sizes.items() for i in range(count)}
+    by_area: dict[str, list[dict]] = {}
+    for entry in runs:
+        by_area.setdefault(area_of[entry["size"]], []).append(entry)
+    assert all(len({entry["pid"] for entry in entries}) == 1 for entries in by_area.values())  # an area in one process
+    early = {entry["pid"] for entry in runs if entry["imports"] is None}
+    assert len(early) == 1, "one worker ran before the shared imports were in"
+    (early_pid,) = early
+    ran_early = [area for area in ("tiny", "small", "mid", "big") if by_area[area][0]["pid"] == early_pid]
+    assert ran_early == ["tiny", "small", "mid"]  # the smallest first; mid (0.5 s) outlasts the imports (0.3 s), then it stops
+    assert by_area["big"][0]["pid"] != early_pid and by_area["big"][0]["imports"] == "in"
+    assert imported_at and min(entry["at"] for entry in by_area["big"]) > imported_at[0]

@@ -3,7 +3,11 @@
 Once the claims are collected, this process forks ``workers`` children (:class:`ClaimWorkers`, a
 pytest plugin that takes over ``pytest_runtestloop``). The fork shares what is already imported
 (torch, pytest, hypothesis, the checks) and collected, so a worker starts in milliseconds, where
-an xdist worker imports and collects everything again. Then the run has two phases:
+an xdist worker imports and collects everything again. In a long run, what every worker would
+import again (:data:`SHARED_IMPORTS`: transformers, torch._dynamo) is imported first, on a thread of
+this process, while one worker forked before them runs the smallest groups on the other core; the
+workers forked after them inherit them, and the early one stops after its group (a replacement is
+forked). Then the run has two phases:
 
 1. **In parallel**: the claims are grouped **by area** (one spec file: its claims share their
    memoised measurements, :mod:`resacct.measurement.memo`, so one process measures each once), and
@@ -32,6 +36,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -122,10 +127,8 @@ class ClaimWorkers:
         if session.config.option.collectonly:
             return True
         groups, alone = item_groups(session.items)
-        if sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS:
-            _import_shared_modules()
-            mark("shared imports")
-        left = _Parallel(self, session, groups).run()
+        shared_imports = sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS
+        left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None)
         mark("claims in parallel")
         for index, item in enumerate(left + alone):
             following = (left + alone)[index + 1:]
@@ -149,29 +152,37 @@ class _Parallel:
         self.pending = list(range(len(groups)))
         self.connections: dict[Any, tuple[int, list[int]]] = {}  # connection → (pid, groups given to that worker)
         self.reported: set[str] = set()
+        self.from_the_end: set[Any] = set()  # the connections of workers that take the smallest groups first
+        self.retiring: set[Any] = set()  # those told to stop at their next request
         self.stopping = False
 
-    def run(self) -> list[pytest.Item]:
-        """Run every group on the workers; the items no worker reported (a worker died), to run here."""
+    def run(self, import_first: Callable[[], object] | None = None) -> list[pytest.Item]:
+        """Run every group on the workers; the items no worker reported (a worker died), to run here.
+        ``import_first``: modules every worker would import again (:data:`SHARED_IMPORTS`), imported
+        here on a thread while one worker, forked before them, runs the smallest groups; the other
+        workers are forked once they are in (they inherit them) and take the largest groups first."""
         if not self.groups or not hasattr(os, "fork"):
+            if import_first is not None:
+                import_first()
+                mark("shared imports")
             return self._left()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for _ in range(min(self.plugin.workers, len(self.groups))):
-            parent_end, child_end = multiprocessing.Pipe(duplex=True)
-            try:
-                pid = os.fork()
-            except OSError:  # no process to be had: the workers started so far, or this one, run the claims
-                parent_end.close()
-                child_end.close()
-                break
-            if pid == 0:  # the worker: never returns
-                parent_end.close()
-                _Worker(self.plugin, self.session, self.groups, child_end).serve()
-            child_end.close()
-            self.connections[parent_end] = (pid, [])
-        start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
+        wanted = min(self.plugin.workers, len(self.groups))
         try:
+            if import_first is not None and wanted > 1:
+                self._fork(1, from_the_end=True)
+                imports = _ImportsOnAThread(import_first)
+                self._serve_until(imports.done.poll, also=imports.done)
+                imports.finish()
+                mark("shared imports")
+                early = set(self.connections)
+                self.retiring |= early  # told to stop at its next group: what it imported itself, the others inherit
+                self._fork(wanted - 1)
+                self._serve_until(lambda: not early & set(self.connections))
+            elif import_first is not None:
+                import_first()
+                mark("shared imports")
+            self._fork(min(wanted, len(self.pending)) - len(self.connections))
+            start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
             self._serve()
         except KeyboardInterrupt:
             self._stop_after_interrupt()
@@ -179,6 +190,37 @@ class _Parallel:
         finally:
             self._reap()
         return self._left()
+
+    def _fork(self, count: int, *, from_the_end: bool = False) -> None:
+        """Fork ``count`` workers (fewer where the system has no process to give: the workers started
+        so far, or this process, run the claims); ``from_the_end``: they ask for the smallest groups first."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for _ in range(count):
+            parent_end, child_end = multiprocessing.Pipe(duplex=True)
+            try:
+                pid = os.fork()
+            except OSError:
+                parent_end.close()
+                child_end.close()
+                return
+            if pid == 0:  # the worker: never returns
+                parent_end.close()
+                _Worker(self.plugin, self.session, self.groups, child_end).serve()
+            child_end.close()
+            self.connections[parent_end] = (pid, [])
+            if from_the_end:
+                self.from_the_end.add(parent_end)
+
+    def _serve_until(self, finished: Callable[[], bool], *, also: Any = None) -> None:
+        """Serve the workers until ``finished()`` (checked after every message; ``also``: one more
+        connection to wake up on, not read here) or no worker is left."""
+        while self.connections and not finished():
+            for ready in multiprocessing.connection.wait([*self.connections, *([also] if also is not None else [])]):
+                if ready is not also:
+                    self._receive(ready)
+        while not finished():  # no worker left (each died): what remains runs here afterwards
+            multiprocessing.connection.wait([also] if also is not None else [], timeout=0.05)
 
     def _left(self) -> list[pytest.Item]:
         return [item for group in self.groups for item in group.items if item.nodeid not in self.reported]
@@ -212,8 +254,8 @@ class _Parallel:
         return True
 
     def _give(self, connection: Any) -> None:
-        if self.pending and not (self.session.shouldfail or self.session.shouldstop):
-            index = self.pending.pop(0)
+        if self.pending and connection not in self.retiring and not (self.session.shouldfail or self.session.shouldstop):
+            index = self.pending.pop(-1 if connection in self.from_the_end else 0)
             self.connections[connection][1].append(index)
             connection.send(("group", index))
         else:
@@ -221,6 +263,8 @@ class _Parallel:
 
     def _forget(self, connection: Any) -> None:
         pid, _ = self.connections.pop(connection)
+        self.from_the_end.discard(connection)
+        self.retiring.discard(connection)
         connection.close()
         _wait_for(pid, timeout_seconds=_STOP_GRACE_SECONDS)
 
@@ -311,6 +355,34 @@ class _Worker:
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
             if self.interrupted:
                 raise KeyboardInterrupt
+
+
+class _ImportsOnAThread:
+    """``function`` run on a daemon thread (imports: the GIL is released while files are read, and the
+    serving loop it shares the process with waits on its workers' pipes); ``done`` is readable once it has returned."""
+
+    def __init__(self, function: Callable[[], object]) -> None:
+        self.done, self._tell = multiprocessing.Pipe(duplex=False)
+        self.error: BaseException | None = None
+        self.function = function
+        self.thread = threading.Thread(target=self._run, name="resacct-shared-imports", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.function()
+        except BaseException as error:  # noqa: BLE001 - raised again on the serving thread
+            self.error = error
+        finally:
+            self._tell.send(True)
+
+    def finish(self) -> None:
+        """Join the thread (before any fork: a child must not inherit a thread mid-import) and raise its error."""
+        self.thread.join()
+        self.done.close()
+        self._tell.close()
+        if self.error is not None:
+            raise self.error
 
 
 def _import_shared_modules() -> None:
