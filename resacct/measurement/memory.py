@@ -21,6 +21,7 @@ Two halves:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import no_type_check
@@ -252,10 +253,13 @@ def record_saved_tensors() -> Iterator[SavedTensors]:
     48
     """
     saved = SavedTensors(tensors=[])
-
-    def pack(tensor: Shaped[torch.Tensor, "..."]) -> Shaped[torch.Tensor, "..."]:
-        saved.tensors.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with torch.autograd.graph.saved_tensors_hooks(functools.partial(_keep_saved, saved), lambda tensor: tensor):
         yield saved
+
+
+def _keep_saved(saved: SavedTensors, tensor: Shaped[torch.Tensor, "..."]) -> Shaped[torch.Tensor, "..."]:
+    """:func:`record_saved_tensors`'s pack hook: a module-level function under a ``functools.partial``, not a def
+    in it, so the type-checking hook decorates it once (its jaxtyping hints, new classes at each def, built
+    beartype's wrappers afresh at every call of record_saved_tensors: docs/suite_time.md, session 7)."""
+    saved.tensors.append(tensor)
+    return tensor
