@@ -71,13 +71,16 @@ def split_program(rank: int, world_size: int, what: str) -> dict[str, float]:
         return stamps
     from resacct.account.peak.sharded import build_peak_model, engine_mesh
     from resacct.account.peak.sharded_measure import allocator_summary, first_complete
-    from resacct.checks.peak_sharded import LAUNCH_ENGINES, _census
+    from resacct.checks.peak_sharded import LAUNCH_CENSUS, LAUNCH_ENGINES, _census, _state
 
     model, inputs, loss_fn = build_peak_model("mlp", 16, 1); stamp("build the model")
     for engine in LAUNCH_ENGINES[world_size]:
         allocator_summary(engine, model, inputs, loss_fn, world_size); stamp(f"{engine} allocator record")
         mesh = engine_mesh(engine, world_size)
-        first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh), "census"); stamp(f"{engine} census")
+        if engine in LAUNCH_CENSUS[world_size]:
+            first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh), "census"); stamp(f"{engine} census")
+        else:
+            _state(engine, model, inputs, loss_fn, world_size, mesh); stamp(f"{engine} state (no census)")
     return stamps
 
 
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     started = distributed.run_isolated(me.timed_child, launched, time.sleep, 0)[0]
     print(f"empty child: {time.time() - launched:5.2f} (start {started:.2f})")
     launches = [(f"sharding {size} ranks", size, sharding_runs.sharded_training_on_rank, (sharding_runs.launch_parts(size),)) for size in (2, 4)]
-    launches += [(f"peak_sharded {size} ranks", size, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1)) for size in (2, 4)]
+    launches += [(f"peak_sharded {size} ranks", size, peak_sharded.measured_on_rank, (peak_sharded.LAUNCH_ENGINES[size], "mlp", 16, 1, peak_sharded.LAUNCH_CENSUS[size]))
+                 for size in (2, 4)]
     launches += [(f"parallelism {layer}", 2, parallelism.tensor_parallel_saved_bytes_on_rank, layer) for layer in TENSOR_PARALLEL_LAYERS]
     for name, size, program, args in launches:
         launched = time.time()

@@ -196,3 +196,21 @@ def test_four_zero1_ranks_are_uneven_and_four_fsdp2_ranks_equal():
     assert [rank["allocator"]["phase"] for rank in zero1] == ["optimizer step"] * 2 + ["backward"] * 2
     assert len({rank["allocator"]["peak_bytes"] for rank in runs["fsdp2"]["measured"]}) == 1
     assert max(rank["allocator"]["peak_bytes"] for rank in runs["fsdp2"]["measured"]) < min(rank["allocator"]["peak_bytes"] for rank in zero1)
+
+
+@pytest.mark.distributed
+@same_worker_as_the_claims
+@pytest.mark.slow
+@needs_fsdp2_collectives_of_torch_2_13
+def test_without_the_census_a_rank_reports_the_same_engine_state():
+    """LAUNCH_CENSUS: where no breakdown claim reads the census (4 ranks), the step peak claims' state comes from a step
+    without the tracker — the same storages, measured here beside the census launch's on 2 ranks."""
+    from resacct.measurement.distributed import run_on_ranks
+
+    assert checks.LAUNCH_CENSUS[4] == () and checks._launch_census("fsdp2", 4, census=True) == ("fsdp2",)
+    with_census = checks.sharded_peak_measurements(2, "mlp", 16, 1)
+    without = run_on_ranks(checks.measured_on_rank, 2, ("zero1", "fsdp2"), "mlp", 16, 1, (), timeout_seconds=180)
+    for engine in ("zero1", "fsdp2"):
+        for measured, plain in zip(with_census[engine]["measured"], (rank[engine] for rank in without)):
+            assert "census" in measured and "census" not in plain
+            assert plain["state"] == measured["state"] and plain["state"]["optimizer_state_bytes"] > 0

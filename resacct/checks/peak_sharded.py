@@ -23,6 +23,7 @@ that an incomplete one was off.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -49,6 +50,10 @@ assert set(BREAKDOWN_KINDS) == set(ENGINE_STAGES) == set(ENGINE_RECIPES)
 #: The engines one launch measures, per world size: every engine on 2 ranks; on 4, the engines of the
 #: 4-rank claims (ZeRO-1's whole-tensor shards, FSDP2's even rows) — each engine more costs a launch seconds.
 LAUNCH_ENGINES = {2: tuple(ENGINE_STAGES), 4: ("zero1", "fsdp2")}
+#: The engines whose census (what is live at the peak, :func:`peak_breakdown`) one launch takes, per world size:
+#: the breakdown claims' (2 ranks). Elsewhere the step peak claims read the engine's state only, which a step
+#: without the tracker gives (the same storages: the tracker only names them). A breakdown claim adds its engine.
+LAUNCH_CENSUS = {2: tuple(ENGINE_STAGES), 4: ()}
 _LAUNCH_TIMEOUT_SECONDS = 180.0
 
 
@@ -87,9 +92,22 @@ def _census(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int,
     return (summary, state), late
 
 
-def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model_name: str, batch: int, seq: int) -> dict[str, Any]:
+def _state(engine: str, model: Any, inputs: Any, loss_fn: Any, world_size: int, mesh: Any) -> dict[str, int]:
+    """The engine's state (:func:`_engine_state`) after one step without the tracker (no census)."""
+    from resacct.account.peak.sharded import sharded_step, step_copies
+    from resacct.measurement.memory_timeline import gc_paused
+
+    with gc_paused():
+        work, work_inputs = step_copies(model, inputs, fake=False)
+        wrapped, optimizer = sharded_step(engine, work, work_inputs, loss_fn, world_size, None, mesh, fake=False, mark=lambda phase: None)
+        return _engine_state(wrapped, optimizer, work, work_inputs, loss_fn, model)
+
+
+def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model_name: str, batch: int, seq: int,
+                     census: tuple[str, ...] | None = None) -> dict[str, Any]:
     """What each gloo rank runs (:func:`resacct.measurement.distributed.run_on_ranks`), per engine:
-    the allocator's first complete record and the census's, with the engine's state."""
+    the allocator's first complete record and the engine's state, with the census's for the engines of
+    ``census`` (default: every engine)."""
     from resacct.account.peak.sharded import build_peak_model, engine_mesh
 
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
@@ -97,9 +115,12 @@ def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model
     for engine in engines:
         allocator = allocator_summary(engine, model, inputs, loss_fn, world_size)
         mesh = engine_mesh(engine, world_size)
-        (census, state), census_attempts, late = first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh),
-                                                                f"census of the {engine} step")
-        report[engine] = {"allocator": allocator, "census": {**census, "attempts": census_attempts, "late_free_bytes": late}, "state": state}
+        if census is not None and engine not in census:
+            report[engine] = {"allocator": allocator, "state": _state(engine, model, inputs, loss_fn, world_size, mesh)}
+            continue
+        (summary, state), census_attempts, late = first_complete(lambda: _census(engine, model, inputs, loss_fn, world_size, mesh),
+                                                                 f"census of the {engine} step")
+        report[engine] = {"allocator": allocator, "census": {**summary, "attempts": census_attempts, "late_free_bytes": late}, "state": state}
     return report
 
 
@@ -123,13 +144,24 @@ def _require_engines() -> None:
                             "where resacct adds gloo's buffers (verified on torch 2.13)")
 
 
-def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...] = tuple(ENGINE_STAGES)) -> dict[str, Any]:
+def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...] = tuple(ENGINE_STAGES),
+                              census: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Per engine of ``engines``: ``predicted`` (per rank, from the fake process group) and
-    ``measured`` (per gloo rank). One child process and one gloo launch serve them all (cached)."""
-    unknown = [engine for engine in engines if engine not in ENGINE_STAGES]
+    ``measured`` (per gloo rank; its ``census`` for the engines of ``census``, default those of
+    :data:`LAUNCH_CENSUS`). One child process and one gloo launch serve them all (cached)."""
+    unknown = [engine for engine in (*engines, *(census or ())) if engine not in ENGINE_STAGES]
     if unknown or not engines:
-        raise ResacctError(f"engines {list(engines)}: expected some of {', '.join(ENGINE_STAGES)}")
-    return _launched(world_size, model, batch, seq, tuple(engine for engine in ENGINE_STAGES if engine in engines))
+        given = f"engines {list(engines)}" + ("" if census is None else f", census {list(census)}")
+        raise ResacctError(f"{given}: expected some of {', '.join(ENGINE_STAGES)}")
+    wanted = LAUNCH_CENSUS.get(world_size, tuple(ENGINE_STAGES)) if census is None else census
+    engines = tuple(engine for engine in ENGINE_STAGES if engine in engines)
+    return _launched(world_size, model, batch, seq, engines, tuple(engine for engine in engines if engine in wanted))
+
+
+def _launch_census(engine: str, world_size: int, census: bool) -> tuple[str, ...]:
+    """The engines whose census the launch that measures ``engine`` takes (:data:`LAUNCH_CENSUS`, and ``engine`` when ``census``)."""
+    engines, wanted = _launch_engines(engine, world_size), LAUNCH_CENSUS.get(world_size, tuple(ENGINE_STAGES))
+    return tuple(name for name in engines if name in wanted or (census and name == engine))
 
 
 def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
@@ -142,7 +174,7 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
 
 
 @shared_measurement(switchable=False)  # one child and one launch per world size and step, whatever RESACCT_MEMO says
-def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...]) -> dict[str, Any]:
+def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...], census: tuple[str, ...]) -> dict[str, Any]:
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
     from resacct.measurement.distributed import DistributedUnavailableError
 
@@ -150,16 +182,16 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
     try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
         with shared_started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
                                      timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
-            ranks = shared_rank_launch(measured_on_rank, world_size, engines, model, batch, seq, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
+            ranks = shared_rank_launch(measured_on_rank, world_size, engines, model, batch, seq, census, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
             predicted = prediction()
     except DistributedUnavailableError as error:
         raise NotMeasurable(str(error)) from None
     return {engine: {"predicted": predicted[engine], "measured": [rank[engine] for rank in ranks]} for engine in engines}
 
 
-@plans_rank_jobs("peak_sharded.step_peak_per_rank", "peak_sharded.peak_breakdown")
-def _planned_launch(engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> list[PlannedLaunch]:
-    """The gloo launch a claim asks :func:`_launched` for and its prediction's child (none where this torch lacks its engines)."""
+def _planned_launch(census: bool, engine: str, world_size: int, model: str, batch: int, seq: int = 1, **_: Any) -> list[PlannedLaunch]:
+    """The gloo launch a claim asks :func:`_launched` for (``census``: a breakdown claim's) and its prediction's
+    child (none where this torch lacks its engines)."""
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
 
     try:
@@ -167,13 +199,17 @@ def _planned_launch(engine: str, world_size: int, model: str, batch: int, seq: i
     except NotMeasurable:
         return []
     engines = _launch_engines(engine, world_size)
-    return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq), _LAUNCH_TIMEOUT_SECONDS),
+    return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq, _launch_census(engine, world_size, census)), _LAUNCH_TIMEOUT_SECONDS),
             PlannedLaunch(world_size, predict_sharded_step_peaks_in_process, (engines, model, batch, seq, world_size, tuple(range(world_size))),
                           _LAUNCH_TIMEOUT_SECONDS, isolated=True)]
 
 
-def _sides(engine: str, world_size: int, model: str, batch: int, seq: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    runs = sharded_peak_measurements(world_size, model, batch, seq, _launch_engines(engine, world_size))[engine]
+plans_rank_jobs("peak_sharded.step_peak_per_rank")(functools.partial(_planned_launch, False))
+plans_rank_jobs("peak_sharded.peak_breakdown")(functools.partial(_planned_launch, True))
+
+
+def _sides(engine: str, world_size: int, model: str, batch: int, seq: int, census: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    runs = sharded_peak_measurements(world_size, model, batch, seq, _launch_engines(engine, world_size), _launch_census(engine, world_size, census))[engine]
     return runs["predicted"], runs["measured"]
 
 
@@ -197,7 +233,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
     from resacct.account.peak.sharded import build_peak_model
     from resacct.formulas.sharding import per_rank_bytes
 
-    predicted, measured = _sides(engine, world_size, model, batch, seq)
+    predicted, measured = _sides(engine, world_size, model, batch, seq, census=False)
     net = build_peak_model(model, batch, seq)[0]
     params = sum(parameter.numel() for parameter in net.parameters())
     formula = per_rank_bytes(params, ENGINE_RECIPES[engine], ENGINE_STAGES[engine], world_size).total_bytes
@@ -224,7 +260,7 @@ def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: i
     The quantities are the engine's own storages on that rank (parameters, gradients, optimizer
     state), the largest FSDP unit's and the whole model's full parameters, the census peak and what
     the listed kinds leave."""
-    predicted, measured = _sides(engine, world_size, model, batch, seq)
+    predicted, measured = _sides(engine, world_size, model, batch, seq, census=True)
     if not 0 <= rank < world_size:
         raise ResacctError(f"rank {rank}: expected 0 to {world_size - 1}")
 
