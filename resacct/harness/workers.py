@@ -51,12 +51,15 @@ from resacct.harness.worker_count import default_workers, workers_count
 
 __all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "default_workers", "workers_count"]
 
-#: Seconds each area's claims took in one worker at commit 886c372 (2 cores shared with other
-#: work): only the order in which groups are handed out (largest first); an area not listed
-#: counts 0.02 s a claim. A stale figure costs balance, never a result.
-AREA_SECONDS = {"hf": 14.0, "account": 11.0, "finetune": 5.0, "sharding": 4.6, "inference": 2.5, "peak": 2.7, "gpu_recorded": 2.7,
-                "peak_sharded": 2.2, "plan": 1.7, "flops": 1.4, "optim": 0.9, "init": 0.9, "data": 0.8, "parallelism": 0.7, "memory": 0.6,
-                "train": 0.6, "einops": 0.5}
+#: Seconds each area's claims that run in parallel took in one worker (one torch thread), idle, at
+#: commit b628a3e (2026-11-28): only the order in which groups are handed out (largest first; the
+#: worker forked before the shared imports takes the smallest); an area not listed counts 0.02 s a
+#: claim. A stale figure costs balance, never a result.
+AREA_SECONDS = {"hf": 11.5, "account": 7.3, "peak": 2.2, "gpu_recorded": 2.1, "finetune": 2.1, "flops": 1.4, "optim": 1.25, "memory": 1.1,
+                "init": 0.7, "data": 0.5, "perf": 0.5, "plan": 0.5, "models": 0.47, "seeding": 0.45, "einops": 0.35, "lecture_training": 0.34,
+                "storage": 0.28, "checkpoint": 0.23, "lecture2024": 0.23, "train": 0.2, "inference": 0.17, "parallelism": 0.17, "dtypes": 0.15,
+                "hardware": 0.11, "tensors": 0.07, "offload": 0.06, "energy": 0.06, "lecture": 0.05, "scale": 0.04, "napkin": 0.03,
+                "runs": 0.02, "formats": 0.01, "devices": 0.01, "sharding": 0.01, "peak_sharded": 0.01, "runtime_model": 0.01}
 
 #: Imported once in this process before the workers fork, when the claims to run are a long run's
 #: (their areas' :data:`AREA_SECONDS` past :data:`_SHARED_IMPORTS_FROM_SECONDS`): each worker would
