@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             distributed.run_on_ranks(run_rank_jobs, size, jobs, timeout_seconds=600)
             shared.append(time.time() - launched)
             launched = time.time()
-            for program, args in jobs:
+            for program, args, _ in jobs:
                 distributed.run_on_ranks(program, size, *args, timeout_seconds=300)
             own.append(time.time() - launched)
         print(f"the {len(jobs)} {size}-rank programs: in one launch {statistics.median(shared):.2f}, each in its own "
