@@ -20,7 +20,17 @@ from resacct.checks.sharding import (
     paper_scale_measurements,
     small_scale_measurements,
 )
-from resacct.checks.sharding_runs import LAUNCH_PARTS, MODEL_KINDS, PIECES, TRAINING_STEPS, launch_parts, sharded_training_on_rank
+from resacct.checks.sharding_runs import (
+    LAUNCH_PARTS,
+    MODEL_KINDS,
+    PAPER_SCALE_CONFIGURATIONS,
+    PIECES,
+    TRAINING_STEPS,
+    launch_parts,
+    paper_scale_configurations,
+    paper_scale_state_on_fake_ranks,
+    sharded_training_on_rank,
+)
 from resacct.measurement.distributed import (
     DistributedError,
     DistributedRankError,
@@ -177,6 +187,18 @@ def test_a_piece_not_in_the_launch_is_added_to_it():
     assert launch_parts(3) == tuple((kind, piece, 0 if piece == "after_forward" else TRAINING_STEPS) for kind in MODEL_KINDS for piece in PIECES)
     with pytest.raises(ValueError, match=r"part \('balanced', 'zero3', 1\): expected"):
         launch_parts(2, "balanced", {"zero3": 1})
+
+
+def test_the_paper_scale_child_measures_the_stages_the_claims_read():
+    """On one rank the claims read stage 0 (the state per parameter): the child measures only that there;
+    a stage no configuration reads gets its own child, every stage."""
+    assert paper_scale_configurations(1, "fp32-adamw", (0,)) == PAPER_SCALE_CONFIGURATIONS
+    assert paper_scale_configurations(8, "fp32-adamw", (2,)) == PAPER_SCALE_CONFIGURATIONS
+    assert paper_scale_configurations(1, "fp32-adamw", (2,)) == ((1, "fp32-adamw", (0, 1, 2, 3)),)
+    with pytest.raises(ValueError, match=r"stages \(4,\): expected ZeRO stages among \(0, 1, 2, 3\)"):
+        paper_scale_configurations(8, "fp32-adamw", (4,))
+    alone, every = run_isolated(paper_scale_state_on_fake_ranks, ((1, 0, "mixed-adam", (0,)), (1, 0, "mixed-adam", (0, 1, 2, 3))), timeout_seconds=90)
+    assert list(alone) == [0] and alone[0] == every[0] and sorted(every) == [0, 1, 2, 3]
 
 
 def test_paper_scale_stage_3_is_fsdp_padding_exactly():

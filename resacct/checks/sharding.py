@@ -145,7 +145,7 @@ def paper_scale_per_rank_bytes(zero_stage: int, world_size: int, recipe: str = "
     7.5B-parameter state (64 tensors of 9375×12500) in ``recipe``, summed from meta tensors
     sharded by ZeroRedundancyOptimizer (stages 1–2: its partition; stage 2 keeps the owned
     gradients) or fully_shard (stage 3), with AdamW's state allocated by its own step()."""
-    pieces = paper_scale_measurements(world_size, recipe)[zero_stage]
+    pieces = paper_scale_measurements(world_size, recipe, (zero_stage,))[zero_stage]
     params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
     predicted = per_rank_bytes(params, recipe, zero_stage, world_size).total_bytes
     return Outcome(
@@ -163,7 +163,7 @@ def largest_model_on_devices(zero_stage: int, devices: int, device_memory_bytes:
     from resacct.formulas.sharding import largest_model_parameters
 
     params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
-    per_parameter = sum(paper_scale_measurements(devices, recipe)[zero_stage]) / params
+    per_parameter = sum(paper_scale_measurements(devices, recipe, (zero_stage,))[zero_stage]) / params
     return Outcome(
         measured=device_memory_bytes / per_parameter,
         predicted=largest_model_parameters(device_memory_bytes, devices, get_sharding_recipe(recipe), zero_stage),
@@ -176,5 +176,5 @@ def training_state_bytes_per_parameter(recipe: str = "fp32-adamw") -> Outcome:
     """Bytes per parameter of parameters + gradients + optimizer state (+ masters) of the
     7.5B meta state, unsharded, after a real AdamW step; ``params``: its parameter count."""
     params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
-    total = sum(paper_scale_measurements(1, recipe)[0])
+    total = sum(paper_scale_measurements(1, recipe, (0,))[0])
     return Outcome(measured=total / params, predicted=get_sharding_recipe(recipe).total_bytes_per_parameter, quantities={"params": params})

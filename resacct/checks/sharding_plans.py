@@ -11,10 +11,10 @@ from typing import Any
 from resacct.checks.sharding_runs import (
     _LAUNCH_TIMEOUT_SECONDS,
     _PAPER_DTYPES,
-    PAPER_SCALE_CONFIGURATIONS,
     _paper_scale_runs,
     _require_sharding_engines,
     launch_parts,
+    paper_scale_configurations,
     paper_scale_state_on_fake_ranks,
     sharded_training_on_rank,
 )
@@ -51,7 +51,7 @@ def _planned_paper_scale_child(size_input: str | None, default_recipe: str, **in
         _require_sharding_engines()
     except NotMeasurable:
         return []
-    configurations = PAPER_SCALE_CONFIGURATIONS if wanted in PAPER_SCALE_CONFIGURATIONS else (wanted,)
+    configurations = paper_scale_configurations(*wanted, (inputs.get("zero_stage", 0),))
     return [PlannedLaunch(PAPER_SCALE_BESIDE_WORLD_SIZE, paper_scale_state_on_fake_ranks, (_paper_scale_runs(configurations),),
                           _LAUNCH_TIMEOUT_SECONDS, isolated=True)] if wanted[1] in _PAPER_DTYPES else []
 

@@ -54,6 +54,7 @@ __all__ = [
     "paper_scale_state_on_fake_ranks",
     "small_scale_measurements",
     "paper_scale_measurements",
+    "paper_scale_configurations",
     "MODEL_KINDS",
     "PIECES",
     "LAUNCH_PARTS",
@@ -66,6 +67,7 @@ __all__ = [
 PAPER_TENSOR_SHAPE = (9375, 12500)
 PAPER_TENSOR_COUNT = 64
 _LAUNCH_TIMEOUT_SECONDS = 90.0
+_STAGES = (0, 1, 2, 3)  # the ZeRO stages measured at paper scale (0: nothing sharded)
 
 
 def _parameter_shapes(kind: str) -> list[list[int]]:
@@ -190,55 +192,66 @@ def _fully_sharded_state(compute_dtype: torch.dtype, master_dtype: torch.dtype |
     return [distinct_storage_bytes(parameters), distinct_storage_bytes(gradients), optimizer_bytes]
 
 
-def _paper_scale_state(world_size: int, rank: int, recipe: str) -> dict[int, list[int]]:
+def _paper_scale_state(world_size: int, rank: int, recipe: str, stages: Sequence[int] = _STAGES) -> dict[int, list[int]]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     compute_dtype, master_dtype = _PAPER_DTYPES[recipe]
+    measure = {0: lambda: _unsharded_state(compute_dtype, master_dtype),
+               1: lambda: _zero_partitioned_state(compute_dtype, master_dtype, shard_gradients=False),
+               2: lambda: _zero_partitioned_state(compute_dtype, master_dtype, shard_gradients=True),
+               3: lambda: _fully_sharded_state(compute_dtype, master_dtype)}
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        return {
-            0: _unsharded_state(compute_dtype, master_dtype),
-            1: _zero_partitioned_state(compute_dtype, master_dtype, shard_gradients=False),
-            2: _zero_partitioned_state(compute_dtype, master_dtype, shard_gradients=True),
-            3: _fully_sharded_state(compute_dtype, master_dtype),
-        }
+        return {stage: measure[stage]() for stage in stages}
     finally:
         dist.destroy_process_group()
 
 
-def paper_scale_state_on_fake_ranks(configurations: Sequence[tuple[int, int, str]]) -> list[dict[int, list[int]]]:
-    """In a child process, for each (world size, rank, recipe): the bytes [parameters,
-    gradients, optimizer state] that rank holds at each ZeRO stage for the 7.5B meta state."""
+def paper_scale_state_on_fake_ranks(configurations: Sequence[tuple[int, int, str, tuple[int, ...]]]) -> list[dict[int, list[int]]]:
+    """In a child process, for each (world size, rank, recipe, ZeRO stages): the bytes [parameters,
+    gradients, optimizer state] that rank holds at each of those stages for the 7.5B meta state."""
     try:
         import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
     except ImportError as error:  # an internal module: it may move between torch versions
         raise DistributedUnavailableError(f"torch's fake process group is not importable here: {error}") from None
-    return [_paper_scale_state(world_size, rank, recipe) for world_size, rank, recipe in configurations]
+    return [_paper_scale_state(world_size, rank, recipe, stages) for world_size, rank, recipe, stages in configurations]
 
 
-#: The configurations the claims use, measured together in one child process.
-PAPER_SCALE_CONFIGURATIONS = ((1, "fp32-adamw"), (1, "mixed-adam"), (8, "fp32-adamw"), (64, "mixed-adam"))
+#: The configurations the claims use, measured together in one child process: (world size, recipe, the ZeRO
+#: stages the claims read). On one rank they read stage 0 only (the state per parameter, nothing sharded).
+PAPER_SCALE_CONFIGURATIONS = ((1, "fp32-adamw", (0,)), (1, "mixed-adam", (0,)), (8, "fp32-adamw", _STAGES), (64, "mixed-adam", _STAGES))
 
 
-def paper_scale_measurements(world_size: int, recipe: str) -> dict[int, list[int]]:
-    """Per stage, the element-wise largest [parameters, gradients, optimizer state] bytes over
+def paper_scale_configurations(world_size: int, recipe: str, stages: Sequence[int] = _STAGES) -> tuple[tuple[int, str, tuple[int, ...]], ...]:
+    """What the child that measures ``stages`` of (``world_size``, ``recipe``) measures: every configuration of
+    :data:`PAPER_SCALE_CONFIGURATIONS` when one of them reads those stages, else that one alone, every stage."""
+    if not stages or any(stage not in _STAGES for stage in stages):
+        raise ValueError(f"stages {stages!r}: expected ZeRO stages among {_STAGES}")
+    covered = any((size, name) == (world_size, recipe) and set(stages) <= set(read) for size, name, read in PAPER_SCALE_CONFIGURATIONS)
+    return PAPER_SCALE_CONFIGURATIONS if covered else ((world_size, recipe, _STAGES),)
+
+
+def paper_scale_measurements(world_size: int, recipe: str, stages: Sequence[int] = _STAGES) -> dict[int, list[int]]:
+    """Per stage of ``stages``, the element-wise largest [parameters, gradients, optimizer state] bytes over
     the first and the last rank (rank 0 gets the full ⌈rows/N⌉ rows and the first pick).
     A configuration of :data:`PAPER_SCALE_CONFIGURATIONS` is measured with all of them, in one child."""
     _require_sharding_engines()
     if recipe not in _PAPER_DTYPES:
         raise NotMeasurable(f"recipe {recipe!r} has no paper-scale construction (known: {sorted(_PAPER_DTYPES)})")
-    wanted = (world_size, recipe)
-    return _paper_scale_launch(PAPER_SCALE_CONFIGURATIONS if wanted in PAPER_SCALE_CONFIGURATIONS else (wanted,))[wanted]
+    configurations = paper_scale_configurations(world_size, recipe, stages)
+    read = next(configuration for configuration in configurations
+                if configuration[:2] == (world_size, recipe) and set(stages) <= set(configuration[2]))
+    return _paper_scale_launch(configurations)[read]
 
 
-def _paper_scale_runs(configurations: tuple[tuple[int, str], ...]) -> tuple[tuple[int, int, str], ...]:
-    """(world size, rank, recipe) of each child run that measures ``configurations``: the first and the last rank."""
-    return tuple((size, rank, name) for size, name in configurations for rank in sorted({0, size - 1}))
+def _paper_scale_runs(configurations: tuple[tuple[int, str, tuple[int, ...]], ...]) -> tuple[tuple[int, int, str, tuple[int, ...]], ...]:
+    """(world size, rank, recipe, stages) of each child run that measures ``configurations``: the first and the last rank."""
+    return tuple((size, rank, name, stages) for size, name, stages in configurations for rank in sorted({0, size - 1}))
 
 
 @shared_measurement(switchable=False)
-def _paper_scale_launch(configurations: tuple[tuple[int, str], ...]) -> dict[tuple[int, str], dict[int, list[int]]]:
+def _paper_scale_launch(configurations: tuple[tuple[int, str, tuple[int, ...]], ...]) -> dict[tuple[int, str, tuple[int, ...]], dict[int, list[int]]]:
     _require_sharding_engines()
     runs = _paper_scale_runs(configurations)
     try:  # or the child a planned gloo launch ran beside its ranks (resacct.measurement.rank_jobs)
@@ -252,7 +265,7 @@ def _paper_scale_launch(configurations: tuple[tuple[int, str], ...]) -> dict[tup
                                 f"process group: {str(error).splitlines()[0][:160]}") from None
         raise
     measured = {}
-    for size, name in configurations:
-        mine = [report for (s, _, n), report in zip(runs, reports) if (s, n) == (size, name)]
-        measured[(size, name)] = {stage: [max(report[stage][piece] for report in mine) for piece in range(3)] for stage in range(4)}
+    for configuration in configurations:
+        mine = [report for (size, _, name, stages), report in zip(runs, reports) if (size, name, stages) == configuration]
+        measured[configuration] = {stage: [max(report[stage][piece] for report in mine) for piece in range(3)] for stage in configuration[2]}
     return measured
