@@ -41,6 +41,7 @@ from resacct.measurement.distributed import (
     run_on_ranks,
     sleep_on_rank,
 )
+from resacct.errors import ResacctError
 from resacct.formulas.sharding import adam_state_bytes, fsdp_padded_shard_numel, fsdp_shard_rows, zero_redundancy_partition
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # spawns gloo ranks: the slow tier
@@ -185,7 +186,7 @@ def test_a_piece_not_in_the_launch_is_added_to_it():
     assert launch_parts(4, "uneven", {"zero1": 1, "fsdp2": TRAINING_STEPS}) == LAUNCH_PARTS[4], "served by the 3-step parts"
     assert launch_parts(2, "balanced", {"zero1": TRAINING_STEPS})[-1] == ("balanced", "zero1", TRAINING_STEPS)
     assert launch_parts(3) == tuple((kind, piece, 0 if piece == "after_forward" else TRAINING_STEPS) for kind in MODEL_KINDS for piece in PIECES)
-    with pytest.raises(ValueError, match=r"part \('balanced', 'zero3', 1\): expected"):
+    with pytest.raises(ResacctError, match=r"part \('balanced', 'zero3', 1\): expected"):
         launch_parts(2, "balanced", {"zero3": 1})
 
 
@@ -195,7 +196,7 @@ def test_the_paper_scale_child_measures_the_stages_the_claims_read():
     assert paper_scale_configurations(1, "fp32-adamw", (0,)) == PAPER_SCALE_CONFIGURATIONS
     assert paper_scale_configurations(8, "fp32-adamw", (2,)) == PAPER_SCALE_CONFIGURATIONS
     assert paper_scale_configurations(1, "fp32-adamw", (2,)) == ((1, "fp32-adamw", (0, 1, 2, 3)),)
-    with pytest.raises(ValueError, match=r"stages \(4,\): expected ZeRO stages among \(0, 1, 2, 3\)"):
+    with pytest.raises(ResacctError, match=r"stages \(4,\): expected ZeRO stages among \(0, 1, 2, 3\)"):
         paper_scale_configurations(8, "fp32-adamw", (4,))
     alone, every = run_isolated(paper_scale_state_on_fake_ranks, ((1, 0, "mixed-adam", (0,)), (1, 0, "mixed-adam", (0, 1, 2, 3))), timeout_seconds=90)
     assert list(alone) == [0] and alone[0] == every[0] and sorted(every) == [0, 1, 2, 3]

@@ -33,6 +33,7 @@ from resacct.measurement.distributed import DistributedError, DistributedUnavail
 from resacct.measurement.memo import shared_measurement
 from resacct.measurement.rank_jobs import shared_rank_launch, shared_started_isolated
 from resacct.measurement.memory import distinct_storage_bytes
+from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable
 from resacct.checks.sharding_training import (  # the ranks' program, re-exported
     _EVERY_PART,
@@ -227,7 +228,7 @@ def paper_scale_configurations(world_size: int, recipe: str, stages: Sequence[in
     """What the child that measures ``stages`` of (``world_size``, ``recipe``) measures: every configuration of
     :data:`PAPER_SCALE_CONFIGURATIONS` when one of them reads those stages, else that one alone, every stage."""
     if not stages or any(stage not in _STAGES for stage in stages):
-        raise ValueError(f"stages {stages!r}: expected ZeRO stages among {_STAGES}")
+        raise ResacctError(f"stages {stages!r}: expected ZeRO stages among {_STAGES}")
     covered = any((size, name) == (world_size, recipe) and set(stages) <= set(read) for size, name, read in PAPER_SCALE_CONFIGURATIONS)
     return PAPER_SCALE_CONFIGURATIONS if covered else ((world_size, recipe, _STAGES),)
 

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import nn
 
+from resacct.errors import ResacctError
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memory import distinct_storage_bytes
 
@@ -214,6 +215,6 @@ def sharded_training_on_rank(rank: int, world_size: int, parts: Sequence[tuple[s
 
 def _check_parts(parts: Sequence[tuple[str, str, int]]) -> None:
     for part in parts:
-        kind, piece, steps = part
+        kind, piece, steps = part if isinstance(part, tuple) and len(part) == 3 else (None, None, None)
         if kind not in MODEL_KINDS or piece not in PIECES or isinstance(steps, bool) or not isinstance(steps, int) or steps < (piece != "after_forward"):
-            raise ValueError(f"part {part!r}: expected (a model kind of {MODEL_KINDS}, a piece of {PIECES}, training steps ≥ 1, or 0 for after_forward)")
+            raise ResacctError(f"part {part!r}: expected (a model kind of {MODEL_KINDS}, a piece of {PIECES}, training steps ≥ 1, or 0 for after_forward)")
