@@ -14,6 +14,7 @@ from torch import nn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from resacct.account.answers import generic  # noqa: E402
+from resacct.account.peak import one_pass  # noqa: E402
 from resacct.account.answers.generic import account_module  # noqa: E402
 from resacct.account.load.model_io import default_inputs  # noqa: E402
 
@@ -30,7 +31,7 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, *
     """The account traced once, then with the fake pass's records thrown away (the meta pass runs);
     the number of accounts the fake pass fed."""
     fed = []
-    original = generic.trace_once
+    original = one_pass.trace_once
 
     def counted(*args: Any, **kw: Any) -> Any:
         once = original(*args, **kw)
@@ -38,10 +39,10 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, *
         return once
 
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "trace_once", counted)
+        patched.setattr(one_pass, "trace_once", counted)
         once = account_module(model, inputs, **kwargs)
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "trace_once", lambda *args, **kw: None)
+        patched.setattr(one_pass, "trace_once", lambda *args, **kw: None)
         meta = account_module(model, inputs, **kwargs)
     return once, meta, sum(fed)
 
@@ -204,7 +205,7 @@ def _hf_both_ways(monkeypatch: pytest.MonkeyPatch, spec: Any, **kwargs: Any) -> 
     from resacct.account.answers.hf import account_hf_config
 
     fed = []
-    original = generic.trace_once
+    original = one_pass.trace_once
 
     def counted(*args: Any, **kw: Any) -> Any:
         once = original(*args, **kw)
@@ -212,10 +213,10 @@ def _hf_both_ways(monkeypatch: pytest.MonkeyPatch, spec: Any, **kwargs: Any) -> 
         return once
 
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "trace_once", counted)
+        patched.setattr(one_pass, "trace_once", counted)
         once = account_hf_config(spec, **kwargs)
     with monkeypatch.context() as patched:
-        patched.setattr(generic, "trace_once", lambda *args, **kw: None)
+        patched.setattr(one_pass, "trace_once", lambda *args, **kw: None)
         meta = account_hf_config(spec, **kwargs)
     return once, meta, sum(fed)
 

@@ -56,8 +56,8 @@ from resacct.account.trace.step_measurements import (
     predict_optimizer_step_transient_bytes,
     trace_step_flops,
 )
-from resacct.account.peak.step_peak import FUSED_ATTENTION_KERNELS, StepPeakAccount, account_model_step_peak
-from resacct.account.trace.fake_pass import FakeStepRecorder, fake_pass_runs_the_meta_step
+from resacct.account.peak.step_peak import StepPeakAccount, account_model_step_peak
+from resacct.account.peak import one_pass
 from resacct.account.load.optimizers import build_optimizer, memory_optimizer_name, optimizer_display_name
 from resacct.measurement.activations import SavedActivations, record_saved_activations, trace_allocations
 from resacct.facts.dtypes import parse_dtype
@@ -83,7 +83,7 @@ from resacct.account.trace.untraced import UnmeasuredState, UnrecordedActivation
 from resacct.training.models import Cruncher
 from resacct.account.load.user_code import calling_user_code, code_location
 
-__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model", "trace_once"]  # the factory loading: resacct.account.load.model_factory
+__all__ = ["cruncher", "mlp", "parse_model_arg", "load_model", "ModelAccount", "account_module", "account_named_model"]  # the factory loading: resacct.account.load.model_factory
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU}
 
@@ -156,8 +156,8 @@ def account_module(
     user_step = functools.partial(calling_user_code, f"the step of {type(model).__name__} (forward, loss or backward)",
                                   hint=f"; input {_describe_inputs(example_input)}", fallback=code_location(type(model).forward))
     untraced = None
-    one_pass = _copy_runs_as_the_model(parameters, chosen, where)
-    once = trace_once(model, example_input, loss, chosen, optimizer, parameters, where, user_step) if one_pass else None
+    copy_runs_as_model = _copy_runs_as_the_model(parameters, chosen, where)
+    once = one_pass.trace_once(model, example_input, loss, chosen, optimizer, parameters, where, user_step) if copy_runs_as_model else None
     with user_step():
         try:
             flops: StepFlopTrace | UntracedFlops
@@ -167,7 +167,7 @@ def account_module(
                 recorder = once[0]
                 flops, state, saved, activation_model = recorder.flops, recorder.state, recorder.saved, model
                 resolved.append(recorder.resolved_loss)
-            elif one_pass:  # FLOPs, state and saved tensors in one forward and backward
+            elif copy_runs_as_model:  # FLOPs, state and saved tensors in one forward and backward
                 measured = measure_step_once(model, loss_of, chosen, optimizer)
                 flops, state, saved, activation_model = measured.flops, measured.state, measured.saved, measured.model
             else:
@@ -218,27 +218,6 @@ def account_module(
     elif where == "meta":
         account.notes.append("built on the meta device: sizes measured, no arithmetic, no allocator peaks")
     return account
-
-
-def trace_once(model: nn.Module, inputs: StepInputs, loss: str, recipe: Recipe, optimizer: str, parameters: list[nn.Parameter], where: str,
-                user_step: Any) -> tuple[FakeStepRecorder | None, StepPeakAccount] | None:
-    """Trace once (issue 34), where the recipe's copy runs as the model (:func:`_copy_runs_as_the_model`):
-    the step peak's fake pass also records the FLOPs, the saved tensors and
-    the training state — where it runs the step the meta pass runs
-    (:func:`~resacct.account.trace.fake_pass.fake_pass_runs_the_meta_step`) — and the peak. The
-    recorder is None where the fake CPU step took a fused attention kernel (meta takes sdpa's math
-    path, which saves other tensors: the meta pass runs, the peak is kept); None (nothing kept)
-    where the recipe or inputs differ, or the fake pass could not run the step: all as before."""
-    if not fake_pass_runs_the_meta_step(parameters, inputs, recipe, where, optimizer):
-        return None
-    recorder = FakeStepRecorder(model, get_state_recipe(recipe), optimizer)
-    with user_step():
-        peak = account_model_step_peak(model, inputs, loss=loss, recipe=recipe, optimizer=optimizer, measure=False, recorder=recorder)
-    if peak.predicted is None or not recorder.done or recorder.resolved_loss is None:
-        return None
-    if any(op in FUSED_ATTENTION_KERNELS for op in peak.predicted.ops_seen):  # meta runs sdpa's math path: other saved tensors
-        return None, peak
-    return recorder, peak
 
 
 def _copy_runs_as_the_model(parameters: list[nn.Parameter], recipe: Recipe, where: str) -> bool:

@@ -385,10 +385,10 @@ def _measure_on_meta(spec: HfConfigSpec, model: Any, loss_of: Callable[[Any], An
 
 def _hf_trace_once(model: Any, inputs: Any, recipe: Recipe, optimizer: str) -> Any:
     """Trace once (issue 34): the step peak's fake pass, recording the FLOPs, saved tensors and
-    state where it runs the meta pass's step (:func:`resacct.account.answers.generic.trace_once`:
+    state where it runs the meta pass's step (:func:`resacct.account.peak.one_pass.trace_once`:
     float32, no autocast; sdpa on the math path, e.g. GPT-2). None where it cannot run the step: the
     meta pass then runs first and names what broke, as before."""
-    from resacct.account.answers.generic import trace_once
+    from resacct.account.peak.one_pass import trace_once
 
     try:
         return trace_once(model, inputs, "model", recipe, optimizer, list(model.parameters()), "meta", contextlib.nullcontext)
