@@ -243,3 +243,99 @@ def test_one_worker_runs_the_smallest_areas_while_the_shared_imports_load_then_r
     assert ran_early == ["tiny", "small", "mid"]  # the smallest first; mid (0.5 s) outlasts the imports (0.3 s), then it stops
     assert by_area["big"][0]["pid"] != early_pid and by_area["big"][0]["imports"] == "in"
     assert imported_at and min(entry["at"] for entry in by_area["big"]) > imported_at[0]
+
+
+def _policy() -> int:
+    return os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+
+
+def _beside_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, alone: bool) -> tuple[list[dict], dict]:
+    """verify over two areas of sleeping claims and one claim marked distributed (a stand-in launch of
+    1 s): each logs its process, scheduling policy and times."""
+    log = tmp_path / f"beside-{alone}.jsonl"
+
+    def note(kind: str, **extra: object) -> None:
+        with log.open("a") as file:
+            file.write(json.dumps({"kind": kind, "pid": os.getpid(), "policy": _policy(), "at": time.monotonic(), **extra}) + "\n")
+
+    def sleeper(size: int) -> Outcome:
+        note("start")
+        time.sleep(0.3)
+        note("end")
+        return Outcome(measured=size)
+
+    def launch(size: int) -> Outcome:
+        note("launch-start")
+        time.sleep(1.0)
+        note("launch-end")
+        return Outcome(measured=size)
+
+    monkeypatch.setitem(registry._REGISTRY, "workers.sleeper", Check("workers.sleeper", sleeper, (), "", evidence="measured"))
+    monkeypatch.setitem(registry._REGISTRY, "workers.launch", Check("workers.launch", launch, (), "", evidence="measured"))
+    if alone:
+        monkeypatch.setenv("RESACCT_VERIFY_LAUNCHES_ALONE", "1")
+    else:
+        monkeypatch.delenv("RESACCT_VERIFY_LAUNCHES_ALONE", raising=False)
+    specs = tmp_path / f"specs-{alone}"
+    specs.mkdir()
+    for area in ("alpha", "beta"):
+        (specs / f"{area}.claims.yaml").write_text(_claims(area, *[(f"{area}-{i}", "workers.sleeper", f"{{size: {i}}}") for i in range(8)]))
+    (specs / "ranks.claims.yaml").write_text(_claims("ranks", ("ranks-0", "workers.launch", "{size: 1}")).replace(
+        "    measure: workers.launch", "    measure: workers.launch\n    marks: [distributed]"))
+    report_dir = tmp_path / f"reports-{alone}"
+    assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
+    document = load_report(report_dir / "report.json")
+    assert {record["outcome"] for record in document["claims"]} == {"holds"} and len(document["claims"]) == 17
+    return [json.loads(line) for line in log.read_text().splitlines()], document
+
+
+@pytest.mark.slow  # two verify runs of ~3 s and a forkserver
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+def test_claims_that_launch_ranks_run_beside_the_workers_at_idle_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the workers can be brought back from idle priority, a claim that launches ranks and times
+    nothing runs in the parent while the workers work at SCHED_IDLE (they get only what the ranks
+    leave), and the workers are back at SCHED_OTHER afterwards; RESACCT_VERIFY_LAUNCHES_ALONE=1 runs
+    it in the phase alone, after every worker's claim, as before."""
+    from resacct.harness.worker_scheduling import idle_priority_returns
+
+    if not idle_priority_returns():
+        pytest.skip("this process may not bring a worker back from SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE below 20)")
+    entries, document = _beside_run(tmp_path, monkeypatch, alone=False)
+    (launch_start,) = [entry for entry in entries if entry["kind"] == "launch-start"]
+    (launch_end,) = [entry for entry in entries if entry["kind"] == "launch-end"]
+    starts = [entry for entry in entries if entry["kind"] == "start"]
+    assert launch_start["pid"] == os.getpid() and launch_start["policy"] == os.SCHED_OTHER
+    assert launch_end["at"] < max(entry["at"] for entry in entries if entry["kind"] == "end")  # beside the workers, not after them
+    during = [entry for entry in starts if launch_start["at"] + 0.05 < entry["at"] < launch_end["at"] - 0.05]
+    assert during and all(entry["policy"] == os.SCHED_IDLE for entry in during)
+    after = [entry for entry in starts if entry["at"] > launch_end["at"] + 0.5]
+    assert after and all(entry["policy"] == os.SCHED_OTHER for entry in after)
+    assert "launches beside the workers" in document["run"]["phases"]
+
+    entries, document = _beside_run(tmp_path, monkeypatch, alone=True)
+    (launch_start,) = [entry for entry in entries if entry["kind"] == "launch-start"]
+    assert launch_start["at"] > max(entry["at"] for entry in entries if entry["kind"] == "end")  # alone: after every worker's claim
+    assert all(entry["policy"] == os.SCHED_OTHER for entry in entries)
+    assert "launches beside the workers" not in document["run"]["phases"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+def test_idle_priority_lowers_and_restores_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resacct.harness.worker_scheduling import idle_priority, idle_priority_returns
+
+    monkeypatch.setenv("RESACCT_VERIFY_LAUNCHES_ALONE", "1")
+    assert idle_priority_returns() is False
+    monkeypatch.delenv("RESACCT_VERIFY_LAUNCHES_ALONE")
+    if not idle_priority_returns():
+        pytest.skip("this process may not bring a process back from SCHED_IDLE")
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        with idle_priority([pid, 2 ** 22 + 12345]):  # a pid that does not exist is passed over
+            assert os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK == os.SCHED_IDLE
+        assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

@@ -14,9 +14,14 @@ forked). Then the run has two phases:
    each worker, with **one torch thread**, asks for the next group as it finishes one, the largest
    groups first (:data:`AREA_SECONDS`, a scheduling estimate only). Each finished claim's pytest reports come back
    through a pipe, and this process replays them through its own hooks (the claims recorder, the
-   progress bar, pytest's terminal), as xdist's controller does.
+   progress bar, pytest's terminal), as xdist's controller does. Where this process may put its
+   workers at Linux's idle scheduling priority and bring them back
+   (:func:`~resacct.harness.worker_scheduling.idle_priority_returns`: root, or an RLIMIT_NICE that
+   allows it), the claims that launch gloo ranks and time nothing run here first, once each worker
+   holds a group and has one more queued, with the workers at ``SCHED_IDLE`` meanwhile: the ranks
+   get the cores as if alone, and the workers only the time the ranks leave.
 2. **Alone**: the timed claims (their checks' ``timing=True``), the GPU claims, those that launch
-   gloo ranks (mark ``distributed``) and those whose values depend on torch's thread count
+   gloo ranks (mark ``distributed``; where the workers cannot be put at idle priority) and those whose values depend on torch's thread count
    (``threads_matter``) then run in this process, with torch's own thread count, while no worker
    runs: a time measured beside another process's work is the load's, CUDA is never used in a
    forked child, 2 or 4 ranks beside a worker oversubscribe 2 cores (ranks waiting in a collective
@@ -36,9 +41,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +51,8 @@ import pytest
 from resacct.harness.early_ranks import WORKERS_PLUGIN_NAME, start_ranks_early
 from resacct.harness.phases import mark
 from resacct.harness.worker_count import default_workers, workers_count
+from resacct.harness.worker_process import Worker
+from resacct.harness.worker_scheduling import ImportsOnAThread, idle_priority, idle_priority_returns
 
 __all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "default_workers", "workers_count"]
 
@@ -131,7 +136,9 @@ class ClaimWorkers:
             return True
         groups, alone = item_groups(session.items)
         shared_imports = sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS
-        left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None)
+        beside = [item for item in alone if _launches_ranks_only(item)] if groups and idle_priority_returns() else []
+        alone = [item for item in alone if item not in beside]
+        left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None, beside=beside)
         mark("claims in parallel")
         for index, item in enumerate(left + alone):
             following = (left + alone)[index + 1:]
@@ -159,21 +166,23 @@ class _Parallel:
         self.retiring: set[Any] = set()  # those told to stop at their next request
         self.stopping = False
 
-    def run(self, import_first: Callable[[], object] | None = None) -> list[pytest.Item]:
+    def run(self, import_first: Callable[[], object] | None = None, beside: Sequence[pytest.Item] = ()) -> list[pytest.Item]:
         """Run every group on the workers; the items no worker reported (a worker died), to run here.
         ``import_first``: modules every worker would import again (:data:`SHARED_IMPORTS`), imported
         here on a thread while one worker, forked before them, runs the smallest groups; the other
-        workers are forked once they are in (they inherit them) and take the largest groups first."""
+        workers are forked once they are in (they inherit them) and take the largest groups first.
+        ``beside``: claims that launch gloo ranks and time nothing, run here once the workers are
+        forked, the workers at idle priority meanwhile (:func:`~resacct.harness.worker_scheduling.idle_priority`)."""
         if not self.groups or not hasattr(os, "fork"):
             if import_first is not None:
                 import_first()
                 mark("shared imports")
-            return self._left()
+            return [*self._left(), *beside]
         wanted = min(self.plugin.workers, len(self.groups))
         try:
             if import_first is not None and wanted > 1:
                 self._fork(1, from_the_end=True)
-                imports = _ImportsOnAThread(import_first)
+                imports = ImportsOnAThread(import_first)
                 self._serve_until(imports.done.poll, also=imports.done)
                 imports.finish()
                 mark("shared imports")
@@ -186,6 +195,8 @@ class _Parallel:
                 mark("shared imports")
             self._fork(min(wanted, len(self.pending)) - len(self.connections))
             start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
+            if beside:
+                self._run_beside_idle_workers(beside)
             self._serve()
         except KeyboardInterrupt:
             self._stop_after_interrupt()
@@ -209,7 +220,7 @@ class _Parallel:
                 return
             if pid == 0:  # the worker: never returns
                 parent_end.close()
-                _Worker(self.plugin, self.session, self.groups, child_end).serve()
+                Worker(self.plugin.hide_in_workers, self.session, self.groups, child_end).serve()
             child_end.close()
             self.connections[parent_end] = (pid, [])
             if from_the_end:
@@ -224,6 +235,24 @@ class _Parallel:
                     self._receive(ready)
         while not finished():  # no worker left (each died): what remains runs here afterwards
             multiprocessing.connection.wait([also] if also is not None else [], timeout=0.05)
+
+    def _run_beside_idle_workers(self, items: Sequence[pytest.Item]) -> None:
+        """Run ``items`` here (claims that launch gloo ranks) with every worker at idle priority: the
+        ranks get the cores as if alone, and the workers only the time the ranks leave (waiting in
+        collectives, starting, tearing down). Their messages wait in the pipes meanwhile, so each holds
+        a group and has one more queued first (it answers its next requests one behind)."""
+        self._serve_until(lambda: not self.pending or all(given for _, given in self.connections.values()))
+        for connection in list(self.connections):
+            if self.pending:
+                self._give(connection)
+        with idle_priority([pid for pid, _ in self.connections.values()]):
+            for index, item in enumerate(items):
+                item.config.hook.pytest_runtest_protocol(item=item, nextitem=items[index + 1] if index + 1 < len(items) else None)
+                if self.session.shouldfail:
+                    raise self.session.Failed(self.session.shouldfail)
+                if self.session.shouldstop:
+                    raise self.session.Interrupted(self.session.shouldstop)
+        mark("launches beside the workers")
 
     def _left(self) -> list[pytest.Item]:
         return [item for group in self.groups for item in group.items if item.nodeid not in self.reported]
@@ -257,12 +286,15 @@ class _Parallel:
         return True
 
     def _give(self, connection: Any) -> None:
-        if self.pending and connection not in self.retiring and not (self.session.shouldfail or self.session.shouldstop):
-            index = self.pending.pop(-1 if connection in self.from_the_end else 0)
-            self.connections[connection][1].append(index)
-            connection.send(("group", index))
-        else:
-            connection.send(("stop",))
+        try:
+            if self.pending and connection not in self.retiring and not (self.session.shouldfail or self.session.shouldstop):
+                index = self.pending.pop(-1 if connection in self.from_the_end else 0)
+                self.connections[connection][1].append(index)
+                connection.send(("group", index))
+            else:
+                connection.send(("stop",))
+        except OSError:  # it stopped already (a request answered one behind: its stop was read): its pipe's end tells
+            pass
 
     def _forget(self, connection: Any) -> None:
         pid, _ = self.connections.pop(connection)
@@ -296,96 +328,13 @@ class _Parallel:
         self.connections.clear()
 
 
-class _Worker:
-    """A forked worker: asks for a group, runs it, sends every report; until told to stop."""
+def _launches_ranks_only(item: pytest.Item) -> bool:
+    """A claim that launches gloo ranks (mark ``distributed``) and measures no time, needs no GPU and
+    no particular thread count: it may run while the workers work at idle priority."""
+    from resacct.harness.plugin import TIMED_KEYWORD
 
-    def __init__(self, plugin: ClaimWorkers, session: pytest.Session, groups: list[_Group], connection: Any) -> None:
-        self.plugin = plugin
-        self.session = session
-        self.groups = groups
-        self.connection = connection
-        self.interrupted = False
-
-    def serve(self) -> None:
-        status = 0
-        try:
-            self._become_worker()
-            while not self.interrupted:
-                self.connection.send(("ready",))
-                message = self.connection.recv()
-                if message[0] != "group":
-                    break
-                self._run(self.groups[message[1]])
-        except KeyboardInterrupt:
-            with contextlib.suppress(BaseException):
-                self.connection.send(("interrupted",))
-        except (EOFError, BrokenPipeError):  # the run is gone
-            pass
-        except BaseException:  # noqa: BLE001 - told to this process's stderr; its claims run in the parent
-            status = 1
-            with contextlib.suppress(BaseException):
-                sys.__stderr__.write(f"resacct verify: a claims worker failed:\n{traceback.format_exc()}")
-        finally:
-            with contextlib.suppress(BaseException):
-                from resacct.measurement.lifeline import stop_forkserver
-
-                stop_forkserver()
-            os._exit(status)
-
-    def _become_worker(self) -> None:
-        import torch
-
-        signal.signal(signal.SIGINT, self._on_sigint)
-        torch.set_num_threads(1)  # two workers on two cores: one thread each
-        manager = self.session.config.pluginmanager
-        for plugin in self.plugin.hide_in_workers:
-            if manager.is_registered(plugin):
-                manager.unregister(plugin)
-        manager.register(_Sender(self.connection, self.session.config), "resacct-claim-worker-sender")
-        capture = manager.getplugin("capturemanager")
-        if capture is not None and capture._global_capturing is not None:  # its own capture files: the parent's are shared with it
-            capture._global_capturing = None
-            capture.start_global_capturing()
-
-    def _on_sigint(self, signal_number: int, frame: Any) -> None:
-        if not self.interrupted:
-            self.interrupted = True
-            raise KeyboardInterrupt
-
-    def _run(self, group: _Group) -> None:
-        for index, item in enumerate(group.items):
-            following = group.items[index + 1] if index + 1 < len(group.items) else None
-            item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
-            if self.interrupted:
-                raise KeyboardInterrupt
-
-
-class _ImportsOnAThread:
-    """``function`` run on a daemon thread (imports: the GIL is released while files are read, and the
-    serving loop it shares the process with waits on its workers' pipes); ``done`` is readable once it has returned."""
-
-    def __init__(self, function: Callable[[], object]) -> None:
-        self.done, self._tell = multiprocessing.Pipe(duplex=False)
-        self.error: BaseException | None = None
-        self.function = function
-        self.thread = threading.Thread(target=self._run, name="resacct-shared-imports", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.function()
-        except BaseException as error:  # noqa: BLE001 - raised again on the serving thread
-            self.error = error
-        finally:
-            self._tell.send(True)
-
-    def finish(self) -> None:
-        """Join the thread (before any fork: a child must not inherit a thread mid-import) and raise its error."""
-        self.thread.join()
-        self.done.close()
-        self._tell.close()
-        if self.error is not None:
-            raise self.error
+    return (item.get_closest_marker("distributed") is not None and TIMED_KEYWORD not in item.extra_keyword_matches
+            and item.get_closest_marker("gpu") is None and not _threads_matter(item))
 
 
 def _import_shared_modules() -> None:
@@ -410,26 +359,6 @@ def _threads_matter(item: pytest.Item) -> bool:
         return get_check(loaded.claim.measure).depends_on_threads(dict(loaded.claim.given))
     except ResacctError:  # an unknown check: the claim's own run says so
         return False
-
-
-class _Sender:
-    """In a worker: every report and log event goes to the parent, which replays it."""
-
-    def __init__(self, connection: Any, config: pytest.Config) -> None:
-        self.connection = connection
-        self.config = config
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        self.connection.send(("logstart", nodeid, location))
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
-        self.connection.send(("logfinish", nodeid, location))
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.connection.send(("report", self.config.hook.pytest_report_to_serializable(config=self.config, report=report)))
 
 
 def _signal(pid: int, number: int) -> None:
