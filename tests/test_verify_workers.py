@@ -270,6 +270,11 @@ def _beside_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, alone: bool)
         note("launch-end")
         return Outcome(measured=size)
 
+    def threads(size: int) -> Outcome:
+        note("threads", threads=torch.get_num_threads())
+        return Outcome(measured=size)
+
+    monkeypatch.setitem(registry._REGISTRY, "workers.threads", Check("workers.threads", threads, (), "", evidence="measured", threads_matter=True))
     monkeypatch.setitem(registry._REGISTRY, "workers.sleeper", Check("workers.sleeper", sleeper, (), "", evidence="measured"))
     monkeypatch.setitem(registry._REGISTRY, "workers.launch", Check("workers.launch", launch, (), "", evidence="measured"))
     if alone:
@@ -282,18 +287,19 @@ def _beside_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, alone: bool)
         (specs / f"{area}.claims.yaml").write_text(_claims(area, *[(f"{area}-{i}", "workers.sleeper", f"{{size: {i}}}") for i in range(8)]))
     (specs / "ranks.claims.yaml").write_text(_claims("ranks", ("ranks-0", "workers.launch", "{size: 1}")).replace(
         "    measure: workers.launch", "    measure: workers.launch\n    marks: [distributed]"))
+    (specs / "threads.claims.yaml").write_text(_claims("threads", ("threads-0", "workers.threads", "{size: 2}")))
     report_dir = tmp_path / f"reports-{alone}"
     assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
     document = load_report(report_dir / "report.json")
-    assert {record["outcome"] for record in document["claims"]} == {"holds"} and len(document["claims"]) == 17
+    assert {record["outcome"] for record in document["claims"]} == {"holds"} and len(document["claims"]) == 18
     return [json.loads(line) for line in log.read_text().splitlines()], document
 
 
 @pytest.mark.slow  # two verify runs of ~3 s and a forkserver
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
 def test_claims_that_launch_ranks_run_beside_the_workers_at_idle_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the workers can be brought back from idle priority, a claim that launches ranks and times
-    nothing runs in the parent while the workers work at SCHED_IDLE (they get only what the ranks
+    """Where the workers can be brought back from idle priority, a claim that launches ranks (or depends
+    on torch's thread count) and times nothing runs in the parent while the workers work at SCHED_IDLE (they get only what the ranks
     leave), and the workers are back at SCHED_OTHER afterwards; RESACCT_VERIFY_LAUNCHES_ALONE=1 runs
     it in the phase alone, after every worker's claim, as before."""
     from resacct.harness.worker_scheduling import idle_priority_returns
@@ -310,13 +316,16 @@ def test_claims_that_launch_ranks_run_beside_the_workers_at_idle_priority(tmp_pa
     assert during and all(entry["policy"] == os.SCHED_IDLE for entry in during)
     after = [entry for entry in starts if entry["at"] > launch_end["at"] + 0.5]
     assert after and all(entry["policy"] == os.SCHED_OTHER for entry in after)
-    assert "launches beside the workers" in document["run"]["phases"]
+    assert "launches and threads beside the workers" in document["run"]["phases"]
+    (threads,) = [entry for entry in entries if entry["kind"] == "threads"]  # a thread-dependent claim too: here, with this process's threads
+    assert threads["pid"] == os.getpid() and threads["threads"] == torch.get_num_threads()
+    assert threads["at"] < max(entry["at"] for entry in entries if entry["kind"] == "end")
 
     entries, document = _beside_run(tmp_path, monkeypatch, alone=True)
     (launch_start,) = [entry for entry in entries if entry["kind"] == "launch-start"]
     assert launch_start["at"] > max(entry["at"] for entry in entries if entry["kind"] == "end")  # alone: after every worker's claim
     assert all(entry["policy"] == os.SCHED_OTHER for entry in entries)
-    assert "launches beside the workers" not in document["run"]["phases"]
+    assert "launches and threads beside the workers" not in document["run"]["phases"]
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")

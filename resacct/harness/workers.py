@@ -17,9 +17,10 @@ forked). Then the run has two phases:
    progress bar, pytest's terminal), as xdist's controller does. Where this process may put its
    workers at Linux's idle scheduling priority and bring them back
    (:func:`~resacct.harness.worker_scheduling.idle_priority_returns`: root, or an RLIMIT_NICE that
-   allows it), the claims that launch gloo ranks and time nothing run here first, once each worker
-   holds a group and has one more queued, with the workers at ``SCHED_IDLE`` meanwhile: the ranks
-   get the cores as if alone, and the workers only the time the ranks leave.
+   allows it), the claims that launch gloo ranks or depend on torch's thread count, and time
+   nothing, run here first, once each worker holds a group and has one more queued, with the
+   workers at ``SCHED_IDLE`` meanwhile: the ranks (or this process's threads) get the cores as if
+   alone, and the workers only the time they leave.
 2. **Alone**: the timed claims (their checks' ``timing=True``), the GPU claims, those that launch
    gloo ranks (mark ``distributed``; where the workers cannot be put at idle priority) and those whose values depend on torch's thread count
    (``threads_matter``) then run in this process, with torch's own thread count, while no worker
@@ -136,7 +137,7 @@ class ClaimWorkers:
             return True
         groups, alone = item_groups(session.items)
         shared_imports = sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS
-        beside = [item for item in alone if _launches_ranks_only(item)] if groups and idle_priority_returns() else []
+        beside = [item for item in alone if _untimed_on_the_cpu(item)] if groups and idle_priority_returns() else []
         alone = [item for item in alone if item not in beside]
         left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None, beside=beside)
         mark("claims in parallel")
@@ -171,7 +172,7 @@ class _Parallel:
         ``import_first``: modules every worker would import again (:data:`SHARED_IMPORTS`), imported
         here on a thread while one worker, forked before them, runs the smallest groups; the other
         workers are forked once they are in (they inherit them) and take the largest groups first.
-        ``beside``: claims that launch gloo ranks and time nothing, run here once the workers are
+        ``beside``: claims that launch gloo ranks or use this process's threads and time nothing, run here once the workers are
         forked, the workers at idle priority meanwhile (:func:`~resacct.harness.worker_scheduling.idle_priority`)."""
         if not self.groups or not hasattr(os, "fork"):
             if import_first is not None:
@@ -237,9 +238,9 @@ class _Parallel:
             multiprocessing.connection.wait([also] if also is not None else [], timeout=0.05)
 
     def _run_beside_idle_workers(self, items: Sequence[pytest.Item]) -> None:
-        """Run ``items`` here (claims that launch gloo ranks) with every worker at idle priority: the
-        ranks get the cores as if alone, and the workers only the time the ranks leave (waiting in
-        collectives, starting, tearing down). Their messages wait in the pipes meanwhile, so each holds
+        """Run ``items`` here (claims that launch gloo ranks or use torch's threads) with every worker at
+        idle priority: the ranks or threads get the cores as if alone, and the workers only the time
+        they leave (ranks waiting in collectives, starting, tearing down). Their messages wait in the pipes meanwhile, so each holds
         a group and has one more queued first (it answers its next requests one behind)."""
         self._serve_until(lambda: not self.pending or all(given for _, given in self.connections.values()))
         for connection in list(self.connections):
@@ -252,7 +253,7 @@ class _Parallel:
                     raise self.session.Failed(self.session.shouldfail)
                 if self.session.shouldstop:
                     raise self.session.Interrupted(self.session.shouldstop)
-        mark("launches beside the workers")
+        mark("launches and threads beside the workers")
 
     def _left(self) -> list[pytest.Item]:
         return [item for group in self.groups for item in group.items if item.nodeid not in self.reported]
@@ -328,13 +329,13 @@ class _Parallel:
         self.connections.clear()
 
 
-def _launches_ranks_only(item: pytest.Item) -> bool:
-    """A claim that launches gloo ranks (mark ``distributed``) and measures no time, needs no GPU and
-    no particular thread count: it may run while the workers work at idle priority."""
+def _untimed_on_the_cpu(item: pytest.Item) -> bool:
+    """A claim that runs alone (:func:`runs_alone`) only for the cores it takes — it launches gloo ranks
+    (mark ``distributed``) or its values depend on torch's thread count (``threads_matter``) — and
+    measures no time and needs no GPU: it may run while the workers work at idle priority."""
     from resacct.harness.plugin import TIMED_KEYWORD
 
-    return (item.get_closest_marker("distributed") is not None and TIMED_KEYWORD not in item.extra_keyword_matches
-            and item.get_closest_marker("gpu") is None and not _threads_matter(item))
+    return TIMED_KEYWORD not in item.extra_keyword_matches and item.get_closest_marker("gpu") is None and runs_alone(item)
 
 
 def _import_shared_modules() -> None:
