@@ -30,6 +30,11 @@ needs_traced_once = pytest.mark.skipif(not TRACED_ONCE, reason=f"the fake pass f
 def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, **kwargs: Any) -> tuple[Any, Any, int]:
     """The account traced once, then with the fake pass's records thrown away (the meta pass runs);
     the number of accounts the fake pass fed."""
+    return _accounted_both_ways(monkeypatch, lambda: account_module(model, inputs, **kwargs))
+
+
+def _accounted_both_ways(monkeypatch: pytest.MonkeyPatch, account: Any) -> tuple[Any, Any, int]:
+    """``account()`` traced once, then with the fake pass's records thrown away; how many passes the fake pass fed."""
     fed = []
     original = one_pass.trace_once
 
@@ -40,10 +45,10 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Any, *
 
     with monkeypatch.context() as patched:
         patched.setattr(one_pass, "trace_once", counted)
-        once = account_module(model, inputs, **kwargs)
+        once = account()
     with monkeypatch.context() as patched:
         patched.setattr(one_pass, "trace_once", lambda *args, **kw: None)
-        meta = account_module(model, inputs, **kwargs)
+        meta = account()
     return once, meta, sum(fed)
 
 
@@ -204,21 +209,7 @@ def _hf_both_ways(monkeypatch: pytest.MonkeyPatch, spec: Any, **kwargs: Any) -> 
     """``account_hf_config`` traced once, then with the fake pass's records thrown away; how many builds the fake pass fed."""
     from resacct.account.answers.hf import account_hf_config
 
-    fed = []
-    original = one_pass.trace_once
-
-    def counted(*args: Any, **kw: Any) -> Any:
-        once = original(*args, **kw)
-        fed.append(once is not None and once[0] is not None)
-        return once
-
-    with monkeypatch.context() as patched:
-        patched.setattr(one_pass, "trace_once", counted)
-        once = account_hf_config(spec, **kwargs)
-    with monkeypatch.context() as patched:
-        patched.setattr(one_pass, "trace_once", lambda *args, **kw: None)
-        meta = account_hf_config(spec, **kwargs)
-    return once, meta, sum(fed)
+    return _accounted_both_ways(monkeypatch, lambda: account_hf_config(spec, **kwargs))
 
 
 def _hf_spec(model_type: str, layers: int) -> Any:
