@@ -348,3 +348,46 @@ def test_idle_priority_lowers_and_restores_a_process(monkeypatch: pytest.MonkeyP
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+@pytest.mark.slow  # one verify run of ~3 s
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+def test_a_command_job_runs_beside_the_idle_workers(tmp_path: Path, logged_checks: Path) -> None:
+    """run_claims' beside_jobs (verify's step-timeline.png) run in this process while the workers work at idle priority."""
+    from resacct.harness.run import run_claims
+    from resacct.harness.worker_scheduling import idle_priority_returns
+
+    if not idle_priority_returns():
+        pytest.skip("this process may not bring a worker back from SCHED_IDLE")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for area in ("alpha", "beta"):
+        (specs / f"{area}.claims.yaml").write_text(_claims(area, *[(f"{area}-{i}", "workers.plain", f"{{size: {i}}}") for i in range(12)]))
+    ran: list[tuple[int, float]] = []
+    run = run_claims(sorted(specs.glob("*.claims.yaml")), tmp_path / "reports", workers=2, show_progress=False,
+                     beside_jobs=[lambda: ran.append((os.getpid(), time.monotonic()))])
+    assert {record["outcome"] for record in run.document["claims"]} == {"holds"}
+    plain = [entry for entry in _entries(logged_checks) if entry["kind"] == "plain"]
+    assert ran and ran[0][0] == os.getpid() and ran[0][1] < max(entry["at"] for entry in plain)
+
+
+def test_a_figure_drawn_beside_is_kept_and_one_that_failed_is_drawn_again(tmp_path: Path) -> None:
+    from resacct.cli.verify import _DrawnBeside
+
+    calls: list[int] = []
+
+    def draw() -> Path:
+        calls.append(1)
+        if len(calls) == 1 and failing:
+            raise RuntimeError("no display")
+        return tmp_path / "figure.png"
+
+    failing = False
+    drawn = _DrawnBeside(draw)
+    drawn()
+    assert drawn.path() == tmp_path / "figure.png" and len(calls) == 1  # not drawn twice
+    failing, calls[:] = True, []
+    drawn = _DrawnBeside(draw)
+    drawn()  # fails quietly beside the claims ...
+    assert drawn.path() == tmp_path / "figure.png" and len(calls) == 2  # ... and is drawn at the end, where its error would be the run's
+    assert _DrawnBeside(draw).path() == tmp_path / "figure.png"  # never run beside (one worker, no idle priority): drawn at the end

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,13 +131,15 @@ def _pytest_error(log_text: str) -> str | None:
 
 def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None, workers: int = 1,
                gpu_required: bool = False, show_progress: bool = True, tracebacks: bool = False,
-               latch: InterruptLatch | None = None) -> ClaimsRun:
+               latch: InterruptLatch | None = None, beside_jobs: Sequence[Callable[[], object]] = ()) -> ClaimsRun:
     """Run pytest on ``files``, writing ``report.json`` and ``pytest.log`` into ``directory``
     (which should be the run's own; see :class:`resacct.reporting.ReportStaging`). With
     ``tracebacks`` pytest runs verbose, so a check's foreign exception keeps its traceback.
     ``latch``: the command's Ctrl-C latch, when it has one (installed here otherwise). ``workers``:
     processes that run the claims (1: this one; more: forked workers, the timed claims then alone
-    here: :mod:`resacct.harness.workers`)."""
+    here: :mod:`resacct.harness.workers`). ``beside_jobs``: untimed work (a figure) the workers' run
+    may do while its workers wait at idle priority; a job must keep its own result and errors (it may
+    not run at all: one worker, or no idle priority to be had)."""
     import pytest
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -165,7 +168,7 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
                     if workers > 1:
                         from resacct.harness.workers import ClaimWorkers
 
-                        plugins.append(ClaimWorkers(workers, on_interrupt=latch.handled, hide_in_workers=plugins[:1]))
+                        plugins.append(ClaimWorkers(workers, on_interrupt=latch.handled, hide_in_workers=plugins[:1], beside_jobs=beside_jobs))
                     exit_code = int(pytest.main(args, plugins=plugins))
                 except Exception:
                     if not latch.received:

@@ -121,13 +121,15 @@ class ClaimWorkers:
     ``on_interrupt``: called once a Ctrl-C reached this process, before the workers' last
     reports are replayed (the command's latch: that Ctrl-C is being handled)."""
 
-    def __init__(self, workers: int, *, on_interrupt: Callable[[], object] | None = None, hide_in_workers: Sequence[object] = ()) -> None:
+    def __init__(self, workers: int, *, on_interrupt: Callable[[], object] | None = None, hide_in_workers: Sequence[object] = (),
+                 beside_jobs: Sequence[Callable[[], object]] = ()) -> None:
         if workers < 2:
             raise ValueError(f"ClaimWorkers needs 2 workers or more, got {workers}")
         self.__name__ = WORKERS_PLUGIN_NAME  # pluggy registers an object under its __name__
         self.workers = workers
         self.on_interrupt = on_interrupt
         self.hide_in_workers = list(hide_in_workers)  # plugins a child must not call (the progress bar: its lock may be held by a thread the fork left behind)
+        self.beside_jobs = list(beside_jobs)  # untimed work of the command's (a figure) run here beside the idle workers, where they can be idle
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -137,9 +139,11 @@ class ClaimWorkers:
             return True
         groups, alone = item_groups(session.items)
         shared_imports = sum(group.seconds for group in groups) >= _SHARED_IMPORTS_FROM_SECONDS
-        beside = [item for item in alone if _untimed_on_the_cpu(item)] if groups and idle_priority_returns() else []
+        beside_here = bool(groups) and idle_priority_returns()
+        beside = [item for item in alone if _untimed_on_the_cpu(item)] if beside_here else []
         alone = [item for item in alone if item not in beside]
-        left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None, beside=beside)
+        left = _Parallel(self, session, groups).run(import_first=_import_shared_modules if shared_imports else None, beside=beside,
+                                                    beside_jobs=self.beside_jobs if beside_here else ())
         mark("claims in parallel")
         for index, item in enumerate(left + alone):
             following = (left + alone)[index + 1:]
@@ -167,13 +171,14 @@ class _Parallel:
         self.retiring: set[Any] = set()  # those told to stop at their next request
         self.stopping = False
 
-    def run(self, import_first: Callable[[], object] | None = None, beside: Sequence[pytest.Item] = ()) -> list[pytest.Item]:
+    def run(self, import_first: Callable[[], object] | None = None, beside: Sequence[pytest.Item] = (),
+            beside_jobs: Sequence[Callable[[], object]] = ()) -> list[pytest.Item]:
         """Run every group on the workers; the items no worker reported (a worker died), to run here.
         ``import_first``: modules every worker would import again (:data:`SHARED_IMPORTS`), imported
         here on a thread while one worker, forked before them, runs the smallest groups; the other
         workers are forked once they are in (they inherit them) and take the largest groups first.
         ``beside``: claims that launch gloo ranks or use this process's threads and time nothing, run here once the workers are
-        forked, the workers at idle priority meanwhile (:func:`~resacct.harness.worker_scheduling.idle_priority`)."""
+        forked, then ``beside_jobs``, the workers at idle priority meanwhile (:func:`~resacct.harness.worker_scheduling.idle_priority`)."""
         if not self.groups or not hasattr(os, "fork"):
             if import_first is not None:
                 import_first()
@@ -196,8 +201,8 @@ class _Parallel:
                 mark("shared imports")
             self._fork(min(wanted, len(self.pending)) - len(self.connections))
             start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
-            if beside:
-                self._run_beside_idle_workers(beside)
+            if beside or beside_jobs:
+                self._run_beside_idle_workers(beside, beside_jobs)
             self._serve()
         except KeyboardInterrupt:
             self._stop_after_interrupt()
@@ -237,8 +242,8 @@ class _Parallel:
         while not finished():  # no worker left (each died): what remains runs here afterwards
             multiprocessing.connection.wait([also] if also is not None else [], timeout=0.05)
 
-    def _run_beside_idle_workers(self, items: Sequence[pytest.Item]) -> None:
-        """Run ``items`` here (claims that launch gloo ranks or use torch's threads) with every worker at
+    def _run_beside_idle_workers(self, items: Sequence[pytest.Item], jobs: Sequence[Callable[[], object]]) -> None:
+        """Run ``items`` here (claims that launch gloo ranks or use torch's threads), then ``jobs``, with every worker at
         idle priority: the ranks or threads get the cores as if alone, and the workers only the time
         they leave (ranks waiting in collectives, starting, tearing down). Their messages wait in the pipes meanwhile, so each holds
         a group and has one more queued first (it answers its next requests one behind)."""
@@ -253,6 +258,8 @@ class _Parallel:
                     raise self.session.Failed(self.session.shouldfail)
                 if self.session.shouldstop:
                     raise self.session.Interrupted(self.session.shouldstop)
+            for job in jobs:
+                job()
         mark("launches and threads beside the workers")
 
     def _left(self) -> list[pytest.Item]:
