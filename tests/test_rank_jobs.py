@@ -155,7 +155,7 @@ def test_the_sharded_checks_plan_what_they_launch():
     expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.LAUNCH_PARTS[4],), False),
                 (beside, sharding_runs.paper_scale_state_on_fake_ranks, (paper_runs,), True),
                 (2, peak_sharded.measured_on_rank, (engines, "mlp", 16, 1, peak_sharded.LAUNCH_CENSUS[2]), False),
-                (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1)), True),
+                (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1), peak_sharded.LAUNCH_CENSUS[2]), True),
                 (2, parallelism.tensor_parallel_saved_bytes_on_rank, (16, 2, 64, 4, False), False)]
     sharding_ok, peak_ok = _measurable(sharding_runs._require_sharding_engines), _measurable(peak_sharded._require_engines)
     runnable = [sharding_ok, sharding_ok, peak_ok, peak_ok, True]

@@ -181,7 +181,7 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
     _require_engines()
     try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
         with shared_started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
-                                     timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
+                                     census, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
             ranks = shared_rank_launch(measured_on_rank, world_size, engines, model, batch, seq, census, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS)
             predicted = prediction()
     except DistributedUnavailableError as error:
@@ -198,10 +198,10 @@ def _planned_launch(census: bool, engine: str, world_size: int, model: str, batc
         _require_engines()
     except NotMeasurable:
         return []
-    engines = _launch_engines(engine, world_size)
-    return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq, _launch_census(engine, world_size, census)), _LAUNCH_TIMEOUT_SECONDS),
-            PlannedLaunch(world_size, predict_sharded_step_peaks_in_process, (engines, model, batch, seq, world_size, tuple(range(world_size))),
-                          _LAUNCH_TIMEOUT_SECONDS, isolated=True)]
+    engines, census_engines = _launch_engines(engine, world_size), _launch_census(engine, world_size, census)
+    return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq, census_engines), _LAUNCH_TIMEOUT_SECONDS),
+            PlannedLaunch(world_size, predict_sharded_step_peaks_in_process, (engines, model, batch, seq, world_size, tuple(range(world_size)),
+                                                                              census_engines), _LAUNCH_TIMEOUT_SECONDS, isolated=True)]
 
 
 plans_rank_jobs("peak_sharded.step_peak_per_rank")(functools.partial(_planned_launch, False))

@@ -360,10 +360,12 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
 
 
 def predict_sharded_step_peaks_in_process(engines: tuple[str, ...], model_name: str, batch: int, seq: int, world_size: int,
-                                          ranks: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
+                                          ranks: tuple[int, ...], census: tuple[str, ...] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per engine, for each of ``ranks``: the predicted step peak on a
     :data:`~resacct.account.peak.models.PEAK_MODELS` model, ``{"allocator": …, "census": …}``
-    (:func:`predict_rank_summaries`): run it in a child process."""
+    (:func:`predict_rank_summaries`; the census, a second fake pass, only for the engines of
+    ``census``, default every engine): run it in a child process."""
     model, inputs, loss_fn = build_peak_model(model_name, batch, seq)
-    return {engine: predict_rank_summaries(model, inputs, loss_fn, engine, world_size, ranks, backends=("allocator", "census"))
+    return {engine: predict_rank_summaries(model, inputs, loss_fn, engine, world_size, ranks,
+                                           backends=("allocator", "census") if census is None or engine in census else ("allocator",))
             for engine in engines}
