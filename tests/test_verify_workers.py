@@ -372,7 +372,7 @@ def test_a_command_job_runs_beside_the_idle_workers(tmp_path: Path, logged_check
 
 
 def test_a_figure_drawn_beside_is_kept_and_one_that_failed_is_drawn_again(tmp_path: Path) -> None:
-    from resacct.cli.verify import _DrawnBeside
+    from resacct.cli._drawn_beside import DrawnBeside
 
     calls: list[int] = []
 
@@ -383,11 +383,11 @@ def test_a_figure_drawn_beside_is_kept_and_one_that_failed_is_drawn_again(tmp_pa
         return tmp_path / "figure.png"
 
     failing = False
-    drawn = _DrawnBeside(draw)
+    drawn = DrawnBeside(draw)
     drawn()
     assert drawn.path() == tmp_path / "figure.png" and len(calls) == 1  # not drawn twice
     failing, calls[:] = True, []
-    drawn = _DrawnBeside(draw)
+    drawn = DrawnBeside(draw)
     drawn()  # fails quietly beside the claims ...
     assert drawn.path() == tmp_path / "figure.png" and len(calls) == 2  # ... and is drawn at the end, where its error would be the run's
-    assert _DrawnBeside(draw).path() == tmp_path / "figure.png"  # never run beside (one worker, no idle priority): drawn at the end
+    assert DrawnBeside(draw).path() == tmp_path / "figure.png"  # never run beside (one worker, no idle priority): drawn at the end

@@ -18,10 +18,10 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from resacct.cli._drawn_beside import DrawnBeside
 from resacct.errors import ResacctError
 
 __all__ = ["register", "run_verify", "default_specs_dir"]
@@ -234,7 +234,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
     from resacct.reporting.durations import seconds_by_area
 
     workers = args.workers if args.workers is not None else default_workers()
-    timeline_drawn = None if args.no_timeline else _DrawnBeside(lambda: _write_step_timeline(staging.path))
+    timeline_drawn = None if args.no_timeline else DrawnBeside(lambda: _write_step_timeline(staging.path))
     run = run_claims(files, staging.path, pattern=pattern, workers=workers, gpu_required=args.gpu_required,
                      show_progress=not (args.quiet or args.json), tracebacks=args.verbose, latch=latch,
                      beside_jobs=[timeline_drawn] if timeline_drawn is not None else [])
@@ -336,24 +336,6 @@ def output_width_columns() -> int:
     if "COLUMNS" not in os.environ and not sys.stdout.isatty():
         return 100
     return max(60, min(shutil.get_terminal_size((100, 24)).columns, 100))
-
-
-class _DrawnBeside:
-    """A figure drawn while the claims run (beside the workers at idle priority, when the run has
-    them: :func:`resacct.harness.run.run_claims`' ``beside_jobs``), else, or where that failed, at the end."""
-
-    def __init__(self, draw: Callable[[], Path]) -> None:
-        self.draw = draw
-        self.drawn: Path | None = None
-
-    def __call__(self) -> None:
-        try:
-            self.drawn = self.draw()
-        except Exception:  # noqa: BLE001 - drawn again at the end, where its error is the run's as before
-            self.drawn = None
-
-    def path(self) -> Path:
-        return self.drawn if self.drawn is not None else self.draw()
 
 
 def _write_step_timeline(directory: Path) -> Path:
