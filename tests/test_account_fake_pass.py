@@ -218,10 +218,11 @@ def _hf_spec(model_type: str, layers: int) -> Any:
     return _small_spec(model_type, 64, layers, 4, 2 if model_type == "llama" else 4, 96, 160, 128, 0, 0)
 
 
+@pytest.mark.slow  # 0.9-2.4 s each alone: over the quick tier's line
 @pytest.mark.parametrize("model_type, layers, recipe, fed_when_traced_once", [
     ("gpt2", 4, "fp32", 1),  # sdpa on the math path on the fake CPU step: FLOPs, state and saved tensors from the fake pass
-    pytest.param("gpt2", 4, "bf16-fp32-master", 0, marks=pytest.mark.slow),  # master weights: the meta pass runs, the peak from the fake one
-    pytest.param("llama", 3, "fp32", 0, marks=pytest.mark.slow),  # the fake CPU step takes sdpa's flash kernel, meta the math path
+    ("gpt2", 4, "bf16-fp32-master", 0),  # master weights: the meta pass runs, the peak from the fake one
+    ("llama", 3, "fp32", 0),  # the fake CPU step takes sdpa's flash kernel, meta the math path
 ])
 def test_an_hf_config_is_accounted_the_same_from_the_fake_pass(monkeypatch: pytest.MonkeyPatch, model_type: str, layers: int, recipe: str,
                                                               fed_when_traced_once: int) -> None:
