@@ -192,57 +192,11 @@ def test_the_default_is_two_workers_on_a_linux_machine_with_two_cores(monkeypatc
     assert workers.default_workers() == 1
 
 
-@pytest.mark.slow  # ~3 s: two verify runs' worth of forks
-def test_one_worker_runs_the_smallest_areas_while_the_shared_imports_load_then_retires(tmp_path: Path, logged_checks: Path,
-                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shared imports (transformers, torch._dynamo) load on a thread of the parent while one worker,
-    forked before them, runs the smallest areas; the workers forked after them inherit them, and the
-    early one starts no area once they are in (it stops after the one it runs: a replacement inherits them)."""
-    from resacct.harness import workers
-
-    imported_at: list[float] = []
-
-    def slow_shared_imports() -> None:
-        time.sleep(0.3)
-        os.environ["RESACCT_TEST_SHARED_IMPORTS"] = "in"  # what a worker forked afterwards inherits
-        imported_at.append(time.monotonic())
-
-    monkeypatch.setattr(workers, "_import_shared_modules", slow_shared_imports)
-    monkeypatch.setattr(workers, "_SHARED_IMPORTS_FROM_SECONDS", 0.0)
-    monkeypatch.delenv("RESACCT_TEST_SHARED_IMPORTS", raising=False)
-    original_plain = registry._REGISTRY["workers.plain"].function
-
-    def plain_noting_imports(size: int) -> Outcome:
-        with logged_checks.open("a") as file:
-            file.write(json.dumps({"kind": "inherits", "pid": os.getpid(), "at": time.monotonic(), "size": size,
-                                   "imports": os.environ.get("RESACCT_TEST_SHARED_IMPORTS")}) + "\n")
-        return original_plain(size)
-
-    monkeypatch.setitem(registry._REGISTRY, "workers.plain", Check("workers.plain", plain_noting_imports, (), "", evidence="measured"))
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    sizes = {"big": 20, "mid": 10, "small": 2, "tiny": 1}  # claims per area (0.05 s each): the groups' order is their count
-    base = {area: 100 * number for number, area in enumerate(sizes, start=1)}  # each claim's size names its area
-    for area, count in sizes.items():
-        (specs / f"{area}.claims.yaml").write_text(_claims(area, *[(f"{area}-{i}", "workers.plain", f"{{size: {base[area] + i}}}")
-                                                                   for i in range(count)]))
-    report_dir = tmp_path / "reports"
-    assert main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--no-roofline", "--no-timeline", "-q", "--workers", "2"]) == 0
-    assert {record["outcome"] for record in load_report(report_dir / "report.json")["claims"]} == {"holds"}
-    runs = [entry for entry in _entries(logged_checks) if entry["kind"] == "inherits"]
-    assert len(runs) == sum(sizes.values()) and os.getpid() not in {entry["pid"] for entry in runs}
-    area_of = {base[area] + i: area for area, count in sizes.items() for i in range(count)}
-    by_area: dict[str, list[dict]] = {}
-    for entry in runs:
-        by_area.setdefault(area_of[entry["size"]], []).append(entry)
-    assert all(len({entry["pid"] for entry in entries}) == 1 for entries in by_area.values())  # an area in one process
-    early = {entry["pid"] for entry in runs if entry["imports"] is None}
-    assert len(early) == 1, "one worker ran before the shared imports were in"
-    (early_pid,) = early
-    ran_early = [area for area in ("tiny", "small", "mid", "big") if by_area[area][0]["pid"] == early_pid]
-    assert ran_early == ["tiny", "small", "mid"]  # the smallest first; mid (0.5 s) outlasts the imports (0.3 s), then it stops
-    assert by_area["big"][0]["pid"] != early_pid and by_area["big"][0]["imports"] == "in"
-    assert imported_at and min(entry["at"] for entry in by_area["big"]) > imported_at[0]
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def _policy() -> int:
@@ -254,9 +208,13 @@ def _beside_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, alone: bool)
     1 s): each logs its process, scheduling policy and times."""
     log = tmp_path / f"beside-{alone}.jsonl"
 
+    from resacct.measurement.lifeline import forkserver_pid
+
     def note(kind: str, **extra: object) -> None:
-        with log.open("a") as file:
-            file.write(json.dumps({"kind": kind, "pid": os.getpid(), "policy": _policy(), "at": time.monotonic(), **extra}) + "\n")
+        server = forkserver_pid()
+        with log.open("a") as file:  # the gloo forkserver this process knows of, and whether it is still running (not a zombie)
+            file.write(json.dumps({"kind": kind, "pid": os.getpid(), "policy": _policy(), "at": time.monotonic(), "forkserver": server,
+                                   "forkserver_running": server is not None and _running(server), **extra}) + "\n")
 
     def sleeper(size: int) -> Outcome:
         note("start")
@@ -324,6 +282,10 @@ def test_claims_that_launch_ranks_run_beside_the_workers_at_idle_priority(tmp_pa
     entries, document = _beside_run(tmp_path, monkeypatch, alone=True)
     (launch_start,) = [entry for entry in entries if entry["kind"] == "launch-start"]
     assert launch_start["at"] > max(entry["at"] for entry in entries if entry["kind"] == "end")  # alone: after every worker's claim
+    # the gloo forkserver started before the workers were forked (beside the imports they share): they inherited it, and
+    # their exit left it running for the launches afterwards
+    assert launch_start["forkserver"] is not None and launch_start["forkserver_running"]
+    assert {entry["forkserver"] for entry in entries if entry["kind"] == "start"} == {launch_start["forkserver"]}
     assert all(entry["policy"] == os.SCHED_OTHER for entry in entries)
     assert "launches and threads beside the workers" not in document["run"]["phases"]
 

@@ -19,8 +19,9 @@ WORKERS_PLUGIN_NAME = "resacct-claim-workers"
 def start_ranks_early(session: Any, *, force: bool = False) -> bool:
     """Start the forkserver when ``session`` (a pytest session after collection) runs resacct claims
     marked ``distributed`` in this process (not an xdist worker: those get claims in an order of their own;
-    not when collected in ``resacct verify``'s process that forks workers, :mod:`resacct.harness.workers`,
-    which calls it with ``force`` once they are forked: they must not inherit it); whether it was started."""
+    in ``resacct verify``'s process that forks workers, :mod:`resacct.harness.workers` calls it with
+    ``force`` before they are forked, beside the imports they share: they inherit its handle and never
+    stop it); whether it was started."""
     from resacct.harness.plugin import ClaimItem  # a host project's own tests marked distributed are not resacct's to start for
 
     manager = getattr(session.config, "pluginmanager", None)

@@ -28,6 +28,7 @@ class Worker:
         self.groups = groups
         self.connection = connection
         self.interrupted = False
+        self.inherited_forkserver: int | None = None
 
     def serve(self) -> None:
         status = 0
@@ -50,14 +51,18 @@ class Worker:
                 sys.__stderr__.write(f"resacct verify: a claims worker failed:\n{traceback.format_exc()}")
         finally:
             with contextlib.suppress(BaseException):
-                from resacct.measurement.lifeline import stop_forkserver
+                from resacct.measurement.lifeline import forkserver_pid, stop_forkserver
 
-                stop_forkserver()
+                if forkserver_pid() != self.inherited_forkserver:  # one this worker started; the run's own is the parent's
+                    stop_forkserver()
             os._exit(status)
 
     def _become_worker(self) -> None:
         import torch
 
+        from resacct.measurement.lifeline import forkserver_pid
+
+        self.inherited_forkserver = forkserver_pid()  # the parent's gloo forkserver, started before the fork: never stopped here
         signal.signal(signal.SIGINT, self._on_sigint)
         torch.set_num_threads(1)  # two workers on two cores: one thread each
         manager = self.session.config.pluginmanager

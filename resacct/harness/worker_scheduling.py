@@ -1,48 +1,18 @@
-"""How ``resacct verify``'s parent schedules around its workers (:mod:`resacct.harness.workers`):
-modules imported on a thread while a worker runs, and Linux's idle scheduling priority for the
-workers while gloo ranks run in the parent."""
+"""Linux's idle scheduling priority for ``resacct verify``'s workers (:mod:`resacct.harness.workers`)
+while gloo ranks, or the parent's threads, run in the parent."""
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-__all__ = ["ImportsOnAThread", "idle_priority", "idle_priority_returns", "LAUNCHES_ALONE_ENV"]
+__all__ = ["idle_priority", "idle_priority_returns", "LAUNCHES_ALONE_ENV"]
 
 #: ``1``: :func:`idle_priority_returns` says False, so verify runs its gloo launches in the phase alone
 #: (as before idle priority was used; for side-by-side measurements).
 LAUNCHES_ALONE_ENV = "RESACCT_VERIFY_LAUNCHES_ALONE"
-
-
-class ImportsOnAThread:
-    """``function`` run on a daemon thread (imports: the GIL is released while files are read, and the
-    serving loop it shares the process with waits on its workers' pipes); ``done`` is readable once it has returned."""
-
-    def __init__(self, function: Callable[[], object]) -> None:
-        self.done, self._tell = multiprocessing.Pipe(duplex=False)
-        self.error: BaseException | None = None
-        self.function = function
-        self.thread = threading.Thread(target=self._run, name="resacct-shared-imports", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.function()
-        except BaseException as error:  # noqa: BLE001 - raised again on the serving thread
-            self.error = error
-        finally:
-            self._tell.send(True)
-
-    def finish(self) -> None:
-        """Join the thread (before any fork: a child must not inherit a thread mid-import) and raise its error."""
-        self.thread.join()
-        self.done.close()
-        self._tell.close()
-        if self.error is not None:
-            raise self.error
 
 
 def idle_priority_returns() -> bool:

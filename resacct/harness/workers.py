@@ -4,10 +4,9 @@ Once the claims are collected, this process forks ``workers`` children (:class:`
 pytest plugin that takes over ``pytest_runtestloop``). The fork shares what is already imported
 (torch, pytest, hypothesis, the checks) and collected, so a worker starts in milliseconds, where
 an xdist worker imports and collects everything again. In a long run, what every worker would
-import again (:data:`SHARED_IMPORTS`: transformers, torch._dynamo) is imported first, on a thread of
-this process, while one worker forked before them runs the smallest groups on the other core; the
-workers forked after them inherit them, and the early one stops after its group (a replacement is
-forked). Then the run has two phases:
+import again (:data:`SHARED_IMPORTS`: transformers, torch._dynamo) is imported here first, while the
+gloo ranks' forkserver starts on the other core (it imports torch and the rank programs: the
+workers inherit its handle and never stop it). Then the run has two phases:
 
 1. **In parallel**: the claims are grouped **by area** (one spec file: its claims share their
    memoised measurements, :mod:`resacct.measurement.memo`, so one process measures each once), and
@@ -53,14 +52,13 @@ from resacct.harness.early_ranks import WORKERS_PLUGIN_NAME, start_ranks_early
 from resacct.harness.phases import mark
 from resacct.harness.worker_count import default_workers, workers_count
 from resacct.harness.worker_process import Worker
-from resacct.harness.worker_scheduling import ImportsOnAThread, idle_priority, idle_priority_returns
+from resacct.harness.worker_scheduling import idle_priority, idle_priority_returns
 
 __all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "default_workers", "workers_count"]
 
 #: Seconds each area's claims that run in parallel took in one worker (one torch thread), idle, at
-#: commit b628a3e (2026-11-28): only the order in which groups are handed out (largest first; the
-#: worker forked before the shared imports takes the smallest); an area not listed counts 0.02 s a
-#: claim. A stale figure costs balance, never a result.
+#: commit b628a3e (2026-11-28): only the order in which groups are handed out (largest first); an
+#: area not listed counts 0.02 s a claim. A stale figure costs balance, never a result.
 AREA_SECONDS = {"hf": 11.5, "account": 7.3, "peak": 2.2, "gpu_recorded": 2.1, "finetune": 2.1, "flops": 1.4, "optim": 1.25, "memory": 1.1,
                 "init": 0.7, "data": 0.5, "perf": 0.5, "plan": 0.5, "models": 0.47, "seeding": 0.45, "einops": 0.35, "lecture_training": 0.34,
                 "storage": 0.28, "checkpoint": 0.23, "lecture2024": 0.23, "train": 0.2, "inference": 0.17, "parallelism": 0.17, "dtypes": 0.15,
@@ -167,16 +165,13 @@ class _Parallel:
         self.pending = list(range(len(groups)))
         self.connections: dict[Any, tuple[int, list[int]]] = {}  # connection → (pid, groups given to that worker)
         self.reported: set[str] = set()
-        self.from_the_end: set[Any] = set()  # the connections of workers that take the smallest groups first
-        self.retiring: set[Any] = set()  # those told to stop at their next request
         self.stopping = False
 
     def run(self, import_first: Callable[[], object] | None = None, beside: Sequence[pytest.Item] = (),
             beside_jobs: Sequence[Callable[[], object]] = ()) -> list[pytest.Item]:
         """Run every group on the workers; the items no worker reported (a worker died), to run here.
         ``import_first``: modules every worker would import again (:data:`SHARED_IMPORTS`), imported
-        here on a thread while one worker, forked before them, runs the smallest groups; the other
-        workers are forked once they are in (they inherit them) and take the largest groups first.
+        here before the workers are forked (they inherit them), beside the gloo ranks' forkserver starting.
         ``beside``: claims that launch gloo ranks or use this process's threads and time nothing, run here once the workers are
         forked, then ``beside_jobs``, the workers at idle priority meanwhile (:func:`~resacct.harness.worker_scheduling.idle_priority`)."""
         if not self.groups or not hasattr(os, "fork"):
@@ -186,21 +181,13 @@ class _Parallel:
             return [*self._left(), *beside]
         wanted = min(self.plugin.workers, len(self.groups))
         try:
-            if import_first is not None and wanted > 1:
-                self._fork(1, from_the_end=True)
-                imports = ImportsOnAThread(import_first)
-                self._serve_until(imports.done.poll, also=imports.done)
-                imports.finish()
-                mark("shared imports")
-                early = set(self.connections)
-                self.retiring |= early  # told to stop at its next group: what it imported itself, the others inherit
-                self._fork(wanted - 1)
-                self._serve_until(lambda: not early & set(self.connections))
-            elif import_first is not None:
+            # the gloo ranks' forkserver imports torch and the rank programs on the other core while the shared
+            # imports load here (the workers inherit its handle and leave it alone: worker_process.Worker)
+            start_ranks_early(self.session, force=True)
+            if import_first is not None:
                 import_first()
                 mark("shared imports")
-            self._fork(min(wanted, len(self.pending)) - len(self.connections))
-            start_ranks_early(self.session, force=True)  # for the ranks launched here afterwards: it imports torch beside the workers
+            self._fork(wanted)
             if beside or beside_jobs:
                 self._run_beside_idle_workers(beside, beside_jobs)
             self._serve()
@@ -211,9 +198,9 @@ class _Parallel:
             self._reap()
         return self._left()
 
-    def _fork(self, count: int, *, from_the_end: bool = False) -> None:
+    def _fork(self, count: int) -> None:
         """Fork ``count`` workers (fewer where the system has no process to give: the workers started
-        so far, or this process, run the claims); ``from_the_end``: they ask for the smallest groups first."""
+        so far, or this process, run the claims)."""
         sys.stdout.flush()
         sys.stderr.flush()
         for _ in range(count):
@@ -229,18 +216,12 @@ class _Parallel:
                 Worker(self.plugin.hide_in_workers, self.session, self.groups, child_end).serve()
             child_end.close()
             self.connections[parent_end] = (pid, [])
-            if from_the_end:
-                self.from_the_end.add(parent_end)
 
-    def _serve_until(self, finished: Callable[[], bool], *, also: Any = None) -> None:
-        """Serve the workers until ``finished()`` (checked after every message; ``also``: one more
-        connection to wake up on, not read here) or no worker is left."""
+    def _serve_until(self, finished: Callable[[], bool]) -> None:
+        """Serve the workers until ``finished()`` (checked after every message) or no worker is left."""
         while self.connections and not finished():
-            for ready in multiprocessing.connection.wait([*self.connections, *([also] if also is not None else [])]):
-                if ready is not also:
-                    self._receive(ready)
-        while not finished():  # no worker left (each died): what remains runs here afterwards
-            multiprocessing.connection.wait([also] if also is not None else [], timeout=0.05)
+            for ready in multiprocessing.connection.wait(list(self.connections)):
+                self._receive(ready)
 
     def _run_beside_idle_workers(self, items: Sequence[pytest.Item], jobs: Sequence[Callable[[], object]]) -> None:
         """Run ``items`` here (claims that launch gloo ranks or use torch's threads), then ``jobs``, with every worker at
@@ -295,8 +276,8 @@ class _Parallel:
 
     def _give(self, connection: Any) -> None:
         try:
-            if self.pending and connection not in self.retiring and not (self.session.shouldfail or self.session.shouldstop):
-                index = self.pending.pop(-1 if connection in self.from_the_end else 0)
+            if self.pending and not (self.session.shouldfail or self.session.shouldstop):
+                index = self.pending.pop(0)
                 self.connections[connection][1].append(index)
                 connection.send(("group", index))
             else:
@@ -306,8 +287,6 @@ class _Parallel:
 
     def _forget(self, connection: Any) -> None:
         pid, _ = self.connections.pop(connection)
-        self.from_the_end.discard(connection)
-        self.retiring.discard(connection)
         connection.close()
         _wait_for(pid, timeout_seconds=_STOP_GRACE_SECONDS)
 

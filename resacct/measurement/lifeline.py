@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["STORE_PREFIX", "lifeline_reader", "launcher_temp_dir", "watch_launcher", "remove_stale_folders", "launcher_alive",
-           "capture_output", "OutputRelay", "start_forkserver_deaf_to_ctrl_c", "stop_forkserver",
+           "capture_output", "OutputRelay", "start_forkserver_deaf_to_ctrl_c", "stop_forkserver", "forkserver_pid",
            "rank_process_name", "install_forkserver_excepthook"]
 
 #: The prefix of a run's folder (its FileStore, its ranks' stderr): ``resacct-store-<launcher pid>-<random>``.
@@ -227,12 +227,17 @@ def _socket_path_refused() -> Any:
                            "shorter folder, e.g. TMPDIR=/tmp") from None
 
 
+def forkserver_pid() -> int | None:
+    """The pid of the forkserver this process knows of (started here, or inherited through a fork), or None."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
 def stop_forkserver() -> None:
     """Kill this process's forkserver (a later launch starts another): interrupted while it still
     imports torch, it would hold the terminal's output open for seconds after resacct ended."""
-    from multiprocessing import forkserver
-
-    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    pid = forkserver_pid()
     if pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)  # not reaped here: multiprocessing's next ensure_running does, and restarts it
