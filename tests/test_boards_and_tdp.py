@@ -9,7 +9,7 @@ import pytest
 
 from resacct.cli import main
 from resacct.errors import ResacctError
-from resacct.facts.hardware import accelerators, get_accelerator, peak_flops_per_sec, peak_source_text, raw_accelerator_table
+from resacct.facts.hardware import accelerators, get_accelerator, peak_flops_per_sec, peak_source_text, raw_accelerator_entry, raw_accelerator_table
 
 #: board → TDP in watts, as the cited pages print it (tdp_source)
 TDP_WATTS = {"a100-sxm-40gb": 400, "a100-sxm-80gb": 400, "h100-sxm": 700, "h200-sxm": 700, "b200": 1000, "b300": 1400, "gh200": 1000,
@@ -105,3 +105,11 @@ def test_gh200_is_an_h100_with_its_own_memory_and_a_module_tdp() -> None:
     assert "taken, not read for this board" in board.note and "module" in board.tdp_source
     with pytest.raises(ResacctError, match="unknown accelerator"):  # the 480GB name may be either HBM variant
         get_accelerator("NVIDIA GH200 480GB")
+
+
+def test_raw_accelerator_entry_is_a_fresh_copy_of_the_tables_entry():
+    entry = raw_accelerator_entry("h100-sxm")
+    assert entry == raw_accelerator_table()["h100-sxm"]
+    entry["peaks_tera_per_sec"].clear()
+    assert raw_accelerator_entry("h100-sxm") == raw_accelerator_table()["h100-sxm"] != entry
+    assert raw_accelerator_entry("no-such-board") is None

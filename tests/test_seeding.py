@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resacct.errors import ResacctError
-from resacct.training.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything, seeded_generator
+from resacct.training.seeding import MAX_SEED, derive_seed, preserved_global_rng, seed_everything, seed_torch, seeded_generator
 
 
 def _draws():
@@ -78,3 +78,37 @@ def test_preserved_global_rng_restores_after_an_exception():
     assert random.getstate() == state[0]
     assert np.array_equal(np.random.get_state()[1], state[1])
     assert torch.equal(torch.get_rng_state(), state[2])
+
+
+@pytest.mark.parametrize("seed", [0, 7, MAX_SEED, 2**63, -1])
+def test_seed_torch_draws_what_torch_manual_seed_draws(seed):
+    with preserved_global_rng():
+        torch.manual_seed(seed)
+        expected = torch.rand(5), torch.randint(0, 1000, (5,))
+        torch.rand(3)  # move the generator on, so the next draws depend on seeding again
+        seed_torch(seed)
+        drawn = torch.rand(5), torch.randint(0, 1000, (5,))
+    assert torch.equal(expected[0], drawn[0]) and torch.equal(expected[1], drawn[1])
+
+
+def test_seed_torch_without_an_accelerator_leaves_torch_manual_seed_alone(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("an accelerator is present here: seed_torch is torch.manual_seed")
+
+    def refuse(seed):
+        raise AssertionError("torch.manual_seed called where no accelerator is present")
+
+    monkeypatch.setattr(torch, "manual_seed", refuse)
+    with preserved_global_rng():
+        seed_torch(11)
+        first = torch.rand(4)
+        seed_torch(11)
+        assert torch.equal(first, torch.rand(4))
+
+
+def test_seed_torch_with_an_accelerator_is_torch_manual_seed(monkeypatch):
+    seeds = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "manual_seed", seeds.append)
+    seed_torch(5)
+    assert seeds == [5]

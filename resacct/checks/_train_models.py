@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from resacct.training.models import Cruncher
+from resacct.training.seeding import seed_torch
 
 
 def _cruncher(seed: int, dim: int = 8, num_layers: int = 2) -> Cruncher:
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
+        seed_torch(seed)
         return Cruncher(dim=dim, num_layers=num_layers)
 
 

@@ -26,6 +26,7 @@ from resacct.measurement.activations import (
 )
 from resacct.training.gpt import GPTConfig, build_gpt, get_gpt_config
 from resacct.training.models import Cruncher
+from resacct.training.seeding import seed_torch
 
 
 
@@ -55,7 +56,7 @@ def _unsegmented_measurements(layers: int, batch: int, seq: int) -> tuple[int, i
     """(what blocks.0 saves, one boundary's bytes, held after an unsegmented forward) of the narrow
     GPT — the same for every segment count, so measured once per size."""
     config = _deep_config(layers)
-    torch.manual_seed(0)
+    seed_torch(0)
     net = build_gpt(config)
     tokens, targets = _tokens(config, batch, seq, "cpu")
     with record_saved_activations(net) as saved:
@@ -74,7 +75,7 @@ def checkpoint_freed_bytes(layers: int, segments: int, batch: int = 2, seq: int 
     blocks.0), one boundary activation (the embedding output's storage) and torch's RNG state."""
     config = _deep_config(layers)
     layer_bytes, boundary_bytes, unsegmented = _unsegmented_measurements(layers, batch, seq)
-    torch.manual_seed(0)
+    seed_torch(0)
     net = build_gpt(config)
     tokens, targets = _tokens(config, batch, seq, "cpu")
     freed = unsegmented - _held_after_forward(net, tokens, targets, segments)
@@ -123,7 +124,7 @@ def checkpoint_best_segments(model: str, layers: int = 16) -> Outcome:
     input, Chen et al.'s setting). The peaks are a quantity."""
     if layers != 16:
         raise ResacctError(f"layers {layers!r}: this check compares the divisors of 16; expected 16")
-    torch.manual_seed(0)
+    seed_torch(0)
     if model == "gpt":
         config = _deep_config(layers)
         net = build_gpt(config)
@@ -153,7 +154,7 @@ def _accumulation(micro_batch: int, steps: int, model: str, seq: int) -> tuple[i
     from resacct.measurement.activations import measure_grad_accumulation
 
     config = get_gpt_config(model)
-    torch.manual_seed(0)
+    seed_torch(0)
     net = build_gpt(config)
     tokens, targets = _tokens(config, micro_batch * steps, seq, "cpu")
     accumulated = measure_grad_accumulation(net, tokens, targets, steps)

@@ -24,6 +24,7 @@ from resacct.training.checkpoint import (
 from resacct.harness.registry import Outcome, check
 from resacct.training.models import Cruncher
 from resacct.training.seeding import preserved_global_rng
+from resacct.training.seeding import seed_torch
 
 __all__: list[str] = []
 
@@ -80,7 +81,7 @@ def _start_process(sampler_kind: str) -> tuple[Cruncher, torch.optim.Optimizer, 
     """What a training script does when it starts: seed everything, build model and optimizer."""
     random.seed(0)
     np.random.seed(0)
-    torch.manual_seed(0)
+    seed_torch(0)
     model = Cruncher(dim=DIM, num_layers=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return model, optimizer, _IndexSampler(sampler_kind)

@@ -12,6 +12,7 @@ import torch
 
 from resacct.training.data import HEADER_BYTES, get_batch, read_tokens, token_file_header, window_start_count
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.training.seeding import seed_torch
 
 __all__ = ["resident_memory_bytes", "sparse_token_file"]
 
@@ -122,7 +123,7 @@ def lecture_sampling_code(token_count: int, seq_len: int, batch_size: int = 4000
         _arange_tokens(token_count).astype(np.uint16).tofile(path)
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
         with torch.random.fork_rng():  # the lecture's code draws from the global generator; leave it as it was
-            torch.manual_seed(seed)
+            seed_torch(seed)
             ix = torch.randint(len(tokens) - seq_len + upper_bound_extra, (batch_size,))
         full = sum(len(tokens[i + 1 : i + 1 + seq_len]) == seq_len for i in ix)
         x = torch.stack([torch.from_numpy(tokens[i : i + seq_len].astype("int64")) for i in ix])

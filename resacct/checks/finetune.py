@@ -16,6 +16,7 @@ import torch
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.memo import shared_measurement
+from resacct.training.seeding import seed_torch
 
 _MISSING = "{name} is not installed (the optional extra: pip install 'resacct[finetune]')"
 _DTYPES = {"float32": (torch.float32, "fp32"), "bfloat16": (torch.bfloat16, "bf16"), "float16": (torch.float16, "fp16")}
@@ -81,7 +82,7 @@ def _full_step(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vo
     from resacct.measurement.activation_recording import record_saved_activations
 
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
+    seed_torch(0)
     full = LlamaForCausalLM._from_config(_config(hidden, layers, heads, kv_heads, mlp, vocab), dtype=_DTYPES[dtype][0], attn_implementation=attention)
     with record_saved_activations(full) as full_saved:
         full(input_ids=ids, labels=ids).loss
@@ -211,7 +212,7 @@ def _qlora_base(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, v
     config = _config(hidden, layers, heads, kv_heads, mlp, vocab)
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                       bnb_4bit_compute_dtype=torch.bfloat16)
-    torch.manual_seed(0)
+    seed_torch(0)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -278,7 +279,7 @@ def lora_largest_batch(budget_bytes: int, base: str = "fp32", rank: int = 4, tar
         answer = largest_lora_batch(config, rank=rank, targets=target_list, base=base, seq=seq, budget_bytes=budget_bytes)
         if answer.largest == 0:
             raise NotMeasurable(f"not even batch 1 fits {budget_bytes} bytes: no answer to check; expected a budget above batch 1's peak")
-        torch.manual_seed(0)
+        seed_torch(0)
         model = build_lora_model(config, rank=rank, targets=target_list, base=base, device="cpu")
     measured = []
     for batch in (answer.largest, answer.largest + 1):

@@ -19,6 +19,7 @@ from resacct.facts.hardware import (
     current_accelerator,
     get_accelerator,
     peak_flops_per_sec,
+    raw_accelerator_entry,
     raw_accelerator_table,
 )
 from resacct.errors import ResacctError
@@ -28,10 +29,10 @@ TERA = 1e12
 
 def raw_entry(device: str) -> dict[str, Any]:
     """The data file's entry for the canonical name ``device``, untouched."""
-    table = raw_accelerator_table()
-    if device not in table:
-        raise ResacctError(f"claims name boards by their canonical key; {device!r} is not one of {', '.join(table)}")
-    return table[device]
+    entry = raw_accelerator_entry(device)
+    if entry is None:
+        raise ResacctError(f"claims name boards by their canonical key; {device!r} is not one of {', '.join(raw_accelerator_table())}")
+    return entry
 
 
 def raw_peak_flops_per_sec(device: str, dtype: str, sparse: bool = False) -> float:

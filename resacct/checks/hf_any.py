@@ -21,6 +21,7 @@ import torch
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
+from resacct.training.seeding import seed_torch
 
 #: per architecture, the keys of its published config.json (the shipped configs in resacct/hf_configs/known.yaml), sizes shrunk
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -112,7 +113,7 @@ def _step(architecture: str, batch: int, seq: int) -> tuple[dict[str, int], dict
     predicted = {"parameters": account.parameters, "forward_flops": account.flops.forward_flops, "backward_flops": account.flops.backward_flops,
                  "step_flops": account.flops.step_flops, "state_at_step_bytes": account.state.at_step_bytes,
                  "saved_activation_bytes": int(account.saved.activation_bytes), "step_peak_bytes": account.step_peak.predicted.peak_bytes}
-    torch.manual_seed(0)
+    seed_torch(0)
     cpu = build_hf_model(spec, device="cpu", attention="eager")
     cpu.train()
     ids = torch.randint(0, int(TINY_CONFIGS[architecture]["vocab_size"]), (batch, seq), generator=torch.Generator().manual_seed(0))

@@ -13,6 +13,7 @@ import torch
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.training.seeding import seed_torch
 
 _NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,7 +64,7 @@ def _generate_kv_cache(layers: int, heads: int, kv_heads: int, head_dim: int, ba
     config = LlamaConfig(vocab_size=64, hidden_size=heads * head_dim, head_dim=head_dim, intermediate_size=2 * heads * head_dim,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=prompt + new_tokens + 8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
+    seed_torch(0)
     model = LlamaForCausalLM._from_config(config, dtype=_DTYPES[dtype]).eval()
     ids = torch.randint(3, 64, (batch, prompt), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

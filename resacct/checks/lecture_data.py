@@ -19,6 +19,7 @@ from torch import nn
 
 from resacct.harness.registry import Outcome, check
 from resacct.training.lecture import LectureAdaGrad, LectureCruncher, get_batch, get_num_parameters
+from resacct.training.seeding import seed_torch
 
 
 @check("lecture.get_batch", evidence="measured", quantities=("last_window_start", "window_count"))
@@ -27,7 +28,7 @@ def get_batch_result(field: str, data_length: int = 10, batch_size: int = 2, seq
     (data_loading, L726-738): ``shape``, ``dtype``, ``type`` (of what it returns) or, over ``draws`` sampled rows,
     ``starts_drawn`` (distinct first tokens − 1). Quantities: the last window's start
     (len − L) and how many windows of length L the data holds (len − L + 1)."""
-    torch.manual_seed(0)
+    seed_torch(0)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "data.npy"
         np.arange(1, data_length + 1, dtype=np.int32).tofile(path)
@@ -93,7 +94,7 @@ def checkpoint(field: str, steps: int = 0) -> Outcome:
     ``torch.save({"model": …, "optimizer": …})`` then ``torch.load`` in a temporary folder:
     ``model_keys``, ``model_numel``, ``optimizer_state_entries``, ``optimizer_lr``,
     ``optimizer_param_ids``, ``roundtrip_equal`` (every model tensor loads back equal)."""
-    torch.manual_seed(0)
+    seed_torch(0)
     model = LectureCruncher(dim=64, num_layers=3)
     optimizer = LectureAdaGrad(model.parameters(), lr=0.01)
     for _ in range(steps):
@@ -119,7 +120,7 @@ def _dropout_statistics(p: float, elements: int, runs: int) -> tuple[torch.Tenso
     """Per-run zero fraction and mean of ``F.dropout(torch.ones(runs, elements), p)`` (seed 0), and
     the largest value; cached, as several claims read the same draws."""
     with torch.random.fork_rng():
-        torch.manual_seed(0)
+        seed_torch(0)
         x = F.dropout(torch.ones(runs, elements), p=p)
     return (x == 0).float().mean(dim=1), x.mean(dim=1), float(x.max())
 
@@ -146,7 +147,7 @@ def embedding(field: str, vocabulary: int = 128, hidden: int = 64, batch: int = 
     """module_embeddings (2024, L584-598): ``nn.Embedding(V, H)`` applied to randint(V, (B, L)):
     ``is_parameter``, ``output_shape``, ``numel`` (of the weight), ``weight_std``, ``rows_equal``
     (embedding(x) equals weight[x])."""
-    torch.manual_seed(0)
+    seed_torch(0)
     layer = nn.Embedding(vocabulary, hidden)
     x = torch.randint(vocabulary, (batch, length))
     output = layer(x)

@@ -27,10 +27,11 @@ from resacct.training.lecture import (
 )
 from resacct.measurement.memory import distinct_storage_bytes, record_saved_tensors
 from resacct.training.models import Cruncher as SeedsCruncher
+from resacct.training.seeding import seed_torch
 
 
 def _cruncher(dim: int, num_layers: int, device: str = "cpu", seed: int = 0) -> LectureCruncher:
-    torch.manual_seed(seed)
+    seed_torch(seed)
     with torch.device(device):
         return LectureCruncher(dim=dim, num_layers=num_layers)
 
@@ -73,7 +74,7 @@ def mse_against_targets(model: str, batch: int = 2, dim: int = 4) -> Outcome:
     """The first warning ``F.mse_loss(model(x), y)`` raises with y of shape [batch] (the
     optimizer demo's ``y = torch.tensor([4., 5.])``), or "none": ``lecture`` (output [B]) or
     ``seeds`` (resacct's Cruncher with biases, output [B, 1])."""
-    torch.manual_seed(0)
+    seed_torch(0)
     network = LectureCruncher(dim, 2) if model == "lecture" else SeedsCruncher(dim, 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -171,7 +172,7 @@ def optimizer_demo(field: str, seed: int = 0) -> Outcome:
 
 
 def _same_steps(ours: type, theirs: Any, steps: int) -> float:
-    torch.manual_seed(0)
+    seed_torch(0)
     first, second = LectureCruncher(4, 2), LectureCruncher(4, 2)
     second.load_state_dict(first.state_dict())
     optimizers = [ours(first.parameters(), lr=0.01), theirs(second.parameters(), lr=0.01)]
@@ -229,11 +230,11 @@ def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps
     trained model, or ``lr_difference`` (largest |Δ| between final weights trained with lr and
     with other_lr from the same seed)."""
     def run(rate: float) -> tuple[nn.Module, list[float]]:
-        torch.manual_seed(seed)
+        seed_torch(seed)
         return train("simple", linear_regression_batch, D=16, num_layers=num_layers, B=4, num_train_steps=num_train_steps, lr=rate,
                      as_in_seeds=as_in_seeds)
 
-    torch.manual_seed(seed)
+    seed_torch(seed)
     initial = LectureCruncher(dim=16, num_layers=0)  # the same draws train() starts from
     model, _ = run(lr)
     x, y = linear_regression_batch(1024, 16)
@@ -252,7 +253,7 @@ def train_run(field: str, lr: float = 0.01, num_layers: int = 0, num_train_steps
 def linear_regression_fit(batch: int = 64, dim: int = 16) -> Outcome:
     """Least-squares weights (torch.linalg.lstsq) fitted to one batch of train_loop's synthetic
     data (x ~ randn(B, D), y = x @ true_w), rounded to 4 decimals."""
-    torch.manual_seed(0)
+    seed_torch(0)
     x, y = linear_regression_batch(batch, dim)
     solution = torch.linalg.lstsq(x.double(), y.double().unsqueeze(-1)).solution.squeeze(-1)
     return Outcome(measured=[round(float(value), 4) for value in solution])

@@ -24,6 +24,7 @@ from resacct.measurement.memory import (
     training_state_bytes,
 )
 from resacct.training.models import Cruncher
+from resacct.training.seeding import seed_torch
 
 
 @dataclass
@@ -37,7 +38,7 @@ class _MixedPrecisionRun:
 
     @classmethod
     def start(cls, recipe: StateRecipe, dim: int, num_layers: int) -> _MixedPrecisionRun:
-        torch.manual_seed(0)
+        seed_torch(0)
         model = Cruncher(dim=dim, num_layers=num_layers).to(parse_dtype(recipe.parameter_dtype))
         if recipe.master_dtype is None:
             return cls(recipe, model, torch.optim.AdamW(model.parameters(), lr=1e-3))
@@ -104,7 +105,7 @@ def saved_activations(batch: int, dim: int, num_layers: int, count: str) -> Outc
     """Elements autograd saves for backward in a real Cruncher forward on x (batch×dim), by
     distinct storage, parameters left out: ``all`` of them, or ``hidden`` (the batch x left out
     too); with the input's own elements as a quantity."""
-    torch.manual_seed(0)
+    seed_torch(0)
     model = Cruncher(dim=dim, num_layers=num_layers)
     x = torch.randn(batch, dim)  # (batch, dim)
     with record_saved_tensors() as saved:
@@ -120,7 +121,7 @@ def lecture_step_total(batch: int, dim: int, num_layers: int) -> Outcome:
     each part kept alive from when it appears: the parameters, everything autograd saves in
     forward + mse_loss (the batch x, hidden activations, prediction, target), the gradients,
     and torch.optim.Adagrad's state after the step (its step counters as a quantity)."""
-    torch.manual_seed(0)
+    seed_torch(0)
     model = Cruncher(dim=dim, num_layers=num_layers)
     params = list(model.parameters())
     optimizer = torch.optim.Adagrad(params, lr=0.01)

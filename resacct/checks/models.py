@@ -13,10 +13,11 @@ from resacct.training.models import (
     cruncher_parameter_tensor_count,
     cruncher_state_dict_sizes,
 )
+from resacct.training.seeding import seed_torch
 
 
 def _cruncher(dim: int, num_layers: int, seed: int = 0) -> Cruncher:
-    torch.manual_seed(seed)
+    seed_torch(seed)
     return Cruncher(dim=dim, num_layers=num_layers)
 
 

@@ -17,6 +17,7 @@ from resacct.training import optim as ours
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
 from resacct.training.models import Cruncher
+from resacct.training.seeding import seed_torch
 
 # ── strategies: only valid hyper-parameters ─────────────────────────────────────────────────
 
@@ -186,7 +187,7 @@ _STATE_RECIPES: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]]
 
 
 def _torch_optimizer_after_one_step(optimizer: str, dim: int = 4, num_layers: int = 2, batch: int = 2) -> tuple[torch.optim.Optimizer, list[nn.Parameter]]:
-    torch.manual_seed(0)
+    seed_torch(0)
     model = Cruncher(dim=dim, num_layers=num_layers)
     parameters = list(model.parameters())
     torch_optimizer = _STATE_RECIPES[optimizer](parameters)

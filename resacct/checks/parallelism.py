@@ -26,6 +26,7 @@ from resacct.training.seeding import preserved_global_rng
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
 from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
+from resacct.training.seeding import seed_torch
 
 preload_in_ranks(__name__)  # the module of what the tensor-parallel ranks run
 
@@ -61,7 +62,7 @@ def saved_activation_bytes(seq: int, batch: int, hidden: int, heads: int, recomp
     """(activation bytes, LayerNorm-statistics bytes, causal-mask bytes) autograd saved in one
     forward of a bfloat16 MegatronLayer on the CPU."""
     with preserved_global_rng():
-        torch.manual_seed(0)
+        seed_torch(0)
         layer = MegatronLayer(hidden, heads, dropout=0.1, selective=recompute == "selective").to(torch.bfloat16)
         x = torch.randn(seq, batch, hidden, dtype=torch.bfloat16, requires_grad=True)
         with record_saved_activations(layer) as saved:
@@ -142,7 +143,7 @@ def tensor_parallel_saved_bytes_on_rank(rank: int, world_size: int, seq: int, ba
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     Shard = _dtensor_module().Shard
-    torch.manual_seed(0)
+    seed_torch(0)
     layer = TensorParallelLayer(hidden, heads, dropout=0.1).to(torch.bfloat16)
     if sequence_parallel:  # LayerNorms on sequence shards; column-parallel inputs all-gathered, row-parallel outputs reduce-scattered
         column, row = ColwiseParallel(input_layouts=Shard(0)), RowwiseParallel(output_layouts=Shard(0))
@@ -208,7 +209,7 @@ def _bf16_gpt(layers: int, seq: int, batch: int, heads: int, head_dim: int, voca
     from resacct.training.gpt import GPT, GPTConfig
 
     config = GPTConfig(vocab_size=vocab, context_length=seq, n_layers=layers, n_heads=heads, d_model=heads * head_dim)
-    torch.manual_seed(0)
+    seed_torch(0)
     return GPT(config).to(torch.bfloat16), torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
 
 

@@ -14,6 +14,7 @@ import os
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.training.seeding import seed_torch
 
 _NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 
@@ -152,7 +153,7 @@ def llama_mlp_saved_bytes(batch: int, seq: int, dtype: str = "bfloat16", hidden:
         raise ResacctError(f"dtype {dtype!r}: expected bfloat16, float16 or float32")
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, max_position_embeddings=64)
-    torch.manual_seed(0)
+    seed_torch(0)
     model = LlamaForCausalLM._from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
     with record_saved_activations(model) as saved:

@@ -11,6 +11,7 @@ from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.perf import threads
 from resacct.measurement.runtime_model import MachineCosts, StepPrediction, measure_machine_costs, predict_step
+from resacct.training.seeding import seed_torch
 
 MODELS = ("gpt-tiny", "mlp", "cruncher")
 
@@ -29,7 +30,7 @@ def predicted_step(model: str, batch: int) -> StepPrediction:
     from resacct.training.seeding import preserved_global_rng
 
     with threads(1), preserved_global_rng():
-        torch.manual_seed(0)
+        seed_torch(0)
         if model == "gpt-tiny":
             from resacct.training.gpt import build_gpt, get_gpt_config
 

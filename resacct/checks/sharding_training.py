@@ -19,6 +19,7 @@ from torch import nn
 from resacct.errors import ResacctError
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memory import distinct_storage_bytes
+from resacct.training.seeding import seed_torch
 
 preload_in_ranks(__name__)  # the module of what the ranks run
 
@@ -59,7 +60,7 @@ def _optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Shaped[to
 
 
 def _model(kind: str) -> nn.Sequential:
-    torch.manual_seed(0)
+    seed_torch(0)
     if kind == "balanced":
         layers: list[nn.Module] = []
         for _ in range(8):

@@ -47,6 +47,7 @@ __all__ = [
     "peak_flops_per_sec",
     "accelerator_intensity_flops_per_byte",
     "peak_source_text",
+    "raw_accelerator_entry",
     "raw_accelerator_table",
 ]
 
@@ -121,6 +122,13 @@ class Accelerator:
         else the board's."""
         peak = self.peaks.get(fmt)
         return (peak.confidence if peak is not None and peak.confidence else self.confidence)
+
+
+def raw_accelerator_entry(name: str) -> dict[str, Any] | None:
+    """One board's entry of the data file exactly as written (None for a name the file lacks): a
+    fresh copy, like :func:`raw_accelerator_table`, of that entry alone."""
+    entry = _raw_table().get(name)
+    return None if entry is None else copy.deepcopy(entry)
 
 
 def raw_accelerator_table() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
+from resacct.harness.collector import claims_collector, freeze_alive
 from resacct.harness.phases import mark
 
 __all__ = ["ClaimsRun", "InterruptLatch", "run_claims"]
@@ -122,6 +123,13 @@ def _environment_variable(name: str, value: str | None):
                 os.environ[name] = previous
 
 
+class _FreezeAfterCollection:
+    """Freezes what is alive once the claims are collected (:mod:`resacct.harness.collector`)."""
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        freeze_alive()
+
+
 def _pytest_error(log_text: str) -> str | None:
     for line in log_text.splitlines():
         if line.startswith("ERROR:"):
@@ -151,20 +159,26 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     # Hermetic: no ini file and no conftest.py of whatever checkout or project the specs sit in
     # (a repository's root conftest would install its own test-suite machinery into this run).
     # no:unraisableexception: its end-of-session gc.collect() over torch and transformers took ~0.3 s, for
-    # warnings this run never shows (an unraisable exception still reaches pytest.log through sys.unraisablehook)
+    # warnings this run never shows (an unraisable exception still reaches pytest.log through sys.unraisablehook).
+    # no:logging: its capture around each claim's setup, call and teardown cost ~0.4 s a run, for records no
+    # claim reads (a library's warning still reaches pytest.log through logging's last-resort handler).
+    # --assert=plain: the claims are YAML items, and rewriting resacct's own modules (a pytest11 plugin's
+    # distribution) for their 10 asserts re-parsed ~100 files a run where bytecode is not written.
     args += ["-c", os.devnull, "--noconftest", "--rootdir", str(rootdir), "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+             "-p", "no:logging", "--assert=plain",
              *(["-v", "--tb=short"] if tracebacks else ["-q"]), "--no-claims-summary", "--claims-json", str(json_path)]
     if pattern:
         args += ["-k", pattern]
     log = io.StringIO()
     latch = latch or InterruptLatch()
     plugins: list[Any] = []
-    with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
+    with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None), claims_collector():
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 try:
                     plugins.append(_Progress(progress, latch))
+                    plugins.append(_FreezeAfterCollection())
                     if workers > 1:
                         from resacct.harness.workers import ClaimWorkers
 

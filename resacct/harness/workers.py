@@ -48,6 +48,7 @@ from typing import Any
 
 import pytest
 
+from resacct.harness.collector import freeze_alive
 from resacct.harness.early_ranks import WORKERS_PLUGIN_NAME, start_ranks_early
 from resacct.harness.phases import mark
 from resacct.harness.worker_count import default_workers, workers_count
@@ -203,6 +204,7 @@ class _Parallel:
         so far, or this process, run the claims)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        freeze_alive()  # the shared imports too: no worker's full collection scans them (resacct.harness.collector)
         for _ in range(count):
             parent_end, child_end = multiprocessing.Pipe(duplex=True)
             try:

@@ -26,6 +26,7 @@ from torch import nn
 
 from resacct.errors import ResacctError, UnknownNameError
 from resacct.training.models import count_parameters
+from resacct.training.seeding import seed_torch
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "GPT", "build_gpt", "get_gpt_config", "parameter_count", "gpt_parameter_count"]
 
@@ -148,7 +149,7 @@ def build_gpt(config: GPTConfig | str, *, device: str | torch.device = "cpu", at
     if attention is not None:
         resolved = replace(resolved, attention=attention)
     if seed is not None and str(device) != "meta":
-        torch.manual_seed(seed)
+        seed_torch(seed)
     with torch.device(device):
         return GPT(resolved)
 
