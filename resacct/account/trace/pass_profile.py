@@ -164,16 +164,20 @@ def collector_off() -> Iterator[None]:
     llama-2-70b`` ran 8 full collections (0.8 CPU s of 13, 2 shared cores under load), each freeing a few dozen objects.
     The traces free what they make by reference counts (the peak's pass pauses the collector
     already: the numbers cannot change). After the block everything alive joins the oldest
-    generation unscanned (``gc.freeze``, ``gc.unfreeze``): nothing stays frozen, nothing is lost."""
+    generation unscanned (``gc.freeze``, ``gc.unfreeze``): nothing stays frozen, nothing is lost. In a
+    process that keeps objects frozen already (a claims run, the test suite: resacct.harness.collector)
+    the block's objects are left where they are: unfreezing would thaw the process's own frozen ones too."""
     import gc
 
     was_enabled = gc.isenabled()
+    frozen_before = gc.get_freeze_count()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()  # all of it to the permanent generation, then back to the oldest one: no scan of what the block made
-        gc.unfreeze()
+        if frozen_before == 0:
+            gc.freeze()  # all of it to the permanent generation, then back to the oldest one: no scan of what the block made
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
