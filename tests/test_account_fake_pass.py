@@ -245,6 +245,39 @@ def test_a_sampled_hf_config_is_accounted_the_same_from_the_fake_pass(monkeypatc
     assert once.step_peak.predicted == meta.step_peak.predicted
 
 
+@pytest.mark.slow  # three traced builds, three ways
+@pytest.mark.parametrize("model_type, tries", [("llama", 1), ("gpt2", 3)])
+def test_a_sampled_config_tries_tracing_once_again_only_where_it_worked(monkeypatch: pytest.MonkeyPatch, model_type: str, tries: int) -> None:
+    """A 9-layer Llama's fake CPU step takes sdpa's flash kernel at depth 3: the recording cannot feed the
+    account, so depths 4 and 5 do not record again (one try); GPT-2's feeds it, and every depth tries. The
+    account equals the one where every depth tries (and the meta pass's)."""
+    pytest.importorskip("transformers")
+    from resacct.account.answers.hf import account_hf_config
+
+    spec = _hf_spec(model_type, 9)
+    original_once, original_try = one_pass.trace_once, one_pass.trace_hf_step_once
+    tried: list[int] = []
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        tried.append(1)
+        return original_once(*args, **kw)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(one_pass, "trace_once", counted)
+        hinted = account_hf_config(spec, batch=2, seq=24, layers="sampled")
+    assert len(tried) == (tries if TRACED_ONCE else 1)  # before FAKE_PASS_FROM_TORCH the first try says no: no more tries
+
+    def every_time(model: Any, inputs: Any, recipe: Any, optimizer: str, hint: Any) -> Any:
+        hint.worth_trying = True
+        return original_try(model, inputs, recipe, optimizer, hint)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(one_pass, "trace_hf_step_once", every_time)
+        every = account_hf_config(spec, batch=2, seq=24, layers="sampled")
+    assert hinted.to_dict() == every.to_dict()
+    assert hinted.step_peak.predicted == every.step_peak.predicted
+
+
 def test_a_config_that_breaks_is_named_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake pass runs first now: a config whose model fails in its step still gets the meta pass's one line naming it."""
     pytest.importorskip("transformers")

@@ -20,7 +20,6 @@ True
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,16 +304,19 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
     """:func:`account_hf_config`'s answer, traced: a stack of more than 5 identical layers at depths 3, 4 and 5
     and extrapolated (:mod:`resacct.account.trace.repeated_layers`), any other model whole (see :func:`account_hf_config`'s ``layers``)."""
     from resacct.account.load.hf_models import with_depth
+    from resacct.account.peak.one_pass import TraceOnceHint
     from resacct.account.peak.layer_segments import SAMPLE_DEPTHS, NotRepeating, segmenting
     from resacct.account.trace.repeated_layers import extrapolate_account, layer_path_of, layer_plan, sampled_note
 
     plan = layer_plan(spec, layers)
     depth, why_not = plan.depth, plan.why_whole
+    once = TraceOnceHint()  # one config at every depth: where tracing once failed at the first, it fails at the rest
     if plan.sample:
         samples = []
         for sample_depth in SAMPLE_DEPTHS:
             with segmenting(sample_depth):
-                samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak))
+                samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak,
+                                                 once=once))
         try:
             names = [*samples[-1].flops.forward_by_module, *(entry.module for entry in samples[-1].saved.entries)]
             account = extrapolate_account(samples, depth, layer_path_of(names, SAMPLE_DEPTHS[-1]))
@@ -323,15 +325,18 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
         else:
             account.notes.append(sampled_note(depth))
             return account
-    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak)
+    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak, once=once)
     if why_not is not None:
         account.notes.append(f"all {depth} layers traced: {why_not}")
     return account
 
 
-def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, peak: bool = True) -> HfAccount:
-    """Every layer of the model built on meta, one step measured, its peak predicted (``peak``)."""
+def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, peak: bool = True,
+                      once: TraceOnceHint | None = None) -> HfAccount:
+    """Every layer of the model built on meta, one step measured, its peak predicted (``peak``).
+    ``once``: whether to try tracing once, updated with whether it worked (a fresh try without it)."""
     from resacct.account.load.hf_models import build_hf_model
+    from resacct.account.peak.one_pass import TraceOnceHint, trace_hf_step_once
 
     chosen = recipe
     model = build_hf_model(spec, device="meta")
@@ -342,7 +347,7 @@ def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe
     def loss_of(module: Any) -> Any:
         return loss_of_output(call_model(module, inputs), "model")
 
-    once = _hf_trace_once(model, inputs, chosen, optimizer) if peak else None
+    once = trace_hf_step_once(model, inputs, chosen, optimizer, once if once is not None else TraceOnceHint()) if peak else None
     if once is not None and once[0] is not None:  # FLOPs, state and saved tensors recorded on the peak's fake pass: no meta pass
         recorder = once[0]
         flops, state, saved, recipe_model = recorder.flops, recorder.state, recorder.saved, model
@@ -381,16 +386,3 @@ def _measure_on_meta(spec: HfConfigSpec, model: Any, loss_of: Callable[[Any], An
     except Exception as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise ResacctError(f"{spec.name} ({spec.source}): the model transformers built from it fails in its first step ({type(error).__name__}: {first[:300]})") from None
-
-
-def _hf_trace_once(model: Any, inputs: Any, recipe: Recipe, optimizer: str) -> Any:
-    """Trace once (issue 34): the step peak's fake pass, recording the FLOPs, saved tensors and
-    state where it runs the meta pass's step (:func:`resacct.account.peak.one_pass.trace_once`:
-    float32, no autocast; sdpa on the math path, e.g. GPT-2). None where it cannot run the step: the
-    meta pass then runs first and names what broke, as before."""
-    from resacct.account.peak.one_pass import trace_once
-
-    try:
-        return trace_once(model, inputs, "model", recipe, optimizer, list(model.parameters()), "meta", contextlib.nullcontext)
-    except Exception:  # the meta pass below runs the step again: its error (or the peak's) is the account's, as before
-        return None
