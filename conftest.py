@@ -99,6 +99,11 @@ def pytest_configure(config: pytest.Config) -> None:
     wanted = typecheck_wanted(quick_tier_only(config), os.environ)
     if _HOOK and not wanted and not _checked_modules_imported():
         _HOOK.pop().uninstall()
+    # the cyclic collector as in `resacct verify` (resacct.harness.collector): in the quick tier under CI=true
+    # 25 full collections took 5.1-5.2 of each xdist worker's ~65 CPU s before (docs/suite_time.md, session 8)
+    from resacct.harness.collector import TunedCollector
+
+    config.pluginmanager.register(TunedCollector(), "resacct-tuned-collector")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -107,24 +112,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("typecheck") is not None:
                 item.add_marker(pytest.mark.skip(reason=TYPECHECK_SKIP_REASON))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What the imports and the collection left joins Python's permanent generation: no full
-    collection scans it again (resacct.harness.collector, as in `resacct verify`: 25 full
-    collections took 5.1-5.2 of each xdist worker's ~65 CPU s in the quick tier under CI=true, 2026-11-29)."""
-    from resacct.harness.collector import freeze_alive
-
-    freeze_alive()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtestloop(session: pytest.Session):
-    """The tests run with full collections spaced as in a claims run (restored after)."""
-    from resacct.harness.collector import claims_collector
-
-    with claims_collector():
-        return (yield)
 
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]

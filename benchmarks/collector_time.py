@@ -47,8 +47,8 @@ if mode == "default":
     import resacct.harness.collector as collector
     collector.freeze_alive = lambda: None
     collector.FULL_COLLECTION_THRESHOLD = 0
-    import resacct.harness.run, resacct.harness.workers
-    resacct.harness.run.freeze_alive = resacct.harness.workers.freeze_alive = collector.freeze_alive
+    import resacct.harness.workers
+    resacct.harness.workers.freeze_alive = collector.freeze_alive
 sys.argv = ["resacct", *sys.argv[3:]]
 from resacct.cli import main
 status = main()

@@ -22,11 +22,10 @@ from torch.utils.checkpoint import checkpoint
 from resacct.measurement.activations import record_saved_activations
 from resacct.harness.registry import Outcome, check
 from resacct.formulas.parallelism import torch_layer_saved_bytes
-from resacct.training.seeding import preserved_global_rng
+from resacct.training.seeding import preserved_global_rng, seed_torch
 from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
 from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch
-from resacct.training.seeding import seed_torch
 
 preload_in_ranks(__name__)  # the module of what the tensor-parallel ranks run
 

@@ -14,7 +14,6 @@ import os
 
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
-from resacct.training.seeding import seed_torch
 
 _NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 
@@ -147,6 +146,7 @@ def llama_mlp_saved_bytes(batch: int, seq: int, dtype: str = "bfloat16", hidden:
 
     from resacct.formulas.plan import mlp_activation_bytes_per_layer
     from resacct.measurement.activation_recording import record_saved_activations
+    from resacct.training.seeding import seed_torch
 
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:

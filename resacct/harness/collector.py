@@ -1,10 +1,10 @@
 """Python's cyclic collector, tuned for a claims run.
 
-Importing torch, transformers and torch._dynamo and collecting ~1,000 claims leaves ~385,000
-long-lived objects, and the claims keep ~320,000 more alive (models and traces their areas share,
-modules imported on the way); each full collection scans every one of them. Measured with
-``gc.callbacks`` over ``resacct verify --workers 1`` (2-core AMD EPYC, 2026-11-29): 11 full
-collections took 2.4 of its ~55 CPU s (184 ms each), the young generations 1.1 s more.
+Importing torch, transformers and torch._dynamo and collecting ~1,000 claims leaves several hundred
+thousand long-lived objects, and the claims keep as many again alive (models and traces their areas
+share, modules imported on the way); each full collection scans every one of them.
+``python benchmarks/collector_time.py --rounds 2`` (``resacct verify --workers 1``, 2-core AMD EPYC,
+2026-11-29): with Python's defaults 12 full collections took 2.6-2.7 s, the collector 3.6 s in all.
 
 Two changes, both inside :func:`claims_collector`:
 
@@ -12,11 +12,11 @@ Two changes, both inside :func:`claims_collector`:
   claims are collected and again before the workers fork (they inherit it frozen): no full
   collection scans the imports again. Nothing is collected first: garbage alive at that moment (a
   few cycles from the imports) stays, as Python's documentation suggests before a fork. What was
-  frozen stays frozen for the process's life (``gc.unfreeze`` at the end made the next full
-  collection scan all of it again: 0.56 s).
+  frozen stays frozen for the process's life (``gc.unfreeze`` at the end would make the next full
+  collection scan all of it again).
 - A full collection waits for 100 collections of the middle generation instead of 10
-  (``gc.set_threshold``'s third value): 2 full collections a run instead of 20, 0.44 s instead
-  of 2.1-2.4. The young generations are collected as before, so a claim's short-lived cycles go as
+  (``gc.set_threshold``'s third value). With both, the same benchmark: 6 full collections, 0.58-0.61 s;
+  the collector 1.5 s in all. The young generations are collected as before, so a claim's short-lived cycles go as
   before; a measured step pauses the collector anyway
   (:func:`resacct.measurement.memory_timeline.gc_paused`). The threshold is restored after the run.
 """
@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
-__all__ = ["FULL_COLLECTION_THRESHOLD", "claims_collector", "freeze_alive"]
+import pytest
+
+__all__ = ["FULL_COLLECTION_THRESHOLD", "TunedCollector", "claims_collector", "freeze_alive"]
 
 #: Collections of the middle generation between two full collections during a claims run (Python's default: 10).
 FULL_COLLECTION_THRESHOLD = 100
@@ -48,3 +50,17 @@ def claims_collector() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(young, middle, full)
+
+
+class TunedCollector:
+    """The pytest plugin of both: freezes what is alive once collection ends, and runs the test loop
+    inside :func:`claims_collector`. ``resacct verify``'s pytest run and this repository's test
+    suite (the root conftest.py) register it."""
+
+    def pytest_collection_finish(self, session: object) -> None:
+        freeze_alive()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: object) -> Generator[None, object, object]:
+        with claims_collector():
+            return (yield)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
-from resacct.harness.collector import claims_collector, freeze_alive
+from resacct.harness.collector import TunedCollector
 from resacct.harness.phases import mark
 
 __all__ = ["ClaimsRun", "InterruptLatch", "run_claims"]
@@ -123,13 +123,6 @@ def _environment_variable(name: str, value: str | None):
                 os.environ[name] = previous
 
 
-class _FreezeAfterCollection:
-    """Freezes what is alive once the claims are collected (:mod:`resacct.harness.collector`)."""
-
-    def pytest_collection_finish(self, session: Any) -> None:
-        freeze_alive()
-
-
 def _pytest_error(log_text: str) -> str | None:
     for line in log_text.splitlines():
         if line.startswith("ERROR:"):
@@ -172,13 +165,13 @@ def run_claims(files: list[Path], directory: Path, *, pattern: str | None = None
     log = io.StringIO()
     latch = latch or InterruptLatch()
     plugins: list[Any] = []
-    with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None), claims_collector():
+    with latch.installed(), _environment_variable("RESACCT_REQUIRE_GPU", "1" if gpu_required else None):
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=not show_progress) as progress:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 try:
                     plugins.append(_Progress(progress, latch))
-                    plugins.append(_FreezeAfterCollection())
+                    plugins.append(TunedCollector())  # resacct.harness.collector
                     if workers > 1:
                         from resacct.harness.workers import ClaimWorkers
 

@@ -310,13 +310,13 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
 
     plan = layer_plan(spec, layers)
     depth, why_not = plan.depth, plan.why_whole
-    once = TraceOnceHint()  # one config at every depth: where tracing once failed at the first, it fails at the rest
+    trace_hint = TraceOnceHint()  # one config at every depth: where tracing once failed at the first, it fails at the rest
     if plan.sample:
         samples = []
         for sample_depth in SAMPLE_DEPTHS:
             with segmenting(sample_depth):
                 samples.append(_whole_hf_account(with_depth(spec, sample_depth), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak,
-                                                 once=once))
+                                                 trace_hint=trace_hint))
         try:
             names = [*samples[-1].flops.forward_by_module, *(entry.module for entry in samples[-1].saved.entries)]
             account = extrapolate_account(samples, depth, layer_path_of(names, SAMPLE_DEPTHS[-1]))
@@ -325,16 +325,16 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
         else:
             account.notes.append(sampled_note(depth))
             return account
-    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak, once=once)
+    account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak, trace_hint=trace_hint)
     if why_not is not None:
         account.notes.append(f"all {depth} layers traced: {why_not}")
     return account
 
 
 def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe: Recipe, optimizer: str, peak: bool = True,
-                      once: TraceOnceHint | None = None) -> HfAccount:
+                      trace_hint: TraceOnceHint | None = None) -> HfAccount:
     """Every layer of the model built on meta, one step measured, its peak predicted (``peak``).
-    ``once``: whether to try tracing once, updated with whether it worked (a fresh try without it)."""
+    ``trace_hint``: whether to try tracing once, updated with whether it worked (a fresh try without it)."""
     from resacct.account.load.hf_models import build_hf_model
     from resacct.account.peak.one_pass import TraceOnceHint, trace_hf_step_once
 
@@ -347,7 +347,7 @@ def _whole_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recipe
     def loss_of(module: Any) -> Any:
         return loss_of_output(call_model(module, inputs), "model")
 
-    once = trace_hf_step_once(model, inputs, chosen, optimizer, once if once is not None else TraceOnceHint()) if peak else None
+    once = trace_hf_step_once(model, inputs, chosen, optimizer, trace_hint or TraceOnceHint()) if peak else None
     if once is not None and once[0] is not None:  # FLOPs, state and saved tensors recorded on the peak's fake pass: no meta pass
         recorder = once[0]
         flops, state, saved, recipe_model = recorder.flops, recorder.state, recorder.saved, model
