@@ -125,24 +125,40 @@ def test_a_launch_shared_by_design_is_shared_under_memo_off(monkeypatch: pytest.
     assert calls == [2, -2, -2]
 
 
-def test_the_transformers_torch_check_parses_the_requirements_once_per_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_transformers_torch_check_reads_and_parses_the_metadata_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every HF claim asks whether transformers works with this torch; parsing its ~240 requirements
-    each time was 2 s of verify. What was read decides: new metadata is judged afresh."""
+    each time was 2 s of verify, reading the metadata ~300 times another ~1 s. Both happen once a
+    process; what was read decides: other metadata (a fresh read) is judged afresh."""
     import packaging.requirements
 
     from resacct.measurement import torch_limits
 
     parsed: list[str] = []
+    reads: list[str] = []
 
     class Counting(packaging.requirements.Requirement):
         def __init__(self, text: str) -> None:
             parsed.append(text)
             super().__init__(text)
 
+    def requires(requirements: list[str]):  # type: ignore[no-untyped-def]
+        def read(name: str) -> list[str]:
+            reads.append(name)
+            return requirements
+        return read
+
     monkeypatch.setattr(packaging.requirements, "Requirement", Counting)
     monkeypatch.setattr(torch_limits.importlib.metadata, "version", lambda name: "5.99.1")
-    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=2.0; extra == "torch"', "numpy>=1.17"])
-    assert torch_limits.transformers_unusable() is None and torch_limits.transformers_unusable() is None
-    assert parsed == ['torch>=2.0; extra == "torch"', "numpy>=1.17"]
-    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: ['torch>=99; extra == "torch"'])
-    assert "needs torch>=99" in (torch_limits.transformers_unusable() or "")
+    monkeypatch.setattr(torch_limits.importlib.metadata, "requires", requires(['torch>=2.0; extra == "torch"', "numpy>=1.17"]))
+    torch_limits._installed_transformers.cache_clear()
+    try:
+        assert torch_limits.transformers_unusable() is None and torch_limits.transformers_unusable() is None
+        assert reads == ["transformers"]
+        assert parsed == ['torch>=2.0; extra == "torch"', "numpy>=1.17"]
+        monkeypatch.setattr(torch_limits.importlib.metadata, "requires", requires(['torch>=99; extra == "torch"']))
+        assert torch_limits.transformers_unusable() is None  # read once a process: the first read still decides
+        torch_limits._installed_transformers.cache_clear()  # a fresh process
+        assert "needs torch>=99" in (torch_limits.transformers_unusable() or "")
+        assert reads == ["transformers", "transformers"]
+    finally:
+        torch_limits._installed_transformers.cache_clear()  # the real metadata for the tests after

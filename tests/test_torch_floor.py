@@ -17,6 +17,15 @@ from resacct.measurement import torch_limits
 _REQUIRES = ['huggingface-hub<2.0,>=1.3.0', 'torch>=2.6; extra == "torch"', 'accelerate>=1.1.0; extra == "torch"']
 
 
+@pytest.fixture(autouse=True)
+def _metadata_read_afresh():
+    """transformers_unusable reads the distribution's metadata once a process: each test here fakes
+    its own, so the read is forgotten before and after (the tests after read the real one)."""
+    torch_limits._installed_transformers.cache_clear()
+    yield
+    torch_limits._installed_transformers.cache_clear()
+
+
 def _fake_transformers(monkeypatch: pytest.MonkeyPatch, torch_version: str, requires: list[str] | None = None) -> None:
     monkeypatch.setattr(torch_limits.importlib.metadata, "version", lambda name: "5.24.0")
     monkeypatch.setattr(torch_limits.importlib.metadata, "requires", lambda name: _REQUIRES if requires is None else requires)

@@ -326,10 +326,8 @@ _PLAIN_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,), li
 
 def _check_given_types(check: Any, claim: Claim, line: int) -> None:
     """A given value must have the plain type the check's parameter is annotated with."""
-    import typing
-
     try:
-        hints = typing.get_type_hints(check.function)
+        hints = check.type_hints()
     except Exception:  # unresolvable annotations: leave the check to runtime type checking
         return
     for name, value in claim.given.items():

@@ -51,14 +51,21 @@ def torch_limitation(error: BaseException) -> str | None:
 def transformers_unusable() -> str | None:
     """Why the installed transformers cannot build models with this torch (the torch its ``torch``
     extra asks for is newer), or None: also None when transformers is not installed (an import
-    says that). Reads the distribution's metadata (~4 ms); nothing is imported. Every HF claim asks,
-    so the verdict on what was read is kept per process (parsing its ~240 requirements was ~15 ms a call)."""
+    says that). Reads the distribution's metadata once a process (~4 ms a read, more on a busy
+    machine: ~300 reads a verify, issue 34); nothing is imported. Every HF claim asks, so the verdict
+    on what was read is kept per process too (parsing its ~240 requirements was ~15 ms a call)."""
+    installed = _installed_transformers()
+    return None if installed is None else _unusable_under(*installed, torch.__version__)
+
+
+@functools.cache
+def _installed_transformers() -> tuple[str, tuple[str, ...]] | None:
+    """(version, requirements) of the installed transformers distribution, read once a process: a
+    package installed or upgraded under a running process is not what it imported either."""
     try:
-        version = importlib.metadata.version("transformers")
-        requirements = tuple(importlib.metadata.requires("transformers") or ())
+        return importlib.metadata.version("transformers"), tuple(importlib.metadata.requires("transformers") or ())
     except importlib.metadata.PackageNotFoundError:
         return None
-    return _unusable_under(version, requirements, torch.__version__)
 
 
 @functools.lru_cache(maxsize=32)
