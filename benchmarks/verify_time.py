@@ -14,7 +14,7 @@ every 0.2 s, since the forkserver they run under is killed unreaped); the
 claims and verdict counts, each area's seconds and those of the claims marked ``distributed`` (they
 launch gloo ranks or children, in verify's phase alone). With ``--baseline`` the trees take turns round by round (load moves
 both alike), each claim's outcome is compared between them (exit 1 if any differs), the claims
-whose record differs in anything but its seconds are counted and named (timed claims' values move
+whose record differs in anything but its seconds (wall and CPU) are counted and named (timed claims' values move
 from run to run), and the ratios of the medians are printed. ``--workers`` is passed to this tree's
 verify only (verify's default: 2 processes on 2 cores; the baseline runs as its tree does). The machine's load average is printed before and after: on a
 shared machine wall seconds are the load's as much as verify's, and CPU seconds are the steadier
@@ -105,7 +105,7 @@ def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     own_cpu = float(document["run"].get("cpu_seconds") or 0.0)  # absent in trees before it was recorded
     total_cpu = max(reaped_cpu, sum(seen.values()))  # the watched tree: verify, the forkserver and everything under it
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
-    records = {record["id"]: {key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]}
+    records = {record["id"]: {key: value for key, value in record.items() if key not in ("seconds", "cpu_seconds")} for record in document["claims"]}
     return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode,
             "areas": document["run"].get("seconds_by_area") or {},
             "launching": sum(float(record.get("seconds") or 0.0) for record in document["claims"] if "distributed" in (record.get("marks") or []))}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from resacct.cli import main
-from resacct.reporting.durations import seconds_by_area, slowest_claims
+from resacct.reporting.durations import cpu_seconds_by_area, seconds_by_area, slowest_claims
 from resacct.harness.phases import PhaseClock
 from resacct.harness.workers import default_workers
 
@@ -73,6 +73,14 @@ def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_
     assert list(cpu) == expected and all(seconds >= 0 for seconds in cpu.values()), cpu
     assert sum(cpu.values()) <= document["run"]["cpu_seconds"] + 0.1
     assert "by phase: start" in out and f"{main_phase} " in out and " CPU s)" in out
+    # each claim's own CPU seconds: drawing 300 examples costs CPU, and no claim takes more CPU than its process had
+    cpu_by_id = {r["id"]: r["cpu_seconds"] for r in claims}
+    assert all(isinstance(value, float) and value >= 0 for value in cpu_by_id.values()), cpu_by_id
+    assert cpu_by_id["strides-drawn-300-times"] > cpu_by_id["element-index-1-2-is-6"]
+    assert sum(cpu_by_id.values()) <= document["run"]["cpu_seconds"] + 0.1
+    assert document["run"]["cpu_seconds_by_area"]["storage"] == pytest.approx(
+        sum(r["cpu_seconds"] for r in claims if r["area"] == "storage"), abs=2e-3)
+    assert " CPU s)  storage::strides-drawn-300-times" in listed[0] and "by area, CPU: storage" in out
 
 
 @pytest.mark.slow  # 1.96 s idle on 2026-11-28
@@ -100,6 +108,22 @@ def test_the_helpers_order_and_sum():
     assert seconds_by_area(claims) == {"b": 2.0, "a": 0.75}
     assert [r["id"] for r in slowest_claims(claims, 2)] == ["y", "x"] and len(slowest_claims(claims, 0)) == 3
     assert slowest_claims(claims, 1)[0]["where"] == "b.yaml:5"
+    assert slowest_claims(claims, 1)[0]["cpu_seconds"] is None  # a report from before CPU seconds were kept
+    claims[0]["cpu_seconds"], claims[2]["cpu_seconds"] = 0.125, 0.5
+    assert cpu_seconds_by_area(claims) == {"a": 0.625, "b": 0.0} and slowest_claims(claims, 0)[1]["cpu_seconds"] == 0.125
+
+
+def test_a_claim_beside_a_busy_neighbour_shows_its_own_cpu_seconds():
+    """The wall seconds of a claim on a worker held at idle priority are mostly waiting; the CPU
+    seconds printed beside them are the claim's own (report.json's ``cpu_seconds``)."""
+    from resacct.reporting.durations import durations_text as _durations_text
+
+    claims = [{"area": "hf", "id": "waited", "seconds": 3.9, "cpu_seconds": 0.37, "outcome": "holds", "path": "h.yaml", "line": 8},
+              {"area": "hf", "id": "old-record", "seconds": 0.2, "outcome": "holds", "path": "h.yaml", "line": 9}]
+    lines = _durations_text({"claims": claims, "run": {"seconds": 40.0}}, 0).splitlines()
+    assert lines[0] == "slowest claims of 2 (4.1 s, 0.4 CPU s in claims; 40.0 s the whole run):"
+    assert lines[1].startswith("     3.900 s  (  0.37 CPU s)  hf::waited") and "(  —   CPU s)  hf::old-record" in lines[2]
+    assert "by area, CPU: hf 0.4 s" in lines
 
 
 def test_the_phase_clock_counts_each_phase_from_the_end_of_the_one_before():

@@ -114,12 +114,12 @@ def test_claims_of_a_worker_that_dies_run_in_the_parent(tmp_path: Path, logged_c
 
 
 def _comparable(document: dict) -> list[dict]:
-    return sorted(({key: value for key, value in record.items() if key != "seconds"} for record in document["claims"]), key=lambda r: r["id"])
+    return sorted(({key: value for key, value in record.items() if key not in ("seconds", "cpu_seconds")} for record in document["claims"]), key=lambda r: r["id"])
 
 
 @pytest.mark.slow  # 9.5 s (4 agents on 2 cores)
 def test_a_serial_and_a_parallel_run_write_the_same_claims(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every record but its seconds: forall examples (derandomized, and Hypothesis' draws no longer
+    """Every record but its seconds (wall and CPU): forall examples (derandomized, and Hypothesis' draws no longer
     depend on what the process imported before), thread-dependent values (init's variances: alone,
     with the run's threads)."""
     monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "ci")

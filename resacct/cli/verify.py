@@ -231,7 +231,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
     from resacct.harness.run import run_claims
     from resacct.harness.worker_count import default_workers
     from resacct.reporting import write_report_files
-    from resacct.reporting.durations import seconds_by_area
+    from resacct.reporting.durations import cpu_seconds_by_area, seconds_by_area
 
     workers = args.workers if args.workers is not None else default_workers()
     timeline_drawn = None if args.no_timeline else DrawnBeside(lambda: _write_step_timeline(staging.path))
@@ -248,6 +248,7 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "seconds": round(time.monotonic() - started, 1),
         "cpu_seconds": round(cpu_seconds(), 1),  # this process and the claims' workers: not the gloo ranks and children beside
         "seconds_by_area": seconds_by_area(document["claims"]),
+        "cpu_seconds_by_area": cpu_seconds_by_area(document["claims"]),  # each claim's own process: honest beside neighbours
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
     timeline = None if timeline_drawn is None or run.interrupted else timeline_drawn.path()  # with this process's threads, as the claims

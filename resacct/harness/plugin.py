@@ -8,6 +8,7 @@ the other claims and files still run.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from typing import Any
 
@@ -144,11 +145,17 @@ class ClaimItem(pytest.Item):
         self.user_properties.append((CLAIM_PROPERTY, self.record))
 
     def runtest(self) -> None:
-        with warnings.catch_warnings():
-            # torch.distributed's own imports use torch.jit, which torch 2.13 deprecates: torch's, not the
-            # claim's, and not the host project's to see (67 lines under `pytest --pyargs resacct`).
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
-            self._run_claim()
+        started_cpu = time.process_time()
+        try:
+            with warnings.catch_warnings():
+                # torch.distributed's own imports use torch.jit, which torch 2.13 deprecates: torch's, not the
+                # claim's, and not the host project's to see (67 lines under `pytest --pyargs resacct`).
+                warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+                self._run_claim()
+        finally:
+            # the CPU seconds of the process that ran it (every thread; not the gloo ranks or children it
+            # started): beside a neighbour, or a worker at idle priority, the wall seconds are the neighbour's too
+            self.record["cpu_seconds"] = round(time.process_time() - started_cpu, 6)
 
     def _run_claim(self) -> None:
         from resacct.harness.registry import NotMeasurable, get_check
