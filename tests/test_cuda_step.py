@@ -99,3 +99,19 @@ def test_an_optimizer_that_leaves_foreach_to_torch_gets_cudas_foreach() -> None:
     assert made[-1].param_groups[0]["foreach"] is False  # a choice the caller made is kept
     assert default.peak_allocated_bytes == predict_cuda_step_memory(model, inputs, lambda m, x: m(x).square().mean()).peak_allocated_bytes
     assert default.peak_allocated_bytes > loop.peak_allocated_bytes  # foreach's temporaries: a whole list at once
+
+
+@pytest.mark.parametrize("model, batch, seq", [("gpt-tiny", 2, 16), ("gpt-small-cpu", 1, 24)])
+def test_the_step_peak_pass_records_the_ops_the_step_time_traces_alone(model: str, batch: int, seq: int) -> None:
+    """Issue 34: the recorded step's peak and its time come from one pass (checks/gpu_recorded.py):
+    the ops that pass hands over are exactly trace_step_ops' (names, FLOPs, bytes, order), and the
+    peaks are those of the pass without them."""
+    from resacct.account.gpu.step_time import trace_step_ops
+
+    net = build_gpt(get_gpt_config(model), device="meta", seed=None)
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    loss = lambda module, inputs: gpt_loss(module, *inputs)  # noqa: E731
+    ops: list = []
+    together = predict_cuda_step_memory(net, (tokens, tokens), loss, ops=ops)
+    assert ops == trace_step_ops(net, (tokens, tokens), loss) and len(ops) > 500
+    assert any(op.flops > 0 for op in ops) and together == predict_cuda_step_memory(net, (tokens, tokens), loss)

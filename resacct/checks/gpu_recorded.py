@@ -44,17 +44,25 @@ def allocation_growth(record: str, claim: str, sizes_bytes: list[int]) -> Outcom
     return Outcome(measured=measured, predicted=grown, quantities={"allocator_model_bytes": grown, **record_source(record, data)})
 
 
-@shared_measurement
 def _predicted_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, optimizer: bool) -> tuple[int, int]:
     """(peak allocated above the start, peak reserved) that :func:`predict_cuda_step_memory` predicts for
     a GPT of ``config`` (its fields) on meta: forward and backward, and with ``optimizer`` CUDA's foreach
     AdamW step."""
+    return _traced_cuda_step(config, batch, seq, optimizer)[:2]
+
+
+@shared_measurement
+def _traced_cuda_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, optimizer: bool) -> tuple[int, int, list]:
+    """:func:`_predicted_step`'s peaks and, with ``optimizer``, the step's aten ops with their FLOPs and
+    bytes (:func:`~resacct.account.gpu.step_time.trace_step_ops`'s, for the step time), from one pass of
+    the step: the step-peak and step-time claims of one recorded step trace it once (issue 34)."""
     from resacct.training.gpt import GPTConfig, build_gpt
 
     net = build_gpt(GPTConfig(**dict(config)), device="meta", seed=None)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
-    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss, *(() if optimizer else (None,)))
-    return predicted.peak_above_start_bytes, predicted.peak_reserved_bytes
+    ops: list = []
+    predicted = predict_cuda_step_memory(net, (tokens, tokens), _gpt_loss, *(() if optimizer else (None,)), ops=ops if optimizer else None)
+    return predicted.peak_above_start_bytes, predicted.peak_reserved_bytes, ops
 
 
 def _fields(config: Any) -> tuple[tuple[str, Any], ...]:
@@ -146,23 +154,14 @@ _STEP_TIME_QUANTITIES = ("predicted_step_sec", "gpu_sec", "host_sec", "ops", "ma
 
 
 def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
-    from resacct.account.gpu.step_time import trace_step_ops
-    from resacct.training.gpt import GPTConfig, build_gpt
+    """The aten ops of a steady fp32 GPT training step with CUDA's foreach AdamW, traced on meta (shared
+    with the step-peak claims of the same step: :func:`_traced_cuda_step`)."""
+    from resacct.training.gpt import GPTConfig
 
-    return _cached_ops(tuple(sorted(config.items())), batch, seq, trace_step_ops, GPTConfig, build_gpt)
-
-
-_OPS_CACHE: dict[tuple, list] = {}
+    return _traced_cuda_step(_fields(GPTConfig(**config)), batch, seq, True)[2]  # the same key as the step peak's (every field)
 
 
-def _cached_ops(key: tuple, batch: int, seq: int, trace: Any, config_type: Any, build: Any) -> list:
-    if (key, batch, seq) not in _OPS_CACHE:
-        tokens = torch.zeros(batch, seq, dtype=torch.long)
-        _OPS_CACHE[(key, batch, seq)] = trace(build(config_type(**dict(key)), device="meta", seed=None), (tokens, tokens), _gpt_loss)
-    return _OPS_CACHE[(key, batch, seq)]
-
-
-@check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES, forget=(_OPS_CACHE.clear,))
+@check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES)
 def step_time(record: str, calibrate_on: str, step: str | None = None, claim: str | None = None, model: str | None = None,
               batch: int | None = None, seq: int | None = None) -> Outcome:
     """A recorded fp32 GPT training step's median seconds on the board (``step`` of the record's

@@ -31,6 +31,7 @@ Measured against a real board (tests/test_cuda_step.py): the H100 record's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,7 +138,7 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 
 def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = cuda_adamw,
                              *, attention: str | None = None, config: AllocatorConfig | None = None,
-                             workspaces: tuple[int, ...] = ()) -> CudaStepPrediction:
+                             workspaces: tuple[int, ...] = (), ops: list[Any] | None = None) -> CudaStepPrediction:
     """Predict the CUDA caching allocator's peaks over one steady training step of ``model``
     (on the CPU or the meta device) on ``inputs`` (a tensor, tuple or mapping), ``loss_fn(model,
     inputs)`` the loss: forward, backward, ``optimizer.step()``, ``zero_grad`` — the optimizer's
@@ -147,7 +148,9 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     ``workspaces``: library blocks (bytes) allocated once the parameters and inputs are on the board,
     before the optimizer's state, and kept — the cuBLAS workspaces of
     :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (none by default: the record's peaks
-    above the start did not see them).
+    above the start did not see them). ``ops``: a list that receives every aten op of the step with
+    its FLOPs and bytes, as :func:`~resacct.account.gpu.step_time.trace_step_ops` traces them (the
+    step time's input from this same pass: one trace of the step, not two; issue 34).
 
     >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
     >>> prediction = predict_cuda_step_memory(model, torch.randn(64, 512), lambda m, x: m(x).square().mean())
@@ -176,15 +179,19 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
         start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
         recorder.start_window()
         routing.__enter__()
+        costs = contextlib.nullcontext() if ops is None else _op_costs()
         try:
-            if optimizer is None:
-                loss = loss_fn(meta_model, meta_inputs)
-                loss.backward()
-                del loss
-            else:
-                run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
+            with costs:
+                if optimizer is None:
+                    loss = loss_fn(meta_model, meta_inputs)
+                    loss.backward()
+                    del loss
+                else:
+                    run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
         finally:
             routing.__exit__(None, None, None)
+        if ops is not None:
+            ops.extend(costs.ops)  # type: ignore[union-attr]
     if attention and routing.calls == 0:
         raise ResacctError(f"attention={attention!r}, but the step never called F.scaled_dot_product_attention; expected attention=None for this model")
     allocator = recorder.allocator
@@ -192,6 +199,12 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
                               peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
                               live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
                               attention=attention or _attention_label(meta_model, routing.calls))
+
+
+def _op_costs() -> Any:
+    from resacct.account.gpu.step_time import _OpCosts
+
+    return _OpCosts()
 
 
 class _SdpaCalls(TorchFunctionMode):
