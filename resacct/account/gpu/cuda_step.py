@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 from resacct.account.gpu.allocation_trace import AllocationRecorder
 from resacct.account.gpu.cuda_allocator import AllocatorConfig
+from resacct.account.gpu.op_costs import OpCosts
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
@@ -179,7 +180,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
         start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
         recorder.start_window()
         routing.__enter__()
-        costs = contextlib.nullcontext() if ops is None else _op_costs()
+        costs = contextlib.nullcontext() if ops is None else OpCosts()
         try:
             with costs:
                 if optimizer is None:
@@ -199,12 +200,6 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
                               peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
                               live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
                               attention=attention or _attention_label(meta_model, routing.calls))
-
-
-def _op_costs() -> Any:
-    from resacct.account.gpu.step_time import _OpCosts
-
-    return _OpCosts()
 
 
 class _SdpaCalls(TorchFunctionMode):

@@ -142,9 +142,9 @@ def _op_costs() -> Any:
     (their local ops come through again: counted once, on the shards this rank runs)."""
     import sys
 
-    from resacct.account.gpu.step_time import _OpCosts
+    from resacct.account.gpu.op_costs import OpCosts
 
-    class _LocalOpCosts(_OpCosts):
+    class _LocalOpCosts(OpCosts):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             dtensors = sys.modules.get("torch.distributed.tensor")
             if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):

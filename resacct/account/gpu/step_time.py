@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from resacct.account.gpu.op_costs import OpCost, OpCosts
 from resacct.errors import ResacctError
 
 __all__ = ["OpCost", "BoardRates", "StepTimePrediction", "trace_step_ops", "predict_step_seconds", "calibrate_overhead",
@@ -34,13 +33,6 @@ __all__ = ["OpCost", "BoardRates", "StepTimePrediction", "trace_step_ops", "pred
 
 BANDWIDTH_EFFICIENCY = 0.8  # assumed share of the datasheet's HBM bandwidth an elementwise kernel reaches (no record measured it)
 DATASHEET_MATMUL_EFFICIENCY = 0.7  # assumed share of the datasheet's dense peak a matmul reaches, where no record measured one
-
-
-@dataclass(frozen=True)
-class OpCost:
-    op: str
-    flops: int
-    bytes: int
 
 
 @dataclass(frozen=True)
@@ -67,27 +59,6 @@ class StepTimePrediction:
         return "GPU (roofline per op)" if self.gpu_sec >= self.host_sec else "host (dispatch per op)"
 
 
-class _OpCosts(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        from torch.utils.flop_counter import flop_registry, shape_wrapper
-
-        from resacct.account.load.moe_routing import grouped_mm_flop_mapping
-
-        # transformers' grouped-matmul ops (a mixture of experts run grouped, as on a CUDA board) counted from their shapes
-        self.registry = {**flop_registry, **{op: shape_wrapper(count) for op, count in grouped_mm_flop_mapping().items()}}
-        self.ops: list[OpCost] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        flops = int(self.registry[packet](*args, **kwargs, out_val=out)) if packet in self.registry else 0
-        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-        self.ops.append(OpCost(str(func), flops, sum(t.numel() * t.element_size() for t in tensors)))
-        return out
-
-
 def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
                    make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = None) -> list[OpCost]:
     """Every aten op of one steady training step of ``model`` on meta tensors, with its FLOPs and
@@ -100,7 +71,7 @@ def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, 
     optimizer = (make_optimizer or cuda_adamw)([p for p in meta_model.parameters() if p.requires_grad])
     _as_on_cuda(optimizer)
     make_optimizer_state(meta_model, optimizer)
-    costs = _OpCosts()
+    costs = OpCosts()
     with costs:
         run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
     return costs.ops
