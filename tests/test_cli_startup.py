@@ -110,3 +110,14 @@ def test_shipped_config_names_are_the_account_ones():
     from resacct.cli._model_args import shipped_hf_config_names
 
     assert shipped_hf_config_names() == list(known_hf_configs())
+
+
+def test_the_shipped_names_are_read_once_a_process_and_handed_out_as_copies():
+    """Every parser asks for them (three times a command): the file is read once (issue 34)."""
+    from resacct.cli import _model_args
+
+    _model_args._shipped_hf_config_names.cache_clear()
+    first = _model_args.shipped_hf_config_names()
+    first.append("not-a-config")
+    assert "not-a-config" not in _model_args.shipped_hf_config_names()
+    assert _model_args._shipped_hf_config_names.cache_info().misses == 1
