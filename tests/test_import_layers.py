@@ -24,6 +24,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "resacct"
 
+# one xdist worker for the module: its tests read one parse of the project's imports (_project_graph,
+# ~1.1 CPU s), not one parse per worker that draws one of them
+pytestmark = pytest.mark.xdist_group("import-layers")
+
 # Import circles that are known and still to be broken. Each entry is the exact set of modules
 # of one strongly connected component of the import graph: a circle that grows (a new module
 # joins it) or a new one fails the test.

@@ -133,6 +133,7 @@ def _tracing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fit_search, "fit_step", refuse)
 
 
+@pytest.mark.slow  # 0.73 CPU s on 2026-11-29 (tools/slow_audit.py: over the 0.7 s line)
 def test_account_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
@@ -171,6 +172,7 @@ def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path
     assert len(list(cache_folder.glob("hf-fit-*.pickle"))) == 2
 
 
+@pytest.mark.slow  # 1.17 CPU s on 2026-11-29 (tools/slow_audit.py: over the 0.7 s line)
 def test_account_device_board_lines_are_read_back_with_their_note(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """``account --hf-config X --device h100``: the board's lines and the note they add to ``--json`` come back
