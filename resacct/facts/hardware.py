@@ -139,10 +139,10 @@ def raw_accelerator_table() -> dict[str, Any]:
 
 @functools.cache
 def _raw_table() -> dict[str, Any]:
-    import yaml
+    from resacct.facts.yaml_text import safe_load_text
 
     text = importlib.resources.files("resacct.facts").joinpath("datasheets", DATA_FILE).read_text(encoding="utf-8")
-    table = yaml.safe_load(text)
+    table = safe_load_text(text)
     if not isinstance(table, dict) or not table:
         raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE} must map accelerator names to their datasheet entries")
     return table

@@ -42,9 +42,9 @@ class HfConfigSpec:
 @lru_cache(maxsize=1)
 def known_hf_configs() -> dict[str, HfConfigSpec]:
     """The configs that ship with resacct, by name."""
-    import yaml
+    from resacct.facts.yaml_text import safe_load_text
 
-    table = yaml.safe_load(_KNOWN.read_text(encoding="utf-8"))
+    table = safe_load_text(_KNOWN.read_text(encoding="utf-8"))
     return {name: HfConfigSpec(name=name, source=entry["source"], values=dict(entry["config"])) for name, entry in table.items()}
 
 
