@@ -194,3 +194,24 @@ def test_the_roofline_arrays_hold_normal_random_values_of_their_shape(shape):
     assert torch.equal(flat, block[torch.arange(flat.numel()) % block.numel()])  # every element set, from the one block
     assert torch.isfinite(flat).all() and block.unique().numel() > 0.99 * block.numel()
     assert abs(float(tensor.mean())) < 0.6 and 0.5 < float(tensor.std()) < 1.5
+
+
+@pytest.mark.parametrize(("cache_mib", "array_mib"), [(1, 64), (32, 64), (100, 200), (128, 256), (300, 256), (1152, 256)])
+def test_the_out_of_cache_triad_arrays_are_twice_the_cache_within_64_to_256_mib(cache_mib, array_mib):
+    """Twice the last-level cache per array, at least 64 MiB, at most 256 MiB: a 300 MiB-L3 Xeon took
+    600 MiB arrays (3 s a roof) for the bandwidth 256 MiB ones give; and the triad's three arrays
+    together always overflow the cache they are sized for, up to 384 MiB."""
+    from resacct.measurement.measured_roofline import _out_of_cache_elements
+
+    elements = _out_of_cache_elements(4, cache_bytes=cache_mib * 2**20)
+    assert elements * 4 == array_mib * 2**20
+    assert 3 * elements * 4 > min(cache_mib, 384) * 2**20
+
+
+def test_the_triad_uses_the_out_of_cache_size_of_this_machine(monkeypatch):
+    from resacct.measurement import measured_roofline
+
+    monkeypatch.setattr(measured_roofline, "last_level_cache_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(measured_roofline, "_tiled_random", lambda shape, device: torch.empty(shape[0] // 1024, device=device))
+    _, array_bytes = measured_roofline._triad("cpu", None)
+    assert array_bytes == 256 * 2**20

@@ -2,7 +2,8 @@
 ceilings, each until its best stops improving, and the operations placed under them are other
 kernels, labelled by shape and dtype.
 
-- **Memory roof**: a STREAM triad ``a = b + s·c`` over arrays far past the last-level cache.
+- **Memory roof**: a STREAM triad ``a = b + s·c`` over arrays past the last-level cache
+  (twice it, 64-256 MiB each: :data:`OUT_OF_CACHE_ARRAY_BYTES`).
   Bytes are what the memory system moves: two arrays read, one written, and one more read for
   the written one — on a CPU a store first brings its cache line in (*write-allocate*). STREAM
   itself counts 3 arrays; both figures are kept (``stream_bytes_per_sec``).
@@ -48,6 +49,7 @@ __all__ = [
     "measure_memory_roof",
     "measure_compute_roof",
     "measure_point",
+    "OUT_OF_CACHE_ARRAY_BYTES",
     "ROOF_MATMUL_SIZES",
     "DEFAULT_POINTS",
     "QUICK_POINTS",
@@ -182,9 +184,20 @@ def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
     return max(sizes, default=default)
 
 
-def _out_of_cache_elements(element_bytes: int) -> int:
-    """Elements per array for arrays twice the last-level cache (at least 64 MiB)."""
-    return max(2 * last_level_cache_bytes(), 64 * 2**20) // element_bytes
+#: The out-of-cache triad's bytes per array: twice the last-level cache, at least 64 MiB, at most
+#: 256 MiB. The cap is for servers whose one L3 is shared by the whole socket: a 2-core VM on a
+#: 300 MiB-L3 Xeon took 3.0 s a roof with 600 MiB arrays, 1.1 s with 256 MiB, for the same one-thread
+#: bandwidth (17.4 vs 17.0 GB/s, ``python benchmarks/triad_array_size.py``); three 256 MiB arrays
+#: still overflow any cache up to 384 MiB.
+OUT_OF_CACHE_ARRAY_BYTES = (64 * 2**20, 256 * 2**20)
+
+
+def _out_of_cache_elements(element_bytes: int, cache_bytes: int | None = None) -> int:
+    """Elements per array for the out-of-cache triad: :data:`OUT_OF_CACHE_ARRAY_BYTES`' bounds on
+    twice ``cache_bytes`` (default: :func:`last_level_cache_bytes`)."""
+    low, high = OUT_OF_CACHE_ARRAY_BYTES
+    cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
+    return min(max(2 * cache, low), high) // element_bytes
 
 
 _RANDOM_BLOCK_ELEMENTS = 1 << 16
