@@ -5,7 +5,7 @@
 Prints, per array size, the one-thread triad bandwidth (4 arrays moved per element, as the
 roofline counts) and the seconds one roof measurement took (``measure_memory_roof``,
 ``max_total_sec=0.5`` as the runtime model and the verify roofline use): the evidence for the
-256 MiB cap of ``resacct.measurement.measured_roofline.OUT_OF_CACHE_ARRAY_BYTES``.
+256 MiB cap of ``resacct.measurement.triad.OUT_OF_CACHE_ARRAY_BYTES``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from resacct.measurement.measured_roofline import last_level_cache_bytes, measure_memory_roof
+from resacct.measurement.measured_roofline import measure_memory_roof
+from resacct.measurement.triad import last_level_cache_bytes
 
 
 def main() -> None:

@@ -184,10 +184,10 @@ def test_matmul_timed_with_partial_is_not_slowed_by_type_checks():
 def test_the_roofline_arrays_hold_normal_random_values_of_their_shape(shape):
     """The roofline's out-of-cache arrays are one random block tiled (drawing 16 M values a call took
     a second of its 2.6 s): contiguous float32 of the shape asked, no value left unset, normal values."""
-    from resacct.measurement.measured_roofline import _tiled_random
+    from resacct.measurement.triad import tiled_random
 
     torch.manual_seed(0)
-    tensor = _tiled_random(shape, "cpu")
+    tensor = tiled_random(shape, "cpu")
     assert tensor.shape == shape and tensor.dtype == torch.float32 and tensor.is_contiguous()
     flat = tensor.flatten()
     block = flat[: min(flat.numel(), 1 << 16)]
@@ -201,17 +201,17 @@ def test_the_out_of_cache_triad_arrays_are_twice_the_cache_within_64_to_256_mib(
     """Twice the last-level cache per array, at least 64 MiB, at most 256 MiB: a 300 MiB-L3 Xeon took
     600 MiB arrays (3 s a roof) for the bandwidth 256 MiB ones give; and the triad's three arrays
     together always overflow the cache they are sized for, up to 384 MiB."""
-    from resacct.measurement.measured_roofline import _out_of_cache_elements
+    from resacct.measurement.triad import out_of_cache_elements
 
-    elements = _out_of_cache_elements(4, cache_bytes=cache_mib * 2**20)
+    elements = out_of_cache_elements(4, cache_bytes=cache_mib * 2**20)
     assert elements * 4 == array_mib * 2**20
     assert 3 * elements * 4 > min(cache_mib, 384) * 2**20
 
 
 def test_the_triad_uses_the_out_of_cache_size_of_this_machine(monkeypatch):
-    from resacct.measurement import measured_roofline
+    from resacct.measurement import triad
 
-    monkeypatch.setattr(measured_roofline, "last_level_cache_bytes", lambda: 300 * 2**20)
-    monkeypatch.setattr(measured_roofline, "_tiled_random", lambda shape, device: torch.empty(shape[0] // 1024, device=device))
-    _, array_bytes = measured_roofline._triad("cpu", None)
+    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(triad, "tiled_random", lambda shape, device: torch.empty(shape[0] // 1024, device=device))
+    _, array_bytes = triad.stream_triad("cpu", None)
     assert array_bytes == 256 * 2**20

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from jaxtyping import Float
 
 from resacct.errors import ResacctError
 from resacct.measurement.perf import Roofline, threads
+from resacct.measurement.triad import OUT_OF_CACHE_ARRAY_BYTES, last_level_cache_bytes, stream_triad, tiled_random
 
 __all__ = [
     "sample_clock",
@@ -172,57 +172,6 @@ class MeasuredRoofline:
         return self.roofline(point.dtype).bound(point.intensity_flops_per_byte)
 
 
-def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
-    """The largest CPU cache Linux reports (sysfs), else ``default``."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=default)
-
-
-#: The out-of-cache triad's bytes per array: twice the last-level cache, at least 64 MiB, at most
-#: 256 MiB. The cap is for servers whose one L3 is shared by the whole socket: a 2-core VM on a
-#: 300 MiB-L3 Xeon took 3.0 s a roof with 600 MiB arrays, 1.1 s with 256 MiB, for the same one-thread
-#: bandwidth (17.4 vs 17.0 GB/s, ``python benchmarks/triad_array_size.py``); three 256 MiB arrays
-#: still overflow any cache up to 384 MiB.
-OUT_OF_CACHE_ARRAY_BYTES = (64 * 2**20, 256 * 2**20)
-
-
-def _out_of_cache_elements(element_bytes: int, cache_bytes: int | None = None) -> int:
-    """Elements per array for the out-of-cache triad: :data:`OUT_OF_CACHE_ARRAY_BYTES`' bounds on
-    twice ``cache_bytes`` (default: :func:`last_level_cache_bytes`)."""
-    low, high = OUT_OF_CACHE_ARRAY_BYTES
-    cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
-    return min(max(2 * cache, low), high) // element_bytes
-
-
-_RANDOM_BLOCK_ELEMENTS = 1 << 16
-
-
-def _tiled_random(shape: tuple[int, ...], device: str) -> Float[torch.Tensor, "..."]:
-    """A float32 tensor of ``shape`` holding normal random values: one block of 64 Ki drawn and
-    tiled over it. The kernels timed here run at one speed on any normal values; drawing each of a
-    64 MiB array's 16 M values took ~0.06 s a call (a second of the roofline's 2.6 s), tiling copies."""
-    block = torch.randn(min(math.prod(shape), _RANDOM_BLOCK_ELEMENTS), device=device)
-    rows, left = divmod(math.prod(shape), block.numel())
-    flat = torch.empty(math.prod(shape), device=device)
-    flat[: rows * block.numel()].view(rows, block.numel()).copy_(block.expand(rows, block.numel()))
-    flat[rows * block.numel():].copy_(block[:left])
-    return flat.view(shape)
-
-
-def _triad(device: str, array_bytes: int | None) -> tuple[Callable[[], object], int]:
-    """The STREAM triad ``a = b + 3·c`` (``torch.add(b, c, alpha=3, out=a)``), float32, and its array bytes."""
-    elements = (array_bytes // 4) if array_bytes else _out_of_cache_elements(4)
-    b, c = _tiled_random((elements,), device), _tiled_random((elements,), device)
-    a = torch.empty_like(b)
-    return functools.partial(torch.add, b, c, alpha=3.0, out=a), elements * 4
-
-
 def _memory_roof(samples: tuple[float, ...], size: int) -> MemoryRoof:
     return MemoryRoof(bandwidth_bytes_per_sec=4 * size / min(samples), stream_bytes_per_sec=3 * size / min(samples),
                       array_bytes=size, samples_sec=samples)
@@ -230,7 +179,7 @@ def _memory_roof(samples: tuple[float, ...], size: int) -> MemoryRoof:
 
 def measure_memory_roof(*, device: str = "cpu", array_bytes: int | None = None, **sampling: float) -> MemoryRoof:
     """The STREAM triad, best until stable (4 arrays moved a call: write-allocate counted)."""
-    triad, size = _triad(device, array_bytes)
+    triad, size = stream_triad(device, array_bytes)
     return _memory_roof(best_until_stable_sec(triad, **sampling), size)  # type: ignore[arg-type]
 
 
@@ -263,7 +212,7 @@ def _point_kernel(operation: str, shape: tuple[int, ...], dtype: str, device: st
         return (functools.partial(torch.matmul, a, b, out=out), 2.0 * m * k * n, float((m * k + k * n + m * n) * element),
                 f"matmul {m}×{k} @ {k}×{n} {dtype}", max(m * k, k * n, m * n) * element)
     if operation in ("add", "relu", "gelu", "copy"):
-        x, y = _tiled_random(shape, device).to(torch_dtype), _tiled_random(shape, device).to(torch_dtype)
+        x, y = tiled_random(shape, device).to(torch_dtype), tiled_random(shape, device).to(torch_dtype)
         out = torch.empty_like(x)
         calls = {"add": (functools.partial(torch.add, x, y, out=out), 1, 3),
                  "relu": (functools.partial(torch.clamp_min, x, 0, out=out), 1, 2),
@@ -293,7 +242,7 @@ def measure_point(operation: str, shape: tuple[int, ...], dtype: str = "float32"
     function, flops, moved, label, tensor_bytes = _point_kernel(operation, shape, dtype, device)
     kernels = list(alongside)
     if triad_alongside:
-        kernels.append(_triad(device, tensor_bytes)[0])
+        kernels.append(stream_triad(device, tensor_bytes)[0])
     taken: dict[int, list[float]] = {index: [] for index in range(len(kernels))}
     times = []
     for _ in range(samples):  # each sample of the point between two rounds of its roof's kernels
@@ -344,7 +293,7 @@ def measure_machine_roofline(*, dtypes: tuple[str, ...] = ("float32",), points: 
     the same statistic as a point's: a burst of load lowers neither a roof alone nor a point alone."""
     with threads(thread_count):
         used_threads = torch.get_num_threads()
-        triad, array_bytes = _triad(device, None)
+        triad, array_bytes = stream_triad(device, None)
         roof_matmuls = tuple(_square_matmul(size, device) for size in matmul_sizes)
 
         def roofs() -> tuple[list[float], dict[str, ComputeRoof]]:
