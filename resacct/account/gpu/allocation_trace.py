@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+from resacct.measurement.meta_op_cache import MetaOpCache
 
 __all__ = ["AllocationRecorder"]
 
@@ -50,10 +51,12 @@ class AllocationRecorder(TorchDispatchMode):
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._ids = itertools.count()
         self.window_start = 0  # the trace entry where :meth:`start_window` was called
+        # over meta tensors, a call seen before is answered without torch's Python meta kernel (the same storages made)
+        self.op_cache = MetaOpCache() if device == "meta" else None
 
     @no_type_check  # per op (26,788 checks in the CI quick tier) of hints that are all Any: nothing checked (docs/suite_time.md, session 7)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {})) if self.op_cache is None else self.op_cache.call(func, args, kwargs or {})
         for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device):
                 self.track(value)

@@ -15,6 +15,7 @@ predictions.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from resacct.formulas.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.measurement.flop_tracing import flop_warnings
 from resacct.training.gpt import parameter_count
 from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe
+from resacct.measurement.meta_op_cache import MetaOpCacheMode
 
 __all__ = [
     "AUTO_MEASURE_MAX_STEP_FLOPS",
@@ -318,7 +320,8 @@ def measure_step_once(
     parameters' dtype (FlopCounterMode counts from shapes); the gaps it reports are the copy's ops.
     """
     run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
-    with StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
+    # under the tracer, on meta: a call seen before answered without torch's Python meta kernels (the same outputs)
+    with (MetaOpCacheMode() if run.device_type == "meta" else contextlib.nullcontext()), StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
         with record_saved_activations(run.work) as saved:
             loss = run.loss(loss_fn)
         tracer.end_forward()
