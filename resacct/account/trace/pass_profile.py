@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["PASSES", "PassProfile", "pass_profile", "profile_text", "collector_off"]
 
 #: The passes in the order a step's account runs them (``other``: the rest of the time measured around them).
-PASSES = ("import", "cache", "load/build", "trace", "state", "activations", "peak", "real run", "time", "render")
+PASSES = ("import", "cache", "load/build", "trace", "state", "activations", "peak", "cuda step", "real run", "time", "render")
 
 #: (module, attribute — ``Class.method`` for a method, pass, a context manager?) for each timed function.
 _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
@@ -38,6 +38,7 @@ _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
     ("resacct.account.trace.cache", "_write", "cache", False),
     ("resacct.account.load.hf_models", "load_hf_config", "load/build", False),
     ("resacct.account.load.hf_models", "build_hf_model", "load/build", False),
+    ("resacct.account.load.hf_models", "repeated_depth", "load/build", False),  # the config's first read: transformers' import
     ("resacct.account.load.model_factory", "load_model", "load/build", False),
     ("resacct.training.gpt", "build_gpt", "load/build", False),
     ("resacct.account.trace.step_measurements", "measure_step_once", "trace", False),
@@ -48,6 +49,7 @@ _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
     ("resacct.account.peak.step_peak", "account_step_peak", "peak", False),
     ("resacct.account.peak.step_peak", "predict_step_peak", "peak", False),
     ("resacct.account.peak.step_peak", "measure_step_peak", "peak", False),
+    ("resacct.account.gpu.cuda_step", "predict_cuda_step_memory", "cuda step", False),  # --device BOARD: the step as CUDA runs it
     ("resacct.account.answers.gpt_step", "_measure_for_real", "real run", False),
     ("resacct.account.answers.generic", "_measure_peaks", "real run", False),
     ("resacct.account.answers.gpt_step", "_time_step", "time", False),
