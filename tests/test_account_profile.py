@@ -112,6 +112,7 @@ def test_collector_off_pauses_the_collector_and_leaves_nothing_frozen(frozen_fir
 @pytest.mark.slow  # an HF config's account and its CUDA step: ~2 CPU s
 def test_a_device_answer_names_the_cuda_step_pass(capsys):
     """``--device BOARD`` traces the step as CUDA runs it: its seconds are the ``cuda step`` pass, not ``other``."""
+    pytest.importorskip("transformers")
     assert main(["account", "--hf-config", "gpt2", "--batch", "1", "--seq", "64", "--device", "h100", "--no-cache", "--profile", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["profile_seconds"]
     assert report["cuda step"]["cpu_seconds"] > 0 and report["load/build"]["cpu_seconds"] > 0

@@ -123,6 +123,7 @@ class _NoCache(MetaOpCache):
 
 
 def _small_hf_model(model_type: str, layers: int = 3) -> nn.Module:
+    pytest.importorskip("transformers")
     from resacct.account.load.hf_models import build_hf_model
     from resacct.checks.hf import _small_spec
 
@@ -132,6 +133,7 @@ def _small_hf_model(model_type: str, layers: int = 3) -> nn.Module:
 
 
 @pytest.mark.parametrize(("model_type", "dtype", "attention"), [
+    ("resacct-gpt", torch.float32, None),  # no transformers: every torch admitted runs this one
     ("gpt2", torch.float32, "efficient"),
     ("llama", torch.bfloat16, "flash"),
     pytest.param("mixtral", torch.float32, "efficient", marks=pytest.mark.slow),
@@ -140,9 +142,17 @@ def test_the_cuda_allocator_pass_predicts_the_same_with_and_without_the_cache(mo
     from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
     from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 
-    model = _small_hf_model(model_type).to(dtype)
-    inputs = default_inputs(model, batch=2, seq=16, device="meta")
-    loss = lambda module, batch: loss_of_output(call_model(module, batch), "model")  # noqa: E731
+    if model_type == "resacct-gpt":
+        from resacct.measurement.activation_checkpointing import gpt_loss
+        from resacct.training.gpt import build_gpt, get_gpt_config
+
+        model = build_gpt(get_gpt_config("gpt-nano"), device="meta", seed=None)
+        tokens = torch.zeros(2, 16, dtype=torch.long)
+        inputs, loss = (tokens, tokens), lambda module, batch: gpt_loss(module, *batch)
+    else:
+        model = _small_hf_model(model_type).to(dtype)
+        inputs = default_inputs(model, batch=2, seq=16, device="meta")
+        loss = lambda module, batch: loss_of_output(call_model(module, batch), "model")  # noqa: E731
     made: list[MetaOpCache] = []
     monkeypatch.setattr(allocation_trace, "MetaOpCache", lambda: made.append(MetaOpCache()) or made[-1])
     cached = predict_cuda_step_memory(model, inputs, loss, cuda_adamw, attention=attention)
