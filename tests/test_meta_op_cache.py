@@ -178,3 +178,28 @@ def test_the_meta_pass_measures_the_same_with_and_without_the_cache(monkeypatch)
     uncached = step_measurements.measure_step_once(model, loss, "bf16-fp32-master")
     assert cached.flops == uncached.flops and cached.state == uncached.state
     assert cached.saved.entries == uncached.saved.entries and cached.saved.activation_bytes == uncached.saved.activation_bytes > 0
+
+
+def test_a_mode_below_the_cache_sees_every_op_itself() -> None:
+    """Answered from the cache, an op would reach a dispatch mode entered before the pass as
+    ``empty_strided``: under such a mode every call runs its kernel (and that mode sees the op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    a, b = _meta(4, 8), _meta(8, 2)
+    with Seen() as below, MetaOpCacheMode() as cached:
+        for _ in range(3):
+            torch.mm(a, b)
+    assert below.ops == ["aten.mm.default"] * 3 and cached.cache.hits == 0
+    with MetaOpCacheMode() as cached, Seen() as above:
+        for _ in range(3):
+            torch.mm(a, b)
+    assert above.ops == ["aten.mm.default"] * 3 and cached.cache.hits == 2

@@ -18,7 +18,8 @@ what the first call returned is kept only where it can be made again exactly —
 - an input returned (an in-place op's ``self``, an ``out=``): that input, by its position;
 - ``None`` or a number: itself.
 
-Never cached: a call with a tensor that is not a plain meta tensor (a CPU step counter's values matter), an
+Never cached: a call made while another dispatch mode sits **below** the one asking (that mode would see
+``empty_strided`` instead of the op: a FLOP counter or a tracker entered before the pass), a call with a tensor that is not a plain meta tensor (a CPU step counter's values matter), an
 op outside ``aten``, an op tagged ``inplace_view``, ``dynamic_output_shape`` or ``data_dependent_output``, a
 call whose inputs' metadata changed (``resize_``), an output that aliases an input without being it (a view)
 or shares a storage with another output. Such a call runs its kernel each time, as before.
@@ -78,7 +79,7 @@ class MetaOpCache:
         handling = self._handling.get(func)
         if handling is None:
             handling = self._handling[func] = _handling(func)
-        if handling == _RUN:
+        if handling == _RUN or torch._C._len_torch_dispatch_stack():  # a mode below this one must see the op itself
             self.passed += 1
             return func(*args, **kwargs)
         flat = _flat_arguments(args, kwargs)
