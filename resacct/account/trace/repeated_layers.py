@@ -128,6 +128,8 @@ class _Walk:
             return self.mapping(samples, what)
         if isinstance(first, (list, tuple)):
             return type(first)(self.sequence(samples, what))
+        if isinstance(first, str) and any(sample != first for sample in samples):
+            return _affine_text(samples, self.depth, what)
         if any(sample != first for sample in samples):
             raise NotRepeating(f"{what}: {samples!r} differ between depths")
         return samples[-1]
@@ -187,6 +189,27 @@ class _Walk:
         renamed = [[(name, dataclasses.replace(item, module=self.rename(name, 0)) if self.layer_of(name) else item) for name, item in sample]
                    for sample in named]
         return [dataclasses.replace(item, module=name) if self.layer_of(name) else item for name, item in self._laid_out(renamed, what)]
+
+
+_NUMBER = re.compile(r"\d[\d,]*")
+
+
+def _affine_text(samples: Sequence[str], depth: int, what: str) -> str:
+    """A text (a note) whose numbers change with depth: the same words at the three depths, each number
+    that changes on a line through them (``30, 39, 48 matmul call(s)`` → ``246`` at 27 layers), written at
+    ``depth`` as the deepest sample writes it (thousands separated by commas or not)."""
+    words = [_NUMBER.split(sample) for sample in samples]
+    numbers = [_NUMBER.findall(sample) for sample in samples]
+    if any(w != words[0] for w in words) or len({len(n) for n in numbers}) != 1:
+        raise NotRepeating(f"{what}: {list(samples)!r} differ between depths")
+    made = []
+    for texts in zip(*numbers):
+        v3, v4, v5 = (int(text.replace(",", "")) for text in texts)
+        if v4 - v3 != v5 - v4:
+            raise NotRepeating(f"{what}: {v3}, {v4}, {v5} in {samples[-1]!r} at depths {SAMPLE_DEPTHS} is not a line")
+        value = v5 + (depth - SAMPLE_DEPTHS[-1]) * (v5 - v4)
+        made.append(texts[-1] if v3 == v5 else f"{value:,}" if "," in texts[-1] else str(value))
+    return "".join(part for pair in zip(words[-1], [*made, ""]) for part in pair)
 
 
 def extrapolate_account(samples: Sequence[Any], depth: int, path: str) -> Any:
