@@ -1,4 +1,5 @@
-"""The CUDA allocator pass (``predict_cuda_step_memory`` over meta tensors) with and without
+"""The CUDA allocator pass (``predict_cuda_step_memory`` over meta tensors) and the FLOP trace of a step on
+meta (``trace_step_flops``, GPT-2 small, 4 × 64 tokens) with and without
 :class:`resacct.measurement.meta_op_cache.MetaOpCache`, interleaved in one process, the answers compared.
 
     python benchmarks/meta_op_cache.py                       # llama-2-7b bf16 seq 4096, llama-2-70b fp32 batch 4 × 4096
@@ -7,7 +8,7 @@
 Each round traces every layer once with the cache (a fresh one per pass, as the commands make it) and
 once without (every op through torch's meta kernels), the order alternating; prints the CPU seconds
 (``time.process_time``) of each, their ratio and the cache's hits, and exits 1 if any predicted number
-(allocated and reserved peaks, what is live at the peak, the segments) differs.
+(allocated and reserved peaks, what is live at the peak, the segments; the FLOPs per module) differs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from resacct.account.gpu import allocation_trace
 from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
 from resacct.account.load.hf_models import build_hf_model, load_hf_config
 from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
-from resacct.measurement.meta_op_cache import MetaOpCache
+from resacct.measurement.meta_op_cache import MetaOpCache, MetaOpCacheMode
 
 CASES = {"llama-2-7b": (torch.bfloat16, 1, 4096, "flash"), "llama-2-70b": (torch.float32, 4, 4096, "efficient")}
 
@@ -49,6 +50,32 @@ def _pass(model, inputs, attention: str, cached: bool) -> tuple[float, object, M
         return time.process_time() - began, prediction, made[0]
     finally:
         allocation_trace.MetaOpCache = MetaOpCache  # type: ignore[misc]
+
+
+def _flop_trace(rounds: int) -> bool:
+    import contextlib
+
+    from resacct.account.trace import step_measurements
+    from resacct.measurement.activations import gpt_loss
+    from resacct.training.gpt import build_gpt, get_gpt_config
+
+    net = build_gpt(get_gpt_config("gpt2-small"), device="meta")
+    tokens = torch.zeros(4, 64, dtype=torch.long, device="meta")
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    traces = {}
+    try:
+        for round_index in range(2 * rounds):
+            for cached in ((True, False) if round_index % 2 == 0 else (False, True)):
+                step_measurements.MetaOpCacheMode = MetaOpCacheMode if cached else contextlib.nullcontext  # type: ignore[assignment,misc]
+                began = time.process_time()
+                traces[cached] = step_measurements.trace_step_flops(net, lambda: gpt_loss(net, tokens, tokens))
+                seconds[cached].append(time.process_time() - began)
+    finally:
+        step_measurements.MetaOpCacheMode = MetaOpCacheMode  # type: ignore[misc]
+    with_cache, without = statistics.median(seconds[True]), statistics.median(seconds[False])
+    print(f"  trace_step_flops, gpt2-small on meta, 4 × 64 tokens ({2 * rounds} runs each): cache {with_cache:.3f} s, no cache {without:.3f} s; "
+          f"ratio {with_cache / without:.2f}; traces equal: {traces[True] == traces[False]}")
+    return traces[True] == traces[False]
 
 
 def main() -> int:
@@ -79,6 +106,7 @@ def main() -> int:
               f"cache {with_cache:.2f} s (runs {', '.join(f'{s:.2f}' for s in seconds[True])}), "
               f"no cache {without:.2f} s (runs {', '.join(f'{s:.2f}' for s in seconds[False])}); ratio {with_cache / without:.2f}; "
               f"{hits:,} calls answered from the cache, {misses:,} traced, {passed:,} passed through; predictions equal: {same}")
+    differing += not _flop_trace(arguments.rounds)
     return 1 if differing else 0
 
 

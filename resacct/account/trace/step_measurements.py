@@ -2,10 +2,9 @@
 state a real optimizer holds — the measurements :mod:`resacct.account` puts beside resacct's
 predictions.
 
-- :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (each op
-  under one module: :mod:`resacct.account.trace.module_flops`), with the ops it has no formula for; fused attention kernels (the CPU one
-  FlopCounterMode counts as 0 included) are counted from the sdpa call's shapes as the model's
-  matmuls (:mod:`resacct.formulas.attention_flops`), the fused backward's recomputation apart.
+- :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (:mod:`resacct.account.trace.module_flops`),
+  with the ops it has no formula for; fused attention kernels (the CPU one included) counted from the sdpa call's shapes as the
+  model's matmuls (:mod:`resacct.formulas.attention_flops`); on meta, calls seen before answered by :class:`MetaOpCacheMode`.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
   :data:`resacct.measurement.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
@@ -103,10 +102,8 @@ def sdpa_gap_formulas() -> dict[Any, Callable[..., int]]:
 
 
 class StepFlopTracer:
-    """One FlopCounterMode (and a record of every op) over a forward and its backward: the
-    forward's counts are copied when it ends (:meth:`end_forward`), the backward's are the
-    step's less them — what a second counter around the forward alone would count, at half the
-    tracing cost."""
+    """One FlopCounterMode (and a record of every op) over a forward and its backward: the forward's counts copied
+    when it ends (:meth:`end_forward`), the backward's the step's less them (a second counter's, at half the cost)."""
 
     def __init__(self, model: nn.Module, fill_tracer_gaps: bool) -> None:
         self.attention = FusedAttentionCount()
@@ -117,8 +114,11 @@ class StepFlopTracer:
         self.forward_counts: dict[str, dict[Any, int]] = {}
         self.forward_total = 0
         self.forward_calls: list[tuple[Any, int, int]] = []
+        on_meta = next((t.device.type == "meta" for t in (*model.parameters(), *model.buffers())), False)  # then, under the counters:
+        self.meta_calls = MetaOpCacheMode() if on_meta else contextlib.nullcontext()  # calls seen before made without torch's Python meta kernels
 
     def __enter__(self) -> StepFlopTracer:
+        self.meta_calls.__enter__()
         self.counter.__enter__()
         self.ops.__enter__()
         return self
@@ -126,6 +126,7 @@ class StepFlopTracer:
     def __exit__(self, *exc: Any) -> None:
         self.ops.__exit__(*exc)
         self.counter.__exit__(*exc)
+        self.meta_calls.__exit__(*exc)
 
     def end_forward(self) -> None:
         self.forward_counts = self.counter.get_flop_counts()  # a copy, per module and op
@@ -320,8 +321,7 @@ def measure_step_once(
     parameters' dtype (FlopCounterMode counts from shapes); the gaps it reports are the copy's ops.
     """
     run = _RecipeTraining(model, get_state_recipe(recipe), optimizer)
-    # under the tracer, on meta: a call seen before answered without torch's Python meta kernels (the same outputs)
-    with (MetaOpCacheMode() if run.device_type == "meta" else contextlib.nullcontext()), StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
+    with StepFlopTracer(run.work, fill_tracer_gaps) as tracer:
         with record_saved_activations(run.work) as saved:
             loss = run.loss(loss_fn)
         tracer.end_forward()
