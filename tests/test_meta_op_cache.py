@@ -203,3 +203,29 @@ def test_a_mode_below_the_cache_sees_every_op_itself() -> None:
         for _ in range(3):
             torch.mm(a, b)
     assert above.ops == ["aten.mm.default"] * 3 and cached.cache.hits == 2
+
+
+def test_the_default_dtype_is_part_of_the_key() -> None:
+    """A factory op without a dtype takes the default dtype: the same call under another default is another call."""
+    cache = MetaOpCache()
+    made = cache.call(aten.empty.memory_format, ([3],), {"device": torch.device("meta")})
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        again = cache.call(aten.empty.memory_format, ([3],), {"device": torch.device("meta")})
+    finally:
+        torch.set_default_dtype(previous)
+    assert (made.dtype, again.dtype) == (torch.float32, torch.float64) and cache.hits == 0
+
+
+def test_the_process_cache_is_shared_and_used_only_on_meta() -> None:
+    from resacct.measurement.meta_op_cache import meta_calls_cached, shared_meta_cache
+
+    assert shared_meta_cache() is shared_meta_cache()
+    on_meta, on_cpu = nn.Linear(4, 4, device="meta"), nn.Linear(4, 4)
+    with meta_calls_cached(on_cpu, _meta(2)) as mode:
+        assert isinstance(mode, MetaOpCacheMode) and mode.cache is shared_meta_cache()
+    with meta_calls_cached(on_meta) as mode:
+        assert isinstance(mode, MetaOpCacheMode)
+    with meta_calls_cached(on_cpu, torch.ones(2)) as mode:
+        assert mode is None  # nullcontext: nothing on meta

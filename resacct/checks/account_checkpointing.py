@@ -14,6 +14,7 @@ from resacct.checks.account import _tokens
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
+from resacct.measurement.meta_op_cache import meta_calls_cached
 from resacct.measurement.activations import (
     best_segment_count,
     gpt_loss,
@@ -91,9 +92,9 @@ def _backward_flops_and_modules(layers: int, batch: int, seq: int, segments: int
     config = _deep_config(layers)
     net = build_gpt(config, device="meta")
     tokens, targets = _tokens(config, batch, seq, "meta")
-    with FlopCounterMode(display=False) as forward_counter:
+    with meta_calls_cached(net), FlopCounterMode(display=False) as forward_counter:
         loss = gpt_loss(net, tokens, targets, checkpoint_segments=segments)
-    with FlopCounterMode(display=False) as backward_counter:
+    with meta_calls_cached(net), FlopCounterMode(display=False) as backward_counter:
         loss.backward()
     root = type(net).__name__
     modules = {name.removeprefix(root + "."): int(sum(per_op.values())) for name, per_op in forward_counter.get_flop_counts().items()}

@@ -34,14 +34,16 @@ from resacct.formulas.flops import (
 )
 from resacct.harness.registry import Outcome, check
 from resacct.harness.strategies import strategy
+from resacct.measurement.meta_op_cache import MetaOpCacheMode, shared_meta_cache
 from resacct.training.models import Cruncher, Linear, TwoLayerNetwork
 
 # ───────────────────────────── measuring tools (torch's own counts) ─────────────────────────────
 
 
 def _flop_counter_total(run: Callable[[], Any]) -> int:
-    """FLOPs FlopCounterMode counts while ``run()`` executes."""
-    with FlopCounterMode(display=False) as counter:
+    """FLOPs FlopCounterMode counts while ``run()`` executes (meta calls seen before answered from the
+    process's cache under it: :func:`~resacct.measurement.meta_op_cache.shared_meta_cache`)."""
+    with MetaOpCacheMode(shared_meta_cache()), FlopCounterMode(display=False) as counter:
         run()
     return int(counter.get_total_flops())
 

@@ -188,6 +188,7 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
 def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int,
                      experts: int, experts_per_token: int, dtype: str, dropout: float, batch: int, seq: int):  # type: ignore[no-untyped-def]
     from resacct.measurement.activations import record_saved_activations
+    from resacct.measurement.meta_op_cache import meta_calls_cached
     from resacct.formulas.hf_formulas import architecture_of
     from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
 
@@ -197,7 +198,7 @@ def _saved_by_module(model_type: str, attention: str, device: str, hidden: int, 
     model = build_hf_model(HfConfigSpec(name=spec.name, source=spec.source, values=values), device=device, attention=attention)  # type: ignore[attr-defined]
     model = model.to(getattr(torch, dtype)).train()
     ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
-    with torch.random.fork_rng(), record_saved_activations(model) as saved:
+    with torch.random.fork_rng(), meta_calls_cached(model), record_saved_activations(model) as saved:
         model(input_ids=ids, labels=ids)
     return tuple(saved.by_module().items()), architecture_of(model.config)
 

@@ -37,13 +37,15 @@ True
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, no_type_check
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-__all__ = ["MetaOpCache", "MetaOpCacheMode", "MAX_ENTRIES"]
+__all__ = ["MetaOpCache", "MetaOpCacheMode", "MAX_ENTRIES", "shared_meta_cache", "meta_calls_cached"]
 
 #: Entries kept before the cache starts afresh (a step of any depth needs a few thousand).
 MAX_ENTRIES = 50_000
@@ -86,8 +88,8 @@ class MetaOpCache:
         if handling == _WRITES_VALUES_ONLY and all(not isinstance(value, torch.Tensor) or _plain_meta(value) for value in flat):
             self.hits += 1
             return None  # an in-place foreach update of meta tensors: no values to write, nothing made or resized
-        try:
-            key = (func, tuple(_key_of(value) for value in flat))
+        try:  # the default dtype too: a factory op without a dtype, a float scalar with integers, take theirs from it
+            key = (func, torch.get_default_dtype(), tuple(_key_of(value) for value in flat))
         except _Uncacheable:
             self.passed += 1
             return func(*args, **kwargs)
@@ -157,7 +159,7 @@ def _key_of(value: Any) -> Any:
 def _entry_of(out: Any, flat_inputs: list, key: Any) -> Any:
     """What to make on a hit, or False (never answer this call from the cache)."""
     try:
-        if tuple(_key_of(value) for value in flat_inputs) != key[1]:
+        if tuple(_key_of(value) for value in flat_inputs) != key[2]:
             return False  # an input's shape, strides or flags changed (resize_, set_): run the kernel each time
     except _Uncacheable:
         return False
@@ -214,10 +216,27 @@ class MetaOpCacheMode(TorchDispatchMode):
     (FlopCounterMode, a recorder), it sits under them and answers the calls they pass on, right
     where the meta kernels would run."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: MetaOpCache | None = None) -> None:
         super().__init__()
-        self.cache = MetaOpCache()
+        self.cache = MetaOpCache() if cache is None else cache
 
     @no_type_check  # per op
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return self.cache.call(func, args, kwargs or {})
+
+
+@functools.cache
+def shared_meta_cache() -> MetaOpCache:
+    """One cache for the whole process: a call's answer depends only on its key (the op, the arguments'
+    metadata, the default dtype), so every trace on meta may share what another made (MAX_ENTRIES bounds it)."""
+    return MetaOpCache()
+
+
+def meta_calls_cached(*things: Any) -> contextlib.AbstractContextManager:
+    """A :class:`MetaOpCacheMode` over :func:`shared_meta_cache` where any of ``things`` (modules, tensors)
+    is on the meta device — entered before a pass's own modes, it sits under them; else nothing."""
+    for thing in things:
+        tensors = [thing] if isinstance(thing, torch.Tensor) else [*thing.parameters(), *thing.buffers()] if isinstance(thing, torch.nn.Module) else []
+        if any(tensor.device.type == "meta" for tensor in tensors):
+            return MetaOpCacheMode(shared_meta_cache())
+    return contextlib.nullcontext()

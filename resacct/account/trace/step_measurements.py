@@ -35,7 +35,7 @@ from resacct.formulas.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.measurement.flop_tracing import flop_warnings
 from resacct.training.gpt import parameter_count
 from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe
-from resacct.measurement.meta_op_cache import MetaOpCacheMode
+from resacct.measurement.meta_op_cache import MetaOpCacheMode, shared_meta_cache
 
 __all__ = [
     "AUTO_MEASURE_MAX_STEP_FLOPS",
@@ -115,7 +115,7 @@ class StepFlopTracer:
         self.forward_total = 0
         self.forward_calls: list[tuple[Any, int, int]] = []
         on_meta = next((t.device.type == "meta" for t in (*model.parameters(), *model.buffers())), False)  # then, under the counters:
-        self.meta_calls = MetaOpCacheMode() if on_meta else contextlib.nullcontext()  # calls seen before made without torch's Python meta kernels
+        self.meta_calls = MetaOpCacheMode(shared_meta_cache()) if on_meta else contextlib.nullcontext()  # calls seen before: no Python meta kernels
 
     def __enter__(self) -> StepFlopTracer:
         self.meta_calls.__enter__()
