@@ -229,3 +229,14 @@ def test_the_process_cache_is_shared_and_used_only_on_meta() -> None:
         assert isinstance(mode, MetaOpCacheMode)
     with meta_calls_cached(on_cpu, torch.ones(2)) as mode:
         assert mode is None  # nullcontext: nothing on meta
+
+
+def test_the_kv_cache_counted_on_meta_is_the_same_with_and_without_the_cache(monkeypatch) -> None:
+    import contextlib
+
+    from resacct.account.load import meta_facts
+
+    model = _small_hf_model("llama")
+    cached = meta_facts._cache_elements(model, 24)
+    monkeypatch.setattr(meta_facts, "meta_calls_cached", lambda *things: contextlib.nullcontext())
+    assert cached == meta_facts._cache_elements(model, 24) == 3 * 2 * 24 * 2 * (64 // 4)  # layers · (k, v) · tokens · kv heads · head size

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from resacct.errors import ResacctError
+from resacct.measurement.meta_op_cache import meta_calls_cached
 
 __all__ = ["MetaModelFacts", "meta_model_facts", "EXPERT_COUNT_KEYS"]
 
@@ -105,7 +106,7 @@ class MetaModelFacts:
 def _cache_elements(model: Any, tokens: int) -> int:
     model.eval()
     ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
-    with torch.no_grad():
+    with torch.no_grad(), meta_calls_cached(model):  # each layer's calls the same: answered from the process's cache
         try:
             output = model(input_ids=ids, use_cache=True)
         except Exception as error:  # a model whose forward cannot run on meta
