@@ -162,19 +162,21 @@ def test_the_cuda_allocator_pass_predicts_the_same_with_and_without_the_cache(mo
 
 
 def test_the_meta_pass_measures_the_same_with_and_without_the_cache(monkeypatch) -> None:
+    import contextlib
+
     from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
     from resacct.account.trace import step_measurements
+    from resacct.measurement.meta_op_cache import meta_calls_cached
 
     model = _small_hf_model("llama")
     inputs = default_inputs(model, batch=2, seq=16, device="meta")
     loss = lambda module: loss_of_output(call_model(module, inputs), "model")  # noqa: E731
+    modes: list = []
+    monkeypatch.setattr(step_measurements, "meta_calls_cached", lambda *things: modes.append(meta_calls_cached(*things)) or modes[-1])
+    hits_before = meta_op_cache.shared_meta_cache().hits
     cached = step_measurements.measure_step_once(model, loss, "bf16-fp32-master")
-
-    class Uncached(MetaOpCacheMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            return func(*args, **(kwargs or {}))
-
-    monkeypatch.setattr(step_measurements, "MetaOpCacheMode", Uncached)
+    assert isinstance(modes[0], MetaOpCacheMode) and meta_op_cache.shared_meta_cache().hits > hits_before  # the pass used the cache
+    monkeypatch.setattr(step_measurements, "meta_calls_cached", lambda *things: contextlib.nullcontext())
     uncached = step_measurements.measure_step_once(model, loss, "bf16-fp32-master")
     assert cached.flops == uncached.flops and cached.state == uncached.state
     assert cached.saved.entries == uncached.saved.entries and cached.saved.activation_bytes == uncached.saved.activation_bytes > 0

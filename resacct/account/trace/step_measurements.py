@@ -4,7 +4,7 @@ predictions.
 
 - :func:`trace_step_flops` — FlopCounterMode over forward and backward, per module (:mod:`resacct.account.trace.module_flops`),
   with the ops it has no formula for; fused attention kernels (the CPU one included) counted from the sdpa call's shapes as the
-  model's matmuls (:mod:`resacct.formulas.attention_flops`); on meta, calls seen before answered by :class:`MetaOpCacheMode`.
+  model's matmuls (:mod:`resacct.formulas.attention_flops`); on meta, calls seen before answered by :func:`~resacct.measurement.meta_op_cache.meta_calls_cached`.
 - :func:`measure_training_state` — parameters, gradients, master weights and optimizer state held
   by a real ``torch.optim`` optimizer after real steps under a precision recipe of
   :data:`resacct.measurement.memory.STATE_RECIPES`, deduplicated by storage, step counters included.
@@ -14,7 +14,6 @@ predictions.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from resacct.formulas.flops import DispatchedOps, UncountedOp, uncounted_ops
 from resacct.measurement.flop_tracing import flop_warnings
 from resacct.training.gpt import parameter_count
 from resacct.measurement.memory import StateRecipe, distinct_storage_bytes, get_state_recipe
-from resacct.measurement.meta_op_cache import MetaOpCacheMode, shared_meta_cache
+from resacct.measurement.meta_op_cache import meta_calls_cached
 
 __all__ = [
     "AUTO_MEASURE_MAX_STEP_FLOPS",
@@ -114,8 +113,7 @@ class StepFlopTracer:
         self.forward_counts: dict[str, dict[Any, int]] = {}
         self.forward_total = 0
         self.forward_calls: list[tuple[Any, int, int]] = []
-        on_meta = next((t.device.type == "meta" for t in (*model.parameters(), *model.buffers())), False)  # then, under the counters:
-        self.meta_calls = MetaOpCacheMode(shared_meta_cache()) if on_meta else contextlib.nullcontext()  # calls seen before: no Python meta kernels
+        self.meta_calls = meta_calls_cached(model)  # on meta, under the counters: calls seen before without Python meta kernels
 
     def __enter__(self) -> StepFlopTracer:
         self.meta_calls.__enter__()
