@@ -39,6 +39,10 @@ CASES = [
     (["roofline", "--threads", "0"], "must be a whole number greater than 0"),
     (["roofline", "--sparse"], "--sparse applies to a datasheet roofline"),
     (["devices", "--color"], "unrecognized arguments: --color"),
+    # an option the command does not take names the command's own --help (it has the options), not the top level's
+    (["shard", "--ranks", "8"], "resacct shard: error: unrecognized arguments: --ranks 8 (see 'resacct shard --help')"),
+    (["memory", "--params", "7e9", "--foo", "3"], "resacct memory: error: unrecognized arguments: --foo 3 (see 'resacct memory --help')"),
+    (["--bogus"], "resacct: error: unrecognized arguments: --bogus (see 'resacct --help')"),
     (["memory", "--params", "0"], "'0' must be greater than 0"),
     (["memory", "--params", "7.5B", "--zero", "7"], "invalid choice: 7"),
     (["memory", "--params", "7.5B", "--devices", "0"], "must be a whole number greater than 0"),

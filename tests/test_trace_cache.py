@@ -211,3 +211,97 @@ def test_the_folder_keeps_the_answers_used_last(cache_folder: Path, monkeypatch:
         cached("demo", {"n": 1}, compute)
         assert last_outcome() == "stored"  # pruned, traced again
     assert len(calls) == 5
+
+
+def test_a_gpu_record_edited_or_added_gives_new_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``--device BOARD`` answer is calibrated by the committed GPU records: editing one, or adding
+    another, must not leave an answer from the older records in the cache."""
+    records = tmp_path / "gpu"
+    records.mkdir()
+    (records / "board.json").write_text('{"board": "B", "when": "2026-11-26"}')
+    monkeypatch.setattr(trace_cache, "_RECORDS", (records,))
+    trace_cache.source_fingerprint.cache_clear()
+    try:
+        first = trace_cache.source_fingerprint()
+        trace_cache.source_fingerprint.cache_clear()
+        (records / "board.json").write_text('{"board": "B", "when": "2026-11-27"}')
+        edited = trace_cache.source_fingerprint()
+        trace_cache.source_fingerprint.cache_clear()
+        (records / "another.json").write_text('{"board": "C", "when": "2026-11-28"}')
+        added = trace_cache.source_fingerprint()
+        trace_cache.source_fingerprint.cache_clear()
+        (records / "notes.txt").write_text("not a record")
+        assert len({first, edited, added}) == 3 and trace_cache.source_fingerprint() == added
+    finally:
+        trace_cache.source_fingerprint.cache_clear()
+
+
+def test_the_shipped_and_committed_gpu_records_are_in_the_fingerprint() -> None:
+    """The folders named are the ones resacct.account.gpu.recorded reads."""
+    from resacct.account.gpu.recorded import PACKAGED_RECORDS, REPOSITORY, record_path
+
+    assert PACKAGED_RECORDS in trace_cache._RECORDS and REPOSITORY / "docs" / "gpu" in trace_cache._RECORDS
+    assert record_path("docs/gpu/x.json").parent in trace_cache._RECORDS
+
+
+def test_a_lora_question_names_what_its_answer_depends_on(tmp_path: Path) -> None:
+    """The shape flags (the formulas: no trace, no torch) are never cached; with --hf-config every
+    size, choice and budget is in the key, and a board and --memory-gb together are refused first."""
+    from resacct.cli import lora
+    from resacct.cli.app import build_parser, subparsers_of
+    from resacct.errors import ResacctError
+
+    parser = build_parser()
+    lora.register(subparsers_of(parser))
+    assert lora._question(parser.parse_args(["lora", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128"])) is None
+    config = _config(tmp_path)
+    base = ["lora", "--hf-config", config, "--seq", "16"]
+    question = lora._question(parser.parse_args(base))
+    assert question is not None and question["config"] == TINY_LLAMA and question["targets"] is None and question["board"] is None
+    others = [["--rank", "4"], ["--targets", "q_proj"], ["--base", "fp32"], ["--dropout", "0.1"], ["--batch", "2"], ["--seq", "32"],
+              ["--gradient-checkpointing"], ["--trace-all-layers"], ["--device", "h100"], ["--memory-gb", "1"], ["--reserve-gb", "1"],
+              ["--units", "binary"]]
+    keys = {json.dumps(lora._question(parser.parse_args([*base, *flags])), sort_keys=True) for flags in others}
+    assert len(keys) == len(others) and json.dumps(question, sort_keys=True) not in keys
+    assert lora._question(parser.parse_args([*base, "--json"])) == question  # the same answer, printed as JSON
+    assert lora._question(parser.parse_args([*base, "--hidden", "64"])) is None  # refused by the answer, never cached
+    with pytest.raises(ResacctError, match="not both"):
+        lora._question(parser.parse_args([*base, "--device", "h100", "--memory-gb", "1"]))
+
+
+@pytest.mark.slow  # a tiny LoRA step traced three times, then read back
+def test_lora_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from resacct.account.fit import lora_batch
+    from resacct.account.trace import lora_step
+
+    argv = ["lora", "--hf-config", _config(tmp_path), "--seq", "16", "--base", "fp32", "--memory-gb", "0.002"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "trace cache" not in first.err and len(list(cache_folder.glob("hf-lora-*.pickle"))) == 1
+    assert "largest batch at seq 16:" in first.out and "traced" in first.out
+    assert main([*argv, "--json"]) == 0  # the same question printed as JSON: read back, not traced
+    first_json = capsys.readouterr().out
+    assert json.loads(first_json)["largest_batch"] > 1
+    traced: list[str] = []
+    with monkeypatch.context() as patched:
+        def refuse(*args: object, **kwargs: object) -> None:  # the command answers an untraced step by its formulas: counted
+            traced.append("traced again")
+            raise AssertionError("traced again: the answer should have come from the cache")
+
+        patched.setattr(lora_step, "trace_lora_step", refuse)
+        patched.setattr(lora_batch, "largest_lora_batch", refuse)
+        assert main(argv) == 0
+        second = capsys.readouterr()
+        assert second.out == first.out and "resacct lora: answered from the trace cache" in second.err
+        assert main([*argv, "--json"]) == 0 and capsys.readouterr().out == first_json
+        assert traced == []
+        main([*argv, "--no-cache"])
+        assert traced == ["traced again"] and "trace cache" not in capsys.readouterr().err
+        patched.setenv("RESACCT_NO_CACHE", "1")
+        main(argv)
+        assert traced == ["traced again"] * 2
+    assert main([*argv[:-1], "0.003"]) == 0  # another budget: another question, traced
+    assert len(list(cache_folder.glob("hf-lora-*.pickle"))) == 2

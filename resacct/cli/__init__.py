@@ -64,7 +64,9 @@ def _main(argv: list[str]) -> int:
     for module in _command_modules(argv):
         module.register(subparsers)  # type: ignore[attr-defined]
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # what the command does not take: its own usage and --help named, not the top level's
+            (subparsers.choices.get(getattr(args, "command", None)) or parser).error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as exit_:
         return int(exit_.code or 0)
     if getattr(args, "run", None) is None:

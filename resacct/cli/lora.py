@@ -19,6 +19,8 @@ step's peak on fake CPU tensors — temporaries included — is the total that d
 resacct has no LoRA closed form for the model, the traced step's state, FLOPs and saved bytes are shown.
 The largest batch that fits is then searched as ``fit`` searches (:mod:`resacct.account.fit.lora_batch`):
 the peaks at batches 1 and 2 name it, and the step is traced at the answer (it fits) and one more (it does not).
+A second ``--hf-config`` question asked the same way is answered from the trace cache
+(:mod:`resacct.cli._cached_answer`; ``--no-cache`` traces afresh).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
@@ -110,6 +113,32 @@ def _activation_bytes_looped(architecture: Any, args: argparse.Namespace, batch:
 
 
 def _run_lora(args: argparse.Namespace) -> int:
+    """The answer (:func:`_answer`), read back from the trace cache where ``--hf-config`` asked the same before."""
+    from resacct.cli._cached_answer import cached_command_answer
+
+    fields, text = cached_command_answer("lora", "hf-lora", _question(args), lambda: _answer(args), no_cache=args.no_cache)
+    return emit(args, fields, text)
+
+
+def _question(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What a ``--hf-config`` answer depends on, for the trace cache's key (None: the shape flags, answered by
+    the formulas in milliseconds, or flags the answer refuses — never cached)."""
+    shape_flags = ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")
+    if args.hf_config is None or any(getattr(args, name, None) is not None for name in shape_flags):
+        return None
+    board, memory_bytes = device_memory_bytes(args)  # a board and --memory-gb together: refused here, before the config is read
+    from resacct.account.load.hf_models import load_hf_config
+
+    spec = load_hf_config(args.hf_config)
+    return {"config": spec.values, "name": spec.name, "source": spec.source, "rank": args.rank,
+            "targets": None if args.targets is None else list(args.targets), "base": args.base, "dropout": args.dropout,
+            "batch": args.batch, "seq": args.seq, "gradient_checkpointing": args.gradient_checkpointing,
+            "trace_all_layers": args.trace_all_layers, "board": None if board is None else board.name, "memory_bytes": memory_bytes,
+            "reserve_gb": args.reserve_gb, "units": args.units}
+
+
+def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The command's JSON fields and its text."""
     from resacct.formulas.hf_formulas import predict_step_flops
     from resacct.formulas.lora import BASE_FORMAT_BITS, LORA_TARGETS, lora_step_flops, lora_training_memory
 
@@ -248,7 +277,7 @@ def _run_lora(args: argparse.Namespace) -> int:
                               dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
-    return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+    return fields, with_caveat(fields, "\n".join(lines), board)
 
 
 def _refuse_missing_targets(targets: tuple[str, ...], adaptable: Any, linear_names: list[str], name: str) -> None:
@@ -345,6 +374,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_device_arguments(parser, required=False)
     parse_boards_at_the_edge(parser, "a CUDA board adds the step's predicted CUDA allocated and reserved peaks and its step time there")
+    add_no_cache_flag(parser)
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_lora)

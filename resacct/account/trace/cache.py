@@ -92,16 +92,20 @@ def last_outcome() -> str | None:
 
 #: The parts of resacct an answer is computed by (the commands render it afresh; claims, checks, harness and reports never touch it).
 _ANSWERING = ("account", "measurement", "formulas", "facts", "training", "hf_configs", "errors.py", "__init__.py")
+#: The GPU records a ``--device BOARD`` answer is calibrated by (resacct.account.gpu.recorded): the copies an installed
+#: resacct ships and, in a checkout, the committed ones under docs/gpu — a record edited or added gives new keys.
+_RECORDS = (_PACKAGE / "specs" / "gpu_records", _PACKAGE.parent / "docs" / "gpu")
 
 
 @lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """sha256 over the ``.py``, ``.yaml`` and ``.json`` files of the parts of resacct that compute an
-    answer (paths and contents): any edit of them gives new keys."""
+    answer and the GPU records (paths and contents): any edit of them gives new keys."""
     digest = hashlib.sha256()
     files = [p for part in _ANSWERING for p in ((_PACKAGE / part).rglob("*") if (_PACKAGE / part).is_dir() else [_PACKAGE / part])]
+    files += [p for folder in _RECORDS if folder.is_dir() for p in folder.glob("*.json")]
     for path in sorted(p for p in files if p.suffix in (".py", ".yaml", ".json") and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(_PACKAGE)).encode())
+        digest.update(str(path.relative_to(_PACKAGE.parent) if path.is_relative_to(_PACKAGE.parent) else path).encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
         digest.update(b"\0")
