@@ -57,6 +57,33 @@ def test_an_affine_peak_takes_four_traces_up_to_128_and_one_more_per_64_fold(bas
         assert affine_deviation_bytes(probes) in (None, 0)
 
 
+@given(base=st.integers(0, 10**9), slope=st.integers(1, 10**6), bend=st.integers(0, 50), budget=st.integers(0, 10**10),
+       first=st.integers(1, 5000), second=st.integers(1, 10**5), limit=st.integers(1, 10**6))
+@settings(max_examples=200, deadline=None)
+def test_a_search_from_a_known_size_finds_what_doubling_and_bisection_find(base, slope, bend, budget, first, second, limit):
+    """``first``: a size whose peak the caller holds (lora's own --batch). Affine or convex peaks, any
+    budget: the answer is the reference's; the first size is the first probe, batch 1 is traced only
+    where it does not fit; the answer fits and one more does not, both probed."""
+    first = min(first, limit)
+
+    def peak(n):
+        return base + slope * n + bend * n * n
+
+    largest, probes = largest_fitting(peak, budget, limit=limit, first=first, second=second)
+    sizes = [p.size for p in probes]
+    assert largest == bisect_largest(peak, budget, limit)
+    assert sizes[0] == first and len(sizes) == len(set(sizes))
+    assert (1 in sizes) == (first == 1 or peak(first) > budget)
+    if largest is not None:
+        assert largest in sizes and (largest == limit or largest + 1 in sizes)
+    assert all(p.peak_bytes == peak(p.size) and p.fits == (p.peak_bytes <= budget) for p in probes)
+
+
+def test_a_first_size_past_the_limit_is_refused():
+    with pytest.raises(ValueError, match="first size 9: expected 1 to the limit 8"):
+        largest_fitting(lambda n: n, 100, limit=8, first=9)
+
+
 def test_a_curved_peak_falls_back_and_still_finds_the_answer():
     def peak(n):  # convex: the line through 1 and 2 promises far more than fits
         return 1000 + 10 * n + n * n

@@ -95,7 +95,8 @@ class _Probing:
 
 def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit: int,
                     on_probe: Callable[[FitProbe], None] | None = None,
-                    phase_peaks_of: Callable[[int], dict[str, int]] | None = None, second: int = 2) -> tuple[int | None, list[FitProbe]]:
+                    phase_peaks_of: Callable[[int], dict[str, int]] | None = None, second: int = 2,
+                    first: int = 1) -> tuple[int | None, list[FitProbe]]:
     """The largest n in 1..``limit`` with ``peak_of(n) ≤ budget_bytes`` (None: not even 1), for a
     ``peak_of`` that grows with n, and every probe made (n + 1 among them unless n is the limit).
 
@@ -110,7 +111,9 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     last, between the largest that fits and the smallest that does not, by their line, bisecting
     when the line would not halve the gap. ``second``: the size probed after 1 (default 2; a caller
     with a guess at the answer names it: where the line through 1 and the guess answers the guess,
-    the guess + 1 is the one more probe — **three traces**).
+    the guess + 1 is the one more probe — **three traces**). ``first``: the size probed first (default
+    1; a caller that holds one size's peak already names it, so the line runs through it and the guess:
+    where that size fits, every smaller one does, and 1 is never traced; where it does not, 1 is).
 
     >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6)
     >>> answer, [p.size for p in probes]
@@ -123,16 +126,26 @@ def largest_fitting(peak_of: Callable[[int], int], budget_bytes: float, *, limit
     >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6, second=9)
     >>> answer, [p.size for p in probes]
     (9, [1, 9, 10])
+    >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1095, limit=10**6, first=4, second=9)
+    >>> answer, [p.size for p in probes]
+    (9, [4, 9, 10])
+    >>> answer, probes = largest_fitting(lambda n: 1000 + 10 * n, 1035, limit=10**6, first=4, second=9)
+    >>> answer, sorted(p.size for p in probes)
+    (3, [1, 3, 4])
     """
+    if not 1 <= first <= limit:
+        raise ValueError(f"first size {first}: expected 1 to the limit {limit}")
     search = _Probing(peak_of, budget_bytes, on_probe, phase_peaks_of)
     probes, fits, line = search.probes, search.fits, search.line
-    if not fits(1):
-        return None, list(probes.values())
-    low, previous, high = 1, None, None  # low fits; high (when known) does not; previous: the size that fit before low
+    low, previous, high = first, None, None  # low fits; high (when known) does not; previous: the size that fit before low
+    if not fits(first):
+        if first == 1 or not fits(1):
+            return None, list(probes.values())
+        low, high = 1, first
     while high is None and low < limit:
         guess = None if previous is None else line(previous, low)
         if guess is None or guess < low:  # the line's second size, or × 8 while the line does not rise (or low fits above it)
-            size = max(second, 2) if previous is None else 8 * low
+            size = max(second, low + 1) if previous is None else 8 * low
         else:  # the line's answer (at most GROWTH × low: a line from small sizes may miss by far); when that is low itself, one more
             size = min(max(guess, low + 1), GROWTH * low)
         size = min(size, limit)

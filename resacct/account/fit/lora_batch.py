@@ -6,7 +6,8 @@ the peaks at batch 1 and at a second batch give each phase's line, its answer ``
 what one trace says (the budget over the peak's growth per sequence): where that is ``b`` already,
 ``b + 1`` is the only other trace. Where the peak is not
 affine in the batch (another phase takes the peak over) the search goes on from the probes made.
-The command's own batch (1 by default) is reused, not traced again: two traces where one trace's
+The command's own batch (1 by default) is reused, not traced again, and is the search's first size
+(where it fits, so does every smaller batch: batch 1 is not traced): two traces where one trace's
 guess is the answer, three where the line through it names another (up to 64 × the guess: one more
 per × 64 beyond, as in ``fit``). The peft model is built once for the search.
 """
@@ -141,8 +142,9 @@ def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base
                 peaks[batch] = trace(batch)
         return int(peaks[batch].peak_bytes)
 
+    first = min((batch for batch in peaks if batch <= limit), default=1)  # the command's own batch: the line runs through it
     largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]),
-                                      second=_one_trace_guess(peaks, budget_bytes))
+                                      second=_one_trace_guess(peaks, budget_bytes), first=first)
     return LoraBatchAnswer(largest=largest or 0, budget_bytes=budget_bytes, probes=tuple(probes),
                            traced=sum(probe.size not in reused for probe in probes), limit=limit, layers_note=said.get("how"))
 
