@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from resacct.cli._model_args import device_memory_bytes
+from resacct.cli._search_progress import add_progress_flag, probe_progress
 from resacct.cli.arguments import positive_int, reserve_gigabytes, seconds
 from resacct.cli.output import emit, user_output_to_stderr, with_caveat
 from resacct.errors import ResacctError
@@ -59,8 +60,7 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-gb", type=reserve_gigabytes, default=0.0, help="with a model: GB to keep free (CUDA context, fragmentation; default: 0)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="K", help="micro-steps whose gradients accumulate per step (default: 1)")
     parser.add_argument("--max-batch", type=positive_int, default=None, metavar="N", help="the largest micro-batch to try (default: 1,048,576)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="one line per probe on stderr (default: once the search has run 2 s); never on stdout")
+    add_progress_flag(parser)
     parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="stop the search after SECONDS with one line naming the phase and your code's line, exit 2 (Ctrl-C: exit 130)")
     parser.add_argument("--no-cache", action="store_true",
@@ -145,11 +145,7 @@ def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float,
     target = _target(args)
     units = args.units
 
-    def on_probe(probe: Any) -> None:
-        if args.progress or (args.progress is None and time.perf_counter() - started > 2.0):
-            verdict = "fits" if probe.fits else "does not fit"
-            print(f"resacct fit: {args.search} {probe.size:,}: predicted {_bytes_text(probe.peak_bytes, units)} {verdict} "
-                  f"({probe.seconds:.1f} s; {time.perf_counter() - started:.0f} s in all)", file=sys.stderr, flush=True)
+    on_probe = probe_progress("fit", args.search, args.progress, started, lambda value: _bytes_text(value, units))
 
     with running_phase(f"searching the largest {args.search} that fits (each probe the step on fake tensors)"):
         return fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,

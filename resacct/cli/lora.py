@@ -26,9 +26,11 @@ A second ``--hf-config`` question asked the same way is answered from the trace 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from resacct.cli._cached_answer import add_no_cache_flag
+from resacct.cli._search_progress import add_progress_flag, probe_progress
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
@@ -139,6 +141,7 @@ def _question(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The command's JSON fields and its text."""
+    started = time.perf_counter()
     from resacct.formulas.hf_formulas import predict_step_flops
     from resacct.formulas.lora import BASE_FORMAT_BITS, LORA_TARGETS, lora_step_flops, lora_training_memory
 
@@ -202,7 +205,9 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
         search = largest_lora_batch(config, rank=args.rank, targets=tuple(args.targets), base=args.base, seq=args.seq,
                                     budget_bytes=memory_bytes - reserved, dropout=args.dropout,
-                                    gradient_checkpointing=args.gradient_checkpointing, known={args.batch: traced.peak}, model=traced.model)
+                                    gradient_checkpointing=args.gradient_checkpointing, known={args.batch: traced.peak}, model=traced.model,
+                                    on_probe=probe_progress("lora", "batch", args.progress, started,
+                                                            lambda value: gigabytes_text(value, args.units)))
         largest = search.largest
     else:
         largest = None
@@ -374,6 +379,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
     add_device_arguments(parser, required=False)
     parse_boards_at_the_edge(parser, "a CUDA board adds the step's predicted CUDA allocated and reserved peaks and its step time there")
+    add_progress_flag(parser, "with --hf-config and a budget: one line per batch the search traces")
     add_no_cache_flag(parser)
     add_units_flag(parser)
     add_json_flag(parser)

@@ -120,11 +120,13 @@ def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: 
 
 def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, budget_bytes: float,
                        dropout: float = 0.0, gradient_checkpointing: bool = False, known: dict[int, Any] | None = None,
-                       model: Any = None, limit: int = MAX_LORA_BATCH, layers: str = "auto") -> LoraBatchAnswer:
+                       model: Any = None, limit: int = MAX_LORA_BATCH, layers: str = "auto",
+                       on_probe: Callable[[FitProbe], None] | None = None) -> LoraBatchAnswer:
     """The largest batch (at most ``limit``) whose LoRA step (see :func:`lora_batch_peaks`) peaks within
     ``budget_bytes``, by :func:`~resacct.account.fit.lines.largest_fitting`; ``known``: predicted peaks
     already traced, by batch (reused); ``model``: the peft model on meta (or the three shallow ones), if
-    already built; ``layers``: how a deep stack is traced when the models are built here (:func:`lora_batch_peaks`)."""
+    already built; ``layers``: how a deep stack is traced when the models are built here (:func:`lora_batch_peaks`);
+    ``on_probe``: called with each probe traced here, as it is made (the command's progress lines)."""
     import warnings
 
     from resacct.account.fit.search import phase_peaks_bytes
@@ -144,7 +146,8 @@ def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base
 
     first = min((batch for batch in peaks if batch <= limit), default=1)  # the command's own batch: the line runs through it
     largest, probes = largest_fitting(peak_of, budget_bytes, limit=limit, phase_peaks_of=lambda batch: phase_peaks_bytes(peaks[batch]),
-                                      second=_one_trace_guess(peaks, budget_bytes), first=first)
+                                      second=_one_trace_guess(peaks, budget_bytes), first=first,
+                                      on_probe=None if on_probe is None else lambda probe: None if probe.size in reused else on_probe(probe))
     return LoraBatchAnswer(largest=largest or 0, budget_bytes=budget_bytes, probes=tuple(probes),
                            traced=sum(probe.size not in reused for probe in probes), limit=limit, layers_note=said.get("how"))
 
