@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -305,3 +306,52 @@ def test_lora_hf_config_answers_the_second_time_from_the_cache(cache_folder: Pat
         assert traced == ["traced again"] * 2
     assert main([*argv[:-1], "0.003"]) == 0  # another budget: another question, traced
     assert len(list(cache_folder.glob("hf-lora-*.pickle"))) == 2
+
+
+def test_shard_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``shard --hf-config``'s whole answer (each rank's peak, the board's CUDA peaks) is read back for the same
+    question; ``--no-cache`` predicts afresh, ``--measure`` (gloo ranks run the step) and ``--model`` factories never
+    cache. The prediction (child processes, seconds) is replaced by a counted stand-in: the wiring is under test."""
+    from resacct.cli import shard
+
+    answered: list[tuple[Any, ...]] = []
+
+    def answer(args: Any, board: Any, memory_bytes: Any) -> tuple[dict[str, Any], str]:
+        answered.append((args.devices, None if board is None else board.name, memory_bytes))
+        return {"devices": args.devices, "board": None if board is None else board.name}, f"{args.devices} ranks\n"
+
+    monkeypatch.setattr(shard, "_answer", answer)
+    argv = ["shard", "--hf-config", _config(tmp_path), "--devices", "2", "--seq", "16", "--device", "h100"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert first.out == second.out == "2 ranks\n" and first.err == "" and "resacct shard: answered from the trace cache" in second.err
+    assert len(answered) == 1 and len(list(cache_folder.glob("hf-shard-*.pickle"))) == 1
+    assert main([*argv, "--json"]) == 0 and json.loads(capsys.readouterr().out) == {"devices": 2, "board": "h100-sxm"}
+    assert len(answered) == 1
+    main([*argv, "--no-cache"])
+    main([*argv, "--measure"])
+    main([*argv, "--measure"])
+    assert len(answered) == 4
+    main([*argv[:4], "4", *argv[5:]])  # four ranks: another question
+    assert len(answered) == 5 and len(list(cache_folder.glob("hf-shard-*.pickle"))) == 2
+
+
+def test_a_shard_question_is_none_for_a_factory_and_a_measurement(tmp_path: Path) -> None:
+    from resacct.cli import shard
+    from resacct.cli.app import build_parser, subparsers_of
+    from resacct.errors import ResacctError
+
+    parser = build_parser()
+    shard.register(subparsers_of(parser))
+    factory = parser.parse_args(["shard", "--model", "resacct.account.answers.generic:mlp", "--devices", "2"])
+    assert shard._question(factory, None, None) is None
+    config = _config(tmp_path)
+    assert shard._question(parser.parse_args(["shard", "--hf-config", config, "--measure"]), None, None) is None
+    question = shard._question(parser.parse_args(["shard", "--hf-config", config, "--rank", "1", "--engine", "zero2"]), None, 8e10)
+    assert question is not None and question["config"] == TINY_LLAMA and question["ranks"] == [1] and question["engine"] == "zero2"
+    assert question["memory_bytes"] == 8e10 and question["layers"] == "auto"
+    with pytest.raises(ResacctError, match="--loss apply to --model"):
+        shard._question(parser.parse_args(["shard", "--hf-config", config, "--loss", "mse"]), None, None)

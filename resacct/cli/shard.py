@@ -9,6 +9,8 @@ on 2 and 4 ranks (``resacct/specs/peak_sharded.claims.yaml``). Beside it: the Ze
 state (parameters, gradients, optimizer state — no activations, no buffers). With ``--device`` or
 ``--memory-gb``, whether the largest rank's peak fits; with ``--measure`` (a small model), the step
 run for real on local gloo ranks too, each rank's CPU allocator peak beside its prediction.
+A second ``--hf-config`` question asked the same way is answered from the trace cache
+(:mod:`resacct.cli._cached_answer`; ``--no-cache`` predicts afresh; never with ``--measure``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import sys
 from typing import Any
 
+from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
 from resacct.cli.arguments import non_negative_float, positive_int, seconds
@@ -74,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace-all-layers", action="store_true",
                         help="with --hf-config: trace every decoder layer (default: under an FSDP engine, a stack of more than 16 identical "
                              "layers is traced at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")
+    add_no_cache_flag(parser, "predict afresh")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run_shard)
@@ -89,6 +93,29 @@ def run_shard(args: argparse.Namespace) -> int:
     if outside:
         raise ResacctError(f"--rank {', '.join(map(str, outside))}: expected ranks 0 to {args.devices - 1} of --devices {args.devices}")
     board, memory_bytes = device_memory_bytes(args)
+    from resacct.cli._cached_answer import cached_command_answer
+
+    fields, text = cached_command_answer("shard", "hf-shard", _question(args, board, memory_bytes),
+                                         lambda: _answer(args, board, memory_bytes), no_cache=args.no_cache)
+    return emit(args, fields, text)
+
+
+def _question(args: argparse.Namespace, board: Any, memory_bytes: float | None) -> dict[str, Any] | None:
+    """What a ``--hf-config`` prediction depends on, for the trace cache's key (None: a ``--model`` factory, whose
+    code may change, ``--measure``, a measurement, or flags the answer refuses — never cached)."""
+    model = model_source(args)  # a bad combination of model flags: refused here, one line
+    if args.hf_config is None or args.measure:
+        return None
+    from resacct.account.load.hf_models import load_hf_config
+
+    spec = load_hf_config(args.hf_config)
+    return {"config": spec.values, "name": spec.name, "source": spec.source, "layers": model.layers, "engine": args.engine,
+            "devices": args.devices, "ranks": args.rank, "batch": args.batch, "seq": args.seq,
+            "board": None if board is None else board.name, "memory_bytes": memory_bytes, "units": args.units}
+
+
+def _answer(args: argparse.Namespace, board: Any, memory_bytes: float | None) -> tuple[dict[str, Any], str]:
+    """Each rank predicted in a child (and its CUDA peaks with a board): the JSON fields and the text."""
     from resacct.account.load.user_code import stopping_after
 
     with stopping_after(args.timeout, command="resacct shard", hint="expected a run within the limit: raise --timeout, or fewer --devices "
@@ -102,7 +129,7 @@ def run_shard(args: argparse.Namespace) -> int:
     if gpu is not None:  # --device BOARD: each rank's CUDA caching allocator peaks there
         fields["gpu"] = gpu
         text += _gpu_text(gpu, memory_bytes, args.units)
-    return emit(args, fields, with_caveat(fields, text, board))
+    return fields, with_caveat(fields, text, board)
 
 
 def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str, Any]:
