@@ -355,3 +355,35 @@ def test_a_shard_question_is_none_for_a_factory_and_a_measurement(tmp_path: Path
     assert question["memory_bytes"] == 8e10 and question["layers"] == "auto"
     with pytest.raises(ResacctError, match="--loss apply to --model"):
         shard._question(parser.parse_args(["shard", "--hf-config", config, "--loss", "mse"]), None, None)
+
+
+def test_infer_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``infer --hf-config``'s answer (the model built on meta, its own KV cache after a meta forward, a board's
+    CUDA peaks) is read back for the same question; the shape flags never cache (the formulas, no torch). The
+    build and trace are replaced by a counted stand-in: the wiring is under test (the real answer: one-off in docs/account.md)."""
+    from resacct.cli import infer
+
+    answered: list[int] = []
+
+    def answer(args: Any) -> tuple[dict[str, Any], str]:
+        answered.append(args.batch)
+        return {"batch": args.batch}, f"batch {args.batch}\n"
+
+    monkeypatch.setattr(infer, "_answer", answer)
+    argv = ["infer", "--hf-config", _config(tmp_path), "--batch", "2", "--device", "h100"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert first.out == second.out == "batch 2\n" and first.err == "" and "resacct infer: answered from the trace cache" in second.err
+    assert main([*argv, "--json"]) == 0 and json.loads(capsys.readouterr().out) == {"batch": 2} and answered == [2]
+    main([*argv, "--no-cache"])
+    main(["infer", "--hf-config", _config(tmp_path), "--batch", "3"])
+    shape = ["infer", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--mlp", "128", "--vocab", "256", "--context", "64"]
+    main(shape)
+    main(shape)
+    assert answered == [2, 2, 3, 1, 1] and len(list(cache_folder.glob("hf-infer-*.pickle"))) == 2
+    capsys.readouterr()
+    assert main([*argv, "--memory-gb", "1"]) == 2  # a board and a memory: one line, exit 2, nothing answered
+    assert "not both" in capsys.readouterr().err and len(answered) == 5

@@ -4,7 +4,8 @@ the key/value heads) — and, on a device, whether it fits, the largest batch at
 the largest context at that batch.
 
 The cache term is checked against a real transformers ``generate`` loop's cache on the CPU
-(``resacct/specs/inference.claims.yaml``); NF4 is QLoRA's 4.127 bits (double quantisation).
+(``resacct/specs/inference.claims.yaml``); NF4 is QLoRA's 4.127 bits (double quantisation). A second
+``--hf-config`` question asked the same way is answered from the trace cache (:mod:`resacct.cli._cached_answer`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
@@ -44,6 +46,29 @@ def _row(label: str, value_bytes: float, units: str) -> str:
 
 
 def _run_infer(args: argparse.Namespace) -> int:
+    """The answer (:func:`_answer`), read back from the trace cache where ``--hf-config`` asked the same before."""
+    from resacct.cli._cached_answer import cached_command_answer
+
+    fields, text = cached_command_answer("infer", "hf-infer", _question(args), lambda: _answer(args), no_cache=args.no_cache)
+    return emit(args, fields, text)
+
+
+def _question(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What a ``--hf-config`` answer depends on, for the trace cache's key (None: the shape flags, answered by the
+    formulas in milliseconds, or flags the answer refuses — never cached)."""
+    if args.hf_config is None or any(getattr(args, key, None) is not None for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")):
+        return None
+    board, memory_bytes = device_memory_bytes(args)  # a board and --memory-gb together: refused here
+    from resacct.account.load.hf_models import load_hf_config
+
+    spec = load_hf_config(args.hf_config)
+    return {"config": spec.values, "name": spec.name, "source": spec.source, "batch": args.batch, "context": args.context,
+            "weights": args.weights, "kv_format": args.kv_format, "board": None if board is None else board.name,
+            "memory_bytes": memory_bytes, "reserve_gb": args.reserve_gb, "units": args.units}
+
+
+def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The command's JSON fields and its text."""
     from resacct.formulas.kv_cache import KV_FORMAT_BYTES, WEIGHT_FORMAT_BITS, inference_memory
     from resacct.formulas.hf_formulas import predict_parameters
 
@@ -116,7 +141,7 @@ def _run_infer(args: argparse.Namespace) -> int:
         gpu = infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
-    return emit(args, fields, with_caveat(fields, "\n".join(lines), board))
+    return fields, with_caveat(fields, "\n".join(lines), board)
 
 
 def _model(args: argparse.Namespace) -> tuple[str, Any, Any]:
@@ -155,6 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"KV-cache element format: {', '.join(KV_FORMAT_BYTES)} (default: bf16)")
     add_device_arguments(parser, required=False)
     parse_boards_at_the_edge(parser, "a CUDA board adds the prefill's predicted CUDA allocated and reserved peaks there")
+    add_no_cache_flag(parser, "build and trace afresh")
     add_units_flag(parser)
     add_json_flag(parser)
     parser.set_defaults(run=_run_infer)
