@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
@@ -47,8 +47,6 @@ def _row(label: str, value_bytes: float, units: str) -> str:
 
 def _run_infer(args: argparse.Namespace) -> int:
     """The answer (:func:`_answer`), read back from the trace cache where ``--hf-config`` asked the same before."""
-    from resacct.cli._cached_answer import cached_command_answer
-
     fields, text = cached_command_answer("infer", "hf-infer", _question(args), lambda: _answer(args), no_cache=args.no_cache)
     return emit(args, fields, text)
 

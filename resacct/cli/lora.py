@@ -18,7 +18,8 @@ also traced (:mod:`resacct.account.trace.lora_step`): peft on the model built on
 step's peak on fake CPU tensors — temporaries included — is the total that decides "fits"; where
 resacct has no LoRA closed form for the model, the traced step's state, FLOPs and saved bytes are shown.
 The largest batch that fits is then searched as ``fit`` searches (:mod:`resacct.account.fit.lora_batch`):
-the peaks at batches 1 and 2 name it, and the step is traced at the answer (it fits) and one more (it does not).
+the peaks at the command's own batch and at one trace's guess name it, and the step is traced at the answer
+(it fits) and one more (it does not); ``--progress`` reports each batch traced.
 A second ``--hf-config`` question asked the same way is answered from the trace cache
 (:mod:`resacct.cli._cached_answer`; ``--no-cache`` traces afresh).
 """
@@ -29,7 +30,7 @@ import argparse
 import time
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
 from resacct.cli._search_progress import add_progress_flag, probe_progress
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
 from resacct.cli._units import add_units_flag, gigabytes_text
@@ -116,8 +117,6 @@ def _activation_bytes_looped(architecture: Any, args: argparse.Namespace, batch:
 
 def _run_lora(args: argparse.Namespace) -> int:
     """The answer (:func:`_answer`), read back from the trace cache where ``--hf-config`` asked the same before."""
-    from resacct.cli._cached_answer import cached_command_answer
-
     fields, text = cached_command_answer("lora", "hf-lora", _question(args), lambda: _answer(args), no_cache=args.no_cache)
     return emit(args, fields, text)
 

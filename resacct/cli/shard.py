@@ -20,7 +20,7 @@ import contextlib
 import sys
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
 from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
 from resacct.cli.arguments import non_negative_float, positive_int, seconds
@@ -93,8 +93,6 @@ def run_shard(args: argparse.Namespace) -> int:
     if outside:
         raise ResacctError(f"--rank {', '.join(map(str, outside))}: expected ranks 0 to {args.devices - 1} of --devices {args.devices}")
     board, memory_bytes = device_memory_bytes(args)
-    from resacct.cli._cached_answer import cached_command_answer
-
     fields, text = cached_command_answer("shard", "hf-shard", _question(args, board, memory_bytes),
                                          lambda: _answer(args, board, memory_bytes), no_cache=args.no_cache)
     return emit(args, fields, text)
