@@ -183,3 +183,41 @@ def test_the_roofline_png_labels_neither_overlap_nor_leave_the_picture(tmp_path,
     assert any(line.startswith("3. matmul 1024×1024 @ 1024×1024 float32") for line in legend), legend
     legend_box, axes_box = axes.get_legend().get_window_extent(renderer), axes.get_window_extent(renderer)
     assert legend_box.y1 <= axes_box.y0  # below the axes: it covers no point (the tight picture holds it)
+
+
+def test_the_rates_take_a_triad_measured_already_instead_of_measuring_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime model's out-of-cache triad (1.2 of its rates' 1.5 s) is the roofline's where the process measured
+    that already, one thread: the claims' phase of timed claims measures it once, not twice."""
+    from resacct.checks import runtime_model as checks
+    from resacct.measurement import measured_roofline
+    from resacct.measurement.runtime_model import measure_machine_costs
+
+    triads: list[int] = []
+    original = measured_roofline.measure_memory_roof
+
+    def counted(**kwargs):  # type: ignore[no-untyped-def]
+        triads.append(kwargs.get("array_bytes") or 0)
+        return original(**{**kwargs, "array_bytes": kwargs.get("array_bytes") or 2**20})  # small arrays: the count is under test
+
+    monkeypatch.setattr(measured_roofline, "measure_memory_roof", counted)
+    given = measure_machine_costs(dram_bytes_per_sec=1.5e10)
+    assert given.dram_bytes_per_sec == 1.5e10 and triads == [measured_roofline.last_level_cache_bytes() // 8]  # the in-cache triad only
+    triads.clear()
+    assert measure_machine_costs().dram_bytes_per_sec > 0 and len(triads) == 2  # its own out-of-cache triad, and the in-cache one
+
+    class _Cached:  # this_machine_roofline with (or without) a measurement kept
+        def __init__(self, size: int, threads: int) -> None:
+            self.size, self.threads = size, threads
+
+        def cache_info(self):  # type: ignore[no-untyped-def]
+            return type("Info", (), {"currsize": self.size})()
+
+        def __call__(self) -> MeasuredRoofline:
+            return MeasuredRoofline(memory=MemoryRoof(2.5e10, 1.9e10, 2**26, ()), compute={}, points=(), threads=self.threads)
+
+    monkeypatch.setattr(measured_roofline, "this_machine_roofline", _Cached(0, 1))
+    assert checks._dram_measured_already() is None
+    monkeypatch.setattr(measured_roofline, "this_machine_roofline", _Cached(1, 1))
+    assert checks._dram_measured_already() == 2.5e10
+    monkeypatch.setattr(measured_roofline, "this_machine_roofline", _Cached(1, 2))
+    assert checks._dram_measured_already() is None  # another thread count: another clock

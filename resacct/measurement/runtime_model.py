@@ -108,13 +108,16 @@ def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: 
     return min(best_until_stable_sec(function, min_samples=samples, max_samples=samples, min_sample_sec=min_sample_sec, max_total_sec=float("inf")))
 
 
-def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384) -> MachineCosts:
-    """Measure the rates with dedicated kernels (about a second on one CPU thread)."""
+def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384,
+                          dram_bytes_per_sec: float | None = None) -> MachineCosts:
+    """Measure the rates with dedicated kernels (about a second and a half on one CPU thread, 1.2 s of it
+    the out-of-cache triad: ``dram_bytes_per_sec``, when given, is that triad measured already — the same
+    kernel, arrays and clock, e.g. by :func:`~resacct.measurement.measured_roofline.this_machine_roofline`)."""
     from resacct.facts.dtypes import parse_dtype
     from resacct.measurement.measured_roofline import last_level_cache_bytes, measure_compute_roof, measure_memory_roof
 
     cache = last_level_cache_bytes()
-    dram = measure_memory_roof(max_total_sec=0.5).bandwidth_bytes_per_sec
+    dram = dram_bytes_per_sec if dram_bytes_per_sec is not None else measure_memory_roof(max_total_sec=0.5).bandwidth_bytes_per_sec
     in_cache = measure_memory_roof(array_bytes=cache // 8, max_total_sec=0.3).bandwidth_bytes_per_sec
     matmul = {dtype: measure_compute_roof(str(parse_dtype(dtype)).removeprefix("torch."), size=matmul_size, max_total_sec=0.5).peak_flops_per_sec
               for dtype in dtypes}
