@@ -108,11 +108,9 @@ def _best_sec(function: Callable[[], object], samples: int = 7, min_sample_sec: 
     return min(best_until_stable_sec(function, min_samples=samples, max_samples=samples, min_sample_sec=min_sample_sec, max_total_sec=float("inf")))
 
 
-def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384,
-                          dram_bytes_per_sec: float | None = None) -> MachineCosts:
-    """Measure the rates with dedicated kernels (about a second and a half on one CPU thread, 1.2 s of it
-    the out-of-cache triad: ``dram_bytes_per_sec``, when given, is that triad measured already — the same
-    kernel, arrays and clock, e.g. by :func:`~resacct.measurement.measured_roofline.this_machine_roofline`)."""
+def measure_machine_costs(*, dtypes: tuple[str, ...] = ("float32",), matmul_size: int = 384, dram_bytes_per_sec: float | None = None) -> MachineCosts:
+    """Measure the rates with dedicated kernels (~1.5 s on one CPU thread, 1.2 of it the out-of-cache triad:
+    ``dram_bytes_per_sec`` is that triad measured already, e.g. by ``this_machine_roofline``)."""
     from resacct.facts.dtypes import parse_dtype
     from resacct.measurement.measured_roofline import last_level_cache_bytes, measure_compute_roof, measure_memory_roof
 
