@@ -12,6 +12,8 @@ holds each rank's peak, when it occurs and what is live at it, beside the ZeRO p
 
 from __future__ import annotations
 
+import copy
+
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +132,10 @@ def account_sharded_step(model: ModelSource, *, engine: str, world_size: int, ba
         notes.append(onednn_note("bfloat16", unprobed))
     if answer.get("layers_note"):
         notes.append(answer["layers_note"])
+    from resacct.account.peak.rank_classes import same_shards_note
+
+    if (same := same_shards_note(answer["representatives"])) is not None:
+        notes.append(same)
     if ranks is None and len(chosen) < world_size:
         notes.append(f"ranks {', '.join(map(str, chosen))} of {world_size} predicted (--rank R asks for others): FSDP pads the last rank's "
                      "shards; ZeroRedundancyOptimizer gives whole tensors to ranks in order")
@@ -168,12 +174,15 @@ def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: t
     """In the child: build the model on meta, then each rank's step on fake tensors. A
     :class:`ResacctError` comes back as its message (one line for the user)."""
     from resacct.account.peak.layer_segments import NotRepeating
+    from resacct.account.peak.rank_classes import representative_ranks
     from resacct.account.peak.sharded import fsdp_units, predict_rank_summaries
     from resacct.account.peak.sharded_layers import sampled_rank_summaries
     from resacct.account.trace.repeated_layers import sampled_note
 
     try:
         target = model.target()
+        representatives = representative_ranks([tuple(p.shape) for p in target.model.parameters()], engine, world_size, ranks)
+        asked, ranks = ranks, tuple(dict.fromkeys(representatives.values()))  # one rank traced for those holding the same shards
         fixed_seq = seq if seq is not None else target.seq_limit
         if seq is not None and target.seq_limit is not None and seq > target.seq_limit:
             raise ResacctError(f"seq {seq} is longer than {target.name}'s context length {target.seq_limit}; expected seq ≤ {target.seq_limit}")
@@ -189,6 +198,8 @@ def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: t
             summaries = predict_rank_summaries(target.model, target.make_inputs(batch, fixed_seq), target.loss_fn(), engine, world_size, ranks)
     except ResacctError as error:
         return str(error)
+    traced = dict(zip(ranks, (summary["allocator"] for summary in summaries)))
     return {"name": target.name, "seq": fixed_seq, "parameters": sum(p.numel() for p in target.model.parameters()),
-            "units": len(fsdp_units(target.model)) if engine != "zero1" else 0, "summaries": [summary["allocator"] for summary in summaries],
-            "layers_note": layers_note}
+            "units": len(fsdp_units(target.model)) if engine != "zero1" else 0,
+            "summaries": [copy.deepcopy(traced[representatives[rank]]) for rank in asked], "layers_note": layers_note,
+            "representatives": representatives}

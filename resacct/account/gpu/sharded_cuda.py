@@ -171,8 +171,11 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         bits = 16 if (engine == "fsdp2-bf16" or next((p.element_size() for p in net.parameters()), 4) == 2) else 32
         kernel = kernel_for_bits[bits]
         workspaces = _rank_workspaces(net, board)
-        answers = []
-        for rank in ranks:
+        from resacct.account.peak.rank_classes import representative_ranks
+
+        representatives = representative_ranks([tuple(p.shape) for p in net.parameters()], engine, world_size, ranks)
+        traced: dict[int, dict[str, Any]] = {}
+        for rank in dict.fromkeys(representatives.values()):  # one rank traced for those holding the same shards
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             try:
                 mesh, tracker, costs = engine_mesh(engine, world_size), CudaShardedTracker(), _op_costs()
@@ -196,10 +199,10 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
                     answer["compute_step_sec"] = time.step_sec
                     answer["compute_step_basis"] = (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; collectives "
                                                     f"not timed (a lower bound); {rates.source}")
-                answers.append(answer)
+                traced[rank] = answer
             finally:
                 dist.destroy_process_group()
-        return answers
+        return [dict(traced[representatives[rank]], rank=rank) for rank in ranks]
     except ResacctError as error:
         return str(error)
 

@@ -1,0 +1,64 @@
+"""Ranks traced once for those holding shards of the same shapes (resacct/account/peak/rank_classes.py):
+the rows each rank holds are torch.chunk's (FSDP2's ``_chunk_with_empty``), and a rank traced alone
+gives exactly what its class's trace gave it — the CPU step and the CUDA allocator's peaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resacct.account.peak.rank_classes import local_rows, representative_ranks, same_shards_note
+
+
+@given(rows=st.integers(0, 5000), world_size=st.integers(1, 64))
+@settings(max_examples=200, deadline=None)
+def test_each_rank_holds_the_rows_torch_chunk_gives_it(rows: int, world_size: int) -> None:
+    chunks = [len(chunk) for chunk in torch.chunk(torch.empty(rows), world_size)] if rows else []
+    chunks += [0] * (world_size - len(chunks))  # FSDP2's _chunk_with_empty: empty shards for the ranks torch.chunk leaves out
+    assert [local_rows(rows, world_size, rank) for rank in range(world_size)] == chunks
+
+
+def test_ranks_with_the_same_rows_share_a_trace_and_zero1_never() -> None:
+    shapes = [(4096, 4096), (11008, 4096), (32000, 4096), (4096,)]  # llama-2-7b's: every dimension divides by 8
+    assert representative_ranks(shapes, "fsdp2", 8, range(8)) == {0: 0, **{rank: 1 for rank in range(1, 8)}}  # the first traced: its own
+    assert representative_ranks(shapes, "zero1", 8, range(8)) == {rank: rank for rank in range(8)}
+    uneven = [(64, 64), (128, 64), (10,)]  # 10 rows on 3 ranks: 4, 4, 2
+    assert representative_ranks(uneven, "fsdp2-bf16", 4, (0, 1, 2, 3)) == {0: 0, 1: 1, 2: 1, 3: 3}
+    assert representative_ranks(uneven, "zero2", 4, (3, 2, 1)) == {3: 3, 2: 2, 1: 2}  # the second asked leads its class
+    assert representative_ranks([(), (4,)], "fsdp2", 4, (0, 1, 2)) == {0: 0, 1: 1, 2: 1}  # a 0-dim parameter: rank 0 alone holds it
+    assert same_shards_note({0: 0, 1: 0, 2: 2, 3: 0}) == ("ranks whose every parameter keeps the same rows run the same step: traced once "
+                                                          "— ranks 1, 3 as rank 0 (resacct.account.peak.rank_classes)")
+    assert same_shards_note({0: 0, 1: 1}) is None
+
+
+_TINY = "tests.fixtures_hf_models:tiny_llama"  # 64, 128 and 32 rows on 5 ranks: 13/26/7 on ranks 0-3, 12/24/4 on rank 4
+
+
+@pytest.mark.slow  # four child processes
+def test_a_rank_traced_alone_gives_what_its_class_trace_gave() -> None:
+    pytest.importorskip("transformers")
+    from resacct.account.answers.sharded import account_sharded_step
+    from resacct.account.fit.search import ModelSource
+
+    model = ModelSource(factory=_TINY)
+    together = account_sharded_step(model, engine="fsdp2", world_size=5, batch=1, seq=16, ranks=(0, 1, 2, 3, 4))
+    assert any("ranks 2, 3 as rank 1" in note for note in together.notes)
+    for rank in (2, 3, 4):  # each traced after rank 0 in its process, as in the class's own run
+        assert account_sharded_step(model, engine="fsdp2", world_size=5, batch=1, seq=16, ranks=(0, rank)).ranks[1] == together.ranks[rank]
+    assert together.ranks[4].peak_bytes != together.ranks[1].peak_bytes  # the last rank's shorter shards: its own class
+
+
+@pytest.mark.slow  # four child processes
+def test_a_ranks_cuda_peaks_traced_alone_are_what_its_class_trace_gave() -> None:
+    pytest.importorskip("transformers")
+    from resacct.account.fit.search import ModelSource
+    from resacct.account.gpu.sharded_cuda import predict_sharded_cuda_peaks
+    from resacct.facts.hardware import get_accelerator
+
+    model, board = ModelSource(factory=_TINY), get_accelerator("h100")
+    together = predict_sharded_cuda_peaks(model, engine="fsdp2", world_size=5, ranks=(0, 1, 2, 3, 4), batch=1, seq=16, board=board)
+    assert [answer["rank"] for answer in together] == [0, 1, 2, 3, 4]
+    for rank in (2, 3, 4):  # each after rank 0 in its process, as in the class's own run
+        assert predict_sharded_cuda_peaks(model, engine="fsdp2", world_size=5, ranks=(0, rank), batch=1, seq=16, board=board)[1] == together[rank]
