@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["add_no_cache_flag", "cached_command_answer"]
+__all__ = ["add_no_cache_flag", "cached_command_answer", "hf_config_question"]
 
 T = TypeVar("T")
 
@@ -23,6 +23,16 @@ def add_no_cache_flag(parser: Any, what: str = "trace afresh") -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help=f"with --hf-config: {what}, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
                              "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
+
+
+def hf_config_question(args: Any, board: Any, memory_bytes: float | None, **choices: Any) -> dict[str, Any]:
+    """The trace cache's key for a ``--hf-config`` answer: the config's values, name and source, the board or memory, the
+    units of its text, and the command's own ``choices`` (sizes, formats, engine …)."""
+    from resacct.account.load.hf_models import load_hf_config
+
+    spec = load_hf_config(args.hf_config)
+    return {"config": spec.values, "name": spec.name, "source": spec.source, "board": None if board is None else board.name,
+            "memory_bytes": memory_bytes, "units": args.units, **choices}
 
 
 def cached_command_answer(command: str, kind: str, question: dict[str, Any] | None, compute: Callable[[], T], *, no_cache: bool) -> T:

@@ -13,7 +13,8 @@ from resacct.cli.arguments import gigabytes, positive_int, reserve_gigabytes
 from resacct.errors import ResacctError
 
 __all__ = ["shipped_hf_config_names", "add_model_arguments", "add_model_source_arguments", "model_source", "parse_input_shape", "add_device_arguments",
-           "model_architecture", "model_config", "device_memory_bytes"]
+           "model_architecture", "model_config", "device_memory_bytes",
+           "SHAPE_FLAGS", "shape_flags_given", "refuse_shape_flags_with_hf_config"]
 
 
 def shipped_hf_config_names() -> list[str]:
@@ -128,6 +129,21 @@ def model_architecture(args: argparse.Namespace) -> tuple[str, Any]:
                                             kv_heads=args.kv_heads or heads, head_dim=head_dim, mlp=args.mlp, positions=0)
 
 
+#: The flags that give a model by its shape (``add_model_arguments``), refused beside ``--hf-config``.
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")
+
+
+def shape_flags_given(args: argparse.Namespace) -> list[str]:
+    """The shape flags given, as typed (``--kv-heads``)."""
+    return [f"--{name.replace('_', '-')}" for name in SHAPE_FLAGS if getattr(args, name, None) is not None]
+
+
+def refuse_shape_flags_with_hf_config(args: argparse.Namespace) -> None:
+    """One line where ``--hf-config`` and a shape flag are both given."""
+    if args.hf_config is not None and (given := shape_flags_given(args)):
+        raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+
+
 def model_config(args: argparse.Namespace) -> tuple[str, Any, Any]:
     """The model's name, its :class:`HfArchitecture` where resacct has a family formula for it (None
     otherwise: any other transformers ``model_type``), and its transformers config to build it from
@@ -135,10 +151,7 @@ def model_config(args: argparse.Namespace) -> tuple[str, Any, Any]:
     if args.hf_config is None:  # the shape flags: the napkin path, formulas only (torch is never imported)
         name, architecture = model_architecture(args)
         return name, architecture, None
-    given = [f"--{name.replace('_', '-')}" for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")
-             if getattr(args, name, None) is not None]
-    if given:
-        raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+    refuse_shape_flags_with_hf_config(args)
     from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.formulas.hf_formulas import FAMILIES

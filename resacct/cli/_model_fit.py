@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._model_args import device_memory_bytes
 from resacct.cli._search_progress import add_progress_flag, probe_progress
 from resacct.cli.arguments import positive_int, reserve_gigabytes, seconds
@@ -63,9 +64,7 @@ def add_model_fit_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_flag(parser)
     parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="stop the search after SECONDS with one line naming the phase and your code's line, exit 2 (Ctrl-C: exit 130)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="with --hf-config: search afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
-                             "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
+    add_no_cache_flag(parser, "search afresh")
     parser.add_argument("--trace-all-layers", action="store_true",
                         help="with --hf-config: each probe traces every decoder layer (default: a stack of more than 16 identical layers "
                              "is traced at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
 from resacct.cli._units import add_units_flag, gigabytes_text
@@ -155,9 +156,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="where the time goes: CPU and wall seconds per pass (import, load/build, trace, state, activations, peak, "
                              "time, render) on stderr; with --json under profile_seconds")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="with --hf-config: trace afresh, neither reading nor writing the trace cache ($RESACCT_CACHE_DIR, else "
-                             "~/.cache/resacct/traces; RESACCT_NO_CACHE=1 does the same)")
+    add_no_cache_flag(parser)
     parser.add_argument("--trace-all-layers", action="store_true",
                         help="with --hf-config: trace every decoder layer (default: a stack of more than 16 identical layers is traced "
                              "at depths 3, 4 and 5 and extrapolated, each number checked on the third depth)")

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
-from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer, hf_config_question
+from resacct.cli._model_args import (add_device_arguments, add_model_arguments, device_memory_bytes, model_architecture,
+                                     refuse_shape_flags_with_hf_config, shape_flags_given)
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
 from resacct.cli.devices import parse_boards_at_the_edge, untraced_gpu_answer
@@ -54,15 +55,11 @@ def _run_infer(args: argparse.Namespace) -> int:
 def _question(args: argparse.Namespace) -> dict[str, Any] | None:
     """What a ``--hf-config`` answer depends on, for the trace cache's key (None: the shape flags, answered by the
     formulas in milliseconds, or flags the answer refuses — never cached)."""
-    if args.hf_config is None or any(getattr(args, key, None) is not None for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")):
+    if args.hf_config is None or shape_flags_given(args):
         return None
     board, memory_bytes = device_memory_bytes(args)  # a board and --memory-gb together: refused here
-    from resacct.account.load.hf_models import load_hf_config
-
-    spec = load_hf_config(args.hf_config)
-    return {"config": spec.values, "name": spec.name, "source": spec.source, "batch": args.batch, "context": args.context,
-            "weights": args.weights, "kv_format": args.kv_format, "board": None if board is None else board.name,
-            "memory_bytes": memory_bytes, "reserve_gb": args.reserve_gb, "units": args.units}
+    return hf_config_question(args, board, memory_bytes, batch=args.batch, context=args.context, weights=args.weights,
+                              kv_format=args.kv_format, reserve_gb=args.reserve_gb)
 
 
 def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -153,11 +150,7 @@ def _model(args: argparse.Namespace) -> tuple[str, Any, Any]:
 
     from resacct.account.load.hf_models import load_hf_config
 
-    given = [f"--{key.replace('_', '-')}" for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab") if getattr(args, key, None) is not None]
-    if given:
-        from resacct.errors import ResacctError
-
-        raise ResacctError(f"{', '.join(given)} and --hf-config {args.hf_config!r}: give the model by one of them, not both")
+    refuse_shape_flags_with_hf_config(args)
     facts = meta_model_facts(args.hf_config)
 
     spec = load_hf_config(args.hf_config)

@@ -30,9 +30,9 @@ import argparse
 import time
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer, hf_config_question
 from resacct.cli._search_progress import add_progress_flag, probe_progress
-from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config
+from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config, shape_flags_given
 from resacct.cli._units import add_units_flag, gigabytes_text
 from resacct.cli.arguments import positive_int
 from resacct.cli.devices import parse_boards_at_the_edge, untraced_gpu_answer
@@ -124,18 +124,13 @@ def _run_lora(args: argparse.Namespace) -> int:
 def _question(args: argparse.Namespace) -> dict[str, Any] | None:
     """What a ``--hf-config`` answer depends on, for the trace cache's key (None: the shape flags, answered by
     the formulas in milliseconds, or flags the answer refuses — never cached)."""
-    shape_flags = ("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab")
-    if args.hf_config is None or any(getattr(args, name, None) is not None for name in shape_flags):
+    if args.hf_config is None or shape_flags_given(args):
         return None
     board, memory_bytes = device_memory_bytes(args)  # a board and --memory-gb together: refused here, before the config is read
-    from resacct.account.load.hf_models import load_hf_config
-
-    spec = load_hf_config(args.hf_config)
-    return {"config": spec.values, "name": spec.name, "source": spec.source, "rank": args.rank,
-            "targets": None if args.targets is None else list(args.targets), "base": args.base, "dropout": args.dropout,
-            "batch": args.batch, "seq": args.seq, "gradient_checkpointing": args.gradient_checkpointing,
-            "trace_all_layers": args.trace_all_layers, "board": None if board is None else board.name, "memory_bytes": memory_bytes,
-            "reserve_gb": args.reserve_gb, "units": args.units}
+    return hf_config_question(args, board, memory_bytes, rank=args.rank, targets=None if args.targets is None else list(args.targets),
+                              base=args.base, dropout=args.dropout, batch=args.batch, seq=args.seq,
+                              gradient_checkpointing=args.gradient_checkpointing, trace_all_layers=args.trace_all_layers,
+                              reserve_gb=args.reserve_gb)
 
 
 def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -20,7 +20,7 @@ import contextlib
 import sys
 from typing import Any
 
-from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer
+from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer, hf_config_question
 from resacct.cli._model_args import add_model_source_arguments, device_memory_bytes, model_source
 from resacct.cli._units import add_units_flag
 from resacct.cli.arguments import non_negative_float, positive_int, seconds
@@ -104,12 +104,8 @@ def _question(args: argparse.Namespace, board: Any, memory_bytes: float | None) 
     model = model_source(args)  # a bad combination of model flags: refused here, one line
     if args.hf_config is None or args.measure:
         return None
-    from resacct.account.load.hf_models import load_hf_config
-
-    spec = load_hf_config(args.hf_config)
-    return {"config": spec.values, "name": spec.name, "source": spec.source, "layers": model.layers, "engine": args.engine,
-            "devices": args.devices, "ranks": args.rank, "batch": args.batch, "seq": args.seq,
-            "board": None if board is None else board.name, "memory_bytes": memory_bytes, "units": args.units}
+    return hf_config_question(args, board, memory_bytes, layers=model.layers, engine=args.engine, devices=args.devices, ranks=args.rank,
+                              batch=args.batch, seq=args.seq)
 
 
 def _answer(args: argparse.Namespace, board: Any, memory_bytes: float | None) -> tuple[dict[str, Any], str]:

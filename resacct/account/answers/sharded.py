@@ -13,7 +13,6 @@ holds each rank's peak, when it occurs and what is live at it, beside the ZeRO p
 from __future__ import annotations
 
 import copy
-
 import time
 from dataclasses import dataclass, field
 from typing import Any
