@@ -139,13 +139,17 @@ def _attention(kernel: str) -> Any:
 
 def _op_costs() -> Any:
     """:mod:`~resacct.account.gpu.step_time`'s per-op FLOPs and bytes, leaving DTensors to themselves
-    (their local ops come through again: counted once, on the shards this rank runs)."""
+    (their local ops come through again: counted once, on the shards this rank runs) and DTensor's
+    sharding propagation out (:mod:`resacct.account.peak.dtensor_propagation`)."""
     import sys
 
     from resacct.account.gpu.op_costs import OpCosts
+    from resacct.account.peak.dtensor_propagation import propagating
 
     class _LocalOpCosts(OpCosts):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if propagating():  # DTensor's sharding propagation on global shapes: no op of the step
+                return func(*args, **(kwargs or {}))
             dtensors = sys.modules.get("torch.distributed.tensor")
             if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
                 return NotImplemented

@@ -4,8 +4,10 @@ Under ``fully_shard`` (ZeRO-2, FSDP2, FSDP2 with bf16 compute) each rank holds d
 parameter chunked as ``torch.chunk`` chunks it — ⌈d/N⌉ rows, the last ranks fewer or none — and the
 inputs are the same on every rank. Ranks whose every parameter keeps the same number of rows run the
 same ops on tensors of the same shapes in torch's fake process group, so one of them is traced and its
-peak is theirs (llama-2-7b on 8 ranks: every dimension divides by 8 — rank 0, traced first, then rank 1
-for ranks 1 to 7: two traces instead of eight, every number as before).
+peak is theirs (llama-2-7b on 8 ranks: every dimension divides by 8 — rank 0 traced for all eight: one
+trace instead of eight). The first rank a process traces is no different from the later ones since DTensor's
+sharding propagation is left out of the trace (:mod:`resacct.account.peak.dtensor_propagation`; before,
+its global-shape tensors made the first traced rank's figures its own).
 ZeRO-1 (``ZeroRedundancyOptimizer``) hands out whole tensors by a greedy partition: each rank is its own.
 ``tests/test_rank_classes.py`` checks a model with uneven rows: each rank traced alone gives what its
 class's trace gave. Nothing here imports torch.
@@ -33,12 +35,9 @@ def local_rows(rows: int, world_size: int, rank: int) -> int:
 
 def representative_ranks(shapes: Iterable[Sequence[int]], engine: str, world_size: int, ranks: Sequence[int]) -> dict[int, int]:
     """For each of ``ranks``, the first of ``ranks`` holding shards of the same shapes (itself where none comes before).
-    The first of ``ranks`` is always its own: the first step a process traces under DTensor is not its later
-    ones (the sharding propagation's first calls: llama-2-7b's CUDA pass on 8 ranks gave the first rank traced a
-    103.7 GB reserved peak, the seven after it 45.2 GB), so a rank traced first stands for no other.
 
     >>> representative_ranks([(8, 4), (10,)], "fsdp2", 4, [0, 1, 2, 3])
-    {0: 0, 1: 1, 2: 1, 3: 3}
+    {0: 0, 1: 0, 2: 0, 3: 3}
     >>> representative_ranks([(8, 4)], "zero1", 4, [0, 1])
     {0: 0, 1: 1}
     """
@@ -46,8 +45,7 @@ def representative_ranks(shapes: Iterable[Sequence[int]], engine: str, world_siz
         return {rank: rank for rank in ranks}
     rows = [shape[0] if len(shape) else 1 for shape in shapes]  # a 0-dim parameter: rank 0 alone holds it
     first: dict[tuple[int, ...], int] = {}
-    return {rank: rank if index == 0 else first.setdefault(tuple(local_rows(count, world_size, rank) for count in rows), rank)
-            for index, rank in enumerate(ranks)}
+    return {rank: first.setdefault(tuple(local_rows(count, world_size, rank) for count in rows), rank) for rank in ranks}
 
 
 def same_shards_note(representatives: dict[int, int]) -> str | None:

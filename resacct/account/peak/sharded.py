@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from resacct.account.peak.dtensor_propagation import propagating, propagation_unrecorded
 from resacct.account.peak.tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
@@ -110,13 +111,18 @@ class ShardedStorageTracker(LiveStorageTracker):
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        self._propagation = propagation_unrecorded()
+        self._propagation.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
         torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+        self._propagation.__exit__(None, None, None)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if propagating():  # DTensor working out an output's global shape on fake tensors: not the step's (dtensor_propagation)
+            return func(*args, **(kwargs or {}))
         dtensors = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (importing it costs seconds)
         if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
             return NotImplemented

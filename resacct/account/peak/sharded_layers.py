@@ -47,10 +47,8 @@ def sampled_rank_summaries(shallow: Any, make_inputs: Any, loss_fn: Any, engine:
 
     if engine not in SAMPLED_ENGINES:
         raise NotRepeating(f"{engine} hands out whole parameters and gradient buckets over the whole model: not sampled")
-    # DTensor's first ops in a process propagate their sharding once (84 more empty_strided calls at the
-    # first depth than at the others, torch 2.13): one step of the shallowest model first, so that every
-    # depth is traced alike
-    predict_rank_summaries(shallow.models[0], make_inputs(batch, seq), loss_fn, engine, world_size, ranks[:1])
+    # Every depth is traced alike: DTensor's sharding propagation, which ran at the first depth only (84 more
+    # empty_strided calls there, torch 2.13), is not the step's and goes unrecorded (dtensor_propagation).
     per_depth = []
     for depth, model in zip(SAMPLE_DEPTHS, shallow.models):
         with segmenting(depth):
