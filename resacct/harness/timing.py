@@ -5,7 +5,10 @@ best-ofs. The harness adds rounds on top: one round is one run of the check, wit
 a CPU this process got meanwhile (process CPU seconds ÷ wall seconds: a loaded machine takes the
 core away and the share drops).
 
-- A round is **quiet** when the process had ≥ 85 % of a core, and **clear** when its value lies
+- A round is **quiet** when the process had ≥ 85 % of a core and the machine was not crowded — fewer
+  tasks runnable elsewhere than it has cores, read when the round began and when it ended
+  (:func:`runnable_elsewhere`: a round of a few milliseconds fits in one scheduler slice and gets
+  all of a core whatever the load, while the other tasks evict its caches) — and **clear** when its value lies
   at least a factor 1.1 away from every ``at_least``/``at_most`` bound (non-numeric statements, such as a
   roofline's "memory"/"compute", are clear).
 - One quiet, clear round decides, either way.
@@ -55,7 +58,7 @@ from resacct.harness.loader import LoadedClaim
 from resacct.harness.registry import get_check
 
 __all__ = ["Inconclusive", "Round", "decide_timing_claim", "measure_with_cpu_share", "relative_margin", "spread", "INCONCLUSIVE_PREFIX", "REQUIRE_TIMING_VARIABLE",
-           "MAX_ROUNDS", "PAIRED_MAX_ROUNDS", "SIGN_TEST_ALPHA", "QUIET_CPU_SHARE", "CLEAR_MARGIN", "sign_test_p_value"]
+           "MAX_ROUNDS", "PAIRED_MAX_ROUNDS", "SIGN_TEST_ALPHA", "QUIET_CPU_SHARE", "CLEAR_MARGIN", "sign_test_p_value", "runnable_elsewhere"]
 
 REQUIRE_TIMING_VARIABLE = "RESACCT_REQUIRE_TIMING"
 INCONCLUSIVE_PREFIX = "inconclusive (noisy): "
@@ -84,14 +87,20 @@ class Round:
     failure: ClaimFailure | None
     cpu_share: float
     seconds: float
+    runnable_elsewhere: int | None = None  # the most tasks runnable besides this process's, at the round's start and end
 
     @property
     def passed(self) -> bool:
         return self.failure is None
 
     @property
+    def crowded(self) -> bool:
+        """Whether other tasks could fill every core meanwhile (this process then shared one)."""
+        return self.runnable_elsewhere is not None and self.runnable_elsewhere >= (os.cpu_count() or 1)
+
+    @property
     def quiet(self) -> bool:
-        return self.cpu_share >= QUIET_CPU_SHARE
+        return self.cpu_share >= QUIET_CPU_SHARE and not self.crowded
 
     @property
     def value(self) -> Any:
@@ -128,13 +137,41 @@ def measure_with_cpu_share(claim: LoadedClaim, inputs: Mapping[str, Any]) -> tup
     return measurement, (time.process_time() - began_cpu) / seconds, seconds
 
 
+def _task_running(task_stat_path: str) -> bool:
+    try:
+        with open(task_stat_path) as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "R"  # the state follows the command's closing parenthesis
+    except (OSError, IndexError):
+        return False
+
+
+def runnable_elsewhere() -> int | None:
+    """Tasks runnable on this machine now besides this process's own threads: ``/proc/loadavg``'s
+    running count (the kernel's instant count, not an average) less this process's tasks in state R.
+    None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/loadavg") as loadavg:
+            running = int(loadavg.read().split()[3].split("/")[0])
+        own = sum(_task_running(f"{task.path}/stat") for task in os.scandir("/proc/self/task"))
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, running - own)
+
+
+def _most_runnable(*counts: int | None) -> int | None:
+    known = [count for count in counts if count is not None]
+    return max(known) if known else None
+
+
 def _one_round(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Round:
+    before = runnable_elsewhere()
     measurement, share, seconds = measure_with_cpu_share(claim, inputs)
+    elsewhere = _most_runnable(before, runnable_elsewhere())
     try:
         verdict, failure = evaluate_claim(claim, inputs, measurement=measurement), None
     except ClaimFailure as failed:
         verdict, failure = failed.verdict, failed
-    return Round(measurement, verdict, failure, round(share, 3), round(seconds, 3))
+    return Round(measurement, verdict, failure, round(share, 3), round(seconds, 3), elsewhere)
 
 
 def spread(values: list[Any]) -> float | None:
@@ -211,8 +248,8 @@ def _why_undecided(claim: LoadedClaim, rounds: list[Round]) -> str:
     if 0 < passed < len(rounds):
         return f"the rounds disagree: {passed} of {len(rounds)} came out as the spec says{closeness}{_sign_text(claim, rounds)}"
     if passed == 0:
-        return (f"every round came out against the spec, but only {quiet} of {len(rounds)} had ≥ {QUIET_CPU_SHARE:.0%} of a core, "
-                f"and a timing fails only on such quiet rounds (load only adds time){closeness}")
+        return (f"every round came out against the spec, but only {quiet} of {len(rounds)} had ≥ {QUIET_CPU_SHARE:.0%} of a core "
+                f"on an uncrowded machine, and a timing fails only on such quiet rounds (load only adds time){closeness}")
     quiet_note = "none was quiet and clear of the bound by ≥ " if quiet == 0 else "no quiet round lay clear of the bound by ≥ "
     return f"every round came out as the spec says, but {quiet_note}{CLEAR_MARGIN:.0%}{closeness}{_sign_text(claim, rounds)}"
 
@@ -226,7 +263,8 @@ def _sign_text(claim: LoadedClaim, rounds: list[Round]) -> str:
 
 
 def _rounds_text(rounds: list[Round]) -> str:
-    return ", ".join(f"{_number(one.value)} ({'as the spec says' if one.passed else 'against the spec'}, {one.cpu_share:.0%} of a core)"
+    return ", ".join(f"{_number(one.value)} ({'as the spec says' if one.passed else 'against the spec'}, {one.cpu_share:.0%} of a core"
+                     f"{f', {one.runnable_elsewhere} tasks runnable elsewhere on {os.cpu_count()} CPUs' if one.crowded else ''})"
                      for one in rounds)
 
 

@@ -41,6 +41,7 @@ def rounds(monkeypatch):
             return Measurement(inputs=dict(inputs), outcome=Outcome(measured=value)), share, 0.01
 
         monkeypatch.setattr(timing, "measure_with_cpu_share", fake)
+        monkeypatch.setattr(timing, "runnable_elsewhere", lambda: 0)  # an uncrowded machine, whatever runs beside the test
         return taken
 
     return script
@@ -122,6 +123,41 @@ def test_a_retry_forgets_the_checks_caches(monkeypatch):
     with pytest.raises(timing.Inconclusive):
         timing.decide_timing_claim(_claim({"at_most": 1.5}), {"value": 1.0})
     assert forgotten == ["testing.timed", "testing.timed"]  # before rounds two and three, not before the first
+
+
+def test_a_crowded_machine_fails_no_claim_even_with_a_whole_core(rounds, monkeypatch):
+    """A round of a few milliseconds gets all of a core in one scheduler slice whatever the load (the
+    warm-up claim failed so at 1.55 against at most 1.25 with 6+ processes on 2 cores); with every
+    core's worth of tasks runnable elsewhere it is not quiet: inconclusive, and the message says why."""
+    import os
+
+    rounds([(1.55, QUIET)] * 3)
+    monkeypatch.setattr(timing, "runnable_elsewhere", lambda: (os.cpu_count() or 1) + 4)
+    with pytest.raises(timing.Inconclusive, match=r"tasks runnable elsewhere on \d+ CPUs.*on an uncrowded machine"):
+        timing.decide_timing_claim(_claim({"at_most": 1.25}), {"value": 1.0})
+    monkeypatch.setattr(timing, "runnable_elsewhere", lambda: (os.cpu_count() or 1) - 1)  # a busy loop beside it on a 2-core machine: quiet
+    rounds([(1.55, QUIET)])
+    with pytest.raises(ClaimFailure, match="does not hold"):
+        timing.decide_timing_claim(_claim({"at_most": 1.25}), {"value": 1.0})
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/loadavg"), reason="reads Linux's /proc/loadavg")
+def test_runnable_elsewhere_counts_busy_processes_and_not_this_ones_threads():
+    import os
+    import subprocess
+    import sys
+
+    cores = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"])
+                for _ in range(cores + 1)]
+    try:
+        time.sleep(0.3)
+        seen = max(timing.runnable_elsewhere() or 0 for _ in range(20))
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert seen >= cores, (seen, cores)  # the spinners share the cores: at least as many runnable as cores (other tests may add more)
 
 
 def test_the_cpu_share_tells_a_busy_round_from_a_starved_one():
