@@ -29,12 +29,18 @@ TINY = {
     "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 160,
                  "max_position_embeddings": 128},
     "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "vocab_size": 160, "n_positions": 128},
+    "qwen3_moe": {"model_type": "qwen3_moe", **_DECODER, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4,
+                  "num_experts_per_tok": 2},
+    "falcon": {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 160, "multi_query": True,
+               "parallel_attn": True, "bias": False, "alibi": False, "new_decoder_architecture": False},
+    "bloom": {"model_type": "bloom", "n_embed": 64, "n_head": 4, "vocab_size": 160},
 }
+_DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer"}
 
 
 def _spec(model_type: str, layers: int) -> HfConfigSpec:
     values = dict(TINY[model_type])
-    values["n_layer" if model_type == "gpt2" else "num_hidden_layers"] = layers
+    values[_DEPTH_KEY.get(model_type, "num_hidden_layers")] = layers
     return HfConfigSpec(name=f"tiny {model_type}", source="tests", values=values)
 
 
@@ -97,6 +103,16 @@ def test_a_type_not_checked_to_repeat_is_traced_whole_and_says_why() -> None:
     spec = HfConfigSpec(name="tiny gemma2", source="tests", values={"model_type": "gemma2", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
     account = account_hf_config(spec, batch=1, seq=8, layers="sampled")
     assert any(note.startswith("all 6 layers traced: model_type 'gemma2' is not among") for note in account.notes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("field", "value"), [("mlp_only_layers", [1]), ("decoder_sparse_step", 2)])
+def test_a_moe_that_builds_layers_by_index_is_traced_whole_and_says_why(field: str, value: object) -> None:
+    """Qwen3-MoE makes a layer dense by its index (in ``mlp_only_layers``, or (index + 1) not a multiple of
+    ``decoder_sparse_step``): such a config is not one layer repeated, whatever its model type."""
+    values = {**TINY["qwen3_moe"], "num_hidden_layers": 7, field: value}
+    account = account_hf_config(HfConfigSpec(name="tiny qwen3-moe", source="tests", values=values), batch=1, seq=8, layers="sampled")
+    assert any(note.startswith(f"all 7 layers traced: it builds a layer by its index ({field}={value!r})") for note in account.notes), account.notes
 
 
 @pytest.mark.slow

@@ -263,7 +263,13 @@ def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any
 #: Model types whose decoder layers are one layer repeated (no layer built differently by its index),
 #: each checked by tests/test_repeated_layers.py against a whole trace: their accounts may be traced
 #: at three small depths and extrapolated (:mod:`resacct.account.trace.repeated_layers`).
-REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gpt2", "gpt_neox", "phi3", "olmo2"})
+REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt2", "gpt_neox", "phi3", "olmo2", "falcon",
+                                   "bloom"})
+
+#: Config fields by which a repeating type builds a layer from its index, and the values under which every
+#: layer is built alike (Qwen3-MoE: a layer is dense where its index is in ``mlp_only_layers`` or
+#: (index + 1) is not a multiple of ``decoder_sparse_step``).
+LAYERS_ALIKE_WHEN = {"mlp_only_layers": ([], ()), "decoder_sparse_step": (1, None)}
 
 
 def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
@@ -284,6 +290,10 @@ def config_repeated_depth(config: Any, values: dict[str, Any] | None = None) -> 
     kinds = getattr(config, "layer_types", None)
     if kinds is not None and len(set(kinds)) > 1:
         return depth, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
+    by_index = [f"{key}={getattr(config, key)!r}" for key, alike in LAYERS_ALIKE_WHEN.items()
+                if hasattr(config, key) and getattr(config, key) not in alike]
+    if by_index:
+        return depth, f"it builds a layer by its index ({', '.join(by_index)})"
     given = config.to_dict() if values is None else values
     listed = [key for key, value in given.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
     if listed:
