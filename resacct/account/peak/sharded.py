@@ -111,9 +111,14 @@ class ShardedStorageTracker(LiveStorageTracker):
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
-        self._propagation = propagation_unrecorded()
+        self._propagation = propagation_unrecorded()  # imports DTensor's propagator: every engine's imports do anyway (DDP's too)
         self._propagation.__enter__()
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+            self._propagation.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *exc: Any) -> Any:
         torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
