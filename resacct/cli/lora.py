@@ -272,10 +272,19 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
         from resacct.account.gpu.command_answers import lora_gpu_answer
 
-        gpu = lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=args.batch, seq=args.seq,
-                              dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board)
+        def board_step(batch: int, timed: bool = True) -> Any:
+            return lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=batch, seq=args.seq,
+                                   dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board, timed=timed)
+
+        gpu = board_step(args.batch)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
+        if search is not None and largest is not None and memory_bytes is not None and gpu.reserved_bytes is not None:
+            from resacct.account.gpu.reserved_search import largest_by_reserved  # the CPU search's answer judged as the board holds it
+
+            found = largest_by_reserved(lambda batch: board_step(batch, timed=False).reserved_bytes, largest, memory_bytes - reserved)
+            fields["gpu"]["largest_batch_by_reserved"] = None if found is None else found.to_dict()
+            lines += [] if found is None else ["  " + found.line(lambda value: gigabytes_text(value, units))]
     return fields, with_caveat(fields, "\n".join(lines), board)
 
 

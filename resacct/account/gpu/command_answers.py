@@ -101,7 +101,8 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
-_LORA_TRACES: dict[tuple, tuple[Any, list, Any, str | None]] = {}  # the last LoRA step traced: (CUDA prediction, ops, workspaces, experts)
+_LORA_TRACES: dict[tuple, tuple[Any, list | None, Any, str | None, tuple]] = {}  # the last LoRA steps traced: (CUDA prediction, ops (None: not yet), workspaces, experts, (model, inputs))
+_LORA_TRACES_KEPT = 4
 _UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
 
 
@@ -131,8 +132,9 @@ def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
 
 
 def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
-                    gradient_checkpointing: bool, board: Any) -> GpuStepAnswer:
-    """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, step time."""
+                    gradient_checkpointing: bool, board: Any, timed: bool = True) -> GpuStepAnswer:
+    """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, and the step time
+    (``timed``: its per-op trace is a second pass over the step, left out where only the peaks are asked)."""
     from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
     from resacct.account.trace.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
@@ -156,16 +158,22 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             experts = group_experts(model)  # a model of its own: its experts as the board runs them, for the peaks and the step time
             inputs = lora_step_inputs(config, batch=batch, seq=seq)
             workspaces = step_workspaces(model, board=board, backward=True)
-            _LORA_TRACES.clear()
+            while len(_LORA_TRACES) >= _LORA_TRACES_KEPT:  # the oldest goes: a batch search traces a few batches of one step
+                del _LORA_TRACES[next(iter(_LORA_TRACES))]
             _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes),
-                                 trace_step_ops(model, inputs, lora_loss, adamw_over), workspaces, experts)
-        predicted, ops, workspaces, experts = _LORA_TRACES[key]
+                                 trace_step_ops(model, inputs, lora_loss, adamw_over) if timed else None, workspaces, experts, (model, inputs))
+        predicted, ops, workspaces, experts, step = _LORA_TRACES[key]
+        if timed and ops is None:  # traced for its peaks only before
+            ops = trace_step_ops(*step, lora_loss, adamw_over)
+            _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
+        answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention,
+                               calibration_text(board), workspaces=workspaces, experts=experts)
+        if not timed:
+            return answer
         rates = board_rates(board, bits)
         time = predict_step_seconds(ops, rates)
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
-    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
-                           workspaces=workspaces, experts=experts)
     return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
 
