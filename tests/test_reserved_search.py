@@ -54,6 +54,8 @@ def test_no_prediction_gives_no_search_and_the_lines_say_what_was_found() -> Non
         "by the reserved peak: the largest batch that fits the 25 B budget is 2 (reserved 20 B); batch 3 does not (30 B) — the CPU kernels' step said 3")
     assert largest_by_reserved(_staircase(100, 10, 1), 1, 50).line(text) == (
         "by the reserved peak: not even batch 1 fits the 50 B budget (reserved 110 B)")
+    assert largest_by_reserved(_staircase(0, 10, 1), 0, 15).line(text) == (  # the CPU kernels said none fits; the board's step holds less
+        "by the reserved peak: the largest batch that fits the 15 B budget is 1 (reserved 10 B); batch 2 does not (20 B) — the CPU kernels' step said 0")
     short = largest_by_reserved(_staircase(0, 10, 1), 1, 10**6, max_traces=2)  # every batch traced fits: a lower bound
     assert (short.largest, short.exact) == (2, False)
     assert short.line(text) == ("by the reserved peak: the largest batch that fits the 1000000 B budget is 2 (reserved 20 B), at least: "

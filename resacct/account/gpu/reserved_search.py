@@ -53,8 +53,8 @@ class ReservedSearch:
         budget = bytes_text(self.budget_bytes)
         said = "" if self.largest == self.start else f" — the CPU kernels' step said {self.start}"
         if self.largest is None:
-            low = min(batch for batch, _ in self.traced)
-            return f"by the reserved peak: none of batches {low}-{self.start} fits the {budget} budget ({len(self.traced)} traced)"
+            batches = [batch for batch, _ in self.traced]
+            return f"by the reserved peak: none of batches {min(batches)}-{max(batches)} fits the {budget} budget ({len(self.traced)} traced)"
         if self.largest == 0:
             return f"by the reserved peak: not even batch 1 fits the {budget} budget (reserved {bytes_text(self.reserved_of(1) or 0)})"
         reserved = self.reserved_of(self.largest) or 0
@@ -76,7 +76,7 @@ class ReservedSearch:
 
 def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, budget_bytes: float, *,
                         max_traces: int = MAX_RESERVED_TRACES) -> ReservedSearch | None:
-    """From batch ``start`` (≥ 1; the CPU kernels' answer), the largest batch whose ``reserved_at(batch)`` — the
+    """From batch ``start`` (the CPU kernels' answer; 0 — not even one sequence — starts at 1), the largest batch whose ``reserved_at(batch)`` — the
     board's predicted reserved peak, None where there is none — fits ``budget_bytes`` (see the module doc).
     None where the first call has no prediction."""
     known: dict[int, int] = {}
@@ -101,7 +101,7 @@ def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, bu
     if not known:
         return None
     exact = hi is not None and hi - lo <= 1
-    return ReservedSearch(budget_bytes, max(1, start), lo if (lo or exact) else None, exact, tuple(known.items()))
+    return ReservedSearch(budget_bytes, start, lo if (lo or exact) else None, exact, tuple(known.items()))
 
 
 def _next_guess(known: dict[int, int], lo: int, hi: int | None, budget_bytes: float) -> int:
