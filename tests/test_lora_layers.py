@@ -75,17 +75,37 @@ def test_the_largest_batch_from_three_depths_is_every_layer_traced() -> None:
 
 @pytest.mark.slow  # the three shallow steps, then the whole one
 def test_layers_that_differ_are_traced_whole_and_it_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeepSeek-V3 with 4 dense layers first: at depths 3, 4 and 5 the last layer is dense, dense, then not."""
+    """DeepSeek-V3 with 4 dense layers first, not known as a prefix: at depths 3, 4 and 5 the last layer is dense, dense, then not."""
     import resacct.account.load.hf_models as hf_models
 
-    monkeypatch.setattr(hf_models, "REPEATING_MODEL_TYPES", hf_models.REPEATING_MODEL_TYPES | {"deepseek_v3"})
-    config = _config({"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
-                      "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4,
-                      "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 4, "kv_lora_rank": 16, "q_lora_rank": 24,
-                      "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1,
-                      "max_position_embeddings": 128})
+    monkeypatch.setattr(hf_models, "PREFIX_FIELDS", ())
+    config = _config({**_DEEPSEEK, "num_hidden_layers": 7, "first_k_dense_replace": 4})
     step = trace_lora_step(config, rank=4, targets=("q_a_proj", "kv_a_proj_with_mqa"), base="fp32", batch=1, seq=8, layers="sampled")
     assert step.layers_note.startswith("all 7 layers traced:") and not isinstance(step.model, ShallowLoraModels)
+
+
+_DEEPSEEK = {"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+             "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1,
+             "topk_group": 1, "max_position_embeddings": 128}
+
+
+@pytest.mark.slow  # the three shallow steps and the whole one, then two searches
+def test_a_prefix_built_apart_is_kept_in_each_depth_and_equals_every_layer_traced() -> None:
+    """DeepSeek-V3's first dense layers (2 of 9 here) are a prefix: the step at 5, 6 and 7 layers extrapolates to what
+    every layer traced gives, and so does the largest-batch search."""
+    from resacct.account.fit.lora_batch import largest_lora_batch
+
+    config = _config({**_DEEPSEEK, "num_hidden_layers": 9, "first_k_dense_replace": 2})
+    question = {"rank": 4, "targets": ("q_a_proj", "kv_a_proj_with_mqa"), "base": "fp32", "seq": 8}
+    sampled = trace_lora_step(config, batch=1, layers="sampled", **question)
+    whole = trace_lora_step(config, batch=1, layers="all", **question)
+    assert isinstance(sampled.model, ShallowLoraModels) and sampled.model.prefix == 2
+    assert sampled.layers_note.startswith("its 9 layers are 2 built apart, then one layer repeated: the step traced at depths 5, 6, 7")
+    assert _numbers(sampled) == _numbers(whole)
+    budget = whole.peak_bytes + 5 * (whole.peak_bytes - whole.start_bytes)  # about six sequences
+    searched = [largest_lora_batch(config, budget_bytes=budget, layers=layers, **question) for layers in ("sampled", "all")]
+    assert searched[0].largest == searched[1].largest > 1 and searched[0].to_dict() == searched[1].to_dict()
 
 
 def test_a_model_type_not_checked_to_repeat_is_traced_whole() -> None:

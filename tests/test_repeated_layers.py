@@ -34,7 +34,14 @@ TINY = {
     "falcon": {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 160, "multi_query": True,
                "parallel_attn": True, "bias": False, "alibi": False, "new_decoder_architecture": False},
     "bloom": {"model_type": "bloom", "n_embed": 64, "n_head": 4, "vocab_size": 160},
+    # two dense layers, then mixture-of-experts ones: a prefix built apart, kept in every sampled depth
+    "deepseek_v3": {"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                    "first_k_dense_replace": 2, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                    "v_head_dim": 16, "n_group": 1, "topk_group": 1, "max_position_embeddings": 128},
 }
+#: the layers each tiny config is traced whole at, against its sampled account: two more than the deepest sample
+_DEPTH = {"deepseek_v3": 9}
 _DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer"}
 
 
@@ -44,13 +51,13 @@ def _spec(model_type: str, layers: int) -> HfConfigSpec:
     return HfConfigSpec(name=f"tiny {model_type}", source="tests", values=values)
 
 
-def _equal_but_notes(extrapolated, whole) -> None:  # noqa: ANN001
+def _equal_but_notes(extrapolated, whole, depths: str = "3, 4, 5") -> None:  # noqa: ANN001
     a, b = extrapolated.to_dict(), whole.to_dict()
     assert a.keys() == b.keys()
     for key in a:
         if key != "notes":
             assert a[key] == b[key], key
-    assert "traced at depths 3, 4, 5" in extrapolated.notes[-1]
+    assert f"traced at depths {depths}" in extrapolated.notes[-1]
     assert not any("traced at depths" in note for note in whole.notes)
 
 
@@ -61,8 +68,9 @@ def test_every_repeating_type_is_checked_here() -> None:
 @pytest.mark.slow  # 3-12 s each: four models built and traced
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None:
-    spec = _spec(model_type, 7)
-    _equal_but_notes(account_hf_config(spec, batch=2, seq=24, layers="sampled"), account_hf_config(spec, batch=2, seq=24, layers="all"))
+    spec = _spec(model_type, _DEPTH.get(model_type, 7))
+    depths = "5, 6, 7" if model_type == "deepseek_v3" else "3, 4, 5"
+    _equal_but_notes(account_hf_config(spec, batch=2, seq=24, layers="sampled"), account_hf_config(spec, batch=2, seq=24, layers="all"), depths)
 
 
 @pytest.mark.slow
@@ -117,17 +125,44 @@ def test_a_moe_that_builds_layers_by_index_is_traced_whole_and_says_why(field: s
 
 @pytest.mark.slow
 def test_layers_that_differ_fall_back_to_every_layer_traced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeepSeek-V3's first dense layers: at depths 3, 4, 5 with 4 dense layers, the last layer is dense at 3 and 4 but not
-    at 5 — the check catches it and the whole model is traced (the allowlist would have kept it out anyway)."""
+    """DeepSeek-V3's first dense layers, not known as a prefix: at depths 3, 4, 5 with 4 dense layers, the last layer is
+    dense at 3 and 4 but not at 5 — the check catches it and the whole model is traced."""
     import resacct.account.load.hf_models as hf_models
 
-    monkeypatch.setattr(hf_models, "REPEATING_MODEL_TYPES", REPEATING_MODEL_TYPES | {"deepseek_v3"})
-    values = {"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
-              "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-              "n_shared_experts": 1, "first_k_dense_replace": 4, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
-              "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "max_position_embeddings": 128}
+    monkeypatch.setattr(hf_models, "PREFIX_FIELDS", ())
+    values = {**TINY["deepseek_v3"], "num_hidden_layers": 7, "first_k_dense_replace": 4}
     account = account_hf_config(HfConfigSpec(name="tiny deepseek", source="tests", values=values), batch=1, seq=8, layers="sampled")
     assert any(note.startswith("all 7 layers traced:") for note in account.notes), account.notes
+
+
+def test_a_prefix_built_apart_is_planned_into_every_sample() -> None:
+    """The plan keeps a prefix in each sampled depth, samples by default only where that traces fewer layers, and
+    ``lora`` (which has no prefix) is told why it traces whole."""
+    from resacct.account.load.hf_models import config_repeated_depth, transformers_config
+    from resacct.account.trace.repeated_layers import layer_plan, plan_for_depth, sampled_note
+
+    plan = layer_plan(_spec("deepseek_v3", 61))
+    assert (plan.sample, plan.prefix, plan.sample_layers()) == (True, 2, (5, 6, 7))
+    assert plan_for_depth(61, None, "auto", 3).sample_layers() == (6, 7, 8)
+    assert not plan_for_depth(16 + 3 * 3, None, "auto", 3).sample and plan_for_depth(17 + 3 * 3, None, "auto", 3).sample
+    assert not plan_for_depth(8, None, "sampled", 3).sample and plan_for_depth(9, None, "sampled", 3).sample
+    assert plan_for_depth(61, "its layers are of 2 kinds", "auto", 3).prefix == 0
+    assert sampled_note(61, prefix=3).startswith("its 61 layers are 3 built apart, then one layer repeated: traced at depths 6, 7, 8 (21 layers, not 61)")
+    assert layer_plan(_spec("deepseek_v3", 61)).prefix == 2
+    every_dense = layer_plan(HfConfigSpec(name="t", source="tests", values={**TINY["deepseek_v3"], "num_hidden_layers": 20, "first_k_dense_replace": 20}))
+    assert (every_dense.sample, every_dense.prefix) == (True, 0)  # every layer dense: one layer repeated
+    depth, why = config_repeated_depth(transformers_config(_spec("deepseek_v3", 61)))
+    assert (depth, why) == (61, "its first 2 layers are built apart (first_k_dense_replace=2)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["fp32", "bf16-fp32-master"])
+def test_a_prefix_built_apart_extrapolates_to_every_layer_traced(recipe: str) -> None:
+    """Three dense layers before the experts ones (DeepSeek-V3's 3 of 61): at 10 layers, the account from depths 6, 7
+    and 8 equals every layer traced, in the recipes that trace once and those that do not."""
+    spec = HfConfigSpec(name="tiny deepseek", source="tests", values={**TINY["deepseek_v3"], "num_hidden_layers": 10, "first_k_dense_replace": 3})
+    _equal_but_notes(account_hf_config(spec, batch=1, seq=16, recipe=recipe, layers="sampled"),
+                     account_hf_config(spec, batch=1, seq=16, recipe=recipe, layers="all"), "6, 7, 8")
 
 
 def test_a_number_off_the_line_is_refused() -> None:
@@ -148,13 +183,26 @@ def test_fit_probes_sampled_find_what_every_layer_traced_finds(tmp_path, recipe:
     peak at every probed batch as each probe tracing all 17 layers."""
     import json
 
-    from resacct.account.fit.search import fit_step, hf_config_target
-
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**TINY["llama"], "num_hidden_layers": SAMPLED_ABOVE_LAYERS + 1}))
+    _same_search(path, memory_bytes, recipe, "each probe the step at depths 3, 4, 5 (12 of 17 layers)")
+
+
+@pytest.mark.slow
+def test_fit_probes_of_a_stack_with_a_prefix_find_what_every_layer_traced_finds(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY["deepseek_v3"], "num_hidden_layers": SAMPLED_ABOVE_LAYERS + 8}))  # 24 - 3·2 = 18 > 16: sampled
+    _same_search(path, 30e6, "fp32", "each probe the step at depths 5, 6, 7 (18 of 24 layers; its first 2 layers, built apart, in each)")
+
+
+def _same_search(path, memory_bytes: float, recipe: str, how: str) -> None:  # noqa: ANN001
+    from resacct.account.fit.search import fit_step, hf_config_target
+
     sampled = fit_step(hf_config_target(str(path)), memory_bytes=memory_bytes, seq=32, recipe=recipe)
     whole = fit_step(hf_config_target(str(path), layers="all"), memory_bytes=memory_bytes, seq=32, recipe=recipe)
-    assert sampled.sampled is not None and sampled.sampled.startswith("each probe the step at depths 3, 4, 5 (12 of 17 layers)")
+    assert sampled.sampled is not None and sampled.sampled.startswith(how), sampled.sampled
     assert whole.sampled is None
     assert sampled.largest == whole.largest and sampled.largest > 1
     assert [(p.size, p.peak_bytes) for p in sampled.probes] == [(p.size, p.peak_bytes) for p in whole.probes]

@@ -40,6 +40,21 @@ def test_each_rank_from_three_depths_equals_every_layer_traced(tmp_path, engine:
     assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == world_size
 
 
+@pytest.mark.slow  # the step at 3 depths and whole, per rank
+@needs_fsdp2_collectives_of_torch_2_13
+def test_a_prefix_built_apart_is_kept_in_each_depth(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """DeepSeek-V3's first dense layers (2 of 9 here) stay in every sampled depth: each rank equals every layer traced."""
+    from tests.test_repeated_layers import TINY
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY["deepseek_v3"], "num_hidden_layers": 9}))
+    sampled = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine="fsdp2", world_size=2, batch=1, seq=16)
+    whole = account_sharded_step(ModelSource(hf_config=str(path), layers="all"), engine="fsdp2", world_size=2, batch=1, seq=16)
+    assert any(note.startswith("its 9 layers are 2 built apart, then one layer repeated: each rank's step traced at depths 5, 6, 7")
+               for note in sampled.notes), sampled.notes
+    assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == 2
+
+
 @pytest.mark.slow  # ZeRO-1 whole, one child
 @needs_fsdp2_collectives_of_torch_2_13
 def test_zero1_is_traced_whole_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -96,9 +96,8 @@ def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: 
             plan = lora_layer_plan(config, layers)
             if plan.sample:
                 from resacct.account.load.hf_models import config_with_depth
-                from resacct.account.peak.layer_segments import SAMPLE_DEPTHS
 
-                built.append(ShallowLoraModels(plan.depth, tuple(build(config_with_depth(config, depth)) for depth in SAMPLE_DEPTHS)))
+                built.append(ShallowLoraModels(plan.depth, tuple(build(config_with_depth(config, count)) for count in plan.sample_layers()), plan.prefix))
             else:
                 built.append(build(config))
         def inputs_of(size: int) -> Any:

@@ -19,12 +19,13 @@ __all__ = ["ShallowCopies", "shallow_copies", "sampled_step_peak"]
 
 @dataclass
 class ShallowCopies:
-    """The model rebuilt at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` (on meta) and its
-    own depth. The copies are built when first asked for (``build(depth)`` one of them): an answer that
-    turns out not to sample (``shard`` under ZeRO-1) builds none."""
+    """The model rebuilt with ``prefix`` + :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` layers (on meta:
+    ``prefix``, its first layers built apart, 0 for most) and its own depth. The copies are built when first asked for
+    (``build(layers)`` one of them): an answer that turns out not to sample (``shard`` under ZeRO-1) builds none."""
 
     depth: int
-    build: Any  # depth → the model at that depth, on meta
+    build: Any  # layers → the model with that many layers, on meta
+    prefix: int = 0
     _models: tuple[nn.Module, ...] | None = field(default=None, repr=False)
     _in_dtype: dict[Any, tuple[nn.Module, ...]] = field(default_factory=dict, repr=False)
 
@@ -32,13 +33,15 @@ class ShallowCopies:
     def models(self) -> tuple[nn.Module, ...]:
         """The copies at the sample depths, in training mode (built once)."""
         if self._models is None:
-            self._models = tuple(self.build(depth) for depth in SAMPLE_DEPTHS)
+            self._models = tuple(self.build(self.prefix + repeated) for repeated in SAMPLE_DEPTHS)
             for model in self._models:
                 model.train()
         return self._models
 
     def describe(self) -> str:
-        return (f"each probe the step at depths {', '.join(map(str, SAMPLE_DEPTHS))} ({sum(SAMPLE_DEPTHS)} of {self.depth} layers) "
+        depths = [self.prefix + repeated for repeated in SAMPLE_DEPTHS]
+        apart = f"; its first {self.prefix} layers, built apart, in each" if self.prefix else ""
+        return (f"each probe the step at depths {', '.join(map(str, depths))} ({sum(depths)} of {self.depth} layers{apart}) "
                 "extrapolated, every number checked on the third depth")
 
     def in_dtype(self, dtype: Any) -> tuple[nn.Module, ...]:
@@ -57,7 +60,7 @@ def shallow_copies(spec: Any, layers: str = "auto") -> ShallowCopies | None:
     plan = layer_plan(spec, layers)
     if not plan.sample:
         return None
-    return ShallowCopies(depth=plan.depth, build=lambda depth: build_hf_model(with_depth(spec, depth), device="meta"))
+    return ShallowCopies(depth=plan.depth, build=lambda depth: build_hf_model(with_depth(spec, depth), device="meta"), prefix=plan.prefix)
 
 
 def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: Any, *, recipe: Any, optimizer: str) -> Any:
@@ -66,10 +69,10 @@ def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: 
     from resacct.errors import ResacctError
 
     samples = []
-    for depth, model in zip(SAMPLE_DEPTHS, shallow.in_dtype(dtype)):
-        with segmenting(depth):
+    for repeated, model in zip(SAMPLE_DEPTHS, shallow.in_dtype(dtype)):
+        with segmenting(repeated, shallow.prefix):
             account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False)
         if account.predicted is None:
-            raise ResacctError(f"no predicted peak at depth {depth} ({account.gap})")
+            raise ResacctError(f"no predicted peak at depth {shallow.prefix + repeated} ({account.gap})")
         samples.append(account.predicted)
     return extrapolate_peak(samples, shallow.depth)

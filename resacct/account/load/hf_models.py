@@ -20,7 +20,7 @@ from typing import Any
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "config_repeated_depth", "with_depth", "config_with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "config_repeated_depth", "layer_stack", "config_layer_stack", "PREFIX_FIELDS", "with_depth", "config_with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
@@ -264,7 +264,12 @@ def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any
 #: each checked by tests/test_repeated_layers.py against a whole trace: their accounts may be traced
 #: at three small depths and extrapolated (:mod:`resacct.account.trace.repeated_layers`).
 REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt2", "gpt_neox", "phi3", "olmo2", "falcon",
-                                   "bloom"})
+                                   "bloom", "deepseek_v3"})
+
+#: Config fields that say how many of the first layers are built apart from the rest (DeepSeek-V3: its first
+#: ``first_k_dense_replace`` layers have a dense MLP, the others a mixture of experts): a **prefix** kept whole
+#: in every sampled depth (:mod:`resacct.account.trace.repeated_layers`).
+PREFIX_FIELDS = ("first_k_dense_replace",)
 
 #: Config fields by which a repeating type builds a layer from its index, and the values under which every
 #: layer is built alike (Qwen3-MoE: a layer is dense where its index is in ``mlp_only_layers`` or
@@ -274,31 +279,48 @@ LAYERS_ALIKE_WHEN = {"mlp_only_layers": ([], ()), "decoder_sparse_step": (1, Non
 
 def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
     """The config's number of decoder layers, and why its layers may not be one layer repeated (None: they are):
-    a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), or a
-    per-layer list among its values."""
+    a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), a
+    per-layer list among its values, or first layers built apart (:data:`PREFIX_FIELDS`: see :func:`layer_stack`)."""
     refuse_unusable_transformers(spec)
     return config_repeated_depth(transformers_config(spec), spec.values)
+
+
+def layer_stack(spec: HfConfigSpec) -> tuple[int, int, str | None]:
+    """The config's number of decoder layers, how many of the first are built apart (a prefix, 0: none) and
+    why the rest may not be one layer repeated (None: they are; see :func:`repeated_depth`)."""
+    refuse_unusable_transformers(spec)
+    return config_layer_stack(transformers_config(spec), spec.values)
 
 
 def config_repeated_depth(config: Any, values: dict[str, Any] | None = None) -> tuple[int, str | None]:
     """:func:`repeated_depth` of a transformers config object; ``values``: the fields the user gave
     (a per-layer list among them is looked for; default: every field of the config)."""
+    depth, prefix, why_not = config_layer_stack(config, values)
+    if why_not is None and prefix:
+        field = next(key for key in PREFIX_FIELDS if hasattr(config, key))
+        why_not = f"its first {prefix} layers are built apart ({field}={prefix})"
+    return depth, why_not
+
+
+def config_layer_stack(config: Any, values: dict[str, Any] | None = None) -> tuple[int, int, str | None]:
+    """:func:`layer_stack` of a transformers config object (``values`` as :func:`config_repeated_depth`'s)."""
     depth = int(config.num_hidden_layers)
     model_type = getattr(config, "model_type", "")
     if model_type not in REPEATING_MODEL_TYPES:
-        return depth, f"model_type {model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
+        return depth, 0, f"model_type {model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
     kinds = getattr(config, "layer_types", None)
     if kinds is not None and len(set(kinds)) > 1:
-        return depth, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
+        return depth, 0, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
     by_index = [f"{key}={getattr(config, key)!r}" for key, alike in LAYERS_ALIKE_WHEN.items()
                 if hasattr(config, key) and getattr(config, key) not in alike]
     if by_index:
-        return depth, f"it builds a layer by its index ({', '.join(by_index)})"
+        return depth, 0, f"it builds a layer by its index ({', '.join(by_index)})"
     given = config.to_dict() if values is None else values
     listed = [key for key, value in given.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
     if listed:
-        return depth, f"it sets {', '.join(listed)} per layer"
-    return depth, None
+        return depth, 0, f"it sets {', '.join(listed)} per layer"
+    prefix = max((int(getattr(config, key) or 0) for key in PREFIX_FIELDS if hasattr(config, key)), default=0)
+    return depth, (prefix if 0 < prefix < depth else 0), None
 
 
 def config_with_depth(config: Any, depth: int) -> Any:

@@ -11,6 +11,11 @@ the bytes held at its end) is
 - for a middle layer ``i`` (``0 < i < L-1``): an affine function of ``i`` and ``L`` (the
   activations of the layers below it are still held, the gradients of those above it are made).
 
+A stack may begin with a **fixed prefix** of layers built apart (DeepSeek-V3's three dense layers before
+its 58 mixture-of-experts ones: :class:`LayerStack`). Its layers' segments are outside the repeated
+ones (keyed ``("prefix forward", j)``, ``("prefix backward", j)``, affine in ``L``), and everything
+above counts the repeated layers only: depths 3, 4 and 5 are ``prefix + 3`` … ``prefix + 5`` layers built.
+
 :func:`mark_layer_segments` puts the boundaries into the tracker (a forward pre-hook on each layer;
 in backward, a hook on the gradient of each layer's input, which autograd computes once that layer's
 backward is done), :func:`segments_of` reads them back, and :func:`extrapolate_peak` takes the
@@ -36,13 +41,27 @@ from torch.utils._pytree import tree_flatten
 
 from resacct.account.peak.tracker import LiveStorageTracker, PeakMoment
 
-__all__ = ["NotRepeating", "SAMPLE_DEPTHS", "Segment", "SegmentedTrace", "extrapolate_peak", "find_layer_list", "mark_layer_segments", "segmenting",
+__all__ = ["LayerStack", "NotRepeating", "SAMPLE_DEPTHS", "Segment", "SegmentedTrace", "extrapolate_peak", "find_layer_list", "mark_layer_segments", "segmenting",
            "segmenting_layers", "segments_of"]
 
 #: The depths traced: 3 gives one middle layer, 5 gives three, so every fit has points left over to check it.
 SAMPLE_DEPTHS = (3, 4, 5)
 
-_LAYERS: ContextVar[int | None] = ContextVar("resacct_segment_layers", default=None)
+
+@dataclass(frozen=True)
+class LayerStack:
+    """The layers of a traced stack: ``prefix`` layers built apart, then ``repeated`` alike ones."""
+
+    repeated: int
+    prefix: int = 0
+
+    @property
+    def layers(self) -> int:
+        """Every layer built: the prefix and the repeated ones."""
+        return self.prefix + self.repeated
+
+
+_LAYERS: ContextVar[LayerStack | None] = ContextVar("resacct_segment_layers", default=None)
 
 
 class NotRepeating(Exception):
@@ -50,18 +69,18 @@ class NotRepeating(Exception):
 
 
 @contextlib.contextmanager
-def segmenting(layers: int) -> Iterator[None]:
+def segmenting(layers: int, prefix: int = 0) -> Iterator[None]:
     """Inside: :func:`resacct.account.peak.step_peak.predict_step_peak` marks the segments of the
-    model's stack of ``layers`` identical layers (:func:`find_layer_list`)."""
-    token = _LAYERS.set(layers)
+    model's stack of ``layers`` identical layers after ``prefix`` layers built apart (:func:`find_layer_list`)."""
+    token = _LAYERS.set(LayerStack(repeated=layers, prefix=prefix))
     try:
         yield
     finally:
         _LAYERS.reset(token)
 
 
-def segmenting_layers() -> int | None:
-    """The depth :func:`segmenting` asks for (None: no segments)."""
+def segmenting_layers() -> LayerStack | None:
+    """The stack :func:`segmenting` asks for (None: no segments)."""
     return _LAYERS.get()
 
 
@@ -78,13 +97,18 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return next((item for item in tree_flatten(value)[0] if isinstance(item, torch.Tensor)), None)
 
 
-def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: int) -> list[Any]:
+def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: LayerStack) -> list[Any]:
     """Hooks (returned, to remove) that begin a tracker segment at each layer's forward and, in
-    backward, when the gradient of each layer's input — and of the last layer's output — is ready."""
-    tracker.segment_path = find_layer_list(model, layers)
+    backward, when the gradient of each layer's input — and of the last layer's output — is ready.
+    A repeated layer's segments are keyed by its place among the repeated ones, a prefix layer's apart."""
+    tracker.segment_path = find_layer_list(model, layers.layers)
+    tracker.segment_prefix = layers.prefix
     stack = model.get_submodule(tracker.segment_path)
     tracker.segments = []
-    last = len(stack) - 1
+    last, prefix = len(stack) - 1, layers.prefix
+
+    def key(direction: str, index: int) -> tuple[Any, ...]:
+        return (direction, index - prefix) if index >= prefix else (f"prefix {direction}", index)
 
     def on_gradient(key: tuple[Any, ...]) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -94,10 +118,10 @@ def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: i
 
     def before(index: int) -> Any:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            tracker.begin_segment(("forward", index))
+            tracker.begin_segment(key("forward", index))
             hidden = _first_tensor((args, kwargs))
             if hidden is not None and hidden.requires_grad:
-                hidden.register_hook(on_gradient(("backward", index - 1) if index else ("after layers", "backward")))
+                hidden.register_hook(on_gradient(key("backward", index - 1) if index else ("after layers", "backward")))
 
         return hook
 
@@ -105,7 +129,7 @@ def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: i
         tracker.begin_segment(("after layers", "forward"))
         hidden = _first_tensor(output)
         if hidden is not None and hidden.requires_grad:
-            hidden.register_hook(on_gradient(("backward", last)))
+            hidden.register_hook(on_gradient(key("backward", last)))
 
     handles = [layer.register_forward_pre_hook(before(index), with_kwargs=True) for index, layer in enumerate(stack)]
     handles.append(stack[last].register_forward_hook(after_last))
@@ -114,10 +138,12 @@ def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: i
 
 @dataclass(frozen=True)
 class SegmentedTrace:
-    """A step's segments and the path of the layer list they follow (``model.layers``)."""
+    """A step's segments, the path of the layer list they follow (``model.layers``) and how many of its
+    first layers are a prefix built apart (:class:`LayerStack`)."""
 
     path: str
     segments: tuple[Segment, ...]
+    prefix: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +170,7 @@ def segments_of(tracker: LiveStorageTracker) -> SegmentedTrace:
         if not held:
             continue
         segments.append(Segment(key=key, phase="zero_grad" if phase == "end" else phase, peak=moment, held_max_bytes=max(held), end_bytes=held[-1]))
-    return SegmentedTrace(path=tracker.segment_path, segments=tuple(segments))
+    return SegmentedTrace(path=tracker.segment_path, segments=tuple(segments), prefix=tracker.segment_prefix)
 
 
 # ───────────────────────────── extrapolation ─────────────────────────────
@@ -158,8 +184,13 @@ def _numbers(segment: Segment) -> dict[str, int | None]:
     return numbers
 
 
-def _words(segment: Segment, path: str) -> tuple[str, ...]:
-    where = "" if segment.peak is None else re.sub(rf"^{re.escape(path)}\.\d+(?=\.|$)", f"{path}.{{layer}}", segment.peak.where)
+def _words(segment: Segment, path: str, prefix: int) -> tuple[str, ...]:
+    """The segment's phase, peak op and where, a repeated layer's index in ``where`` written ``{layer}``
+    (a prefix layer's stays: it is the same at every depth)."""
+    def placeholder(match: re.Match[str]) -> str:
+        return match.group(0) if int(match.group(1)) < prefix else f"{path}.{{layer}}"
+
+    where = "" if segment.peak is None else re.sub(rf"^{re.escape(path)}\.(\d+)(?=\.|$)", placeholder, segment.peak.where)
     return (segment.phase, "" if segment.peak is None else segment.peak.op, where)
 
 
@@ -223,8 +254,9 @@ def _sample_segments(samples: Sequence[Sequence[Segment]]) -> dict[int, dict[tup
     return by_depth
 
 
-def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path: str) -> list[Segment]:
-    """The segments of the step at ``depth`` from those at :data:`SAMPLE_DEPTHS` (``path``: the layer list's, for ``where``)."""
+def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path: str, prefix: int = 0) -> list[Segment]:
+    """The segments of the step at ``depth`` repeated layers from those at :data:`SAMPLE_DEPTHS` (``path``: the
+    layer list's, for ``where``; ``prefix``: the layers built apart before the repeated ones)."""
     by_depth = _sample_segments(samples)
     out = []
     for key in _layout(samples[-1], depth):
@@ -233,7 +265,7 @@ def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path:
             chosen = {(d, i): by_depth[d][(key[0], i)] for d in SAMPLE_DEPTHS for i in range(1, d - 1)}
         else:
             chosen = {d: next(s for k, s in by_depth[d].items() if _role(k, d) == role) for d in SAMPLE_DEPTHS}
-        words = {_words(segment, path) for segment in chosen.values()}
+        words = {_words(segment, path, prefix) for segment in chosen.values()}
         if len(words) != 1:
             raise NotRepeating(f"segment {key}: its peak is at different ops at different depths ({sorted(words)})")
         names = list(dict.fromkeys(name for segment in chosen.values() for name in _numbers(segment)))
@@ -246,21 +278,23 @@ def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path:
         peak = None
         if numbers["peak"] is not None:
             kinds = {name[5:]: value for name, value in numbers.items() if name.startswith("kind:") and value}
-            where = where.replace("{layer}", str(key[1])) if key[0] in ("forward", "backward") else where
+            where = where.replace("{layer}", str(prefix + key[1])) if key[0] in ("forward", "backward") else where
             peak = PeakMoment(bytes=numbers["peak"], phase=phase, op=op, where=where, bytes_by_kind=kinds)
         out.append(Segment(key=key, phase=phase, peak=peak, held_max_bytes=numbers["held"], end_bytes=numbers["end"]))
     return out
 
 
 def extrapolate_peak(samples: Sequence[Any], depth: int) -> Any:
-    """The :class:`~resacct.account.peak.step_peak.PredictedStepPeak` at ``depth`` from the three at
-    :data:`SAMPLE_DEPTHS` (each made while :func:`segmenting`)."""
+    """The :class:`~resacct.account.peak.step_peak.PredictedStepPeak` of ``depth`` layers (its prefix's
+    included) from the three at :data:`SAMPLE_DEPTHS` repeated layers (each made while :func:`segmenting`)."""
     from resacct.measurement.memory_timeline import MemoryTimeline
 
     traces = [sample.segments for sample in samples]
-    if any(trace is None for trace in traces) or len({trace.path for trace in traces}) != 1:
+    if any(trace is None for trace in traces) or len({(trace.path, trace.prefix) for trace in traces}) != 1:
         raise NotRepeating("a prediction was made without segments, or along different layer lists")
-    segments = extrapolate_segments([trace.segments for trace in traces], depth, traces[0].path)
+    prefix = traces[0].prefix
+    depth -= prefix  # from here on the repeated layers only
+    segments = extrapolate_segments([trace.segments for trace in traces], depth, traces[0].path, prefix)
     peak = None
     for segment in segments:  # the first largest, as the tracker keeps it
         if segment.peak is not None and (peak is None or segment.peak.bytes > peak.bytes):

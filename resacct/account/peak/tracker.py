@@ -110,6 +110,7 @@ class LiveStorageTracker(TorchDispatchMode):
         #: (:meth:`begin_segment`; every mark begins one) — :mod:`resacct.account.peak.layer_segments`
         self.segments: list[list[Any]] | None = None
         self.segment_path = ""
+        self.segment_prefix = 0  # the layers before the repeated ones, built apart (layer_segments.LayerStack)
         self._skip_detach_of: int | None = None  # id of the storage whose detach is the next op's to skip (:meth:`skip_next_detach`)
         #: when not None, told of every event that moves the count (:mod:`resacct.account.peak.optimizer_replay`)
         self.event_log: Any = None

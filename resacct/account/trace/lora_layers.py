@@ -27,21 +27,22 @@ __all__ = ["ShallowLoraModels", "lora_layer_plan", "lora_step_peak"]
 
 @dataclass(frozen=True)
 class ShallowLoraModels:
-    """The peft models at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` (on meta) of a
-    config ``depth`` layers deep."""
+    """The peft models with ``prefix`` + :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS` layers (on meta;
+    ``prefix``: the first layers, built apart, 0 for most) of a config ``depth`` layers deep."""
 
     depth: int
     models: tuple[nn.Module, ...]
+    prefix: int = 0
 
 
 def lora_layer_plan(config: Any, layers: str = "auto") -> LayerPlan:
     """Whether ``config``'s (a transformers config object) step is traced at three depths or whole
     (``layers``: :data:`~resacct.account.trace.repeated_layers.LAYER_CHOICES`)."""
-    from resacct.account.load.hf_models import config_repeated_depth
+    from resacct.account.load.hf_models import config_layer_stack
     from resacct.account.trace.repeated_layers import plan_for_depth
 
-    depth, why_not = config_repeated_depth(config)
-    return plan_for_depth(depth, why_not, layers)
+    depth, prefix, why_not = config_layer_stack(config)
+    return plan_for_depth(depth, why_not, layers, prefix)
 
 
 def lora_step_peak(model: nn.Module | ShallowLoraModels, inputs_of: Any, loss_fn: Any, optimizer_fn: Any, batch: int) -> Any:
@@ -54,7 +55,7 @@ def lora_step_peak(model: nn.Module | ShallowLoraModels, inputs_of: Any, loss_fn
     if not isinstance(model, ShallowLoraModels):
         return predict_step_peak(model, inputs_of(batch), loss_fn, optimizer_fn)
     samples = []
-    for depth, shallow in zip(SAMPLE_DEPTHS, model.models):
-        with segmenting(depth):
+    for repeated, shallow in zip(SAMPLE_DEPTHS, model.models):
+        with segmenting(repeated, model.prefix):
             samples.append(predict_step_peak(shallow, inputs_of(batch), loss_fn, optimizer_fn))
     return extrapolate_peak(samples, model.depth)

@@ -15,6 +15,12 @@ state, every saved tensor, the step's peak) in step:
 
 Anything that does not repeat raises :class:`~resacct.account.peak.layer_segments.NotRepeating`
 and the caller traces the whole model. At Llama-2-70B's 80 layers this traces 12 instead of 80.
+
+A stack that begins with layers built apart (DeepSeek-V3's ``first_k_dense_replace`` dense layers,
+:func:`resacct.account.load.hf_models.config_layer_stack`) keeps them as a **prefix**: the depths
+traced are the prefix and 3, 4 and 5 layers of the rest, and the prefix layers' entries are named and
+checked as anything else outside the repeated layers (the same at every depth but for whole numbers
+on a line). DeepSeek-V3's 61 layers: 21 traced.
 """
 
 from __future__ import annotations
@@ -40,43 +46,54 @@ LAYER_CHOICES = ("auto", "sampled", "all")
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """How a config's step is traced: ``sample`` (depths 3, 4, 5, extrapolated to ``depth``) or whole;
-    ``why_whole``: what to tell the user when a stack deep enough to sample is traced whole (None: nothing)."""
+    """How a config's step is traced: ``sample`` (``prefix`` + 3, 4, 5 layers, extrapolated to ``depth``) or whole;
+    ``why_whole``: what to tell the user when a stack deep enough to sample is traced whole (None: nothing);
+    ``prefix``: the first layers, built apart, kept in every sample."""
 
     depth: int
     sample: bool
     why_whole: str | None = None
+    prefix: int = 0
+
+    def sample_layers(self) -> tuple[int, ...]:
+        """The depths built to sample: the prefix and 3, 4, 5 repeated layers."""
+        return tuple(self.prefix + repeated for repeated in SAMPLE_DEPTHS)
 
 
 def layer_plan(spec: Any, layers: str = "auto") -> LayerPlan:
     """The :class:`LayerPlan` for an :class:`~resacct.account.load.hf_models.HfConfigSpec` and a
     :data:`LAYER_CHOICES` choice (anything else: a :class:`~resacct.errors.ResacctError`)."""
-    from resacct.account.load.hf_models import repeated_depth
+    from resacct.account.load.hf_models import layer_stack
     from resacct.errors import ResacctError
 
     if layers not in LAYER_CHOICES:
         raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
-    depth, why_not = repeated_depth(spec)
-    return plan_for_depth(depth, why_not, layers)
+    depth, prefix, why_not = layer_stack(spec)
+    return plan_for_depth(depth, why_not, layers, prefix)
 
 
-def plan_for_depth(depth: int, why_not: str | None, layers: str) -> LayerPlan:
+def plan_for_depth(depth: int, why_not: str | None, layers: str, prefix: int = 0) -> LayerPlan:
     """The :class:`LayerPlan` of a stack of ``depth`` layers (``why_not``: why they may not repeat, None: they
-    may) under a :data:`LAYER_CHOICES` choice (see :func:`layer_plan`)."""
+    may; ``prefix``: how many of the first are built apart) under a :data:`LAYER_CHOICES` choice (see
+    :func:`layer_plan`). ``auto`` samples where the layers traced (the prefix three times, 12 of the rest)
+    are fewer than the stack's by more than :data:`SAMPLED_ABOVE_LAYERS` - 12."""
     from resacct.errors import ResacctError
 
     if layers not in LAYER_CHOICES:
         raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
-    if layers == "all" or depth <= (SAMPLED_ABOVE_LAYERS if layers == "auto" else SAMPLE_DEPTHS[-1]):
+    if layers == "all" or depth - prefix <= SAMPLE_DEPTHS[-1] or (layers == "auto" and depth - 3 * prefix <= SAMPLED_ABOVE_LAYERS):
         return LayerPlan(depth=depth, sample=False)
-    return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not)
+    return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not, prefix=prefix if why_not is None else 0)
 
 
-def sampled_note(depth: int, traced: str = "") -> str:
+def sampled_note(depth: int, traced: str = "", prefix: int = 0) -> str:
     """What a command says of an answer extrapolated from the sample depths (``traced``: what was
-    traced, "the step", "each rank's step"; "" for the whole account)."""
+    traced, "the step", "each rank's step"; "" for the whole account; ``prefix``: the first layers, built apart)."""
     what = f"{traced} traced" if traced else "traced"
-    return (f"its {depth} layers are one layer repeated: {what} at depths {', '.join(map(str, SAMPLE_DEPTHS))} ({sum(SAMPLE_DEPTHS)} layers, "
+    depths = [prefix + repeated for repeated in SAMPLE_DEPTHS]
+    stack = (f"its {depth} layers are one layer repeated" if not prefix else
+             f"its {depth} layers are {prefix} built apart, then one layer repeated")
+    return (f"{stack}: {what} at depths {', '.join(map(str, depths))} ({sum(depths)} layers, "
             f"not {depth}) and extrapolated, every number fitted through two depths and checked on the third (--trace-all-layers traces them all)")
 
 
@@ -93,25 +110,31 @@ def layer_path_of(names: Sequence[str], depth: int) -> str:
 
 
 class _Walk:
-    """One extrapolation: the three samples' layer list (``path``) and the target ``depth``."""
+    """One extrapolation: the three samples' layer list (``path``), the target ``depth`` of repeated layers
+    and the ``prefix`` of layers built apart before them (named as they are: outside the repeated ones).
+    ``special``'s handlers get the whole depth, the prefix's layers included."""
 
-    def __init__(self, path: str, depth: int, special: Mapping[type, Callable[[Sequence[Any], int], Any]]) -> None:
-        self.depth, self.special = depth, special
+    def __init__(self, path: str, depth: int, special: Mapping[type, Callable[[Sequence[Any], int], Any]], prefix: int = 0) -> None:
+        self.depth, self.special, self.prefix = depth, special, prefix
         self.pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?=\.|$)")
         self.path = path
 
     def layer_of(self, name: Any) -> tuple[int, str] | None:
+        """(its place among the repeated layers, the rest of the name) of a repeated layer's entry; else None."""
         match = self.pattern.match(name) if isinstance(name, str) else None
-        return None if match is None else (int(match.group(1)), name[match.end():])
+        if match is None or int(match.group(1)) < self.prefix:
+            return None
+        return int(match.group(1)) - self.prefix, name[match.end():]
 
     def rename(self, name: str, index: int) -> str:
-        return self.pattern.sub(f"{self.path}.{index}", name, count=1)
+        """``name`` moved to the ``index``-th repeated layer."""
+        return self.pattern.sub(f"{self.path}.{self.prefix + index}", name, count=1)
 
     def value(self, samples: Sequence[Any], what: str) -> Any:
         first = samples[0]
         for kind, handler in self.special.items():
             if isinstance(first, kind):
-                return handler(samples, self.depth)
+                return handler(samples, self.prefix + self.depth)
         if any(type(sample) is not type(first) for sample in samples):
             raise NotRepeating(f"{what}: of different types at different depths")
         if isinstance(first, int) and not isinstance(first, bool):
@@ -212,17 +235,17 @@ def _affine_text(samples: Sequence[str], depth: int, what: str) -> str:
     return "".join(part for pair in zip(words[-1], [*made, ""]) for part in pair)
 
 
-def extrapolate_account(samples: Sequence[Any], depth: int, path: str) -> Any:
-    """The account at ``depth`` from the three at :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS`
-    (``path``: the layer list's module path, ``model.layers``)."""
+def extrapolate_account(samples: Sequence[Any], depth: int, path: str, prefix: int = 0) -> Any:
+    """The account of ``depth`` layers from the three of ``prefix`` + :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS`
+    (``path``: the layer list's module path, ``model.layers``; ``prefix``: its first layers, built apart)."""
     from resacct.account.peak.step_peak import PredictedStepPeak
 
-    return _Walk(path, depth, {PredictedStepPeak: extrapolate_peak}).value(list(samples), type(samples[0]).__name__)
+    return _Walk(path, depth - prefix, {PredictedStepPeak: extrapolate_peak}, prefix).value(list(samples), type(samples[0]).__name__)
 
 
-def extrapolate_dataclass(samples: Sequence[Any], depth: int) -> Any:
+def extrapolate_dataclass(samples: Sequence[Any], depth: int, prefix: int = 0) -> Any:
     """A dataclass of whole numbers, names and a step peak (no module-keyed collections: ``resacct lora``'s
-    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths."""
+    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths (after ``prefix``)."""
     from resacct.account.peak.step_peak import PredictedStepPeak
 
-    return _Walk("", depth, {PredictedStepPeak: extrapolate_peak}).value(list(samples), type(samples[0]).__name__)
+    return _Walk("", depth - prefix, {PredictedStepPeak: extrapolate_peak}, prefix).value(list(samples), type(samples[0]).__name__)
