@@ -118,6 +118,38 @@ def test_fit_on_a_board_judges_the_reserved_peak_and_steps_down(config_path: str
     assert found["largest"] is None or found["gpu"].reserved_bytes <= tight.budget_bytes
 
 
+@pytest.mark.slow  # a fit search on the CPU kernels' step, then up to 6 CUDA traces and two more to check
+def test_fit_on_a_board_searches_up_where_the_board_holds_less(tmp_path: Path) -> None:
+    """GPT-2's sdpa call takes the math path on the CPU (the s² scores kept) and flash attention on a board (a
+    logsumexp): the board's step holds less, so its largest batch is larger than the CPU kernels' — searched up
+    from it, and exact: the batch found fits by the board's reserved peak and the next one does not."""
+    pytest.importorskip("transformers")
+    from resacct.account.fit.search import fit_step, hf_config_target
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 512}))
+    target = hf_config_target(str(path))
+    board = get_accelerator("h100")
+    cpu = fit_step(target, memory_bytes=120e6, seq=512, device=board, recipe="bf16")
+    found = fit_gpu_answer(cpu, target, board=board, recipe="bf16", optimizer="adamw")
+    search = found["search"]
+    assert search is not None and search.exact and search.start == cpu.largest
+    assert found["largest"] > cpu.largest, (found["largest"], cpu.largest)
+
+    def reserved(batch: int) -> int:
+        return gpu_step_answer(_step_copy(target), target.make_inputs(batch, 512), target.loss_fn(), recipe=get_recipe("bf16"),
+                               optimizer="adamw", board=board).reserved_bytes
+
+    assert reserved(found["largest"]) <= cpu.budget_bytes < reserved(found["largest"] + 1)
+    assert found["gpu"].reserved_bytes == reserved(found["largest"]) and found["size"] == found["largest"]
+
+
+def _step_copy(target):  # type: ignore[no-untyped-def]
+    from resacct.account.peak.recipes import model_in_dtype
+
+    return model_in_dtype(target.model, torch.bfloat16)
+
+
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256, "num_local_experts": 8, "num_experts_per_tok": 2}
 

@@ -62,6 +62,23 @@ def test_no_prediction_gives_no_search_and_the_lines_say_what_was_found() -> Non
                                 "batch 2 still fits after 2 traces — the CPU kernels' step said 1")
 
 
+def test_no_batch_above_the_limit_is_traced() -> None:
+    """``fit --max-batch``: the search stops at the limit when it fits, and says so; below it, the limit changes nothing."""
+    traced: list[int] = []
+
+    def reserved(batch: int) -> int:
+        traced.append(batch)
+        return 1_000 + 97 * batch
+
+    capped = largest_by_reserved(reserved, 30, 5_000, limit=35)
+    assert (capped.largest, capped.exact, capped.at_limit) == (35, False, True) and max(traced) == 35
+    assert capped.line("{:.0f} B".format) == ("by the reserved peak: the largest batch that fits the 5000 B budget is 35 (reserved 4395 B): "
+                                              "the limit asked for — the CPU kernels' step said 30")
+    assert capped.to_dict()["limit"] == 35
+    assert largest_by_reserved(reserved, 60, 5_000, limit=100).largest == 41
+    assert largest_by_reserved(reserved, 60, 5_000, limit=20).largest == 20  # the CPU kernels' answer past the limit starts at it
+
+
 @pytest.mark.slow  # the tiny Llama's LoRA step on the CPU engine and a few traces of the board's step
 def test_lora_on_a_board_judges_its_largest_batch_by_the_reserved_peak(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     pytest.importorskip("transformers")

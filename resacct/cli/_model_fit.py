@@ -117,7 +117,7 @@ def run_model_fit(args: argparse.Namespace) -> int:
             print(f"resacct fit: answered from the trace cache ({answer.traces} traces, {answer.seconds:.1f} s when first searched; "
                   "--no-cache searches afresh)", file=sys.stderr)
     fields = dict(answer.to_dict(), gpu=gpu.fit_gpu_fields(found) if gpu else None)
-    text = _text(answer, args.units) + ("".join("\n" + line for line in gpu.fit_gpu_lines(found, answer, lambda b: _bytes_text(b, args.units))) if gpu else "")
+    text = _text(answer, args.units, on_board=gpu is not None) + ("".join("\n" + line for line in gpu.fit_gpu_lines(found, answer, lambda b: _bytes_text(b, args.units))) if gpu else "")
     return emit(args, fields, with_caveat(fields, text, board))
 
 
@@ -152,8 +152,10 @@ def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float,
                         max_batch=args.max_batch or max_batch, on_probe=on_probe), target
 
 
-def _text(answer: Any, units: str) -> str:
+def _text(answer: Any, units: str, on_board: bool = False) -> str:
+    """The search's lines; ``on_board``: a board's own answer follows (``--device BOARD``), so the search's is the CPU kernels' step."""
     what = "micro-batch" if answer.searched == "batch" else "sequence length"
+    whose = " (the CPU kernels' step; the board's step below)" if on_board else ""
     at = (f"seq {answer.fixed:,}" if answer.fixed is not None else "its input") if answer.searched == "batch" else f"micro-batch {answer.fixed:,}"
     where = answer.device.name if answer.device is not None else "the memory given"
     accumulation = f", {answer.micro_batches} accumulated micro-steps" if answer.micro_batches > 1 else ""
@@ -162,10 +164,10 @@ def _text(answer: Any, units: str) -> str:
              f"{_bytes_text(answer.budget_bytes, units)}"]
     if answer.largest is None:
         lines.append(f"  largest {what} that fits: none — {answer.searched} 1 is predicted at {_bytes_text(answer.next_peak_bytes, units)}, "
-                     f"{_bytes_text(answer.next_peak_bytes - answer.budget_bytes, units)} over")
+                     f"{_bytes_text(answer.next_peak_bytes - answer.budget_bytes, units)} over{whose}")
     else:
         share = answer.headroom_bytes / answer.budget_bytes
-        lines.append(f"  largest {what} that fits: {answer.largest:,}" + (" (the limit searched)" if answer.next_peak_bytes is None else ""))
+        lines.append(f"  largest {what} that fits: {answer.largest:,}" + (" (the limit searched)" if answer.next_peak_bytes is None else "") + whose)
         lines.append(f"  predicted step peak there: {_bytes_text(answer.peak_bytes, units)} in {answer.peak_phase} ({answer.peak_op}); "
                      f"headroom {_bytes_text(answer.headroom_bytes, units)} ({share:.1%} of the budget)")
         if answer.next_peak_bytes is not None:

@@ -168,10 +168,13 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
 def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6) -> dict[str, Any]:
     """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
     :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
-    against the budget — what a GPU runs out of. Where it does not fit, smaller sizes are traced
-    (the batch less one, a sequence an eighth shorter; at most ``max_traces``) until one does.
-    Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept), ``largest`` (the size whose reserved
-    peak fits; None: none found or no prediction) and ``traces``."""
+    against the budget — what a GPU runs out of. A batch search is searched again on the board's step
+    (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels' answer, up
+    or down: a board's flash attention may hold far less than the CPU's math path); a sequence search
+    traces smaller lengths (an eighth shorter each) until one fits. At most ``max_traces`` steps traced.
+    Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest that fits, else the last
+    traced), ``largest`` (the size whose reserved peak fits; None: none found or no prediction),
+    ``traces``, ``size`` and, for a batch, ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`)."""
     from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
@@ -179,15 +182,40 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
     chosen = get_recipe(recipe)
     model = model_in_dtype(target.model, parse_dtype(chosen.parameter_dtype))  # a copy in the recipe's dtype: the caller's target keeps its own
     loss_fn = target.loss_fn()
+
+    def step_at(size: int) -> GpuStepAnswer:
+        inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
+        return gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board)
+
+    if answer.searched == "batch":
+        return _largest_batch_on_the_board(answer, step_at, max_traces)
     size, traces, gpu = answer.largest, 0, None
     while size is not None and size >= 1 and traces < max_traces:
-        inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
-        gpu = gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board)
+        gpu = step_at(size)
         traces += 1
         if gpu.reserved_bytes is None or gpu.reserved_bytes <= answer.budget_bytes:
             return {"gpu": gpu, "largest": size if gpu.reserved_bytes is not None else None, "traces": traces, "size": size}
-        size = size - 1 if answer.searched == "batch" else min(size - 1, size * 7 // 8)
+        size = min(size - 1, size * 7 // 8)
     return {"gpu": gpu, "largest": None, "traces": traces, "size": size}
+
+
+def _largest_batch_on_the_board(answer: Any, step_at: Callable[[int], GpuStepAnswer], max_traces: int) -> dict[str, Any]:
+    """:func:`fit_gpu_answer` of a batch search: the board's largest batch by its reserved peak, at most ``answer.limit``
+    (``--max-batch``: a batch past it counts as not fitting, untraced)."""
+    from resacct.account.gpu.reserved_search import largest_by_reserved
+
+    steps: dict[int, GpuStepAnswer] = {}
+
+    def reserved_at(batch: int) -> int | None:
+        steps[batch] = step_at(batch)
+        return steps[batch].reserved_bytes
+
+    search = largest_by_reserved(reserved_at, answer.largest or 0, answer.budget_bytes, max_traces=max_traces, limit=answer.limit)
+    if search is None:  # no prediction at the first batch: its gap is the answer
+        first = next(iter(steps))
+        return {"gpu": steps[first], "largest": None, "traces": len(steps), "size": first, "search": None}
+    size = search.largest if search.largest else min(steps)
+    return {"gpu": steps[size], "largest": search.largest or None, "traces": len(steps), "size": size, "search": search}
 
 
 def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[float], str]) -> list[str]:
@@ -199,6 +227,8 @@ def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[floa
     lines[0] = f"  {answer.searched} {found['size']:,} " + lines[0]
     if gpu.reserved_bytes is None:
         return lines
+    if found.get("search") is not None:
+        return [*lines, "  " + found["search"].line(bytes_text)]
     if found["largest"] == answer.largest:
         lines.append(f"  by the reserved peak: {answer.searched} {answer.largest:,} fits the {bytes_text(answer.budget_bytes)} budget "
                      f"(headroom {bytes_text(answer.budget_bytes - gpu.reserved_bytes)})")
@@ -213,4 +243,6 @@ def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[floa
 def fit_gpu_fields(found: dict[str, Any]) -> dict[str, Any] | None:
     """``--json``'s ``gpu``: the CUDA answer and the reserved-peak fit."""
     gpu = found["gpu"]
-    return None if gpu is None else {**gpu.to_dict(), "size": found["size"], "largest_by_reserved_peak": found["largest"], "traces": found["traces"]}
+    search = found.get("search")
+    return None if gpu is None else {**gpu.to_dict(), "size": found["size"], "largest_by_reserved_peak": found["largest"], "traces": found["traces"],
+                                     **({} if search is None else {"largest_batch_by_reserved": search.to_dict()})}

@@ -7,8 +7,8 @@ So ``lora --device BOARD`` judges the CPU search's answer again by the board's p
 (:func:`largest_by_reserved`): the CPU answer traced first, then a bracket — the largest batch known to
 fit, the smallest known not to — closed by the line through what is known (the reserved peak is nearly
 affine in the batch: the activations), each guess traced as the board runs it, until two neighbouring
-batches are known (``exact``) or :data:`MAX_RESERVED_TRACES` batches are traced. ``fit --device`` judges
-its answer the same way by stepping down (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`).
+batches are known (``exact``) or :data:`MAX_RESERVED_TRACES` batches are traced. ``fit --device`` searches
+its batch the same way (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`), up to its ``--max-batch``.
 
 >>> reserved = lambda batch: 1000 + 97 * batch
 >>> search = largest_by_reserved(reserved, 50, 5000)            # the CPU kernels said 50: the board holds more
@@ -18,6 +18,9 @@ its answer the same way by stepping down (:func:`resacct.account.gpu.device_answ
 41
 >>> largest_by_reserved(reserved, 1, 1050).largest              # not even one sequence
 0
+>>> capped = largest_by_reserved(reserved, 30, 5000, limit=35)  # no batch above the limit asked for
+>>> capped.largest, capped.at_limit, max(batch for batch, _ in capped.traced)
+(35, True, 35)
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ class ReservedSearch:
     largest: int | None
     exact: bool
     traced: tuple[tuple[int, int], ...]
+    limit: int | None = None  # the largest batch asked about: none above it is traced
+
+    @property
+    def at_limit(self) -> bool:
+        """The limit fits: the board may hold more, but no more was asked."""
+        return self.limit is not None and self.largest == self.limit
 
     def reserved_of(self, batch: int) -> int | None:
         return dict(self.traced).get(batch)
@@ -59,6 +68,8 @@ class ReservedSearch:
             return f"by the reserved peak: not even batch 1 fits the {budget} budget (reserved {bytes_text(self.reserved_of(1) or 0)})"
         reserved = self.reserved_of(self.largest) or 0
         head = f"by the reserved peak: the largest batch that fits the {budget} budget is {self.largest} (reserved {bytes_text(reserved)})"
+        if self.at_limit:
+            return f"{head}: the limit asked for{said}"
         if not self.exact:
             above = [batch for batch, held in self.traced if held > self.budget_bytes]
             if above:
@@ -71,17 +82,17 @@ class ReservedSearch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "cpu_engine_largest": self.start, "largest": self.largest, "exact": self.exact,
-                "traced": [{"batch": batch, "reserved_bytes": reserved} for batch, reserved in self.traced]}
+                "limit": self.limit, "traced": [{"batch": batch, "reserved_bytes": reserved} for batch, reserved in self.traced]}
 
 
 def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, budget_bytes: float, *,
-                        max_traces: int = MAX_RESERVED_TRACES) -> ReservedSearch | None:
+                        max_traces: int = MAX_RESERVED_TRACES, limit: int | None = None) -> ReservedSearch | None:
     """From batch ``start`` (the CPU kernels' answer; 0 — not even one sequence — starts at 1), the largest batch whose ``reserved_at(batch)`` — the
-    board's predicted reserved peak, None where there is none — fits ``budget_bytes`` (see the module doc).
-    None where the first call has no prediction."""
+    board's predicted reserved peak, None where there is none — fits ``budget_bytes`` (see the module doc), at most ``limit``
+    (None: no limit). None where the first call has no prediction."""
     known: dict[int, int] = {}
     lo, hi = 0, None  # the largest batch known to fit (0: none yet), the smallest known not to (None: none yet)
-    batch, sides = max(1, start), []
+    batch, sides = max(1, start if limit is None else min(start, limit)), []
     while len(known) < max_traces:
         reserved = reserved_at(batch)
         if reserved is None:
@@ -92,16 +103,17 @@ def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, bu
             lo = max(lo, batch)
         else:
             hi = batch if hi is None else min(hi, batch)
-        if hi is not None and hi - lo <= 1:
+        if (hi is not None and hi - lo <= 1) or lo == limit:
             break
         # the line's guess; halving the bracket where two guesses in a row landed on one side of the budget (the
         # allocator's segments make the reserved peak a staircase: the line alone can creep up on a step)
         halve = hi is not None and lo > 0 and len(sides) >= 3 and sides[-1] == sides[-2]
         batch = (lo + hi) // 2 if halve else _next_guess(known, lo, hi, budget_bytes)
+        batch = batch if limit is None else min(batch, limit)
     if not known:
         return None
     exact = hi is not None and hi - lo <= 1
-    return ReservedSearch(budget_bytes, start, lo if (lo or exact) else None, exact, tuple(known.items()))
+    return ReservedSearch(budget_bytes, start, lo if (lo or exact or lo == limit) else None, exact, tuple(known.items()), limit)
 
 
 def _next_guess(known: dict[int, int], lo: int, hi: int | None, budget_bytes: float) -> int:
