@@ -207,3 +207,19 @@ def test_a_model_that_fails_in_its_first_step_is_one_line(tmp_path: Path, capsys
     path.write_text(config(LLAMA))
     line = refused_in_one_line(["account", "--hf-config", str(path), "--seq", "8"], capsys)
     assert f"config.json ({path}): the model transformers built from it fails in its first step (RuntimeError: The size of tensor a (4)" in line
+
+
+def test_a_window_transformers_itself_writes_as_0_is_no_window_but_a_users_0_is_refused() -> None:
+    """Qwen1.5-MoE-A2.7B's card (``use_sliding_window: false``, ``sliding_window: 32768``): transformers' Qwen2-MoE
+    config writes ``sliding_window`` 0 for no window, which the built config's check must not refuse; a 0 the user
+    wrote still is."""
+    pytest.importorskip("transformers")
+    from resacct.account.load.hf_models import HfConfigSpec, transformers_config
+
+    card = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_hidden_layers": 24,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+            "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21,
+            "vocab_size": 151936, "max_position_embeddings": 8192}
+    assert transformers_config(HfConfigSpec(name="qwen1.5-moe", source="tests", values=card)).sliding_window == 0
+    with pytest.raises(ResacctError, match=f'"sliding_window" is 0; {IN_RANGE}'):
+        transformers_config(HfConfigSpec(name="qwen1.5-moe", source="tests", values={**card, "sliding_window": 0}))

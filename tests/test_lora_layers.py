@@ -111,8 +111,8 @@ def test_a_prefix_built_apart_is_kept_in_each_depth_and_equals_every_layer_trace
 def test_a_model_type_not_checked_to_repeat_is_traced_whole() -> None:
     from resacct.account.trace.lora_layers import lora_layer_plan
 
-    plan = lora_layer_plan(_config({"model_type": "gptj", "vocab_size": 160, "n_embd": 64, "n_head": 4, "n_layer": 24, "rotary_dim": 8}))
-    assert plan.depth == 24 and not plan.sample and "model_type 'gptj' is not among those checked to repeat" in plan.why_whole
+    plan = lora_layer_plan(_config({"model_type": "codegen", "vocab_size": 160, "n_embd": 64, "n_head": 4, "n_layer": 24, "rotary_dim": 8}))
+    assert plan.depth == 24 and not plan.sample and "model_type 'codegen' is not among those checked to repeat" in plan.why_whole
     deep = dict(TINY["llama"], num_hidden_layers=24)
     assert lora_layer_plan(_config(deep)).sample and not lora_layer_plan(_config(deep), "all").sample
     assert not lora_layer_plan(_config(TINY["llama"])).sample and lora_layer_plan(_config(TINY["llama"]), "sampled").sample

@@ -40,9 +40,37 @@ TINY = {
                     "first_k_dense_replace": 2, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
                     "v_head_dim": 16, "n_group": 1, "topk_group": 1, "max_position_embeddings": 128},
 }
+_MOE = {"moe_intermediate_size": 32, "num_experts_per_tok": 2}
+_PREFIXED = {"n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 2, "n_group": 1, "topk_group": 1}
+TINY.update({  # round four, session 13
+    "gemma": {"model_type": "gemma", **_DECODER, "head_dim": 16},
+    "granite": {"model_type": "granite", **_DECODER},
+    "granitemoe": {"model_type": "granitemoe", **_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "starcoder2": {"model_type": "starcoder2", **_DECODER},
+    "cohere": {"model_type": "cohere", **_DECODER},
+    "stablelm": {"model_type": "stablelm", **_DECODER},
+    # Qwen1.5-MoE's shape: a shared expert beside the routed ones (its config writes sliding_window 0: no window)
+    "qwen2_moe": {"model_type": "qwen2_moe", **_DECODER, **_MOE, "num_experts": 4, "shared_expert_intermediate_size": 48},
+    "olmo": {"model_type": "olmo", **_DECODER, "pad_token_id": 0},
+    "olmoe": {"model_type": "olmoe", **_DECODER, "num_experts": 4, "num_experts_per_tok": 2},
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_head": 4, "vocab_size": 160, "n_positions": 128},
+    "gptj": {"model_type": "gptj", "n_embd": 64, "n_head": 4, "vocab_size": 160, "n_positions": 128, "rotary_dim": 8},
+    "phimoe": {"model_type": "phimoe", **_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "glm": {"model_type": "glm", **_DECODER, "head_dim": 16, "pad_token_id": 0},
+    "glm4": {"model_type": "glm4", **_DECODER, "head_dim": 16, "pad_token_id": 0},
+    "glm4_moe": {"model_type": "glm4_moe", **_DECODER, **_MOE, **_PREFIXED, "head_dim": 16},
+    "ernie4_5": {"model_type": "ernie4_5", **_DECODER, "head_dim": 16},
+    "helium": {"model_type": "helium", **_DECODER, "head_dim": 16},
+    "deepseek_v2": {"model_type": "deepseek_v2", **_DECODER, **_MOE, **_PREFIXED, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 24,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16},
+    "seed_oss": {"model_type": "seed_oss", **_DECODER, "head_dim": 16},
+    "apertus": {"model_type": "apertus", **_DECODER},
+    "arcee": {"model_type": "arcee", **_DECODER},
+    "hunyuan_v1_dense": {"model_type": "hunyuan_v1_dense", **_DECODER, "head_dim": 16},
+})
 #: the layers each tiny config is traced whole at, against its sampled account: two more than the deepest sample
-_DEPTH = {"deepseek_v3": 9}
-_DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer"}
+_DEPTH = {"deepseek_v3": 9, "deepseek_v2": 9, "glm4_moe": 9}
+_DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer", "gpt_bigcode": "n_layer", "gptj": "n_layer"}
 
 
 def _spec(model_type: str, layers: int) -> HfConfigSpec:
@@ -69,7 +97,7 @@ def test_every_repeating_type_is_checked_here() -> None:
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None:
     spec = _spec(model_type, _DEPTH.get(model_type, 7))
-    depths = "5, 6, 7" if model_type == "deepseek_v3" else "3, 4, 5"
+    depths = "5, 6, 7" if model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe") else "3, 4, 5"
     _equal_but_notes(account_hf_config(spec, batch=2, seq=24, layers="sampled"), account_hf_config(spec, batch=2, seq=24, layers="all"), depths)
 
 

@@ -194,7 +194,9 @@ def transformers_config(spec: HfConfigSpec) -> Any:
         config = transformers.AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers raises anything on a hostile config (ZeroDivisionError, KeyError, RecursionError …)
         raise ResacctError(f"{_label(spec)}: transformers refused it ({_reason(error)})") from None
-    built = HfConfigSpec(name=spec.name, source=spec.source, values={key: getattr(config, key, None) for key in SIZE_KEYS if hasattr(config, key)})
+    # Qwen2-MoE's config writes sliding_window 0 where use_sliding_window is false (Qwen1.5-MoE-A2.7B's card): no window, as null
+    built = HfConfigSpec(name=spec.name, source=spec.source, values={key: getattr(config, key, None) for key in SIZE_KEYS if hasattr(config, key)
+                                                                     and not (key == "sliding_window" and getattr(config, key) == 0)})
     check_sizes(built)
     _check_fit(spec, lambda key: getattr(config, key, None))
     return config
@@ -264,7 +266,11 @@ def causal_lm_from_config(config: Any, *, attention: str = "sdpa", **kwargs: Any
 #: each checked by tests/test_repeated_layers.py against a whole trace: their accounts may be traced
 #: at three small depths and extrapolated (:mod:`resacct.account.trace.repeated_layers`).
 REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt2", "gpt_neox", "phi3", "olmo2", "falcon",
-                                   "bloom", "deepseek_v3"})
+                                   "bloom", "deepseek_v3",
+                                   # round four, session 13: each checked the same way at 7 layers (9 with a prefix)
+                                   "gemma", "granite", "granitemoe", "starcoder2", "cohere", "stablelm", "qwen2_moe", "olmo", "olmoe", "gpt_bigcode",
+                                   "gptj", "phimoe", "glm", "glm4", "glm4_moe", "ernie4_5", "helium", "deepseek_v2", "seed_oss", "apertus", "arcee",
+                                   "hunyuan_v1_dense"})
 
 #: Config fields that say how many of the first layers are built apart from the rest (DeepSeek-V3: its first
 #: ``first_k_dense_replace`` layers have a dense MLP, the others a mixture of experts): a **prefix** kept whole
