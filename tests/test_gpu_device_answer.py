@@ -144,6 +144,33 @@ def test_fit_on_a_board_searches_up_where_the_board_holds_less(tmp_path: Path) -
     assert found["gpu"].reserved_bytes == reserved(found["largest"]) and found["size"] == found["largest"]
 
 
+@pytest.mark.slow  # a sequence search on the CPU kernels' step, then up to 6 CUDA traces and two more to check
+def test_fit_on_a_board_searches_the_sequence_length_up_too(tmp_path: Path) -> None:
+    """``--search seq``: the CPU kernels' math attention keeps s² scores, the board's flash attention a logsumexp — the
+    board's longest sequence, searched up from the CPU kernels' answer, fits by its reserved peak and the next does not."""
+    pytest.importorskip("transformers")
+    from resacct.account.fit.search import fit_step, hf_config_target
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 16, "n_layer": 2, "vocab_size": 256, "n_positions": 4096}))
+    target = hf_config_target(str(path))
+    board = get_accelerator("h100")
+    cpu = fit_step(target, memory_bytes=100e6, search="seq", batch=2, device=board, recipe="bf16")
+    found = fit_gpu_answer(cpu, target, board=board, recipe="bf16", optimizer="adamw")
+    search = found["search"]
+    assert search is not None and search.what == "seq" and search.start == cpu.largest and found["largest"] > cpu.largest
+
+    def reserved(seq: int) -> int:
+        return gpu_step_answer(_step_copy(target), target.make_inputs(2, seq), target.loss_fn(), recipe=get_recipe("bf16"),
+                               optimizer="adamw", board=board).reserved_bytes
+
+    assert reserved(found["largest"]) <= cpu.budget_bytes == search.budget_bytes
+    above = min(size for size, held in search.traced if held > search.budget_bytes)  # exact: largest + 1; else the bracket's top
+    assert above > found["largest"] and reserved(above) > cpu.budget_bytes
+    assert search.exact == (above == found["largest"] + 1)
+    assert search.line("{:.0f} B".format).startswith("by the reserved peak: the largest seq that fits the 100000000 B budget")
+
+
 def _step_copy(target):  # type: ignore[no-untyped-def]
     from resacct.account.peak.recipes import model_in_dtype
 

@@ -73,7 +73,7 @@ def test_no_batch_above_the_limit_is_traced() -> None:
     capped = largest_by_reserved(reserved, 30, 5_000, limit=35)
     assert (capped.largest, capped.exact, capped.at_limit) == (35, False, True) and max(traced) == 35
     assert capped.line("{:.0f} B".format) == ("by the reserved peak: the largest batch that fits the 5000 B budget is 35 (reserved 4395 B): "
-                                              "the limit asked for — the CPU kernels' step said 30")
+                                              "the limit searched — the CPU kernels' step said 30")
     assert capped.to_dict()["limit"] == 35
     assert largest_by_reserved(reserved, 60, 5_000, limit=100).largest == 41
     assert largest_by_reserved(reserved, 60, 5_000, limit=20).largest == 20  # the CPU kernels' answer past the limit starts at it

@@ -168,13 +168,13 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
 def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6) -> dict[str, Any]:
     """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
     :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
-    against the budget — what a GPU runs out of. A batch search is searched again on the board's step
-    (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels' answer, up
-    or down: a board's flash attention may hold far less than the CPU's math path); a sequence search
-    traces smaller lengths (an eighth shorter each) until one fits. At most ``max_traces`` steps traced.
-    Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest that fits, else the last
-    traced), ``largest`` (the size whose reserved peak fits; None: none found or no prediction),
-    ``traces``, ``size`` and, for a batch, ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`)."""
+    against the budget — what a GPU runs out of. The batch (or sequence length) is searched again on the
+    board's step (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels'
+    answer, up or down: a board's flash attention may hold far less than the CPU's math path), at most
+    ``max_traces`` steps traced. Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest
+    that fits, else the smallest traced), ``largest`` (the size whose reserved peak fits; None: none found
+    or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`;
+    None where the first step has no prediction)."""
     from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
@@ -187,31 +187,23 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
         inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
         return gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board)
 
-    if answer.searched == "batch":
-        return _largest_batch_on_the_board(answer, step_at, max_traces)
-    size, traces, gpu = answer.largest, 0, None
-    while size is not None and size >= 1 and traces < max_traces:
-        gpu = step_at(size)
-        traces += 1
-        if gpu.reserved_bytes is None or gpu.reserved_bytes <= answer.budget_bytes:
-            return {"gpu": gpu, "largest": size if gpu.reserved_bytes is not None else None, "traces": traces, "size": size}
-        size = min(size - 1, size * 7 // 8)
-    return {"gpu": gpu, "largest": None, "traces": traces, "size": size}
+    return _largest_on_the_board(answer, step_at, max_traces)
 
 
-def _largest_batch_on_the_board(answer: Any, step_at: Callable[[int], GpuStepAnswer], max_traces: int) -> dict[str, Any]:
-    """:func:`fit_gpu_answer` of a batch search: the board's largest batch by its reserved peak, at most ``answer.limit``
-    (``--max-batch``: a batch past it counts as not fitting, untraced)."""
+def _largest_on_the_board(answer: Any, step_at: Callable[[int], GpuStepAnswer], max_traces: int) -> dict[str, Any]:
+    """:func:`fit_gpu_answer`'s search: the board's largest batch (or sequence length) by its reserved peak, at most
+    ``answer.limit`` (``--max-batch``, or the context length)."""
     from resacct.account.gpu.reserved_search import largest_by_reserved
 
     steps: dict[int, GpuStepAnswer] = {}
 
-    def reserved_at(batch: int) -> int | None:
-        steps[batch] = step_at(batch)
-        return steps[batch].reserved_bytes
+    def reserved_at(size: int) -> int | None:
+        steps[size] = step_at(size)
+        return steps[size].reserved_bytes
 
-    search = largest_by_reserved(reserved_at, answer.largest or 0, answer.budget_bytes, max_traces=max_traces, limit=answer.limit)
-    if search is None:  # no prediction at the first batch: its gap is the answer
+    search = largest_by_reserved(reserved_at, answer.largest or 0, answer.budget_bytes, max_traces=max_traces, limit=answer.limit,
+                                 what=answer.searched)
+    if search is None:  # no prediction at the first size: its gap is the answer
         first = next(iter(steps))
         return {"gpu": steps[first], "largest": None, "traces": len(steps), "size": first, "search": None}
     size = search.largest if search.largest else min(steps)
@@ -227,17 +219,7 @@ def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[floa
     lines[0] = f"  {answer.searched} {found['size']:,} " + lines[0]
     if gpu.reserved_bytes is None:
         return lines
-    if found.get("search") is not None:
-        return [*lines, "  " + found["search"].line(bytes_text)]
-    if found["largest"] == answer.largest:
-        lines.append(f"  by the reserved peak: {answer.searched} {answer.largest:,} fits the {bytes_text(answer.budget_bytes)} budget "
-                     f"(headroom {bytes_text(answer.budget_bytes - gpu.reserved_bytes)})")
-    elif found["largest"] is not None:
-        lines.append(f"  by the reserved peak: the largest {answer.searched} that fits is {found['largest']:,}, not {answer.largest:,} "
-                     "(the caching allocator reserves more than the tensors hold)")
-    else:
-        lines.append(f"  by the reserved peak: none of the {found['traces']} sizes traced fits the budget")
-    return lines
+    return lines if found["search"] is None else [*lines, "  " + found["search"].line(bytes_text)]
 
 
 def fit_gpu_fields(found: dict[str, Any]) -> dict[str, Any] | None:

@@ -8,7 +8,8 @@ So ``lora --device BOARD`` judges the CPU search's answer again by the board's p
 fit, the smallest known not to — closed by the line through what is known (the reserved peak is nearly
 affine in the batch: the activations), each guess traced as the board runs it, until two neighbouring
 batches are known (``exact``) or :data:`MAX_RESERVED_TRACES` batches are traced. ``fit --device`` searches
-its batch the same way (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`), up to its ``--max-batch``.
+its batch, or its sequence length (``what="seq"``), the same way (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`),
+up to its limit (``--max-batch``, the context length).
 
 >>> reserved = lambda batch: 1000 + 97 * batch
 >>> search = largest_by_reserved(reserved, 50, 5000)            # the CPU kernels said 50: the board holds more
@@ -18,7 +19,7 @@ its batch the same way (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`
 41
 >>> largest_by_reserved(reserved, 1, 1050).largest              # not even one sequence
 0
->>> capped = largest_by_reserved(reserved, 30, 5000, limit=35)  # no batch above the limit asked for
+>>> capped = largest_by_reserved(reserved, 30, 5000, limit=35)  # no batch above the limit searched
 >>> capped.largest, capped.at_limit, max(batch for batch, _ in capped.traced)
 (35, True, 35)
 """
@@ -48,6 +49,7 @@ class ReservedSearch:
     exact: bool
     traced: tuple[tuple[int, int], ...]
     limit: int | None = None  # the largest batch asked about: none above it is traced
+    what: str = "batch"  # what is searched: "batch", or "seq" (the sequence length)
 
     @property
     def at_limit(self) -> bool:
@@ -59,37 +61,38 @@ class ReservedSearch:
 
     def line(self, bytes_text: Callable[[float], str]) -> str:
         """One line for the command's output."""
-        budget = bytes_text(self.budget_bytes)
-        said = "" if self.largest == self.start else f" — the CPU kernels' step said {self.start}"
+        budget, what = bytes_text(self.budget_bytes), self.what
+        said = "" if self.largest == self.start else f" — the CPU kernels' step said {self.start:,}"
         if self.largest is None:
-            batches = [batch for batch, _ in self.traced]
-            return f"by the reserved peak: none of batches {min(batches)}-{max(batches)} fits the {budget} budget ({len(self.traced)} traced)"
+            sizes = [size for size, _ in self.traced]
+            many = "batches" if what == "batch" else f"{what} lengths"
+            return f"by the reserved peak: none of {many} {min(sizes):,}-{max(sizes):,} fits the {budget} budget ({len(self.traced)} traced)"
         if self.largest == 0:
-            return f"by the reserved peak: not even batch 1 fits the {budget} budget (reserved {bytes_text(self.reserved_of(1) or 0)})"
+            return f"by the reserved peak: not even {what} 1 fits the {budget} budget (reserved {bytes_text(self.reserved_of(1) or 0)})"
         reserved = self.reserved_of(self.largest) or 0
-        head = f"by the reserved peak: the largest batch that fits the {budget} budget is {self.largest} (reserved {bytes_text(reserved)})"
+        head = f"by the reserved peak: the largest {what} that fits the {budget} budget is {self.largest:,} (reserved {bytes_text(reserved)})"
         if self.at_limit:
-            return f"{head}: the limit asked for{said}"
+            return f"{head}: the limit searched{said}"
         if not self.exact:
             above = [batch for batch, held in self.traced if held > self.budget_bytes]
             if above:
-                return (f"by the reserved peak: the largest batch that fits the {budget} budget lies between {self.largest} (reserved "
-                        f"{bytes_text(reserved)}) and {min(above) - 1} ({min(above)} does not: {bytes_text(self.reserved_of(min(above)) or 0)}; "
+                return (f"by the reserved peak: the largest {what} that fits the {budget} budget lies between {self.largest:,} (reserved "
+                        f"{bytes_text(reserved)}) and {min(above) - 1:,} ({min(above):,} does not: {bytes_text(self.reserved_of(min(above)) or 0)}; "
                         f"{len(self.traced)} traced){said}")
-            return f"{head}, at least: batch {self.largest} still fits after {len(self.traced)} traces{said}"
+            return f"{head}, at least: {what} {self.largest:,} still fits after {len(self.traced)} traces{said}"
         after = self.reserved_of(self.largest + 1) or 0
-        return f"{head}; batch {self.largest + 1} does not ({bytes_text(after)}){said}"
+        return f"{head}; {what} {self.largest + 1:,} does not ({bytes_text(after)}){said}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "cpu_engine_largest": self.start, "largest": self.largest, "exact": self.exact,
-                "limit": self.limit, "traced": [{"batch": batch, "reserved_bytes": reserved} for batch, reserved in self.traced]}
+                "limit": self.limit, "traced": [{self.what: size, "reserved_bytes": reserved} for size, reserved in self.traced]}
 
 
 def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, budget_bytes: float, *,
-                        max_traces: int = MAX_RESERVED_TRACES, limit: int | None = None) -> ReservedSearch | None:
+                        max_traces: int = MAX_RESERVED_TRACES, limit: int | None = None, what: str = "batch") -> ReservedSearch | None:
     """From batch ``start`` (the CPU kernels' answer; 0 — not even one sequence — starts at 1), the largest batch whose ``reserved_at(batch)`` — the
     board's predicted reserved peak, None where there is none — fits ``budget_bytes`` (see the module doc), at most ``limit``
-    (None: no limit). None where the first call has no prediction."""
+    (None: no limit); ``what``: the size's name in the lines ("batch", "seq"). None where the first call has no prediction."""
     known: dict[int, int] = {}
     lo, hi = 0, None  # the largest batch known to fit (0: none yet), the smallest known not to (None: none yet)
     batch, sides = max(1, start if limit is None else min(start, limit)), []
@@ -105,15 +108,16 @@ def largest_by_reserved(reserved_at: Callable[[int], int | None], start: int, bu
             hi = batch if hi is None else min(hi, batch)
         if (hi is not None and hi - lo <= 1) or lo == limit:
             break
-        # the line's guess; halving the bracket where two guesses in a row landed on one side of the budget (the
-        # allocator's segments make the reserved peak a staircase: the line alone can creep up on a step)
-        halve = hi is not None and lo > 0 and len(sides) >= 3 and sides[-1] == sides[-2]
-        batch = (lo + hi) // 2 if halve else _next_guess(known, lo, hi, budget_bytes)
+        # the line's guess; halving the bracket where two guesses in a row landed on one side of the budget, or on one
+        # flat step (the allocator's segments make the reserved peak a staircase: the line alone can creep along a step)
+        flat = len(known) >= 2 and reserved == known[list(known)[-2]]
+        halve = hi is not None and ((lo > 0 and len(sides) >= 3 and sides[-1] == sides[-2]) or flat)
+        batch = max(1, (lo + hi) // 2) if halve else _next_guess(known, lo, hi, budget_bytes)
         batch = batch if limit is None else min(batch, limit)
     if not known:
         return None
     exact = hi is not None and hi - lo <= 1
-    return ReservedSearch(budget_bytes, start, lo if (lo or exact or lo == limit) else None, exact, tuple(known.items()), limit)
+    return ReservedSearch(budget_bytes, start, lo if (lo or exact or lo == limit) else None, exact, tuple(known.items()), limit, what)
 
 
 def _next_guess(known: dict[int, int], lo: int, hi: int | None, budget_bytes: float) -> int:
