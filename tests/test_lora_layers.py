@@ -84,6 +84,20 @@ def test_layers_that_differ_are_traced_whole_and_it_says_why(monkeypatch: pytest
     assert step.layers_note.startswith("all 7 layers traced:") and not isinstance(step.model, ShallowLoraModels)
 
 
+@pytest.mark.slow  # the three shallow steps and the whole one
+def test_layers_that_alternate_kinds_are_sampled_by_units_and_equal_every_layer_traced() -> None:
+    """Gemma-2's sliding and full attention layers alternate: the step at 3, 4 and 5 units of two layers (6, 8, 10)
+    extrapolates to what its 12 layers traced give."""
+    config = _config({"model_type": "gemma2", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8, "max_position_embeddings": 128, "num_hidden_layers": 12})
+    question = {"rank": 4, "targets": ("q_proj", "v_proj"), "base": "bf16", "batch": 2, "seq": 16}
+    sampled = trace_lora_step(config, layers="sampled", **question)
+    whole = trace_lora_step(config, layers="all", **question)
+    assert isinstance(sampled.model, ShallowLoraModels) and sampled.model.period == 2
+    assert sampled.layers_note.startswith("its 12 layers are a unit of 2 layers repeated: the step traced at depths 6, 8, 10")
+    assert _numbers(sampled) == _numbers(whole)
+
+
 _DEEPSEEK = {"model_type": "deepseek_v3", "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
              "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
              "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1,

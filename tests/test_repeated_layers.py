@@ -67,9 +67,14 @@ TINY.update({  # round four, session 13
     "apertus": {"model_type": "apertus", **_DECODER},
     "arcee": {"model_type": "arcee", **_DECODER},
     "hunyuan_v1_dense": {"model_type": "hunyuan_v1_dense", **_DECODER, "head_dim": 16},
+    # sliding and full attention layers alternating: a unit of two layers (a window of 16 of the 24 tokens)
+    "gemma2": {"model_type": "gemma2", **_DECODER, "head_dim": 16, "sliding_window": 16},
+    "gpt_oss": {"model_type": "gpt_oss", **_DECODER, "head_dim": 16, "sliding_window": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
 })
 #: the layers each tiny config is traced whole at, against its sampled account: two more than the deepest sample
-_DEPTH = {"deepseek_v3": 9, "deepseek_v2": 9, "glm4_moe": 9}
+_DEPTH = {"deepseek_v3": 9, "deepseek_v2": 9, "glm4_moe": 9, "gemma2": 12, "gpt_oss": 12}
+#: the depths each is sampled at, where not 3, 4 and 5 layers: a prefix of 2 kept, or units of 2 layers
+_SAMPLED_AT = {"deepseek_v3": "5, 6, 7", "deepseek_v2": "5, 6, 7", "glm4_moe": "5, 6, 7", "gemma2": "6, 8, 10", "gpt_oss": "6, 8, 10"}
 _DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer", "gpt_bigcode": "n_layer", "gptj": "n_layer"}
 
 
@@ -97,7 +102,7 @@ def test_every_repeating_type_is_checked_here() -> None:
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_extrapolated_account_equals_every_layer_traced(model_type: str) -> None:
     spec = _spec(model_type, _DEPTH.get(model_type, 7))
-    depths = "5, 6, 7" if model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe") else "3, 4, 5"
+    depths = _SAMPLED_AT.get(model_type, "3, 4, 5")
     _equal_but_notes(account_hf_config(spec, batch=2, seq=24, layers="sampled"), account_hf_config(spec, batch=2, seq=24, layers="all"), depths)
 
 
@@ -135,10 +140,28 @@ def test_an_unknown_layers_choice_is_refused() -> None:
 
 
 @pytest.mark.slow
+def test_layers_that_alternate_kinds_repeat_a_unit_of_their_period() -> None:
+    """``layer_types`` alternating (Gemma-2, gpt-oss: sliding, full) make a unit of two layers: sampled at 3, 4 and 5 units
+    where that traces fewer layers (auto: 24 of them, from 30 layers on, as 12 from 17 for one layer); a pattern that does not repeat whole units,
+    or kinds in no pattern, is traced whole and says why."""
+    from resacct.account.load.hf_models import StackShape, _period, config_layer_stack, transformers_config
+    from resacct.account.trace.repeated_layers import layer_plan, plan_for_depth, sampled_note
+
+    assert [_period(list(kinds)) for kinds in ("", "s", "sf" * 21, "sssssf" * 8, "ssff" * 5, "sf", "sfs", "ssf" + "sf" * 10)] == [1, 1, 2, 6, 4, None, None, None]
+    assert config_layer_stack(transformers_config(_spec("gemma2", 42))) == StackShape(42, 0, 2, None)
+    plan = layer_plan(_spec("gemma2", 42))
+    assert (plan.sample, plan.period, plan.sample_layers()) == (True, 2, (6, 8, 10))
+    assert not layer_plan(_spec("gemma2", 28)).sample and layer_plan(_spec("gemma2", 28), "sampled").sample and layer_plan(_spec("gemma2", 30)).sample
+    assert plan_for_depth(43, None, "sampled", 0, 2).why_whole == "its 43 layers after the first 0 are not whole units of 2"
+    assert sampled_note(42, period=2).startswith("its 42 layers are a unit of 2 layers repeated: traced at depths 6, 8, 10 (24 layers, not 42)")
+    mixed = HfConfigSpec(name="t", source="tests", values={**TINY["gemma2"], "num_hidden_layers": 12, "layer_types": ["sliding_attention"] * 11 + ["full_attention"]})
+    assert config_layer_stack(transformers_config(mixed)).why_not == "its layers are of 2 kinds (full_attention, sliding_attention), in no repeating pattern"
+
+
 def test_a_type_not_checked_to_repeat_is_traced_whole_and_says_why() -> None:
-    spec = HfConfigSpec(name="tiny gemma2", source="tests", values={"model_type": "gemma2", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
+    spec = HfConfigSpec(name="tiny gemma3", source="tests", values={"model_type": "gemma3_text", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
     account = account_hf_config(spec, batch=1, seq=8, layers="sampled")
-    assert any(note.startswith("all 6 layers traced: model_type 'gemma2' is not among") for note in account.notes)
+    assert any(note.startswith("all 6 layers traced: model_type 'gemma3_text' is not among") for note in account.notes)
 
 
 @pytest.mark.slow
@@ -164,9 +187,9 @@ def test_layers_that_differ_fall_back_to_every_layer_traced(monkeypatch: pytest.
 
 
 def test_a_prefix_built_apart_is_planned_into_every_sample() -> None:
-    """The plan keeps a prefix in each sampled depth, samples by default only where that traces fewer layers, and
-    ``lora`` (which has no prefix) is told why it traces whole."""
-    from resacct.account.load.hf_models import config_repeated_depth, transformers_config
+    """The plan keeps a prefix in each sampled depth and samples by default only where that traces fewer layers; the
+    stack's shape reads the prefix from the config."""
+    from resacct.account.load.hf_models import StackShape, config_layer_stack, transformers_config
     from resacct.account.trace.repeated_layers import layer_plan, plan_for_depth, sampled_note
 
     plan = layer_plan(_spec("deepseek_v3", 61))
@@ -179,8 +202,7 @@ def test_a_prefix_built_apart_is_planned_into_every_sample() -> None:
     assert layer_plan(_spec("deepseek_v3", 61)).prefix == 2
     every_dense = layer_plan(HfConfigSpec(name="t", source="tests", values={**TINY["deepseek_v3"], "num_hidden_layers": 20, "first_k_dense_replace": 20}))
     assert (every_dense.sample, every_dense.prefix) == (True, 0)  # every layer dense: one layer repeated
-    depth, why = config_repeated_depth(transformers_config(_spec("deepseek_v3", 61)))
-    assert (depth, why) == (61, "its first 2 layers are built apart (first_k_dense_replace=2)")
+    assert config_layer_stack(transformers_config(_spec("deepseek_v3", 61))) == StackShape(61, 2, 1, None)
 
 
 @pytest.mark.slow
@@ -223,6 +245,15 @@ def test_fit_probes_of_a_stack_with_a_prefix_find_what_every_layer_traced_finds(
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**TINY["deepseek_v3"], "num_hidden_layers": SAMPLED_ABOVE_LAYERS + 8}))  # 24 - 3·2 = 18 > 16: sampled
     _same_search(path, 30e6, "fp32", "each probe the step at depths 5, 6, 7 (18 of 24 layers; its first 2 layers, built apart, in each)")
+
+
+@pytest.mark.slow
+def test_fit_probes_of_layers_that_alternate_kinds_find_what_every_layer_traced_finds(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY["gemma2"], "num_hidden_layers": 30}))  # 30 - 24 > 4: sampled by default
+    _same_search(path, 30e6, "bf16", "each probe the step at depths 6, 8, 10 (24 of 30 layers)")
 
 
 def _same_search(path, memory_bytes: float, recipe: str, how: str) -> None:  # noqa: ANN001

@@ -42,16 +42,20 @@ def test_each_rank_from_three_depths_equals_every_layer_traced(tmp_path, engine:
 
 @pytest.mark.slow  # the step at 3 depths and whole, per rank
 @needs_fsdp2_collectives_of_torch_2_13
-def test_a_prefix_built_apart_is_kept_in_each_depth(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """DeepSeek-V3's first dense layers (2 of 9 here) stay in every sampled depth: each rank equals every layer traced."""
+@pytest.mark.parametrize("model_type, layers, said", [
+    # DeepSeek-V3's first dense layers (2 of 9 here) stay in every sampled depth
+    ("deepseek_v3", 9, "its 9 layers are 2 built apart, then one layer repeated: each rank's step traced at depths 5, 6, 7"),
+    # Gemma-2's sliding and full layers alternate: 3, 4 and 5 units of two layers
+    ("gemma2", 12, "its 12 layers are a unit of 2 layers repeated: each rank's step traced at depths 6, 8, 10"),
+])
+def test_a_prefix_or_a_unit_of_layers_is_sampled_and_equals_every_layer_traced(tmp_path, model_type: str, layers: int, said: str) -> None:  # type: ignore[no-untyped-def]
     from tests.test_repeated_layers import TINY
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**TINY["deepseek_v3"], "num_hidden_layers": 9}))
+    path.write_text(json.dumps({**TINY[model_type], "num_hidden_layers": layers}))
     sampled = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine="fsdp2", world_size=2, batch=1, seq=16)
     whole = account_sharded_step(ModelSource(hf_config=str(path), layers="all"), engine="fsdp2", world_size=2, batch=1, seq=16)
-    assert any(note.startswith("its 9 layers are 2 built apart, then one layer repeated: each rank's step traced at depths 5, 6, 7")
-               for note in sampled.notes), sampled.notes
+    assert any(note.startswith(said) for note in sampled.notes), sampled.notes
     assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == 2
 
 

@@ -313,17 +313,17 @@ def _traced_hf_account(spec: HfConfigSpec, *, batch: int, seq: int | None, recip
     trace_hint = TraceOnceHint()  # one config at every depth: where tracing once failed at the first, it fails at the rest
     if plan.sample:
         samples = []
-        for repeated in SAMPLE_DEPTHS:
-            with segmenting(repeated, plan.prefix):
-                samples.append(_whole_hf_account(with_depth(spec, plan.prefix + repeated), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer,
+        for repeated, built in zip(SAMPLE_DEPTHS, plan.sample_layers()):
+            with segmenting(repeated, plan.prefix, plan.period):
+                samples.append(_whole_hf_account(with_depth(spec, built), batch=batch, seq=seq, recipe=recipe, optimizer=optimizer,
                                                  peak=peak, trace_hint=trace_hint))
         try:
             names = [*samples[-1].flops.forward_by_module, *(entry.module for entry in samples[-1].saved.entries)]
-            account = extrapolate_account(samples, depth, layer_path_of(names, plan.sample_layers()[-1]), plan.prefix)
+            account = extrapolate_account(samples, depth, layer_path_of(names, plan.sample_layers()[-1]), plan.prefix, plan.period)
         except NotRepeating as error:
             why_not = str(error)
         else:
-            account.notes.append(sampled_note(depth, prefix=plan.prefix))
+            account.notes.append(sampled_note(depth, prefix=plan.prefix, period=plan.period))
             return account
     account = _whole_hf_account(spec, batch=batch, seq=seq, recipe=recipe, optimizer=optimizer, peak=peak, trace_hint=trace_hint)
     if why_not is not None:

@@ -190,7 +190,7 @@ def _predict_in_child(model: ModelSource, engine: str, world_size: int, ranks: t
             depth = target.shallow.depth
             try:
                 summaries = sampled_rank_summaries(target.shallow, target.make_inputs, target.loss_fn(), engine, world_size, ranks, batch, fixed_seq)
-                layers_note = sampled_note(depth, "each rank's step", prefix=target.shallow.prefix)
+                layers_note = sampled_note(depth, "each rank's step", prefix=target.shallow.prefix, period=target.shallow.period)
             except NotRepeating as error:
                 layers_note = f"all {depth} layers traced: {error}"
         if summaries is None:

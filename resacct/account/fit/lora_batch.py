@@ -97,7 +97,8 @@ def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: 
             if plan.sample:
                 from resacct.account.load.hf_models import config_with_depth
 
-                built.append(ShallowLoraModels(plan.depth, tuple(build(config_with_depth(config, count)) for count in plan.sample_layers()), plan.prefix))
+                built.append(ShallowLoraModels(plan.depth, tuple(build(config_with_depth(config, count)) for count in plan.sample_layers()), plan.prefix,
+                                               plan.period))
             else:
                 built.append(build(config))
         def inputs_of(size: int) -> Any:

@@ -26,6 +26,7 @@ class ShallowCopies:
     depth: int
     build: Any  # layers → the model with that many layers, on meta
     prefix: int = 0
+    period: int = 1  # the layers of a repeated unit
     _models: tuple[nn.Module, ...] | None = field(default=None, repr=False)
     _in_dtype: dict[Any, tuple[nn.Module, ...]] = field(default_factory=dict, repr=False)
 
@@ -33,13 +34,13 @@ class ShallowCopies:
     def models(self) -> tuple[nn.Module, ...]:
         """The copies at the sample depths, in training mode (built once)."""
         if self._models is None:
-            self._models = tuple(self.build(self.prefix + repeated) for repeated in SAMPLE_DEPTHS)
+            self._models = tuple(self.build(self.prefix + repeated * self.period) for repeated in SAMPLE_DEPTHS)
             for model in self._models:
                 model.train()
         return self._models
 
     def describe(self) -> str:
-        depths = [self.prefix + repeated for repeated in SAMPLE_DEPTHS]
+        depths = [self.prefix + repeated * self.period for repeated in SAMPLE_DEPTHS]
         apart = f"; its first {self.prefix} layers, built apart, in each" if self.prefix else ""
         return (f"each probe the step at depths {', '.join(map(str, depths))} ({sum(depths)} of {self.depth} layers{apart}) "
                 "extrapolated, every number checked on the third depth")
@@ -60,7 +61,8 @@ def shallow_copies(spec: Any, layers: str = "auto") -> ShallowCopies | None:
     plan = layer_plan(spec, layers)
     if not plan.sample:
         return None
-    return ShallowCopies(depth=plan.depth, build=lambda depth: build_hf_model(with_depth(spec, depth), device="meta"), prefix=plan.prefix)
+    return ShallowCopies(depth=plan.depth, build=lambda depth: build_hf_model(with_depth(spec, depth), device="meta"), prefix=plan.prefix,
+                         period=plan.period)
 
 
 def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: Any, *, recipe: Any, optimizer: str) -> Any:
@@ -70,9 +72,9 @@ def sampled_step_peak(shallow: ShallowCopies, dtype: Any, inputs: Any, loss_fn: 
 
     samples = []
     for repeated, model in zip(SAMPLE_DEPTHS, shallow.in_dtype(dtype)):
-        with segmenting(repeated, shallow.prefix):
+        with segmenting(repeated, shallow.prefix, shallow.period):
             account = account_recipe_step_peak(model, inputs, loss_fn, recipe=recipe, optimizer=optimizer, measure=False)
         if account.predicted is None:
-            raise ResacctError(f"no predicted peak at depth {shallow.prefix + repeated} ({account.gap})")
+            raise ResacctError(f"no predicted peak at depth {shallow.prefix + repeated * shallow.period} ({account.gap})")
         samples.append(account.predicted)
     return extrapolate_peak(samples, shallow.depth)

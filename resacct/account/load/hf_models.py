@@ -16,11 +16,11 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from resacct.errors import ResacctError, UnknownNameError
 
-__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "repeated_depth", "config_repeated_depth", "layer_stack", "config_layer_stack", "PREFIX_FIELDS", "with_depth", "config_with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
+__all__ = ["HfConfigSpec", "REPEATING_MODEL_TYPES", "refuse_unusable_transformers", "StackShape", "layer_stack", "config_layer_stack", "PREFIX_FIELDS", "with_depth", "config_with_depth", "known_hf_configs", "load_hf_config", "check_sizes", "require_transformers", "transformers_config", "build_hf_model",
            "causal_lm_from_config", "import_before_device_modes", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_SIZE", "SIZE_KEYS"]
 
 _KNOWN = Path(__file__).resolve().parents[2] / "hf_configs" / "known.yaml"
@@ -270,7 +270,9 @@ REPEATING_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen
                                    # round four, session 13: each checked the same way at 7 layers (9 with a prefix)
                                    "gemma", "granite", "granitemoe", "starcoder2", "cohere", "stablelm", "qwen2_moe", "olmo", "olmoe", "gpt_bigcode",
                                    "gptj", "phimoe", "glm", "glm4", "glm4_moe", "ernie4_5", "helium", "deepseek_v2", "seed_oss", "apertus", "arcee",
-                                   "hunyuan_v1_dense"})
+                                   "hunyuan_v1_dense",
+                                   # sliding and full attention alternating (layer_types): a unit of two layers repeated
+                                   "gemma2", "gpt_oss"})
 
 #: Config fields that say how many of the first layers are built apart from the rest (DeepSeek-V3: its first
 #: ``first_k_dense_replace`` layers have a dense MLP, the others a mixture of experts): a **prefix** kept whole
@@ -283,50 +285,57 @@ PREFIX_FIELDS = ("first_k_dense_replace",)
 LAYERS_ALIKE_WHEN = {"mlp_only_layers": ([], ()), "decoder_sparse_step": (1, None)}
 
 
-def repeated_depth(spec: HfConfigSpec) -> tuple[int, str | None]:
-    """The config's number of decoder layers, and why its layers may not be one layer repeated (None: they are):
-    a model type not in :data:`REPEATING_MODEL_TYPES`, layers of different kinds (``layer_types``), a
-    per-layer list among its values, or first layers built apart (:data:`PREFIX_FIELDS`: see :func:`layer_stack`)."""
-    refuse_unusable_transformers(spec)
-    return config_repeated_depth(transformers_config(spec), spec.values)
+class StackShape(NamedTuple):
+    """How a config's decoder layers repeat: ``depth`` layers, the first ``prefix`` built apart (0: none), then units of
+    ``period`` layers alike (1: one layer repeated; more where ``layer_types`` alternate); ``why_not``: why they may not
+    be sampled as such (None: they may)."""
+
+    depth: int
+    prefix: int
+    period: int
+    why_not: str | None
 
 
-def layer_stack(spec: HfConfigSpec) -> tuple[int, int, str | None]:
-    """The config's number of decoder layers, how many of the first are built apart (a prefix, 0: none) and
-    why the rest may not be one layer repeated (None: they are; see :func:`repeated_depth`)."""
+def layer_stack(spec: HfConfigSpec) -> StackShape:
+    """The :class:`StackShape` of the config's decoder layers: not sampled where its model type is not in
+    :data:`REPEATING_MODEL_TYPES`, it builds a layer by its index, sets a per-layer list among its values, or has
+    layers of several kinds that do not alternate with a period."""
     refuse_unusable_transformers(spec)
     return config_layer_stack(transformers_config(spec), spec.values)
 
 
-def config_repeated_depth(config: Any, values: dict[str, Any] | None = None) -> tuple[int, str | None]:
-    """:func:`repeated_depth` of a transformers config object; ``values``: the fields the user gave
-    (a per-layer list among them is looked for; default: every field of the config)."""
-    depth, prefix, why_not = config_layer_stack(config, values)
-    if why_not is None and prefix:
-        field = next(key for key in PREFIX_FIELDS if hasattr(config, key))
-        why_not = f"its first {prefix} layers are built apart ({field}={prefix})"
-    return depth, why_not
-
-
-def config_layer_stack(config: Any, values: dict[str, Any] | None = None) -> tuple[int, int, str | None]:
-    """:func:`layer_stack` of a transformers config object (``values`` as :func:`config_repeated_depth`'s)."""
+def config_layer_stack(config: Any, values: dict[str, Any] | None = None) -> StackShape:
+    """:func:`layer_stack` of a transformers config object; ``values``: the fields the user gave (a per-layer list
+    among them is looked for; default: every field of the config)."""
     depth = int(config.num_hidden_layers)
     model_type = getattr(config, "model_type", "")
     if model_type not in REPEATING_MODEL_TYPES:
-        return depth, 0, f"model_type {model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})"
-    kinds = getattr(config, "layer_types", None)
-    if kinds is not None and len(set(kinds)) > 1:
-        return depth, 0, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(map(str, kinds))))})"
+        return StackShape(depth, 0, 1, f"model_type {model_type!r} is not among those checked to repeat ({', '.join(sorted(REPEATING_MODEL_TYPES))})")
     by_index = [f"{key}={getattr(config, key)!r}" for key, alike in LAYERS_ALIKE_WHEN.items()
                 if hasattr(config, key) and getattr(config, key) not in alike]
     if by_index:
-        return depth, 0, f"it builds a layer by its index ({', '.join(by_index)})"
+        return StackShape(depth, 0, 1, f"it builds a layer by its index ({', '.join(by_index)})")
     given = config.to_dict() if values is None else values
     listed = [key for key, value in given.items() if isinstance(value, (list, tuple)) and len(value) == depth and key != "layer_types"]
     if listed:
-        return depth, 0, f"it sets {', '.join(listed)} per layer"
+        return StackShape(depth, 0, 1, f"it sets {', '.join(listed)} per layer")
     prefix = max((int(getattr(config, key) or 0) for key in PREFIX_FIELDS if hasattr(config, key)), default=0)
-    return depth, (prefix if 0 < prefix < depth else 0), None
+    prefix = prefix if 0 < prefix < depth else 0
+    kinds = [str(kind) for kind in getattr(config, "layer_types", None) or ()][prefix:]
+    period = _period(kinds)
+    if period is None:
+        return StackShape(depth, 0, 1, f"its layers are of {len(set(kinds))} kinds ({', '.join(sorted(set(kinds)))}), in no repeating pattern")
+    return StackShape(depth, prefix, period, None)
+
+
+def _period(kinds: list[str]) -> int | None:
+    """The shortest period of ``kinds`` (the layers' ``layer_types`` after the prefix; 1: one kind, or none given)
+    that the stack holds whole units of; None: none. (Whether sampling units of it pays is the plan's to say:
+    Gemma-3's 6 would trace 72 layers of its 48.)"""
+    for period in range(1, max(1, len(kinds) // 2) + 1):
+        if len(kinds) % period == 0 and all(kind == kinds[index % period] for index, kind in enumerate(kinds)):
+            return period
+    return None if kinds else 1
 
 
 def config_with_depth(config: Any, depth: int) -> Any:

@@ -15,6 +15,10 @@ A stack may begin with a **fixed prefix** of layers built apart (DeepSeek-V3's t
 its 58 mixture-of-experts ones: :class:`LayerStack`). Its layers' segments are outside the repeated
 ones (keyed ``("prefix forward", j)``, ``("prefix backward", j)``, affine in ``L``), and everything
 above counts the repeated layers only: depths 3, 4 and 5 are ``prefix + 3`` … ``prefix + 5`` layers built.
+And a stack whose layers alternate kinds with a **period** (Gemma-2's sliding and full attention: 2) repeats
+not one layer but ``period`` of them: a segment then spans one such unit (its forward pre-hook on the unit's
+first layer), the depths count units (3, 4 and 5 units: 6, 8 and 10 layers for Gemma-2), and a peak's
+module inside a unit keeps its place in it (``{layer+1}``).
 
 :func:`mark_layer_segments` puts the boundaries into the tracker (a forward pre-hook on each layer;
 in backward, a hook on the gradient of each layer's input, which autograd computes once that layer's
@@ -50,15 +54,16 @@ SAMPLE_DEPTHS = (3, 4, 5)
 
 @dataclass(frozen=True)
 class LayerStack:
-    """The layers of a traced stack: ``prefix`` layers built apart, then ``repeated`` alike ones."""
+    """The layers of a traced stack: ``prefix`` layers built apart, then ``repeated`` alike units of ``period`` layers."""
 
     repeated: int
     prefix: int = 0
+    period: int = 1
 
     @property
     def layers(self) -> int:
-        """Every layer built: the prefix and the repeated ones."""
-        return self.prefix + self.repeated
+        """Every layer built: the prefix and the repeated units' layers."""
+        return self.prefix + self.repeated * self.period
 
 
 _LAYERS: ContextVar[LayerStack | None] = ContextVar("resacct_segment_layers", default=None)
@@ -69,10 +74,10 @@ class NotRepeating(Exception):
 
 
 @contextlib.contextmanager
-def segmenting(layers: int, prefix: int = 0) -> Iterator[None]:
-    """Inside: :func:`resacct.account.peak.step_peak.predict_step_peak` marks the segments of the
-    model's stack of ``layers`` identical layers after ``prefix`` layers built apart (:func:`find_layer_list`)."""
-    token = _LAYERS.set(LayerStack(repeated=layers, prefix=prefix))
+def segmenting(layers: int, prefix: int = 0, period: int = 1) -> Iterator[None]:
+    """Inside: :func:`resacct.account.peak.step_peak.predict_step_peak` marks the segments of the model's stack
+    of ``layers`` identical units of ``period`` layers after ``prefix`` layers built apart (:func:`find_layer_list`)."""
+    token = _LAYERS.set(LayerStack(repeated=layers, prefix=prefix, period=period))
     try:
         yield
     finally:
@@ -100,15 +105,16 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: LayerStack) -> list[Any]:
     """Hooks (returned, to remove) that begin a tracker segment at each layer's forward and, in
     backward, when the gradient of each layer's input — and of the last layer's output — is ready.
-    A repeated layer's segments are keyed by its place among the repeated ones, a prefix layer's apart."""
+    A repeated layer's segments are keyed by its unit's place among the repeated ones, a prefix layer's apart;
+    a unit of several layers is one segment each way (hooks on its first layer)."""
     tracker.segment_path = find_layer_list(model, layers.layers)
-    tracker.segment_prefix = layers.prefix
+    tracker.segment_prefix, tracker.segment_period = layers.prefix, layers.period
     stack = model.get_submodule(tracker.segment_path)
     tracker.segments = []
-    last, prefix = len(stack) - 1, layers.prefix
+    last, prefix, period = len(stack) - 1, layers.prefix, layers.period
 
     def key(direction: str, index: int) -> tuple[Any, ...]:
-        return (direction, index - prefix) if index >= prefix else (f"prefix {direction}", index)
+        return (direction, (index - prefix) // period) if index >= prefix else (f"prefix {direction}", index)
 
     def on_gradient(key: tuple[Any, ...]) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -131,19 +137,21 @@ def mark_layer_segments(model: nn.Module, tracker: LiveStorageTracker, layers: L
         if hidden is not None and hidden.requires_grad:
             hidden.register_hook(on_gradient(key("backward", last)))
 
-    handles = [layer.register_forward_pre_hook(before(index), with_kwargs=True) for index, layer in enumerate(stack)]
+    handles = [layer.register_forward_pre_hook(before(index), with_kwargs=True) for index, layer in enumerate(stack)
+               if index < prefix or (index - prefix) % period == 0]
     handles.append(stack[last].register_forward_hook(after_last))
     return handles
 
 
 @dataclass(frozen=True)
 class SegmentedTrace:
-    """A step's segments, the path of the layer list they follow (``model.layers``) and how many of its
-    first layers are a prefix built apart (:class:`LayerStack`)."""
+    """A step's segments, the path of the layer list they follow (``model.layers``), how many of its
+    first layers are a prefix built apart and how many layers a repeated unit holds (:class:`LayerStack`)."""
 
     path: str
     segments: tuple[Segment, ...]
     prefix: int = 0
+    period: int = 1
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,7 @@ def segments_of(tracker: LiveStorageTracker) -> SegmentedTrace:
         if not held:
             continue
         segments.append(Segment(key=key, phase="zero_grad" if phase == "end" else phase, peak=moment, held_max_bytes=max(held), end_bytes=held[-1]))
-    return SegmentedTrace(path=tracker.segment_path, segments=tuple(segments), prefix=tracker.segment_prefix)
+    return SegmentedTrace(path=tracker.segment_path, segments=tuple(segments), prefix=tracker.segment_prefix, period=tracker.segment_period)
 
 
 # ───────────────────────────── extrapolation ─────────────────────────────
@@ -184,11 +192,15 @@ def _numbers(segment: Segment) -> dict[str, int | None]:
     return numbers
 
 
-def _words(segment: Segment, path: str, prefix: int) -> tuple[str, ...]:
+def _words(segment: Segment, path: str, prefix: int, period: int = 1) -> tuple[str, ...]:
     """The segment's phase, peak op and where, a repeated layer's index in ``where`` written ``{layer}``
-    (a prefix layer's stays: it is the same at every depth)."""
+    (``{layer+k}``: the unit's ``k``-th layer, where a unit holds several; a prefix layer's index stays: it
+    is the same at every depth)."""
     def placeholder(match: re.Match[str]) -> str:
-        return match.group(0) if int(match.group(1)) < prefix else f"{path}.{{layer}}"
+        index = int(match.group(1))
+        if index < prefix:
+            return match.group(0)
+        return f"{path}.{{layer}}" if period == 1 else f"{path}.{{layer+{(index - prefix) % period}}}"
 
     where = "" if segment.peak is None else re.sub(rf"^{re.escape(path)}\.(\d+)(?=\.|$)", placeholder, segment.peak.where)
     return (segment.phase, "" if segment.peak is None else segment.peak.op, where)
@@ -254,9 +266,9 @@ def _sample_segments(samples: Sequence[Sequence[Segment]]) -> dict[int, dict[tup
     return by_depth
 
 
-def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path: str, prefix: int = 0) -> list[Segment]:
-    """The segments of the step at ``depth`` repeated layers from those at :data:`SAMPLE_DEPTHS` (``path``: the
-    layer list's, for ``where``; ``prefix``: the layers built apart before the repeated ones)."""
+def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path: str, prefix: int = 0, period: int = 1) -> list[Segment]:
+    """The segments of the step at ``depth`` repeated units from those at :data:`SAMPLE_DEPTHS` (``path``: the
+    layer list's, for ``where``; ``prefix``: the layers built apart before the repeated ones; ``period``: a unit's layers)."""
     by_depth = _sample_segments(samples)
     out = []
     for key in _layout(samples[-1], depth):
@@ -265,7 +277,7 @@ def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path:
             chosen = {(d, i): by_depth[d][(key[0], i)] for d in SAMPLE_DEPTHS for i in range(1, d - 1)}
         else:
             chosen = {d: next(s for k, s in by_depth[d].items() if _role(k, d) == role) for d in SAMPLE_DEPTHS}
-        words = {_words(segment, path, prefix) for segment in chosen.values()}
+        words = {_words(segment, path, prefix, period) for segment in chosen.values()}
         if len(words) != 1:
             raise NotRepeating(f"segment {key}: its peak is at different ops at different depths ({sorted(words)})")
         names = list(dict.fromkeys(name for segment in chosen.values() for name in _numbers(segment)))
@@ -278,7 +290,8 @@ def extrapolate_segments(samples: Sequence[Sequence[Segment]], depth: int, path:
         peak = None
         if numbers["peak"] is not None:
             kinds = {name[5:]: value for name, value in numbers.items() if name.startswith("kind:") and value}
-            where = where.replace("{layer}", str(prefix + key[1])) if key[0] in ("forward", "backward") else where
+            if key[0] in ("forward", "backward"):
+                where = re.sub(r"\{layer(?:\+(\d+))?\}", lambda found: str(prefix + key[1] * period + int(found.group(1) or 0)), where)
             peak = PeakMoment(bytes=numbers["peak"], phase=phase, op=op, where=where, bytes_by_kind=kinds)
         out.append(Segment(key=key, phase=phase, peak=peak, held_max_bytes=numbers["held"], end_bytes=numbers["end"]))
     return out
@@ -290,11 +303,13 @@ def extrapolate_peak(samples: Sequence[Any], depth: int) -> Any:
     from resacct.measurement.memory_timeline import MemoryTimeline
 
     traces = [sample.segments for sample in samples]
-    if any(trace is None for trace in traces) or len({(trace.path, trace.prefix) for trace in traces}) != 1:
+    if any(trace is None for trace in traces) or len({(trace.path, trace.prefix, trace.period) for trace in traces}) != 1:
         raise NotRepeating("a prediction was made without segments, or along different layer lists")
-    prefix = traces[0].prefix
-    depth -= prefix  # from here on the repeated layers only
-    segments = extrapolate_segments([trace.segments for trace in traces], depth, traces[0].path, prefix)
+    prefix, period = traces[0].prefix, traces[0].period
+    if (depth - prefix) % period:
+        raise NotRepeating(f"{depth - prefix} layers after the prefix are not whole units of {period}")
+    depth = (depth - prefix) // period  # from here on the repeated units only
+    segments = extrapolate_segments([trace.segments for trace in traces], depth, traces[0].path, prefix, period)
     peak = None
     for segment in segments:  # the first largest, as the tracker keeps it
         if segment.peak is not None and (peak is None or segment.peak.bytes > peak.bytes):

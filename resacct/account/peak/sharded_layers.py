@@ -51,7 +51,7 @@ def sampled_rank_summaries(shallow: Any, make_inputs: Any, loss_fn: Any, engine:
     # empty_strided calls there, torch 2.13), is not the step's and goes unrecorded (dtensor_propagation).
     per_depth = []
     for repeated, model in zip(SAMPLE_DEPTHS, shallow.models):
-        with segmenting(repeated, shallow.prefix):
+        with segmenting(repeated, shallow.prefix, shallow.period):
             per_depth.append(predict_rank_summaries(model, make_inputs(batch, seq), loss_fn, engine, world_size, ranks))
     return [{"allocator": summary_of_prediction(extrapolate_peak([reports[index]["predictions"]["allocator"] for reports in per_depth],
                                                                   shallow.depth))}

@@ -111,6 +111,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.segments: list[list[Any]] | None = None
         self.segment_path = ""
         self.segment_prefix = 0  # the layers before the repeated ones, built apart (layer_segments.LayerStack)
+        self.segment_period = 1  # the layers of one repeated unit
         self._skip_detach_of: int | None = None  # id of the storage whose detach is the next op's to skip (:meth:`skip_next_detach`)
         #: when not None, told of every event that moves the count (:mod:`resacct.account.peak.optimizer_replay`)
         self.event_log: Any = None

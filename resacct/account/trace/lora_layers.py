@@ -33,6 +33,7 @@ class ShallowLoraModels:
     depth: int
     models: tuple[nn.Module, ...]
     prefix: int = 0
+    period: int = 1  # the layers of a repeated unit
 
 
 def lora_layer_plan(config: Any, layers: str = "auto") -> LayerPlan:
@@ -41,8 +42,8 @@ def lora_layer_plan(config: Any, layers: str = "auto") -> LayerPlan:
     from resacct.account.load.hf_models import config_layer_stack
     from resacct.account.trace.repeated_layers import plan_for_depth
 
-    depth, prefix, why_not = config_layer_stack(config)
-    return plan_for_depth(depth, why_not, layers, prefix)
+    depth, prefix, period, why_not = config_layer_stack(config)
+    return plan_for_depth(depth, why_not, layers, prefix, period)
 
 
 def lora_step_peak(model: nn.Module | ShallowLoraModels, inputs_of: Any, loss_fn: Any, optimizer_fn: Any, batch: int) -> Any:
@@ -56,6 +57,6 @@ def lora_step_peak(model: nn.Module | ShallowLoraModels, inputs_of: Any, loss_fn
         return predict_step_peak(model, inputs_of(batch), loss_fn, optimizer_fn)
     samples = []
     for repeated, shallow in zip(SAMPLE_DEPTHS, model.models):
-        with segmenting(repeated, model.prefix):
+        with segmenting(repeated, model.prefix, model.period):
             samples.append(predict_step_peak(shallow, inputs_of(batch), loss_fn, optimizer_fn))
     return extrapolate_peak(samples, model.depth)

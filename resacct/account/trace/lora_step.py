@@ -176,16 +176,16 @@ def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: s
               "gradient_checkpointing": gradient_checkpointing}
     if plan.sample:
         samples = []
-        for repeated in SAMPLE_DEPTHS:
-            with segmenting(repeated, plan.prefix):
-                samples.append(_traced_lora_step(config_with_depth(config, plan.prefix + repeated), **traced))
+        for repeated, built in zip(SAMPLE_DEPTHS, plan.sample_layers()):
+            with segmenting(repeated, plan.prefix, plan.period):
+                samples.append(_traced_lora_step(config_with_depth(config, built), **traced))
         try:
-            step = extrapolate_dataclass([dataclasses.replace(sample, model=None) for sample in samples], plan.depth, plan.prefix)
+            step = extrapolate_dataclass([dataclasses.replace(sample, model=None) for sample in samples], plan.depth, plan.prefix, plan.period)
         except NotRepeating as error:
             why_whole = str(error)
         else:
-            return dataclasses.replace(step, model=ShallowLoraModels(plan.depth, tuple(sample.model for sample in samples), plan.prefix),
-                                       layers_note=sampled_note(plan.depth, "the step", plan.prefix))
+            return dataclasses.replace(step, model=ShallowLoraModels(plan.depth, tuple(sample.model for sample in samples), plan.prefix, plan.period),
+                                       layers_note=sampled_note(plan.depth, "the step", plan.prefix, plan.period))
     step = _traced_lora_step(config, **traced)
     return step if why_whole is None else dataclasses.replace(step, layers_note=f"all {plan.depth} layers traced: {why_whole}")
 

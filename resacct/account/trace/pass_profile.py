@@ -38,7 +38,7 @@ _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
     ("resacct.account.trace.cache", "_write", "cache", False),
     ("resacct.account.load.hf_models", "load_hf_config", "load/build", False),
     ("resacct.account.load.hf_models", "build_hf_model", "load/build", False),
-    ("resacct.account.load.hf_models", "repeated_depth", "load/build", False),  # the config's first read: transformers' import
+    ("resacct.account.load.hf_models", "layer_stack", "load/build", False),  # the config's first read: transformers' import
     ("resacct.account.load.model_factory", "load_model", "load/build", False),
     ("resacct.training.gpt", "build_gpt", "load/build", False),
     ("resacct.account.trace.step_measurements", "measure_step_once", "trace", False),

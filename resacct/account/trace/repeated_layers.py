@@ -20,7 +20,9 @@ A stack that begins with layers built apart (DeepSeek-V3's ``first_k_dense_repla
 :func:`resacct.account.load.hf_models.config_layer_stack`) keeps them as a **prefix**: the depths
 traced are the prefix and 3, 4 and 5 layers of the rest, and the prefix layers' entries are named and
 checked as anything else outside the repeated layers (the same at every depth but for whole numbers
-on a line). DeepSeek-V3's 61 layers: 21 traced.
+on a line). DeepSeek-V3's 61 layers: 21 traced. A stack whose layers alternate kinds with a **period**
+(Gemma-2: sliding, full) repeats a unit of that many layers: the depths count units, a module keeps its
+place in its unit (:func:`resacct.account.load.hf_models.config_layer_stack` finds the period).
 """
 
 from __future__ import annotations
@@ -48,16 +50,17 @@ LAYER_CHOICES = ("auto", "sampled", "all")
 class LayerPlan:
     """How a config's step is traced: ``sample`` (``prefix`` + 3, 4, 5 layers, extrapolated to ``depth``) or whole;
     ``why_whole``: what to tell the user when a stack deep enough to sample is traced whole (None: nothing);
-    ``prefix``: the first layers, built apart, kept in every sample."""
+    ``prefix``: the first layers, built apart, kept in every sample; ``period``: the layers of a repeated unit."""
 
     depth: int
     sample: bool
     why_whole: str | None = None
     prefix: int = 0
+    period: int = 1
 
     def sample_layers(self) -> tuple[int, ...]:
-        """The depths built to sample: the prefix and 3, 4, 5 repeated layers."""
-        return tuple(self.prefix + repeated for repeated in SAMPLE_DEPTHS)
+        """The depths built to sample: the prefix and 3, 4, 5 repeated units."""
+        return tuple(self.prefix + repeated * self.period for repeated in SAMPLE_DEPTHS)
 
 
 def layer_plan(spec: Any, layers: str = "auto") -> LayerPlan:
@@ -68,31 +71,38 @@ def layer_plan(spec: Any, layers: str = "auto") -> LayerPlan:
 
     if layers not in LAYER_CHOICES:
         raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
-    depth, prefix, why_not = layer_stack(spec)
-    return plan_for_depth(depth, why_not, layers, prefix)
+    depth, prefix, period, why_not = layer_stack(spec)
+    return plan_for_depth(depth, why_not, layers, prefix, period)
 
 
-def plan_for_depth(depth: int, why_not: str | None, layers: str, prefix: int = 0) -> LayerPlan:
+def plan_for_depth(depth: int, why_not: str | None, layers: str, prefix: int = 0, period: int = 1) -> LayerPlan:
     """The :class:`LayerPlan` of a stack of ``depth`` layers (``why_not``: why they may not repeat, None: they
-    may; ``prefix``: how many of the first are built apart) under a :data:`LAYER_CHOICES` choice (see
-    :func:`layer_plan`). ``auto`` samples where the layers traced (the prefix three times, 12 of the rest)
-    are fewer than the stack's by more than :data:`SAMPLED_ABOVE_LAYERS` - 12."""
+    may; ``prefix``: how many of the first are built apart; ``period``: the layers of a repeated unit) under a
+    :data:`LAYER_CHOICES` choice (see :func:`layer_plan`). ``auto`` samples where the layers traced (the prefix
+    three times, 12 units) are fewer than the stack's by more than :data:`SAMPLED_ABOVE_LAYERS` - 12."""
     from resacct.errors import ResacctError
 
     if layers not in LAYER_CHOICES:
         raise ResacctError(f"layers {layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
-    if layers == "all" or depth - prefix <= SAMPLE_DEPTHS[-1] or (layers == "auto" and depth - 3 * prefix <= SAMPLED_ABOVE_LAYERS):
+    traced = 3 * prefix + sum(SAMPLE_DEPTHS) * period
+    if (layers == "all" or (depth - prefix) // period <= SAMPLE_DEPTHS[-1]
+            or (layers == "auto" and depth - traced <= SAMPLED_ABOVE_LAYERS - sum(SAMPLE_DEPTHS))):
         return LayerPlan(depth=depth, sample=False)
-    return LayerPlan(depth=depth, sample=why_not is None, why_whole=why_not, prefix=prefix if why_not is None else 0)
+    if why_not is None and (depth - prefix) % period:
+        why_not = f"its {depth - prefix} layers after the first {prefix} are not whole units of {period}"
+    return (LayerPlan(depth=depth, sample=True, prefix=prefix, period=period) if why_not is None
+            else LayerPlan(depth=depth, sample=False, why_whole=why_not))
 
 
-def sampled_note(depth: int, traced: str = "", prefix: int = 0) -> str:
+def sampled_note(depth: int, traced: str = "", prefix: int = 0, period: int = 1) -> str:
     """What a command says of an answer extrapolated from the sample depths (``traced``: what was
-    traced, "the step", "each rank's step"; "" for the whole account; ``prefix``: the first layers, built apart)."""
+    traced, "the step", "each rank's step"; "" for the whole account; ``prefix``: the first layers, built apart;
+    ``period``: the layers of a repeated unit)."""
     what = f"{traced} traced" if traced else "traced"
-    depths = [prefix + repeated for repeated in SAMPLE_DEPTHS]
-    stack = (f"its {depth} layers are one layer repeated" if not prefix else
-             f"its {depth} layers are {prefix} built apart, then one layer repeated")
+    depths = [prefix + repeated * period for repeated in SAMPLE_DEPTHS]
+    unit = "one layer" if period == 1 else f"a unit of {period} layers"
+    stack = (f"its {depth} layers are {unit} repeated" if not prefix else
+             f"its {depth} layers are {prefix} built apart, then {unit} repeated")
     return (f"{stack}: {what} at depths {', '.join(map(str, depths))} ({sum(depths)} layers, "
             f"not {depth}) and extrapolated, every number fitted through two depths and checked on the third (--trace-all-layers traces them all)")
 
@@ -110,31 +120,33 @@ def layer_path_of(names: Sequence[str], depth: int) -> str:
 
 
 class _Walk:
-    """One extrapolation: the three samples' layer list (``path``), the target ``depth`` of repeated layers
-    and the ``prefix`` of layers built apart before them (named as they are: outside the repeated ones).
-    ``special``'s handlers get the whole depth, the prefix's layers included."""
+    """One extrapolation: the three samples' layer list (``path``), the target ``depth`` of repeated units of
+    ``period`` layers and the ``prefix`` of layers built apart before them (named as they are: outside the
+    repeated ones). ``special``'s handlers get the whole depth in layers, the prefix's included."""
 
-    def __init__(self, path: str, depth: int, special: Mapping[type, Callable[[Sequence[Any], int], Any]], prefix: int = 0) -> None:
-        self.depth, self.special, self.prefix = depth, special, prefix
+    def __init__(self, path: str, depth: int, special: Mapping[type, Callable[[Sequence[Any], int], Any]], prefix: int = 0,
+                 period: int = 1) -> None:
+        self.depth, self.special, self.prefix, self.period = depth, special, prefix, period
         self.pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?=\.|$)")
         self.path = path
 
     def layer_of(self, name: Any) -> tuple[int, str] | None:
-        """(its place among the repeated layers, the rest of the name) of a repeated layer's entry; else None."""
+        """(its unit's place among the repeated ones, the rest of the name) of a repeated layer's entry; else None."""
         match = self.pattern.match(name) if isinstance(name, str) else None
         if match is None or int(match.group(1)) < self.prefix:
             return None
-        return int(match.group(1)) - self.prefix, name[match.end():]
+        return (int(match.group(1)) - self.prefix) // self.period, name[match.end():]
 
     def rename(self, name: str, index: int) -> str:
-        """``name`` moved to the ``index``-th repeated layer."""
-        return self.pattern.sub(f"{self.path}.{self.prefix + index}", name, count=1)
+        """``name`` moved to the ``index``-th repeated unit, at its place in its unit."""
+        within = (int(self.pattern.match(name).group(1)) - self.prefix) % self.period  # type: ignore[union-attr]
+        return self.pattern.sub(f"{self.path}.{self.prefix + index * self.period + within}", name, count=1)
 
     def value(self, samples: Sequence[Any], what: str) -> Any:
         first = samples[0]
         for kind, handler in self.special.items():
             if isinstance(first, kind):
-                return handler(samples, self.prefix + self.depth)
+                return handler(samples, self.prefix + self.depth * self.period)
         if any(type(sample) is not type(first) for sample in samples):
             raise NotRepeating(f"{what}: of different types at different depths")
         if isinstance(first, int) and not isinstance(first, bool):
@@ -235,17 +247,20 @@ def _affine_text(samples: Sequence[str], depth: int, what: str) -> str:
     return "".join(part for pair in zip(words[-1], [*made, ""]) for part in pair)
 
 
-def extrapolate_account(samples: Sequence[Any], depth: int, path: str, prefix: int = 0) -> Any:
+def extrapolate_account(samples: Sequence[Any], depth: int, path: str, prefix: int = 0, period: int = 1) -> Any:
     """The account of ``depth`` layers from the three of ``prefix`` + :data:`~resacct.account.peak.layer_segments.SAMPLE_DEPTHS`
-    (``path``: the layer list's module path, ``model.layers``; ``prefix``: its first layers, built apart)."""
+    units of ``period`` layers (``path``: the layer list's module path, ``model.layers``; ``prefix``: its first layers, built apart)."""
     from resacct.account.peak.step_peak import PredictedStepPeak
 
-    return _Walk(path, depth - prefix, {PredictedStepPeak: extrapolate_peak}, prefix).value(list(samples), type(samples[0]).__name__)
+    walk = _Walk(path, (depth - prefix) // period, {PredictedStepPeak: extrapolate_peak}, prefix, period)
+    return walk.value(list(samples), type(samples[0]).__name__)
 
 
-def extrapolate_dataclass(samples: Sequence[Any], depth: int, prefix: int = 0) -> Any:
+def extrapolate_dataclass(samples: Sequence[Any], depth: int, prefix: int = 0, period: int = 1) -> Any:
     """A dataclass of whole numbers, names and a step peak (no module-keyed collections: ``resacct lora``'s
-    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths (after ``prefix``)."""
+    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths (after ``prefix``,
+    in units of ``period`` layers)."""
     from resacct.account.peak.step_peak import PredictedStepPeak
 
-    return _Walk("", depth - prefix, {PredictedStepPeak: extrapolate_peak}, prefix).value(list(samples), type(samples[0]).__name__)
+    walk = _Walk("", (depth - prefix) // period, {PredictedStepPeak: extrapolate_peak}, prefix, period)
+    return walk.value(list(samples), type(samples[0]).__name__)
