@@ -169,6 +169,11 @@ def test_fit_on_a_board_searches_the_sequence_length_up_too(tmp_path: Path) -> N
     assert above > found["largest"] and reserved(above) > cpu.budget_bytes
     assert search.exact == (above == found["largest"] + 1)
     assert search.line("{:.0f} B".format).startswith("by the reserved peak: the largest seq that fits the 100000000 B budget")
+    from resacct.account.gpu.device_answer import fit_gpu_fields
+
+    fields = fit_gpu_fields(found)  # --json's gpu: the search named by what it searched
+    assert fields["largest_seq_by_reserved"]["largest"] == fields["largest_by_reserved_peak"] == found["largest"]
+    assert "largest_batch_by_reserved" not in fields
 
 
 def _step_copy(target):  # type: ignore[no-untyped-def]

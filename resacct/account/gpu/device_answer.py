@@ -227,4 +227,4 @@ def fit_gpu_fields(found: dict[str, Any]) -> dict[str, Any] | None:
     gpu = found["gpu"]
     search = found.get("search")
     return None if gpu is None else {**gpu.to_dict(), "size": found["size"], "largest_by_reserved_peak": found["largest"], "traces": found["traces"],
-                                     **({} if search is None else {"largest_batch_by_reserved": search.to_dict()})}
+                                     **({} if search is None else {f"largest_{search.what}_by_reserved": search.to_dict()})}
