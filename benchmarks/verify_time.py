@@ -5,6 +5,10 @@
     python benchmarks/verify_time.py --baseline 27b77d1 --commit HEAD --rounds 2   # two commits' trees
     python benchmarks/verify_time.py --workers 1                            # verify's claims all in one process
     python benchmarks/verify_time.py --baseline fea76ea --area sharding --area peak_sharded   # a partial run of both trees
+    python benchmarks/verify_time.py --warm --rounds 3       # this tree measuring every claim, and replaying its stored measurements
+
+Every run measures every claim afresh (``RESACCT_NO_CACHE=1``) but the ``--warm`` runs, which replay what one untimed run stored
+(resacct.harness.replay; timed, forall and GPU claims are measured all the same).
 
 Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis derandomized, so
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall
@@ -79,10 +83,12 @@ def _watch_tree_cpu(root: int, seen: dict[int, float], stop: threading.Event) ->
                 seen[pid] = table[pid][1]
 
 
-def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
-    """One `resacct verify` of ``tree``'s claims: wall and CPU seconds, outcome per claim."""
+def run_verify(tree: Path, extra: list[str], environment: dict[str, str] | None = None) -> dict[str, object]:
+    """One `resacct verify` of ``tree``'s claims: wall and CPU seconds, outcome per claim. ``environment``: variables set for it
+    (default: ``RESACCT_NO_CACHE=1``, every claim measured afresh — verify's stored measurements off, as in every figure before
+    session 14)."""
     with tempfile.TemporaryDirectory() as report_dir:
-        env = {**os.environ, "CI": "true", "PYTHONPATH": str(tree)}
+        env = {**os.environ, "CI": "true", "PYTHONPATH": str(tree), **(environment if environment is not None else {"RESACCT_NO_CACHE": "1"})}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         process = subprocess.Popen([sys.executable, "-m", "resacct", "verify", "--quiet", "--report-dir", report_dir, *extra],
@@ -105,9 +111,10 @@ def run_verify(tree: Path, extra: list[str]) -> dict[str, object]:
     own_cpu = float(document["run"].get("cpu_seconds") or 0.0)  # absent in trees before it was recorded
     total_cpu = max(reaped_cpu, sum(seen.values()))  # the watched tree: verify, the forkserver and everything under it
     outcomes = {record["id"]: record["outcome"] for record in document["claims"]}
-    records = {record["id"]: {key: value for key, value in record.items() if key not in ("seconds", "cpu_seconds")} for record in document["claims"]}
+    records = {record["id"]: {key: value for key, value in record.items() if key not in ("seconds", "cpu_seconds", "replayed_from")}
+               for record in document["claims"]}
     return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode,
-            "areas": document["run"].get("seconds_by_area") or {},
+            "areas": document["run"].get("seconds_by_area") or {}, "replayed": int(document["run"].get("replayed") or 0),
             "launching": sum(float(record.get("seconds") or 0.0) for record in document["claims"] if "distributed" in (record.get("marks") or []))}
 
 
@@ -124,8 +131,9 @@ def _line(name: str, run: dict[str, object]) -> str:
     own = float(run["own_cpu"])  # type: ignore[arg-type]
     split = f" ({own:.1f} verify + {float(run['cpu']) - own:.1f} ranks/children)" if own else ""  # type: ignore[arg-type]
     areas = "; by area " + ", ".join(f"{area} {float(seconds):.1f} s" for area, seconds in sorted(run["areas"].items())) if run.get("areas") else ""  # type: ignore[union-attr]
+    replayed = f"; {run['replayed']} replayed" if run.get("replayed") else ""
     return (f"{name:10s} {float(run['wall']):6.1f} s wall  {float(run['cpu']):6.1f} CPU s{split}  "  # type: ignore[arg-type]
-            f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s")  # type: ignore[arg-type]
+            f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s{replayed}")  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,36 +144,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="pass --workers N to this tree's verify (default: verify's own default)")
     parser.add_argument("--area", action="append", default=[], help="pass --area AREA to both trees' verify (repeatable): a partial run, "
                         "each area's seconds printed")
+    parser.add_argument("--warm", action="store_true",
+                        help="this tree cold (RESACCT_NO_CACHE=1) and warm (replaying the measurements one untimed run stored first in a "
+                             "temporary cache folder: resacct.harness.replay) taking turns, instead of a baseline")
     args = parser.parse_args(argv)
+    if args.warm and args.baseline:
+        parser.error("--warm compares this tree cold and warm; drop --baseline")
     selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory() as folder:
         this = _tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT
-        trees = {"this tree": this}
+        trees: dict[str, tuple[Path, list[str], dict[str, str] | None]] = {"this tree": (this, [*selected, *extra], None)}
         if args.baseline:
-            trees = {args.baseline: _tree_of(args.baseline, Path(folder) / "baseline"), "this tree": this}
+            trees = {args.baseline: (_tree_of(args.baseline, Path(folder) / "baseline"), selected, None), **trees}
+        if args.warm:
+            stored = {"RESACCT_CACHE_DIR": str(Path(folder) / "cache")}
+            trees = {"cold": (this, [*selected, *extra], None), "warm": (this, [*selected, *extra], stored)}
+            print(_line("(filling)", run_verify(this, [*selected, *extra], stored)), flush=True)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
-            for name, tree in trees.items():
-                runs[name].append(run_verify(tree, [*selected, *(extra if name == "this tree" else [])]))
+            for name, (tree, options, environment) in trees.items():
+                runs[name].append(run_verify(tree, options, environment))
                 print(_line(name, runs[name][-1]), flush=True)
     print(f"load average after:  {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
     medians = {name: statistics.median(float(run["wall"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]
     status = 0
-    if args.baseline:
-        old, new = runs[args.baseline][-1]["outcomes"], runs["this tree"][-1]["outcomes"]
+    reference, subject = list(runs)[0], list(runs)[-1]
+    if reference != subject:
+        old, new = runs[reference][-1]["outcomes"], runs[subject][-1]["outcomes"]
         changed = sorted(claim for claim in set(old) | set(new) if old.get(claim) != new.get(claim))  # type: ignore[union-attr]
         cpu = {name: statistics.median(float(run["cpu"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]
-        print(f"this tree / {args.baseline}: wall {medians['this tree'] / medians[args.baseline]:.2f}, "
-              f"CPU {cpu['this tree'] / cpu[args.baseline]:.2f} (medians of {args.rounds})")
+        print(f"{subject} / {reference}: wall {medians[subject] / medians[reference]:.2f}, "
+              f"CPU {cpu[subject] / cpu[reference]:.2f} (medians of {args.rounds})")
         print(f"claims whose outcome differs: {len(changed)}" + (f" ({', '.join(changed[:10])})" if changed else ""))
-        old_records, new_records = runs[args.baseline][-1]["records"], runs["this tree"][-1]["records"]
+        old_records, new_records = runs[reference][-1]["records"], runs[subject][-1]["records"]
         moved = sorted(claim for claim in set(old_records) & set(new_records) if old_records[claim] != new_records[claim])  # type: ignore[operator]
         print(f"claims whose record differs beyond its seconds (values, examples, messages): {len(moved)}" + (f" ({', '.join(moved[:12])})" if moved else ""))
         status = 1 if changed else 0
-    best = medians["this tree"]
-    print(f"bar {BAR_SECONDS:.0f} s wall (idle, 2 cores): {'met' if best <= BAR_SECONDS else 'not met'} here ({best:.1f} s)")
+    for name in ([reference, subject] if args.warm else [subject]):
+        best = medians[name]
+        print(f"bar {BAR_SECONDS:.0f} s wall (idle, 2 cores), {name}: {'met' if best <= BAR_SECONDS else 'not met'} here ({best:.1f} s)")
     return status
 
 

@@ -139,6 +139,37 @@ def test_collected_claims_that_launch_plan_their_launches(monkeypatch):
     assert rank_jobs.planned_rank_jobs() == [(2, pid_on_rank, ("a",), False), (4, pid_on_rank, ("b",), False)]
 
 
+def test_claims_that_replay_a_stored_measurement_plan_no_launch(monkeypatch, tmp_path):
+    """verify replaying an earlier run's measurements (resacct.harness.replay): a distributed claim whose measurement is
+    stored is not planned; when every distributed claim's is, the forkserver is not even started."""
+    from types import SimpleNamespace
+
+    from resacct.harness import replay
+    from resacct.harness.early_ranks import start_ranks_early
+    from resacct.harness.plugin import ClaimItem
+    from resacct.harness.registry import Outcome
+
+    started = []
+    monkeypatch.setattr(distributed, "start_forkserver_early", lambda: started.append(True))
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
+
+    def item(given, forall=None):
+        node = object.__new__(ClaimItem)
+        node.get_closest_marker = lambda name: name if name == "distributed" else None
+        node.loaded = SimpleNamespace(claim=SimpleNamespace(measure="test_rank_jobs.tagged", given=given, forall=forall or {}))
+        return node
+
+    with replay.replaying(False, folder=tmp_path):
+        replay.store_measurement("test_rank_jobs.tagged", {"world_size": 2, "tag": "a"}, Outcome(measured=1))
+    with replay.replaying(False, folder=tmp_path):
+        items = [item({"world_size": 2, "tag": "a"}), item({"world_size": 4, "tag": "b"})]
+        assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items)) and started == [True]
+        assert rank_jobs.planned_rank_jobs() == [(4, pid_on_rank, ("b",), False)]
+        assert not start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items[:1])) and started == [True]
+        forall = [*items[:1], item({"world_size": 2}, forall={"tag": "st.text()"})]  # launches ranks, never replayed
+        assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=forall)) and started == [True, True]
+
+
 def test_the_sharded_checks_plan_what_they_launch():
     """Each claim of the sharded areas plans the launch its check asks shared_rank_launch for (one per world size and program)."""
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process

@@ -8,6 +8,7 @@
 # Each runs the claims whose outcome can depend on the machine (`--machine-dependent`: a `when:`
 # condition, or timed here); every run must exit 0: a timing claim under load holds or
 # is inconclusive, never failed. The reports are merged into one claims × machine-kinds matrix.
+# Every kind measures every claim afresh (RESACCT_NO_CACHE=1: no measurement an earlier verify stored is replayed).
 # The loaded kind runs only the timed claims (`-k resacct_timed`): a busy loop changes a time, not
 # what a `when:` condition reads; of the runtime model's, only the step and optimizer times on the
 # MLP (their gpt-tiny and Cruncher twins, and the per-op memory-bound claims, run the same timing
@@ -37,7 +38,7 @@ run_kind() {  # name, then env assignments, then verify arguments after --
     while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do assignments+=("$1"); shift; done
     shift
     local began=$SECONDS
-    env "${assignments[@]}" "$RESACCT" verify -q --no-roofline --no-timeline --report-dir "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+    env RESACCT_NO_CACHE=1 "${assignments[@]}" "$RESACCT" verify -q --no-roofline --no-timeline --report-dir "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
     local code=$?
     echo "== $name: exit $code in $((SECONDS - began)) s: $(grep '^claims:' "$OUT/$name.log" | tail -1)"
     if [ "$code" -ne 0 ]; then

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from resacct.cli._claim_files import claim_files as _claim_files
 from resacct.cli._drawn_beside import DrawnBeside
 from resacct.errors import ResacctError
 
@@ -67,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=_workers_count, default=None, metavar="N",
                         help="run the claims in N processes forked from this one, then the timed and GPU claims alone in this one "
                              "(default: 2 on a Linux machine with 2 cores or more, else 1; 1: every claim in this process)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="measure every claim afresh: neither replay nor store the measurements an earlier verify made on this same "
+                             "setup (same resacct source, packages, machine and settings; timed, forall and GPU claims are always measured; "
+                             "RESACCT_NO_CACHE=1 does the same)")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--no-timeline", action="store_true",
                         help="skip step-timeline.png: one training step's memory, predicted beside the CPU allocator's measurement (~1 s)")
@@ -103,43 +108,6 @@ def _durations_count(text: str) -> int:
     return value
 
 
-
-
-def _claim_files(specs: Path, areas: list[str]) -> list[Path]:
-    if specs.is_file() and specs.name.endswith(".claims.yaml"):
-        files = [specs]
-    elif specs.is_dir():
-        files = _readable_claim_files(sorted(specs.glob("*.claims.yaml")))
-    elif specs.exists():
-        raise ResacctError(f"--specs {str(specs)!r} is not a *.claims.yaml file; pass a folder of them or one such file")
-    else:
-        raise ResacctError(f"specs folder {str(specs)!r} does not exist; pass --specs PATH to a folder of *.claims.yaml files or to one such file")
-    if areas:
-        wanted = {area.lower() for area in areas}
-        known = sorted(path.name.removesuffix(".claims.yaml") for path in files)
-        unknown = sorted(wanted - set(known))
-        if unknown:
-            from resacct.errors import UnknownNameError
-
-            raise UnknownNameError("area", unknown[0], known)
-        files = [path for path in files if path.name.removesuffix(".claims.yaml") in wanted]
-    if not files:
-        raise ResacctError(f"no *.claims.yaml files in {str(specs)!r}")
-    return files
-
-
-def _readable_claim_files(paths: list[Path]) -> list[Path]:
-    """Skip, with one line each, what cannot be a claims file: an editor's lock (.#x.claims.yaml), a FIFO, a symlink loop."""
-    from resacct.harness.loader import not_a_claims_file
-
-    readable = []
-    for path in paths:
-        problem = not_a_claims_file(path)
-        if problem is None:
-            readable.append(path)
-        else:
-            print(f"resacct verify: skipped {path}: {problem}", file=sys.stderr)
-    return readable
 
 
 def _shown_statuses(args: argparse.Namespace) -> tuple[str, ...]:
@@ -233,11 +201,14 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
     from resacct.reporting import write_report_files
     from resacct.reporting.durations import cpu_seconds_by_area, seconds_by_area
 
+    from resacct.harness.replay import replaying
+
     workers = args.workers if args.workers is not None else default_workers()
     timeline_drawn = None if args.no_timeline else DrawnBeside(lambda: _write_step_timeline(staging.path))
-    run = run_claims(files, staging.path, pattern=pattern, workers=workers, gpu_required=args.gpu_required,
-                     show_progress=not (args.quiet or args.json), tracebacks=args.verbose, latch=latch,
-                     beside_jobs=[timeline_drawn] if timeline_drawn is not None else [])
+    with replaying(args.no_cache) as stored_in:  # an earlier run's measurements on this same setup, judged afresh
+        run = run_claims(files, staging.path, pattern=pattern, workers=workers, gpu_required=args.gpu_required,
+                         show_progress=not (args.quiet or args.json), tracebacks=args.verbose, latch=latch,
+                         beside_jobs=[timeline_drawn] if timeline_drawn is not None else [])
     document = run.document
     document["run"] = {
         "complete": not (args.area or pattern or run.interrupted),
@@ -249,6 +220,8 @@ def _run_and_publish(args: argparse.Namespace, latch: Any, files: list[Path], sp
         "cpu_seconds": round(cpu_seconds(), 1),  # this process and the claims' workers: not the gloo ranks and children beside
         "seconds_by_area": seconds_by_area(document["claims"]),
         "cpu_seconds_by_area": cpu_seconds_by_area(document["claims"]),  # each claim's own process: honest beside neighbours
+        "replayed": sum(1 for record in document["claims"] if record.get("replayed_from")),
+        "measurements_stored_in": str(stored_in) if stored_in is not None else None,
     }
     roofline = None if args.no_roofline or run.interrupted else _write_roofline(staging.path)
     timeline = None if timeline_drawn is None or run.interrupted else timeline_drawn.path()  # with this process's threads, as the claims
@@ -295,7 +268,7 @@ def _print_machine_line() -> None:
 
 
 def _print_result(args: argparse.Namespace, document: dict[str, Any], destination: Path, files_written: list[str]) -> None:
-    from resacct.reporting import counts_by_area, evidence_summary, outcome_counts, run_notice, strict_json_text
+    from resacct.reporting import counts_by_area, evidence_summary, outcome_counts, replay_notice, run_notice, strict_json_text
     from resacct.reporting.durations import durations_text, slowest_claims
     from resacct.reporting.terminal import render_summary, summary_line
 
@@ -312,6 +285,7 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
             "evidence": evidence_summary(document["claims"]),
             "complete": document["run"]["complete"],
             "notice": run_notice(document),
+            "replayed": replay_notice(document),
             "run": document["run"],
             "environment": document["environment"],
             "report_dir": str(destination),
@@ -324,6 +298,8 @@ def _print_result(args: argparse.Namespace, document: dict[str, Any], destinatio
         return
     if args.quiet:
         print(summary_line(document, output_width_columns()))
+        if document["run"].get("replayed"):  # the one line -q adds: how many were judged on stored measurements
+            print(f"  {document['run']['replayed']} judged on this setup's stored measurements (--no-cache measures afresh)")
     else:
         print(render_summary(document, statuses=_shown_statuses(args), width=output_width_columns(), verbose=args.verbose))
     if args.durations is not None and document["claims"]:

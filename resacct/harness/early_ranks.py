@@ -34,7 +34,10 @@ def start_ranks_early(session: Any, *, force: bool = False) -> bool:
     from resacct.measurement.rank_jobs import plan_claims
 
     all_checks()  # imports every check module: those whose ranks run their code name it to be preloaded (and plan their launches)
-    plan_claims(_claims_that_launch(session.items))  # one launch per world size for what these claims ask (rank_jobs)
+    launching, replayed = _claims_that_launch(session.items)
+    if not launching and replayed == _distributed_claims(session.items):  # every one replays a stored measurement: nothing launches
+        return False
+    plan_claims(launching)  # one launch per world size for what these claims ask (rank_jobs)
     try:
         start_forkserver_early()
     except (ResacctError, OSError):  # e.g. a TMPDIR too long for its socket: the claims that launch say so, one by one
@@ -42,13 +45,25 @@ def start_ranks_early(session: Any, *, force: bool = False) -> bool:
     return True
 
 
-def _claims_that_launch(items: list[Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(check name, inputs) of each collected claim marked ``distributed`` with fixed inputs (``given``, no ``forall``)."""
+def _distributed_claims(items: list[Any]) -> int:
     from resacct.harness.plugin import ClaimItem
 
-    claims = []
+    return sum(1 for item in items if isinstance(item, ClaimItem) and item.get_closest_marker("distributed"))
+
+
+def _claims_that_launch(items: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """(check name, inputs) of each collected claim marked ``distributed`` with fixed inputs (``given``, no ``forall``) whose
+    measurement an earlier run did not store on this setup, and how many such claims it did store (:mod:`resacct.harness.replay`:
+    they replay it, launching nothing)."""
+    from resacct.harness.plugin import ClaimItem
+    from resacct.harness.replay import stored_measurement
+
+    claims, replayed = [], 0
     for item in items:
         claim = getattr(getattr(item, "loaded", None), "claim", None)
         if isinstance(item, ClaimItem) and claim is not None and item.get_closest_marker("distributed") and not claim.forall:
-            claims.append((claim.measure, dict(claim.given)))
-    return claims
+            if stored_measurement(claim.measure, dict(claim.given)) is None:
+                claims.append((claim.measure, dict(claim.given)))
+            else:
+                replayed += 1
+    return claims, replayed

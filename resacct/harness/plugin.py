@@ -230,6 +230,8 @@ class ClaimItem(pytest.Item):
             from resacct.harness.schema import fill_truth
 
             self.record["truth"] = fill_truth(self.loaded.claim.truth, {**verdict.inputs, **verdict.quantities, "measured": verdict.measured})
+        if verdict.replayed_from is not None:  # judged on a measurement an earlier verify stored (resacct.harness.replay)
+            self.record["replayed_from"] = verdict.replayed_from
         if self.record.get("evidence") == "recorded":  # the GPU record the claim replays, named in report.json
             self.record["recorded_from"] = {key: verdict.quantities.get(key) for key in ("board", "recorded_on", "record_file")}
         remember_example(self.record, dict(

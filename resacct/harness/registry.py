@@ -86,6 +86,7 @@ class Check:
     evidence: str | None = None  # one of EVIDENCE_KINDS: what the measured value is (None: not declared)
     paired: bool = False  # a timing whose value compares timings taken in turn: load moves it either way (timing's sign test)
     threads_matter: bool | Callable[..., bool] = False  # its values depend on torch's intra-op thread count (for these inputs)
+    replay: bool = True  # verify may replay its stored outcome on the same setup (resacct.harness.replay); timed checks never are
 
     def forget_cached(self) -> None:
         """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
@@ -152,7 +153,7 @@ _discovered = False
 
 def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...] = (), timing: bool = False,
           forget: tuple[Callable[[], object], ...] = (), paired: bool = False,
-          threads_matter: bool | Callable[..., bool] = False) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+          threads_matter: bool | Callable[..., bool] = False, replay: bool = True) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
     """Register ``function`` as the check called ``name`` (``area.what``).
 
     ``evidence``: what its measured value is, one of :data:`EVIDENCE_KINDS` (see the module's
@@ -168,7 +169,8 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     intra-op thread count (a CPU kernel's scratch grows with it, a reduction's order follows it), so
     ``resacct verify``, whose workers run the other claims on one thread each, runs its claims in the
     phase of their own with the run's own count (:mod:`resacct.harness.workers`): the report is the
-    one a single process writes."""
+    one a single process writes. ``replay=False``: its outcome depends on something a stored measurement's key
+    does not name (:mod:`resacct.harness.replay`), so ``resacct verify`` measures it every run."""
     if paired and not timing:
         raise ResacctError(f"check {name!r}: paired=True describes a timing check's value; it needs timing=True")
     if evidence is not None and evidence not in EVIDENCE_KINDS:
@@ -180,7 +182,7 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
         if name in _REGISTRY and _REGISTRY[name].function.__qualname__ != function.__qualname__:
             raise ResacctError(f"check {name!r} registered twice: {_REGISTRY[name].function.__module__} and {function.__module__}")
         _REGISTRY[name] = Check(name, function, tuple(quantities), inspect.getdoc(function) or "", timing, tuple(forget), evidence, paired,
-                                threads_matter)
+                                threads_matter, replay)
         return function
 
     return register

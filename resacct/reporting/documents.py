@@ -32,6 +32,7 @@ __all__ = [
     "statement_text",
     "example_text",
     "location_text",
+    "replay_notice",
     "run_notice",
     "is_complete",
     "merge_reports",
@@ -276,6 +277,17 @@ def run_notice(document: dict[str, Any]) -> str | None:
         return None
     count = len(document.get("claims") or [])
     return f"PARTIAL REPORT ({'; '.join(reasons) or 'not every claim ran'}): {count} claims, not the full set"
+
+
+def replay_notice(document: dict[str, Any]) -> str | None:
+    """One sentence when claims of the report were judged on measurements an earlier ``resacct verify`` stored on this
+    same setup (:mod:`resacct.harness.replay`); else None."""
+    replayed = sorted(record["replayed_from"] for record in document.get("claims") or [] if record.get("replayed_from"))
+    if not replayed:
+        return None
+    when = replayed[0] if replayed[0] == replayed[-1] else f"{replayed[0]} to {replayed[-1]}"
+    return (f"{len(replayed)} of {len(document['claims'])} claims were judged on the measurements an earlier run made on this same setup "
+            f"(resacct's source, packages, machine, settings; measured {when} UTC): `resacct verify --no-cache` measures every one afresh")
 
 
 def is_complete(document: dict[str, Any]) -> bool:

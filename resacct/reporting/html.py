@@ -19,6 +19,7 @@ from resacct.reporting.documents import (
     format_value,
     location_text,
     outcome_counts,
+    replay_notice,
     run_notice,
     statement_text,
 )
@@ -178,6 +179,7 @@ def render_html(document: dict[str, Any], roofline_png: bytes | None = None, tim
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">', "<title>resacct claims report</title>",
              f"<style>{_CSS}</style></head><body>", "<h1>resacct claims report</h1>",
              f'<div class="partial">{escape(notice)}</div>' if notice else "",
+             f'<div class="env">{escape(replayed)}</div>' if (replayed := replay_notice(document)) else "",
              f'<div class="env">{escape(environment_line(document["environment"]))}</div><div class="summary">']
     parts += [f'<span style="background:{_COLOURS[name]}">{counts[name]} {name}</span>' for name in OUTCOMES]
     kind_counts = evidence_counts(records)

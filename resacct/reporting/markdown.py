@@ -13,6 +13,7 @@ from resacct.reporting.documents import (
     markdown_code,
     markdown_text,
     outcome_counts,
+    replay_notice,
     run_notice,
     statement_text,
 )
@@ -84,7 +85,8 @@ def _line(text: Any) -> str:
 
 def _banner(document: dict[str, Any]) -> list[str]:
     notice = run_notice(document)
-    return [f"> **{_line(notice)}**", ""] if notice else []
+    replayed = replay_notice(document)
+    return ([f"> **{_line(notice)}**", ""] if notice else []) + ([f"> {_line(replayed)}", ""] if replayed else [])
 
 
 def evidence_legend() -> str:

@@ -22,6 +22,7 @@ from resacct.reporting.documents import (
     format_value,
     location_text,
     outcome_counts,
+    replay_notice,
     run_notice,
     statement_text,
 )
@@ -206,6 +207,9 @@ def _summary(document: dict[str, Any], statuses: tuple[str, ...], width: int, ve
     if notice:
         lines += _wrap(notice, width, "  ", first="") + [""]
     lines += counts_lines(records, width) + evidence_lines(records, width)
+    replayed = replay_notice(document)
+    if replayed:
+        lines += _wrap(replayed, width, "  ", first="")
     for outcome in _SECTION_ORDER:
         chosen = [record for record in records if record["outcome"] == outcome]
         if outcome not in statuses or not chosen:

@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CACHE_DIR_ENV", "MAX_ANSWERS", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "source_fingerprint"]
+__all__ = ["CACHE_DIR_ENV", "MAX_ANSWERS", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "read_stored", "source_fingerprint", "write_stored"]
 
 CACHE_DIR_ENV = "RESACCT_CACHE_DIR"
 NO_CACHE_ENV = "RESACCT_NO_CACHE"
@@ -133,8 +133,9 @@ def _path(kind: str, key: str) -> Path:
     return cache_dir() / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.pickle"
 
 
-def _read(path: Path, key: str) -> tuple[bool, Any]:
-    """(True, the answer) when ``path`` holds ``key``'s answer whole; (False, None) otherwise."""
+def read_stored(path: Path, key: str) -> tuple[bool, Any]:
+    """(True, the answer) when ``path`` holds ``key``'s answer whole; (False, None) otherwise (missing, truncated,
+    corrupt, another key's or format's). Also :mod:`resacct.harness.replay`'s measurements."""
     try:
         with open(path, "rb") as handle:
             stored = pickle.load(handle)
@@ -145,7 +146,7 @@ def _read(path: Path, key: str) -> tuple[bool, Any]:
     return True, stored.get("answer")
 
 
-def _write(path: Path, key: str, answer: Any) -> bool:
+def write_stored(path: Path, key: str, answer: Any) -> bool:
     """Write ``answer`` under ``key`` to a temporary file beside ``path``, then rename it over ``path``."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,14 +184,14 @@ def cached(kind: str, question: dict[str, Any], compute: Callable[[], T]) -> T:
         return compute()
     key = cache_key(kind, question)
     path = _path(kind, key)
-    found, answer = _read(path, key)
+    found, answer = read_stored(path, key)
     if found:
         _state["outcome"] = "hit"
         with contextlib.suppress(OSError):
             os.utime(path)  # used now: the last to be pruned
         return answer  # type: ignore[no-any-return]
     answer = compute()
-    _state["outcome"] = "stored" if _write(path, key, answer) else "unwritable"
+    _state["outcome"] = "stored" if write_stored(path, key, answer) else "unwritable"
     if _state["outcome"] == "stored":
         _prune(path.parent, MAX_ANSWERS)
     return answer

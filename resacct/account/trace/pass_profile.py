@@ -34,8 +34,8 @@ PASSES = ("import", "cache", "load/build", "trace", "state", "activations", "pea
 
 #: (module, attribute — ``Class.method`` for a method, pass, a context manager?) for each timed function.
 _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
-    ("resacct.account.trace.cache", "_read", "cache", False),
-    ("resacct.account.trace.cache", "_write", "cache", False),
+    ("resacct.account.trace.cache", "read_stored", "cache", False),
+    ("resacct.account.trace.cache", "write_stored", "cache", False),
     ("resacct.account.load.hf_models", "load_hf_config", "load/build", False),
     ("resacct.account.load.hf_models", "build_hf_model", "load/build", False),
     ("resacct.account.load.hf_models", "layer_stack", "load/build", False),  # the config's first read: transformers' import

@@ -1,0 +1,180 @@
+"""``resacct verify`` replays the measurements an earlier run stored on the same setup (resacct.harness.replay):
+the check is not called again, the claim is judged afresh (an edited law fails on the stored value), the
+report names what was replayed and when; ``--no-cache`` and ``RESACCT_NO_CACHE=1`` measure afresh and store
+nothing; a forall claim is never replayed; a changed setup, a corrupt file or an outcome that does not read
+back equal is measured again."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from resacct.cli import main
+from resacct.harness import registry, replay
+from resacct.harness.registry import Outcome
+
+CLAIMS = """\
+area: storage
+source: a test of resacct verify's stored measurements
+claims:
+  - id: element-index-1-2-is-6
+    says: In a 4×4 row-major matrix, element (1, 2) sits at index 1·4 + 2·1 = 6.
+    measure: tensors.element_offset
+    given: {{rows: 4, cols: 4, row_fraction: 0.25, col_fraction: 0.5}}
+    law: "{law}"
+
+  - id: strides-drawn
+    says: A contiguous rows×cols tensor skips cols elements to the next row and 1 to the next column.
+    measure: tensors.strides
+    forall: {{d0: dim, d1: dim}}
+    examples: 5
+    law: "[d1, 1]"
+"""
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Stored measurements on (the test suite turns them off) in a temporary folder."""
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
+    monkeypatch.setenv("RESACCT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "measurements"
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Each call of the element-offset check, counted (the registry's entry wrapped for this test)."""
+    seen: list[dict] = []
+    original = registry.get_check("tensors.element_offset")
+
+    @functools.wraps(original.function)  # the loader reads the check's signature through __wrapped__
+    def counted(**inputs):
+        seen.append(inputs)
+        return original.function(**inputs)
+
+    monkeypatch.setitem(registry._REGISTRY, "tensors.element_offset", dataclasses.replace(original, function=counted))
+    return seen
+
+
+def _verify(tmp_path: Path, law: str = "6", *options: str) -> tuple[int, dict, str]:
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    (specs / "storage.claims.yaml").write_text(CLAIMS.format(law=law), encoding="utf-8")
+    report_dir = tmp_path / "reports"
+    code = main(["verify", "--specs", str(specs), "--report-dir", str(report_dir), "--workers", "1", "--no-roofline", "--no-timeline", *options])
+    document = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
+    return code, document, (report_dir / "report.md").read_text(encoding="utf-8")
+
+
+def _record(document: dict, claim_id: str) -> dict:
+    return next(record for record in document["claims"] if record["id"] == claim_id)
+
+
+def test_the_second_run_judges_the_stored_measurement_without_measuring_it(tmp_path, cache, calls, capsys):
+    code, first, _ = _verify(tmp_path)
+    assert code == 0 and len(calls) == 1
+    assert "replayed_from" not in _record(first, "element-index-1-2-is-6") and first["run"]["replayed"] == 0
+    assert len(list(cache.glob("*/*.pickle"))) == 1  # the given claim's outcome; the forall claim's examples are not stored
+    capsys.readouterr()
+
+    code, second, markdown = _verify(tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0 and len(calls) == 1  # the check was not called again
+    replayed = _record(second, "element-index-1-2-is-6")
+    assert replayed["outcome"] == "holds" and replayed["measured"] == _record(first, "element-index-1-2-is-6")["measured"] == 6
+    assert replayed["replayed_from"][:4].isdigit() and "T" in replayed["replayed_from"]  # ISO 8601, when it was measured
+    assert "replayed_from" not in _record(second, "strides-drawn") and _record(second, "strides-drawn")["examples"] == 5  # drawn again
+    assert second["run"]["replayed"] == 1 and second["run"]["measurements_stored_in"] == str(next(cache.iterdir()))
+    assert "1 of 2 claims were judged on the measurements an earlier run made on this same setup" in out
+    assert "--no-cache" in out and "--no-cache" in markdown
+
+
+def test_an_edited_law_is_judged_afresh_against_the_stored_measurement(tmp_path, cache, calls, capsys):
+    assert _verify(tmp_path)[0] == 0
+    code, document, _ = _verify(tmp_path, "7")  # the spec now says 7; the stored measurement says 6
+    assert code == 1 and len(calls) == 1
+    record = _record(document, "element-index-1-2-is-6")
+    assert record["outcome"] == "failed" and record["measured"] == 6 and record["replayed_from"]
+
+
+@pytest.mark.parametrize("how", ["--no-cache", "RESACCT_NO_CACHE=1"])
+def test_no_cache_measures_every_claim_afresh_and_stores_nothing(tmp_path, cache, calls, monkeypatch, how):
+    options = [how] if how.startswith("--") else []
+    if not options:
+        monkeypatch.setenv("RESACCT_NO_CACHE", "1")
+    assert _verify(tmp_path, "6", *options)[0] == 0
+    code, document, _ = _verify(tmp_path, "6", *options)
+    assert code == 0 and len(calls) == 2 and document["run"]["replayed"] == 0 and document["run"]["measurements_stored_in"] is None
+    assert not cache.exists()
+
+
+def test_a_corrupt_stored_file_is_measured_again_and_rewritten(tmp_path, cache, calls):
+    _verify(tmp_path)
+    [stored] = cache.glob("*/*.pickle")
+    stored.write_bytes(stored.read_bytes()[:20])  # truncated
+    code, document, _ = _verify(tmp_path)
+    assert code == 0 and len(calls) == 2 and "replayed_from" not in _record(document, "element-index-1-2-is-6")
+    assert _verify(tmp_path)[1]["run"]["replayed"] == 1 and len(calls) == 2  # the rewritten file is read back
+
+
+def test_a_changed_setup_measures_again(tmp_path, cache, calls, monkeypatch):
+    _verify(tmp_path)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # steers torch's kernels: another setup
+    replay.setup_fingerprint.cache_clear()
+    try:
+        code, document, _ = _verify(tmp_path)
+    finally:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        replay.setup_fingerprint.cache_clear()
+    assert code == 0 and len(calls) == 2 and document["run"]["replayed"] == 0
+    assert len(list(cache.iterdir())) == 2  # one folder per setup
+
+
+def test_the_key_names_the_check_its_inputs_and_the_thread_count(monkeypatch):
+    import torch
+
+    base = replay.replay_key("tensors.element_offset", {"rows": 4, "cols": 4})
+    assert base == replay.replay_key("tensors.element_offset", {"cols": 4, "rows": 4})  # order of the inputs is not a difference
+    assert base != replay.replay_key("tensors.element_offset", {"rows": 4, "cols": 5})
+    assert base != replay.replay_key("tensors.strides", {"rows": 4, "cols": 4})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert base != replay.replay_key("tensors.element_offset", {"rows": 4, "cols": 4})
+    finally:
+        torch.set_num_threads(threads)
+    assert replay.setup_fingerprint() in base
+
+
+def test_the_setup_leaves_out_the_moment_and_the_cache_switches(monkeypatch):
+    environment = replay._steering_environment()
+    assert "RESACCT_CACHE_DIR" not in environment and "RESACCT_NO_CACHE" not in environment
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert replay._steering_environment()["OMP_NUM_THREADS"] == "1"
+    assert "load_average_start" not in replay._machine()["profile"] and "cpu_isa" in replay._machine()["profile"]
+
+
+def test_an_outcome_that_does_not_read_back_equal_is_not_stored(tmp_path, cache):
+    with replay.replaying(False, folder=tmp_path):
+        assert replay.store_measurement("tensors.element_offset", {"rows": 1}, Outcome(measured=6, predicted=6))
+        assert not replay.store_measurement("tensors.element_offset", {"rows": 2}, Outcome(measured=math.nan))
+        assert not replay.store_measurement("tensors.element_offset", {"rows": 3}, Outcome(measured=lambda: 6))
+        assert replay.stored_measurement("tensors.element_offset", {"rows": 1}).outcome == Outcome(measured=6, predicted=6)
+        assert not replay.stored_measurement("tensors.element_offset", {"rows": 1}).earlier  # this run stored it
+        assert replay.stored_measurement("tensors.element_offset", {"rows": 2}) is None
+    with replay.replaying(False, folder=tmp_path):  # the next run: measured earlier
+        assert replay.stored_measurement("tensors.element_offset", {"rows": 1}).earlier
+    assert replay.replay_folder() is None  # off outside the block
+
+
+def test_only_the_setups_used_last_are_kept(tmp_path, cache):
+    for number in range(5):
+        (tmp_path / f"old{number}").mkdir()
+    with replay.replaying(False, folder=tmp_path) as folder:
+        replay.store_measurement("tensors.element_offset", {"rows": 1}, Outcome(measured=6))
+    assert folder is not None and folder.exists()
+    assert len([path for path in tmp_path.iterdir() if path.is_dir()]) == replay.KEPT_SETUPS
