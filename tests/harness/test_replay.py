@@ -178,3 +178,16 @@ def test_only_the_setups_used_last_are_kept(tmp_path, cache):
         replay.store_measurement("tensors.element_offset", {"rows": 1}, Outcome(measured=6))
     assert folder is not None and folder.exists()
     assert len([path for path in tmp_path.iterdir() if path.is_dir()]) == replay.KEPT_SETUPS
+
+
+def test_quiet_and_json_say_how_many_were_replayed(tmp_path, cache, calls, capsys):
+    _verify(tmp_path)
+    capsys.readouterr()
+    assert _verify(tmp_path, "6", "-q")[0] == 0
+    quiet = capsys.readouterr().out.splitlines()
+    assert quiet[0].startswith("claims: 2 holds") and quiet[1] == "  1 judged on this setup's stored measurements (--no-cache measures afresh)"
+    assert _verify(tmp_path, "6", "--json")[0] == 0
+    fields = json.loads(capsys.readouterr().out)
+    assert fields["run"]["replayed"] == 1 and fields["replayed"].startswith("1 of 2 claims were judged on the measurements")
+    assert _verify(tmp_path, "6", "--json", "--no-cache")[0] == 0
+    assert json.loads(capsys.readouterr().out)["replayed"] is None
