@@ -67,7 +67,6 @@ def model_source(args: argparse.Namespace) -> Any:
     """``--hf-config`` or ``--model`` with its arguments as one
     :class:`~resacct.account.fit.search.ModelSource` (one line for a bad combination)."""
     from resacct.account.fit.search import ModelSource
-    from resacct.account.load.model_factory import parse_model_arg
 
     if (args.hf_config is None) == (args.model is None):
         raise ResacctError("give the model by exactly one of --hf-config NAME (or config.json) and --model module:factory")
@@ -78,6 +77,8 @@ def model_source(args: argparse.Namespace) -> Any:
         if extra:
             raise ResacctError(f"{', '.join(extra)} apply to --model module:factory; a --hf-config model takes input_ids and its own loss")
         return ModelSource(hf_config=args.hf_config, layers="all" if getattr(args, "trace_all_layers", False) else "auto")
+    from resacct.account.load.model_factory import parse_model_arg  # torch: only a --model factory needs it here
+
     return ModelSource(factory=args.model, model_args=tuple(parse_model_arg(text) for text in args.model_arg),
                        input_shape=parse_input_shape(args.input_shape), input_dtype=args.input_dtype, loss=args.loss)
 

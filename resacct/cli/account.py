@@ -317,7 +317,7 @@ def run_account(args: argparse.Namespace) -> int:
     with stopping_after(args.timeout, command="resacct account", hint="expected a run within the limit: raise --timeout, or a smaller "
                         "--batch, --seq or model"), progress, user_output_to_stderr(args.json):
         with running_phase("importing torch and resacct's accounting"):
-            importlib.import_module("resacct.account")  # torch: seconds on a busy machine
+            importlib.import_module("resacct.account.answers.gpt_step")  # torch and the account API: seconds on a busy machine
         profile = importlib.import_module("resacct.account.trace.pass_profile").pass_profile(args.profile, started)
         with running_phase("predicting and comparing (resacct's own work)"), profile.installed():  # the user's code and the builds name their own phases
             account, title, render = _run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)

@@ -22,9 +22,10 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache renders without torch
+    from torch import nn
 
 from resacct.account.fit.lines import GROWTH, FitProbe, affine_answer, affine_deviation_bytes, largest_fitting, probed_peak_bytes
 from resacct.errors import ResacctError
@@ -142,7 +143,7 @@ class FitAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         """``--json``: sizes, bytes with units in their names, every probe."""
-        from resacct.account.peak.step_peak import ENGINE
+        from resacct.account.peak.engine import ENGINE
 
         return {
             "model": self.model, "searched": self.searched, "fixed_batch" if self.searched == "seq" else "fixed_seq": self.fixed,

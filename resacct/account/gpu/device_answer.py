@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache renders without torch
+    from torch import nn
 
 from resacct.account.gpu.recorded import H100_RECORD
 from resacct.errors import ResacctError

@@ -51,9 +51,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # annotations only: a cached answer holding LibraryWorkspaces unpickles without torch
+    from torch import nn
 
 from resacct.errors import ResacctError
 
@@ -133,6 +134,8 @@ class LibraryWorkspaces:
 
 def _matmul_modules(model: nn.Module) -> tuple[bool, bool]:
     """(the model runs a matmul, one of them is a Linear with a bias — cuBLASLt's ``gemm_and_bias``)."""
+    from torch import nn  # imported here: the module loads without torch
+
     matmul = bias = False
     for module in model.modules():
         if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":  # transformers' Conv1D is an addmm with a bias

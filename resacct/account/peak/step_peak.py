@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from resacct.account.peak.accumulation import check_micro_batches, measure_accumulated_step_memory, run_accumulated_step
+from resacct.account.peak.engine import ENGINE
 from resacct.account.peak.recipes import master_parameters_of, optimizer_state_tensors
 from resacct.account.peak.layer_segments import mark_layer_segments, segmenting_layers, segments_of
 from resacct.account.peak.fake_state import active_fake_mode, fake_like, made_adam_state
@@ -64,7 +65,6 @@ from resacct.measurement.memory_timeline import (
 
 __all__ = ["PredictedStepPeak", "StepPeakAccount", "predict_step_peak", "prediction_of_tracker", "measure_step_peak", "attention_kernel_of", "account_step_peak", "account_model_step_peak", "account_recipe_step_peak", "ENGINE"]
 
-ENGINE = "resacct's live-storage tracker over fake CPU tensors (FakeTensorMode): the model never allocated"
 
 #: The fused attention kernels sdpa may dispatch to (on meta it always takes the math path: bmm, softmax).
 FUSED_ATTENTION_KERNELS = _ATTENTION_KERNELS = {
