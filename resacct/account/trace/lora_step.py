@@ -96,6 +96,11 @@ def build_lora_model(config: Any, *, rank: int, targets: tuple[str, ...], base: 
     import_before_device_modes()
     with torch.device(device), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' is_gradient_checkpointing, raised inside peft
+        # peft ≥ 0.21 converts a fused-experts MoE (DeepSeek-V3, Qwen3-MoE: experts.gate_up_proj a 3-D parameter) into
+        # target_parameters with rank_pattern {".*\.gate_up_proj": 2r} (gate and up packed), then warns that the key matched
+        # no targeted *module* and was ignored — it was applied (gate_up_proj's lora_A holds 2r rows per expert, measured
+        # on a tiny DeepSeek-V3: tests/test_lora_moe_warning.py). resacct never sets a pattern: the warning is peft's about itself.
+        warnings.filterwarnings("ignore", message=r"The following (rank|alpha)_pattern keys did not match any targeted module", category=RuntimeWarning)
         base_model = causal_lm_from_config(config, dtype=TRACED_BASES[base])
         if gradient_checkpointing:
             base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
