@@ -151,6 +151,34 @@ def test_account_hf_config_answers_the_second_time_from_the_cache(cache_folder: 
     assert json.loads(first)["parameters"] > 0
 
 
+@pytest.mark.slow  # one tiny account traced, then read back
+def test_account_reads_its_printed_answer_back_and_still_refuses_past_max_memory(cache_folder: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The printed answer (fields and text) is read back without building or even loading the account (the account step
+    made to fail); ``--max-memory`` is judged on the stored peak; what is printed (``--per-module``) is part of the question."""
+    pytest.importorskip("transformers")
+    from resacct.cli import account as account_command
+
+    argv = ["account", "--hf-config", _config(tmp_path), "--batch", "2", "--seq", "16"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert len(list(cache_folder.glob("rendered-account-*.pickle"))) == 1
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("accounted again: the printed answer should have come from the cache")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(account_command, "run_hf_config", refuse)
+        assert main(argv) == 0
+        second = capsys.readouterr()
+        assert second.out == first and "resacct account: answered from the trace cache" in second.err
+        assert main([*argv, "--max-memory", "1000"]) == 2
+        assert "more than --max-memory" in capsys.readouterr().err
+        with pytest.raises(AssertionError, match="accounted again"):
+            main([*argv, "--per-module"])
+
+
 @pytest.mark.slow  # 2.76 s idle on 2026-11-28
 def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""A command answered from the trace cache never imports torch (issue 34, "fast answers"): ``fit``, ``lora``,
+"""A command answered from the trace cache never imports torch (issue 34, "fast answers"): ``account``, ``fit``, ``lora``,
 ``infer`` and ``shard --hf-config`` asked the same question twice in fresh processes — the first traces
 (torch imported), the second reads the answer back and prints the same thing without importing torch or
 transformers (the classes an answer is pickled as, and what renders it, load without them)."""
@@ -29,6 +29,7 @@ COMMANDS = {
     "lora": ["lora", "--seq", "16", "--base", "fp32", "--memory-gb", "0.002"],
     "infer": ["infer", "--batch", "2", "--device", "h100"],
     "shard": ["shard", "--devices", "2", "--seq", "16", "--device", "h100"],
+    "account": ["account", "--batch", "2", "--seq", "16", "--device", "h100"],
 }
 
 
@@ -39,7 +40,7 @@ def _run(argv: list[str], cache: Path) -> tuple[dict, str]:
     return json.loads(done.stderr.strip().splitlines()[-1]), done.stdout
 
 
-@pytest.mark.slow  # four commands traced cold in fresh processes: ~40 s on 2 cores
+@pytest.mark.slow  # five commands traced cold in fresh processes: ~45 s on 2 cores
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_cached_answer_is_printed_without_importing_torch(command: str, tmp_path: Path) -> None:
     config = tmp_path / "config.json"

@@ -33,8 +33,9 @@ from typing import Any, NoReturn
 from resacct.cli._cached_answer import add_no_cache_flag
 from resacct.cli._recipes import RECIPES_EPILOG, named_recipe_type
 from resacct.cli.arguments import byte_size, count, non_negative_float, positive_int, seconds
-from resacct.cli._units import add_units_flag, gigabytes_text
+from resacct.cli._units import add_units_flag
 from resacct.cli.output import add_json_flag, emit, format_quantity, user_output_to_stderr
+from resacct.cli._account_hf import check_max_memory as _check_max_memory, predicted_peak as _predicted_peak, rendered_hf_account, run_hf_config
 from resacct.cli._account_table import DEFAULT_TABLE_COLUMNS, _render, render_account, table_width_columns  # noqa: F401 (the table, re-exported)
 from resacct.errors import ResacctError
 from resacct.facts.recipes import OPTIMIZER_CHOICES, parse_recipe
@@ -178,59 +179,6 @@ def _hf_config_names() -> list[str]:
     return shipped_hf_config_names()
 
 
-def _run_hf_config(args: argparse.Namespace) -> tuple[Any, str, Any]:
-    from resacct.account.answers.hf import account_hf_config
-    from resacct.account.load.optimizers import optimizer_display_name
-    from resacct.account.load.user_code import running_phase
-
-    other = [flag for flag, used in (("--model", args.model != "gpt-tiny"), ("--model-arg", args.model_arg), ("--input-shape", args.input_shape),
-                                     ("--input-dtype", args.input_dtype),
-                                     ("--loss", args.loss != "auto"), ("--attention", args.attention != "math"),
-                                     ("--checkpoint-segments", args.checkpoint_segments), ("--grad-accum", args.grad_accum != 1),
-                                     ("--measure", args.measure), ("--device cuda", args.device == "cuda"), ("--accelerator", args.accelerator),
-                                     ("--peak-tflops", args.peak_tflops), ("--train-tokens", args.train_tokens)) if used]
-    if other:
-        raise ResacctError(f"{', '.join(other)} do not apply to --hf-config (built on the meta device, its own loss); expected none of them")
-    if args.device != "cpu":  # a board's name is checked before the account's seconds
-        importlib.import_module("resacct.facts.hardware").get_accelerator(args.device)
-    from resacct.account.trace.cache import cache_wanted, caching
-    from resacct.account.trace.pass_profile import collector_off
-
-    with running_phase(f"building {args.hf_config!r} on the meta device, tracing and predicting"), caching(cache_wanted(args.no_cache)), collector_off():
-        account = account_hf_config(args.hf_config, batch=args.batch, seq=args.seq, recipe=args.recipe, optimizer=args.optimizer,
-                                    layers="all" if args.trace_all_layers else "auto")
-    _check_max_memory(args, _predicted_peak(account), f"--hf-config {args.hf_config}")
-    with caching(cache_wanted(args.no_cache)), collector_off():
-        gpu = "" if args.device == "cpu" else _board_text(args, account)
-    title = (f"{account.name} ({account.model_class}): batch {account.batch} × seq {account.seq} = {account.tokens:,} tokens, "
-             f"{account.parameters:,} parameters, {account.recipe} {optimizer_display_name(account.optimizer)}, on {account.device}")
-    return account, title, lambda: _render(account, per_module=args.per_module, title=title, units=args.units) + gpu  # --device h100: CUDA peaks
-
-
-def _board_text(args: argparse.Namespace, account: Any) -> str:
-    """``--device BOARD``'s lines (its step traced as CUDA runs it) and the note they add — read back
-    from the trace cache when it holds the same question (the same rebuild and trace otherwise)."""
-    from resacct.account.load.hf_models import load_hf_config
-    from resacct.account.trace.cache import cached
-
-    ran: list[bool] = []
-
-    def traced() -> tuple[str, list[str]]:
-        before = len(account.notes)
-        text = importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
-            account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
-        ran.append(True)
-        return text, account.notes[before:]
-
-    spec = load_hf_config(args.hf_config)
-    question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": account.batch, "seq": account.seq,
-                "recipe": account.recipe, "optimizer": account.optimizer, "board": args.device, "units": args.units, "attention": "sdpa"}
-    text, notes = cached("hf-account-board", question, traced)
-    if not ran:  # read back: the notes the trace adds
-        account.notes.extend(notes)
-    return text
-
-
 def _timeline(args: argparse.Namespace, account: Any, title: str) -> None:
     """Write ``--timeline``'s PNG from the account's step peak (one line, exit 2, when there is none)."""
     if args.timeline is None:
@@ -305,12 +253,21 @@ def run_account(args: argparse.Namespace) -> int:
         raise ResacctError("--trace-all-layers applies to --hf-config (a stack of decoder layers); expected --hf-config NAME with it")
     if args.device not in ("cpu", "cuda") and args.hf_config is None:
         raise ResacctError(f"--device {args.device}: a board (no GPU here) answers for --hf-config only; expected cpu or cuda")
-    from resacct.account.load.user_code import running_phase, showing_progress, stopping_after
-
     if args.timeline is not None:
         from resacct.account.render.timeline_plot import check_timeline_path
 
         check_timeline_path(args.timeline)  # a path that cannot be written: one line before any work
+    if args.hf_config is not None and args.timeline is None and not args.profile:  # the printed answer itself, read back without torch
+        fields, text = rendered_hf_account(args, lambda: _answer(args, started))
+    else:
+        fields, text, _ = _answer(args, started)
+    return emit(args, fields, text)
+
+
+def _answer(args: argparse.Namespace, started: tuple[float, float]) -> tuple[dict[str, Any], str, Any]:
+    """The account under the guards, its JSON fields and text, and the account itself."""
+    from resacct.account.load.user_code import running_phase, showing_progress, stopping_after
+
     live = sys.stderr.isatty()
     progress = contextlib.nullcontext() if args.progress is False else showing_progress(
         sys.stderr, command="resacct account", after_s=2.0 if live or args.progress else 30.0, every_s=10.0 if args.progress else 60.0, live=live)
@@ -320,7 +277,7 @@ def run_account(args: argparse.Namespace) -> int:
             importlib.import_module("resacct.account.answers.gpt_step")  # torch and the account API: seconds on a busy machine
         profile = importlib.import_module("resacct.account.trace.pass_profile").pass_profile(args.profile, started)
         with running_phase("predicting and comparing (resacct's own work)"), profile.installed():  # the user's code and the builds name their own phases
-            account, title, render = _run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)
+            account, title, render = run_hf_config(args) if args.hf_config is not None else _run_generic(args) if ":" in args.model else _run_gpt(args)
     with profile.timing("render"):
         fields = account.to_dict()
         if not args.per_module:
@@ -328,7 +285,7 @@ def run_account(args: argparse.Namespace) -> int:
         _timeline(args, account, title)
         text = "" if args.json else render()
     profile.publish(started, fields if args.json else None)  # --profile: seconds per pass on stderr, or as --json's profile_seconds
-    return emit(args, fields, text)
+    return fields, text, account
 
 
 def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
@@ -354,23 +311,6 @@ def _run_gpt(args: argparse.Namespace) -> tuple[Any, str, Any]:
         result = _within_max_memory(args, account, f"--model {args.model}")
     title = f"{result.model}: batch {result.batch} × seq {result.seq}, {result.recipe}, {result.attention} attention"
     return result, title, lambda: render_account(result, per_module=args.per_module, units=args.units)
-
-
-def _predicted_peak(account: Any) -> tuple[int, str]:
-    """The step's predicted peak in bytes and how it was found: the fake-tensor timeline of the whole
-    step (:mod:`resacct.account.peak.step_peak`), else the training state at the step plus the saved activations."""
-    step_peak = getattr(account, "step_peak", None)
-    if step_peak is not None and step_peak.predicted is not None:
-        return step_peak.predicted.peak_bytes, "the step's peak traced on fake tensors"
-    return account.state.at_step_bytes + account.saved.activation_bytes, "training state at the step + saved activations, on meta"
-
-
-def _check_max_memory(args: argparse.Namespace, predicted: tuple[int, str], what: str) -> None:
-    needed, how = predicted
-    if args.max_memory is not None and needed > args.max_memory:
-        raise ResacctError(f"{what}: the step is predicted to need {format_quantity(needed, 'bytes')} ({needed:,} bytes; {how}), more than "
-                           f"--max-memory {format_quantity(args.max_memory, 'bytes')} ({args.max_memory:,} bytes): refused before anything runs for real; expected a smaller "
-                           "--batch, --seq or model, or a larger --max-memory")
 
 
 def _within_max_memory(args: argparse.Namespace, account: Any, what: str, predicted: tuple[int | None, str] | None = None) -> Any:
