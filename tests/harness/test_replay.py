@@ -191,3 +191,15 @@ def test_quiet_and_json_say_how_many_were_replayed(tmp_path, cache, calls, capsy
     assert fields["run"]["replayed"] == 1 and fields["replayed"].startswith("1 of 2 claims were judged on the measurements")
     assert _verify(tmp_path, "6", "--json", "--no-cache")[0] == 0
     assert json.loads(capsys.readouterr().out)["replayed"] is None
+
+
+def test_a_cache_folder_that_cannot_be_written_still_verifies_every_claim(tmp_path, monkeypatch, calls):
+    """RESACCT_CACHE_DIR naming a file (nothing can be made under it): every claim is measured, none stored, the run passes."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
+    monkeypatch.setenv("RESACCT_CACHE_DIR", str(blocker))
+    for _ in range(2):
+        code, document, _ = _verify(tmp_path)
+        assert code == 0 and document["run"]["replayed"] == 0
+    assert len(calls) == 2 and blocker.read_text() == "not a folder"
