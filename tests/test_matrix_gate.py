@@ -89,3 +89,14 @@ def test_the_matrix_document_was_written_by_a_run_on_a_commit_of_this_repository
         pytest.skip("not a full git checkout (a shallow clone may lack the matrix's commit)")
     known = subprocess.run(["git", "cat-file", "-e", f"{document['commit']}^{{commit}}"], cwd=ROOT, capture_output=True, timeout=60)
     assert known.returncode == 0, f"docs/matrix.json names commit {document['commit']}, which this repository does not have"
+
+
+def test_the_gate_and_the_matrix_measure_every_claim_afresh():
+    """No verify in the gate or a tox env replays what an earlier run stored (resacct.harness.replay), nor writes under
+    ~/.cache: .ci/run exports RESACCT_NO_CACHE=1 before its first verify, and tox's envs set it."""
+    gate = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "export RESACCT_NO_CACHE=1" in gate
+    assert gate.index("export RESACCT_NO_CACHE=1") < gate.index("tools/matrix_venv.sh --commands hf-floor") < gate.index("bash tools/machine_kinds.sh")
+    setenv = _tox()["testenv"]["setenv"]
+    assert "RESACCT_NO_CACHE = 1" in setenv
+    assert "RESACCT_NO_CACHE=1" in (ROOT / "tools" / "machine_kinds.sh").read_text(encoding="utf-8")
