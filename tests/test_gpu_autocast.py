@@ -41,6 +41,8 @@ def _torch_cuda_autocast_lists() -> object:
 
 @pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
                     reason=f"torch {torch.__version__} has no meta kernels for 9 of the 98 ops of its autocast lists (torch 2.4.1)")
+# torch's own lists call chain_matmul and cross without dim, both deprecated: torch's warnings about its own test lists
+@pytest.mark.filterwarnings("ignore:torch.chain_matmul is deprecated:UserWarning", "ignore:Using torch.cross without specifying the dim:UserWarning")
 def test_the_casts_match_torchs_own_cuda_autocast_test_lists() -> None:
     lists = _torch_cuda_autocast_lists()
     cases = [(torch, entry, torch.float16) for entry in lists.torch_fp16] + [(torch._C._nn, entry, torch.float16) for entry in lists.nn_fp16]

@@ -156,6 +156,7 @@ def test_runnable_elsewhere_counts_busy_processes():
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+            spinner.stdout.close()
     assert seen >= 3, seen  # the three spinners, whatever else runs beside the test
 
 
