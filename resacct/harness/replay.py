@@ -14,7 +14,8 @@ The key names the whole setup, and anything else makes a new key:
   every installed distribution's name and version, the Python version, this machine's profile
   (:func:`resacct.measurement.machine_profile.this_machine`: ISA, bf16 kernels, cores, faked or not),
   its CPU model and flags and memory, and every environment variable that steers torch's kernels,
-  threads or resacct itself (``ONEDNN_*``, ``ATEN_*``, ``OMP_*``, ``MKL_*``, ``TORCH_*``, ``RESACCT_*``…).
+  threads, libraries or resacct itself (``ONEDNN_*``, ``ATEN_*``, ``OMP_*``, ``MKL_*``, ``TORCH_*``, ``RESACCT_*``, ``LD_LIBRARY_PATH``,
+  ``PYTHONPATH``…).
 
 Never replayed: a timed claim (its value is this moment's), a ``forall`` claim (new examples every
 run), a GPU claim, a check declared ``replay=False``, and a measurement that raised. ``resacct verify
@@ -58,7 +59,7 @@ KEPT_SETUPS = 3
 _PACKAGE = Path(__file__).resolve().parents[1]
 #: Environment variables whose values can change what a check measures (kernels, threads, allocators, resacct's switches).
 _STEERING_PREFIXES = ("ONEDNN_", "DNNL_", "ATEN_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_",
-                      "HF_", "TRANSFORMERS_", "RESACCT_", "LD_PRELOAD", "MALLOC_")
+                      "HF_", "TRANSFORMERS_", "RESACCT_", "LD_PRELOAD", "LD_LIBRARY_PATH", "MALLOC_", "PYTHONPATH", "PYTHONHASHSEED")
 #: Of those, the ones that only say where files go or whether to replay: not part of the setup.
 _NOT_STEERING = {CACHE_DIR_ENV, "RESACCT_NO_CACHE"}
 

@@ -153,8 +153,9 @@ def test_the_key_names_the_check_its_inputs_and_the_thread_count(monkeypatch):
 def test_the_setup_leaves_out_the_moment_and_the_cache_switches(monkeypatch):
     environment = replay._steering_environment()
     assert "RESACCT_CACHE_DIR" not in environment and "RESACCT_NO_CACHE" not in environment
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert replay._steering_environment()["OMP_NUM_THREADS"] == "1"
+    for name, value in (("OMP_NUM_THREADS", "1"), ("LD_LIBRARY_PATH", "/opt/other"), ("PYTHONPATH", "/tmp/another-tree")):
+        monkeypatch.setenv(name, value)
+        assert replay._steering_environment()[name] == value
     assert "load_average_start" not in replay._machine()["profile"] and "cpu_isa" in replay._machine()["profile"]
 
 
