@@ -101,9 +101,15 @@ def recorded_source(record: dict[str, Any]) -> str | None:
 
 
 def evidence_cell(record: dict[str, Any]) -> str:
-    """The evidence column of a claim: its kind, and for ``recorded`` the record it replays."""
+    """The evidence column of a claim: its kind, for ``recorded`` the record it replays, and when the measurement judged
+    was made by an earlier verify on this setup (``replayed_from``: resacct.harness.replay).
+
+    >>> evidence_cell({"evidence": "measured", "replayed_from": "2026-11-29T18:03:11+00:00"})
+    'measured (replayed: measured 2026-11-29T18:03:11+00:00)'
+    """
     source = recorded_source(record)
-    return evidence_of(record) + (f" ({source})" if source else "")
+    replayed = f" (replayed: measured {record['replayed_from']})" if record.get("replayed_from") else ""
+    return evidence_of(record) + (f" ({source})" if source else "") + replayed
 
 
 def evidence_summary(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -129,6 +129,8 @@ def _evidence_tag(record: dict[str, Any]) -> str:
     meaning = EVIDENCE_MEANINGS.get(kind, "no evidence declared for this claim's check")
     source = recorded_source(record)
     named = f'<div class="note">{html.escape(source)}</div>' if source else ""
+    if record.get("replayed_from"):  # judged on the measurement an earlier verify made on this setup
+        named += f'<div class="note">replayed: measured {html.escape(str(record["replayed_from"]))}</div>'
     return f'<span class="evidence {kind}" title="{html.escape(meaning)}">{kind}</span>{named}'
 
 

@@ -91,6 +91,8 @@ def test_the_second_run_judges_the_stored_measurement_without_measuring_it(tmp_p
     assert second["run"]["replayed"] == 1 and second["run"]["measurements_stored_in"] == str(next(cache.iterdir()))
     assert "1 of 2 claims were judged on the measurements an earlier run made on this same setup" in out
     assert "--no-cache" in out and "--no-cache" in markdown
+    assert f"replayed: measured {replayed['replayed_from']}" in markdown  # beside the claim, in its evidence
+    assert f"replayed: measured {replayed['replayed_from']}" in (tmp_path / "reports" / "report.html").read_text(encoding="utf-8")
 
 
 def test_an_edited_law_is_judged_afresh_against_the_stored_measurement(tmp_path, cache, calls, capsys):
