@@ -226,6 +226,8 @@ def test_the_folder_keeps_the_answers_used_last(cache_folder: Path, monkeypatch:
 
     monkeypatch.setattr(trace_cache, "MAX_ANSWERS", 3)
     compute, calls = _counting("answer")
+    cache_folder.mkdir(parents=True)
+    (cache_folder / "the-users-own.pickle").write_bytes(b"not an answer")  # a folder shared with other files: never pruned
     with caching(True):
         for n in range(3):
             cached("demo", {"n": n}, compute)
@@ -234,12 +236,13 @@ def test_the_folder_keeps_the_answers_used_last(cache_folder: Path, monkeypatch:
         assert last_outcome() == "hit"
         time.sleep(0.02)
         cached("demo", {"n": 3}, compute)  # a fourth answer: the least recently used (1) goes
-        assert len(list(cache_folder.glob("*.pickle"))) == 3
+        assert len(list(cache_folder.glob("demo-*.pickle"))) == 3
         cached("demo", {"n": 0}, compute)
         assert last_outcome() == "hit"
         cached("demo", {"n": 1}, compute)
         assert last_outcome() == "stored"  # pruned, traced again
     assert len(calls) == 5
+    assert (cache_folder / "the-users-own.pickle").read_bytes() == b"not an answer"
 
 
 def test_a_gpu_record_edited_or_added_gives_new_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,6 +40,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import shutil
 import sys
 import uuid
@@ -66,6 +67,9 @@ _NOT_STEERING = {CACHE_DIR_ENV, "RESACCT_NO_CACHE"}
 #: Fields of the machine profile that describe the moment, not the machine (the load when the run began).
 _MOMENTARY_PROFILE_FIELDS = {"load_average_start"}
 
+#: A setup folder's name: the fingerprint's first 32 hex digits (the only folders :func:`_prune_setups` removes).
+_SETUP_NAME = re.compile(r"[0-9a-f]{32}")
+
 _state: dict[str, Any] = {"folder": None, "run": None}
 
 
@@ -88,6 +92,8 @@ def replaying(no_cache: bool, *, folder: str | os.PathLike[str] | None = None) -
     if cache_wanted(no_cache):
         _state["folder"] = Path(folder) if folder is not None else measurements_dir()
         setup_fingerprint()  # hashed once here, before any worker is forked
+        with contextlib.suppress(OSError):
+            os.utime(replay_folder())  # used now: the last setup to be pruned
     try:
         yield replay_folder()
     finally:
@@ -206,9 +212,10 @@ def _reads_back_equal(outcome: Any) -> bool:
 
 
 def _prune_setups(parent: Path, *, keep: int, current: Path) -> None:
-    """Remove all but the ``keep`` setup folders used last (``current`` always stays)."""
+    """Remove all but the ``keep`` setup folders used last (``current`` always stays). Only folders named as this module
+    names them (32 hex digits) are ever removed: a ``$RESACCT_CACHE_DIR`` pointed at a folder of the user's loses nothing else."""
     try:
-        folders = sorted((path for path in parent.iterdir() if path.is_dir() and path != current),
+        folders = sorted((path for path in parent.iterdir() if path.is_dir() and path != current and _SETUP_NAME.fullmatch(path.name)),
                          key=lambda path: path.stat().st_mtime_ns, reverse=True)
     except OSError:
         return

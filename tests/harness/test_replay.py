@@ -174,13 +174,18 @@ def test_an_outcome_that_does_not_read_back_equal_is_not_stored(tmp_path, cache)
     assert replay.replay_folder() is None  # off outside the block
 
 
-def test_only_the_setups_used_last_are_kept(tmp_path, cache):
+def test_only_the_setups_used_last_are_kept_and_nothing_else_is_touched(tmp_path, cache):
+    import os
+
     for number in range(5):
-        (tmp_path / f"old{number}").mkdir()
+        (tmp_path / f"{number:032x}").mkdir()
+        os.utime(tmp_path / f"{number:032x}", (1_000_000 + number, 1_000_000 + number))
+    (tmp_path / "a-folder-of-the-users").mkdir()  # not a setup's name: never removed
     with replay.replaying(False, folder=tmp_path) as folder:
         replay.store_measurement("tensors.element_offset", {"rows": 1}, Outcome(measured=6))
     assert folder is not None and folder.exists()
-    assert len([path for path in tmp_path.iterdir() if path.is_dir()]) == replay.KEPT_SETUPS
+    left = sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
+    assert left == sorted([folder.name, f"{4:032x}", f"{3:032x}", "a-folder-of-the-users"])  # the 2 used last besides this one
 
 
 def test_quiet_and_json_say_how_many_were_replayed(tmp_path, cache, calls, capsys):

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -129,6 +130,10 @@ def cache_key(kind: str, question: dict[str, Any]) -> str:
     return json.dumps({"kind": kind, "question": question, "versions": versions}, sort_keys=True, default=repr)
 
 
+#: An answer file's name (:func:`_path`): the only files :func:`_prune` removes.
+_ANSWER_NAME = re.compile(r"[A-Za-z0-9_-]+-[0-9a-f]{40}\.pickle")
+
+
 def _path(kind: str, key: str) -> Path:
     return cache_dir() / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.pickle"
 
@@ -167,9 +172,11 @@ def write_stored(path: Path, key: str, answer: Any) -> bool:
 
 def _prune(folder: Path, keep: int) -> None:
     """Keep the ``keep`` answers used last (a hit touches its file), removing the rest: every edit
-    of resacct makes new keys, so old answers would pile up."""
+    of resacct makes new keys, so old answers would pile up. Only files named as :func:`_path` names them
+    (``<kind>-<40 hex digits>.pickle``) are removed: a ``$RESACCT_CACHE_DIR`` shared with other files loses none of them."""
     try:
-        files = sorted(folder.glob("*.pickle"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        files = sorted((path for path in folder.glob("*.pickle") if _ANSWER_NAME.fullmatch(path.name)),
+                       key=lambda path: path.stat().st_mtime_ns, reverse=True)
         for path in files[keep:]:
             path.unlink()
     except OSError:
