@@ -77,3 +77,9 @@ def timed(value: float) -> Outcome:
     """A stand-in timing check: measures ``value`` (tests script the rounds through
     ``resacct.harness.timing.measure_with_cpu_share``)."""
     return Outcome(measured=value)
+
+
+@check("testing.timed_with_state", timing=True, forget=(lambda: None,))
+def timed_with_state(value: float) -> Outcome:
+    """A stand-in timing check that keeps state between calls (``forget=``), as the runtime model's rates do."""
+    return Outcome(measured=value)

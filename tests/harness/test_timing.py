@@ -60,6 +60,21 @@ def test_one_quiet_clear_round_decides_a_failure(rounds):
     assert taken == [0.2]
 
 
+def test_a_failing_first_round_of_a_check_with_state_is_confirmed_by_a_second(rounds):
+    """The runtime model's claims share rates measured once a process (forget=): a first round that fails, quiet and clear,
+    may have read rates measured in a disturbed moment before it — the next round, which measures them again, decides."""
+    claim = _claim({"at_least": 0.3, "at_most": 1.5}, measure="testing.timed_with_state")
+    taken = rounds([(1.88, QUIET), (1.02, QUIET)])
+    verdict = timing.decide_timing_claim(claim, {"value": 1.0})
+    assert verdict.measured == 1.02 and taken == [1.88, 1.02]
+    taken = rounds([(1.88, QUIET), (1.9, QUIET)])
+    with pytest.raises(ClaimFailure, match="does not hold"):
+        timing.decide_timing_claim(claim, {"value": 1.0})
+    assert taken == [1.88, 1.02, 1.88, 1.9]  # confirmed: it fails (the fixture keeps every round taken)
+    taken = rounds([(1.0, QUIET)])
+    assert timing.decide_timing_claim(claim, {"value": 1.0}).measured == 1.0 and taken[4:] == [1.0]  # a pass needs no second round
+
+
 def test_a_failure_under_load_is_never_a_verdict(rounds):
     """Issue 20: optimizer-time-predicted-mlp measured 1.58–2.15 against at_most 1.5 at load 20."""
     rounds([(1.58, LOADED), (2.15, LOADED), (1.9, LOADED)])
