@@ -211,3 +211,11 @@ def test_a_cache_folder_that_cannot_be_written_still_verifies_every_claim(tmp_pa
         code, document, _ = _verify(tmp_path)
         assert code == 0 and document["run"]["replayed"] == 0
     assert len(calls) == 2 and blocker.read_text() == "not a folder"
+
+
+def test_the_checks_of_recorded_gpu_truth_are_measured_every_run():
+    """A GPU record may be named by an absolute path outside resacct's files (not in the setup's hash): those checks opt out."""
+    checks = registry.all_checks()
+    recorded = [check for name, check in checks.items() if name.startswith("gpu_recorded.")]
+    assert recorded and not any(check.replay for check in recorded)
+    assert all(check.replay for name, check in checks.items() if name.startswith(("flops.", "hf.", "peak.")))
