@@ -49,7 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from resacct.account.trace.cache import CACHE_DIR_ENV, cache_wanted, read_stored, write_stored
+from resacct.account.trace.cache import CACHE_DIR_ENV, cache_wanted, read_stored, user_cache_root, write_stored
 
 __all__ = ["KEPT_SETUPS", "StoredMeasurement", "measurements_dir", "replaying", "replay_folder", "replay_key", "setup_fingerprint",
            "stored_measurement", "store_measurement"]
@@ -78,8 +78,7 @@ def measurements_dir() -> Path:
     else ``~/.cache/resacct/measurements``."""
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV]).expanduser() / "measurements"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "resacct" / "measurements"
+    return user_cache_root() / "measurements"
 
 
 @contextlib.contextmanager

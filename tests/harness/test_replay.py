@@ -219,3 +219,11 @@ def test_the_checks_of_recorded_gpu_truth_are_measured_every_run():
     recorded = [check for name, check in checks.items() if name.startswith("gpu_recorded.")]
     assert recorded and not any(check.replay for check in recorded)
     assert all(check.replay for name, check in checks.items() if name.startswith(("flops.", "hf.", "peak.")))
+
+
+def test_measurements_sit_beside_the_trace_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("RESACCT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert replay.measurements_dir() == tmp_path / "xdg" / "resacct" / "measurements"
+    monkeypatch.setenv("RESACCT_CACHE_DIR", str(tmp_path / "mine"))
+    assert replay.measurements_dir() == tmp_path / "mine" / "measurements"

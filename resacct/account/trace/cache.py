@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CACHE_DIR_ENV", "MAX_ANSWERS", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "read_stored", "source_fingerprint", "write_stored"]
+__all__ = ["CACHE_DIR_ENV", "MAX_ANSWERS", "NO_CACHE_ENV", "cache_dir", "cache_key", "cache_wanted", "cached", "caching", "last_outcome", "read_stored", "source_fingerprint", "user_cache_root", "write_stored"]
 
 CACHE_DIR_ENV = "RESACCT_CACHE_DIR"
 NO_CACHE_ENV = "RESACCT_NO_CACHE"
@@ -62,8 +62,14 @@ def cache_dir() -> Path:
         return Path(_state["folder"])
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    return user_cache_root() / "traces"
+
+
+def user_cache_root() -> Path:
+    """resacct's folder in the user's cache: ``$XDG_CACHE_HOME/resacct``, else ``~/.cache/resacct`` (the trace cache's
+    ``traces``, verify's ``measurements``: :mod:`resacct.harness.replay`)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "resacct" / "traces"
+    return Path(base) / "resacct"
 
 
 @contextlib.contextmanager
