@@ -125,12 +125,15 @@ def test_a_corrupt_stored_file_is_measured_again_and_rewritten(tmp_path, cache, 
 
 def test_a_changed_setup_measures_again(tmp_path, cache, calls, monkeypatch):
     _verify(tmp_path)
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # steers torch's kernels: another setup
+    import os
+
+    other = "SSE41" if os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2" else "AVX2"  # another value than this run's (the AVX2-capped kind sets it)
     replay.setup_fingerprint.cache_clear()
     try:
-        code, document, _ = _verify(tmp_path)
+        with monkeypatch.context() as changed:
+            changed.setenv("ONEDNN_MAX_CPU_ISA", other)  # steers torch's kernels: another setup
+            code, document, _ = _verify(tmp_path)
     finally:
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
         replay.setup_fingerprint.cache_clear()
     assert code == 0 and len(calls) == 2 and document["run"]["replayed"] == 0
     assert len(list(cache.iterdir())) == 2  # one folder per setup
