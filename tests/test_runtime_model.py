@@ -62,6 +62,32 @@ def test_best_until_stable_stops_when_the_best_stops_improving():
     assert 4 <= len(samples) <= 50 and min(samples) > 0
 
 
+def _ticking_clock(seconds_per_call: float) -> tuple[list[int], object, object]:
+    """A kernel that counts its calls and a clock that advances ``seconds_per_call`` per call."""
+    calls = [0]
+
+    def kernel() -> None:
+        calls[0] += 1
+
+    return calls, kernel, lambda: calls[0] * seconds_per_call
+
+
+@pytest.mark.parametrize(("seconds_per_call", "expected_calls", "expected_samples"), [
+    (5e-3, 2, (5e-3,)),  # long enough: the call timed to size the batches is the sample (warm-up + 1)
+    (1e-3, 4, (1e-3,)),  # too short: batched in twos after the sizing call (warm-up + 1 + 2)
+])
+def test_one_sample_costs_the_warm_up_and_the_sizing_call_when_no_batching_is_needed(seconds_per_call, expected_calls, expected_samples):
+    calls, kernel, clock = _ticking_clock(seconds_per_call)
+    samples = best_until_stable_sec(kernel, min_samples=1, max_samples=1, max_total_sec=math.inf, clock=clock)
+    assert calls[0] == expected_calls and samples == pytest.approx(expected_samples)
+
+
+def test_the_sizing_call_counts_as_a_sample_of_a_long_kernel():
+    calls, kernel, clock = _ticking_clock(4e-3)
+    samples = best_until_stable_sec(kernel, min_samples=5, max_samples=5, max_total_sec=math.inf, clock=clock)
+    assert len(samples) == 5 and calls[0] == 1 + 5  # the warm-up, then five timed calls, the first of them the sizing one
+
+
 def test_the_roofline_png_labels_points_by_shape_and_dtype(tmp_path):
     point = RooflinePoint("matmul 256×256 @ 256×256 float32", "matmul", "float32", 2 * 256**3, 3 * 256**2 * 4, (1e-3,))
     measured = MeasuredRoofline(memory=MemoryRoof(4e10, 3e10, 2**26, (1.0,)), compute={"float32": ComputeRoof("float32", 1e11, 512, (1.0,))},
