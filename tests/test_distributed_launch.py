@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import sys
 import time
 
 import pytest
@@ -149,6 +150,61 @@ def test_claims_that_launch_ranks_start_the_forkserver_when_collected(monkeypatc
     session.items.append(item(ClaimItem, {"distributed", "slow"}))
     assert not start_ranks_early(SimpleNamespace(config=SimpleNamespace(workerinput={}), items=session.items)) and not started
     assert start_ranks_early(session) and started == [True]
+
+
+def _modules_named_for_the_ranks() -> set[str]:
+    """Every module a ``preload_in_ranks(...)`` call in resacct's source names (``__name__``: its own module)."""
+    import ast
+    from pathlib import Path
+
+    import resacct
+
+    package = Path(resacct.__file__).parent
+    named = set()
+    for path in package.rglob("*.py"):
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "preload_in_ranks":
+                for argument in node.args:  # a starred list (early_ranks' own call with the list itself) names none
+                    if isinstance(argument, ast.Name) and argument.id == "__name__":
+                        named.add(module)
+                    elif isinstance(argument, ast.Constant):
+                        named.add(argument.value)
+    return named
+
+
+def test_the_modules_a_whole_verify_preloads_first_are_every_one_the_checks_name():
+    """verify starts the forkserver before any check is imported (early_ranks.start_forkserver_first): its list
+    must name every module resacct's code hands preload_in_ranks, or the ranks import the one left out."""
+    from resacct.harness.early_ranks import RANK_PROGRAM_MODULES
+
+    named = _modules_named_for_the_ranks()
+    assert "resacct.checks.peak_sharded" in named and len(named) >= 8  # the scan finds the calls
+    assert named == set(RANK_PROGRAM_MODULES)
+
+
+def test_the_forkserver_first_preloads_the_rank_programs(monkeypatch):
+    import resacct.measurement.distributed as distributed
+    from resacct.harness.early_ranks import RANK_PROGRAM_MODULES, start_forkserver_first
+
+    started = []
+    monkeypatch.setattr(distributed, "_preloaded_by_callers", [])
+    monkeypatch.setattr(distributed, "start_forkserver_early", lambda: started.append(list(distributed._preloaded_by_callers)))
+    assert start_forkserver_first() and started == [list(RANK_PROGRAM_MODULES)]
+
+
+@pytest.mark.parametrize(("options", "cores", "first"), [
+    ({}, 2, True), ({}, 1, False), ({"area": ["sharding"]}, 2, False), ({"pattern": "zero"}, 2, False),
+    ({"machine_dependent": True}, 2, False), ({"specs": "my-claims"}, 2, False), ({"workers": 1}, 2, False), ({"workers": 2}, 4, True),
+])
+def test_only_a_whole_verify_run_on_two_cores_starts_the_forkserver_first(monkeypatch, options, cores, first):
+    import argparse
+
+    from resacct.cli.verify import _whole_run_on_cores
+
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    args = argparse.Namespace(**{"specs": None, "area": [], "pattern": None, "machine_dependent": False, "workers": None, **options})
+    assert _whole_run_on_cores(args) is (first and sys.platform.startswith("linux"))
 
 
 def test_a_forkserver_that_cannot_start_early_is_left_to_the_claims(monkeypatch):

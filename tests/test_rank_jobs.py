@@ -149,8 +149,11 @@ def test_claims_that_replay_a_stored_measurement_plan_no_launch(monkeypatch, tmp
     from resacct.harness.plugin import ClaimItem
     from resacct.harness.registry import Outcome
 
-    started = []
+    from resacct.measurement import lifeline
+
+    started, stopped = [], []
     monkeypatch.setattr(distributed, "start_forkserver_early", lambda: started.append(True))
+    monkeypatch.setattr(lifeline, "stop_forkserver", lambda: stopped.append(True))
     monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
 
     def item(given, forall=None):
@@ -165,7 +168,9 @@ def test_claims_that_replay_a_stored_measurement_plan_no_launch(monkeypatch, tmp
         items = [item({"world_size": 2, "tag": "a"}), item({"world_size": 4, "tag": "b"})]
         assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items)) and started == [True]
         assert rank_jobs.planned_rank_jobs() == [(4, pid_on_rank, ("b",), False)]
+        assert not stopped
         assert not start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=items[:1])) and started == [True]
+        assert stopped == [True], "a forkserver verify started first (early_ranks.start_forkserver_first) is stopped unused"
         forall = [*items[:1], item({"world_size": 2}, forall={"tag": "st.text()"})]  # launches ranks, never replayed
         assert start_ranks_early(SimpleNamespace(config=SimpleNamespace(), items=forall)) and started == [True, True]
 

@@ -172,6 +172,10 @@ def _run_verify(args: argparse.Namespace, latch: Any) -> int:
     started = time.monotonic()
     begin_run(started)
     try:
+        if _whole_run_on_cores(args):
+            from resacct.harness.early_ranks import start_forkserver_first
+
+            start_forkserver_first()  # its imports on the second core while this one imports torch and collects (harness.early_ranks)
         with latch.deferred():
             _import_what_claims_need()
         if not (args.json or args.quiet):
@@ -243,6 +247,13 @@ def _import_what_claims_need() -> None:
     import torch  # noqa: F401
 
     import resacct.harness.plugin  # noqa: F401
+
+
+def _whole_run_on_cores(args: argparse.Namespace) -> bool:
+    """Whether this run is every shipped claim (its gloo launches included) on a machine of two cores
+    or more that forks: the forkserver is then started before anything else."""
+    return (args.specs is None and not args.area and not args.pattern and not args.machine_dependent and (args.workers or 2) >= 2
+            and (os.cpu_count() or 1) >= 2 and sys.platform.startswith("linux"))
 
 
 def _selection_pattern(args: argparse.Namespace) -> str | None:

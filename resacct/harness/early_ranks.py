@@ -2,7 +2,14 @@
 ranks (mark ``distributed``): the forkserver imports torch and the rank programs' modules (about 2 s
 on an idle 2-core machine) beside the claims that run before the first launch, not in front of it; and plan
 the launches those claims will ask for, so that one launch per world size serves them
-(:mod:`resacct.measurement.rank_jobs`)."""
+(:mod:`resacct.measurement.rank_jobs`).
+
+A whole ``resacct verify`` run on two cores or more starts it sooner still, first thing
+(:func:`start_forkserver_first`): verify's own start — torch's import, the claims' collection — keeps
+one core busy for ~3 s, and the forkserver's imports (~2.8 CPU s) fill the other, where they used to
+take a core from the shared imports and the first claims. The rank programs' modules are named
+then by :data:`RANK_PROGRAM_MODULES` (their checks are not imported yet); a run whose claims all
+replay their stored measurements stops it unused."""
 
 from __future__ import annotations
 
@@ -10,10 +17,30 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["start_ranks_early", "WORKERS_PLUGIN_NAME"]
+__all__ = ["start_ranks_early", "start_forkserver_first", "RANK_PROGRAM_MODULES", "WORKERS_PLUGIN_NAME"]
 
 #: The name ``resacct verify``'s workers plugin (:class:`resacct.harness.workers.ClaimWorkers`) is registered under.
 WORKERS_PLUGIN_NAME = "resacct-claim-workers"
+
+#: The modules the shipped checks name for the ranks with ``preload_in_ranks`` (at their import): what
+#: :func:`start_forkserver_first` has the forkserver import before any check module is imported. One
+#: left out costs its ranks an import, never a result (tests/harness/test_early_ranks.py keeps the list whole).
+RANK_PROGRAM_MODULES = ("resacct.measurement.rank_jobs", "resacct.checks.parallelism", "resacct.checks.sharding_training",
+                        "resacct.checks.peak_sharded", "resacct.account.peak.sharded", "resacct.account.peak.models",
+                        "resacct.checks.sharding_runs", "resacct.account.answers.sharded", "resacct.account.peak.sharded_measure")
+
+
+def start_forkserver_first() -> bool:
+    """Start the forkserver now, before this process imports torch, with :data:`RANK_PROGRAM_MODULES`
+    among its preloads (``resacct verify``'s whole runs: see the module doc); whether it started."""
+    from resacct.measurement.distributed import preload_in_ranks, start_forkserver_early
+
+    preload_in_ranks(*RANK_PROGRAM_MODULES)
+    try:
+        start_forkserver_early()
+    except (ResacctError, OSError):  # e.g. a TMPDIR too long for its socket: the claims that launch say so, one by one
+        return False
+    return True
 
 
 def start_ranks_early(session: Any, *, force: bool = False) -> bool:
@@ -31,11 +58,13 @@ def start_ranks_early(session: Any, *, force: bool = False) -> bool:
         return False
     from resacct.harness.registry import all_checks
     from resacct.measurement.distributed import start_forkserver_early
+    from resacct.measurement.lifeline import stop_forkserver
     from resacct.measurement.rank_jobs import plan_claims
 
     all_checks()  # imports every check module: those whose ranks run their code name it to be preloaded (and plan their launches)
     launching, replayed = _claims_that_launch(session.items)
     if not launching and replayed == _distributed_claims(session.items):  # every one replays a stored measurement: nothing launches
+        stop_forkserver()  # one started first (start_forkserver_first) has nothing to serve
         return False
     plan_claims(launching)  # one launch per world size for what these claims ask (rank_jobs)
     try:
