@@ -162,8 +162,11 @@ def _modules_named_for_the_ranks() -> set[str]:
     package = Path(resacct.__file__).parent
     named = set()
     for path in package.rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        if "preload_in_ranks(" not in source:  # parsed only where the name is called
+            continue
         module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "preload_in_ranks":
                 for argument in node.args:  # a starred list (early_ranks' own call with the list itself) names none
                     if isinstance(argument, ast.Name) and argument.id == "__name__":
