@@ -36,7 +36,8 @@ from resacct.measurement.distributed import preload_in_ranks
 from resacct.measurement.memo import shared_measurement
 from resacct.measurement.rank_jobs import PlannedLaunch, plans_rank_jobs, shared_rank_launch, shared_started_isolated
 
-preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models")  # what the ranks and the prediction's child run
+preload_in_ranks(__name__, "resacct.account.peak.sharded", "resacct.account.peak.models",  # what the ranks and the prediction's child run,
+                 "resacct.account.answers.generic", "resacct.measurement.native_stderr")  # and import when they run (the mlp's factory, the census)
 
 __all__ = ["ENGINE_STAGES", "ENGINE_RECIPES", "BREAKDOWN_KINDS", "MAX_ATTEMPTS", "measured_on_rank", "sharded_peak_measurements"]
 

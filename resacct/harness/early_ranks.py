@@ -27,6 +27,7 @@ WORKERS_PLUGIN_NAME = "resacct-claim-workers"
 #: left out costs its ranks an import, never a result (tests/harness/test_early_ranks.py keeps the list whole).
 RANK_PROGRAM_MODULES = ("resacct.measurement.rank_jobs", "resacct.checks.parallelism", "resacct.checks.sharding_training",
                         "resacct.checks.peak_sharded", "resacct.account.peak.sharded", "resacct.account.peak.models",
+                        "resacct.account.answers.generic", "resacct.measurement.native_stderr",
                         "resacct.checks.sharding_runs", "resacct.account.answers.sharded", "resacct.account.peak.sharded_measure")
 
 
