@@ -136,16 +136,6 @@ def _line(name: str, run: dict[str, object]) -> str:
             f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s{replayed}")  # type: ignore[arg-type]
 
 
-def _positive_rounds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--rounds {text!r}: expected a whole number of runs per tree, 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--rounds must be 1 or more (runs of each tree), got {value}")
-    return value
-
-
 def python_without_resacct(python: str = sys.executable) -> str | None:
     """Why ``python`` cannot run resacct's verify (its child runs ``python -m resacct``), or None: a system Python
     without torch failed every run with a traceback about torch, not about the command."""
@@ -162,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", metavar="COMMIT", help="also run that commit's tree (git archive), taking turns")
     parser.add_argument("--commit", metavar="COMMIT", help="run that commit's tree as 'this tree' instead of the working tree (which others may be editing)")
-    parser.add_argument("--rounds", type=_positive_rounds, default=1, help="runs of each tree (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tree (default 1)")
     parser.add_argument("--workers", type=int, default=0, help="pass --workers N to this tree's verify (default: verify's own default)")
     parser.add_argument("--area", action="append", default=[], help="pass --area AREA to both trees' verify (repeatable): a partial run, "
                         "each area's seconds printed")
@@ -172,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warm and args.baseline:
         parser.error("--warm compares this tree cold and warm; drop --baseline")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more (runs of each tree), got {args.rounds}")
     if (problem := python_without_resacct()) is not None:
         parser.error(problem)
     selected = [option for area in args.area for option in ("--area", area)]

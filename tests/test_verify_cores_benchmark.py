@@ -3,19 +3,15 @@ core-seconds it left idle (the script itself runs a whole verify: a benchmark, n
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 
 def _script():  # type: ignore[no-untyped-def]
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "verify_cores.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_verify_cores", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/verify_cores.py")
 
 
 def test_each_phase_gets_the_samples_inside_it_and_its_idle_core_seconds() -> None:

@@ -4,18 +4,14 @@ a benchmark, not a test): a Python without torch (its children run ``python -m r
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 
 def _script():  # type: ignore[no-untyped-def]
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "verify_time.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_verify_time", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/verify_time.py")
 
 
 def test_a_python_without_torch_is_named_with_the_one_to_use(monkeypatch) -> None:
