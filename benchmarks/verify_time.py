@@ -136,15 +136,15 @@ def _line(name: str, run: dict[str, object]) -> str:
             f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s{replayed}")  # type: ignore[arg-type]
 
 
-def python_without_resacct(python: str = sys.executable) -> str | None:
-    """Why ``python`` cannot run resacct's verify (its child runs ``python -m resacct``), or None: a system Python
-    without torch failed every run with a traceback about torch, not about the command."""
+def python_without_resacct() -> str | None:
+    """Why this Python cannot run resacct's verify (each run is ``sys.executable -m resacct verify``), or None: a
+    system Python without torch failed every run with a traceback about torch, not about the command."""
     import importlib.util
 
     missing = [name for name in ("torch", "pytest", "hypothesis") if importlib.util.find_spec(name) is None]
     if not missing:
         return None
-    return (f"{python} has no {', '.join(missing)}: run this benchmark with the Python resacct is installed in, "
+    return (f"{sys.executable} has no {', '.join(missing)}: run this benchmark with the Python resacct is installed in, "
             f"e.g. .venv/bin/python benchmarks/verify_time.py")
 
 

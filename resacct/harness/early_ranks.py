@@ -24,7 +24,7 @@ WORKERS_PLUGIN_NAME = "resacct-claim-workers"
 
 #: The modules the shipped checks name for the ranks with ``preload_in_ranks`` (at their import): what
 #: :func:`start_forkserver_first` has the forkserver import before any check module is imported. One
-#: left out costs its ranks an import, never a result (tests/harness/test_early_ranks.py keeps the list whole).
+#: left out costs its ranks an import, never a result (tests/test_distributed_launch.py keeps the list whole).
 RANK_PROGRAM_MODULES = ("resacct.measurement.rank_jobs", "resacct.checks.parallelism", "resacct.checks.sharding_training",
                         "resacct.checks.peak_sharded", "resacct.account.peak.sharded", "resacct.account.peak.models",
                         "resacct.account.answers.generic", "resacct.measurement.native_stderr",

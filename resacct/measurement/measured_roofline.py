@@ -80,7 +80,7 @@ def best_until_stable_sec(function: Callable[[], object], *, min_samples: int = 
     The call timed to size the batches is the first sample when it needs no batching (one call,
     after the warm-up's, as every later sample is): a one-sample measurement of a kernel of
     ``min_sample_sec`` or more costs two calls, not three (the roofline's points, sampled one at a
-    time in turn with their roofs: 3.2 → 2.6 s for :func:`this_machine_roofline`, shares unchanged)."""
+    time in turn with their roofs; docs/verify_time.md, session 15, has the before and after)."""
     now = clock or sample_clock()
     function()  # warm-up: allocator, first-touch, kernel selection
     began = now()
