@@ -22,7 +22,9 @@ whose record differs in anything but its seconds (wall and CPU) are counted and 
 from run to run), and the ratios of the medians are printed. ``--workers`` is passed to this tree's
 verify only (verify's default: 2 processes on 2 cores; the baseline runs as its tree does). The machine's load average is printed before and after: on a
 shared machine wall seconds are the load's as much as verify's, and CPU seconds are the steadier
-figure. The bar is the issue's 25 s wall on an idle 2-core machine.
+figure. So is what the CPUs delivered: before and after the runs, two processes spinning at once against one alone
+(benchmarks/core_throughput.py; ``--no-core-probe`` skips it) — on a VM two CPUs may do 1.3 × one CPU's work one
+minute and 2 × the next. The bar is the issue's 25 s wall on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -148,6 +150,21 @@ def python_without_resacct() -> str | None:
             f"e.g. .venv/bin/python benchmarks/verify_time.py")
 
 
+def _probe_cores(when: str, skip: bool, *, rounds: int = 3, loops: int | None = None) -> None:
+    """Print what 2 processes spinning at once deliver (benchmarks/core_throughput.py): a wall figure of a CPU-bound run
+    on 2 virtual CPUs that deliver 1.3 × one CPU's work is not one on 2 whole cores."""
+    if skip or (os.cpu_count() or 1) < 2:
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("core_throughput", Path(__file__).with_name("core_throughput.py"))
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    loops = loops or probe.DEFAULT_LOOPS
+    print(f"CPUs {when}: {probe.summary(2, probe.cores_delivered(2, rounds=rounds, loops=loops), loops)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", metavar="COMMIT", help="also run that commit's tree (git archive), taking turns")
@@ -156,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="pass --workers N to this tree's verify (default: verify's own default)")
     parser.add_argument("--area", action="append", default=[], help="pass --area AREA to both trees' verify (repeatable): a partial run, "
                         "each area's seconds printed")
+    parser.add_argument("--no-core-probe", action="store_true",
+                        help="skip measuring what the CPUs deliver together before and after the runs (benchmarks/core_throughput.py, ~8 s)")
     parser.add_argument("--warm", action="store_true",
                         help="this tree cold (RESACCT_NO_CACHE=1) and warm (replaying the measurements one untimed run stored first in a "
                              "temporary cache folder: resacct.harness.replay) taking turns, instead of a baseline")
@@ -169,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
+    _probe_cores("before", args.no_core_probe)
     with tempfile.TemporaryDirectory() as folder:
         this = _tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT
         trees: dict[str, tuple[Path, list[str], dict[str, str] | None]] = {"this tree": (this, [*selected, *extra], None)}
@@ -184,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(run_verify(tree, options, environment))
                 print(_line(name, runs[name][-1]), flush=True)
     print(f"load average after:  {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
+    _probe_cores("after", args.no_core_probe)
     medians = {name: statistics.median(float(run["wall"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]
     status = 0
     reference, subject = list(runs)[0], list(runs)[-1]
