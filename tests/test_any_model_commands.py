@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from resacct.cli import main  # noqa: E402
 
 ARCHITECTURES = ("gpt2", "llama-2-7b", "mistral-7b", "mixtral-8x7b", "qwen2-7b-instruct", "qwen3-8b", "qwen3-30b-a3b", "gemma-2-9b", "gemma-3-12b",
-                 "phi-3-mini-4k", "olmo-2-0425-1b", "falcon-7b", "gpt-neox-20b", "bloom-560m", "deepseek-v3")
+                 "phi-3-mini-4k", "olmo-2-0425-1b", "falcon-7b", "gpt-neox-20b", "bloom-560m", "deepseek-v3", "gpt-oss-20b")
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
