@@ -131,10 +131,16 @@ def test_hf_claims_skip_with_the_reason_without_transformers(monkeypatch):
     import sys
 
     from resacct.checks.hf import shipped_parameters, small_model
+    from resacct.checks.hf_any import any_architecture
+    from resacct.checks.inference import generate_kv_cache
+    from resacct.checks.plan import hf_config_parameters, llama_mlp_saved_bytes, parameter_breakdown
     from resacct.harness.registry import NotMeasurable
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers → ImportError
     monkeypatch.setattr("resacct.measurement.torch_limits.transformers_unusable", lambda: None)  # as where none is installed
-    for call in (lambda: shipped_parameters("gpt2"), lambda: small_model("llama", "parameters", 8, 1, 2, 8, 16)):
+    for call in (lambda: shipped_parameters("gpt2"), lambda: small_model("llama", "parameters", 8, 1, 2, 8, 16),
+                 lambda: any_architecture("qwen2", "parameters"), lambda: hf_config_parameters("gpt2"),
+                 lambda: parameter_breakdown("gpt2", "total"), lambda: llama_mlp_saved_bytes(1, 8),
+                 lambda: generate_kv_cache(2, 2, 2, 8, 1, 4, 2)):
         with pytest.raises(NotMeasurable, match=r"transformers is not installed \(the optional extra: pip install 'resacct\[hf\]'\)"):
             call()

@@ -8,28 +8,15 @@ transformers is not installed.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
+from resacct.checks._transformers import require_transformers
 from resacct.errors import ResacctError
 from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.memo import shared_measurement
 
-_NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
-
-
-def _require_transformers() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():
-        raise NotMeasurable(problem)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise NotMeasurable(_NO_TRANSFORMERS) from None
 
 
 def _small_spec(model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: int, positions: int, experts: int,
@@ -69,7 +56,7 @@ def small_model(model_type: str, quantity: str, hidden: int, layers: int, heads:
     over its own loss on labels), ``state_at_step_bytes`` (a real torch.optim.AdamW under
     ``recipe``, by storage), ``checkpoint_full_bytes`` (that state less its gradients).
     Quantities: the measured ``params`` and ``tensors``, ``head_dim`` and ``tokens``."""
-    _require_transformers()
+    require_transformers()
     if quantity not in _QUANTITIES:
         raise ResacctError(f"quantity {quantity!r}: expected one of {', '.join(_QUANTITIES)}")
     account = _account(model_type, hidden, layers, heads, kv_heads or heads, mlp, vocab, positions, experts, experts_per_token, batch, seq, recipe)
@@ -89,7 +76,7 @@ def shipped_parameters(config: str) -> Outcome:
     """Parameters of a config shipped with resacct (resacct/hf_configs/known.yaml), built on
     the meta device: distinct parameter storages; resacct's closed form beside (and its active
     count for a mixture of experts as a quantity)."""
-    _require_transformers()
+    require_transformers()
     return _shipped_parameters(config)
 
 
@@ -124,7 +111,7 @@ def sdpa_over_eager_flops(layers: int = 2, batch: int = 2, seq: int = 16) -> Out
     FlopCounterMode's count on the same model with ``attn_implementation="eager"``. Quantities:
     both counts, what resacct filled, the recomputation it reports apart, and how many warnings
     FlopCounterMode alone and the filled trace raise (uncounted matmul-class ops)."""
-    _require_transformers()
+    require_transformers()
     return _sdpa_over_eager_flops(layers, batch, seq)
 
 
@@ -164,7 +151,7 @@ def saved_activations(model_type: str, attention: str, device: str, hidden: int,
     first (``first_layer``, RoPE's shared cos/sin included). Predicted: resacct.formulas.hf_activation_formulas.
     Quantities: ``element_bytes``, ``head_dim``, ``tokens``, LayerNorm ``stats_bytes`` (E on CPU, 4
     on meta) and the math kernel's ``math_bytes`` (4)."""
-    _require_transformers()
+    require_transformers()
     if scope not in _SCOPES:
         raise ResacctError(f"scope {scope!r}: expected one of {', '.join(_SCOPES)}")
     by_module, architecture = _saved_by_module(model_type, attention, device, hidden, layers, heads, kv_heads or heads, mlp, vocab, experts,
@@ -213,7 +200,7 @@ def repeated_layers(model_type: str, hidden: int, layers: int, heads: int, kv_he
     ``peak_bytes``, the whole trace's step peak, or ``fields_differing``, how many fields of the two
     ``--json`` documents differ (the notes left out); quantities: the extrapolated peak, both step FLOPs
     and saved bytes, and that count."""
-    _require_transformers()
+    require_transformers()
     if measured not in ("peak_bytes", "fields_differing"):
         raise ResacctError(f"measured {measured!r}: expected peak_bytes or fields_differing")
     outcome = _repeated_layers(model_type, hidden, layers, heads, kv_heads, mlp, vocab, positions, batch, seq, recipe)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from resacct.checks._transformers import require_transformers
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -71,9 +72,7 @@ def any_architecture(architecture: str, quantity: str, batch: int = 2, seq: int 
     ``step_peak_bytes`` (forward, backward, AdamW step, zero_grad). Quantities: the CPU model's
     ``parameters`` and ``tensors``, ``tokens``, and ``traced`` — the prediction again, for a law
     that has no closed form across architectures (the claim: the meta trace is the CPU step)."""
-    from resacct.checks.hf import _require_transformers
-
-    _require_transformers()
+    require_transformers()
     if architecture not in TINY_CONFIGS or quantity not in _QUANTITIES:
         raise ResacctError(f"architecture {architecture!r} / quantity {quantity!r}: expected one of {', '.join(TINY_CONFIGS)} / {', '.join(_QUANTITIES)}")
     predicted, measured, tensors = _step(architecture, batch, seq)

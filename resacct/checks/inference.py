@@ -7,29 +7,16 @@ values its cache holds when the loop returns, counted by storage — beside
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from resacct.checks._transformers import require_transformers
 from resacct.errors import ResacctError
-from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.harness.registry import Outcome, check
 from resacct.training.seeding import seed_torch
 
-_NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CACHES = ("dynamic", "static")
-
-
-def _require_transformers() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():
-        raise NotMeasurable(problem)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise NotMeasurable(_NO_TRANSFORMERS) from None
 
 
 _QUANTITIES = ("kv_cache_bytes", "weight_bytes")
@@ -45,7 +32,7 @@ def generate_kv_cache(layers: int, kv_heads: int, groups: int, head_dim: int, ba
     resacct's KV-cache formula at ``prompt + new_tokens − 1`` tokens), or ``weight_bytes``, the
     model's parameter storages (predicted: resacct's bytes for its format). Quantities: the query
     heads, the tokens the cache's tensors hold, bytes per element, the parameters by storage."""
-    _require_transformers()
+    require_transformers()
     if dtype not in _DTYPES or cache not in _CACHES or quantity not in _QUANTITIES:
         raise ResacctError(f"dtype {dtype!r} / cache {cache!r} / quantity {quantity!r}: expected one of {', '.join(_DTYPES)} / "
                            f"{', '.join(_CACHES)} / {', '.join(_QUANTITIES)}")

@@ -10,12 +10,11 @@ import contextlib
 import functools
 import io
 import json
-import os
 
+from resacct.checks._transformers import require_transformers
 from resacct.errors import ResacctError
-from resacct.harness.registry import NotMeasurable, Outcome, check
+from resacct.harness.registry import Outcome, check
 
-_NO_TRANSFORMERS = "transformers is not installed (the optional extra: pip install 'resacct[hf]')"
 
 
 @check("plan.hf_config_parameters", evidence="measured", quantities=("layers", "hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab", "plan_parameters"))
@@ -23,15 +22,7 @@ def hf_config_parameters(config: str) -> Outcome:
     """Parameters of a shipped config's model built by transformers on meta (distinct storages);
     predicted: the ``parameters`` field of ``resacct plan --hf-config CONFIG --json``. Quantities:
     the config's shape (layers, hidden, heads, kv_heads, head_dim, mlp, vocab) and plan's count."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():
-        raise NotMeasurable(problem)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise NotMeasurable(_NO_TRANSFORMERS) from None
+    require_transformers()
     return _hf_config_parameters(config)
 
 
@@ -79,17 +70,9 @@ def parameter_breakdown(config: str, component: str) -> Outcome:
     meta, each parameter tensor counted once (a tied head belongs to the embeddings), classified
     by its module path; predicted: ``parameter_breakdown`` of ``resacct plan --hf-config CONFIG
     --json`` (per-layer components times the layers). Quantities: the config's shape."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if component not in _COMPONENTS:
         raise ResacctError(f"component {component!r}: expected one of {', '.join(_COMPONENTS)}")
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():
-        raise NotMeasurable(problem)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise NotMeasurable(_NO_TRANSFORMERS) from None
+    require_transformers()
     measured, planned, shape = _parameter_breakdown(config)
     return Outcome(measured=measured[component], predicted=planned[component], quantities=shape)
 
@@ -132,15 +115,7 @@ def llama_mlp_saved_bytes(batch: int, seq: int, dtype: str = "bfloat16", hidden:
     ``mlp`` module: gate's and up's shared input, SiLU's input and output, up's output, down's
     input); predicted: what ``resacct plan`` counts for that MLP
     (:func:`resacct.formulas.plan.mlp_activation_bytes_per_layer`, gated, one rank)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from resacct.measurement.torch_limits import transformers_unusable
-
-    if problem := transformers_unusable():
-        raise NotMeasurable(problem)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise NotMeasurable(_NO_TRANSFORMERS) from None
+    require_transformers()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
