@@ -177,12 +177,12 @@ write_atomically(sys.argv[1], write)
 def test_next_save_removes_the_temporary_of_a_writer_killed_with_sigkill(tmp_path: Path):
     path = small_checkpoint(tmp_path / "ckpt.pt", step=1)
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=environment)
-    try:
-        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
-    finally:
-        writer.kill()
-        writer.wait(timeout=30)
+    with subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=environment) as writer:
+        try:  # the with block closes its stdout pipe
+            assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        finally:
+            writer.kill()
+            writer.wait(timeout=30)
     leaked = [entry for entry in tmp_path.iterdir() if entry.name != "ckpt.pt"]
     assert [entry.name for entry in leaked] == [f".ckpt.pt.tmp-{writer.pid}-{leaked[0].name[-8:]}"]
     assert leaked[0].stat().st_size == 1_000_000
