@@ -54,6 +54,40 @@ def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(con
     assert "on h100-sxm (CUDA caching allocator, predicted): allocated peak" in text and "step time there (predicted):" in text
 
 
+@pytest.mark.slow  # two CUDA passes of a tiny LoRA step on meta and a third for the old way
+def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -> None:
+    """The step time's ops come from the pass that predicts the peaks: sdpa as the board runs it (flash for a bf16 base
+    on an H100), not sdpa's math path on meta tensors, which materialises the s² scores a flash kernel never writes
+    (llama-3-8b, LoRA 4 × 2048 on an H100: 816 ms against 1,669 ms by the math path's ops; docs/gpu.md)."""
+    pytest.importorskip("peft")
+    from resacct.account.gpu.command_answers import _LORA_TRACES, board_rates, lora_gpu_answer
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
+    from resacct.account.load.hf_models import load_hf_config, transformers_config
+    from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
+    from resacct.facts.hardware import get_accelerator
+
+    board, config = get_accelerator("h100"), transformers_config(load_hf_config(config_path))
+    _LORA_TRACES.clear()
+    answer = lora_gpu_answer(config, rank=8, targets=("q_proj", "v_proj"), base="bf16", batch=2, seq=64, dropout=0.0,
+                             gradient_checkpointing=False, board=board)
+    model = build_lora_model(config, rank=8, targets=("q_proj", "v_proj"), base="bf16", dropout=0.0)
+    model.train()
+    inputs = lora_step_inputs(config, batch=2, seq=64)
+    flash: list = []
+    predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention="flash", ops=flash)
+    assert any("flash_attention" in op.op for op in flash)
+    rates = board_rates(board, 16)
+    assert answer.attention == "flash" and answer.step_sec == predict_step_seconds(flash, rates).step_sec
+    math = trace_step_ops(model, inputs, lora_loss, adamw_over)
+    assert not any("flash_attention" in op.op for op in math) and predict_step_seconds(math, rates).step_sec != answer.step_sec
+    # traced for its peaks only first (a batch search), then timed: the same pass again, the same step time
+    _LORA_TRACES.clear()
+    kwargs = dict(rank=8, targets=("q_proj", "v_proj"), base="bf16", batch=2, seq=64, dropout=0.0, gradient_checkpointing=False, board=board)
+    assert lora_gpu_answer(config, timed=False, **kwargs).step_sec is None
+    assert lora_gpu_answer(config, **kwargs).step_sec == answer.step_sec
+
+
 @pytest.mark.slow  # 1.2 CPU s: the LoRA account and its CUDA trace (measured with 5 agents on 2 cores)
 def test_lora_on_a_board_without_a_record_says_datasheet_only(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     gpu = _json(capsys, "lora", "--hf-config", config_path, "--seq", "16", "--base", "fp32", "--device", "a100")["gpu"]

@@ -111,19 +111,29 @@ def _why(error: BaseException, what: str) -> str:
     return first if isinstance(error, ResacctError) else f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
 
 
-def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str, workspaces: tuple[int, ...] = ()) -> Any:
+def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str, workspaces: tuple[int, ...] = (),
+             ops: list | None = None) -> Any:
     """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel``; a mask moves flash to the efficient
     kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
-    workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start."""
+    workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start. ``ops``:
+    a list that receives the step's aten ops with their FLOPs and bytes from this same pass — attention as
+    the board runs it, the step time's input (only the attempt that succeeded fills it)."""
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
 
+    def attempt(attention: str | None) -> Any:
+        collected: list | None = None if ops is None else []
+        prediction = predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=attention, workspaces=workspaces, ops=collected)
+        if ops is not None and collected is not None:
+            ops[:] = collected
+        return prediction
+
     try:
-        return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=kernel, workspaces=workspaces)
+        return attempt(kernel)
     except ResacctError as error:
         if "never called F.scaled_dot_product_attention" in str(error):
-            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=None, workspaces=workspaces)
+            return attempt(None)
         if "mask" in str(error) and kernel == "flash":
-            return predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention="efficient", workspaces=workspaces)
+            return attempt("efficient")
         raise
 
 
@@ -134,8 +144,9 @@ def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
 def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
                     gradient_checkpointing: bool, board: Any, timed: bool = True) -> GpuStepAnswer:
     """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, and the step time
-    (``timed``: its per-op trace is a second pass over the step, left out where only the peaks are asked)."""
-    from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
+    (``timed``) from the ops of the same pass — attention as the board runs it (flash for a 16-bit base on
+    Ampere and later), as its peaks have it; left out where only the peaks are asked (a batch search)."""
+    from resacct.account.gpu.step_time import predict_step_seconds
     from resacct.account.trace.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
     gap = cuda_board_gap(board)
@@ -160,11 +171,13 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             workspaces = step_workspaces(model, board=board, backward=True)
             while len(_LORA_TRACES) >= _LORA_TRACES_KEPT:  # the oldest goes: a batch search traces a few batches of one step
                 del _LORA_TRACES[next(iter(_LORA_TRACES))]
-            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes),
-                                 trace_step_ops(model, inputs, lora_loss, adamw_over) if timed else None, workspaces, experts, (model, inputs))
+            traced_ops: list | None = [] if timed else None
+            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes, ops=traced_ops),
+                                 traced_ops, workspaces, experts, (model, inputs))
         predicted, ops, workspaces, experts, step = _LORA_TRACES[key]
-        if timed and ops is None:  # traced for its peaks only before
-            ops = trace_step_ops(*step, lora_loss, adamw_over)
+        if timed and ops is None:  # traced for its peaks only before (a batch search): the same pass again, its ops kept
+            ops = []
+            _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops)
             _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
         answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention,
                                calibration_text(board), workspaces=workspaces, experts=experts)
