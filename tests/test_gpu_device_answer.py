@@ -54,6 +54,22 @@ def test_a_bf16_llama_on_meta_gets_cuda_peaks_with_flash_attention(config_path: 
     assert answer.reserved_bytes >= answer.allocated_bytes > 0
 
 
+def test_a_16_bit_step_on_a_v100_gets_the_efficient_kernel_as_lora_and_infer_do(config_path: str) -> None:
+    """Flash attention needs sm80: on a V100 (sm70) sdpa runs its efficient kernel. ``account``/``fit --device`` said
+    flash there (their own rule, not the board's), where ``lora``, ``infer`` and ``shard`` said efficient."""
+    from resacct.account.gpu.command_answers import sdpa_kernel_for
+
+    model = _model(config_path)
+    inputs = default_inputs(model, batch=2, seq=16, device="meta")
+    v100, h100 = get_accelerator("v100"), get_accelerator("h100")
+    assert (sdpa_kernel_for(v100, 16), sdpa_kernel_for(h100, 16), sdpa_kernel_for(h100, 32)) == ("efficient", "flash", "efficient")
+    answer = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("bf16"), optimizer="adamw", board=v100)
+    assert answer.gap is None and answer.attention.startswith("efficient")
+    # the same as the CUDA step predicted directly with the efficient kernel and the cuBLAS workspaces of an sm70 board
+    direct = predict_cuda_step_memory(model.to(torch.bfloat16), inputs, _loss, attention="efficient", workspaces=answer.workspaces.sizes)
+    assert (answer.allocated_bytes, answer.reserved_bytes) == (direct.peak_allocated_bytes, direct.peak_reserved_bytes)
+
+
 def test_a_loss_scaled_recipe_says_why_there_is_no_number(config_path: str) -> None:
     model = _model(config_path)
     inputs = default_inputs(model, batch=1, seq=16, device="meta")

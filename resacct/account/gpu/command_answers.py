@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
-from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text
+from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text, sdpa_kernel_for
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
@@ -44,12 +44,6 @@ def cuda_board_gap(board: Any) -> str | None:
         return None
     return (f"{board.name} ({board.family}) does not run PyTorch's CUDA caching allocator; expected an NVIDIA board "
             f"({', '.join(CUDA_FAMILIES)}): its memory is the datasheet's only")
-
-
-def sdpa_kernel_for(board: Any, dtype_bits: int) -> str:
-    """The kernel sdpa picks there: flash for 16-bit inputs on Ampere and later, else the efficient one
-    (flash attention needs sm80; a V100 is sm70)."""
-    return "flash" if dtype_bits == 16 and board.family != "volta" else "efficient"
 
 
 def board_rates(board: Any, dtype_bits: int) -> Any:

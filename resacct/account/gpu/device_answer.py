@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache 
 from resacct.account.gpu.recorded import H100_RECORD
 from resacct.errors import ResacctError
 
-__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "under_cuda_autocast"]
+__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "under_cuda_autocast"]
 
 # The boards a committed record calibrates, by the datasheet table's name, and what it verified.
 RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
@@ -89,13 +89,19 @@ def calibration_text(board: Any) -> str:
     return f"allocator model of c10 CUDACachingAllocator; verified against record {record[0]} ({record[1]})"
 
 
-def _attention_for(model: nn.Module, dtype_bits: int) -> str | None:
-    """The kernel sdpa picks on a recent NVIDIA board: flash for 16-bit, efficient for float32;
-    None for a model whose attention does not go through sdpa (eager)."""
+def sdpa_kernel_for(board: Any, dtype_bits: int) -> str:
+    """The kernel sdpa picks on ``board``: flash for 16-bit inputs on Ampere and later, else the efficient one
+    (flash attention needs sm80; a V100 is sm70)."""
+    return "flash" if dtype_bits == 16 and board.family != "volta" else "efficient"
+
+
+def _attention_for(model: nn.Module, dtype_bits: int, board: Any) -> str | None:
+    """The kernel sdpa picks on ``board`` (:func:`sdpa_kernel_for`); None for a model whose attention does not
+    go through sdpa (eager)."""
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if implementation not in (None, "sdpa"):
         return None
-    return "flash" if dtype_bits == 16 else "efficient"
+    return sdpa_kernel_for(board, dtype_bits)
 
 
 def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], Any], *, recipe: Any, optimizer: str,
@@ -118,7 +124,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
         autocast_dtype = parse_dtype(recipe.computes_in)
         step = replace(step, loss_fn=under_cuda_autocast(loss_fn, autocast_dtype))
     bits = 16 if autocast_dtype is not None else next((p.element_size() * 8 for p in step.model.parameters()), 32)
-    attention = _attention_for(step.model, bits)
+    attention = _attention_for(step.model, bits, board)
     workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
     library = workspaces.sizes if workspaces is not None else ()
     from resacct.account.gpu.cuda_experts import experts_as_on_cuda

@@ -244,7 +244,7 @@ def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, rank
                                board: Any, timeout_seconds: float = 600.0) -> list[dict[str, Any]]:
     """For each of ``ranks``: the CUDA caching allocator's predicted allocated and reserved peaks of
     one steady ``engine`` step on ``board`` (``model``: a :class:`~resacct.account.fit.search.ModelSource`)."""
-    from resacct.account.gpu.command_answers import sdpa_kernel_for
+    from resacct.account.gpu.device_answer import sdpa_kernel_for
     from resacct.measurement.distributed import run_isolated
 
     kernels = {bits: sdpa_kernel_for(board, bits) for bits in (16, 32)}
