@@ -54,20 +54,25 @@ def test_a_bf16_llama_on_meta_gets_cuda_peaks_with_flash_attention(config_path: 
     assert answer.reserved_bytes >= answer.allocated_bytes > 0
 
 
-def test_a_16_bit_step_on_a_v100_gets_the_efficient_kernel_as_lora_and_infer_do(config_path: str) -> None:
-    """Flash attention needs sm80: on a V100 (sm70) sdpa runs its efficient kernel. ``account``/``fit --device`` said
-    flash there (their own rule, not the board's), where ``lora``, ``infer`` and ``shard`` said efficient."""
+def test_sdpa_runs_on_a_v100_the_kernel_pytorch_allows_there(config_path: str) -> None:
+    """PyTorch's sdp_utils.cpp: flash needs sm80, and before sm80 the memory-efficient kernel takes float16 and float32
+    only — on a V100 (sm70) a bfloat16 step runs sdpa's math path, a float16 one the efficient kernel. ``account`` and
+    ``fit --device`` said flash for any 16-bit step (their own rule, not the board's); ``lora``, ``infer`` and ``shard``
+    said efficient for bfloat16 too."""
     from resacct.account.gpu.command_answers import sdpa_kernel_for
 
-    model = _model(config_path)
-    inputs = default_inputs(model, batch=2, seq=16, device="meta")
     v100, h100 = get_accelerator("v100"), get_accelerator("h100")
-    assert (sdpa_kernel_for(v100, 16), sdpa_kernel_for(h100, 16), sdpa_kernel_for(h100, 32)) == ("efficient", "flash", "efficient")
+    assert [sdpa_kernel_for(v100, dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)] == [None, "efficient", "efficient"]
+    assert [sdpa_kernel_for(h100, dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)] == ["flash", "flash", "efficient"]
+    model = _model(config_path)
+    inputs = default_inputs(model, batch=16, seq=64, device="meta")  # activations above the optimizer step's peak
     answer = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("bf16"), optimizer="adamw", board=v100)
-    assert answer.gap is None and answer.attention.startswith("efficient")
-    # the same as the CUDA step predicted directly with the efficient kernel and the cuBLAS workspaces of an sm70 board
-    direct = predict_cuda_step_memory(model.to(torch.bfloat16), inputs, _loss, attention="efficient", workspaces=answer.workspaces.sizes)
+    assert answer.gap is None and answer.attention == "math (sdpa: no fused kernel for this dtype on this board)"
+    # the same as the CUDA step predicted directly, sdpa left to its math path, with the cuBLAS workspaces of an sm70 board
+    direct = predict_cuda_step_memory(model.to(torch.bfloat16), inputs, _loss, attention=None, workspaces=answer.workspaces.sizes)
     assert (answer.allocated_bytes, answer.reserved_bytes) == (direct.peak_allocated_bytes, direct.peak_reserved_bytes)
+    flash = predict_cuda_step_memory(model.to(torch.bfloat16), inputs, _loss, attention="flash", workspaces=answer.workspaces.sizes)
+    assert flash.peak_allocated_bytes < direct.peak_allocated_bytes  # the math path keeps the s² scores flash never writes
 
 
 def test_a_loss_scaled_recipe_says_why_there_is_no_number(config_path: str) -> None:

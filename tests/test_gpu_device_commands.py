@@ -114,6 +114,14 @@ def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, caps
     assert "on h100-sxm (CUDA caching allocator, predicted)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("weights", "attention"), [("bf16", "math (sdpa: no fused kernel for this dtype on this board)"), ("fp16", "efficient"),
+                                                     ("fp32", "efficient")])
+def test_infer_on_a_v100_runs_the_attention_sm70_has(config_path: str, weights: str, attention: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No flash kernel before sm80, and the efficient one takes bf16 only from sm80 (PyTorch's sdp_utils.cpp)."""
+    gpu = _json(capsys, "infer", "--hf-config", config_path, "--context", "16", "--weights", weights, "--kv-format", weights, "--device", "v100")["gpu"]
+    assert gpu["board"] == "v100-sxm2-32gb" and gpu["gap"] is None and gpu["attention"] == attention
+
+
 def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path: str) -> None:
     """The prefill traced on meta (what ``infer --device`` feeds the allocator model) against the same
     prefill run for real on CPU tensors, both through the allocator model: the same peaks to the byte
@@ -191,7 +199,7 @@ def test_shard_device_adds_each_ranks_cublas_workspaces_to_both_peaks() -> None:
     from resacct.measurement.distributed import run_isolated
 
     source = ModelSource(factory="tests.fixtures_hf_models:tiny_llama")
-    kernels = {16: "flash", 32: "efficient"}  # what sdpa_kernel_for gives an h100
+    kernels = {torch.float32: "efficient", torch.bfloat16: "flash", torch.float16: "flash"}  # what sdpa_kernel_for gives an h100
     bare = run_isolated(_predict_cuda_in_child, source, "zero1", 2, (0,), 2, 16, kernels, None, timeout_seconds=300)
     assert not isinstance(bare, str), bare
     (on_board,) = predict_sharded_cuda_peaks(source, engine="zero1", world_size=2, ranks=(0,), batch=2, seq=16, board=get_accelerator("h100"))

@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
-from resacct.account.gpu.device_answer import GpuStepAnswer, calibration_text, sdpa_kernel_for
+from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
@@ -105,10 +105,10 @@ def _why(error: BaseException, what: str) -> str:
     return first if isinstance(error, ResacctError) else f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
 
 
-def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str, workspaces: tuple[int, ...] = (),
+def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str | None, workspaces: tuple[int, ...] = (),
              ops: list | None = None) -> Any:
-    """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel``; a mask moves flash to the efficient
-    kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
+    """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel`` (None: its math path); a mask moves flash to the
+    efficient kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
     workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start. ``ops``:
     a list that receives the step's aten ops with their FLOPs and bytes from this same pass — attention as
     the board runs it, the step time's input (only the attempt that succeeded fills it)."""
@@ -152,8 +152,10 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         return _unavailable(board, gap)
     from resacct.account.gpu.library_workspaces import step_workspaces
 
+    import torch
+
     bits = 32 if base == "fp32" else 16
-    kernel = sdpa_kernel_for(board, bits)
+    kernel = sdpa_kernel_for(board, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[base])
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
            capability_major(board))
     try:
@@ -173,7 +175,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             ops = []
             _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops)
             _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
-        answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention,
+        answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
                                calibration_text(board), workspaces=workspaces, experts=experts)
         if not timed:
             return answer
@@ -208,11 +210,12 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     workspaces = step_workspaces(model, board=board, backward=False)  # no backward: the forward thread's only
 
     try:
-        predicted = _predict(model, ids, kv_prefill, None, sdpa_kernel_for(board, 32 if weights == "fp32" else 16), workspaces.sizes)
+        kernel = sdpa_kernel_for(board, dtypes[weights])
+        predicted = _predict(model, ids, kv_prefill, None, kernel, workspaces.sizes)
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration_text(board),
-                         workspaces=workspaces, experts=experts,
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
+                         calibration_text(board), workspaces=workspaces, experts=experts,
                          step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
 
 

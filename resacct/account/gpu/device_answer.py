@@ -21,12 +21,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache renders without torch
+    import torch
     from torch import nn
 
 from resacct.account.gpu.recorded import H100_RECORD
 from resacct.errors import ResacctError
 
-__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "under_cuda_autocast"]
+__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "attention_label", "under_cuda_autocast"]
 
 # The boards a committed record calibrates, by the datasheet table's name, and what it verified.
 RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
@@ -89,19 +90,34 @@ def calibration_text(board: Any) -> str:
     return f"allocator model of c10 CUDACachingAllocator; verified against record {record[0]} ({record[1]})"
 
 
-def sdpa_kernel_for(board: Any, dtype_bits: int) -> str:
-    """The kernel sdpa picks on ``board``: flash for 16-bit inputs on Ampere and later, else the efficient one
-    (flash attention needs sm80; a V100 is sm70)."""
-    return "flash" if dtype_bits == 16 and board.family != "volta" else "efficient"
+def sdpa_kernel_for(board: Any, dtype: torch.dtype) -> str | None:
+    """The fused kernel sdpa picks on ``board`` for ``dtype`` inputs (PyTorch's ``sdp_utils.cpp``): flash for float16
+    and bfloat16 on Ampere and later (flash needs sm80), else the memory-efficient one — which before sm80 (a V100
+    is sm70) takes float16 and float32 only: bfloat16 there runs sdpa's math path (None: no fused kernel)."""
+    import torch
+
+    if dtype in (torch.float16, torch.bfloat16) and board.family != "volta":
+        return "flash"
+    if board.family == "volta" and dtype == torch.bfloat16:
+        return None
+    return "efficient"
 
 
-def _attention_for(model: nn.Module, dtype_bits: int, board: Any) -> str | None:
+def attention_label(traced: str, kernel: str | None) -> str:
+    """What ran as attention on the board: ``traced`` (the CUDA step's label), named for what it is where no fused
+    kernel was chosen (``kernel`` None) and sdpa ran its math path on meta tensors — the board's path too."""
+    if kernel is None and traced.startswith("sdpa's choice"):
+        return "math (sdpa: no fused kernel for this dtype on this board)"
+    return traced
+
+
+def _attention_for(model: nn.Module, dtype: torch.dtype, board: Any) -> str | None:
     """The kernel sdpa picks on ``board`` (:func:`sdpa_kernel_for`); None for a model whose attention does not
-    go through sdpa (eager)."""
+    go through sdpa (eager), or where sdpa runs its math path."""
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if implementation not in (None, "sdpa"):
         return None
-    return sdpa_kernel_for(board, dtype_bits)
+    return sdpa_kernel_for(board, dtype)
 
 
 def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], Any], *, recipe: Any, optimizer: str,
@@ -123,8 +139,10 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
 
         autocast_dtype = parse_dtype(recipe.computes_in)
         step = replace(step, loss_fn=under_cuda_autocast(loss_fn, autocast_dtype))
-    bits = 16 if autocast_dtype is not None else next((p.element_size() * 8 for p in step.model.parameters()), 32)
-    attention = _attention_for(step.model, bits, board)
+    import torch
+
+    dtype = autocast_dtype if autocast_dtype is not None else next((p.dtype for p in step.model.parameters()), torch.float32)
+    attention = _attention_for(step.model, dtype, board)
     workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
     library = workspaces.sizes if workspaces is not None else ()
     from resacct.account.gpu.cuda_experts import experts_as_on_cuda
@@ -140,7 +158,8 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
             else:
                 attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
             predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, calibration, workspaces=workspaces,
+    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, attention),
+                         calibration, workspaces=workspaces,
                          experts=experts)
 
 

@@ -131,10 +131,11 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
             run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
-def _attention(kernel: str) -> Any:
-    from resacct.account.gpu.cuda_step import _CudaAttention
+def _attention(kernel: str | None) -> Any:
+    """sdpa routed to ``kernel`` as the board runs it; None: left to its math path, its calls counted."""
+    from resacct.account.gpu.cuda_step import _CudaAttention, _SdpaCalls
 
-    return _CudaAttention(kernel)
+    return _SdpaCalls() if kernel is None else _CudaAttention(kernel)
 
 
 def _op_costs() -> Any:
@@ -159,8 +160,9 @@ def _op_costs() -> Any:
 
 
 def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
-                           kernel_for_bits: dict[int, str], board: Any = None) -> Any:
+                           kernel_for_dtype: dict[Any, str | None], board: Any = None) -> Any:
     """In the child: per rank, the allocator model's peaks (a list of dicts), or a one-line error."""
+    import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -172,8 +174,8 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         target = model.target()
         fixed_seq = seq if seq is not None else target.seq_limit
         net, inputs, loss_fn = target.model, target.make_inputs(batch, fixed_seq), target.loss_fn()
-        bits = 16 if (engine == "fsdp2-bf16" or next((p.element_size() for p in net.parameters()), 4) == 2) else 32
-        kernel = kernel_for_bits[bits]
+        dtype = torch.bfloat16 if engine == "fsdp2-bf16" else next((p.dtype for p in net.parameters()), torch.float32)
+        kernel = kernel_for_dtype.get(dtype)  # another dtype (float64): no fused kernel takes it, sdpa's math path
         workspaces = _rank_workspaces(net, board)
         from resacct.account.peak.rank_classes import representative_ranks
 
@@ -192,13 +194,13 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
                 del work, work_inputs
                 allocator = tracker.allocator
                 answer = {"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes, "peak_reserved_bytes": allocator.peak_reserved_bytes,
-                          "attention": kernel if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
+                          "attention": (kernel or "math") if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
                           "compute_step_sec": None, "compute_step_basis": None, **_workspace_fields(workspaces)}
                 if board is not None:
                     from resacct.account.gpu.command_answers import board_rates
                     from resacct.account.gpu.step_time import predict_step_seconds
 
-                    rates = board_rates(board, bits)
+                    rates = board_rates(board, 16 if dtype in (torch.bfloat16, torch.float16) else 32)
                     time = predict_step_seconds(costs.ops, rates)
                     answer["compute_step_sec"] = time.step_sec
                     answer["compute_step_basis"] = (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; collectives "
@@ -247,7 +249,9 @@ def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, rank
     from resacct.account.gpu.device_answer import sdpa_kernel_for
     from resacct.measurement.distributed import run_isolated
 
-    kernels = {bits: sdpa_kernel_for(board, bits) for bits in (16, 32)}
+    import torch
+
+    kernels = {dtype: sdpa_kernel_for(board, dtype) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
     answer = run_isolated(_predict_cuda_in_child, model, engine, world_size, tuple(ranks), batch, seq, kernels, board, timeout_seconds=timeout_seconds)
     if isinstance(answer, str):
         raise ResacctError(answer)
