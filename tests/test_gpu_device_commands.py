@@ -77,7 +77,7 @@ def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -
     flash: list = []
     predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention="flash", ops=flash)
     assert any("flash_attention" in op.op for op in flash)
-    rates = board_rates(board, 16)
+    rates = board_rates(board, "bf16")
     assert answer.attention == "flash" and answer.step_sec == predict_step_seconds(flash, rates).step_sec
     math = trace_step_ops(model, inputs, lora_loss, adamw_over)
     assert not any("flash_attention" in op.op for op in math) and predict_step_seconds(math, rates).step_sec != answer.step_sec
@@ -112,6 +112,32 @@ def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, caps
     assert gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] > fields["weight_bytes"] + fields["kv_cache_bytes"]
     assert main(["infer", "--hf-config", config_path, "--context", "64", "--device", "h100"]) == 0
     assert "on h100-sxm (CUDA caching allocator, predicted)" in capsys.readouterr().out
+
+
+def test_a_step_time_takes_the_rate_of_its_own_format(capsys: pytest.CaptureFixture[str]) -> None:
+    """fp16 is timed by the fp16 peak (every 16-bit step was timed as bf16: an fp16 LoRA on a V100, which has no bf16
+    peak, lost its peaks with it); the H100 record measured fp32 and bf16 matmuls, not fp16: its datasheet then, said so."""
+    from resacct.account.gpu.command_answers import board_rates
+    from resacct.errors import ResacctError
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
+
+    v100, h100 = get_accelerator("v100"), get_accelerator("h100")
+    assert board_rates(v100, "fp16").matmul_flops_per_sec == pytest.approx(0.7 * peak_flops_per_sec(v100, "fp16"))
+    assert "its record measured no fp16 matmul" in board_rates(h100, "fp16").source
+    assert RECORD in board_rates(h100, "bf16").source and board_rates(h100, "bf16").matmul_flops_per_sec != board_rates(h100, "fp16").matmul_flops_per_sec
+    with pytest.raises(ResacctError, match="no bf16 peak"):
+        board_rates(v100, "bf16")
+    with pytest.raises(ResacctError, match="expected one of fp32, bf16, fp16"):
+        board_rates(h100, "int8")
+
+
+@pytest.mark.slow  # two LoRA accounts and their CUDA traces
+def test_lora_on_a_v100_keeps_its_peaks_where_the_board_has_no_rate(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    bf16 = _json(capsys, "lora", "--hf-config", config_path, "--seq", "32", "--device", "v100")["gpu"]
+    assert bf16["gap"] is None and bf16["predicted_reserved_peak_bytes"] > 0 and bf16["predicted_step_sec"] is None
+    assert "has no bf16 peak" in bf16["step_time_basis"]
+    fp16 = _json(capsys, "lora", "--hf-config", config_path, "--seq", "32", "--base", "fp16", "--device", "v100")["gpu"]
+    assert fp16["gap"] is None and fp16["predicted_step_sec"] > 0 and "fp16 matmul 0.7 × the datasheet's 125 TFLOP/s" in fp16["step_time_basis"]
 
 
 @pytest.mark.parametrize(("weights", "attention"), [("bf16", "math (sdpa: no fused kernel for this dtype on this board)"), ("fp16", "efficient"),

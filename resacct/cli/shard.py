@@ -158,6 +158,8 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
                      f"{verdict} (attention: {rank['attention'] or 'no sdpa call'})")
         if rank.get("compute_step_sec") is not None:
             lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms ({rank['compute_step_basis']})")
+        elif rank.get("compute_step_basis"):
+            lines.append(f"      its compute alone: none ({rank['compute_step_basis']})")
     from resacct.account.gpu.sharded_cuda import workspaces_line
 
     if gpu["ranks"] and (library := workspaces_line(gpu["ranks"][0])) is not None:

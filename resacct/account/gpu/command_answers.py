@@ -31,7 +31,7 @@ from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, ca
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
-__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
+__all__ = ["CUDA_FAMILIES", "FORMAT_OF_DTYPE_NAME", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
 
 #: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
 CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
@@ -46,11 +46,16 @@ def cuda_board_gap(board: Any) -> str | None:
             f"({', '.join(CUDA_FAMILIES)}): its memory is the datasheet's only")
 
 
-def board_rates(board: Any, dtype_bits: int) -> Any:
-    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step in ``dtype_bits``
-    floats: the H100 record's measured matmul rate (fp32 with TF32 off, or bf16) and the per-op host
-    overhead calibrated on its gpt-tiny step; elsewhere the datasheet's dense peak × 0.7 and the same
-    overhead (the host, not the board, issues the ops). Bandwidth: the datasheet × 0.8 (assumed)."""
+#: The number format of a step's matmuls by the dtype of its floats (the datasheet table's names).
+FORMAT_OF_DTYPE_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def board_rates(board: Any, fmt: str) -> Any:
+    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step whose matmuls run in ``fmt``
+    (``fp32``, ``bf16`` or ``fp16``): the H100 record's measured matmul rate (fp32 with TF32 off, or bf16) and the
+    per-op host overhead calibrated on its gpt-tiny step; elsewhere — and for fp16, which the record did not
+    measure — the datasheet's dense peak × 0.7 and the same overhead (the host, not the board, issues the ops).
+    Bandwidth: the datasheet × 0.8 (assumed). A board without a peak in ``fmt`` (a V100 has no bf16): ResacctError."""
     from resacct.account.gpu.device_answer import RECORDS_BY_FAMILY
     from resacct.account.gpu.recorded import H100_RECORD, load_gpu_record, recorded_step, recorded_value
     from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
@@ -62,9 +67,10 @@ def board_rates(board: Any, dtype_bits: int) -> Any:
     calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
     overhead = _calibrated_overhead(tuple(sorted(calibration["config"].items())), calibration["batch"], calibration["seq"], calibration["step_sec"],
                                     fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
-    fmt = "fp32" if dtype_bits == 32 else "bf16"
+    if fmt not in FORMAT_OF_DTYPE_NAME.values():
+        raise ResacctError(f"format {fmt!r}: expected one of {', '.join(FORMAT_OF_DTYPE_NAME.values())}")
     bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
-    if board.name in RECORDS_BY_FAMILY:
+    if board.name in RECORDS_BY_FAMILY and fmt in ("fp32", "bf16"):
         claim = "fp32-matmul-mfu-good-h100" if fmt == "fp32" else "bf16-matmul-mfu-above-half-h100"
         rate = recorded_value(H100_RECORD, record, "gpu_claims", claim, "achieved_flops_per_sec")
         source = (f"{fmt} matmul {rate / 1e12:.1f} TFLOP/s measured in record {H100_RECORD}; bandwidth {BANDWIDTH_EFFICIENCY} × datasheet "
@@ -72,7 +78,8 @@ def board_rates(board: Any, dtype_bits: int) -> Any:
     else:
         peak = peak_flops_per_sec(board, fmt)
         rate = peak * DATASHEET_MATMUL_EFFICIENCY
-        source = (f"no record for {board.name}: {fmt} matmul {DATASHEET_MATMUL_EFFICIENCY} × the datasheet's {peak / 1e12:g} TFLOP/s, bandwidth "
+        recorded = "its record measured no fp16 matmul" if board.name in RECORDS_BY_FAMILY else f"no record for {board.name}"
+        source = (f"{recorded}: {fmt} matmul {DATASHEET_MATMUL_EFFICIENCY} × the datasheet's {peak / 1e12:g} TFLOP/s, bandwidth "
                   f"{BANDWIDTH_EFFICIENCY} × the datasheet's, {overhead * 1e6:.1f} µs per op from the H100 record's {_H100_CALIBRATION_STEP} step")
     return BoardRates(rate, bandwidth, overhead, source)
 
@@ -154,7 +161,6 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 
     import torch
 
-    bits = 32 if base == "fp32" else 16
     kernel = sdpa_kernel_for(board, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[base])
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
            capability_major(board))
@@ -179,10 +185,13 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
                                calibration_text(board), workspaces=workspaces, experts=experts)
         if not timed:
             return answer
-        rates = board_rates(board, bits)
-        time = predict_step_seconds(ops, rates)
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
+    try:
+        rates = board_rates(board, base)
+    except ResacctError as error:  # no peak in the base's format (a V100 has no bf16): the peaks stand, the step time is not known
+        return replace(answer, step_time_basis=str(error))
+    time = predict_step_seconds(ops, rates)
     return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
 

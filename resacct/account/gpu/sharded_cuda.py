@@ -131,6 +131,21 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
             run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
+def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
+    """A rank's compute alone by the per-op roofline (:mod:`~resacct.account.gpu.step_time`), or why there is none (the
+    board has no peak in the step's format: a V100 has no bf16)."""
+    from resacct.account.gpu.command_answers import FORMAT_OF_DTYPE_NAME, board_rates
+    from resacct.account.gpu.step_time import predict_step_seconds
+
+    try:
+        rates = board_rates(board, FORMAT_OF_DTYPE_NAME.get(str(dtype).removeprefix("torch."), "fp32"))
+    except ResacctError as error:
+        return {"compute_step_sec": None, "compute_step_basis": str(error)}
+    time = predict_step_seconds(ops, rates)
+    return {"compute_step_sec": time.step_sec, "compute_step_basis": (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; "
+                                                                      f"collectives not timed (a lower bound); {rates.source}")}
+
+
 def _attention(kernel: str | None) -> Any:
     """sdpa routed to ``kernel`` as the board runs it; None: left to its math path, its calls counted."""
     from resacct.account.gpu.cuda_step import _CudaAttention, _SdpaCalls
@@ -197,14 +212,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
                           "attention": (kernel or "math") if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
                           "compute_step_sec": None, "compute_step_basis": None, **_workspace_fields(workspaces)}
                 if board is not None:
-                    from resacct.account.gpu.command_answers import board_rates
-                    from resacct.account.gpu.step_time import predict_step_seconds
-
-                    rates = board_rates(board, 16 if dtype in (torch.bfloat16, torch.float16) else 32)
-                    time = predict_step_seconds(costs.ops, rates)
-                    answer["compute_step_sec"] = time.step_sec
-                    answer["compute_step_basis"] = (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; collectives "
-                                                    f"not timed (a lower bound); {rates.source}")
+                    answer.update(_compute_time(board, dtype, costs.ops))
                 traced[rank] = answer
             finally:
                 dist.destroy_process_group()
