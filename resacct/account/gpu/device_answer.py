@@ -96,9 +96,12 @@ def sdpa_kernel_for(board: Any, dtype: torch.dtype) -> str | None:
     is sm70) takes float16 and float32 only: bfloat16 there runs sdpa's math path (None: no fused kernel)."""
     import torch
 
-    if dtype in (torch.float16, torch.bfloat16) and board.family != "volta":
+    from resacct.account.gpu.library_workspaces import capability_major
+
+    ampere_or_later = (capability_major(board) or 0) >= 8
+    if dtype in (torch.float16, torch.bfloat16) and ampere_or_later:
         return "flash"
-    if board.family == "volta" and dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 and not ampere_or_later:
         return None
     return "efficient"
 
