@@ -113,6 +113,21 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, fragment):
     assert err.count("\n") == 1 and err.startswith("resacct account: error: ") and fragment in err, err
 
 
+@pytest.mark.parametrize(("recipe", "fmt"), [("fp16-autocast-scaled", "fp16"), ("bf16", "bf16"), ("fp32-adamw", "fp32"), ("mixed", "bf16")])
+def test_the_mfu_peak_is_the_recipes_matmul_format(recipe: str, fmt: str) -> None:
+    """--accelerator's peak is in the format the recipe's matmuls run in: fp16 for fp16-autocast-scaled (it took the bf16
+    peak, and on a V100, which lists none, the command failed)."""
+    import argparse
+
+    from resacct.cli.account import _peak
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
+    from resacct.facts.recipes import get_recipe
+
+    peak, source = _peak(argparse.Namespace(peak_tflops=None, accelerator="v100" if fmt != "bf16" else "h100", recipe=get_recipe(recipe)))
+    board = get_accelerator("v100" if fmt != "bf16" else "h100")
+    assert peak == peak_flops_per_sec(board, fmt) and fmt in source
+
+
 def test_format_quantity():
     assert format_quantity(None, "bytes") == "—"
     assert format_quantity(512, "bytes") == "512 B"

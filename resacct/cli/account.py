@@ -201,10 +201,10 @@ def _peak(args: argparse.Namespace) -> tuple[float | None, str | None]:
         return args.peak_tflops * 1e12, f"given peak {args.peak_tflops:g} TFLOP/s"
     if args.accelerator is None:
         return None, None
-    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec, peak_source_text
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec, peak_format, peak_source_text
 
     board = get_accelerator(args.accelerator)
-    dtype = "fp32" if args.recipe.name == "fp32" else "bf16"
+    dtype = peak_format(args.recipe.computes_in)  # the matmuls' format: fp16 for fp16-autocast-scaled, not bf16
     return peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
 
 

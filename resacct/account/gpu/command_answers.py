@@ -31,10 +31,11 @@ from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, ca
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
-__all__ = ["CUDA_FAMILIES", "FORMAT_OF_DTYPE_NAME", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
+__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
 
 #: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
 CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
+_TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
 _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
 
 
@@ -44,10 +45,6 @@ def cuda_board_gap(board: Any) -> str | None:
         return None
     return (f"{board.name} ({board.family}) does not run PyTorch's CUDA caching allocator; expected an NVIDIA board "
             f"({', '.join(CUDA_FAMILIES)}): its memory is the datasheet's only")
-
-
-#: The number format of a step's matmuls by the dtype of its floats (the datasheet table's names).
-FORMAT_OF_DTYPE_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def board_rates(board: Any, fmt: str) -> Any:
@@ -67,8 +64,8 @@ def board_rates(board: Any, fmt: str) -> Any:
     calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
     overhead = _calibrated_overhead(tuple(sorted(calibration["config"].items())), calibration["batch"], calibration["seq"], calibration["step_sec"],
                                     fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
-    if fmt not in FORMAT_OF_DTYPE_NAME.values():
-        raise ResacctError(f"format {fmt!r}: expected one of {', '.join(FORMAT_OF_DTYPE_NAME.values())}")
+    if fmt not in _TIMED_FORMATS:
+        raise ResacctError(f"format {fmt!r}: expected one of {', '.join(_TIMED_FORMATS)}")
     bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
     if board.name in RECORDS_BY_FAMILY and fmt in ("fp32", "bf16"):
         claim = "fp32-matmul-mfu-good-h100" if fmt == "fp32" else "bf16-matmul-mfu-above-half-h100"

@@ -134,11 +134,12 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
     """A rank's compute alone by the per-op roofline (:mod:`~resacct.account.gpu.step_time`), or why there is none (the
     board has no peak in the step's format: a V100 has no bf16)."""
-    from resacct.account.gpu.command_answers import FORMAT_OF_DTYPE_NAME, board_rates
+    from resacct.account.gpu.command_answers import board_rates
     from resacct.account.gpu.step_time import predict_step_seconds
+    from resacct.facts.hardware import peak_format
 
     try:
-        rates = board_rates(board, FORMAT_OF_DTYPE_NAME.get(str(dtype).removeprefix("torch."), "fp32"))
+        rates = board_rates(board, peak_format(dtype))
     except ResacctError as error:
         return {"compute_step_sec": None, "compute_step_basis": str(error)}
     time = predict_step_seconds(ops, rates)
