@@ -271,11 +271,11 @@ def _time_step(account: StepAccount, net: nn.Module, loss_of: Callable[[nn.Modul
         optimizer.step()
 
     if peak is None and account.device == "cuda":
-        from resacct.facts.hardware import current_accelerator, peak_flops_per_sec, peak_source_text
+        from resacct.facts.hardware import current_accelerator, peak_flops_per_sec, peak_format, peak_source_text
 
         board = current_accelerator()
         if board is not None:
-            dtype = "bf16" if account.recipe.name != "fp32" else "fp32"
+            dtype = peak_format(account.recipe.computes_in)  # the matmuls' format (fp16 for fp16-autocast-scaled)
             peak, source = peak_flops_per_sec(board, dtype), peak_source_text(board, dtype)
     timing = time_callable(step, device=account.device, warmup=1, repeats=3, min_sample_sec=0.0)
     from resacct.measurement.runtime_model import predict_training_step
