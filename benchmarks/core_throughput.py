@@ -3,6 +3,8 @@
     python benchmarks/core_throughput.py                    # 2 processes (a 2-core machine's verify), 3 rounds
     python benchmarks/core_throughput.py --processes 4 --rounds 5
 
+benchmarks/verify_time.py and benchmarks/fit_speed.py (their wall-clock bars) print :func:`probe_line` before and after.
+
 Why (issue 34): ``resacct verify``'s bar is "25 s idle on 2 cores", and its run is CPU-bound — but two virtual CPUs
 are not always two cores' work. On the 2-core Xeon VM of round four (2026-11-29, 23:40), one loop alone took
 2.9-3.4 s and two at once 2.9-4.9 s each: the pair did 1.3-2.0 × one CPU's work, moving from minute to minute
@@ -82,6 +84,16 @@ def summary(processes: int, rounds: Sequence[Round], loops: int = DEFAULT_LOOPS)
     return (f"{processes} processes at once did {statistics.median(one.delivered for one in rounds):.2f} × one CPU's work "
             f"(a pure-Python loop; rounds: {shown}; {processes:.2f} would be {processes} whole cores); "
             f"one alone: {alone:.2f} s for {loops:,} iterations")
+
+
+def probe_line(when: str, *, processes: int = 2, rounds: int = 3, loops: int = DEFAULT_LOOPS) -> str | None:
+    """The line another benchmark prints before and after its runs (``CPUs before: …``); None on a machine of fewer CPUs
+    than ``processes`` (nothing to compare)."""
+    import os
+
+    if (os.cpu_count() or 1) < processes:
+        return None
+    return f"CPUs {when}: {summary(processes, cores_delivered(processes, rounds, loops), loops)}"
 
 
 def main(argv: list[str] | None = None) -> int:

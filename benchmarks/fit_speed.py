@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # core_throughput beside it
 BUDGET_BYTES = 80e9  # an H100 SXM's 80 GB, no reserve
 
 
@@ -124,9 +125,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="rounds of the whole command, cold and warm each (default 2)")
     parser.add_argument("--baseline-root", type=Path, default=None, metavar="PATH",
                         help="also run the cold command from another checkout (e.g. `git worktree add /tmp/base <commit>`), interleaved")
+    parser.add_argument("--no-core-probe", action="store_true",
+                        help="skip measuring what the CPUs deliver before and after the commands (benchmarks/core_throughput.py, ~8 s)")
     args = parser.parse_args()
     if args.only_command:
-        _commands(args.seq or [4096], args.repeats, args.baseline_root)
+        _commands_with_probe(args)
         return 0
     import torch
 
@@ -155,8 +158,21 @@ def main() -> int:
         assert results["previous"][0] == results["affine"][0], results
         print(f"{seq:>6} affine ÷ previous CPU: {results['affine'][1] / results['previous'][1]:.2f}")
     if not args.no_command:
-        _commands(args.seq or [4096], args.repeats, args.baseline_root)
+        _commands_with_probe(args)
     return 0
+
+
+def _commands_with_probe(args: argparse.Namespace) -> None:
+    """The whole command, cold and warm, between two measurements of what the CPUs deliver: its wall bar is judged on a
+    machine whose speed moves (docs/verify_time.md, session 16)."""
+    from core_throughput import probe_line
+
+    for when in ("before", "after"):
+        if when == "after":
+            _commands(args.seq or [4096], args.repeats, args.baseline_root)
+        line = None if args.no_core_probe else probe_line(when)
+        if line is not None:
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # core_throughput beside it, also where this file is loaded as a module
 BAR_SECONDS = 25.0
 OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
@@ -153,16 +154,11 @@ def python_without_resacct() -> str | None:
 def _probe_cores(when: str, skip: bool, *, rounds: int = 3, loops: int | None = None) -> None:
     """Print what 2 processes spinning at once deliver (benchmarks/core_throughput.py): a wall figure of a CPU-bound run
     on 2 virtual CPUs that deliver 1.3 × one CPU's work is not one on 2 whole cores."""
-    if skip or (os.cpu_count() or 1) < 2:
-        return
-    import importlib.util
+    from core_throughput import DEFAULT_LOOPS, probe_line
 
-    spec = importlib.util.spec_from_file_location("core_throughput", Path(__file__).with_name("core_throughput.py"))
-    assert spec is not None and spec.loader is not None
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    loops = loops or probe.DEFAULT_LOOPS
-    print(f"CPUs {when}: {probe.summary(2, probe.cores_delivered(2, rounds=rounds, loops=loops), loops)}", flush=True)
+    line = None if skip else probe_line(when, rounds=rounds, loops=loops or DEFAULT_LOOPS)
+    if line is not None:
+        print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,3 +66,11 @@ def test_verify_time_prints_the_probe_unless_told_not_to(monkeypatch, capsys) ->
     monkeypatch.setattr(script.os, "cpu_count", lambda: 2)
     script._probe_cores("before", skip=False, loops=1000, rounds=1)
     assert capsys.readouterr().out.startswith("CPUs before: 2 processes at once did ")
+
+
+def test_the_probe_line_names_when_and_says_nothing_on_one_cpu(monkeypatch) -> None:
+    script = _script()
+    monkeypatch.setattr(script, "cores_delivered", lambda processes, rounds, loops: [script.Round(1.5, 0.5)] * rounds)
+    assert script.probe_line("after", rounds=2, loops=10).startswith("CPUs after: 2 processes at once did 1.50 × one CPU's work")
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert script.probe_line("before") is None
