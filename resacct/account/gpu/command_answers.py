@@ -156,9 +156,9 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         return _unavailable(board, gap)
     from resacct.account.gpu.library_workspaces import step_workspaces
 
-    import torch
+    from resacct.facts.dtypes import parse_dtype
 
-    kernel = sdpa_kernel_for(board, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[base])
+    kernel = sdpa_kernel_for(board, parse_dtype(base))
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
            capability_major(board))
     try:
