@@ -3,7 +3,7 @@
     python benchmarks/core_throughput.py                    # 2 processes (a 2-core machine's verify), 3 rounds
     python benchmarks/core_throughput.py --processes 4 --rounds 5
 
-benchmarks/verify_time.py and benchmarks/fit_speed.py (their wall-clock bars) print :func:`probe_line` before and after.
+benchmarks/verify_time.py and benchmarks/fit_speed.py (their wall-clock bars) print it before and after (:func:`print_probe`).
 
 Why (issue 34): ``resacct verify``'s bar is "25 s idle on 2 cores", and its run is CPU-bound — but two virtual CPUs
 are not always two cores' work. On the 2-core Xeon VM of round four (2026-11-29, 23:40), one loop alone took
@@ -94,6 +94,13 @@ def probe_line(when: str, *, processes: int = 2, rounds: int = 3, loops: int = D
     if (os.cpu_count() or 1) < processes:
         return None
     return f"CPUs {when}: {summary(processes, cores_delivered(processes, rounds, loops), loops)}"
+
+
+def print_probe(when: str, *, skip: bool = False, rounds: int = 3, loops: int = DEFAULT_LOOPS) -> None:
+    """Print :func:`probe_line` (unless ``skip``: a benchmark's ``--no-core-probe``, or nothing to compare)."""
+    line = None if skip else probe_line(when, rounds=rounds, loops=loops)
+    if line is not None:
+        print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,15 +165,11 @@ def main() -> int:
 def _commands_with_probe(args: argparse.Namespace) -> None:
     """The whole command, cold and warm, between two measurements of what the CPUs deliver: its wall bar is judged on a
     machine whose speed moves (docs/verify_time.md, session 16)."""
-    from core_throughput import probe_line
+    from core_throughput import print_probe
 
-    for when in ("before", "after"):
-        if when == "after":
-            _commands(args.seq or [4096], args.repeats, args.baseline_root)
-        line = None if args.no_core_probe else probe_line(when)
-        if line is not None:
-            print(line, flush=True)
-
+    print_probe("before", skip=args.no_core_probe)
+    _commands(args.seq or [4096], args.repeats, args.baseline_root)
+    print_probe("after", skip=args.no_core_probe)
 
 if __name__ == "__main__":
     raise SystemExit(main())

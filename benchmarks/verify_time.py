@@ -46,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # core_throughput beside it, also where this file is loaded as a module
+from core_throughput import print_probe  # noqa: E402  (what the CPUs delivered, printed before and after the runs)
 BAR_SECONDS = 25.0
 OUTCOMES = ("holds", "refuted", "skipped", "inconclusive", "failed", "invalid")
 
@@ -151,16 +152,6 @@ def python_without_resacct() -> str | None:
             f"e.g. .venv/bin/python benchmarks/verify_time.py")
 
 
-def _probe_cores(when: str, skip: bool, *, rounds: int = 3, loops: int | None = None) -> None:
-    """Print what 2 processes spinning at once deliver (benchmarks/core_throughput.py): a wall figure of a CPU-bound run
-    on 2 virtual CPUs that deliver 1.3 × one CPU's work is not one on 2 whole cores."""
-    from core_throughput import DEFAULT_LOOPS, probe_line
-
-    line = None if skip else probe_line(when, rounds=rounds, loops=loops or DEFAULT_LOOPS)
-    if line is not None:
-        print(line, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", metavar="COMMIT", help="also run that commit's tree (git archive), taking turns")
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
-    _probe_cores("before", args.no_core_probe)
+    print_probe("before", skip=args.no_core_probe)
     with tempfile.TemporaryDirectory() as folder:
         this = _tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT
         trees: dict[str, tuple[Path, list[str], dict[str, str] | None]] = {"this tree": (this, [*selected, *extra], None)}
@@ -200,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(run_verify(tree, options, environment))
                 print(_line(name, runs[name][-1]), flush=True)
     print(f"load average after:  {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
-    _probe_cores("after", args.no_core_probe)
+    print_probe("after", skip=args.no_core_probe)
     medians = {name: statistics.median(float(run["wall"]) for run in done) for name, done in runs.items()}  # type: ignore[arg-type]
     status = 0
     reference, subject = list(runs)[0], list(runs)[-1]

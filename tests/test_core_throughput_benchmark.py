@@ -61,10 +61,10 @@ def test_the_spinning_children_report_their_own_loop_seconds() -> None:
 
 def test_verify_time_prints_the_probe_unless_told_not_to(monkeypatch, capsys) -> None:
     script = load_script("benchmarks/verify_time.py")
-    script._probe_cores("before", skip=True)
+    script.print_probe("before", skip=True)
     assert capsys.readouterr().out == ""
     monkeypatch.setattr(script.os, "cpu_count", lambda: 2)
-    script._probe_cores("before", skip=False, loops=1000, rounds=1)
+    script.print_probe("before", skip=False, loops=1000, rounds=1)
     assert capsys.readouterr().out.startswith("CPUs before: 2 processes at once did ")
 
 
