@@ -187,3 +187,24 @@ def test_every_committed_board_record_replays_exactly(path: Path | None) -> None
     differing = {name: (r.first_segment_mismatch or r.first_misplaced_block or f"peaks {r.peak_allocated_bytes}/{r.peak_reserved_bytes} vs "
                         f"{r.recorded_max_allocated_bytes}/{r.recorded_max_reserved_bytes}") for name, r in differing.items() if not r.holds}
     assert not differing, differing
+
+
+@pytest.mark.parametrize("path", BOARD_RECORDS or [None], ids=lambda p: p.name if p else "none-yet")
+def test_every_committed_board_record_has_its_summary_here_and_shipped(path: Path | None) -> None:
+    """The ``--device`` commands read a record's summary, not the record (resacct.account.gpu.board_record): each record
+    committed under docs/gpu/ has its summary beside it, the record's own ceilings in brief, and a copy an installed
+    resacct ships (resacct/specs/gpu_records/), and every claim the record deserves is in the spec (tools/gpu_record.py --claims)."""
+    if path is None:
+        pytest.skip("no board record committed yet (docs/gpu/*-record.json.gz): run tools/gpu_record.py on a GPU (docs/gpu.md)")
+    from resacct.account.gpu.board_record import PACKAGED_RECORDS, ceilings_in_brief, summary_name_of
+
+    record = json.loads(gzip.open(path, "rt").read())
+    summary_path = path.with_name(summary_name_of(path.name))
+    assert summary_path.is_file(), f"commit {summary_path.name} (the recorder's gpu-record-summary.json) beside {path.name}"
+    summary = json.loads(summary_path.read_text())
+    assert summary["ceilings"] == ceilings_in_brief(record["ceilings"]) and summary["board"] == record["board"] and summary["when"] == record["when"]
+    assert (PACKAGED_RECORDS / summary_path.name).read_bytes() == summary_path.read_bytes(), "resacct/specs/gpu_records/ must hold a copy"
+    spec = (Path(__file__).resolve().parents[1] / "resacct" / "specs" / "gpu_recorded.claims.yaml").read_text()
+    name = f"docs/gpu/{path.name}"
+    recorded = [step["name"] for step in record["steps"] if "error" not in step]
+    assert spec.count(name) >= 5 * len(recorded), f"claims of {name} missing: append `python tools/gpu_record.py --claims {name}`"

@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import gpu_record  # noqa: E402
 import gpu_record_step  # noqa: E402
 
+from resacct.account.gpu.board_record import ceilings_in_brief  # noqa: E402
 from resacct.account.gpu.record import check_record_layout  # noqa: E402
 
 #: one step of each model family and of each recipe kind: the slow test's dry run
@@ -88,6 +89,11 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     summary = json.loads((out / "gpu-record-summary.json").read_text())
     assert summary["failed"] == [] and summary["record_bytes"] < 10 * 2**20 and summary["library_probe_status"] == "ok"
     assert all(row["status"] == "ok" and row["replay"]["holds"] for row in summary["steps"])
+    # the summary the commands read (board_record.board_ceilings): the record's own ceilings in brief, its date and board
+    assert summary["ceilings"] == ceilings_in_brief(record["ceilings"]) and summary["when"] == record["when"] and summary["dry_run"] is True
+    assert set(summary["ceilings"]["matmul_flops_per_sec"]) >= {"bf16", "fp16", "tf32", "fp32"}
+    # each step keeps the config its model was built from (a dry run's tiny one): a replay rebuilds that model
+    assert record["steps"][0]["model_config"]["n_layers"] == 2 and record["steps"][1]["model_config"]["n_embd"] == gpu_record.TINY["n_embd"]
 
 
 @pytest.mark.slow

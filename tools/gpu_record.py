@@ -23,6 +23,8 @@ the allocator model at once, so the call's summary already says whether the mode
                                                  one line each (exit 1 if one does not hold)
     python3 tools/gpu_record.py --compare FILE   on any CPU: predict each recorded step on meta tensors
                                                  (predict_cuda_step_memory) beside what the board did
+    python3 tools/gpu_record.py --claims FILE    on any CPU: a board record's recorded claims, as YAML for
+                                                 resacct/specs/gpu_recorded.claims.yaml (5 per step)
 
 Writes under ``--out`` (default ``$OUT``), three files (a device call returns at most 8):
 ``gpu-record.json.gz`` (the record: docs/gpu.md describes its format), ``gpu-record-summary.json``
@@ -56,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its parts, beside it
 import gpu_record_step  # noqa: E402
 from gpu_record_ceilings import record_ceilings  # noqa: E402
 from gpu_record_matrix import GQA_LLAMA, HF_GPT2, LLAMA_32_1B, MATRIX, MIXTRAL_SMALL, TINY  # noqa: E402,F401  (re-exported)
-from gpu_record_replay import compare_record, predict_recorded_step, replay_record  # noqa: E402,F401
+from gpu_record_claims import claims_yaml  # noqa: E402
+from gpu_record_replay import compare_record, predict_recorded_step, read_record, replay_record  # noqa: E402,F401
 from gpu_record_step import MAX_TRACE_ENTRIES, TIMED_STEPS, TIMED_STEPS_DRY, op_times, record_step  # noqa: E402,F401
 
 
@@ -73,6 +76,12 @@ def _board(dry: bool) -> dict[str, Any]:
     else:
         board["board"] = "dry run on a CPU (no board)"
     return board
+
+
+def _repository_name(path: Path) -> str:
+    """``path`` as the claims name a record: relative to the repository where it lies inside it, else absolute."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
 
 
 def _child(args: list[str], limit_sec: float, env: dict[str, str], log: Any) -> tuple[dict[str, Any] | None, str]:
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-limit", type=float, default=75.0, help="seconds for one step's process (default 75)")
     parser.add_argument("--replay", type=Path, help="a record (.json or .json.gz) to replay through the allocator model")
     parser.add_argument("--compare", type=Path, help="a record whose steps to predict on meta tensors, beside the recorded peaks")
+    parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", action="store_true", help=argparse.SUPPRESS)
@@ -109,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         return replay_record(args.replay)
     if args.compare:
         return compare_record(args.compare)
+    if args.claims:
+        record = read_record(args.claims)
+        if record is None:
+            return 2
+        print(claims_yaml(_repository_name(args.claims), record), end="")
+        return 0
     if args.ceilings:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
         return 0
@@ -162,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         left = args.budget - 10 - (time.perf_counter() - started)
         ceilings, status = _child(["--ceilings", "--budget", str(max(left - 20, 10))] + (["--dry-run"] if args.dry_run else []), max(left, 10), env, log)
         print(json.dumps({"ceilings": status}), flush=True)
+    from resacct.account.gpu.board_record import ceilings_in_brief
     from resacct.account.gpu.record import RECORD_FORMAT
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
@@ -172,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = ([row["name"] for row in summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
               + ([] if library is not None else ["library probe"]))
     (args.out / "gpu-record-summary.json").write_text(json.dumps(
-        {"board": record["board"], "torch": record["torch"], "dry_run": args.dry_run, "seconds": round(time.perf_counter() - started, 1),
+        {"board": record["board"], "when": record["when"], "torch": record["torch"], "capability": record.get("capability"),
+         "total_memory_bytes": record.get("total_memory_bytes"), "dry_run": args.dry_run, "seconds": round(time.perf_counter() - started, 1),
+         "ceilings": ceilings_in_brief(ceilings) if ceilings is not None else None,
          "steps": summary, "ceilings_status": status, "library_probe_status": library_status, "failed": failed,
          "record_bytes": (args.out / "gpu-record.json.gz").stat().st_size}, indent=1) + "\n")
     print(f"== gpu_record: {len(summary) - len(failed)} of {len(summary)} steps ok, {time.perf_counter() - started:.0f} s, files in {args.out}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from resacct.account.gpu.record_models import TINY, build_record_model  # noqa: F401  (TINY re-exported)
+
 #: meta-llama/Llama-3.2-1B's config.json (https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json), built without weights
 LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
@@ -42,45 +44,10 @@ MATRIX: dict[str, tuple[str, Any, str, str, int, int, dict]] = {
     "mixtral-small/bf16-autocast/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "grouped_mm"}),
 }
 
-TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
-        "num_key_value_heads": 2, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "num_local_experts": 4}
-
-
 def build_model(family: str, model: Any, attention: str, extra: dict, dry: bool, device: str) -> tuple[Any, Any]:
-    """The model on ``device`` and its loss ``(model, tokens) → loss``; tiny shapes in a dry run."""
-    import torch
-
-    if family == "resacct":
-        from dataclasses import replace
-
-        from resacct.training.gpt import build_gpt, get_gpt_config
-        config = get_gpt_config(model)
-        if dry:
-            config = replace(config, vocab_size=256, context_length=64, n_layers=2, n_heads=4, d_model=64)
-        net = build_gpt(config, device=device, attention="math" if attention == "math" else "sdpa")
-
-        def loss(m: Any, batch: Any) -> Any:
-            logits = m(batch[0])
-            return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
-        return net, loss
-    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
-    values = dict(model)
-    if dry:
-        values.update({key: value for key, value in TINY.items() if key in values or key == "head_dim" and values["model_type"] != "gpt2"})
-    spec = HfConfigSpec(name=f"recorder-{values['model_type']}", source="tools/gpu_record.py", values=values)
-    net = build_hf_model(spec, device=device, attention="eager" if attention == "eager" else "sdpa")
-    if extra.get("experts"):
-        net.config._experts_implementation = extra["experts"]
-        for module in net.modules():
-            if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
-                module.config._experts_implementation = extra["experts"]
-    if family == "lora":
-        import peft
-        net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
-
-    def loss(m: Any, batch: Any) -> Any:
-        return m(input_ids=batch[0], labels=batch[1]).loss
-    return net, loss
+    """The model on ``device`` and its loss ``(model, tokens) → loss``; tiny shapes in a dry run (the library's
+    builder, :func:`resacct.account.gpu.record_models.build_record_model`: the replay builds the same)."""
+    return build_record_model(family, model, attention, extra, tiny=dry, device=device)
 
 
 def attention_context(attention: str, dry: bool) -> Any:

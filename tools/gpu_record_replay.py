@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_record_matrix import MATRIX, build_model
+from gpu_record_matrix import MATRIX
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -33,34 +33,17 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:
-    """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record names:
-    the same model (on meta), recipe, batch, attention kernel and allocator settings; on a board's
-    record (``capability`` "9.0" …) with the cuBLAS workspaces PyTorch's source gives it (the
-    recorded peaks are absolute: the warm-up steps allocated them), ``env`` the probe's variables."""
-    import torch
+    """:func:`~resacct.account.gpu.record_models.predict_record_step` of a recorded step; what ran taken from
+    :data:`MATRIX` where the step does not say it itself (a step described by hand)."""
+    from resacct.account.gpu.record_models import predict_record_step
 
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.gpu.record import allocator_config_of
-    from resacct.account.peak.recipes import recipe_step
-    from resacct.facts.recipes import parse_recipe
+    from resacct.account.gpu.record_models import built_config
 
-    family, model, recipe, attention, *_ = MATRIX[step["name"]]
-    net, loss_fn = build_model(family, model, attention, step.get("extra", {}), dry, "meta")
-    tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
-    chosen = parse_recipe(recipe)
-    work = recipe_step(chosen, net, (tokens, tokens), loss_fn, "adamw")
-    step_loss = work.loss_fn
-    if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct (cuda_autocast.py)
-        from resacct.account.gpu.device_answer import under_cuda_autocast
-        from resacct.facts.dtypes import parse_dtype
-        step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
-    kernel = attention if attention in ("flash", "efficient") and not dry else None
-    workspaces: tuple[int, ...] = ()
-    if capability and not dry:
-        from resacct.account.gpu.library_workspaces import step_workspaces
-        workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
-    return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
-                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces)
+    matrix = {}
+    if "model_config" not in step and step.get("name") in MATRIX:
+        family, model, recipe, attention, *_ = MATRIX[step["name"]]
+        matrix = {"family": family, "model_config": built_config(family, model, tiny=dry), "recipe": recipe, "attention": attention}
+    return predict_record_step({"extra": {}, **matrix, **step}, dry_run=dry, capability=capability, env=env)
 
 
 def compare_record(path: Path) -> int:
@@ -72,7 +55,7 @@ def compare_record(path: Path) -> int:
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
     for step in record["steps"]:
-        if "error" in step or step["name"] not in MATRIX:
+        if "error" in step:
             continue
         try:
             probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}

@@ -14,6 +14,8 @@ from typing import Any
 
 from gpu_record_matrix import MATRIX, attention_context, build_model
 
+from resacct.account.gpu.record_models import built_config
+
 MAX_TRACE_ENTRIES = 3_000_000
 CUDA_DEVICE = "cuda"  # a test runs the CUDA branch on the CPU against a stubbed torch.cuda
 TIMED_STEPS = 5
@@ -126,7 +128,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
         sync()
     replay = replay_step({**compacted, **peaks}, settings)
     return {"name": name, "family": family, "recipe": recipe, "attention": attention, "batch": batch, "seq": seq, "extra": extra,
-            "model_config": model if isinstance(model, str) else {k: v for k, v in model.items()},
+            "model_config": built_config(family, model, tiny=dry or device != "cuda"),  # the config built: a replay rebuilds this model
             "parameters": sum(p.numel() for p in step.model.parameters()), "allocator_settings": settings,
             "trace_complete": entries < MAX_TRACE_ENTRIES, **peaks, **compacted,
             "step_time_sec": {"median": statistics.median(times), "all": times}, "ops": op_times(prof),

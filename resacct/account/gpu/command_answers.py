@@ -22,10 +22,9 @@ allocator is not what runs there.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import lru_cache
 from typing import Any
 
+from resacct.account.gpu.board_rates import board_rates, with_step_time
 from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
 from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
 from resacct.account.gpu.library_workspaces import capability_major
@@ -35,8 +34,6 @@ __all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", 
 
 #: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
 CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
-_TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
-_H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
 
 
 def cuda_board_gap(board: Any) -> str | None:
@@ -45,58 +42,6 @@ def cuda_board_gap(board: Any) -> str | None:
         return None
     return (f"{board.name} ({board.family}) does not run PyTorch's CUDA caching allocator; expected an NVIDIA board "
             f"({', '.join(CUDA_FAMILIES)}): its memory is the datasheet's only")
-
-
-def board_rates(board: Any, fmt: str) -> Any:
-    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step whose matmuls run in ``fmt``
-    (``fp32``, ``bf16`` or ``fp16``): the H100 record's measured matmul rate (fp32 with TF32 off, or bf16) and the
-    per-op host overhead calibrated on its gpt-tiny step; elsewhere — and for fp16, which the record did not
-    measure — the datasheet's dense peak × 0.7 and the same overhead (the host, not the board, issues the ops).
-    Bandwidth: the datasheet × 0.8 (assumed). A board without a peak in ``fmt`` (a V100 has no bf16): ResacctError."""
-    from resacct.account.gpu.device_answer import RECORDS_BY_FAMILY
-    from resacct.account.gpu.recorded import H100_RECORD, load_gpu_record, recorded_step, recorded_value
-    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
-    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
-
-    record = load_gpu_record(H100_RECORD)
-    h100 = get_accelerator("h100-sxm")
-    fp32_rate = recorded_value(H100_RECORD, record, "gpu_claims", "fp32-matmul-mfu-good-h100", "achieved_flops_per_sec")
-    calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
-    overhead = _calibrated_overhead(tuple(sorted(calibration["config"].items())), calibration["batch"], calibration["seq"], calibration["step_sec"],
-                                    fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
-    if fmt not in _TIMED_FORMATS:
-        raise ResacctError(f"format {fmt!r}: expected one of {', '.join(_TIMED_FORMATS)}")
-    bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
-    if board.name in RECORDS_BY_FAMILY and fmt in ("fp32", "bf16"):
-        claim = "fp32-matmul-mfu-good-h100" if fmt == "fp32" else "bf16-matmul-mfu-above-half-h100"
-        rate = recorded_value(H100_RECORD, record, "gpu_claims", claim, "achieved_flops_per_sec")
-        source = (f"{fmt} matmul {rate / 1e12:.1f} TFLOP/s measured in record {H100_RECORD}; bandwidth {BANDWIDTH_EFFICIENCY} × datasheet "
-                  f"(assumed); {overhead * 1e6:.1f} µs per op calibrated on its {_H100_CALIBRATION_STEP} step")
-    else:
-        peak = peak_flops_per_sec(board, fmt)
-        rate = peak * DATASHEET_MATMUL_EFFICIENCY
-        recorded = "its record measured no fp16 matmul" if board.name in RECORDS_BY_FAMILY else f"no record for {board.name}"
-        source = (f"{recorded}: {fmt} matmul {DATASHEET_MATMUL_EFFICIENCY} × the datasheet's {peak / 1e12:g} TFLOP/s, bandwidth "
-                  f"{BANDWIDTH_EFFICIENCY} × the datasheet's, {overhead * 1e6:.1f} µs per op from the H100 record's {_H100_CALIBRATION_STEP} step")
-    return BoardRates(rate, bandwidth, overhead, source)
-
-
-@lru_cache(maxsize=2)
-def _calibrated_overhead(config: tuple, batch: int, seq: int, step_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
-    from resacct.account.gpu.step_time import calibrate_overhead
-
-    return calibrate_overhead(_gpt_ops(dict(config), batch, seq), step_sec, matmul_flops_per_sec, bandwidth_bytes_per_sec)
-
-
-def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
-    import torch
-
-    from resacct.account.gpu.step_time import trace_step_ops
-    from resacct.measurement.activation_checkpointing import gpt_loss
-    from resacct.training.gpt import GPTConfig, build_gpt
-
-    tokens = torch.zeros(batch, seq, dtype=torch.long)
-    return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))
 
 
 _LORA_TRACES: dict[tuple, tuple[Any, list | None, Any, str | None, tuple]] = {}  # the last LoRA steps traced: (CUDA prediction, ops (None: not yet), workspaces, experts, (model, inputs))
@@ -144,7 +89,6 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
     """The LoRA step of ``config``'s model on ``board``: CUDA allocated and reserved peaks, and the step time
     (``timed``) from the ops of the same pass — attention as the board runs it (flash for a 16-bit base on
     Ampere and later), as its peaks have it; left out where only the peaks are asked (a batch search)."""
-    from resacct.account.gpu.step_time import predict_step_seconds
     from resacct.account.trace.lora_step import TRACED_BASES, adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
     gap = cuda_board_gap(board)
@@ -184,12 +128,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             return answer
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
         return _unavailable(board, _why(error, "the LoRA step"))
-    try:
-        rates = board_rates(board, base)
-    except ResacctError as error:  # no peak in the base's format (a V100 has no bf16): the peaks stand, the step time is not known
-        return replace(answer, step_time_basis=str(error))
-    time = predict_step_seconds(ops, rates)
-    return replace(answer, step_sec=time.step_sec, step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
+    return with_step_time(answer, ops, board, base)
 
 
 def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str, kv_format: str, board: Any) -> GpuStepAnswer:

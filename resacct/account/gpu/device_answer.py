@@ -24,13 +24,11 @@ if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache 
     import torch
     from torch import nn
 
-from resacct.account.gpu.recorded import H100_RECORD
+from resacct.account.gpu.recorded import RECORDS_BY_FAMILY
 from resacct.errors import ResacctError
 
 __all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "attention_label", "under_cuda_autocast"]
 
-# The boards a committed record calibrates, by the datasheet table's name, and what it verified.
-RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,7 @@ class GpuStepAnswer:
     gap: str | None = None
     step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
     step_time_basis: str | None = None  # how it was predicted (or why there is no step)
+    mfu: float | None = None  # the step's FLOPs ÷ its predicted time ÷ the board's datasheet peak in the step's format
     workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
     experts: str | None = None  # how a mixture of experts' experts ran (grouped, as on a CUDA board: cuda_experts.py); None: no experts switched
 
@@ -61,7 +60,8 @@ class GpuStepAnswer:
     def _time_lines(self) -> list[str]:
         if self.step_sec is None:
             return [] if self.step_time_basis is None else [f"  step time: none ({self.step_time_basis})"]
-        return [f"  step time there (predicted): {self.step_sec * 1e3:.4g} ms ({self.step_time_basis})"]
+        mfu = "" if self.mfu is None else f", MFU {self.mfu:.2f}"
+        return [f"  step time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu} ({self.step_time_basis})"]
 
     def note(self) -> str:
         """One line for a command's notes (``--json``): the peaks in bytes, or the gap, and the calibration."""
@@ -71,19 +71,28 @@ class GpuStepAnswer:
                 f"(attention {self.attention}); {self.calibration}"
                 + ("" if self.workspaces is None else f"; cuBLAS workspaces {self.workspaces.total_bytes} B in the peaks ({self.workspaces.basis})")
                 + ("" if self.experts is None else f"; experts {self.experts}")
-                + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s ({self.step_time_basis})"))
+                + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s" + ("" if self.mfu is None else f", MFU {self.mfu:.3f}")
+                   + f" ({self.step_time_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
-                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis,
+                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis, "predicted_mfu": self.mfu,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
                 "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
                 "experts": self.experts}
 
 
 def calibration_text(board: Any) -> str:
-    """What calibrates the allocator model on ``board`` (an :class:`~resacct.facts.hardware.Accelerator`)."""
+    """What calibrates the allocator model on ``board`` (an :class:`~resacct.facts.hardware.Accelerator`): its newest
+    committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`; its steps replayed and predicted by the
+    recorded claims of ``resacct verify``), else round three's H100 record, else the datasheet."""
+    from resacct.account.gpu.board_record import board_ceilings
+
+    measured = board_ceilings(board)
+    if measured is not None:
+        return (f"allocator model of c10 CUDACachingAllocator; record {measured.record_file} ({measured.cuda_name}, {measured.when[:10]}, "
+                f"{measured.steps_recorded} steps): `resacct verify --area gpu_recorded` replays and predicts each")
     record = RECORDS_BY_FAMILY.get(board.name)
     if record is None:
         return f"allocator model of c10 CUDACachingAllocator; no record for this board ({board.name}): datasheet only"
@@ -124,9 +133,11 @@ def _attention_for(model: nn.Module, dtype: torch.dtype, board: Any) -> str | No
 
 
 def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], Any], *, recipe: Any, optimizer: str,
-                    board: Any) -> GpuStepAnswer:
+                    board: Any, timed: bool = False) -> GpuStepAnswer:
     """The CUDA allocated and reserved peaks of ``recipe``'s step of ``model`` on ``board`` (the
-    model on the meta device or the CPU; nothing allocated), or the one-line reason there is none."""
+    model on the meta device or the CPU; nothing allocated), or the one-line reason there is none;
+    ``timed``: and the step time, from the aten ops of the same pass
+    (:func:`~resacct.account.gpu.board_rates.with_step_time`: the matmuls in the recipe's compute format)."""
     from resacct.account.gpu.cuda_step import predict_cuda_step_memory
     from resacct.account.gpu.library_workspaces import capability_major, step_workspaces
     from resacct.account.peak.recipes import recipe_step
@@ -150,9 +161,11 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     library = workspaces.sizes if workspaces is not None else ()
     from resacct.account.gpu.cuda_experts import experts_as_on_cuda
 
+    ops: list[Any] | None = [] if timed else None
     with experts_as_on_cuda(step.model) as experts:  # grouped_mm, as transformers runs them on the board; batched_mm again after
         try:
-            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
+            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
+                                                 ops=ops)
         except ResacctError as error:
             if attention != "flash" or "mask" not in str(error):
                 if "never called F.scaled_dot_product_attention" not in str(error):
@@ -160,10 +173,17 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
                 attention = None
             else:
                 attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
-            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library)
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, attention),
-                         calibration, workspaces=workspaces,
-                         experts=experts)
+            ops = [] if timed else None  # the first pass's ops go with it
+            predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
+                                                 ops=ops)
+    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, attention),
+                           calibration, workspaces=workspaces, experts=experts)
+    if ops is None:
+        return answer
+    from resacct.account.gpu.board_rates import with_step_time
+    from resacct.facts.hardware import peak_format
+
+    return with_step_time(answer, ops, board, peak_format(recipe.computes_in))
 
 
 def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) -> Callable[[nn.Module, Any], Any]:
@@ -189,7 +209,7 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
     model.train()
     inputs = default_inputs(model, batch=account.batch, seq=account.seq, device="meta")
     answer = gpu_step_answer(model, inputs, lambda module, batch: loss_of_output(call_model(module, batch), "model"),
-                             recipe=account.recipe, optimizer=account.optimizer, board=board)
+                             recipe=account.recipe, optimizer=account.optimizer, board=board, timed=True)
     account.notes.append(answer.note())
     return "\n" + "\n".join(answer.lines(bytes_text))
 
@@ -201,7 +221,7 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
     board's step (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels'
     answer, up or down: a board's flash attention may hold far less than the CPU's math path), at most
     ``max_traces`` steps traced. Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest
-    that fits, else the smallest traced), ``largest`` (the size whose reserved peak fits; None: none found
+    that fits, else the smallest traced, with its step time), ``largest`` (the size whose reserved peak fits; None: none found
     or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`;
     None where the first step has no prediction)."""
     from resacct.account.peak.recipes import model_in_dtype
@@ -214,7 +234,7 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
 
     def step_at(size: int) -> GpuStepAnswer:
         inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
-        return gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board)
+        return gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board, timed=True)
 
     return _largest_on_the_board(answer, step_at, max_traces)
 

@@ -134,7 +134,7 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
     """A rank's compute alone by the per-op roofline (:mod:`~resacct.account.gpu.step_time`), or why there is none (the
     board has no peak in the step's format: a V100 has no bf16)."""
-    from resacct.account.gpu.command_answers import board_rates
+    from resacct.account.gpu.board_rates import board_rates
     from resacct.account.gpu.step_time import predict_step_seconds
     from resacct.facts.hardware import peak_format
 

@@ -1,0 +1,100 @@
+"""A board's rates for the GPU step time (:mod:`resacct.account.gpu.step_time`): the most matmul FLOP/s in the
+step's format, the memory bandwidth, the host's seconds per op — measured where a committed record has the board,
+else the datasheet's — and a :class:`~resacct.account.gpu.device_answer.GpuStepAnswer` given its step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from resacct.errors import ResacctError
+
+__all__ = ["TIMED_FORMATS", "board_rates", "with_step_time"]
+
+TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
+_H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
+
+
+def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
+    """``answer`` (a :class:`~resacct.account.gpu.device_answer.GpuStepAnswer`) with the step time of ``ops`` (the same
+    pass's aten ops) on ``board``, its matmuls in ``fmt``; where the board has no peak in ``fmt`` (a V100 has no bf16)
+    the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the datasheet's dense peak in ``fmt``."""
+    from resacct.account.gpu.step_time import predict_step_seconds
+
+    try:
+        rates = board_rates(board, fmt)
+    except ResacctError as error:
+        return replace(answer, step_time_basis=str(error))
+    from resacct.facts.hardware import peak_flops_per_sec
+
+    time = predict_step_seconds(ops, rates)
+    try:
+        peak: float | None = peak_flops_per_sec(board, fmt)
+    except ResacctError:  # a record measured a format the datasheet table gives no peak for: the time stands, no MFU
+        peak = None
+    return replace(answer, step_sec=time.step_sec, mfu=time.flops / time.step_sec / peak if peak and time.step_sec > 0 else None,
+                   step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
+
+
+def board_rates(board: Any, fmt: str) -> Any:
+    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step whose matmuls run in ``fmt``
+    (``fp32``, ``bf16`` or ``fp16``). A board with a committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`,
+    the newest): its measured ceilings — the most matmul FLOP/s in ``fmt`` over the recorder's sweep (fp32 with TF32 off),
+    the copy bandwidth, a kernel launch's seconds per op. Else the H100 record of round three: its measured fp32/bf16
+    matmul rates and the per-op host overhead calibrated on its gpt-tiny step; elsewhere — and for fp16, which it did
+    not measure — the datasheet's dense peak × 0.7 and the same overhead (the host, not the board, issues the ops).
+    Bandwidth there: the datasheet × 0.8 (assumed). A board without a peak in ``fmt`` (a V100 has no bf16): ResacctError."""
+    from resacct.account.gpu.board_record import board_ceilings
+    from resacct.account.gpu.recorded import H100_RECORD, RECORDS_BY_FAMILY, load_gpu_record, recorded_step, recorded_value
+    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
+    from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
+
+    if fmt not in TIMED_FORMATS:
+        raise ResacctError(f"format {fmt!r}: expected one of {', '.join(TIMED_FORMATS)}")
+    measured = board_ceilings(board)
+    if measured is not None and fmt in measured.matmul_flops_per_sec and measured.copy_bandwidth_bytes_per_sec and measured.launch_sec:
+        rate = measured.matmul_flops_per_sec[fmt]
+        return BoardRates(rate, measured.copy_bandwidth_bytes_per_sec, measured.launch_sec,
+                          f"measured in record {measured.record_file} ({measured.when[:10]}): {fmt} matmul {rate / 1e12:.1f} TFLOP/s (the most "
+                          f"over its sweep), copy {measured.copy_bandwidth_bytes_per_sec / 1e12:.2f} TB/s, {measured.launch_sec * 1e6:.1f} µs "
+                          "per op (a kernel launch)")
+    record = load_gpu_record(H100_RECORD)
+    h100 = get_accelerator("h100-sxm")
+    fp32_rate = recorded_value(H100_RECORD, record, "gpu_claims", "fp32-matmul-mfu-good-h100", "achieved_flops_per_sec")
+    calibration = recorded_step(H100_RECORD, record, _H100_CALIBRATION_STEP)
+    overhead = _calibrated_overhead(tuple(sorted(calibration["config"].items())), calibration["batch"], calibration["seq"], calibration["step_sec"],
+                                    fp32_rate, h100.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY)
+    bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
+    if board.name in RECORDS_BY_FAMILY and fmt in ("fp32", "bf16"):
+        claim = "fp32-matmul-mfu-good-h100" if fmt == "fp32" else "bf16-matmul-mfu-above-half-h100"
+        rate = recorded_value(H100_RECORD, record, "gpu_claims", claim, "achieved_flops_per_sec")
+        source = (f"{fmt} matmul {rate / 1e12:.1f} TFLOP/s measured in record {H100_RECORD}; bandwidth {BANDWIDTH_EFFICIENCY} × datasheet "
+                  f"(assumed); {overhead * 1e6:.1f} µs per op calibrated on its {_H100_CALIBRATION_STEP} step")
+    else:
+        peak = peak_flops_per_sec(board, fmt)
+        rate = peak * DATASHEET_MATMUL_EFFICIENCY
+        recorded = (f"record {measured.record_file} measured no {fmt} matmul" if measured is not None
+                    else "its record measured no fp16 matmul" if board.name in RECORDS_BY_FAMILY else f"no record for {board.name}")
+        source = (f"{recorded}: {fmt} matmul {DATASHEET_MATMUL_EFFICIENCY} × the datasheet's {peak / 1e12:g} TFLOP/s, bandwidth "
+                  f"{BANDWIDTH_EFFICIENCY} × the datasheet's, {overhead * 1e6:.1f} µs per op from the H100 record's {_H100_CALIBRATION_STEP} step")
+    return BoardRates(rate, bandwidth, overhead, source)
+
+
+@lru_cache(maxsize=2)
+def _calibrated_overhead(config: tuple, batch: int, seq: int, step_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+    from resacct.account.gpu.step_time import calibrate_overhead
+
+    return calibrate_overhead(_gpt_ops(dict(config), batch, seq), step_sec, matmul_flops_per_sec, bandwidth_bytes_per_sec)
+
+
+def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
+    import torch
+
+    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.measurement.activation_checkpointing import gpt_loss
+    from resacct.training.gpt import GPTConfig, build_gpt
+
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    return trace_step_ops(build_gpt(GPTConfig(**config), device="meta", seed=None), (tokens, tokens), lambda m, b: gpt_loss(m, *b))

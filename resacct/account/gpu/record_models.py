@@ -1,0 +1,140 @@
+"""The models of a GPU record's steps (issue 31), built the one way the recorder built them and the
+replay predicts them: resacct's GPT by name, or a transformers causal LM from the config the record
+holds (no weights, no network), its experts implementation and LoRA adapters as the step names.
+
+The recorder (``tools/gpu_record.py``) builds each step's model here on the board; a recorded claim
+(:mod:`resacct.checks.gpu_record_steps`) and ``--compare`` build the same step here on meta tensors
+and predict it (:func:`predict_record_step`): the step is described by the record itself (``family``,
+``model_config``, ``recipe``, ``attention``, ``batch``, ``seq``, ``extra``), so a record stays
+predictable when the recorder's matrix changes. A dry run (on a CPU, ``tiny``) shrinks every model to
+:data:`TINY`'s sizes, and its record keeps the shrunk config (:func:`built_config`).
+
+>>> net, loss = build_record_model("resacct", "gpt2-small", "math", {}, tiny=True, device="meta")
+>>> net.config.n_layers, net.config.d_model, sum(p.numel() for p in net.parameters())
+(2, 64, 120064)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from resacct.errors import ResacctError
+
+__all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step"]
+
+#: the sizes a dry run shrinks every model to (a CPU runs its steps in seconds)
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
+        "num_key_value_heads": 2, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "num_local_experts": 4}
+
+#: what a step's ``family`` names: resacct's GPT (``model`` a preset name), a transformers causal LM (``model`` its
+#: config), or that LM with LoRA r=16 on q_proj and v_proj (peft)
+FAMILIES = ("resacct", "hf", "lora")
+
+
+def built_config(family: str, model: Any, *, tiny: bool) -> dict[str, Any]:
+    """The config a step's model is built from, as the record keeps it (``model_config``): resacct's GPT's
+    fields (``model`` a preset name, or those fields), or the transformers config's values; ``tiny``:
+    shrunk to :data:`TINY`'s sizes (a dry run) — so a record names the model that ran, whatever its matrix said."""
+    from dataclasses import asdict
+
+    if family not in FAMILIES:
+        raise ResacctError(f"recorded step family {family!r}: expected one of {', '.join(FAMILIES)}")
+    if family == "resacct":
+        from resacct.training.gpt import GPTConfig, get_gpt_config
+
+        if isinstance(model, str):
+            config = get_gpt_config(model)
+        elif isinstance(model, dict):
+            try:
+                config = GPTConfig(**model)
+            except TypeError as error:
+                raise ResacctError(f"recorded step of resacct's GPT: model_config {model!r} is not a GPTConfig ({error})") from None
+        else:
+            raise ResacctError(f"recorded step of resacct's GPT: model {model!r}; expected a preset name such as 'gpt2-small' or its fields")
+        if tiny:
+            config = replace(config, vocab_size=256, context_length=64, n_layers=2, n_heads=4, d_model=64)
+        return asdict(config)
+    if not isinstance(model, dict) or "model_type" not in model:
+        raise ResacctError(f"recorded step of a transformers model: model_config {model!r}; expected a config with model_type")
+    values = dict(model)
+    if tiny:
+        values.update({key: value for key, value in TINY.items() if key in values or key == "head_dim" and values["model_type"] != "gpt2"})
+    return values
+
+
+def build_record_model(family: str, model: Any, attention: str, extra: dict[str, Any], *, tiny: bool, device: str) -> tuple[Any, Any]:
+    """The model of a recorded step on ``device`` and its loss ``(model, (tokens, targets)) → loss``, from
+    :func:`built_config` (``tiny``: :data:`TINY`'s sizes). ``attention``: ``math`` builds resacct's GPT with its
+    own matmuls, ``eager`` a transformers model with transformers' (anything else: sdpa)."""
+    import torch
+
+    values = built_config(family, model, tiny=tiny)
+    if family == "resacct":
+        from resacct.training.gpt import GPTConfig, build_gpt
+
+        net = build_gpt(GPTConfig(**values), device=device, attention="math" if attention == "math" else "sdpa")
+
+        def gpt_loss(m: Any, batch: Any) -> Any:
+            logits = m(batch[0])
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
+        return net, gpt_loss
+    from resacct.account.load.hf_models import HfConfigSpec, build_hf_model
+
+    spec = HfConfigSpec(name=f"recorder-{values['model_type']}", source="tools/gpu_record.py", values=values)
+    net = build_hf_model(spec, device=device, attention="eager" if attention == "eager" else "sdpa")
+    if extra.get("experts"):
+        net.config._experts_implementation = extra["experts"]
+        for module in net.modules():
+            if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
+                module.config._experts_implementation = extra["experts"]
+    if family == "lora":
+        try:
+            import peft
+        except ImportError:
+            raise ResacctError("a recorded LoRA step needs peft; expected it installed: pip install 'resacct[finetune]'") from None
+        net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+
+    def hf_loss(m: Any, batch: Any) -> Any:
+        return m(input_ids=batch[0], labels=batch[1]).loss
+    return net, hf_loss
+
+
+def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
+                        ops: list[Any] | None = None) -> Any:
+    """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record describes
+    (``step``: its ``family``, ``model_config``, ``recipe``, ``attention``, ``batch``, ``seq``, ``extra``
+    and ``allocator_settings``), built on meta: the same model, recipe, batch, attention kernel and
+    allocator settings (``model_config``: the config built, a dry run's already tiny). On a board's record (``capability`` "9.0" …) the cuBLAS workspaces PyTorch's
+    source gives it are added (the recorded peaks are absolute: the warm-up steps allocated them),
+    ``env`` the library probe's variables. ``ops``: a list that receives the step's aten ops with their
+    FLOPs and bytes (the step time's input, from the same pass)."""
+    import torch
+
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.record import allocator_config_of
+    from resacct.account.peak.recipes import recipe_step
+    from resacct.facts.recipes import parse_recipe
+
+    missing = [key for key in ("family", "model_config", "recipe", "attention", "batch", "seq") if key not in step]
+    if missing:
+        raise ResacctError(f"recorded step {step.get('name')!r} lacks {', '.join(missing)}; expected what ran, as tools/gpu_record.py records it")
+    attention = step["attention"]
+    net, loss_fn = build_record_model(step["family"], step["model_config"], attention, step.get("extra") or {}, tiny=False, device="meta")
+    tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
+    chosen = parse_recipe(step["recipe"])
+    work = recipe_step(chosen, net, (tokens, tokens), loss_fn, "adamw")
+    step_loss = work.loss_fn
+    if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct (cuda_autocast.py)
+        from resacct.account.gpu.device_answer import under_cuda_autocast
+        from resacct.facts.dtypes import parse_dtype
+
+        step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
+    kernel = attention if attention in ("flash", "efficient") and not dry_run else None  # a dry run ran the CPU's kernels: sdpa's choice
+    workspaces: tuple[int, ...] = ()
+    if capability and not dry_run:
+        from resacct.account.gpu.library_workspaces import step_workspaces
+
+        workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
+    return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
+                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops)

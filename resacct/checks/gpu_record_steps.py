@@ -1,0 +1,145 @@
+"""A board's record (``resacct-gpu-record/1``, ``tools/gpu_record.py``) replayed and predicted on any
+machine (issue 31, part 5): evidence ``recorded``, area ``gpu_recorded``.
+
+Per recorded step three kinds of claim, each reading its **measurement** from the committed record
+(:mod:`resacct.account.gpu.board_record`) and making its **prediction** now:
+
+- ``gpu_recorded.board_step_replay`` — the allocator trace the board recorded, run through resacct's
+  model of the CUDA caching allocator (:func:`~resacct.account.gpu.record.replay_step`): its allocated or
+  reserved peak over the measured step beside ``max_memory_allocated`` / ``max_memory_reserved``;
+- ``gpu_recorded.board_step_peak`` — the step rebuilt on meta tensors from what the record says ran
+  (:func:`~resacct.account.gpu.record_models.predict_record_step`): the predicted peak beside the board's;
+- ``gpu_recorded.board_step_time`` — the step's aten ops (from the same pass) priced by the record's own
+  ceilings (the most matmul FLOP/s of the step's format, the copy bandwidth; per op the launch overhead
+  measured, or one calibrated on other steps named by ``calibrate_on``, never the judged one), beside the
+  median step time the board measured.
+
+Every outcome names the board, the date and the record file. A dry run's record is refused (a CPU made
+it). ``replay=False``: a record's content is not in a stored measurement's key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resacct.account.gpu.board_record import board_record_step, read_board_record
+from resacct.account.gpu.recorded import record_path, record_source
+from resacct.errors import ResacctError
+from resacct.harness.registry import Outcome, check
+from resacct.measurement.memo import shared_measurement
+
+SOURCE = ("board", "recorded_on", "record_file")
+PEAKS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
+
+
+def _peak_key(peak: str) -> str:
+    if peak not in PEAKS:
+        raise ResacctError(f"peak {peak!r}: expected one of {', '.join(PEAKS)}")
+    return PEAKS[peak]
+
+
+@check("gpu_recorded.board_step_replay", evidence="recorded",
+       quantities=("replayed_bytes", "replay_exact", "first_mismatch", "segment_events", *SOURCE), replay=False)
+def board_step_replay(record: str, step: str, peak: str) -> Outcome:
+    """The board's ``max_memory_<peak>`` over the recorded step, beside the same peak of the allocator
+    model replaying the step's recorded allocations and frees; ``replay_exact``: every segment event and
+    every block's place matched too (``first_mismatch`` says where not)."""
+    from resacct.account.gpu.record import replay_step
+
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    result = replay_step(entry, entry.get("allocator_settings"))
+    replayed = result.peak_allocated_bytes if peak == "allocated" else result.peak_reserved_bytes
+    return Outcome(measured=entry[_peak_key(peak)], predicted=replayed, quantities={
+        "replayed_bytes": replayed, "replay_exact": result.holds, "first_mismatch": result.first_segment_mismatch or result.first_misplaced_block,
+        "segment_events": result.segment_events, **record_source(record, data)})
+
+
+@shared_measurement
+def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, list[Any], str]:
+    """The recorded step rebuilt on meta and predicted (allocated and reserved peaks, the aten ops with their
+    FLOPs and bytes, the attention traced): one pass serves the step's peak and time claims."""
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
+    from resacct.account.gpu.record_models import predict_record_step
+
+    ops: list[Any] = []
+    predicted = predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops)
+    return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention
+
+
+def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str]:
+    return _predicted_step(record, step, record_path(record).stat().st_mtime_ns)
+
+
+@check("gpu_recorded.board_step_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=False)
+def board_step_peak(record: str, step: str, peak: str) -> Outcome:
+    """The board's ``max_memory_<peak>`` over the recorded step, beside the peak predicted now: the step
+    rebuilt on meta tensors from what the record says ran (model config, recipe, batch, attention kernel,
+    allocator settings, the cuBLAS workspaces of the board's capability) through the allocator model."""
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    allocated, reserved, _, attention = _prediction(record, step)
+    predicted = allocated if _peak_key(peak) == "max_memory_allocated" else reserved
+    return Outcome(measured=entry[PEAKS[peak]], predicted=predicted,
+                   quantities={"predicted_bytes": predicted, "attention": attention, **record_source(record, data)})
+
+
+_TIME_QUANTITIES = ("predicted_step_sec", "gpu_sec", "host_sec", "ops", "matmul_format", "matmul_flops_per_sec", "bandwidth_bytes_per_sec",
+                    "overhead_sec_per_op", "overhead_from", "predicted_mfu", "measured_mfu", *SOURCE)
+
+
+def _record_rates(record: str, data: dict[str, Any], fmt: str) -> tuple[float, float, float]:
+    """(matmul FLOP/s of ``fmt``, copy bandwidth, one launch's seconds) the record measured."""
+    from resacct.account.gpu.board_record import ceilings_in_brief
+
+    brief = ceilings_in_brief(data["ceilings"])
+    rate = brief["matmul_flops_per_sec"].get(fmt)
+    if rate is None or brief["copy_bandwidth_bytes_per_sec"] is None or brief["launch_sec"] is None:
+        raise ResacctError(f"GPU record {record}: its ceilings lack the {fmt} matmul rate, the copy bandwidth or the launch time "
+                           f"(measured: {', '.join(brief['matmul_flops_per_sec']) or 'no matmul'}); expected the recorder's ceilings")
+    return rate, brief["copy_bandwidth_bytes_per_sec"], brief["launch_sec"]
+
+
+def _matmul_format(recipe: str) -> str:
+    """The format a recipe's matmuls run in, as the ceilings name it (PyTorch's default keeps TF32 off: fp32 is fp32)."""
+    from resacct.facts.hardware import peak_format
+    from resacct.facts.recipes import parse_recipe
+
+    return peak_format(parse_recipe(recipe).computes_in)
+
+
+@check("gpu_recorded.board_step_time", evidence="recorded", quantities=_TIME_QUANTITIES, replay=False)
+def board_step_time(record: str, step: str, calibrate_on: list[str] | None = None) -> Outcome:
+    """The board's median step time for the recorded step, beside the time predicted now: per aten op of the
+    step (traced on meta, CUDA's choices) the longer of FLOPs ÷ the record's most matmul FLOP/s in the step's
+    format and bytes ÷ its copy bandwidth, summed; the host's ops × a per-op overhead the other bound (the
+    record's launch time, or calibrated on the host-bound steps ``calibrate_on`` — never the judged one)."""
+    from resacct.account.gpu.step_time import BoardRates, calibrate_overhead, predict_step_seconds
+    from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+
+    calibration = list(calibrate_on or [])
+    if step in calibration:
+        raise ResacctError(f"calibrate_on names {step!r}, the step judged; expected other recorded steps")
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    fmt = _matmul_format(entry["recipe"])
+    matmul, bandwidth, launch = _record_rates(record, data, fmt)
+    overhead, source = launch, "the record's launch time"
+    if calibration:
+        overheads = []
+        for name in calibration:
+            other = board_record_step(record, data, name)
+            other_rate = _record_rates(record, data, _matmul_format(other["recipe"]))[0]
+            overheads.append(calibrate_overhead(_prediction(record, name)[2], other["step_time_sec"]["median"], other_rate, bandwidth))
+        overhead, source = sum(overheads) / len(overheads), f"calibrated on {', '.join(calibration)}"
+    predicted = predict_step_seconds(_prediction(record, step)[2], BoardRates(matmul, bandwidth, overhead, source))
+    measured = entry["step_time_sec"]["median"]
+    board = accelerator_for_cuda_name(data["board"])
+    peak = peak_flops_per_sec(board, fmt) if board is not None else None
+    return Outcome(measured=measured, quantities={
+        "predicted_step_sec": predicted.step_sec, "gpu_sec": predicted.gpu_sec, "host_sec": predicted.host_sec, "ops": predicted.ops,
+        "matmul_format": fmt, "matmul_flops_per_sec": matmul, "bandwidth_bytes_per_sec": bandwidth, "overhead_sec_per_op": overhead,
+        "overhead_from": source, "predicted_mfu": None if peak is None else predicted.flops / predicted.step_sec / peak,
+        "measured_mfu": None if peak is None else predicted.flops / measured / peak, **record_source(record, data)})
