@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 from pathlib import Path
 
@@ -102,22 +104,43 @@ def test_an_optimizer_that_leaves_foreach_to_torch_gets_cudas_foreach() -> None:
     assert default.peak_allocated_bytes > loop.peak_allocated_bytes  # foreach's temporaries: a whole list at once
 
 
+def _ops_seen_alone(net: torch.nn.Module, inputs: Any, loss: Any) -> list:
+    """The step's ops as OpCosts sees them, a dispatch mode of its own over the step: no allocation recorder, no meta
+    calls' cache, every op's FLOPs and bytes worked out afresh (what trace_step_ops did before session 17)."""
+    from resacct.account.gpu.cuda_step import _as_on_cuda, _meta_copy, cuda_adamw
+    from resacct.account.gpu.op_costs import OpCosts
+    from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
+
+    meta = _meta_copy(net)
+    meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+    optimizer = cuda_adamw([p for p in meta.parameters() if p.requires_grad])
+    _as_on_cuda(optimizer)
+    make_optimizer_state(meta, optimizer)
+    with OpCosts() as costs:
+        run_training_step(meta, meta_inputs, loss, optimizer)
+    return costs.ops
+
+
 @pytest.mark.parametrize("model, batch, seq", [
     ("one-layer", 2, 8),
+    ("four-layers", 2, 8),  # its repeated layers' calls answered by the meta calls' cache: their costs kept by the call's key
     pytest.param("gpt-small-cpu", 1, 24, marks=pytest.mark.slow),  # 0.87 CPU s on 2026-11-29
 ])
 def test_the_step_peak_pass_records_the_ops_the_step_time_traces_alone(model: str, batch: int, seq: int) -> None:
-    """Issue 34: the recorded step's peak and its time come from one pass (checks/gpu_recorded.py):
-    the ops that pass hands over are exactly trace_step_ops' (names, FLOPs, bytes, order), and the
-    peaks are those of the pass without them."""
+    """Issue 34: the recorded step's peak and its time come from one pass (checks/gpu_recorded.py): the ops the
+    allocation recorder counts on it (an OpCostCounter, each call's cost kept by its meta-cache key) are exactly
+    those a dispatch mode of their own sees (names, FLOPs, bytes, order), trace_step_ops' are those, and the peaks
+    are those of the pass without them."""
     from resacct.account.gpu.step_time import trace_step_ops
     from resacct.training.gpt import GPTConfig
 
-    config = GPTConfig(vocab_size=64, context_length=8, n_layers=1, n_heads=2, d_model=16) if model == "one-layer" else get_gpt_config(model)
+    layers = {"one-layer": 1, "four-layers": 4}
+    config = GPTConfig(vocab_size=64, context_length=8, n_layers=layers[model], n_heads=2, d_model=16) if model in layers else get_gpt_config(model)
     net = build_gpt(config, device="meta", seed=None)
     tokens = torch.zeros(batch, seq, dtype=torch.long)
     loss = lambda module, inputs: gpt_loss(module, *inputs)  # noqa: E731
     ops: list = []
     together = predict_cuda_step_memory(net, (tokens, tokens), loss, ops=ops)
-    assert ops == trace_step_ops(net, (tokens, tokens), loss) and len(ops) > 100
+    alone = _ops_seen_alone(net, (tokens, tokens), loss)
+    assert ops == alone and trace_step_ops(net, (tokens, tokens), loss) == alone and len(ops) > 100
     assert any(op.flops > 0 for op in ops) and together == predict_cuda_step_memory(net, (tokens, tokens), loss)

@@ -71,6 +71,8 @@ class MetaOpCache:
 
     def __init__(self) -> None:
         self.entries: dict[Any, Any] = {}
+        #: the last call's key (None: a call not cacheable): whatever else depends only on the call (its FLOPs and bytes) may be kept by it
+        self.last_key: Any = None
         self.hits = 0
         self.misses = 0
         self.passed = 0
@@ -79,6 +81,7 @@ class MetaOpCache:
     @no_type_check  # per op of a traced step: the hints are all Any
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """``func(*args, **kwargs)``, answered from the cache where this call was seen before."""
+        self.last_key = None
         handling = self._handling.get(func)
         if handling is None:
             handling = self._handling[func] = _handling(func)
@@ -95,6 +98,7 @@ class MetaOpCache:
             self.passed += 1
             return func(*args, **kwargs)
         entry = self.entries.get(key)
+        self.last_key = key
         if entry:
             self.hits += 1
             return _made_again(entry, flat)

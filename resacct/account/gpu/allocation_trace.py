@@ -53,10 +53,16 @@ class AllocationRecorder(TorchDispatchMode):
         self.window_start = 0  # the trace entry where :meth:`start_window` was called
         # over meta tensors, a call seen before is answered without torch's Python meta kernel (the same storages made)
         self.op_cache = MetaOpCache() if device == "meta" else None
+        #: when not None, told of every op with its outputs (:class:`~resacct.account.gpu.op_costs.OpCostCounter`: the step time's
+        #: ops counted on this pass, without a dispatch mode of their own)
+        self.costs: Any = None
 
     @no_type_check  # per op (26,788 checks in the CI quick tier) of hints that are all Any: nothing checked (docs/suite_time.md, session 7)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {})) if self.op_cache is None else self.op_cache.call(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs) if self.op_cache is None else self.op_cache.call(func, args, kwargs)
+        if self.costs is not None:
+            self.costs.record(func, args, kwargs, out, None if self.op_cache is None else self.op_cache.last_key)
         for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device):
                 self.track(value)

@@ -31,7 +31,6 @@ Measured against a real board (tests/test_cuda_step.py): the H100 record's
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from resacct.account.gpu.allocation_trace import AllocationRecorder
 from resacct.account.gpu.cuda_allocator import AllocatorConfig
-from resacct.account.gpu.op_costs import OpCosts
+from resacct.account.gpu.op_costs import OpCostCounter
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
@@ -180,19 +179,19 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
         start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
         recorder.start_window()
         routing.__enter__()
-        costs = contextlib.nullcontext() if ops is None else OpCosts()
+        recorder.costs = None if ops is None else OpCostCounter()  # the step's ops counted by the recorder that sees each one
         try:
-            with costs:
-                if optimizer is None:
-                    loss = loss_fn(meta_model, meta_inputs)
-                    loss.backward()
-                    del loss
-                else:
-                    run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
+            if optimizer is None:
+                loss = loss_fn(meta_model, meta_inputs)
+                loss.backward()
+                del loss
+            else:
+                run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
         finally:
             routing.__exit__(None, None, None)
         if ops is not None:
-            ops.extend(costs.ops)  # type: ignore[union-attr]
+            ops.extend(recorder.costs.ops)
+        recorder.costs = None
     if attention and routing.calls == 0:
         raise ResacctError(f"attention={attention!r}, but the step never called F.scaled_dot_product_attention; expected attention=None for this model")
     allocator = recorder.allocator

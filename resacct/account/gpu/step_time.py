@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.account.gpu.op_costs import OpCost, OpCosts
+from resacct.account.gpu.op_costs import OpCost
 from resacct.errors import ResacctError
 
 __all__ = ["OpCost", "BoardRates", "StepTimePrediction", "trace_step_ops", "predict_step_seconds", "calibrate_overhead",
@@ -62,19 +62,14 @@ class StepTimePrediction:
 def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
                    make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = None) -> list[OpCost]:
     """Every aten op of one steady training step of ``model`` on meta tensors, with its FLOPs and
-    bytes: forward, backward, the optimizer's step (CUDA's foreach AdamW by default), zero_grad."""
-    from resacct.account.gpu.cuda_step import _as_on_cuda, _meta_copy, cuda_adamw
-    from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
+    bytes: forward, backward, the optimizer's step (CUDA's foreach AdamW by default), zero_grad — the
+    ops of :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`'s pass (its meta calls' cache
+    answers the repeated layers; ``tests/test_gpu_step_time.py`` checks them against a pass of their own)."""
+    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
 
-    meta_model = _meta_copy(model)
-    meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
-    optimizer = (make_optimizer or cuda_adamw)([p for p in meta_model.parameters() if p.requires_grad])
-    _as_on_cuda(optimizer)
-    make_optimizer_state(meta_model, optimizer)
-    costs = OpCosts()
-    with costs:
-        run_training_step(meta_model, meta_inputs, loss_fn, optimizer)
-    return costs.ops
+    ops: list[OpCost] = []
+    predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer or cuda_adamw, ops=ops)
+    return ops
 
 
 def predict_step_seconds(ops: list[OpCost], rates: BoardRates) -> StepTimePrediction:
