@@ -107,8 +107,19 @@ def run_model_fit(args: argparse.Namespace) -> int:
         gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
 
         def searched() -> tuple[Any, Any]:
-            answer, target = _search(args, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH)
-            return answer, gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer) if gpu else None
+            started = time.perf_counter()
+            target = _target(args)
+            if gpu is None:
+                return _search(args, target, started, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH), None
+            from resacct.account.gpu.traced_beside import TracedBeside
+
+            # the board's step traced on the second core at each size the CPU search probes (its search starts there)
+            step_at = gpu.board_step_function(target, searched=args.search, board=board, recipe=recipe, optimizer=optimizer)
+            with TracedBeside(step_at) as beside:
+                answer = _search(args, target, started, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH,
+                                 on_probe_start=beside.ask)
+                traced = beside.collect()
+            return answer, gpu.fit_gpu_answer(answer, target, board=board, recipe=recipe, optimizer=optimizer, step_at=step_at, traced=traced)
 
         # --hf-config: the same question's answer read back from the trace cache (a factory's code may change: searched afresh)
         with user_output_to_stderr(getattr(args, "json", False)), caching(args.hf_config is not None and cache_wanted(args.no_cache)), collector_off():
@@ -135,13 +146,11 @@ def _question(args: argparse.Namespace, memory_bytes: float, reserve_bytes: floa
             **({"layers": "all"} if args.trace_all_layers else {})}
 
 
-def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any, optimizer: str,
-            fit_step: Any, max_batch: int) -> Any:
-    """The model built on meta, then the search, each probe a prediction (``fit_search.fit_step``)."""
+def _search(args: argparse.Namespace, target: Any, started: float, memory_bytes: float, reserve_bytes: float, board: Any, recipe: Any,
+            optimizer: str, fit_step: Any, max_batch: int, on_probe_start: Any = None) -> Any:
+    """The search over ``target`` (the model built on meta, from ``started``), each probe a prediction (``fit_search.fit_step``)."""
     from resacct.account.load.user_code import running_phase
 
-    started = time.perf_counter()
-    target = _target(args)
     units = args.units
 
     on_probe = probe_progress("fit", args.search, args.progress, started, lambda value: _bytes_text(value, units))
@@ -149,7 +158,7 @@ def _search(args: argparse.Namespace, memory_bytes: float, reserve_bytes: float,
     with running_phase(f"searching the largest {args.search} that fits (each probe the step on fake tensors)"):
         return fit_step(target, memory_bytes=memory_bytes, search=args.search, batch=args.batch, seq=args.seq, reserve_bytes=reserve_bytes,
                         device=board, recipe=recipe, optimizer=optimizer, micro_batches=args.grad_accum,
-                        max_batch=args.max_batch or max_batch, on_probe=on_probe), target
+                        max_batch=args.max_batch or max_batch, on_probe=on_probe, on_probe_start=on_probe_start)
 
 
 def _text(answer: Any, units: str, on_board: bool = False) -> str:

@@ -165,11 +165,14 @@ def _check_size(name: str, value: object) -> None:
 
 def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", batch: int = 1, seq: int | None = None,
              reserve_bytes: float = 0.0, device: Any = None, recipe: Any = "fp32", optimizer: str = "adamw", micro_batches: int = 1,
-             max_batch: int = MAX_BATCH, on_probe: Callable[[FitProbe], None] | None = None) -> FitAnswer:
+             max_batch: int = MAX_BATCH, on_probe: Callable[[FitProbe], None] | None = None,
+             on_probe_start: Callable[[int, int | None], None] | None = None) -> FitAnswer:
     """The largest micro-batch (``search="batch"``, at ``seq``) or sequence (``search="seq"``, at
     ``batch``) of ``target`` whose predicted step peak — ``recipe`` (a name or a
     :class:`~resacct.facts.recipes.Recipe`), ``optimizer``, ``micro_batches`` accumulated micro-steps —
-    is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer)."""
+    is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer).
+    ``on_probe_start(size, fixed)``: told of each size before its probe is traced (``fit --device`` traces the
+    board's step there beside it: :mod:`resacct.account.gpu.traced_beside`)."""
     from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
@@ -196,6 +199,12 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     sampled: dict[str, Any] = {}
     peak_of = step_peak_function(target, model, search=search, fixed=fixed, recipe=chosen, optimizer=optimizer, micro_batches=micro_batches,
                                  keep=latest, sampled=sampled)
+    if on_probe_start is not None:
+        traced, tell = peak_of, on_probe_start
+
+        def peak_of(size: int) -> int:
+            tell(size, fixed)
+            return traced(size)
     largest, probes = largest_fitting(peak_of, memory_bytes - reserve_bytes, limit=limit, on_probe=on_probe,
                                       phase_peaks_of=lambda size: phase_peaks_bytes(latest[size]))
     answer = FitAnswer(model=target.name, searched=search, fixed=fixed, memory_bytes=memory_bytes, reserve_bytes=reserve_bytes, device=device,

@@ -214,16 +214,9 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
     return "\n" + "\n".join(answer.lines(bytes_text))
 
 
-def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6) -> dict[str, Any]:
-    """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
-    :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
-    against the budget — what a GPU runs out of. The batch (or sequence length) is searched again on the
-    board's step (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels'
-    answer, up or down: a board's flash attention may hold far less than the CPU's math path), at most
-    ``max_traces`` steps traced. Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest
-    that fits, else the smallest traced, with its step time), ``largest`` (the size whose reserved peak fits; None: none found
-    or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`;
-    None where the first step has no prediction)."""
+def board_step_function(target: Any, *, searched: str, board: Any, recipe: Any, optimizer: str) -> Callable[[int, Any], GpuStepAnswer]:
+    """``step_at(size, fixed)``: the :class:`GpuStepAnswer` (peaks and step time) of ``target``'s step on ``board`` with
+    ``searched`` (``batch`` or ``seq``) = size, the other size ``fixed`` — the model copied once into the recipe's dtype."""
     from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe
@@ -232,11 +225,33 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
     model = model_in_dtype(target.model, parse_dtype(chosen.parameter_dtype))  # a copy in the recipe's dtype: the caller's target keeps its own
     loss_fn = target.loss_fn()
 
-    def step_at(size: int) -> GpuStepAnswer:
-        inputs = target.make_inputs(size, answer.fixed) if answer.searched == "batch" else target.make_inputs(answer.fixed, size)
+    def step_at(size: int, fixed: Any) -> GpuStepAnswer:
+        inputs = target.make_inputs(size, fixed) if searched == "batch" else target.make_inputs(fixed, size)
         return gpu_step_answer(model, inputs, loss_fn, recipe=chosen, optimizer=optimizer, board=board, timed=True)
 
-    return _largest_on_the_board(answer, step_at, max_traces)
+    return step_at
+
+
+def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimizer: str, max_traces: int = 6,
+                   step_at: Callable[[int, Any], GpuStepAnswer] | None = None, traced: dict[tuple[int, Any], GpuStepAnswer] | None = None) -> dict[str, Any]:
+    """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
+    :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
+    against the budget — what a GPU runs out of. The batch (or sequence length) is searched again on the
+    board's step (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels'
+    answer, up or down: a board's flash attention may hold far less than the CPU's math path), at most
+    ``max_traces`` steps traced. Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest
+    that fits, else the smallest traced, with its step time), ``largest`` (the size whose reserved peak fits; None: none found
+    or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`;
+    None where the first step has no prediction). ``step_at``: :func:`board_step_function`'s (made here when not given);
+    ``traced``: answers already traced by ``(size, fixed)`` (beside the CPU search: :mod:`resacct.account.gpu.traced_beside`)."""
+    board_step = step_at or board_step_function(target, searched=answer.searched, board=board, recipe=recipe, optimizer=optimizer)
+    ready = traced or {}
+
+    def at(size: int) -> GpuStepAnswer:
+        known = ready.get((size, answer.fixed))
+        return known if known is not None else board_step(size, answer.fixed)
+
+    return _largest_on_the_board(answer, at, max_traces)
 
 
 def _largest_on_the_board(answer: Any, step_at: Callable[[int], GpuStepAnswer], max_traces: int) -> dict[str, Any]:

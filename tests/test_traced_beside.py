@@ -1,0 +1,119 @@
+"""The board's step traced on the second core beside the CPU kernels' search (resacct/account/gpu/traced_beside.py;
+issue 34's ``fit --device`` bar): what the child traces is what the parent would, a failure there costs nothing but
+the parent's own trace, and ``fit --device`` answers the same with it and without it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from resacct.account.gpu import traced_beside
+from resacct.account.gpu.traced_beside import TracedBeside
+from resacct.cli import main
+
+
+def _square_with_pid(size: int, fixed: int) -> tuple[int, int]:
+    return size * size + fixed, os.getpid()
+
+
+def _refuses_three(size: int, fixed: int) -> int:
+    if size == 3:
+        raise RuntimeError("no meta kernel")
+    return size
+
+
+def _unpicklable(size: int, fixed: int) -> object:
+    return lambda: size  # a lambda cannot cross the pipe
+
+
+def test_each_size_asked_is_traced_once_in_another_process() -> None:
+    with TracedBeside(_square_with_pid, enabled=True) as beside:
+        for size in (1, 2, 2, 9):
+            beside.ask(size, 10)
+        done = beside.collect()
+    assert {key: value[0] for key, value in done.items()} == {(1, 10): 11, (2, 10): 14, (9, 10): 91}
+    assert {pid for _, pid in done.values()} != {os.getpid()} and len({pid for _, pid in done.values()}) == 1
+    assert beside._process is None  # the child stopped and was waited for
+
+
+def test_a_size_the_child_cannot_trace_or_send_is_left_to_the_parent() -> None:
+    with TracedBeside(_refuses_three, enabled=True) as beside:
+        for size in (2, 3, 4):
+            beside.ask(size, None)
+        assert beside.collect() == {(2, None): 2, (4, None): 4}
+    with TracedBeside(_unpicklable, enabled=True) as beside:
+        beside.ask(5, None)
+        assert beside.collect() == {}
+
+
+def test_one_core_forks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(traced_beside, "two_cores", lambda: False)
+    beside = TracedBeside(_square_with_pid)
+    beside.ask(1, 1)
+    assert beside._process is None and beside.collect() == {}
+
+
+def test_closing_early_stops_the_child() -> None:
+    """Ctrl-C or --timeout in the search: the with block's exit stops the child without collecting."""
+    beside = TracedBeside(_square_with_pid, enabled=True)
+    process = beside._process
+    beside.ask(1, 1)
+    beside.close()
+    assert not process.is_alive() and beside._process is None
+
+
+def _fit(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    argv = ["fit", "--model", "tests.fixtures_hf_models:tiny_llama", "--seq", "32", "--max-batch", "256", "--device", "a100-sxm-40gb",
+            "--reserve-gb", "39.96", "--json", *extra]  # 40 MB: the CPU kernels' step and the board's each have an answer inside the range
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_fit_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The same answer, CPU and board, with the board's steps traced in a child beside the CPU search and all in one
+    process; beside, the child traced the sizes the board's search asked first (no second trace of them here)."""
+    pytest.importorskip("transformers")
+    asked: list[tuple[int, int]] = []
+    real = traced_beside.TracedBeside.collect
+
+    def spy(self: TracedBeside) -> dict:
+        done = real(self)
+        asked.extend(done)
+        return done
+
+    monkeypatch.setattr(traced_beside.TracedBeside, "collect", spy)
+    from resacct.account.gpu import device_answer
+
+    made = device_answer.board_step_function
+    in_this_process: list[int] = []  # the sizes whose board step this process traced (the child's own list stays in the child)
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        step_at = made(*args, **kwargs)
+
+        def traced_here(size, fixed):  # type: ignore[no-untyped-def]
+            in_this_process.append(size)
+            return step_at(size, fixed)
+        return traced_here
+
+    monkeypatch.setattr(device_answer, "board_step_function", counting)
+    beside = _fit(capsys)
+    traced_in_parent = list(in_this_process)
+    monkeypatch.setattr(traced_beside, "two_cores", lambda: False)
+    alone = _fit(capsys)
+
+    def answer(fields: dict) -> dict:
+        gpu = {key: value for key, value in fields["gpu"].items() if key not in ("step_time_basis",)}
+        return {"largest": fields["largest"], "probes": [(p["size"], p["predicted_peak_bytes"]) for p in fields["probes"]], "gpu": gpu}
+
+    assert answer(beside) == answer(alone)
+    board = alone["gpu"]["largest_batch_by_reserved"]
+    assert board["exact"] and 1 < board["largest"] < alone["largest"] < 256  # the board's search went its own way down from the CPU's
+    if traced_beside.two_cores():  # a machine with one core forks nothing: the same answer is the whole check there
+        first = alone["gpu"]["largest_batch_by_reserved"]["traced"][0]["batch"]
+        assert (first, 32) in asked and {size for size, _ in asked} == {p["size"] for p in alone["probes"]}
+        # what the child traced is not traced again here: only the board's sizes the CPU search never probed
+        board_sizes = [row["batch"] for row in board["traced"]]
+        assert traced_in_parent == [size for size in board_sizes if (size, 32) not in asked] and len(traced_in_parent) < len(board_sizes)
