@@ -17,7 +17,7 @@ claim may rest on it (:func:`read_board_record` refuses it unless asked, for tes
 >>> brief = ceilings_in_brief({"matmul": {"bf16": {"max_flops_per_sec": 7.1e14}, "fp8": {"max_flops_per_sec": None}},
 ...                            "copy": {"bandwidth_bytes_per_sec": 3.9e12}, "launch": {"per_launch_sec": 4.5e-6}})
 >>> brief
-{'matmul_flops_per_sec': {'bf16': 7.1e+14}, 'copy_bandwidth_bytes_per_sec': 3900000000000.0, 'launch_sec': 4.5e-06}
+{'matmul_flops_per_sec': {'bf16': 710000000000000.0}, 'copy_bandwidth_bytes_per_sec': 3900000000000.0, 'launch_sec': 4.5e-06}
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ predictable when the recorder's matrix changes. A dry run (on a CPU, ``tiny``) s
 
 >>> net, loss = build_record_model("resacct", "gpt2-small", "math", {}, tiny=True, device="meta")
 >>> net.config.n_layers, net.config.d_model, sum(p.numel() for p in net.parameters())
-(2, 64, 120064)
+(2, 64, 120576)
 """
 
 from __future__ import annotations
