@@ -107,11 +107,33 @@ def test_lora_without_a_traceable_step_says_why(config_path: str, capsys: pytest
 def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     fields = _json(capsys, "infer", "--hf-config", config_path, "--batch", "2", "--context", "64", "--device", "h100")
     gpu = fields["gpu"]
-    assert gpu["gap"] is None and gpu["predicted_step_sec"] is None and "no step" in gpu["step_time_basis"]
+    assert gpu["gap"] is None and gpu["timed"] == "prefill"
     # the weights and the KV cache (the model's own cache after a meta forward, counted by infer itself) are held at the peak
     assert gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] > fields["weight_bytes"] + fields["kv_cache_bytes"]
     assert main(["infer", "--hf-config", config_path, "--context", "64", "--device", "h100"]) == 0
-    assert "on h100-sxm (CUDA caching allocator, predicted)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "on h100-sxm (CUDA caching allocator, predicted)" in text and "prefill time there (predicted):" in text and "decode there (predicted):" in text
+
+
+def test_infer_on_a_board_times_the_prefill_and_a_generated_token(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The prefill timed from the ops of its traced pass (attention as the board runs it); a generated token no faster
+    than reading the weights and the KV cache once — bytes infer counts itself (its own formula and the model's cache) —
+    at the bandwidth the step time uses, and no faster at a larger batch, whose cache is larger."""
+    from resacct.account.gpu.board_rates import board_rates
+    from resacct.facts.hardware import get_accelerator
+
+    one, many = (_json(capsys, "infer", "--hf-config", config_path, "--batch", str(batch), "--context", "64", "--device", "h100")
+                 for batch in (1, 64))
+    bandwidth = board_rates(get_accelerator("h100"), "bf16").bandwidth_bytes_per_sec
+    for fields in (one, many):
+        gpu = fields["gpu"]
+        read = fields["weight_bytes"] + fields["kv_cache_bytes"]
+        assert gpu["predicted_step_sec"] > 0 and RECORD in gpu["step_time_basis"]
+        assert gpu["predicted_decode_sec_per_token"] >= read / bandwidth and f"{int(read):,} bytes" in gpu["decode_basis"]
+    assert many["kv_cache_bytes"] == 64 * one["kv_cache_bytes"]  # 64 sequences' caches read each token, not one
+    assert many["gpu"]["predicted_decode_sec_per_token"] >= one["gpu"]["predicted_decode_sec_per_token"]
+    # a tiny model is bound by the host on both (the same forward's ops): its prefill's time is its ops × the overhead
+    assert "bound by the host" in one["gpu"]["step_time_basis"] and "bound by the host" in one["gpu"]["decode_basis"]
 
 
 def test_a_step_time_takes_the_rate_of_its_own_format(capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,7 +133,8 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks of the prefill there
         from resacct.account.gpu.command_answers import infer_gpu_answer
 
-        gpu = infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board)
+        gpu = infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board,
+                               kv_cache_bytes=int(memory.kv_cache_bytes))
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
     return fields, with_caveat(fields, "\n".join(lines), board)

@@ -11,7 +11,7 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["TIMED_FORMATS", "board_rates", "with_step_time"]
+__all__ = ["TIMED_FORMATS", "board_rates", "with_step_time", "with_decode_time"]
 
 TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
 _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
@@ -36,6 +36,27 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
         peak = None
     return replace(answer, step_sec=time.step_sec, mfu=time.flops / time.step_sec / peak if peak and time.step_sec > 0 else None,
                    step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
+
+
+def with_decode_time(answer: Any, ops: list[Any], board: Any, fmt: str, *, read_bytes: int, context: int) -> Any:
+    """``answer`` (infer's prefill on ``board``, its ``ops``) with one generated token's predicted time: a decode step
+    is one forward of one token a sequence, which reads the weights and the whole KV cache (``read_bytes``) and runs
+    the prefill's ops again (its op count: one forward's) — the longest of the reads ÷ the bandwidth, the prefill's
+    FLOPs per position ÷ the matmul rate (attention to the whole context counted as the prefill's causal half: a low
+    estimate, rarely the bound) and the ops × the per-op overhead. Where the board has no rate in ``fmt``: unchanged."""
+    try:
+        rates = board_rates(board, fmt)
+    except ResacctError:
+        return answer
+    memory_sec = read_bytes / rates.bandwidth_bytes_per_sec
+    compute_sec = sum(op.flops for op in ops) / context / rates.matmul_flops_per_sec
+    host_sec = len(ops) * rates.overhead_sec_per_op
+    decode_sec = max(memory_sec, compute_sec, host_sec)
+    bound = "host (dispatch per op)" if decode_sec == host_sec else "memory (the reads)" if decode_sec == memory_sec else "compute"
+    return replace(answer, decode_sec_per_token=decode_sec, decode_basis=(
+        f"a forward of one token a sequence, bound by the {bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
+        f"{memory_sec * 1e3:.3g} ms; the prefill's {len(ops):,} ops on the host, {host_sec * 1e3:.3g} ms; its FLOPs per position, "
+        f"{compute_sec * 1e3:.3g} ms; eager PyTorch, no CUDA graphs; {rates.source}"))
 
 
 def board_rates(board: Any, fmt: str) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resacct.account.gpu.board_rates import board_rates, with_step_time
+from resacct.account.gpu.board_rates import board_rates, with_decode_time, with_step_time
 from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
 from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
 from resacct.account.gpu.library_workspaces import capability_major
@@ -131,9 +131,12 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
     return with_step_time(answer, ops, board, base)
 
 
-def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str, kv_format: str, board: Any) -> GpuStepAnswer:
+def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str, kv_format: str, board: Any,
+                     kv_cache_bytes: int | None = None) -> GpuStepAnswer:
     """The serving peak of ``config_name`` on ``board``: weights in ``weights`` (bf16, fp16 or fp32),
-    then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype)."""
+    then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype); the prefill's
+    time from the ops of that pass, and — given the cache's bytes at the context — one generated token's
+    (:func:`~resacct.account.gpu.board_rates.with_decode_time`)."""
     import torch
 
     from resacct.account.gpu.library_workspaces import step_workspaces
@@ -154,14 +157,19 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     ids = torch.zeros(batch, context, dtype=torch.long)
     workspaces = step_workspaces(model, board=board, backward=False)  # no backward: the forward thread's only
 
+    ops: list[Any] = []
     try:
         kernel = sdpa_kernel_for(board, dtypes[weights])
-        predicted = _predict(model, ids, kv_prefill, None, kernel, workspaces.sizes)
+        predicted = _predict(model, ids, kv_prefill, None, kernel, workspaces.sizes, ops=ops)
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
-    return GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
-                         calibration_text(board), workspaces=workspaces, experts=experts,
-                         step_time_basis="no step: the prefill of batch × context with the KV cache kept (generate's first forward)")
+    answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
+                           calibration_text(board), workspaces=workspaces, experts=experts, timed="prefill")
+    answer = with_step_time(answer, ops, board, weights)
+    if kv_cache_bytes is None or answer.step_sec is None:
+        return answer
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return with_decode_time(answer, ops, board, weights, read_bytes=weight_bytes + kv_cache_bytes, context=context)
 
 
 def kv_prefill(module: Any, tokens: Any) -> Any:

@@ -46,6 +46,9 @@ class GpuStepAnswer:
     mfu: float | None = None  # the step's FLOPs ÷ its predicted time ÷ the board's datasheet peak in the step's format
     workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
     experts: str | None = None  # how a mixture of experts' experts ran (grouped, as on a CUDA board: cuda_experts.py); None: no experts switched
+    timed: str = "step"  # what step_sec times: a training "step", or the "prefill" of infer
+    decode_sec_per_token: float | None = None  # infer: one generated token's predicted time (decode_basis says how)
+    decode_basis: str | None = None
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -59,9 +62,11 @@ class GpuStepAnswer:
 
     def _time_lines(self) -> list[str]:
         if self.step_sec is None:
-            return [] if self.step_time_basis is None else [f"  step time: none ({self.step_time_basis})"]
+            return [] if self.step_time_basis is None else [f"  {self.timed} time: none ({self.step_time_basis})"]
         mfu = "" if self.mfu is None else f", MFU {self.mfu:.2f}"
-        return [f"  step time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu} ({self.step_time_basis})"]
+        decode = [] if self.decode_sec_per_token is None else [
+            f"  decode there (predicted): {self.decode_sec_per_token * 1e3:.4g} ms a token ({self.decode_basis})"]
+        return [f"  {self.timed} time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu} ({self.step_time_basis})", *decode]
 
     def note(self) -> str:
         """One line for a command's notes (``--json``): the peaks in bytes, or the gap, and the calibration."""
@@ -71,13 +76,15 @@ class GpuStepAnswer:
                 f"(attention {self.attention}); {self.calibration}"
                 + ("" if self.workspaces is None else f"; cuBLAS workspaces {self.workspaces.total_bytes} B in the peaks ({self.workspaces.basis})")
                 + ("" if self.experts is None else f"; experts {self.experts}")
-                + ("" if self.step_sec is None else f"; predicted step time {self.step_sec:.4g} s" + ("" if self.mfu is None else f", MFU {self.mfu:.3f}")
-                   + f" ({self.step_time_basis})"))
+                + ("" if self.step_sec is None else f"; predicted {self.timed} time {self.step_sec:.4g} s" + ("" if self.mfu is None else f", MFU {self.mfu:.3f}")
+                   + f" ({self.step_time_basis})")
+                + ("" if self.decode_sec_per_token is None else f"; predicted decode {self.decode_sec_per_token:.4g} s a token ({self.decode_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
-                "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis, "predicted_mfu": self.mfu,
+                "timed": self.timed, "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis, "predicted_mfu": self.mfu,
+                "predicted_decode_sec_per_token": self.decode_sec_per_token, "decode_basis": self.decode_basis,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
                 "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
                 "experts": self.experts}
