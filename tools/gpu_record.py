@@ -32,7 +32,7 @@ Writes under ``--out`` (default ``$OUT``), three files (a device call returns at
 Models are built from configs only (no weights, no network). Exit status 1 if any step failed.
 
 Its parts are modules beside it (this file is the driver and the bundle): ``gpu_record_matrix.py``
-(the steps and how their models are built), ``gpu_record_step.py`` (one step recorded, in its own
+(the steps; their models built by resacct.account.gpu.record_models), ``gpu_record_step.py`` (one step recorded, in its own
 process), ``gpu_record_ceilings.py`` (the MAMF sweep, bandwidth, launch overhead) and
 ``gpu_record_replay.py`` (``--replay``, ``--compare``); the library probe is library code,
 :func:`resacct.account.gpu.library_workspaces.probe_library_allocations`, beside the workspaces it settles.

@@ -1,13 +1,13 @@
 """tools/gpu_record.py's step matrix (issue 31): the models it records (configs only: no weights,
-no network), each step's recipe, attention kernel, batch and sequence, and how a step's model is built
-(tiny shapes in a dry run) — also what ``--compare`` rebuilds on meta tensors.
+no network), each step's recipe, attention kernel, batch and sequence; a step's model is built by
+:func:`resacct.account.gpu.record_models.build_record_model` (tiny shapes in a dry run), as ``--compare`` rebuilds it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from resacct.account.gpu.record_models import TINY, build_record_model  # noqa: F401  (TINY re-exported)
+from resacct.account.gpu.record_models import TINY  # noqa: F401  (re-exported: the dry run's sizes)
 
 #: meta-llama/Llama-3.2-1B's config.json (https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json), built without weights
 LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -43,12 +43,6 @@ MATRIX: dict[str, tuple[str, Any, str, str, int, int, dict]] = {
     # transformers' default on a CUDA board, what the --device answers predict (resacct/account/gpu/cuda_experts.py): last, the first a spent budget skips
     "mixtral-small/bf16-autocast/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "grouped_mm"}),
 }
-
-def build_model(family: str, model: Any, attention: str, extra: dict, dry: bool, device: str) -> tuple[Any, Any]:
-    """The model on ``device`` and its loss ``(model, tokens) → loss``; tiny shapes in a dry run (the library's
-    builder, :func:`resacct.account.gpu.record_models.build_record_model`: the replay builds the same)."""
-    return build_record_model(family, model, attention, extra, tiny=dry, device=device)
-
 
 def attention_context(attention: str, dry: bool) -> Any:
     """The sdpa backend a step names (a dry run's CPU has no memory-efficient kernel: its flash kernel instead,

@@ -6,8 +6,6 @@ beside what the board did.
 
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,20 +14,16 @@ from gpu_record_matrix import MATRIX
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
-    """The record at ``path`` (.json or .json.gz), or None after one line on stderr."""
-    from resacct.account.gpu.record import check_record_layout
+    """The record at ``path`` (.json or .json.gz, a dry run's too), read and layout-checked as the recorded claims read it
+    (:func:`resacct.account.gpu.board_record.read_board_record`), or None after one line on stderr."""
+    from resacct.account.gpu.board_record import read_board_record
+    from resacct.errors import ResacctError
+
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as handle:
-            record = json.load(handle)
-    except (OSError, ValueError) as error:
-        print(f"gpu_record.py: cannot read the record {str(path)!r} ({error}); expected a .json or .json.gz record", file=sys.stderr)
+        return read_board_record(str(path.resolve()), allow_dry_run=True)
+    except ResacctError as error:
+        print(f"gpu_record.py: {error}", file=sys.stderr)
         return None
-    problems = check_record_layout(record)
-    if problems:
-        print(f"gpu_record.py: {path} is not a whole record: {problems[0]}", file=sys.stderr)
-        return None
-    return record
 
 
 def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:

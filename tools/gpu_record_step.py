@@ -12,9 +12,9 @@ import statistics
 import time
 from typing import Any
 
-from gpu_record_matrix import MATRIX, attention_context, build_model
+from gpu_record_matrix import MATRIX, attention_context
 
-from resacct.account.gpu.record_models import built_config
+from resacct.account.gpu.record_models import build_record_model, built_config
 
 MAX_TRACE_ENTRIES = 3_000_000
 CUDA_DEVICE = "cuda"  # a test runs the CUDA branch on the CPU against a stubbed torch.cuda
@@ -72,7 +72,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     else:  # the dry run: resacct's allocation recorder and allocator model stand in for the GPU's
         recorder = AllocationRecorder(device="cpu").__enter__()
     torch.manual_seed(0)
-    net, loss_fn = build_model(family, model, attention, extra, dry or device != "cuda", device)
+    net, loss_fn = build_record_model(family, model, attention, extra, tiny=dry or device != "cuda", device=device)
     vocab = net.config.vocab_size  # resacct's GPTConfig and transformers' configs both have it
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
     inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())

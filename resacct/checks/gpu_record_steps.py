@@ -46,11 +46,12 @@ def board_step_replay(record: str, step: str, peak: str) -> Outcome:
     every block's place matched too (``first_mismatch`` says where not)."""
     from resacct.account.gpu.record import replay_step
 
+    field = _peak_key(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     result = replay_step(entry, entry.get("allocator_settings"))
     replayed = result.peak_allocated_bytes if peak == "allocated" else result.peak_reserved_bytes
-    return Outcome(measured=entry[_peak_key(peak)], predicted=replayed, quantities={
+    return Outcome(measured=entry[field], predicted=replayed, quantities={
         "replayed_bytes": replayed, "replay_exact": result.holds, "first_mismatch": result.first_segment_mismatch or result.first_misplaced_block,
         "segment_events": result.segment_events, **record_source(record, data)})
 
@@ -78,11 +79,12 @@ def board_step_peak(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the recorded step, beside the peak predicted now: the step
     rebuilt on meta tensors from what the record says ran (model config, recipe, batch, attention kernel,
     allocator settings, the cuBLAS workspaces of the board's capability) through the allocator model."""
+    field = _peak_key(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     allocated, reserved, _, attention = _prediction(record, step)
-    predicted = allocated if _peak_key(peak) == "max_memory_allocated" else reserved
-    return Outcome(measured=entry[PEAKS[peak]], predicted=predicted,
+    predicted = allocated if peak == "allocated" else reserved
+    return Outcome(measured=entry[field], predicted=predicted,
                    quantities={"predicted_bytes": predicted, "attention": attention, **record_source(record, data)})
 
 
