@@ -215,17 +215,11 @@ def test_account_and_fit_on_a_board_give_the_step_time_from_its_record(committed
 def test_a_records_generated_claims_are_decided_by_verify(board_record_file: str, tmp_path: Path) -> None:
     """Five claims per recorded step (none for the step that failed), each decided — none skipped: the replays hold
     (the model made this trace), the step-time claim is judged against the record's own ceilings."""
-    import subprocess
+    from tests.record_claims import generated_claims, verified
 
-    claims = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_record.py"), "--claims", board_record_file], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
-    assert claims.returncode == 0, claims.stderr
-    assert claims.stdout.count("  - id: recorded-h200-") == 10 and "# mixtral/timeout: not recorded (timeout): no claims" in claims.stdout
-    spec = tmp_path / "gpu_recorded.claims.yaml"
-    spec.write_text("area: gpu_recorded\nsource: a synthetic record (tests/test_board_record.py)\nclaims:\n" + claims.stdout)
-    done = subprocess.run([sys.executable, "-m", "resacct", "verify", "--specs", str(spec), "--json", "--no-roofline", "--no-timeline",
-                           "--report-dir", str(tmp_path / "report")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    report = json.loads(done.stdout)
+    claims = generated_claims(board_record_file)
+    assert claims.count("  - id: recorded-h200-") == 10 and "# mixtral/timeout: not recorded (timeout): no claims" in claims
+    report = verified(claims, tmp_path, "a synthetic record (tests/test_board_record.py)")
     outcomes = {claim["id"]: claim["outcome"] for claim in report["claims"]}
     assert len(outcomes) == 10 and not any(outcome == "skipped" for outcome in outcomes.values()), outcomes
     assert outcomes["recorded-h200-gpt2-small-fp32-math-reserved-replays-exactly"] == "holds"

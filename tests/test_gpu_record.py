@@ -20,6 +20,7 @@ SCRIPT = REPO / "tools" / "gpu_record.py"
 sys.path.insert(0, str(REPO / "tools"))
 
 import gpu_record  # noqa: E402
+import gpu_record_serve  # noqa: E402
 import gpu_record_step  # noqa: E402
 
 from resacct.account.gpu.board_record import ceilings_in_brief  # noqa: E402
@@ -28,6 +29,8 @@ from resacct.account.gpu.record import check_record_layout  # noqa: E402
 #: one step of each model family and of each recipe kind: the slow test's dry run
 DRY_STEPS = ["gpt2-small/fp32/math", "hf-gpt2/bf16-autocast/flash", "llama-3.2-1b-lora/bf16/flash",
              "mixtral-small/bf16-autocast/batched_mm-experts", "gpt2-small/fp32/efficient/expandable"]
+#: and one served model (infer's prefill and decode)
+DRY_SERVING = ["hf-gpt2/fp32/serve"]
 
 
 def test_the_matrix_spans_what_issue_31_asks() -> None:
@@ -45,6 +48,10 @@ def test_the_matrix_spans_what_issue_31_asks() -> None:
     gqa = gpu_record.GQA_LLAMA
     assert gqa["num_attention_heads"] > gqa["num_key_value_heads"] > 1
     assert any(extra.get("expandable_segments") for *_, extra in matrix.values())
+    serving = gpu_record.SERVING  # what infer --device predicts: a prefill and its decode, bf16 and fp32 weights, grouped-query attention too
+    assert len(serving) >= 2 and {weights for _, weights, *_ in serving.values()} >= {"bf16", "fp32"}
+    assert any(model is gqa for model, *_ in serving.values()) and all(tokens >= 16 for *_, tokens in serving.values())
+    assert not set(serving) & set(matrix)
 
 
 def test_unknown_step_and_missing_out_are_usage_errors(tmp_path: Path) -> None:
@@ -60,7 +67,7 @@ def test_unknown_step_and_missing_out_are_usage_errors(tmp_path: Path) -> None:
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     pytest.importorskip("transformers")  # the HF steps build models (torch 2.4: transformers 5.x cannot)
     out = tmp_path_factory.mktemp("gpu-record-out")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", ",".join(DRY_STEPS), "--step-limit", "240",
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", ",".join(DRY_STEPS + DRY_SERVING), "--step-limit", "240",
                            "--budget", "1500"], cwd=REPO, capture_output=True, text=True, timeout=1600)
     return done, out
 
@@ -94,6 +101,14 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert set(summary["ceilings"]["matmul_flops_per_sec"]) >= {"bf16", "fp16", "tf32", "fp32"}
     # each step keeps the config its model was built from (a dry run's tiny one): a replay rebuilds that model
     assert record["steps"][0]["model_config"]["n_layers"] == 2 and record["steps"][1]["model_config"]["n_embd"] == gpu_record.TINY["n_embd"]
+    # the served model: weights, the first prefill with its cache kept (traced from the first allocation), then its times
+    (served,) = record["serving"]
+    assert served["name"] == DRY_SERVING[0] and served["window_start"] == 0 and served["replay"]["holds"]
+    assert served["model_config"]["n_embd"] == gpu_record.TINY["n_embd"] and (served["batch"], served["context"]) == gpu_record_serve.DRY_SIZES[:2]
+    assert served["max_memory_allocated"] >= served["weight_bytes"] + served["kv_cache_bytes"] > served["weight_bytes"] > 0
+    assert len(served["prefill_sec"]["all"]) == gpu_record_serve.TIMED_PREFILLS and len(served["decode_sec_per_token"]["all"]) == served["new_tokens"]
+    assert any(op["name"] in ("aten::mm", "aten::addmm") for op in served["ops"])
+    assert [row["name"] for row in summary["serving"]] == DRY_SERVING and summary["serving"][0]["decode_sec_per_token"] > 0
 
 
 @pytest.mark.slow
@@ -113,7 +128,8 @@ def test_dry_run_records_the_recipes_and_kernels_it_names(dry_run: tuple[subproc
 def test_replay_reads_the_record_back(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(dry_run[1] / "gpu-record.json.gz")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "DRY RUN" in done.stdout and f"{len(DRY_STEPS)} of {len(DRY_STEPS)} recorded steps replay exactly" in done.stdout
+    recorded = len(DRY_STEPS + DRY_SERVING)
+    assert "DRY RUN" in done.stdout and f"{recorded} of {recorded} recorded steps replay exactly" in done.stdout
 
 
 @pytest.mark.slow  # 3.4 CPU s: a child process importing torch (measured with 5 agents on 2 cores)
@@ -140,10 +156,9 @@ def test_op_times_carry_shapes_and_dtypes_even_where_function_events_lack_dtypes
     assert rows["aten::matmul"]["top_level"] and not rows["aten::mm"]["top_level"] and rows["aten::mm"]["calls"] == 1
 
 
-@pytest.mark.slow  # 2.5 CPU s: a GQA Llama step recorded seven times (measured with 5 agents on 2 cores)
-def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """record_step's CUDA branch (history on, snapshot, peaks, settings), never run on this CPU
-    otherwise: torch.cuda's calls answered by resacct's allocation recorder, tensors on the CPU."""
+@pytest.fixture
+def stubbed_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """torch.cuda's calls answered by resacct's allocation recorder, tensors on the CPU; the calls made, in order."""
     pytest.importorskip("transformers")  # an HF step builds its model (torch 2.4: transformers 5.x cannot)
     import torch
 
@@ -161,6 +176,7 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.M
             recorder.__exit__(None, None, None)
 
     monkeypatch.setattr(gpu_record_step, "CUDA_DEVICE", "cpu")
+    monkeypatch.setattr(gpu_record_serve, "CUDA_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", history)
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {**recorder.snapshot(), "allocator_settings": settings})
@@ -170,12 +186,37 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(monkeypatch: pytest.M
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: recorder.allocator.peak_reserved_bytes)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: recorder.allocator.allocated_bytes)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: recorder.allocator.reserved_bytes)
+    return calls
+
+
+@pytest.mark.slow  # 2.5 CPU s: a GQA Llama step recorded seven times (measured with 5 agents on 2 cores)
+def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(stubbed_cuda: list[str]) -> None:
+    """record_step's CUDA branch (history on, snapshot, peaks, settings), never run on this CPU
+    otherwise: torch.cuda's calls answered by resacct's allocation recorder, tensors on the CPU."""
+    calls = stubbed_cuda
     step = gpu_record.record_step("gqa-llama/bf16/flash", dry=False)
     assert calls == ["init", "history all context=None", "history None context=all"]
     assert step["allocator_settings"] == {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False}
     assert step["replay"]["holds"] and step["trace_complete"] and 0 < step["window_start"] < len(step["trace"])
     assert len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS and step["ops"]
     assert json.loads(json.dumps(step)) == step  # what the child prints must be JSON
+
+
+@pytest.mark.slow  # a tiny GQA Llama served: 6 prefills and 4 tokens
+def test_the_serving_cuda_branch_runs_against_a_stubbed_torch_cuda(stubbed_cuda: list[str]) -> None:
+    """record_serving's CUDA branch: the history from before the weights are loaded to the first prefill's end, then off
+    (the timed prefills and tokens run without it); the allocator's settings kept; the KV cache's bytes the model's own."""
+    served = gpu_record_serve.record_serving("gqa-llama/bf16/serve", dry=False)
+    assert stubbed_cuda == ["init", "history all context=None", "history None context=all"]
+    assert served["allocator_settings"] == {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False}
+    assert served["replay"]["holds"] and served["trace_complete"] and served["window_start"] == 0 and served["trace"][0][0] == "segment_alloc"
+    config = served["model_config"]
+    batch, context, tokens = gpu_record_serve.DRY_SIZES
+    head_dim = config["head_dim"]
+    # bf16 keys and values of every layer for batch × context positions (the cache the forward returned, counted)
+    assert served["kv_cache_bytes"] == 2 * config["num_hidden_layers"] * batch * context * config["num_key_value_heads"] * head_dim * 2
+    assert served["weight_bytes"] == 2 * served["parameters"] and len(served["decode_sec_per_token"]["all"]) == tokens
+    assert json.loads(json.dumps(served)) == served
 
 
 def test_the_library_probe_reads_the_allocator_around_the_first_matmuls(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -228,7 +269,12 @@ def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.Completed
     done = subprocess.run([sys.executable, str(SCRIPT), "--compare", str(dry_run[1] / "gpu-record.json.gz")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
-    assert set(lines) == set(DRY_STEPS)
+    assert set(lines) == set(DRY_STEPS + DRY_SERVING)
+    # the served model as infer --device predicts it, on the CPU's kernels (a dry run): the recorder loads the weights as
+    # the prediction does, so fp32 GPT-2's weights and prefill are predicted to the byte
+    assert "cannot predict" not in lines[DRY_SERVING[0]]
+    allocated, recorded = (int(word.replace(",", "")) for word in lines[DRY_SERVING[0]].split()[1:3])
+    assert allocated == recorded
     assert "cannot predict" not in lines["hf-gpt2/bf16-autocast/flash"]  # CUDA autocast's casts on meta (resacct/account/gpu/cuda_autocast.py)
     for name in ("gpt2-small/fp32/math", "llama-3.2-1b-lora/bf16/flash", "hf-gpt2/bf16-autocast/flash"):
         if name in lines:

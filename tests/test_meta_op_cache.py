@@ -239,6 +239,6 @@ def test_the_kv_cache_counted_on_meta_is_the_same_with_and_without_the_cache(mon
     from resacct.account.load import meta_facts
 
     model = _small_hf_model("llama")
-    cached = meta_facts._cache_elements(model, 24)
+    cached = meta_facts.model_kv_cache_elements(model, 24)
     monkeypatch.setattr(meta_facts, "meta_calls_cached", lambda *things: contextlib.nullcontext())
-    assert cached == meta_facts._cache_elements(model, 24) == 3 * 2 * 24 * 2 * (64 // 4)  # layers · (k, v) · tokens · kv heads · head size
+    assert cached == meta_facts.model_kv_cache_elements(model, 24) == 3 * 2 * 24 * 2 * (64 // 4)  # layers · (k, v) · tokens · kv heads · head size

@@ -6,7 +6,9 @@ starts from its first allocation; each bounded by ``--step-limit``), it records 
 step — what the CUDA caching allocator did (``torch.cuda.memory._record_memory_history(
 context=None)`` + ``_snapshot()``, compacted by :func:`resacct.account.gpu.record.compact_snapshot`),
 ``max_memory_allocated`` / ``max_memory_reserved`` over that step, the step's time (median of 5,
-CUDA-synchronised), and every aten op's time with its shapes and dtypes (``torch.profiler``) — then
+CUDA-synchronised), and every aten op's time with its shapes and dtypes (``torch.profiler``); then for each
+model of :data:`SERVING` what ``resacct infer --device`` predicts — its weights loaded, the first prefill with its KV
+cache kept (the allocator's trace and peaks), the prefill's time and a generated token's (tools/gpu_record_serve.py) — then
 the board's ceilings: the most matmul FLOP/s over a sweep of shapes for bf16, fp16, tf32, fp32 and
 fp8 where the board has it (the MAMF method: the best of a sweep, not a datasheet), memory
 bandwidth (a 1 GiB copy) and the launch overhead of a tiny kernel; first, in a fresh process, the
@@ -33,7 +35,7 @@ Models are built from configs only (no weights, no network). Exit status 1 if an
 
 Its parts are modules beside it (this file is the driver and the bundle): ``gpu_record_matrix.py``
 (the steps; their models built by resacct.account.gpu.record_models), ``gpu_record_step.py`` (one step recorded, in its own
-process), ``gpu_record_ceilings.py`` (the MAMF sweep, bandwidth, launch overhead) and
+process), ``gpu_record_serve.py`` (one served model: prefill and decode), ``gpu_record_ceilings.py`` (the MAMF sweep, bandwidth, launch overhead) and
 ``gpu_record_replay.py`` (``--replay``, ``--compare``); the library probe is library code,
 :func:`resacct.account.gpu.library_workspaces.probe_library_allocations`, beside the workspaces it settles.
 """
@@ -57,7 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its parts, beside it
 
 import gpu_record_step  # noqa: E402
 from gpu_record_ceilings import record_ceilings  # noqa: E402
-from gpu_record_matrix import GQA_LLAMA, HF_GPT2, LLAMA_32_1B, MATRIX, MIXTRAL_SMALL, TINY  # noqa: E402,F401  (re-exported)
+import gpu_record_serve  # noqa: E402
+from gpu_record_matrix import GQA_LLAMA, HF_GPT2, LLAMA_32_1B, MATRIX, MIXTRAL_SMALL, SERVING, TINY  # noqa: E402,F401  (re-exported)
 from gpu_record_claims import claims_yaml  # noqa: E402
 from gpu_record_replay import compare_record, predict_recorded_step, read_record, replay_record  # noqa: E402,F401
 from gpu_record_step import MAX_TRACE_ENTRIES, TIMED_STEPS, TIMED_STEPS_DRY, op_times, record_step  # noqa: E402,F401
@@ -109,11 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="a record whose steps to predict on meta tensors, beside the recorded peaks")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(record_step(args.one, args.dry_run), separators=(",", ":")))
+        return 0
+    if args.serve:
+        print(json.dumps(gpu_record_serve.record_serving(args.serve, args.dry_run), separators=(",", ":")))
         return 0
     if args.replay:
         return replay_record(args.replay)
@@ -132,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         from resacct.account.gpu.library_workspaces import probe_library_allocations
         print(json.dumps(probe_library_allocations("cpu" if args.dry_run else gpu_record_step.CUDA_DEVICE, cuda=not args.dry_run)))
         return 0
-    names = [name for name in args.only.split(",") if name] or list(MATRIX)
-    unknown = [name for name in names if name not in MATRIX]
+    chosen = [name for name in args.only.split(",") if name]
+    unknown = [name for name in chosen if name not in MATRIX and name not in SERVING]
     if unknown:
-        print(f"gpu_record.py: unknown step {unknown[0]!r}; expected one of: {', '.join(MATRIX)}", file=sys.stderr)
+        print(f"gpu_record.py: unknown step {unknown[0]!r}; expected one of: {', '.join([*MATRIX, *SERVING])}", file=sys.stderr)
         return 2
+    names = [name for name in chosen if name in MATRIX] if chosen else list(MATRIX)
+    served = [name for name in chosen if name in SERVING] if chosen else list(SERVING)
     if args.out is None:
         print("gpu_record.py: no --out and no $OUT; expected a folder to write into", file=sys.stderr)
         return 2
@@ -148,31 +157,34 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
-    steps, summary = [], []
+    steps, summary, serving, serving_summary = [], [], [], []
     with open(args.out / "gpu-record.log", "w") as log:
         log.write("== library probe\n")
         library, library_status = _child(["--library"] + (["--dry-run"] if args.dry_run else []), 60, env, log)
         print(json.dumps({"library_probe": library_status, "stages": library and library["stages"]}), flush=True)
-        for name in names:
+        # the training steps, then the served models (infer's prefill and decode): each in a fresh process
+        for flag, name, entries, rows in [("--one", name, steps, summary) for name in names] + [("--serve", name, serving, serving_summary) for name in served]:
             left = args.budget - 130 - (time.perf_counter() - started)  # 130 s kept for the ceilings and the bundle
             if left < 15:
-                steps.append({"name": name, "error": "skipped: the budget was spent"})
-                summary.append({"name": name, "status": "skipped"})
+                entries.append({"name": name, "error": "skipped: the budget was spent"})
+                rows.append({"name": name, "status": "skipped"})
                 continue
             step_env = dict(env)
-            if MATRIX[name][6].get("expandable_segments"):
+            if flag == "--one" and MATRIX[name][6].get("expandable_segments"):
                 step_env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             log.write(f"== {name}\n")
             log.flush()
             begin = time.perf_counter()
-            result, status = _child(["--one", name] + (["--dry-run"] if args.dry_run else []), min(args.step_limit, left), step_env, log)
+            result, status = _child([flag, name] + (["--dry-run"] if args.dry_run else []), min(args.step_limit, left), step_env, log)
             seconds = round(time.perf_counter() - begin, 1)
-            steps.append(result if result is not None else {"name": name, "error": status})
+            entries.append(result if result is not None else {"name": name, "error": status})
             row = {"name": name, "status": status, "seconds": seconds}
             if result is not None:
                 row.update({key: result[key] for key in ("max_memory_allocated", "max_memory_reserved", "trace_complete")},
-                           step_time_sec=result["step_time_sec"]["median"], trace_entries=len(result["trace"]), replay=result["replay"])
-            summary.append(row)
+                           trace_entries=len(result["trace"]), replay=result["replay"])
+                row.update({"step_time_sec": result["step_time_sec"]["median"]} if flag == "--one" else
+                           {"prefill_sec": result["prefill_sec"]["median"], "decode_sec_per_token": result["decode_sec_per_token"]["median"]})
+            rows.append(row)
             print(json.dumps(row), flush=True)
             log.write(json.dumps(row) + "\n")
         left = args.budget - 10 - (time.perf_counter() - started)
@@ -182,19 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     from resacct.account.gpu.record import RECORD_FORMAT
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
-              "steps": steps, "ceilings": ceilings if ceilings is not None else {"error": status},
+              "steps": steps, "serving": serving, "ceilings": ceilings if ceilings is not None else {"error": status},
               "library_probe": library if library is not None else {"error": library_status}}
     with gzip.open(args.out / "gpu-record.json.gz", "wt") as handle:
         json.dump(record, handle, separators=(",", ":"))
-    failed = ([row["name"] for row in summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
+    failed = ([row["name"] for row in summary + serving_summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
               + ([] if library is not None else ["library probe"]))
     (args.out / "gpu-record-summary.json").write_text(json.dumps(
         {"board": record["board"], "when": record["when"], "torch": record["torch"], "capability": record.get("capability"),
          "total_memory_bytes": record.get("total_memory_bytes"), "dry_run": args.dry_run, "seconds": round(time.perf_counter() - started, 1),
          "ceilings": ceilings_in_brief(ceilings) if ceilings is not None else None,
-         "steps": summary, "ceilings_status": status, "library_probe_status": library_status, "failed": failed,
+         "steps": summary, "serving": serving_summary, "ceilings_status": status, "library_probe_status": library_status, "failed": failed,
          "record_bytes": (args.out / "gpu-record.json.gz").stat().st_size}, indent=1) + "\n")
-    print(f"== gpu_record: {len(summary) - len(failed)} of {len(summary)} steps ok, {time.perf_counter() - started:.0f} s, files in {args.out}")
+    rows = summary + serving_summary
+    print(f"== gpu_record: {sum(row['status'] == 'ok' for row in rows)} of {len(rows)} steps ok, {time.perf_counter() - started:.0f} s, files in {args.out}")
     return 1 if failed else 0
 
 

@@ -57,3 +57,11 @@ def attention_context(attention: str, dry: bool) -> Any:
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
     return sdpa_kernel(backends[attention]) if attention in backends else contextlib.nullcontext()
 
+
+#: name → (model, weights, attention, batch, context, new tokens): a model served as ``resacct infer --device`` predicts it —
+#: its weights loaded, the first prefill of batch × context tokens (cache kept), then tokens generated one at a time
+SERVING: dict[str, tuple[Any, str, str, int, int, int]] = {
+    "llama-3.2-1b/bf16/serve": (LLAMA_32_1B, "bf16", "flash", 1, 1024, 32),
+    "gqa-llama/bf16/serve": (GQA_LLAMA, "bf16", "flash", 8, 2048, 32),
+    "hf-gpt2/fp32/serve": (HF_GPT2, "fp32", "efficient", 4, 512, 32),
+}

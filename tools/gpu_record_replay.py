@@ -1,7 +1,7 @@
 """tools/gpu_record.py's ``--replay`` and ``--compare`` (issue 31), on any CPU: a record read back
-(one line on stderr when it is not a whole record), each recorded step replayed through the allocator
-model, or predicted on meta tensors (:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`)
-beside what the board did.
+(one line on stderr when it is not a whole record), each recorded step and served model replayed through the
+allocator model, or predicted on meta tensors (:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`;
+a served model as ``infer --device`` predicts it) beside what the board did.
 """
 
 from __future__ import annotations
@@ -48,12 +48,18 @@ def compare_record(path: Path) -> int:
         return 2
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
-    for step in record["steps"]:
+    from resacct.account.gpu.record_models import predict_record_serving
+
+    probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
+    served = {id(entry) for entry in record.get("serving", [])}
+    for step in [*record["steps"], *record.get("serving", [])]:
         if "error" in step:
             continue
         try:
-            probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
-            predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env)
+            if id(step) in served:  # infer's prediction: the weights loaded, the first prefill with its cache kept
+                predicted = predict_record_serving(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=probe_env)
+            else:
+                predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env)
         except (ResacctError, RuntimeError, ImportError) as error:
             print(f"{step['name']:48} cannot predict: {str(error).splitlines()[0][:120]}")
             continue
@@ -72,7 +78,8 @@ def replay_record(path: Path) -> int:
         return 2
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     held = 0
-    steps = [step for step in record["steps"] if "error" not in step]
+    everything = [*record["steps"], *record.get("serving", [])]
+    steps = [step for step in everything if "error" not in step]
     for step in steps:
         try:
             result = replay_step(step)
@@ -83,6 +90,6 @@ def replay_record(path: Path) -> int:
         print(f"{step['name']:48} allocated {result.peak_allocated_bytes:>14,} (recorded {result.recorded_max_allocated_bytes:>14,})  "
               f"reserved {result.peak_reserved_bytes:>14,} (recorded {result.recorded_max_reserved_bytes:>14,})  "
               f"{'holds' if result.holds else 'DIFFERS: ' + (result.first_segment_mismatch or result.first_misplaced_block or 'the peaks')}")
-    print(f"{held} of {len(steps)} recorded steps replay exactly ({len(record['steps']) - len(steps)} not recorded)")
+    print(f"{held} of {len(steps)} recorded steps replay exactly ({len(everything) - len(steps)} not recorded)")
     return 0 if held == len(steps) else 1
 

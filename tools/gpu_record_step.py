@@ -48,12 +48,46 @@ def op_times(prof: Any) -> list[dict]:
     return [{**row, **{k: round(row[k], 3) for k in ("device_us", "self_device_us", "cpu_us")}} for row in groups.values()]
 
 
+def start_history(cuda: bool) -> Any:
+    """The allocator's history on from here: CUDA's (``_record_memory_history``, no stack frames; returns None), or in
+    a dry run resacct's allocation recorder over CPU tensors feeding its allocator model (returned, entered)."""
+    import torch
+
+    from resacct.account.gpu.allocation_trace import AllocationRecorder
+
+    if cuda:
+        torch.cuda.init()
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=MAX_TRACE_ENTRIES)
+        return None
+    return AllocationRecorder(device="cpu").__enter__()
+
+
+def stop_history(recorder: Any) -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
+    """The peaks since the last reset, the history as a snapshot and the allocator's settings; the history off
+    (``recorder``: :func:`start_history`'s, None on a board)."""
+    import torch
+
+    if recorder is None:
+        peaks = {"max_memory_allocated": torch.cuda.max_memory_allocated(), "max_memory_reserved": torch.cuda.max_memory_reserved(),
+                 "memory_allocated_end": torch.cuda.memory_allocated(), "memory_reserved_end": torch.cuda.memory_reserved()}
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        settings = {key: value for key, value in (snapshot.get("allocator_settings") or {}).items() if isinstance(value, (bool, int, float, str))}
+        settings.setdefault("expandable_segments", "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        return peaks, snapshot, settings
+    allocator = recorder.allocator
+    peaks = {"max_memory_allocated": allocator.peak_allocated_bytes, "max_memory_reserved": allocator.peak_reserved_bytes,
+             "memory_allocated_end": allocator.allocated_bytes, "memory_reserved_end": allocator.reserved_bytes}
+    snapshot = recorder.snapshot()
+    recorder.__exit__(None, None, None)
+    return peaks, snapshot, {"expandable_segments": False, "dry_run": True}
+
+
 def record_step(name: str, dry: bool) -> dict[str, Any]:
     """Record one step of :data:`MATRIX` in this process: the allocator's trace from its first
     allocation, the peaks of the measured step, its time and its ops."""
     import torch
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
     from resacct.account.gpu.record import compact_snapshot, replay_step
     from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
@@ -65,12 +99,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     if dry or device != "cuda":
         batch, seq = 2, 32
     started = time.perf_counter()
-    recorder = None
-    if cuda:
-        torch.cuda.init()
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=MAX_TRACE_ENTRIES)
-    else:  # the dry run: resacct's allocation recorder and allocator model stand in for the GPU's
-        recorder = AllocationRecorder(device="cpu").__enter__()
+    recorder = start_history(cuda)
     torch.manual_seed(0)
     net, loss_fn = build_record_model(family, model, attention, extra, tiny=dry or device != "cuda", device=device)
     vocab = net.config.vocab_size  # resacct's GPTConfig and transformers' configs both have it
@@ -99,20 +128,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
         window_start = recorder.window_start
     one_step()
     sync()
-    if cuda:
-        peaks = {"max_memory_allocated": torch.cuda.max_memory_allocated(), "max_memory_reserved": torch.cuda.max_memory_reserved(),
-                 "memory_allocated_end": torch.cuda.memory_allocated(), "memory_reserved_end": torch.cuda.memory_reserved()}
-        snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        settings = {key: value for key, value in (snapshot.get("allocator_settings") or {}).items() if isinstance(value, (bool, int, float, str))}
-        settings.setdefault("expandable_segments", "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-    else:
-        model_allocator = recorder.allocator
-        peaks = {"max_memory_allocated": model_allocator.peak_allocated_bytes, "max_memory_reserved": model_allocator.peak_reserved_bytes,
-                 "memory_allocated_end": model_allocator.allocated_bytes, "memory_reserved_end": model_allocator.reserved_bytes}
-        snapshot = recorder.snapshot()
-        recorder.__exit__(None, None, None)
-        settings = {"expandable_segments": False, "dry_run": True}
+    peaks, snapshot, settings = stop_history(recorder)
     entries = len(snapshot["device_traces"][0])
     compacted = compact_snapshot(snapshot, window_start=window_start)
     times = []

@@ -44,19 +44,17 @@ def with_decode_time(answer: Any, ops: list[Any], board: Any, fmt: str, *, read_
     the prefill's ops again (its op count: one forward's) — the longest of the reads ÷ the bandwidth, the prefill's
     FLOPs per position ÷ the matmul rate (attention to the whole context counted as the prefill's causal half: a low
     estimate, rarely the bound) and the ops × the per-op overhead. Where the board has no rate in ``fmt``: unchanged."""
+    from resacct.account.gpu.step_time import predict_decode_seconds
+
     try:
         rates = board_rates(board, fmt)
     except ResacctError:
         return answer
-    memory_sec = read_bytes / rates.bandwidth_bytes_per_sec
-    compute_sec = sum(op.flops for op in ops) / context / rates.matmul_flops_per_sec
-    host_sec = len(ops) * rates.overhead_sec_per_op
-    decode_sec = max(memory_sec, compute_sec, host_sec)
-    bound = "host (dispatch per op)" if decode_sec == host_sec else "memory (the reads)" if decode_sec == memory_sec else "compute"
-    return replace(answer, decode_sec_per_token=decode_sec, decode_basis=(
-        f"a forward of one token a sequence, bound by the {bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
-        f"{memory_sec * 1e3:.3g} ms; the prefill's {len(ops):,} ops on the host, {host_sec * 1e3:.3g} ms; its FLOPs per position, "
-        f"{compute_sec * 1e3:.3g} ms; eager PyTorch, no CUDA graphs; {rates.source}"))
+    decode = predict_decode_seconds(ops, rates, read_bytes=read_bytes, context=context)
+    return replace(answer, decode_sec_per_token=decode.token_sec, decode_basis=(
+        f"a forward of one token a sequence, bound by the {decode.bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
+        f"{decode.memory_sec * 1e3:.3g} ms; the prefill's {decode.ops:,} ops on the host, {decode.host_sec * 1e3:.3g} ms; its FLOPs per position, "
+        f"{decode.compute_sec * 1e3:.3g} ms; eager PyTorch, no CUDA graphs; {rates.source}"))
 
 
 def board_rates(board: Any, fmt: str) -> Any:

@@ -79,10 +79,12 @@ def read_board_record(name: str, *, allow_dry_run: bool = False) -> dict[str, An
 
 
 def board_record_step(name: str, record: dict[str, Any], step: str) -> dict[str, Any]:
-    """The recorded step called ``step``; a step the board failed (``error``) or a name not recorded: ResacctError."""
-    found = [entry for entry in record["steps"] if entry.get("name") == step]
+    """The recorded step called ``step`` — a training step, or a serving entry (``serving``: weights, a prefill, decoded
+    tokens); a step the board failed (``error``) or a name not recorded: ResacctError."""
+    entries = [*record["steps"], *record.get("serving", [])]
+    found = [entry for entry in entries if entry.get("name") == step]
     if not found:
-        known = ", ".join(str(entry.get("name")) for entry in record["steps"])
+        known = ", ".join(str(entry.get("name")) for entry in entries)
         raise ResacctError(f"GPU record {name}: no step {step!r}; expected one of {known}")
     if "error" in found[0]:
         raise ResacctError(f"GPU record {name}: step {step!r} was not recorded ({found[0]['error']}); expected a recorded step")

@@ -30,7 +30,8 @@ from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, ca
 from resacct.account.gpu.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
-__all__ = ["CUDA_FAMILIES", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
+__all__ = ["CUDA_FAMILIES", "SERVED_FORMATS", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "prefill_model", "predict_prefill",
+           "weight_bytes", "sdpa_kernel_for", "kv_prefill", "grouped_experts"]
 
 #: The datasheet table's families whose boards run PyTorch's CUDA caching allocator.
 CUDA_FAMILIES = ("volta", "ampere", "ada", "hopper", "blackwell")
@@ -131,36 +132,29 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
     return with_step_time(answer, ops, board, base)
 
 
-def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str, kv_format: str, board: Any,
+def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_format: str, board: Any,
                      kv_cache_bytes: int | None = None) -> GpuStepAnswer:
-    """The serving peak of ``config_name`` on ``board``: weights in ``weights`` (bf16, fp16 or fp32),
+    """The serving peak of ``config`` (a shipped name, a config.json path or an
+    :class:`~resacct.account.load.hf_models.HfConfigSpec`) on ``board``: weights in ``weights`` (bf16, fp16 or fp32),
     then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype); the prefill's
     time from the ops of that pass, and — given the cache's bytes at the context — one generated token's
     (:func:`~resacct.account.gpu.board_rates.with_decode_time`)."""
-    import torch
-
     from resacct.account.gpu.library_workspaces import step_workspaces
-    from resacct.account.load.hf_models import build_hf_model, load_hf_config
+    from resacct.account.load.hf_models import load_hf_config
 
     gap = cuda_board_gap(board)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if gap is None and weights not in dtypes:
+    if gap is None and weights not in SERVED_FORMATS:
         gap = f"{weights} weights run quantised kernels that meta tensors cannot run; expected bf16, fp16 or fp32 weights for a CUDA prediction"
     if gap is None and kv_format != weights:
         gap = f"a {kv_format} KV cache beside {weights} weights: transformers' cache keeps the model's dtype; expected --kv-format {weights}"
     if gap is not None:
         return _unavailable(board, gap)
-    model = build_hf_model(load_hf_config(config_name), device="meta")
-    experts = group_experts(model)  # as transformers runs them on a CUDA board
-    model = model.to(dtypes[weights])
-    model.eval()
-    ids = torch.zeros(batch, context, dtype=torch.long)
+    model, experts = prefill_model(load_hf_config(config), weights)
     workspaces = step_workspaces(model, board=board, backward=False)  # no backward: the forward thread's only
-
     ops: list[Any] = []
     try:
-        kernel = sdpa_kernel_for(board, dtypes[weights])
-        predicted = _predict(model, ids, kv_prefill, None, kernel, workspaces.sizes, ops=ops)
+        kernel = sdpa_kernel_for(board, next(model.parameters()).dtype)
+        predicted = predict_prefill(model, batch=batch, context=context, kernel=kernel, workspaces=workspaces.sizes, ops=ops)
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
@@ -168,8 +162,41 @@ def infer_gpu_answer(config_name: str, *, batch: int, context: int, weights: str
     answer = with_step_time(answer, ops, board, weights)
     if kv_cache_bytes is None or answer.step_sec is None:
         return answer
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return with_decode_time(answer, ops, board, weights, read_bytes=weight_bytes + kv_cache_bytes, context=context)
+    return with_decode_time(answer, ops, board, weights, read_bytes=weight_bytes(model) + kv_cache_bytes, context=context)
+
+
+#: the weight formats a prefill is traced in (meta tensors run no quantised kernel)
+SERVED_FORMATS = ("fp32", "bf16", "fp16")
+
+
+def prefill_model(spec: Any, weights: str) -> tuple[Any, str | None]:
+    """The model ``infer --device`` serves, built on meta from ``spec`` (an HfConfigSpec): its experts grouped as
+    transformers runs them on a CUDA board, its weights in ``weights`` (one of :data:`SERVED_FORMATS`), in eval mode;
+    and the line saying how its experts run (None: no experts). The GPU recorder builds its served models here too."""
+    import torch
+
+    from resacct.account.load.hf_models import build_hf_model
+
+    if weights not in SERVED_FORMATS:
+        raise ResacctError(f"weights {weights!r}: expected one of {', '.join(SERVED_FORMATS)}")
+    model = build_hf_model(spec, device="meta")
+    experts = group_experts(model)  # as transformers runs them on a CUDA board
+    model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[weights])
+    model.eval()
+    return model, experts
+
+
+def predict_prefill(model: Any, *, batch: int, context: int, kernel: str | None, workspaces: tuple[int, ...] = (), ops: list | None = None) -> Any:
+    """The CUDA allocator's peaks of ``model``'s weights loaded, then the prefill of ``batch`` × ``context`` tokens as
+    ``generate`` runs it (:func:`kv_prefill`), sdpa routed to ``kernel``; ``ops`` receives the prefill's aten ops."""
+    import torch
+
+    return _predict(model, torch.zeros(batch, context, dtype=torch.long), kv_prefill, None, kernel, workspaces, ops=ops)
+
+
+def weight_bytes(model: Any) -> int:
+    """The bytes of ``model``'s parameters (each storage once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def kv_prefill(module: Any, tokens: Any) -> Any:

@@ -190,4 +190,11 @@ def check_record_layout(record: dict[str, Any]) -> list[str]:
         for row in step.get("trace", [])[:1]:
             if len(row) != 4 or row[0] not in _KNOWN_ACTIONS:
                 problems.append(f"step {step.get('name', '?')}: trace row {row!r} is not [action, address, size, stream id]")
+    for entry in record.get("serving", []):  # optional: records before the recorder served models have none
+        if "error" in entry:
+            continue
+        for key in ("name", "model_config", "weights", "attention", "batch", "context", "trace", "window_start", "max_memory_allocated",
+                    "max_memory_reserved", "prefill_sec", "decode_sec_per_token", "ops"):
+            if key not in entry:
+                problems.append(f"serving {entry.get('name', '?')}: no {key!r}")
     return problems

@@ -16,12 +16,13 @@ predictable when the recorder's matrix changes. A dry run (on a CPU, ``tiny``) s
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step"]
+__all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step", "served_model", "materialize_in_order",
+           "predict_record_serving", "ServingPrediction"]
 
 #: the sizes a dry run shrinks every model to (a CPU runs its steps in seconds)
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
@@ -138,3 +139,77 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
         workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
     return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
                                     config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops)
+
+
+def served_model(model_config: dict[str, Any], weights: str) -> Any:
+    """A recorded serving entry's model on meta, as ``infer --device`` builds it
+    (:func:`~resacct.account.gpu.command_answers.prefill_model`: experts grouped, weights in ``weights``, eval)."""
+    from resacct.account.gpu.command_answers import prefill_model
+    from resacct.account.load.hf_models import HfConfigSpec
+
+    spec = HfConfigSpec(name=f"recorder-{model_config.get('model_type')}", source="tools/gpu_record.py", values=dict(model_config))
+    return prefill_model(spec, weights)[0]
+
+
+def materialize_in_order(model: Any, device: str) -> Any:
+    """``model`` (on meta) given storage on ``device`` as the predictions load it: every parameter in the module's order
+    (each tied storage once), then every buffer — floating ones drawn from N(0, 0.02), the rest zero (no checkpoint: the
+    recorder's weights are random; a board's time and memory do not depend on their values)."""
+    import torch
+
+    def real(tensor: Any) -> Any:
+        made = torch.empty_like(tensor, device=device)
+        return made.normal_(0.0, 0.02) if made.is_floating_point() else made.zero_()
+
+    with torch.no_grad():
+        done: dict[int, Any] = {}
+        for module in model.modules():
+            for name, parameter in list(module._parameters.items()):
+                if parameter is not None:
+                    if id(parameter) not in done:
+                        done[id(parameter)] = torch.nn.Parameter(real(parameter), requires_grad=parameter.requires_grad)
+                    module._parameters[name] = done[id(parameter)]
+        for module in model.modules():
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    if id(buffer) not in done:
+                        done[id(buffer)] = real(buffer)
+                    module._buffers[name] = done[id(buffer)]
+    return model
+
+
+@dataclass(frozen=True)
+class ServingPrediction:
+    """A recorded serving entry predicted on meta: the CUDA peaks of its weights and first prefill, the prefill's ops,
+    and what a decode step reads (the weights, the KV cache at the context)."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    attention: str | None
+    ops: list[Any]
+    weight_bytes: int
+    kv_cache_bytes: int
+
+
+def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None) -> ServingPrediction:
+    """A recorded serving entry (``model_config``, ``weights``, ``attention``, ``batch``, ``context``) as ``infer --device``
+    predicts it: the model built the same way, the prefill traced on meta with the recorded sdpa kernel and the cuBLAS
+    workspaces of the board's ``capability``; the KV cache's bytes from the model's own cache after a meta forward."""
+    from resacct.account.gpu.command_answers import predict_prefill, weight_bytes
+    from resacct.account.load.meta_facts import model_kv_cache_elements
+
+    missing = [key for key in ("model_config", "weights", "attention", "batch", "context") if key not in entry]
+    if missing:
+        raise ResacctError(f"recorded serving entry {entry.get('name')!r} lacks {', '.join(missing)}; expected what ran, as tools/gpu_record.py records it")
+    model = served_model(entry["model_config"], entry["weights"])
+    attention = entry["attention"]
+    kernel = attention if attention in ("flash", "efficient") and not dry_run else None
+    workspaces: tuple[int, ...] = ()
+    if capability and not dry_run:
+        from resacct.account.gpu.library_workspaces import step_workspaces
+
+        workspaces = step_workspaces(model, major=int(capability.split(".")[0]), backward=False, env=env or {}).sizes
+    ops: list[Any] = []
+    predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops)
+    kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
+    return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache)

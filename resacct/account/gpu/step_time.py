@@ -28,7 +28,8 @@ from torch import nn
 from resacct.account.gpu.op_costs import OpCost
 from resacct.errors import ResacctError
 
-__all__ = ["OpCost", "BoardRates", "StepTimePrediction", "trace_step_ops", "predict_step_seconds", "calibrate_overhead",
+__all__ = ["OpCost", "BoardRates", "StepTimePrediction", "DecodePrediction", "trace_step_ops", "predict_step_seconds", "predict_decode_seconds",
+           "calibrate_overhead",
            "BANDWIDTH_EFFICIENCY", "DATASHEET_MATMUL_EFFICIENCY"]
 
 BANDWIDTH_EFFICIENCY = 0.8  # assumed share of the datasheet's HBM bandwidth an elementwise kernel reaches (no record measured it)
@@ -84,3 +85,41 @@ def calibrate_overhead(ops: list[OpCost], measured_sec: float, matmul_flops_per_
     if gpu > measured_sec / 10:
         raise ResacctError(f"calibration step: {gpu:.3g} s of GPU time in {measured_sec:.3g} s measured is not host-bound; expected a step whose GPU time is under a tenth")
     return measured_sec / len(ops)
+
+
+@dataclass(frozen=True)
+class DecodePrediction:
+    """One generated token's predicted seconds (``infer --device``): the longest of its three bounds."""
+
+    memory_sec: float  # the weights and the KV cache read once ÷ the bandwidth
+    compute_sec: float  # the prefill's FLOPs per position ÷ the matmul rate
+    host_sec: float  # one forward's ops × the per-op overhead
+    ops: int
+    read_bytes: int
+
+    @property
+    def token_sec(self) -> float:
+        return max(self.memory_sec, self.compute_sec, self.host_sec)
+
+    @property
+    def bound(self) -> str:
+        return ("host (dispatch per op)" if self.token_sec == self.host_sec else "memory (the reads)" if self.token_sec == self.memory_sec
+                else "compute")
+
+
+def predict_decode_seconds(prefill_ops: list[OpCost], rates: BoardRates, *, read_bytes: int, context: int) -> DecodePrediction:
+    """A decode step — one forward of one token a sequence — from the prefill's ops: it reads the weights and the whole
+    KV cache (``read_bytes``) and runs the prefill's ops again (one forward's op count), so the longest of the reads ÷
+    the bandwidth, the prefill's FLOPs per position (``context`` positions) ÷ the matmul rate (attention to the whole
+    context counted as the prefill's causal half: a low estimate, rarely the bound) and the ops × the per-op overhead.
+
+    >>> rates = BoardRates(1e15, 4e12, 1e-5, "")
+    >>> decode = predict_decode_seconds([OpCost("aten::mm", 2 * 10**12, 10**9)] * 100, rates, read_bytes=8 * 10**9, context=1000)
+    >>> round(decode.token_sec * 1e3, 3), decode.bound
+    (2.0, 'memory (the reads)')
+    """
+    if context < 1:
+        raise ResacctError(f"context {context}: expected at least 1 token")
+    return DecodePrediction(memory_sec=read_bytes / rates.bandwidth_bytes_per_sec,
+                            compute_sec=sum(op.flops for op in prefill_ops) / context / rates.matmul_flops_per_sec,
+                            host_sec=len(prefill_ops) * rates.overhead_sec_per_op, ops=len(prefill_ops), read_bytes=read_bytes)

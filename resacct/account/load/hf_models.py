@@ -84,8 +84,9 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def load_hf_config(name_or_path: str) -> HfConfigSpec:
-    """A shipped config by name (``llama-2-7b``), or a config JSON file (a model card's config.json).
+def load_hf_config(name_or_path: str | HfConfigSpec) -> HfConfigSpec:
+    """A shipped config by name (``llama-2-7b``), or a config JSON file (a model card's config.json);
+    an :class:`HfConfigSpec` already parsed is returned as it is.
 
     A file must be a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or a device is
     refused, not read), UTF-8 JSON (not nested past Python's limit, no integer of more than 4,300
@@ -93,6 +94,8 @@ def load_hf_config(name_or_path: str) -> HfConfigSpec:
     1..:data:`MAX_SIZE` (layers at most :data:`MAX_LAYERS`); each refusal is one line naming the file."""
     from resacct.training.input_files import read_regular_file
 
+    if isinstance(name_or_path, HfConfigSpec):
+        return name_or_path
     known = known_hf_configs()
     if name_or_path in known:
         return known[name_or_path]

@@ -82,7 +82,7 @@ class MetaModelFacts:
     def kv_cache_elements(self, tokens: int) -> int:
         """Elements the model's cache holds for one sequence of ``tokens`` tokens (a meta forward with ``use_cache``)."""
         if tokens not in self._kv:
-            self._kv[tokens] = _cache_elements(self.model, tokens)
+            self._kv[tokens] = model_kv_cache_elements(self.model, tokens)
         return int(self._kv[tokens])
 
     def kv_cache_elements_per_token(self, tokens: int) -> float:
@@ -103,7 +103,8 @@ class MetaModelFacts:
             self.model.eval()
 
 
-def _cache_elements(model: Any, tokens: int) -> int:
+def model_kv_cache_elements(model: Any, tokens: int) -> int:
+    """Elements ``model``'s own KV cache holds after a meta forward of one sequence of ``tokens`` tokens (``use_cache``)."""
     model.eval()
     ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
     with torch.no_grad(), meta_calls_cached(model):  # each layer's calls the same: answered from the process's cache
@@ -115,14 +116,20 @@ def _cache_elements(model: Any, tokens: int) -> int:
     cache = getattr(output, "past_key_values", None)
     if cache is None:
         raise ResacctError(f"{type(model).__name__} returned no past_key_values: it keeps no KV cache resacct can count")
-    tensors = []
-    for layer in getattr(cache, "layers", ()):
-        tensors += [value for value in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(value, torch.Tensor)]
-    if not tensors and isinstance(cache, (tuple, list)):  # a legacy tuple of (key, value) per layer
-        tensors = [value for pair in cache for value in pair if isinstance(value, torch.Tensor)]
+    tensors = kv_cache_tensors(cache)
     if not tensors:
         raise ResacctError(f"{type(model).__name__}'s cache ({type(cache).__name__}) holds no key/value tensors resacct can count")
     return sum(tensor.numel() for tensor in tensors)
+
+
+def kv_cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """The key and value tensors a transformers cache holds: a ``Cache``'s layers, or a legacy tuple of (key, value) per layer."""
+    tensors = []
+    for layer in getattr(cache, "layers", ()):
+        tensors += [value for value in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(value, torch.Tensor)]
+    if not tensors and isinstance(cache, (tuple, list)):
+        tensors = [value for pair in cache for value in pair if isinstance(value, torch.Tensor)]
+    return tensors
 
 
 def _active_parameters(model: Any, experts: int, per_token: int) -> int:

@@ -1,0 +1,101 @@
+"""A board's record of models served as ``resacct infer --device`` predicts them (``tools/gpu_record_serve.py``),
+replayed and predicted on any machine (issue 31): evidence ``recorded``, area ``gpu_recorded``.
+
+A served entry of a record holds what one process did on the board: the model's weights loaded (in the module's
+order, as the prediction loads them), the first prefill of batch × context tokens with its KV cache kept — the
+CUDA caching allocator's trace and peaks over all of it — then the prefill's median time and the median time of a
+token generated one at a time from the cache. Its allocator trace is replayed by ``gpu_recorded.board_step_replay``
+(the training steps' check: the same fields); here, each reading its **measurement** from the committed record and
+making its **prediction** now with ``infer --device``'s own functions
+(:func:`~resacct.account.gpu.record_models.predict_record_serving`):
+
+- ``gpu_recorded.board_prefill_peak`` — the weights and the prefill traced on meta tensors through the allocator model;
+- ``gpu_recorded.board_prefill_time`` — the prefill's aten ops priced by the record's own ceilings (per op the longer of
+  FLOPs ÷ the most matmul FLOP/s in the weights' format and bytes ÷ the copy bandwidth; the ops × the launch time the
+  other bound);
+- ``gpu_recorded.board_decode_time`` — one generated token: the longest of the weights and the KV cache read once ÷
+  the bandwidth, the prefill's FLOPs per position ÷ the matmul rate, one forward's ops × the launch time
+  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`).
+
+Every outcome names the board, the date and the record file; a dry run's record is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resacct.account.gpu.board_record import board_record_step, read_board_record
+from resacct.account.gpu.recorded import record_path, record_source
+from resacct.checks.gpu_record_steps import SOURCE, _peak_key, _record_rates
+from resacct.harness.registry import Outcome, check
+from resacct.measurement.memo import shared_measurement
+
+__all__ = ["board_prefill_peak", "board_prefill_time", "board_decode_time"]
+
+
+@shared_measurement
+def _predicted_serving(record: str, step: str, mtime_ns: int) -> Any:
+    """The served entry rebuilt on meta and predicted once: its peaks, the prefill's ops, the bytes a decode step reads."""
+    from resacct.account.gpu.record_models import predict_record_serving
+
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
+    return predict_record_serving(entry, dry_run=False, capability=data.get("capability"), env=env)
+
+
+def _served(record: str, step: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    data = read_board_record(record)
+    return data, board_record_step(record, data, step), _predicted_serving(record, step, record_path(record).stat().st_mtime_ns)
+
+
+@check("gpu_recorded.board_prefill_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=False)
+def board_prefill_peak(record: str, step: str, peak: str) -> Outcome:
+    """The board's ``max_memory_<peak>`` over the weights' load and the first prefill (its cache kept), beside the peak
+    ``infer --device`` predicts for the same model, weights, batch, context and sdpa kernel on the board's capability."""
+    field = _peak_key(peak)
+    data, entry, predicted = _served(record, step)
+    value = predicted.peak_allocated_bytes if peak == "allocated" else predicted.peak_reserved_bytes
+    return Outcome(measured=entry[field], predicted=value, quantities={"predicted_bytes": value, "attention": predicted.attention,
+                                                                        **record_source(record, data)})
+
+
+def _rates(record: str, data: dict[str, Any], weights: str) -> Any:
+    from resacct.account.gpu.step_time import BoardRates
+    from resacct.facts.hardware import peak_format
+
+    matmul, bandwidth, launch = _record_rates(record, data, peak_format(weights))
+    return BoardRates(matmul, bandwidth, launch, "the record's own ceilings (matmul, copy, launch)")
+
+
+@check("gpu_recorded.board_prefill_time", evidence="recorded",
+       quantities=("predicted_prefill_sec", "gpu_sec", "host_sec", "ops", "matmul_flops_per_sec", "bandwidth_bytes_per_sec", "overhead_sec_per_op",
+                   *SOURCE), replay=False)
+def board_prefill_time(record: str, step: str) -> Outcome:
+    """The board's median prefill time, beside the prefill's per-op roofline priced by the record's own ceilings."""
+    from resacct.account.gpu.step_time import predict_step_seconds
+
+    data, entry, predicted = _served(record, step)
+    rates = _rates(record, data, entry["weights"])
+    time = predict_step_seconds(predicted.ops, rates)
+    return Outcome(measured=entry["prefill_sec"]["median"], quantities={
+        "predicted_prefill_sec": time.step_sec, "gpu_sec": time.gpu_sec, "host_sec": time.host_sec, "ops": time.ops,
+        "matmul_flops_per_sec": rates.matmul_flops_per_sec, "bandwidth_bytes_per_sec": rates.bandwidth_bytes_per_sec,
+        "overhead_sec_per_op": rates.overhead_sec_per_op, **record_source(record, data)})
+
+
+@check("gpu_recorded.board_decode_time", evidence="recorded",
+       quantities=("predicted_token_sec", "bound", "memory_sec", "compute_sec", "host_sec", "ops", "read_bytes", "tokens_timed", *SOURCE),
+       replay=False)
+def board_decode_time(record: str, step: str) -> Outcome:
+    """The board's median seconds per generated token (one at a time, from the prefill's cache), beside ``infer
+    --device``'s decode prediction priced by the record's own ceilings."""
+    from resacct.account.gpu.step_time import predict_decode_seconds
+
+    data, entry, predicted = _served(record, step)
+    decode = predict_decode_seconds(predicted.ops, _rates(record, data, entry["weights"]), read_bytes=predicted.weight_bytes + predicted.kv_cache_bytes,
+                                    context=entry["context"])
+    return Outcome(measured=entry["decode_sec_per_token"]["median"], quantities={
+        "predicted_token_sec": decode.token_sec, "bound": decode.bound, "memory_sec": decode.memory_sec, "compute_sec": decode.compute_sec,
+        "host_sec": decode.host_sec, "ops": decode.ops, "read_bytes": decode.read_bytes, "tokens_timed": len(entry["decode_sec_per_token"]["all"]),
+        **record_source(record, data)})
