@@ -76,19 +76,20 @@ def _board_text(args: argparse.Namespace, account: Any) -> str:
 
     ran: list[bool] = []
 
-    def traced() -> tuple[str, list[str]]:
+    def traced() -> tuple[str, list[str], Any]:
         before = len(account.notes)
         text = importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
             account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
         ran.append(True)
-        return text, account.notes[before:]
+        return text, account.notes[before:], account.gpu
 
     spec = load_hf_config(args.hf_config)
     question = {"config": spec.values, "name": spec.name, "source": spec.source, "batch": account.batch, "seq": account.seq,
                 "recipe": account.recipe, "optimizer": account.optimizer, "board": args.device, "units": args.units, "attention": "sdpa"}
-    text, notes = cached("hf-account-board", question, traced)
-    if not ran:  # read back: the notes the trace adds
+    text, notes, gpu = cached("hf-account-board", question, traced)
+    if not ran:  # read back: the notes and the answer the trace adds
         account.notes.extend(notes)
+        account.gpu = gpu
     return text
 
 

@@ -100,6 +100,8 @@ class Accelerator:
     #: thermal design power (board power) per device in watts, or None where no cited source gives it
     tdp_watts: float | None = None
     tdp_source: str = ""
+    #: CUDA's compute capability (major, minor) of an NVIDIA board (datasheet key ``compute_capability: "8.6"``), else None
+    compute_capability: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display_name})"
@@ -179,7 +181,7 @@ def _parse_peaks(name: str, raw: Any) -> dict[str, Peak]:
 
 def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
     known = {"display_name", "family", "aliases", "cuda_names", "memory_bytes", "memory_bandwidth_bytes_per_sec",
-             "source", "confidence", "note", "peaks_tera_per_sec", "tdp_watts", "tdp_source"}
+             "source", "confidence", "note", "peaks_tera_per_sec", "tdp_watts", "tdp_source", "compute_capability"}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -200,7 +202,19 @@ def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
         note=str(entry.get("note", "")),
         tdp_watts=_tdp_watts(name, entry),
         tdp_source=str(entry.get("tdp_source", "")),
+        compute_capability=_compute_capability(name, entry.get("compute_capability")),
     )
+
+
+def _compute_capability(name: str, value: Any) -> tuple[int, int] | None:
+    """``"8.6"`` → (8, 6); absent → None; anything else refused, naming the entry."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"([0-9]{1,2})\.([0-9])", str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.compute_capability is {value!r}; expected a quoted "
+                           "'major.minor' such as \"8.6\"")
+    return int(match.group(1)), int(match.group(2))
 
 
 def _tdp_watts(name: str, entry: dict[str, Any]) -> float | None:

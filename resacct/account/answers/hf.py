@@ -82,6 +82,8 @@ class HfAccount:
     step_peak: Any = None
     #: a raw model with frozen parameters: its :class:`~resacct.account.load.trainable.ParameterSplit` (the state is predicted from it)
     frozen: Any = None
+    #: ``--device BOARD``'s answer (:meth:`~resacct.account.gpu.device_answer.GpuStepAnswer.to_dict`: CUDA peaks, step time), --json's ``gpu``
+    gpu: dict[str, Any] | None = None
 
     @property
     def tokens(self) -> int:
@@ -155,6 +157,7 @@ class HfAccount:
             "tracer_gaps": [{"phase": op.phase, "op": op.op, "calls": op.calls, "estimated_flops": op.estimated_flops} for op in self.flops.uncounted_ops],
             "warnings": self.flops.warnings, "notes": self.notes,
             **({} if self.step_peak is None else {"step_peak": self.step_peak.to_dict()}),
+            **({} if self.gpu is None else {"gpu": self.gpu}),
         }
 
     to_json = to_dict

@@ -56,7 +56,7 @@ def _why(error: BaseException, what: str) -> str:
 
 
 def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str | None, workspaces: tuple[int, ...] = (),
-             ops: list | None = None) -> Any:
+             ops: list | None = None, capability: tuple[int, int] | None = None) -> Any:
     """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel`` (None: its math path); a mask moves flash to the
     efficient kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
     workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start. ``ops``:
@@ -66,7 +66,8 @@ def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel:
 
     def attempt(attention: str | None) -> Any:
         collected: list | None = None if ops is None else []
-        prediction = predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=attention, workspaces=workspaces, ops=collected)
+        prediction = predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=attention, workspaces=workspaces, ops=collected,
+                                              capability=capability)
         if ops is not None and collected is not None:
             ops[:] = collected
         return prediction
@@ -105,7 +106,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 
     kernel = sdpa_kernel_for(board, parse_dtype(base))
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
-           capability_major(board))
+           board.compute_capability or capability_major(board))
     try:
         if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
             model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
@@ -116,12 +117,13 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
             while len(_LORA_TRACES) >= _LORA_TRACES_KEPT:  # the oldest goes: a batch search traces a few batches of one step
                 del _LORA_TRACES[next(iter(_LORA_TRACES))]
             traced_ops: list | None = [] if timed else None
-            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes, ops=traced_ops),
+            _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes, ops=traced_ops,
+                                          capability=board.compute_capability),
                                  traced_ops, workspaces, experts, (model, inputs))
         predicted, ops, workspaces, experts, step = _LORA_TRACES[key]
         if timed and ops is None:  # traced for its peaks only before (a batch search): the same pass again, its ops kept
             ops = []
-            _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops)
+            _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops, capability=board.compute_capability)
             _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
         answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
                                calibration_text(board), workspaces=workspaces, experts=experts)
@@ -154,7 +156,8 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     ops: list[Any] = []
     try:
         kernel = sdpa_kernel_for(board, next(model.parameters()).dtype)
-        predicted = predict_prefill(model, batch=batch, context=context, kernel=kernel, workspaces=workspaces.sizes, ops=ops)
+        predicted = predict_prefill(model, batch=batch, context=context, kernel=kernel, workspaces=workspaces.sizes, ops=ops,
+                                    capability=board.compute_capability)
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
@@ -186,12 +189,13 @@ def prefill_model(spec: Any, weights: str) -> tuple[Any, str | None]:
     return model, experts
 
 
-def predict_prefill(model: Any, *, batch: int, context: int, kernel: str | None, workspaces: tuple[int, ...] = (), ops: list | None = None) -> Any:
+def predict_prefill(model: Any, *, batch: int, context: int, kernel: str | None, workspaces: tuple[int, ...] = (), ops: list | None = None,
+                    capability: tuple[int, int] | None = None) -> Any:
     """The CUDA allocator's peaks of ``model``'s weights loaded, then the prefill of ``batch`` × ``context`` tokens as
     ``generate`` runs it (:func:`kv_prefill`), sdpa routed to ``kernel``; ``ops`` receives the prefill's aten ops."""
     import torch
 
-    return _predict(model, torch.zeros(batch, context, dtype=torch.long), kv_prefill, None, kernel, workspaces, ops=ops)
+    return _predict(model, torch.zeros(batch, context, dtype=torch.long), kv_prefill, None, kernel, workspaces, ops=ops, capability=capability)
 
 
 def weight_bytes(model: Any) -> int:

@@ -78,13 +78,47 @@ class CudaStepPrediction:
         return self.peak_allocated_bytes - self.start_allocated_bytes
 
 
-class _CudaAttention(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` → the CUDA kernel ``sdpa_kernel`` would choose."""
+#: the boards whose flash kernel has no backward for a head size in (192, 224], nor above 224 with dropout (sm86, sm89: A10, L4,
+#: RTX 4090; sm120/121: consumer Blackwell) — PyTorch's sdp_utils.cpp, check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120
+_FLASH_TRAINING_LIMITED = ((8, 6), (8, 9), (12, 0), (12, 1))
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp, check_head_dim_size_flash
 
-    def __init__(self, kernel: str) -> None:
+
+def flash_refusal(head_dim: int, value_head_dim: int, *, training: bool, dropout: float, capability: tuple[int, int] | None) -> str | None:
+    """Why sdpa would not run CUDA's flash kernel for this call (None: it would): the head sizes of the query and the value
+    differ, the head size is over 256, or — training, on sm86/89/120/121 — it lies in (192, 224], or over 224 with dropout.
+    sdpa then takes the memory-efficient kernel.
+
+    >>> flash_refusal(128, 128, training=True, dropout=0.0, capability=(8, 6)) is None
+    True
+    >>> flash_refusal(256, 256, training=True, dropout=0.1, capability=(8, 9))
+    'head_dim 256 > 224 with dropout, training on sm89'
+    >>> flash_refusal(256, 256, training=True, dropout=0.1, capability=(9, 0)) is None
+    True
+    """
+    if value_head_dim != head_dim:
+        return f"query head_dim {head_dim} != value head_dim {value_head_dim}"
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} > {FLASH_MAX_HEAD_DIM}"
+    if training and capability in _FLASH_TRAINING_LIMITED:
+        where = f"training on sm{capability[0]}{capability[1]}"
+        if 192 < head_dim <= 224:
+            return f"head_dim {head_dim} in (192, 224], {where}"
+        if head_dim > 224 and dropout > 0:
+            return f"head_dim {head_dim} > 224 with dropout, {where}"
+    return None
+
+
+class _CudaAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` → the CUDA kernel ``sdpa_kernel`` would choose: ``kernel``, or the memory-efficient
+    one where flash refuses the call on a board of compute ``capability`` (:func:`flash_refusal`; ``refused`` says why)."""
+
+    def __init__(self, kernel: str, capability: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.kernel = kernel
+        self.capability = capability
         self.calls = 0
+        self.refused: list[str] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -98,7 +132,12 @@ class _CudaAttention(TorchFunctionMode):
             repeat = query.shape[-3] // key.shape[-3]  # what sdpa's fused kernels are given: the heads repeated
             key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
         self.calls += 1
-        if self.kernel == "flash" and value.shape[-1] == query.shape[-1]:  # flash needs one head size (sdp_utils: check_head_dim_size_flash)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        refusal = None if self.kernel != "flash" else flash_refusal(query.shape[-1], value.shape[-1], training=grad, dropout=dropout,
+                                                                    capability=self.capability)
+        if refusal is not None:
+            self.refused.append(refusal)
+        if self.kernel == "flash" and refusal is None:
             if mask is not None:
                 raise ResacctError("attention='flash' with an attention mask: CUDA's flash kernel takes none; expected attention='efficient' or None")
             try:
@@ -108,8 +147,14 @@ class _CudaAttention(TorchFunctionMode):
                     raise
                 raise ResacctError(f"torch {torch.__version__} cannot trace CUDA's flash attention kernel on meta tensors "
                                    f"({str(error).splitlines()[0][:120]}); expected a torch with its meta kernel (2.8 has it)") from None
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout, causal, scale=scale)[0]
+
+    def label(self) -> str:
+        """The kernel the step ran, and where flash refused calls, how many and why."""
+        if not self.refused:
+            return self.kernel
+        reasons = sorted(set(self.refused))
+        return f"{self.kernel}; efficient for {len(self.refused)} of {self.calls} calls (flash refuses {'; '.join(reasons)})"
 
 
 def _as_on_cuda(optimizer: torch.optim.Optimizer) -> None:
@@ -138,7 +183,8 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 
 def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = cuda_adamw,
                              *, attention: str | None = None, config: AllocatorConfig | None = None,
-                             workspaces: tuple[int, ...] = (), ops: list[Any] | None = None) -> CudaStepPrediction:
+                             workspaces: tuple[int, ...] = (), ops: list[Any] | None = None,
+                             capability: tuple[int, int] | None = None) -> CudaStepPrediction:
     """Predict the CUDA caching allocator's peaks over one steady training step of ``model``
     (on the CPU or the meta device) on ``inputs`` (a tensor, tuple or mapping), ``loss_fn(model,
     inputs)`` the loss: forward, backward, ``optimizer.step()``, ``zero_grad`` — the optimizer's
@@ -150,7 +196,8 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (none by default: the record's peaks
     above the start did not see them). ``ops``: a list that receives every aten op of the step with
     its FLOPs and bytes, as :func:`~resacct.account.gpu.step_time.trace_step_ops` traces them (the
-    step time's input from this same pass: one trace of the step, not two; issue 34).
+    step time's input from this same pass: one trace of the step, not two; issue 34). ``capability``: the board's compute
+    capability (major, minor), where flash refuses some calls (:func:`flash_refusal`: they run the efficient kernel).
 
     >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
     >>> prediction = predict_cuda_step_memory(model, torch.randn(64, 512), lambda m, x: m(x).square().mean())
@@ -162,7 +209,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     meta_model = _meta_copy(model)
     meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
     recorder = AllocationRecorder(config, device="meta")
-    routing: _CudaAttention | _SdpaCalls = _CudaAttention(attention) if attention else _SdpaCalls()
+    routing: _CudaAttention | _SdpaCalls = _CudaAttention(attention, capability) if attention else _SdpaCalls()
     with recorder:
         for tensor in [*meta_model.parameters(), *meta_model.buffers()]:
             recorder.track(tensor)  # loaded onto the GPU first, in the module's order
@@ -198,7 +245,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
                               peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
                               live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
-                              attention=attention or _attention_label(meta_model, routing.calls))
+                              attention=routing.label() if isinstance(routing, _CudaAttention) else _attention_label(meta_model, routing.calls))
 
 
 class _SdpaCalls(TorchFunctionMode):

@@ -172,7 +172,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     with experts_as_on_cuda(step.model) as experts:  # grouped_mm, as transformers runs them on the board; batched_mm again after
         try:
             predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
-                                                 ops=ops)
+                                                 ops=ops, capability=board.compute_capability)
         except ResacctError as error:
             if attention != "flash" or "mask" not in str(error):
                 if "never called F.scaled_dot_product_attention" not in str(error):
@@ -182,7 +182,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
                 attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
             ops = [] if timed else None  # the first pass's ops go with it
             predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
-                                                 ops=ops)
+                                                 ops=ops, capability=board.compute_capability)
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, attention),
                            calibration, workspaces=workspaces, experts=experts)
     if ops is None:
@@ -206,7 +206,7 @@ def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) ->
 
 def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[float], str]) -> str:
     """``resacct account --hf-config X --device BOARD``: the lines printed under the account (the
-    model rebuilt on meta, its step traced as CUDA runs it), the answer added to its notes (``--json``)."""
+    model rebuilt on meta, its step traced as CUDA runs it), the answer added to its notes and kept as its ``gpu`` (``--json``)."""
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
     from resacct.facts.hardware import get_accelerator
@@ -218,6 +218,7 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
     answer = gpu_step_answer(model, inputs, lambda module, batch: loss_of_output(call_model(module, batch), "model"),
                              recipe=account.recipe, optimizer=account.optimizer, board=board, timed=True)
     account.notes.append(answer.note())
+    account.gpu = answer.to_dict()
     return "\n" + "\n".join(answer.lines(bytes_text))
 
 

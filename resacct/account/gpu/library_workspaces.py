@@ -69,8 +69,10 @@ _CAPABILITY_MAJOR = {"volta": 7, "turing": 7, "ampere": 8, "ada": 8, "hopper": 9
 
 
 def capability_major(board: Any) -> int | None:
-    """The compute capability's major number of ``board`` (an Accelerator), None outside NVIDIA's families."""
-    return _CAPABILITY_MAJOR.get(getattr(board, "family", None) or "")
+    """The compute capability's major number of ``board`` (an Accelerator): its datasheet's ``compute_capability``, else
+    its family's; None outside NVIDIA's families."""
+    capability = getattr(board, "compute_capability", None)
+    return capability[0] if capability else _CAPABILITY_MAJOR.get(getattr(board, "family", None) or "")
 
 
 def cublas_workspace_bytes(major: int, env: Mapping[str, str] | None = None) -> int:

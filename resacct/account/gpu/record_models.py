@@ -21,7 +21,7 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step", "served_model", "materialize_in_order",
+__all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step", "parse_capability", "served_model", "materialize_in_order",
            "predict_record_serving", "ServingPrediction"]
 
 #: the sizes a dry run shrinks every model to (a CPU runs its steps in seconds)
@@ -138,7 +138,22 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
 
         workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
     return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
-                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops)
+                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops,
+                                    capability=parse_capability(capability))
+
+
+def parse_capability(capability: str | None) -> tuple[int, int] | None:
+    """A record's ``capability`` ("9.0", as ``torch.cuda.get_device_properties`` gave it) as (major, minor); None stays None.
+
+    >>> parse_capability("8.6"), parse_capability(None)
+    ((8, 6), None)
+    """
+    if capability is None:
+        return None
+    major, _, minor = str(capability).partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ResacctError(f"GPU record capability {capability!r}: expected 'major.minor' such as '9.0'")
+    return int(major), int(minor)
 
 
 def served_model(model_config: dict[str, Any], weights: str) -> Any:
@@ -210,6 +225,7 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
 
         workspaces = step_workspaces(model, major=int(capability.split(".")[0]), backward=False, env=env or {}).sizes
     ops: list[Any] = []
-    predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops)
+    predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops,
+                                capability=parse_capability(capability))
     kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
     return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache)

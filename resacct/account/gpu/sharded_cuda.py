@@ -147,11 +147,11 @@ def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
                                                                       f"collectives not timed (a lower bound); {rates.source}")}
 
 
-def _attention(kernel: str | None) -> Any:
-    """sdpa routed to ``kernel`` as the board runs it; None: left to its math path, its calls counted."""
+def _attention(kernel: str | None, capability: tuple[int, int] | None = None) -> Any:
+    """sdpa routed to ``kernel`` as a board of compute ``capability`` runs it; None: left to its math path, its calls counted."""
     from resacct.account.gpu.cuda_step import _CudaAttention, _SdpaCalls
 
-    return _SdpaCalls() if kernel is None else _CudaAttention(kernel)
+    return _SdpaCalls() if kernel is None else _CudaAttention(kernel, capability)
 
 
 def _op_costs() -> Any:
@@ -201,7 +201,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             try:
                 mesh, tracker, costs = engine_mesh(engine, world_size), CudaShardedTracker(), _op_costs()
-                routing = _attention(kernel)
+                routing = _attention(kernel, getattr(board, "compute_capability", None))
                 with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
                     work, work_inputs = step_copies(net, inputs, fake=True)
                     with tracker, routing:
@@ -210,7 +210,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
                 del work, work_inputs
                 allocator = tracker.allocator
                 answer = {"rank": rank, "peak_allocated_bytes": allocator.peak_allocated_bytes, "peak_reserved_bytes": allocator.peak_reserved_bytes,
-                          "attention": (kernel or "math") if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
+                          "attention": (routing.label() if kernel else "math") if routing.calls else None, "start_allocated_bytes": (tracker.window or (0, 0))[0],
                           "compute_step_sec": None, "compute_step_basis": None, **_workspace_fields(workspaces)}
                 if board is not None:
                     answer.update(_compute_time(board, dtype, costs.ops))
