@@ -1,11 +1,12 @@
 """The board's step traced on the second core beside the CPU kernels' search (resacct/account/gpu/traced_beside.py;
 issue 34's ``fit --device`` bar): what the child traces is what the parent would, a failure there costs nothing but
-the parent's own trace, and ``fit --device`` answers the same with it and without it."""
+the parent's own trace, and ``fit --device`` and ``lora --device`` answer the same with it and without it."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,39 @@ def test_fit_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatc
         # what the child traced is not traced again here: only the board's sizes the CPU search never probed
         board_sizes = [row["batch"] for row in board["traced"]]
         assert traced_in_parent == [size for size in board_sizes if (size, 32) not in asked] and len(traced_in_parent) < len(board_sizes)
+
+
+def test_lora_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``lora --device``: the same --json with the board's steps traced in a child beside the CPU batch search and all in
+    one process; beside, this process traces no board step the child did — the command's batch (timed) and the batches
+    the CPU search probed, where the board's own search starts."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from resacct.account.gpu import command_answers
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128, "tie_word_embeddings": False}))
+    real = command_answers.lora_gpu_answer
+    here: list[tuple[int, bool]] = []  # the board steps this process traced (the child's calls stay in the child)
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        here.append((kwargs["batch"], kwargs["timed"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(command_answers, "lora_gpu_answer", counting)
+    argv = ["lora", "--hf-config", str(config), "--seq", "32", "--device", "h100", "--reserve-gb", "79.8", "--no-cache", "--json"]
+    assert main(argv) == 0
+    beside, traced_here = json.loads(capsys.readouterr().out), list(here)
+    here.clear()
+    monkeypatch.setattr(traced_beside, "two_cores", lambda: False)
+    assert main(argv) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert beside == alone
+    board = [row["batch"] for row in alone["gpu"]["largest_batch_by_reserved"]["traced"]]
+    probed = {probe["batch"] for probe in alone["largest_batch_search"]["probes"]}
+    assert here == [(1, True), *((batch, False) for batch in board)]  # alone: every board step here
+    assert alone["gpu"]["largest_batch_by_reserved"]["largest"] < alone["largest_batch_search"]["largest"]
+    if traced_beside.two_cores():
+        assert board[0] in probed and traced_here == [(batch, False) for batch in board if batch not in probed]

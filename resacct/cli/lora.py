@@ -27,10 +27,12 @@ A second ``--hf-config`` question asked the same way is answered from the trace 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from typing import Any
 
 from resacct.cli._cached_answer import add_no_cache_flag, cached_command_answer, hf_config_question
+from resacct.cli._lora_board import LoraBoardSteps
 from resacct.cli._search_progress import add_progress_flag, probe_progress
 from resacct.cli._model_args import add_device_arguments, add_model_arguments, device_memory_bytes, model_config, shape_flags_given
 from resacct.cli._units import add_units_flag, gigabytes_text
@@ -188,6 +190,7 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         per_sample = activations // args.batch
     reserved = args.reserve_gb * 1e9
     peak = None if traced is None else traced.peak_bytes
+    board_steps = None if board is None or config is None else LoraBoardSteps(config, args, board)
     total = state.state_bytes + activations if peak is None else peak
     fits = None if memory_bytes is None else total + reserved <= memory_bytes
     room = None if memory_bytes is None else memory_bytes - reserved - state.state_bytes
@@ -197,11 +200,13 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     elif memory_bytes is not None:  # fit's search over the traced step: lines through two batches' peaks, the answer and one more traced
         from resacct.account.fit.lora_batch import largest_lora_batch
 
-        search = largest_lora_batch(config, rank=args.rank, targets=tuple(args.targets), base=args.base, seq=args.seq,
-                                    budget_bytes=memory_bytes - reserved, dropout=args.dropout,
-                                    gradient_checkpointing=args.gradient_checkpointing, known={args.batch: traced.peak}, model=traced.model,
-                                    on_probe=probe_progress("lora", "batch", args.progress, started,
-                                                            lambda value: gigabytes_text(value, args.units)))
+        with contextlib.nullcontext() if board_steps is None else board_steps.beside_search():  # the board's steps on the other core
+            search = largest_lora_batch(config, rank=args.rank, targets=tuple(args.targets), base=args.base, seq=args.seq,
+                                        budget_bytes=memory_bytes - reserved, dropout=args.dropout,
+                                        gradient_checkpointing=args.gradient_checkpointing, known={args.batch: traced.peak}, model=traced.model,
+                                        on_probe=probe_progress("lora", "batch", args.progress, started,
+                                                                lambda value: gigabytes_text(value, args.units)),
+                                        on_probe_start=None if board_steps is None else board_steps.ask)
         largest = search.largest
     else:
         largest = None
@@ -269,13 +274,8 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fields["gpu"], line = untraced_gpu_answer(board, "the step is not traced (" + (
             "the model is given by its shape: give --hf-config NAME" if args.hf_config is None else "transformers is not installed") + ")")
         lines.append("  " + line)
-    elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
-        from resacct.account.gpu.command_answers import lora_gpu_answer
-
-        def board_step(batch: int, timed: bool = True) -> Any:
-            return lora_gpu_answer(config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=batch, seq=args.seq,
-                                   dropout=args.dropout, gradient_checkpointing=args.gradient_checkpointing, board=board, timed=timed)
-
+    elif board_steps is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
+        board_step = board_steps
         gpu = board_step(args.batch)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]

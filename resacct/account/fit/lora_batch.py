@@ -121,12 +121,13 @@ def lora_batch_peaks(config: Any, *, rank: int, targets: tuple[str, ...], base: 
 def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base: str, seq: int, budget_bytes: float,
                        dropout: float = 0.0, gradient_checkpointing: bool = False, known: dict[int, Any] | None = None,
                        model: Any = None, limit: int = MAX_LORA_BATCH, layers: str = "auto",
-                       on_probe: Callable[[FitProbe], None] | None = None) -> LoraBatchAnswer:
+                       on_probe: Callable[[FitProbe], None] | None = None, on_probe_start: Callable[[int], None] | None = None) -> LoraBatchAnswer:
     """The largest batch (at most ``limit``) whose LoRA step (see :func:`lora_batch_peaks`) peaks within
     ``budget_bytes``, by :func:`~resacct.account.fit.lines.largest_fitting`; ``known``: predicted peaks
     already traced, by batch (reused); ``model``: the peft model on meta (or the three shallow ones), if
     already built; ``layers``: how a deep stack is traced when the models are built here (:func:`lora_batch_peaks`);
-    ``on_probe``: called with each probe traced here, as it is made (the command's progress lines)."""
+    ``on_probe``: called with each probe traced here, as it is made (the command's progress lines); ``on_probe_start``: told
+    of each batch before it is traced here (``lora --device`` traces the board's step there beside it)."""
     import warnings
 
     from resacct.account.fit.search import phase_peaks_bytes
@@ -139,6 +140,8 @@ def largest_lora_batch(config: Any, *, rank: int, targets: tuple[str, ...], base
 
     def peak_of(batch: int) -> int:
         if batch not in peaks:
+            if on_probe_start is not None:
+                on_probe_start(batch)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # transformers' and peft's, as in the traced step
                 peaks[batch] = trace(batch)
