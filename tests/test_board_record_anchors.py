@@ -1,0 +1,83 @@
+"""benchmarks/board_record_anchors.py: a board record's steps beside torch's MemTracker and RuntimeEstimator (issue 31's
+anchors; docs/gpu.md's table per recorded step is its output). No board record is committed yet: a step the recorder's
+dry run recorded on this CPU, relabelled as an H200's (as tests/test_board_record.py does) — the plumbing, not the numbers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from resacct.account.gpu.record import RECORD_FORMAT
+from resacct.checks.gpu_record_steps import board_step_peak, board_step_time
+from resacct.measurement.memo import forget_shared_measurements
+
+REPO = Path(__file__).resolve().parents[1]
+STEP = "gpt2-small/fp32/math"
+CEILINGS = {"matmul": {"fp32": {"max_flops_per_sec": 5.0e13}}, "copy": {"bandwidth_bytes_per_sec": 4.0e12}, "launch": {"per_launch_sec": 5e-6}}
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _tools(name: str):  # type: ignore[no-untyped-def]
+    for folder in ("tools", "benchmarks"):
+        sys.path.insert(0, str(REPO / folder))
+    try:
+        return __import__(name)
+    finally:
+        for folder in ("tools", "benchmarks"):
+            sys.path.remove(str(REPO / folder))
+
+
+@pytest.fixture(scope="module")
+def record_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    step = _tools("gpu_record_step").record_step(STEP, True)
+    failed = {"name": "mixtral/timeout", "error": "timeout"}
+    record = {"format": RECORD_FORMAT, "when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "torch": torch.__version__,
+              "allocator_settings": {}, "steps": [step, failed], "ceilings": CEILINGS, "library_probe": {}}
+    path = tmp_path_factory.mktemp("anchors") / "2026-12-01-h200-record.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump(record, handle)
+    return str(path)
+
+
+def test_each_recorded_step_gets_resacct_memtracker_and_runtime_estimator_beside_the_board(record_file: str) -> None:
+    forget_shared_measurements()
+    anchors = _tools("board_record_anchors")
+    record, rows = anchors.step_rows(record_file)
+    (row,) = rows  # the step that failed on the board has no row
+    entry = record["steps"][0]
+    assert (row["recorded_allocated_bytes"], row["recorded_reserved_bytes"]) == (entry["max_memory_allocated"], entry["max_memory_reserved"])
+    assert row["resacct_allocated_bytes"] == board_step_peak(record_file, STEP, "allocated").predicted  # the claims' own prediction
+    assert row["resacct_step_sec"] == board_step_time(record_file, STEP).quantities["predicted_step_sec"]
+    assert row["resacct_error"] is None
+    if _has("torch.distributed._tools.mem_tracker"):
+        # MemTracker's absolute peak of the same step on fake CPU tensors: what the model holds, a little less than CUDA's rounded blocks
+        assert row["memtracker_error"] is None and 0.8 < row["memtracker_allocated_ratio"] < 1.2
+    else:  # an older torch (2.4) has no MemTracker: the row says so, and the table goes on
+        assert row["memtracker_allocated_bytes"] is None and "No module named 'torch.distributed._tools.mem_tracker'" in row["memtracker_error"]
+    if _has("torch.distributed._tools.runtime_estimator"):
+        assert row["runtime_estimator_error"] is None and row["runtime_estimator_step_sec"] > 0
+    else:
+        assert row["runtime_estimator_step_sec"] is None and "ModuleNotFoundError" in row["runtime_estimator_error"]
+    assert row["resacct_time_ratio"] == pytest.approx(row["resacct_step_sec"] / entry["step_time_sec"]["median"])
+
+
+def test_a_dry_run_is_refused_in_one_line_unless_asked(tmp_path: Path, record_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    anchors = _tools("board_record_anchors")
+    dry = json.loads(gzip.open(record_file, "rt").read()) | {"dry_run": True, "board": "dry run on a CPU (no board)"}
+    path = tmp_path / "dry-record.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump(dry, handle)
+    assert anchors.main(["--record", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"board_record_anchors.py: GPU record {path}: a dry run made on a CPU")
+    assert anchors.main(["--record", str(path), "--allow-dry-run", "--json"]) == 0
+    assert [row["step"] for row in json.loads(capsys.readouterr().out)["rows"]] == [STEP]
