@@ -238,3 +238,43 @@ def test_claims_are_not_written_for_a_dry_run_or_an_unknown_board(tmp_path: Path
         claims_yaml("docs/gpu/x.json.gz", record)
     with pytest.raises(SystemExit, match="board 'NVIDIA Q9000' is not in resacct's datasheet table"):
         claims_yaml("docs/gpu/x.json.gz", dict(record, dry_run=False, board="NVIDIA Q9000"))
+
+
+def test_generated_claim_ids_are_valid_and_distinct_for_every_step_and_board() -> None:
+    """Every step and served model the recorder knows, on the longest board tag: ids within the schema's 80 characters
+    (a long step name cut and given its hash), matching its pattern, none twice."""
+    import re
+
+    from resacct.harness.schema import CLAIM_ID_PATTERN, Claim
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from gpu_record_claims import KINDS, SERVING_KINDS, claim_id, slug
+        from gpu_record_matrix import MATRIX, SERVING
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    from resacct.facts.hardware import accelerators
+
+    tags = {slug(board.name.removesuffix("-sxm")) for board in accelerators().values()}
+    longest = max(tags, key=len)
+    ids = [claim_id(longest, name, kind[0]) for name in [*MATRIX, "x" * 200] for kind in KINDS]
+    ids += [claim_id(longest, name, kind[0]) for name in SERVING for kind in SERVING_KINDS]
+    assert len(set(ids)) == len(ids)
+    (longest_allowed,) = [rule.max_length for rule in Claim.model_fields["id"].metadata if hasattr(rule, "max_length")]
+    assert all(len(claim) <= longest_allowed and re.match(CLAIM_ID_PATTERN, claim) for claim in ids), \
+        [claim for claim in ids if len(claim) > 80]
+
+
+def test_a_step_resacct_cannot_predict_gets_its_replay_claims_only(dry_step: dict[str, Any]) -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from gpu_record_claims import claims_yaml
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    broken = dict(copy.deepcopy(dry_step), name="gpt2-small/odd", model_config={"n_layers": 2, "no_such_field": 1})
+    record = {"when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "steps": [dry_step, broken]}
+    text = claims_yaml("docs/gpu/x.json.gz", record)
+    assert text.count("- id: recorded-h200-gpt2-small-fp32-math-") == 5
+    assert "# gpt2-small/odd: resacct cannot predict it on meta tensors (ResacctError: recorded step of resacct's GPT" in text
+    assert [line.split("odd-")[1] for line in text.splitlines() if "- id: recorded-h200-gpt2-small-odd-" in line] == \
+        ["allocated-replays-exactly", "reserved-replays-exactly"]

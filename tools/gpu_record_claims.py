@@ -3,7 +3,8 @@ YAML to append to ``resacct/specs/gpu_recorded.claims.yaml`` — per recorded st
 replayed through the allocator model (exact), predicted on meta tensors (within 1 %), and its step time predicted
 from the record's own ceilings (within 10 %); per served model the same peaks (as ``infer --device`` predicts them)
 and its prefill's and a generated token's time. The thresholds are issue 31's, set here before any comparison; the
-outcomes are ``resacct verify``'s to decide (nothing measured is written into a claim). Review before committing:
+outcomes are ``resacct verify``'s to decide (nothing measured is written into a claim); a step resacct cannot predict on
+meta tensors gets its replay claims only, and a comment saying why. Review before committing:
 a step whose prediction is refuted keeps its claim, with ``status: refuted`` and the truth the report gives.
 """
 
@@ -50,9 +51,46 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+#: a claim id's longest (resacct/harness/schema.py: ``Claim.id``)
+MAX_ID_LENGTH = 80
+
+
+def claim_id(tag: str, step: str, suffix: str) -> str:
+    """``recorded-<board>-<step>-<suffix>``, at most :data:`MAX_ID_LENGTH` long: a step name too long for it is cut and
+    given 6 hex digits of its whole name's hash (two long names that share their start stay two ids).
+
+    >>> claim_id("h100-pcie", "mixtral-small/bf16-autocast/batched_mm-experts", "allocated-replays-exactly")
+    'recorded-h100-pcie-mixtral-small-bf16-autocast-754600-allocated-replays-exactly'
+    """
+    import hashlib
+
+    whole = f"recorded-{tag}-{slug(step)}-{suffix}"
+    if len(whole) <= MAX_ID_LENGTH:
+        return whole
+    digest = hashlib.sha1(step.encode()).hexdigest()[:6]
+    room = MAX_ID_LENGTH - len(f"recorded-{tag}--{digest}-{suffix}")
+    return f"recorded-{tag}-{slug(step)[:room].rstrip('-')}-{digest}-{suffix}"
+
+
 def _flow(mapping: dict[str, Any]) -> str:
     """A YAML flow mapping of plain values (JSON's syntax is YAML's)."""
     return "{" + ", ".join(f"{key}: {json.dumps(value)}" for key, value in mapping.items()) + "}"
+
+
+def unpredictable(record: dict[str, Any], step: dict[str, Any], *, serving: bool) -> str | None:
+    """Why resacct cannot predict ``step`` of ``record`` on meta tensors (its prediction tried, as the claims would), or None.
+    Mixtral's ``eager`` experts, for one: their routing asks ``nonzero`` of data meta tensors do not have."""
+    from resacct.account.gpu.record_models import predict_record_serving, predict_record_step
+
+    env = {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
+    try:
+        if serving:
+            predict_record_serving(step, dry_run=False, capability=record.get("capability"), env=env)
+        else:
+            predict_record_step(step, dry_run=False, capability=record.get("capability"), env=env)
+    except Exception as error:  # noqa: BLE001 — whatever stops the prediction is the reason given
+        return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:120]}"
+    return None
 
 
 def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
@@ -72,8 +110,12 @@ def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
                 f"{step['seq']})") for step in record["steps"] if "error" not in step]
     lines += [f"  # {step['name']}: not recorded ({step['error']}): no claims" for step in [*record["steps"], *record.get("serving", [])] if "error" in step]
     for step, kinds, what in trained + served:
+        why = unpredictable(record, step, serving=kinds is SERVING_KINDS)
+        if why is not None:  # the replays only: a prediction that cannot be made is no claim's outcome
+            lines.append(f"  # {step['name']}: resacct cannot predict it on meta tensors ({why}): its replay claims only")
+            kinds = tuple(kind for kind in kinds if kind[1] == "gpu_recorded.board_step_replay")
         for suffix, measure, given, law, tolerance, predicate in kinds:
-            lines += [f"  - id: recorded-{tag}-{slug(step['name'])}-{suffix}",
+            lines += [f"  - id: {claim_id(tag, step['name'], suffix)}",
                       f"    says: \"On an {record['board']} ({day}), {what}: {predicate}.\"",
                       f"    source: \"issue 31 — the GPU step recorded on a board; {record_name}\"",
                       f"    measure: {measure}",
