@@ -87,6 +87,18 @@ def test_every_nvidia_board_has_its_compute_capability_and_others_none() -> None
         _parse_accelerator("odd", entry)
 
 
+def test_resacct_devices_shows_a_boards_compute_capability(capsys: pytest.CaptureFixture[str]) -> None:
+    from resacct.cli import main
+
+    found = {}
+    for name in ("l4", "tpu-v4"):
+        assert main(["devices", name, "--json"]) == 0
+        (found[name],) = [board["compute_capability"] for board in json.loads(capsys.readouterr().out)["devices"]]
+    assert found == {"l4": "8.9", "tpu-v4": None}
+    assert main(["devices", "rtx-4090"]) == 0
+    assert "  compute_capability: 8.9" in capsys.readouterr().out.splitlines()
+
+
 def test_account_on_an_ada_board_says_flash_refused_the_head_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The command: a Llama-shaped config of head size 208 in bf16 — on an L4 its sdpa calls run the efficient kernel, on
     an A100 flash; --json's gpu.attention says which and why."""

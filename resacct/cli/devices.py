@@ -58,6 +58,7 @@ def _device_fields(board: Any) -> dict[str, Any]:
         "name": board.name,
         "display_name": board.display_name,
         "family": board.family,
+        "compute_capability": None if board.compute_capability is None else "{}.{}".format(*board.compute_capability),
         "memory_bytes": board.memory_bytes,
         "memory_bandwidth_bytes_per_sec": board.memory_bandwidth_bytes_per_sec,
         "peaks_flops_per_sec": {fmt: {"dense": peak.dense_flops_per_sec, "sparse": peak.sparse_flops_per_sec} for fmt, peak in board.peaks.items()},
@@ -117,7 +118,7 @@ def _run_devices(args: argparse.Namespace) -> int:
                      f"{_other_peaks(board):<26}  {_short_source(board.source)}{flag}")
     if args.name:
         lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items()
-                  if key in ("display_name", "cuda_names", "source", "note", "tdp_source") and value]
+                  if key in ("display_name", "compute_capability", "cuda_names", "source", "note", "tdp_source") and value]
     return emit(args, fields, "\n".join(lines))
 
 
