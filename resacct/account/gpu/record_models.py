@@ -85,10 +85,15 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
     spec = HfConfigSpec(name=f"recorder-{values['model_type']}", source="tools/gpu_record.py", values=values)
     net = build_hf_model(spec, device=device, attention="eager" if attention == "eager" else "sdpa")
     if extra.get("experts"):
-        net.config._experts_implementation = extra["experts"]
+        experts = extra["experts"]
+        if experts == "eager" and device == "meta":  # its routing asks the data: on meta, the same loop over an even spread
+            from resacct.account.gpu.eager_experts import register_even_eager_experts
+
+            experts = register_even_eager_experts()
+        net.config._experts_implementation = experts
         for module in net.modules():
             if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
-                module.config._experts_implementation = extra["experts"]
+                module.config._experts_implementation = experts
     if family == "lora":
         try:
             import peft
