@@ -280,3 +280,23 @@ def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.Completed
         if name in lines:
             ratios = [float(word) for word in lines[name].split()[1:] if "." in word and "," not in word]
             assert len(ratios) == 2 and all(0.5 < ratio < 2 for ratio in ratios), lines[name]
+
+
+@pytest.mark.slow  # two child processes (the library probe, the ceilings): ~6 s
+def test_a_spent_budget_skips_steps_and_served_models_and_the_record_stays_whole(tmp_path: Path) -> None:
+    """--budget too small for any step (130 s are kept for the ceilings and the bundle): every step and served model is
+    written as skipped, the record is whole, the summary names them failed, exit 1; their claims are comments only."""
+    from gpu_record_claims import claims_yaml
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", "gpt2-small/fp32/math,hf-gpt2/fp32/serve",
+                           "--budget", "140"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    record = json.loads(gzip.open(out / "gpu-record.json.gz", "rt").read())
+    assert check_record_layout(record) == []
+    skipped = {"error": "skipped: the budget was spent"}
+    assert record["steps"] == [{"name": "gpt2-small/fp32/math", **skipped}] and record["serving"] == [{"name": "hf-gpt2/fp32/serve", **skipped}]
+    summary = json.loads((out / "gpu-record-summary.json").read_text())
+    assert summary["failed"] == ["gpt2-small/fp32/math", "hf-gpt2/fp32/serve"] and summary["ceilings_status"] == "ok"
+    text = claims_yaml("docs/gpu/x.json.gz", dict(record, dry_run=False, board="NVIDIA H200"))
+    assert "- id:" not in text and text.count("not recorded (skipped: the budget was spent): no claims") == 2
