@@ -9,7 +9,9 @@ and what calibrates them (the board's committed record, else its datasheet).
   roofline time (:mod:`resacct.account.gpu.step_time`).
 - **infer**: the model's weights loaded in their format, then the prefill of ``batch`` × ``context``
   tokens as ``generate`` runs it (``use_cache=True``, the logits of the last position only, no
-  gradients), the KV cache kept: its peaks. No step time (``infer`` has no step).
+  gradients), the KV cache kept: its peaks, the prefill's per-op roofline time and one generated token's
+  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`). The GPU recorder serves its models through
+  :func:`prefill_model` too (``tools/gpu_record_serve.py``), so a board's record checks this very prediction.
 
 Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
 source, unconfirmed on a board; one line says so): LoRA's step two cuBLAS ones (forward and autograd's
