@@ -26,7 +26,7 @@ from typing import Any
 
 from resacct.account.gpu.board_record import board_record_step, read_board_record
 from resacct.account.gpu.recorded import record_path, record_source
-from resacct.checks.gpu_record_steps import SOURCE, _peak_key, _record_rates
+from resacct.checks.gpu_record_steps import SOURCE, peak_field, record_rates
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
 
@@ -53,7 +53,7 @@ def _served(record: str, step: str) -> tuple[dict[str, Any], dict[str, Any], Any
 def board_prefill_peak(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the weights' load and the first prefill (its cache kept), beside the peak
     ``infer --device`` predicts for the same model, weights, batch, context and sdpa kernel on the board's capability."""
-    field = _peak_key(peak)
+    field = peak_field(peak)
     data, entry, predicted = _served(record, step)
     value = predicted.peak_allocated_bytes if peak == "allocated" else predicted.peak_reserved_bytes
     return Outcome(measured=entry[field], predicted=value, quantities={"predicted_bytes": value, "attention": predicted.attention,
@@ -64,7 +64,7 @@ def _rates(record: str, data: dict[str, Any], weights: str) -> Any:
     from resacct.account.gpu.step_time import BoardRates
     from resacct.facts.hardware import peak_format
 
-    matmul, bandwidth, launch = _record_rates(record, data, peak_format(weights))
+    matmul, bandwidth, launch = record_rates(record, data, peak_format(weights))
     return BoardRates(matmul, bandwidth, launch, "the record's own ceilings (matmul, copy, launch)")
 
 

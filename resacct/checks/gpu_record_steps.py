@@ -32,7 +32,7 @@ SOURCE = ("board", "recorded_on", "record_file")
 PEAKS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
 
 
-def _peak_key(peak: str) -> str:
+def peak_field(peak: str) -> str:
     if peak not in PEAKS:
         raise ResacctError(f"peak {peak!r}: expected one of {', '.join(PEAKS)}")
     return PEAKS[peak]
@@ -46,7 +46,7 @@ def board_step_replay(record: str, step: str, peak: str) -> Outcome:
     every block's place matched too (``first_mismatch`` says where not)."""
     from resacct.account.gpu.record import replay_step
 
-    field = _peak_key(peak)
+    field = peak_field(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     result = replay_step(entry, entry.get("allocator_settings"))
@@ -79,7 +79,7 @@ def board_step_peak(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the recorded step, beside the peak predicted now: the step
     rebuilt on meta tensors from what the record says ran (model config, recipe, batch, attention kernel,
     allocator settings, the cuBLAS workspaces of the board's capability) through the allocator model."""
-    field = _peak_key(peak)
+    field = peak_field(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     allocated, reserved, _, attention = _prediction(record, step)
@@ -92,7 +92,7 @@ _TIME_QUANTITIES = ("predicted_step_sec", "gpu_sec", "host_sec", "ops", "matmul_
                     "overhead_sec_per_op", "overhead_from", "predicted_mfu", "measured_mfu", *SOURCE)
 
 
-def _record_rates(record: str, data: dict[str, Any], fmt: str) -> tuple[float, float, float]:
+def record_rates(record: str, data: dict[str, Any], fmt: str) -> tuple[float, float, float]:
     """(matmul FLOP/s of ``fmt``, copy bandwidth, one launch's seconds) the record measured."""
     from resacct.account.gpu.board_record import ceilings_in_brief
 
@@ -127,13 +127,13 @@ def board_step_time(record: str, step: str, calibrate_on: list[str] | None = Non
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     fmt = _matmul_format(entry["recipe"])
-    matmul, bandwidth, launch = _record_rates(record, data, fmt)
+    matmul, bandwidth, launch = record_rates(record, data, fmt)
     overhead, source = launch, "the record's launch time"
     if calibration:
         overheads = []
         for name in calibration:
             other = board_record_step(record, data, name)
-            other_rate = _record_rates(record, data, _matmul_format(other["recipe"]))[0]
+            other_rate = record_rates(record, data, _matmul_format(other["recipe"]))[0]
             overheads.append(calibrate_overhead(_prediction(record, name)[2], other["step_time_sec"]["median"], other_rate, bandwidth))
         overhead, source = sum(overheads) / len(overheads), f"calibrated on {', '.join(calibration)}"
     predicted = predict_step_seconds(_prediction(record, step)[2], BoardRates(matmul, bandwidth, overhead, source))

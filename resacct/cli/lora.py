@@ -275,14 +275,13 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             "the model is given by its shape: give --hf-config NAME" if args.hf_config is None else "transformers is not installed") + ")")
         lines.append("  " + line)
     elif board_steps is not None:  # --device BOARD: the CUDA caching allocator's peaks and the step time there
-        board_step = board_steps
-        gpu = board_step(args.batch)
+        gpu = board_steps(args.batch)
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
         if search is not None and largest is not None and memory_bytes is not None and gpu.reserved_bytes is not None:
             from resacct.account.gpu.reserved_search import largest_by_reserved  # the CPU search's answer judged as the board holds it
 
-            found = largest_by_reserved(lambda batch: board_step(batch, timed=False).reserved_bytes, largest, memory_bytes - reserved)
+            found = largest_by_reserved(lambda batch: board_steps(batch, timed=False).reserved_bytes, largest, memory_bytes - reserved)
             fields["gpu"]["largest_batch_by_reserved"] = None if found is None else found.to_dict()
             lines += [] if found is None else ["  " + found.line(lambda value: gigabytes_text(value, units))]
     return fields, with_caveat(fields, "\n".join(lines), board)

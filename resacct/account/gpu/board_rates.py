@@ -39,11 +39,9 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
 
 
 def with_decode_time(answer: Any, ops: list[Any], board: Any, fmt: str, *, read_bytes: int, context: int) -> Any:
-    """``answer`` (infer's prefill on ``board``, its ``ops``) with one generated token's predicted time: a decode step
-    is one forward of one token a sequence, which reads the weights and the whole KV cache (``read_bytes``) and runs
-    the prefill's ops again (its op count: one forward's) — the longest of the reads ÷ the bandwidth, the prefill's
-    FLOPs per position ÷ the matmul rate (attention to the whole context counted as the prefill's causal half: a low
-    estimate, rarely the bound) and the ops × the per-op overhead. Where the board has no rate in ``fmt``: unchanged."""
+    """``answer`` (infer's prefill on ``board``, its ``ops``) with one generated token's predicted time
+    (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`: the weights and the KV cache, ``read_bytes``, read
+    once; the prefill's FLOPs per position; one forward's ops on the host). Where the board has no rate in ``fmt``: unchanged."""
     from resacct.account.gpu.step_time import predict_decode_seconds
 
     try:

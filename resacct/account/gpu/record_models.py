@@ -137,14 +137,14 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
 
         step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
     kernel = attention if attention in ("flash", "efficient") and not dry_run else None  # a dry run ran the CPU's kernels: sdpa's choice
+    major_minor = parse_capability(capability)
     workspaces: tuple[int, ...] = ()
-    if capability and not dry_run:
+    if major_minor and not dry_run:
         from resacct.account.gpu.library_workspaces import step_workspaces
 
-        workspaces = step_workspaces(work.model, major=int(capability.split(".")[0]), backward=True, env=env or {}).sizes
+        workspaces = step_workspaces(work.model, major=major_minor[0], backward=True, env=env or {}).sizes
     return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
-                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops,
-                                    capability=parse_capability(capability))
+                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops, capability=major_minor)
 
 
 def parse_capability(capability: str | None) -> tuple[int, int] | None:
@@ -224,13 +224,14 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
     model = served_model(entry["model_config"], entry["weights"])
     attention = entry["attention"]
     kernel = attention if attention in ("flash", "efficient") and not dry_run else None
+    major_minor = parse_capability(capability)
     workspaces: tuple[int, ...] = ()
-    if capability and not dry_run:
+    if major_minor and not dry_run:
         from resacct.account.gpu.library_workspaces import step_workspaces
 
-        workspaces = step_workspaces(model, major=int(capability.split(".")[0]), backward=False, env=env or {}).sizes
+        workspaces = step_workspaces(model, major=major_minor[0], backward=False, env=env or {}).sizes
     ops: list[Any] = []
     predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops,
-                                capability=parse_capability(capability))
+                                capability=major_minor)
     kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
     return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache)
