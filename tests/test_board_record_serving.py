@@ -85,7 +85,8 @@ def test_the_prefill_and_decode_times_are_priced_by_the_records_own_ceilings(tmp
     assert decode.measured == dry_served["decode_sec_per_token"]["median"] and d["tokens_timed"] == dry_served["new_tokens"]
     # what a token reads, predicted on meta, is what the CPU model held: its weights and the cache its prefill returned
     assert d["read_bytes"] == dry_served["weight_bytes"] + dry_served["kv_cache_bytes"]
-    assert d["memory_sec"] == pytest.approx(d["read_bytes"] / 4.0e12) and d["ops"] == q["ops"] and d["host_sec"] == pytest.approx(q["host_sec"])
+    # the next token's own forward (tests/test_decode_trace.py), not the prefill's: its ops on the host, its FLOPs
+    assert d["memory_sec"] == pytest.approx(d["read_bytes"] / 4.0e12) and d["host_sec"] == pytest.approx(d["ops"] * 5e-6) and d["ops"] > 0
     assert d["predicted_token_sec"] == max(d["memory_sec"], d["compute_sec"], d["host_sec"]) and d["bound"].startswith("host")
 
 

@@ -108,6 +108,8 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert served["max_memory_allocated"] >= served["weight_bytes"] + served["kv_cache_bytes"] > served["weight_bytes"] > 0
     assert len(served["prefill_sec"]["all"]) == gpu_record_serve.TIMED_PREFILLS and len(served["decode_sec_per_token"]["all"]) == served["new_tokens"]
     assert any(op["name"] in ("aten::mm", "aten::addmm") for op in served["ops"])
+    # one more token's forward profiled: its ops beside the prefill's (what infer --device traces for a decode step)
+    assert any(op["name"] in ("aten::mm", "aten::addmm") for op in served["decode_ops"]) and served["decode_ops"] != served["ops"]
     assert [row["name"] for row in summary["serving"]] == DRY_SERVING and summary["serving"][0]["decode_sec_per_token"] > 0
 
 

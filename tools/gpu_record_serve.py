@@ -2,8 +2,9 @@
 first allocation: what ``resacct infer --device`` predicts, measured — the weights loaded (in the module's order, as
 the prediction loads them), the first prefill of batch × context tokens with its KV cache kept (the CUDA caching
 allocator's trace and peaks over all of it), the prefill's time (median of :data:`TIMED_PREFILLS` more), then
-tokens generated one at a time from a prefill's cache (each CUDA-synchronised: the median seconds a token) and the
-prefill's aten ops. In a dry run resacct's allocation recorder and allocator model stand in for the GPU's.
+tokens generated one at a time from a prefill's cache (each CUDA-synchronised: the median seconds a token), the aten
+ops of one more token's forward and the prefill's. In a dry run resacct's allocation recorder and allocator model stand
+in for the GPU's.
 """
 
 from __future__ import annotations
@@ -15,27 +16,11 @@ from typing import Any
 from gpu_record_matrix import SERVING, attention_context
 from gpu_record_step import CUDA_DEVICE, MAX_TRACE_ENTRIES, op_times, start_history, stop_history
 
+from resacct.account.gpu.decode_trace import cache_of, serving_forward
 from resacct.account.gpu.record_models import built_config, materialize_in_order, served_model
 
 TIMED_PREFILLS = 5
 DRY_SIZES = (2, 32, 4)  # a dry run's batch, context and generated tokens: the code path on a CPU
-
-
-def _forward(model: Any, tokens: Any, cache: Any = None) -> Any:
-    """One forward as ``generate`` runs it: the cache kept, the last position's logits only (transformers 5.24 calls
-    the cache argument ``cache``, earlier ones ``past_key_values``)."""
-    import inspect
-
-    given = {} if cache is None else {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
-    return model(input_ids=tokens, use_cache=True, logits_to_keep=1, **given)
-
-
-def _cache_of(output: Any) -> Any:
-    """The KV cache a forward returned, under either name."""
-    for name in ("cache", "past_key_values"):
-        if output.get(name) is not None:
-            return output.get(name)
-    raise RuntimeError(f"the forward returned no KV cache (fields: {', '.join(output.keys())})")
 
 
 def record_serving(name: str, dry: bool) -> dict[str, Any]:
@@ -64,12 +49,12 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
     materialize_in_order(model, device)
     tokens = torch.randint(0, int(values["vocab_size"]), (batch, context), device=device)
     with torch.no_grad(), attention_context(attention, tiny):
-        kept = _forward(model, tokens)  # the first prefill: what infer --device predicts (weights, the prefill, its cache kept)
+        kept = serving_forward(model, tokens)  # the first prefill: what infer --device predicts (weights, the prefill, its cache kept)
     sync()
     peaks, snapshot, settings = stop_history(recorder)
     entries = len(snapshot["device_traces"][0])
     compacted = compact_snapshot(snapshot, window_start=0)
-    kv_cache_bytes = sum(tensor.numel() * tensor.element_size() for tensor in kv_cache_tensors(_cache_of(kept)))  # what the prefill keeps
+    kv_cache_bytes = sum(tensor.numel() * tensor.element_size() for tensor in kv_cache_tensors(cache_of(kept)))  # what the prefill keeps
     del kept
     prefill_times, token_times = [], []
     with torch.no_grad():
@@ -77,23 +62,27 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
             sync()
             begin = time.perf_counter()
             with attention_context(attention, tiny):
-                output = _forward(model, tokens)
+                output = serving_forward(model, tokens)
             sync()
             prefill_times.append(time.perf_counter() - begin)
-        cache, token = _cache_of(output), output.logits[:, -1:].argmax(-1)
+        cache, token = cache_of(output), output.logits[:, -1:].argmax(-1)
         del output
         for _ in range(new_tokens):  # sdpa's own kernel choice for one query a sequence, as generate gets it
             sync()
             begin = time.perf_counter()
-            output = _forward(model, token, cache)
+            output = serving_forward(model, token, cache)
             token = output.logits[:, -1:].argmax(-1)
             sync()
             token_times.append(time.perf_counter() - begin)
-        del cache, output
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []), record_shapes=True) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as decode_prof:  # one more token: its ops, as infer --device traces them
+            serving_forward(model, token, cache)
+            sync()
+        del cache, output
+        with profile(activities=activities, record_shapes=True) as prof:
             with attention_context(attention, tiny):
-                _forward(model, tokens)
+                serving_forward(model, tokens)
             sync()
     replay = replay_step({**compacted, **peaks}, settings)
     return {"name": name, "family": "hf", "weights": weights, "attention": attention, "batch": batch, "context": context,
@@ -101,7 +90,7 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
             "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()), "kv_cache_bytes": kv_cache_bytes,
             "allocator_settings": settings, "trace_complete": entries < MAX_TRACE_ENTRIES, **peaks, **compacted,
             "prefill_sec": {"median": statistics.median(prefill_times), "all": prefill_times},
-            "decode_sec_per_token": {"median": statistics.median(token_times), "all": token_times}, "ops": op_times(prof),
+            "decode_sec_per_token": {"median": statistics.median(token_times), "all": token_times}, "ops": op_times(prof), "decode_ops": op_times(decode_prof),
             "replay": {"peak_allocated_bytes": replay.peak_allocated_bytes, "peak_reserved_bytes": replay.peak_reserved_bytes,
                        "first_segment_mismatch": replay.first_segment_mismatch, "holds": replay.holds},
             "seconds": round(time.perf_counter() - started, 2)}

@@ -14,7 +14,7 @@ making its **prediction** now with ``infer --device``'s own functions
   FLOPs ÷ the most matmul FLOP/s in the weights' format and bytes ÷ the copy bandwidth; the ops × the launch time the
   other bound);
 - ``gpu_recorded.board_decode_time`` — one generated token: the longest of the weights and the KV cache read once ÷
-  the bandwidth, the prefill's FLOPs per position ÷ the matmul rate, one forward's ops × the launch time
+  the bandwidth, the FLOPs of the next token's forward (traced on meta) ÷ the matmul rate, its ops × the launch time
   (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`).
 
 Every outcome names the board, the date and the record file; a dry run's record is refused.
@@ -93,8 +93,7 @@ def board_decode_time(record: str, step: str) -> Outcome:
     from resacct.account.gpu.step_time import predict_decode_seconds
 
     data, entry, predicted = _served(record, step)
-    decode = predict_decode_seconds(predicted.ops, _rates(record, data, entry["weights"]), read_bytes=predicted.weight_bytes + predicted.kv_cache_bytes,
-                                    context=entry["context"])
+    decode = predict_decode_seconds(predicted.decode_ops, _rates(record, data, entry["weights"]), read_bytes=predicted.weight_bytes + predicted.kv_cache_bytes)
     return Outcome(measured=entry["decode_sec_per_token"]["median"], quantities={
         "predicted_token_sec": decode.token_sec, "bound": decode.bound, "memory_sec": decode.memory_sec, "compute_sec": decode.compute_sec,
         "host_sec": decode.host_sec, "ops": decode.ops, "read_bytes": decode.read_bytes, "tokens_timed": len(entry["decode_sec_per_token"]["all"]),

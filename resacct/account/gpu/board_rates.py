@@ -38,20 +38,20 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
                    step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
 
 
-def with_decode_time(answer: Any, ops: list[Any], board: Any, fmt: str, *, read_bytes: int, context: int) -> Any:
-    """``answer`` (infer's prefill on ``board``, its ``ops``) with one generated token's predicted time
+def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *, read_bytes: int) -> Any:
+    """``answer`` (infer's prefill on ``board``) with one generated token's predicted time
     (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`: the weights and the KV cache, ``read_bytes``, read
-    once; the prefill's FLOPs per position; one forward's ops on the host). Where the board has no rate in ``fmt``: unchanged."""
+    once; the traced decode forward's FLOPs and its ops on the host). Where the board has no rate in ``fmt``: unchanged."""
     from resacct.account.gpu.step_time import predict_decode_seconds
 
     try:
         rates = board_rates(board, fmt)
     except ResacctError:
         return answer
-    decode = predict_decode_seconds(ops, rates, read_bytes=read_bytes, context=context)
+    decode = predict_decode_seconds(decode_ops, rates, read_bytes=read_bytes)
     return replace(answer, decode_sec_per_token=decode.token_sec, decode_basis=(
-        f"a forward of one token a sequence, bound by the {decode.bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
-        f"{decode.memory_sec * 1e3:.3g} ms; the prefill's {decode.ops:,} ops on the host, {decode.host_sec * 1e3:.3g} ms; its FLOPs per position, "
+        f"a forward of one token a sequence, traced on meta, bound by the {decode.bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
+        f"{decode.memory_sec * 1e3:.3g} ms; its {decode.ops:,} ops on the host, {decode.host_sec * 1e3:.3g} ms; its FLOPs, "
         f"{decode.compute_sec * 1e3:.3g} ms; eager PyTorch, no CUDA graphs; {rates.source}"))
 
 

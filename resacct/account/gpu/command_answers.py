@@ -10,7 +10,8 @@ and what calibrates them (the board's committed record, else its datasheet).
 - **infer**: the model's weights loaded in their format, then the prefill of ``batch`` × ``context``
   tokens as ``generate`` runs it (``use_cache=True``, the logits of the last position only, no
   gradients), the KV cache kept: its peaks, the prefill's per-op roofline time and one generated token's
-  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`). The GPU recorder serves its models through
+  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds` over the next token's forward, traced on meta by
+  :func:`~resacct.account.gpu.decode_trace.trace_decode_ops`). The GPU recorder serves its models through
   :func:`prefill_model` too (``tools/gpu_record_serve.py``), so a board's record checks this very prediction.
 
 Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
@@ -24,6 +25,7 @@ allocator is not what runs there.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from resacct.account.gpu.board_rates import board_rates, with_decode_time, with_step_time
@@ -167,7 +169,13 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     answer = with_step_time(answer, ops, board, weights)
     if kv_cache_bytes is None or answer.step_sec is None:
         return answer
-    return with_decode_time(answer, ops, board, weights, read_bytes=weight_bytes(model) + kv_cache_bytes, context=context)
+    from resacct.account.gpu.decode_trace import trace_decode_ops
+
+    try:
+        decode_ops = trace_decode_ops(model, batch=batch, context=context, kernel=kernel, capability=board.compute_capability)
+    except _UNTRACEABLE as error:  # the prefill ran, the next token's forward did not: the prefill's answer, and why no decode
+        return replace(answer, decode_basis=f"not predicted: {_why(error, 'the decode forward')}")
+    return with_decode_time(answer, decode_ops, board, weights, read_bytes=weight_bytes(model) + kv_cache_bytes)
 
 
 #: the weight formats a prefill is traced in (meta tensors run no quantised kernel)

@@ -46,7 +46,7 @@ from resacct.account.gpu.op_costs import OpCostCounter
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
-__all__ = ["CudaStepPrediction", "predict_cuda_step_memory", "cuda_adamw", "ENGINE"]
+__all__ = ["CudaStepPrediction", "predict_cuda_step_memory", "cuda_adamw", "sdpa_routing", "ENGINE"]
 
 ENGINE = "resacct's allocation recorder over meta tensors, fed to its model of the CUDA caching allocator"
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -259,6 +259,12 @@ class _SdpaCalls(TorchFunctionMode):
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.calls += 1
         return func(*args, **(kwargs or {}))
+
+
+def sdpa_routing(kernel: str | None, capability: tuple[int, int] | None = None) -> TorchFunctionMode:
+    """A mode routing ``F.scaled_dot_product_attention`` to ``kernel`` (``"flash"`` or ``"efficient"``) as a board of compute
+    ``capability`` runs it; None: left to sdpa's own choice (on meta tensors its math path), its calls counted."""
+    return _SdpaCalls() if kernel is None else _CudaAttention(kernel, capability)
 
 
 def _attention_label(model: nn.Module, sdpa_calls: int) -> str:

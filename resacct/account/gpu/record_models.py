@@ -201,7 +201,7 @@ def materialize_in_order(model: Any, device: str) -> Any:
 @dataclass(frozen=True)
 class ServingPrediction:
     """A recorded serving entry predicted on meta: the CUDA peaks of its weights and first prefill, the prefill's ops,
-    and what a decode step reads (the weights, the KV cache at the context)."""
+    the next token's forward's ops, and what that decode step reads (the weights, the KV cache at the context)."""
 
     peak_allocated_bytes: int
     peak_reserved_bytes: int
@@ -209,13 +209,16 @@ class ServingPrediction:
     ops: list[Any]
     weight_bytes: int
     kv_cache_bytes: int
+    decode_ops: list[Any]
 
 
 def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None) -> ServingPrediction:
     """A recorded serving entry (``model_config``, ``weights``, ``attention``, ``batch``, ``context``) as ``infer --device``
     predicts it: the model built the same way, the prefill traced on meta with the recorded sdpa kernel and the cuBLAS
-    workspaces of the board's ``capability``; the KV cache's bytes from the model's own cache after a meta forward."""
+    workspaces of the board's ``capability``; the KV cache's bytes from the model's own cache after a meta forward; the
+    next token's forward traced on meta (:func:`~resacct.account.gpu.decode_trace.trace_decode_ops`)."""
     from resacct.account.gpu.command_answers import predict_prefill, weight_bytes
+    from resacct.account.gpu.decode_trace import trace_decode_ops
     from resacct.account.load.meta_facts import model_kv_cache_elements
 
     missing = [key for key in ("model_config", "weights", "attention", "batch", "context") if key not in entry]
@@ -234,4 +237,6 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
     predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops,
                                 capability=major_minor)
     kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
-    return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache)
+    decode_ops = trace_decode_ops(model, batch=entry["batch"], context=entry["context"], kernel=kernel, capability=major_minor)
+    return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache,
+                             decode_ops)

@@ -149,9 +149,9 @@ def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
 
 def _attention(kernel: str | None, capability: tuple[int, int] | None = None) -> Any:
     """sdpa routed to ``kernel`` as a board of compute ``capability`` runs it; None: left to its math path, its calls counted."""
-    from resacct.account.gpu.cuda_step import _CudaAttention, _SdpaCalls
+    from resacct.account.gpu.cuda_step import sdpa_routing
 
-    return _SdpaCalls() if kernel is None else _CudaAttention(kernel, capability)
+    return sdpa_routing(kernel, capability)
 
 
 def _op_costs() -> Any:

@@ -92,8 +92,8 @@ class DecodePrediction:
     """One generated token's predicted seconds (``infer --device``): the longest of its three bounds."""
 
     memory_sec: float  # the weights and the KV cache read once ÷ the bandwidth
-    compute_sec: float  # the prefill's FLOPs per position ÷ the matmul rate
-    host_sec: float  # one forward's ops × the per-op overhead
+    compute_sec: float  # the decode forward's FLOPs ÷ the matmul rate
+    host_sec: float  # the decode forward's ops × the per-op overhead
     ops: int
     read_bytes: int
 
@@ -107,19 +107,19 @@ class DecodePrediction:
                 else "compute")
 
 
-def predict_decode_seconds(prefill_ops: list[OpCost], rates: BoardRates, *, read_bytes: int, context: int) -> DecodePrediction:
-    """A decode step — one forward of one token a sequence — from the prefill's ops: it reads the weights and the whole
-    KV cache (``read_bytes``) and runs the prefill's ops again (one forward's op count), so the longest of the reads ÷
-    the bandwidth, the prefill's FLOPs per position (``context`` positions) ÷ the matmul rate (attention to the whole
-    context counted as the prefill's causal half: a low estimate, rarely the bound) and the ops × the per-op overhead.
+def predict_decode_seconds(decode_ops: list[OpCost], rates: BoardRates, *, read_bytes: int) -> DecodePrediction:
+    """A decode step — one forward of one token a sequence, its ops traced on meta
+    (:func:`~resacct.account.gpu.decode_trace.trace_decode_ops`) — bounded three ways: it reads the weights and the
+    whole KV cache (``read_bytes``) ÷ the bandwidth, its FLOPs (attention of one query to the whole context included)
+    ÷ the matmul rate, and its ops × the per-op overhead on the host; it takes the longest.
 
     >>> rates = BoardRates(1e15, 4e12, 1e-5, "")
-    >>> decode = predict_decode_seconds([OpCost("aten::mm", 2 * 10**12, 10**9)] * 100, rates, read_bytes=8 * 10**9, context=1000)
+    >>> decode = predict_decode_seconds([OpCost("aten::mm", 2 * 10**9, 10**6)] * 100, rates, read_bytes=8 * 10**9)
     >>> round(decode.token_sec * 1e3, 3), decode.bound
     (2.0, 'memory (the reads)')
     """
-    if context < 1:
-        raise ResacctError(f"context {context}: expected at least 1 token")
+    if not decode_ops:
+        raise ResacctError("a decode step of no ops: expected the ops of one traced decode forward (trace_decode_ops)")
     return DecodePrediction(memory_sec=read_bytes / rates.bandwidth_bytes_per_sec,
-                            compute_sec=sum(op.flops for op in prefill_ops) / context / rates.matmul_flops_per_sec,
-                            host_sec=len(prefill_ops) * rates.overhead_sec_per_op, ops=len(prefill_ops), read_bytes=read_bytes)
+                            compute_sec=sum(op.flops for op in decode_ops) / rates.matmul_flops_per_sec,
+                            host_sec=len(decode_ops) * rates.overhead_sec_per_op, ops=len(decode_ops), read_bytes=read_bytes)
