@@ -112,6 +112,14 @@ def _matmul_format(recipe: str) -> str:
     return peak_format(parse_recipe(recipe).computes_in)
 
 
+def predicted_step_ops(record: str, step: str) -> tuple[list[Any], str]:
+    """The recorded training step's aten ops as ``board_step_time`` prices them (traced on meta, each with its FLOPs
+    and bytes) and the format its matmuls run in — for a per-op comparison with the record's profile
+    (``benchmarks/board_op_times.py``)."""
+    entry = board_record_step(record, read_board_record(record), step)
+    return _prediction(record, step)[2], _matmul_format(entry["recipe"])
+
+
 @check("gpu_recorded.board_step_time", evidence="recorded", quantities=_TIME_QUANTITIES, replay=False)
 def board_step_time(record: str, step: str, calibrate_on: list[str] | None = None) -> Outcome:
     """The board's median step time for the recorded step, beside the time predicted now: per aten op of the
