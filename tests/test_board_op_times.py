@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from resacct.account.gpu.record import RECORD_FORMAT
 from resacct.checks.gpu_record_steps import predicted_step_ops
 from resacct.measurement.memo import forget_shared_measurements
+from tests.record_claims import script_module, synthetic_record
 
-REPO = Path(__file__).resolve().parents[1]
 STEP, SERVED = "gpt2-small/fp32/math", "hf-gpt2/fp32/serve"
 CEILINGS = {"matmul": {"fp32": {"max_flops_per_sec": 5.0e13}}, "copy": {"bandwidth_bytes_per_sec": 4.0e12}, "launch": {"per_launch_sec": 5e-6}}
 SELF_US = 2.5  # each recorded call's made-up kernel time
-
-
-def _tools(name: str):  # type: ignore[no-untyped-def]
-    for folder in ("tools", "benchmarks"):
-        sys.path.insert(0, str(REPO / folder))
-    try:
-        return __import__(name)
-    finally:
-        for folder in ("tools", "benchmarks"):
-            sys.path.remove(str(REPO / folder))
 
 
 def _timed(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,22 +28,17 @@ def _timed(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def record_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     pytest.importorskip("transformers")
-    step = _tools("gpu_record_step").record_step(STEP, True)
-    served = _tools("gpu_record_serve").record_serving(SERVED, True)
+    step = script_module("gpu_record_step").record_step(STEP, True)
+    served = script_module("gpu_record_serve").record_serving(SERVED, True)
     step["ops"] = _timed(step["ops"])
     served["ops"], served["decode_ops"] = _timed(served["ops"]), _timed(served["decode_ops"])
-    record = {"format": RECORD_FORMAT, "when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "torch": torch.__version__,
-              "allocator_settings": {}, "steps": [step, {"name": "mixtral/timeout", "error": "timeout"}], "serving": [served],
-              "ceilings": CEILINGS, "library_probe": {}}
     path = tmp_path_factory.mktemp("op-times") / "2026-12-01-h200-record.json.gz"
-    with gzip.open(path, "wt") as handle:
-        json.dump(record, handle)
-    return str(path)
+    return synthetic_record(path, steps=[step, {"name": "mixtral/timeout", "error": "timeout"}], ceilings=CEILINGS, serving=[served])
 
 
 def test_each_step_and_served_forward_is_compared_op_by_op(record_file: str) -> None:
     forget_shared_measurements()
-    op_times = _tools("board_op_times")
+    op_times = script_module("board_op_times")
     record, results = op_times.entries(record_file, only=None, allow_dry_run=False)
     assert [(r["entry"], r["forward"]) for r in results] == [(STEP, "step"), (SERVED, "prefill"), (SERVED, "decode")]
     step = results[0]
@@ -75,7 +57,7 @@ def test_each_step_and_served_forward_is_compared_op_by_op(record_file: str) -> 
 
 
 def test_names_match_without_their_overload() -> None:
-    op_times = _tools("board_op_times")
+    op_times = script_module("board_op_times")
     assert op_times.op_name("aten.mm.default") == op_times.op_name("aten::mm") == "mm"
     assert op_times.op_name("aten._scaled_dot_product_flash_attention.default") == "_scaled_dot_product_flash_attention"
     assert op_times.is_view("aten.t.default") and op_times.is_view("aten._unsafe_view.default") and not op_times.is_view("aten.addmm.default")
@@ -83,7 +65,7 @@ def test_names_match_without_their_overload() -> None:
 
 
 def test_the_table_prints_and_a_dry_run_is_refused(tmp_path: Path, record_file: str, capsys: pytest.CaptureFixture[str]) -> None:
-    op_times = _tools("board_op_times")
+    op_times = script_module("board_op_times")
     assert op_times.main(["--record", record_file, "--only", STEP, "--top", "5"]) == 0
     out = capsys.readouterr().out
     assert f"{STEP} (step): model GPU" in out and "board busy" in out and out.count("\n  ") >= 6

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from resacct.account.gpu.record import RECORD_FORMAT
 from resacct.checks.gpu_record_steps import board_step_peak, board_step_time
 from resacct.measurement.memo import forget_shared_measurements
+from tests.record_claims import script_module, synthetic_record
 
-REPO = Path(__file__).resolve().parents[1]
 STEP = "gpt2-small/fp32/math"
 CEILINGS = {"matmul": {"fp32": {"max_flops_per_sec": 5.0e13}}, "copy": {"bandwidth_bytes_per_sec": 4.0e12}, "launch": {"per_launch_sec": 5e-6}}
 
@@ -27,31 +24,16 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _tools(name: str):  # type: ignore[no-untyped-def]
-    for folder in ("tools", "benchmarks"):
-        sys.path.insert(0, str(REPO / folder))
-    try:
-        return __import__(name)
-    finally:
-        for folder in ("tools", "benchmarks"):
-            sys.path.remove(str(REPO / folder))
-
-
 @pytest.fixture(scope="module")
 def record_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    step = _tools("gpu_record_step").record_step(STEP, True)
+    step = script_module("gpu_record_step").record_step(STEP, True)
     failed = {"name": "mixtral/timeout", "error": "timeout"}
-    record = {"format": RECORD_FORMAT, "when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "torch": torch.__version__,
-              "allocator_settings": {}, "steps": [step, failed], "ceilings": CEILINGS, "library_probe": {}}
-    path = tmp_path_factory.mktemp("anchors") / "2026-12-01-h200-record.json.gz"
-    with gzip.open(path, "wt") as handle:
-        json.dump(record, handle)
-    return str(path)
+    return synthetic_record(tmp_path_factory.mktemp("anchors") / "2026-12-01-h200-record.json.gz", steps=[step, failed], ceilings=CEILINGS)
 
 
 def test_each_recorded_step_gets_resacct_memtracker_and_runtime_estimator_beside_the_board(record_file: str) -> None:
     forget_shared_measurements()
-    anchors = _tools("board_record_anchors")
+    anchors = script_module("board_record_anchors")
     record, rows = anchors.step_rows(record_file)
     (row,) = rows  # the step that failed on the board has no row
     entry = record["steps"][0]
@@ -72,7 +54,7 @@ def test_each_recorded_step_gets_resacct_memtracker_and_runtime_estimator_beside
 
 
 def test_a_dry_run_is_refused_in_one_line_unless_asked(tmp_path: Path, record_file: str, capsys: pytest.CaptureFixture[str]) -> None:
-    anchors = _tools("board_record_anchors")
+    anchors = script_module("board_record_anchors")
     dry = json.loads(gzip.open(record_file, "rt").read()) | {"dry_run": True, "board": "dry run on a CPU (no board)"}
     path = tmp_path / "dry-record.json.gz"
     with gzip.open(path, "wt") as handle:
