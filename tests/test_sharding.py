@@ -210,3 +210,28 @@ def test_fully_shard_gets_a_cpu_mesh_so_a_gpu_host_keeps_the_gloo_ranks_on_the_c
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     sharding_training._fully_shard_linears(model, reshard_after_forward=True)
     assert len(calls) == 3 and all(options["mesh"] == "the CPU mesh" for options in calls)
+
+
+def test_where_fsdp2_cannot_train_cpu_tensors_its_claims_skip_and_zero1s_are_still_measured(monkeypatch):
+    """torch 2.6's FSDP2 calls ``torch.cpu.Stream.record_event``, which it lacks (measured there: every FSDP2 launch
+    failed with "'Stream' object has no attribute 'record_event'"): its pieces leave the launch and ask for a skip."""
+    import torch
+
+    from resacct.checks import sharding_runs
+    from resacct.harness.registry import NotMeasurable
+
+    every_part = sharding_runs.launch_parts(2)
+
+    class StreamOf26:  # torch 2.6's torch.cpu.Stream: wait_stream, query, record, synchronize, wait; no record_event
+        def record(self, stream=None) -> None:
+            return None
+
+    monkeypatch.setattr(torch.cpu, "Stream", StreamOf26)
+    gap = sharding_runs.fsdp2_cpu_gap()
+    assert gap is not None and "torch.cpu.Stream has no record_event" in gap and torch.__version__ in gap
+    parts = sharding_runs.launch_parts(2, "balanced", {"fsdp2": 1})
+    assert parts == tuple(part for part in every_part if part[1] == "zero1") and parts
+    with pytest.raises(NotMeasurable, match="FSDP2 cannot train CPU tensors"):
+        sharding_runs.small_scale_measurements(2, "balanced", {"fsdp2": 1})
+    with pytest.raises(NotMeasurable, match="FSDP2 cannot train CPU tensors"):
+        sharding_runs.small_scale_measurements(4, "balanced", {"after_forward": 0})

@@ -101,6 +101,11 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`create_selective_checkpoint_contexts` (the selective-checkpointing peak claim skips naming it), no public FSDP2 "
           "(the sharding claims skip: the engine import fails), cannot checkpoint meta tensors (`requires_torch: \">=2.6\"`), "
           "and its `weights_only` unpickler refuses `complex` (a checkpoint holding one is refused before it is written).",
+          "- **FSDP2 on CPU tensors (torch 2.6)**: its collectives call `torch.cpu.Stream.record_event`, which 2.6 lacks (2.8 "
+          "has it): every FSDP2 launch failed there with \"'Stream' object has no attribute 'record_event'\" (13 sharding claims, "
+          "measured 2026-11-30, the ZeRO-1 ones with them: one launch measures both). `resacct/checks/sharding_runs.py` "
+          "(`fsdp2_cpu_gap`) leaves FSDP2's pieces out of the launch there: its claims skip saying why, ZeroRedundancyOptimizer's "
+          "are measured.",
           "- **gloo teardown (torch < 2.8)**: `destroy_process_group()` could deadlock with the GIL held; "
           "`resacct/measurement/distributed.py` drops each group's backend last (see its docstring).",
           "- **FSDP2 parity on 2.8**: its gloo `reduce_scatter_tensor` sums where FSDP2 asks for AVG "
@@ -126,8 +131,8 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`requires_transformers: \">=5.19\"` (`hf-llama-gqa-step-flops`, `hf-mistral-step-flops`, "
           "`hf-mixtral-step-flops`) and `\">=5.18\"` (`hf-mixtral-sdpa-meta-layer-activations`): older transformers skip "
           "them naming both versions. resacct's declared floor is transformers 5.23 (pyproject; tox's hf-floor env).",
-          "- Not measured here: torch 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.11 is the "
-          "GPU host's version.",
+          "- Not measured here: torch 2.5, 2.7, 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.6 "
+          "is the oldest transformers 5.x runs on (the HF claims' floor torch), 2.11 the GPU host's version.",
           "- Rows marked ⚠ change status between the envs; `—`: no outcome for the claim in that env's report.", "",
           "## Claims × envs", "", merged]
 (out / "matrix.md").write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")

@@ -60,6 +60,8 @@ __all__ = [
     "PIECES",
     "LAUNCH_PARTS",
     "launch_parts",
+    "fsdp2_cpu_gap",
+    "FSDP2_PIECES",
     "PAPER_TENSOR_SHAPE",
     "PAPER_TENSOR_COUNT",
 ]
@@ -85,14 +87,31 @@ def _require_sharding_engines() -> None:
         raise NotMeasurable(f"torch {torch.__version__} lacks a sharding engine measured here (public FSDP2 arrived in torch 2.6): {error}") from None
 
 
+#: the pieces FSDP2 measures (every piece but ZeroRedundancyOptimizer's)
+FSDP2_PIECES = ("fsdp2", "fsdp2_bf16", "after_forward")
+
+
+def fsdp2_cpu_gap() -> str | None:
+    """Why this torch's FSDP2 cannot train CPU tensors, or None. Its collectives record an event on the CPU's stream
+    (``torch.cpu.Stream.record_event``), which torch 2.6's lacks ("'Stream' object has no attribute 'record_event'",
+    measured on 2.6.0; 2.8 has it): the FSDP2 claims skip there, ZeroRedundancyOptimizer's are still measured."""
+    if hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "record_event"):
+        return None
+    return (f"torch {torch.__version__}'s FSDP2 cannot train CPU tensors: torch.cpu.Stream has no record_event, which its collectives "
+            "call (torch 2.8 has it)")
+
+
 def launch_parts(world_size: int, kind: str = "balanced", needs: dict[str, int] | None = None) -> tuple[tuple[str, str, int], ...]:
     """The parts the launch of ``world_size`` ranks measures (:data:`LAUNCH_PARTS`), with each piece of ``needs``
-    ({piece: least training steps}) of ``kind`` not among them added."""
+    ({piece: least training steps}) of ``kind`` not among them added; FSDP2's left out where it cannot train CPU tensors
+    (:func:`fsdp2_cpu_gap`)."""
     parts = list(LAUNCH_PARTS.get(world_size, _EVERY_PART))
     for piece, steps in (needs or {}).items():
         if not any(part[:2] == (kind, piece) and part[2] >= steps for part in parts):
             parts.append((kind, piece, steps))
     _check_parts(parts)
+    if fsdp2_cpu_gap() is not None:
+        parts = [part for part in parts if part[1] not in FSDP2_PIECES]
     return tuple(parts)
 
 
@@ -116,6 +135,8 @@ def small_scale_measurements(world_size: int, kind: str, needs: dict[str, int] |
         raise ValueError(f"model kind {kind!r}: expected one of {MODEL_KINDS}")
     if needs is None:
         needs = {piece: 0 if piece == "after_forward" else TRAINING_STEPS for piece in PIECES}
+    if (gap := fsdp2_cpu_gap()) is not None and any(piece in FSDP2_PIECES for piece in needs):
+        raise NotMeasurable(gap)
     parts = launch_parts(world_size, kind, needs)
     ranks = _small_scale_launch(world_size, parts)
     chosen = {piece: min((part[2], index) for index, part in enumerate(parts) if part[:2] == (kind, piece) and part[2] >= steps)[1]
