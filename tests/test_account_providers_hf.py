@@ -58,6 +58,12 @@ def test_transformers_default_experts_kernel_is_not_batched_mm():
 @pytest.mark.parametrize("measure", [False, None], ids=["meta", "auto"])
 def test_a_mixtral_meta_cannot_trace_is_predicted_with_one_line_saying_why(spec, model_args, measure):
     account = account_named_model(spec, model_args=model_args, batch=2, seq=8, measure=measure)
+    if not model_args and not hasattr(torch, "_grouped_mm"):
+        # torch < 2.8 has no torch._grouped_mm: transformers' grouped_mm kernel runs its own fallback, which meta traces
+        # (measured on torch 2.6): the account traces the step as any model's, no line, FLOPs measured
+        assert not [note for note in account.notes if "experts kernel" in note]
+        assert {(row.section, row.quantity): row for row in account.rows()}["FLOPs", "step"].measured > 0
+        return
     assert account.device == "meta" and account.hf is not None and account.loss == "model"
     kernel = "eager" if model_args else default_mixtral().config._experts_implementation
     lines = [note for note in account.notes if "experts kernel" in note]
@@ -78,6 +84,8 @@ def test_a_mixtral_meta_cannot_trace_is_predicted_with_one_line_saying_why(spec,
 
 
 def test_the_command_line_shows_the_predictions_and_the_line(capsys):
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch._grouped_mm: transformers' grouped_mm falls back to ops meta traces (nothing refused)")
     assert main(["account", "--model", DEFAULT, "--batch", "2", "--seq", "8"]) == 0
     out = capsys.readouterr().out
     step = [line.split("│") for line in out.splitlines() if "│ step " in line][0]
@@ -91,6 +99,8 @@ def test_the_command_line_shows_the_predictions_and_the_line(capsys):
 
 
 def test_the_python_api_reports_the_prediction_and_nothing_measured():
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch._grouped_mm: transformers' grouped_mm falls back to ops meta traces (nothing refused)")
     from resacct.api import account_model
 
     report = account_model(DEFAULT, batch=2, seq=8, measure=False)

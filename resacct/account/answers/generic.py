@@ -77,7 +77,7 @@ from resacct.account.load.model_io import (
     resolve_loss,
 )
 from resacct.account.render.model_account import ModelAccount
-from resacct.account.load.model_factory import load_model, parse_model_arg
+from resacct.account.load.model_factory import load_model, load_model_on, parse_model_arg
 from resacct.account.answers.providers import MeasuredStep, predict_step, untraced_note
 from resacct.account.trace.untraced import UnmeasuredState, UnrecordedActivations, UntracedFlops, unmeasured_state
 from resacct.training.models import Cruncher
@@ -282,8 +282,7 @@ def account_named_model(
         raise ResacctError(f"loss {loss!r}: expected one of {', '.join(LOSS_CHOICES)}")
 
     def build(device: str) -> tuple[nn.Module, StepInputs]:
-        with torch.device(device):
-            model, example = load_model(spec, model_args)
+        model, example = load_model_on(device, spec, model_args)
         if not list(model.parameters()):
             raise ResacctError(f"the model {type(model).__name__} from {spec!r} has no parameters; expected a model with something to train")
         model.train()

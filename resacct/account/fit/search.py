@@ -290,16 +290,13 @@ def named_model_target(spec: str, model_args: dict[str, Any] | None = None, *, i
     """``module:factory`` built under ``torch.device("meta")``; its inputs as ``resacct account``
     makes them (:func:`resacct.account.load.model_io.default_inputs`), or the factory's example input
     with the batch axis resized (a fit then searches the batch only)."""
-    import torch
-
-    from resacct.account.load.model_factory import load_model
+    from resacct.account.load.model_factory import load_model_on
     from resacct.account.load.model_io import LOSS_CHOICES, call_model, check_inputs, context_length, default_inputs, is_token_model, resolve_loss
     from resacct.account.load.user_code import calling_user_code
 
     if loss not in LOSS_CHOICES:
         raise ResacctError(f"loss {loss!r}: expected one of {', '.join(LOSS_CHOICES)}")
-    with torch.device("meta"):
-        model, example = load_model(spec, model_args)
+    model, example = load_model_on("meta", spec, model_args)
     if not list(model.parameters()):
         raise ResacctError(f"the model {type(model).__name__} from {spec!r} has no parameters; expected a model with something to train")
     model.train()

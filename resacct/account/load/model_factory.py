@@ -18,7 +18,7 @@ from resacct.errors import ResacctError
 from resacct.account.load.model_io import StepInputs
 from resacct.account.load.user_code import calling_user_code, running_phase, system_exit_error, user_frame
 
-__all__ = ["parse_model_arg", "load_model", "module_cycle", "module_depth", "max_module_depth", "check_module_tree", "predict_named_model_peak"]
+__all__ = ["parse_model_arg", "load_model", "load_model_on", "module_cycle", "module_depth", "max_module_depth", "check_module_tree", "predict_named_model_peak"]
 
 
 def parse_model_arg(text: str) -> tuple[str, Any]:
@@ -39,6 +39,19 @@ def parse_model_arg(text: str) -> tuple[str, Any]:
         except ValueError:
             pass
     return key.strip(), raw
+
+
+def load_model_on(device: str, spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[nn.Module, StepInputs | None]:
+    """:func:`load_model` with the factory run under ``torch.device(device)`` (what it builds without a device lands
+    there). ``torch._dynamo`` is imported first: a factory importing transformers' models lazily under that mode made
+    torch 2.6 and 2.8 import it there, which fails (2.8: a circular import; 2.6: its import runs an op, ``.item()`` on
+    meta — a fresh ``resacct account --model <a Mixtral factory>`` on torch 2.6 said "Could not import module
+    'MixtralForCausalLM'"). Every account imports it anyway."""
+    from resacct.account.load.hf_models import import_before_device_modes
+
+    import_before_device_modes()
+    with torch.device(device):
+        return load_model(spec, model_args)
 
 
 def load_model(spec: str, model_args: Mapping[str, Any] | None = None) -> tuple[nn.Module, StepInputs | None]:
@@ -177,8 +190,7 @@ def predict_named_model_peak(spec: str, model_args: Mapping[str, Any] | None = N
     from resacct.account.peak.step_peak import account_model_step_peak
     from resacct.measurement.memory import get_state_recipe
 
-    with torch.device("meta"):
-        model, example = load_model(spec, model_args)
+    model, example = load_model_on("meta", spec, model_args)
     if not list(model.parameters()):
         raise ResacctError(f"the model {type(model).__name__} from {spec!r} has no parameters; expected a model with something to train")
     model.train()
