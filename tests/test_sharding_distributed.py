@@ -21,11 +21,13 @@ from resacct.checks.sharding import (
     small_scale_measurements,
 )
 from resacct.checks.sharding_runs import (
+    FSDP2_PIECES,
     LAUNCH_PARTS,
     MODEL_KINDS,
     PAPER_SCALE_CONFIGURATIONS,
     PIECES,
     TRAINING_STEPS,
+    fsdp2_cpu_gap,
     launch_parts,
     paper_scale_configurations,
     paper_scale_state_on_fake_ranks,
@@ -172,7 +174,8 @@ def test_stage_3_parameters_are_freed_after_forward_and_stage_2_style_keeps_them
 def test_the_state_after_one_step_is_the_state_after_every_step():
     """LAUNCH_PARTS measures the state claims' engines one step: what each rank holds is allocated by the
     first step and held, byte for byte, after TRAINING_STEPS (measured here, both after the one and the three)."""
-    parts = tuple(("balanced", engine, steps) for engine in ("zero1", "fsdp2", "fsdp2_bf16") for steps in (1, TRAINING_STEPS))
+    engines = ("zero1",) if fsdp2_cpu_gap() else ("zero1", "fsdp2", "fsdp2_bf16")  # torch 2.6's FSDP2 cannot train CPU tensors
+    parts = tuple(("balanced", engine, steps) for engine in engines for steps in (1, TRAINING_STEPS))
     pieces = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "local_parameter_numels", "owned_parameter_indices", "dtypes")
     for results in run_on_ranks(sharded_training_on_rank, 2, parts, timeout_seconds=90):
         for one, every in zip(results[::2], results[1::2]):
@@ -182,10 +185,13 @@ def test_the_state_after_one_step_is_the_state_after_every_step():
 
 
 def test_a_piece_not_in_the_launch_is_added_to_it():
-    assert launch_parts(4) == LAUNCH_PARTS[4]
-    assert launch_parts(4, "uneven", {"zero1": 1, "fsdp2": TRAINING_STEPS}) == LAUNCH_PARTS[4], "served by the 3-step parts"
+    def launched(parts: tuple) -> tuple:  # where FSDP2 cannot train CPU tensors (torch 2.6), its pieces leave the launch
+        return tuple(part for part in parts if not (fsdp2_cpu_gap() and part[1] in FSDP2_PIECES))
+
+    assert launch_parts(4) == launched(LAUNCH_PARTS[4])
+    assert launch_parts(4, "uneven", {"zero1": 1, "fsdp2": TRAINING_STEPS}) == launched(LAUNCH_PARTS[4]), "served by the 3-step parts"
     assert launch_parts(2, "balanced", {"zero1": TRAINING_STEPS})[-1] == ("balanced", "zero1", TRAINING_STEPS)
-    assert launch_parts(3) == tuple((kind, piece, 0 if piece == "after_forward" else TRAINING_STEPS) for kind in MODEL_KINDS for piece in PIECES)
+    assert launch_parts(3) == launched(tuple((kind, piece, 0 if piece == "after_forward" else TRAINING_STEPS) for kind in MODEL_KINDS for piece in PIECES))
     with pytest.raises(ResacctError, match=r"part \('balanced', 'zero3', 1\): expected"):
         launch_parts(2, "balanced", {"zero3": 1})
 
@@ -198,7 +204,12 @@ def test_the_paper_scale_child_measures_the_stages_the_claims_read():
     assert paper_scale_configurations(1, "fp32-adamw", (2,)) == ((1, "fp32-adamw", (0, 1, 2, 3)),)
     with pytest.raises(ResacctError, match=r"stages \(4,\): expected ZeRO stages among \(0, 1, 2, 3\)"):
         paper_scale_configurations(8, "fp32-adamw", (4,))
-    alone, every = run_isolated(paper_scale_state_on_fake_ranks, ((1, 0, "mixed-adam", (0,)), (1, 0, "mixed-adam", (0, 1, 2, 3))), timeout_seconds=90)
+    try:
+        alone, every = run_isolated(paper_scale_state_on_fake_ranks, ((1, 0, "mixed-adam", (0,)), (1, 0, "mixed-adam", (0, 1, 2, 3))), timeout_seconds=90)
+    except DistributedRankError as error:
+        if "with Meta tensors" not in str(error):
+            raise
+        pytest.skip(f"torch {torch.__version__}'s fake process group cannot run collectives on meta tensors (the claims skip alike)")
     assert list(alone) == [0] and alone[0] == every[0] and sorted(every) == [0, 1, 2, 3]
 
 
