@@ -51,7 +51,9 @@ def cuda_board_gap(board: Any) -> str | None:
 
 _LORA_TRACES: dict[tuple, tuple[Any, list | None, Any, str | None, tuple]] = {}  # the last LoRA steps traced: (CUDA prediction, ops (None: not yet), workspaces, experts, (model, inputs))
 _LORA_TRACES_KEPT = 4
-_UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError)
+# AssertionError: torch's own checks (torch 2.6's FlopCounterMode asserts equal heads for sdpa: Falcon's broadcast key/value
+# head failed `infer --device` with a traceback there)
+_UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError, AssertionError)
 
 
 def _why(error: BaseException, what: str) -> str:
