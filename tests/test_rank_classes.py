@@ -37,12 +37,11 @@ _TINY = "tests.fixtures_hf_models:tiny_llama"  # 64, 128 and 32 rows on 5 ranks:
 
 
 def _require_named_collectives() -> None:
-    """resacct's sharded peak names FSDP2's ``dist.all_gather_single`` / ``reduce_scatter_single`` buffers: a torch whose
-    FSDP2 calls others (2.6, 2.8) refuses ``shard`` in one line (``resacct.account.peak.sharded``) — nothing to compare."""
-    import torch.distributed as dist
+    """A torch whose FSDP2 calls no dist.all_gather_single (2.6, 2.8) refuses ``shard`` in one line: nothing to compare."""
+    from resacct.account.peak.sharded import named_collectives_gap
 
-    if not (hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")):
-        pytest.skip(f"torch {torch.__version__}'s FSDP2 calls no dist.all_gather_single / reduce_scatter_single: resacct shard refuses it")
+    if (gap := named_collectives_gap()) is not None:
+        pytest.skip(gap)
 
 
 @pytest.mark.slow  # four child processes

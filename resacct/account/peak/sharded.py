@@ -48,7 +48,7 @@ from resacct.account.peak.tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
 
-__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
+__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "named_collectives_gap", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
            "local_optimizer_state", "step_copies", "sharded_step", "step_summary", "predict_rank_summaries", "predict_sharded_step_peaks_in_process"]
 
 #: The engines, each with what it runs.
@@ -151,6 +151,17 @@ def local_tensor(tensor: Any) -> Any:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def named_collectives_gap() -> str | None:
+    """Why this torch's FSDP2 cannot be traced by the sharded peak, or None: it names the buffers of FSDP2's
+    ``dist.all_gather_single`` / ``dist.reduce_scatter_single``, which torch 2.6 and 2.8's FSDP2 do not call."""
+    import torch.distributed as dist
+
+    if hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single"):
+        return None
+    return (f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, whose buffers "
+            "resacct's sharded peak names; expected torch 2.13 or later")
+
+
 @contextlib.contextmanager
 def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, backend: str | None) -> Iterator[None]:
     """FSDP's collectives (``dist.all_gather_single``, ``dist.reduce_scatter_single``, called
@@ -163,9 +174,8 @@ def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, b
     if tracker is None:
         yield
         return
-    if not (hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")):  # torch 2.8: FSDP2 calls others
-        raise ResacctError(f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, whose buffers "
-                           "resacct's sharded peak names; expected torch 2.13 or later")
+    if (gap := named_collectives_gap()) is not None:
+        raise ResacctError(gap)
 
     gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
 
