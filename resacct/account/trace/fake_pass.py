@@ -74,9 +74,12 @@ def torch_release() -> tuple[int, int]:
 class FakeStepRecorder:
     """What :func:`~resacct.account.trace.step_measurements.measure_step_once` measures, recorded
     on the fake pass of a step peak: hand :meth:`start` the fake model and its optimizer, and
-    wrap the tracker's ``mark`` with :meth:`marking`. ``done`` once the step reached the optimizer."""
+    wrap the tracker's ``mark`` with :meth:`marking`. ``done`` once the step reached the optimizer.
 
-    def __init__(self, model: nn.Module, recipe: StateRecipe, optimizer: str, *, fill_tracer_gaps: bool = True) -> None:
+    ``recipe`` None: the FLOPs alone (no saved tensors, no training state), for a step whose other
+    numbers are read elsewhere (:func:`resacct.account.trace.lora_step.trace_lora_step`)."""
+
+    def __init__(self, model: nn.Module, recipe: StateRecipe | None, optimizer: str, *, fill_tracer_gaps: bool = True) -> None:
         self.model, self.recipe, self.optimizer_name, self.fill_tracer_gaps = model, recipe, optimizer, fill_tracer_gaps
         self.flops: StepFlopTrace | None = None
         self.saved: SavedActivations | None = None
@@ -91,6 +94,8 @@ class FakeStepRecorder:
 
     @property
     def done(self) -> bool:
+        if self.recipe is None:
+            return self.flops is not None
         return self.flops is not None and self.saved is not None and self.state is not None
 
     def start(self, fake_model: nn.Module, optimizer: torch.optim.Optimizer, tracker: Any) -> FakeStepRecorder:
@@ -140,6 +145,8 @@ class FakeStepRecorder:
         lean_flop_counter(self._tracer.counter)  # FlopCounterMode's dispatch without its per-op set and mode re-entry
         with _under_the_tracker(self._tracker):
             self._tracer.__enter__()
+        if self.recipe is None:  # the FLOPs alone
+            return
         self._recording = contextlib.ExitStack()
         self.saved = self._recording.enter_context(_record_saved_weakly(self._fake_model, self._tracker.skip_next_detach))
 
@@ -158,6 +165,8 @@ class FakeStepRecorder:
         self._tracker.op_record = None
         self.flops = self._tracer.trace()
         self._tracer = None
+        if self.recipe is None:  # the FLOPs alone
+            return
         parts = _state_parts(self._fake_model, self._optimizer, self.optimizer_name)
         total = sum(parts.values())
         self.state = state_measurement(self.model, self.recipe, self.optimizer_name, after_backward_bytes=total, at_step_parts=parts)

@@ -163,9 +163,10 @@ def default_lora_targets(config: Any) -> tuple[str, ...]:
 def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float = 0.0,
                     gradient_checkpointing: bool = False, layers: str = "auto") -> LoraStep:
     """One LoRA step of ``config``'s model (see the module doc), nothing allocated: the parameters of the
-    peft model built on meta and the tensors its forward saves there; FlopCounterMode's FLOPs of a forward
-    and backward on fake CPU tensors (the CPU's sdpa kernel, counted from its shapes) and the whole
-    step's peak on fake CPU tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`).
+    peft model built on meta and the tensors its forward saves there; the whole step's peak on fake CPU
+    tensors (:func:`resacct.account.peak.step_peak.predict_step_peak`) and, on that same pass,
+    FlopCounterMode's FLOPs of its forward and backward (the CPU's sdpa kernel, counted from its shapes:
+    :class:`~resacct.account.trace.fake_pass.FakeStepRecorder`).
     ``layers`` (``auto``, ``sampled``, ``all``): a stack of identical layers deeper than 16 (``sampled``:
     5) is traced at depths 3, 4 and 5 and extrapolated, checked (:mod:`resacct.account.trace.lora_layers`)."""
     import dataclasses
@@ -198,10 +199,8 @@ def trace_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 def _traced_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base: str, batch: int, seq: int, dropout: float,
                       gradient_checkpointing: bool) -> LoraStep:
     """:func:`trace_lora_step` of every layer of ``config``'s model."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from resacct.account.peak.step_peak import _fake_copy as fake_copy, predict_step_peak
-    from resacct.account.trace.step_measurements import trace_step_flops
+    from resacct.account.peak.step_peak import predict_step_peak
+    from resacct.account.trace.fake_pass import FakeStepRecorder
     from resacct.measurement.activations import record_saved_activations
     from resacct.measurement.memory import distinct_storage_bytes
 
@@ -220,12 +219,12 @@ def _traced_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base:
                 saved_bytes = int(saved.activation_bytes)
             except RuntimeError:  # peft's LoRA on expert weights enters torch.autocast("meta"), which torch refuses
                 saved_bytes = None
-        with FakeTensorMode(allow_non_fake_inputs=True):  # on fake CPU tensors: the kernels (sdpa's) a CPU step runs
-            fake = fake_copy(model)
-            fake_inputs = lora_step_inputs(config, batch=batch, seq=seq, device="cpu")
-            flops = trace_step_flops(fake, lambda: lora_loss(fake, fake_inputs))
-        del fake
-        peak = predict_step_peak(model, inputs, lora_loss, adamw_over)
+        recorder = FakeStepRecorder(model, None, "adamw")  # trace once: the FLOPs counted on the peak's own fake CPU pass
+        peak = predict_step_peak(model, inputs, lora_loss, adamw_over, recorder=recorder)
+    if recorder.flops is None:
+        raise ResacctError(f"the LoRA step of {type(model).__name__} never reached its optimizer step on fake tensors; expected a forward, "
+                           "a backward and AdamW's step")
+    flops = recorder.flops
     return LoraStep(targets=adapted, base_parameters=sum(p.numel() for p in frozen), base_bytes=distinct_storage_bytes(frozen),
                     adapter_parameters=sum(p.numel() for p in trainable), adapter_tensors=len(trainable), adapter_bytes=distinct_storage_bytes(trainable),
                     forward_flops=flops.forward_flops, backward_flops=flops.backward_flops,
