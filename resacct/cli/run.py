@@ -47,6 +47,8 @@ def _model(args: argparse.Namespace) -> tuple[float, float, int | None, int | No
         facts = meta_model_facts(args.hf_config)  # the model built on meta: any model_type transformers builds
         return (float(facts.parameters), float(facts.active_parameters), layers or facts.layers,
                 width or facts.attention_width, f"--hf-config {args.hf_config} ({facts.source}; {facts.model_class} built on the meta device)")
+    if args.trace_all_layers:
+        raise ResacctError("--trace-all-layers applies to --hf-config (a stack of decoder layers); expected --hf-config NAME with it")
     if args.params is None:
         raise ResacctError("give --params N (total parameters; --active-params for a mixture of experts) or --hf-config NAME")
     active = args.active_params if args.active_params is not None else args.params
@@ -251,11 +253,12 @@ def _traced_model(args: argparse.Namespace) -> dict[str, Any]:
 
     facts = meta_model_facts(args.hf_config)
     seq = args.seq or min(facts.positions or 2048, 2048)
-    trace = facts.step_flops(seq=seq)
+    step_flops, layers_note = facts.step_flops(seq=seq, layers="all" if args.trace_all_layers else "auto")
     return {"model_class": facts.model_class, "parameters": facts.parameters, "active_parameters": facts.active_parameters,
             "formula_parameters": facts.formula_parameters, "formula_active_parameters": facts.formula_active_parameters,
-            "seq": seq, "step_flops_per_token": trace.step_flops / seq,
-            "step_flops_per_token_basis": "FlopCounterMode over a forward and backward of one sequence on the meta device (matmuls, attention included)"}
+            "seq": seq, "step_flops_per_token": step_flops / seq,
+            "step_flops_per_token_basis": "FlopCounterMode over a forward and backward of one sequence on the meta device (matmuls, attention included)",
+            "layers": layers_note}
 
 
 def _traced_lines(traced: dict[str, Any], fields: dict[str, Any]) -> str:
@@ -263,7 +266,8 @@ def _traced_lines(traced: dict[str, Any], fields: dict[str, Any]) -> str:
                f"; closed form {traced['formula_parameters']:.6g} total, {traced['formula_active_parameters']:.6g} active")
     return (f"  traced ({traced['model_class']} on meta): {traced['parameters']:.6g} parameters, {traced['active_parameters']:.6g} active per token"
             f"{formula}\n  traced FLOPs per token (forward + backward, one sequence of {traced['seq']}): {traced['step_flops_per_token']:.4g} "
-            f"({traced['step_flops_per_token'] / fields['model_flops_per_token']:.3f}× the {fields['flop_convention']} figure)")
+            f"({traced['step_flops_per_token'] / fields['model_flops_per_token']:.3f}× the {fields['flop_convention']} figure)"
+            f"\n  layers: {traced['layers']}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -288,6 +292,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--layers", type=positive_int, help="layers L (for --convention attention)")
     model.add_argument("--attention-width", type=positive_int, help="h = attention heads × head width (for --convention attention)")
     model.add_argument("--seq", type=positive_int, help="sequence length s (for --convention attention)")
+    model.add_argument("--trace-all-layers", action="store_true",
+                       help="with --hf-config: trace every decoder layer for the traced FLOPs per token (default: a stack of more than "
+                            "16 identical layers is traced at depths 3, 4 and 5 and extrapolated, checked on the third depth)")
     model.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                        help="what recomputation executes again, for HFU: selective = 4·L·h·s, full = 2·N (+ 4·L·h·s) (default: none)")
     model.add_argument("--recipe", type=recipe_type, default=parse_recipe("mixed-adam"), metavar="NAME",

@@ -12,7 +12,8 @@ for (:mod:`resacct.formulas.hf_formulas`, kept beside as the cross-check).
   tokens with ``use_cache`` (``past_key_values``): GQA/MQA, sliding-window layers (which keep at
   most their window) and DeepSeek's compressed latent cache come out as transformers keeps them;
 - **step FLOPs**: FlopCounterMode over a meta forward and backward of one sequence
-  (:func:`resacct.account.trace.step_measurements.trace_step_flops`; sdpa's fused kernel counted from its shapes).
+  (:func:`resacct.account.trace.step_measurements.trace_step_flops`; sdpa's fused kernel counted from its shapes);
+  a deep stack of repeated layers traced at three shallow depths and extrapolated, checked, as the account does.
 
 >>> facts = meta_model_facts("falcon-7b")                                             # doctest: +SKIP
 >>> facts.parameters, facts.kv_heads, facts.kv_cache_elements_per_token(2048)       # doctest: +SKIP
@@ -68,6 +69,8 @@ class MetaModelFacts:
     formula_parameters: int | None = None
     formula_active_parameters: int | None = None
     model: Any = field(default=None, repr=False)
+    #: the config it was built from (:class:`~resacct.account.load.hf_models.HfConfigSpec`): shallower copies are built from it
+    spec: Any = field(default=None, repr=False)
     _kv: dict[int, float] = field(default_factory=dict, repr=False)
 
     @property
@@ -90,17 +93,40 @@ class MetaModelFacts:
         layers keep at most their window, so past it the figure falls with the context."""
         return self.kv_cache_elements(tokens) / tokens
 
-    def step_flops(self, *, batch: int = 1, seq: int) -> Any:
-        """FlopCounterMode's forward and backward FLOPs of ``batch`` × ``seq`` tokens on meta (its own loss)."""
-        from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
-        from resacct.account.trace.step_measurements import trace_step_flops
+    def step_flops(self, *, batch: int = 1, seq: int, layers: str = "auto") -> tuple[int, str]:
+        """FlopCounterMode's forward and backward FLOPs of ``batch`` × ``seq`` tokens on meta (its own loss), and how
+        the layers were traced: a stack the account samples (:func:`~resacct.account.trace.repeated_layers.layer_plan`,
+        ``layers`` ``auto``, ``sampled`` or ``all``) at its sample depths, the FLOPs on the line through two of them
+        and checked on the third; any other (or one whose FLOPs are not on a line) every layer."""
+        from resacct.account.load.hf_models import build_hf_model, with_depth
+        from resacct.account.peak.layer_segments import SAMPLE_DEPTHS
+        from resacct.account.trace.repeated_layers import layer_plan, sampled_note
 
-        self.model.train()
-        inputs = default_inputs(self.model, batch=batch, seq=seq, device="meta")
-        try:
-            return trace_step_flops(self.model, lambda: loss_of_output(call_model(self.model, inputs), "model"))
-        finally:
-            self.model.eval()
+        plan = None if self.spec is None else layer_plan(self.spec, layers)
+        if plan is not None and plan.sample:
+            f3, f4, f5 = (_meta_step_flops(build_hf_model(with_depth(self.spec, built), device="meta"), batch, seq)
+                          for built in plan.sample_layers())
+            if f4 - f3 == f5 - f4:
+                units = (plan.depth - plan.prefix) // plan.period
+                return f5 + (units - SAMPLE_DEPTHS[-1]) * (f5 - f4), sampled_note(plan.depth, "the step", plan.prefix, plan.period)
+            why = f"the step's FLOPs at depths {', '.join(map(str, plan.sample_layers()))} ({f3}, {f4}, {f5}) are not on a line"
+        else:
+            why = None if plan is None else plan.why_whole
+        whole = _meta_step_flops(self.model, batch, seq)
+        return whole, f"all {self.layers} layers traced" + ("" if why is None else f": {why}")
+
+
+def _meta_step_flops(model: Any, batch: int, seq: int) -> int:
+    """FlopCounterMode's FLOPs of a forward and backward of ``model`` (built on meta) over ``batch`` × ``seq`` tokens, its own loss."""
+    from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
+    from resacct.account.trace.step_measurements import trace_step_flops
+
+    model.train()
+    inputs = default_inputs(model, batch=batch, seq=seq, device="meta")
+    try:
+        return trace_step_flops(model, lambda: loss_of_output(call_model(model, inputs), "model")).step_flops
+    finally:
+        model.eval()
 
 
 def model_kv_cache_elements(model: Any, tokens: int) -> int:
@@ -173,5 +199,5 @@ def meta_model_facts(config: str) -> MetaModelFacts:
         experts=experts, experts_per_token=per_token,
         formula_parameters=None if architecture is None else predict_parameters(architecture),
         formula_active_parameters=None if architecture is None else predict_active_parameters(architecture),
-        model=model,
+        model=model, spec=spec,
     )
