@@ -36,6 +36,10 @@ BOARD_CEILINGS = {"matmul": {"bf16": {"max_flops_per_sec": 7.0e14}, "fp32": {"ma
                   "copy": {"bandwidth_bytes_per_sec": 4.0e12}, "launch": {"per_launch_sec": 5e-6}}
 
 
+#: every test here reads the one module fixture (dry_step): on one xdist worker, so it is made once a tier
+pytestmark = pytest.mark.xdist_group("board-record-dry-step")
+
+
 @pytest.fixture(scope="module")
 def dry_step() -> dict[str, Any]:
     """One step recorded by the recorder's own code in its dry run (resacct's GPT, fp32, math attention: no transformers)."""

@@ -29,6 +29,10 @@ CEILINGS = {"matmul": {"bf16": {"max_flops_per_sec": 7.0e14}, "fp32": {"max_flop
             "copy": {"bandwidth_bytes_per_sec": 4.0e12}, "launch": {"per_launch_sec": 5e-6}}
 
 
+#: every test here reads the one module fixture (dry_served): on one xdist worker, so it is made once a tier
+pytestmark = pytest.mark.xdist_group("board-record-dry-served")
+
+
 @pytest.fixture(scope="module")
 def dry_served() -> dict[str, Any]:
     """GPT-2 (tiny, fp32 weights) served by the recorder's own code in its dry run."""

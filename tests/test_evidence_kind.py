@@ -153,6 +153,7 @@ def torch_touches() -> dict:
 
 
 @pytest.mark.slow  # 5.09 s idle on 2026-11-28: its module fixture runs every claim in a fresh process
+@pytest.mark.xdist_group("evidence-kind-torch-touches")  # both tests on one worker: the fixture's process runs once a tier
 def test_checks_declared_published_or_arithmetic_never_touch_torch(torch_touches):
     not_measured = torch_touches["not_measured"]
     declared = {name for name, one in all_checks().items() if one.evidence in ("published", "arithmetic")}
@@ -164,6 +165,7 @@ def test_checks_declared_published_or_arithmetic_never_touch_torch(torch_touches
 
 
 @pytest.mark.slow  # the same fresh-process fixture as the test above
+@pytest.mark.xdist_group("evidence-kind-torch-touches")
 def test_a_sample_of_measured_checks_do_touch_torch(torch_touches):
     sample = torch_touches["sample"]
     assert set(sample) == set(MEASURED_SAMPLE)

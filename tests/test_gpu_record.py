@@ -63,6 +63,10 @@ def test_unknown_step_and_missing_out_are_usage_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no --out and no $OUT" in done.stderr
 
 
+#: the tests reading the one dry run: on one xdist worker, so the ~70 s run is made once a tier, not once per worker
+same_dry_run = pytest.mark.xdist_group("gpu-record-dry-run")
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     pytest.importorskip("transformers")  # the HF steps build models (torch 2.4: transformers 5.x cannot)
@@ -73,6 +77,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
 
 
 @pytest.mark.slow
+@same_dry_run
 def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     done, out = dry_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -114,6 +119,7 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
 
 
 @pytest.mark.slow
+@same_dry_run
 def test_dry_run_records_the_recipes_and_kernels_it_names(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     record = json.loads(gzip.open(dry_run[1] / "gpu-record.json.gz", "rt").read())
     steps = {step["name"]: step for step in record["steps"]}
@@ -127,6 +133,7 @@ def test_dry_run_records_the_recipes_and_kernels_it_names(dry_run: tuple[subproc
 
 
 @pytest.mark.slow
+@same_dry_run
 def test_replay_reads_the_record_back(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(dry_run[1] / "gpu-record.json.gz")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -265,6 +272,7 @@ def test_compare_adds_the_boards_cublas_workspaces_to_a_board_record(monkeypatch
 
 
 @pytest.mark.slow
+@same_dry_run
 def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """--compare rebuilds each step on meta tensors and predicts it beside the record (a dry run's
     numbers compare CPU kernels with CUDA's choices: the plumbing is checked, not the ratios)."""
