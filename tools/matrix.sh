@@ -101,8 +101,8 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`create_selective_checkpoint_contexts` (the selective-checkpointing peak claim skips naming it), no public FSDP2 "
           "(the sharding claims skip: the engine import fails), cannot checkpoint meta tensors (`requires_torch: \">=2.6\"`), "
           "and its `weights_only` unpickler refuses `complex` (a checkpoint holding one is refused before it is written).",
-          "- **FSDP2 on CPU tensors (torch 2.6)**: its collectives call `torch.cpu.Stream.record_event`, which 2.6 lacks (2.8 "
-          "has it): every FSDP2 launch failed there with \"'Stream' object has no attribute 'record_event'\" (13 sharding claims, "
+          "- **FSDP2 on CPU tensors (torch 2.6)**: its collectives call `torch.cpu.Stream.record_event`, which 2.6 lacks (2.7.1 "
+          "has it: the FSDP2 claims hold there): every FSDP2 launch failed there with \"'Stream' object has no attribute 'record_event'\" (13 sharding claims, "
           "measured 2026-11-30, the ZeRO-1 ones with them: one launch measures both). `resacct/checks/sharding_runs.py` "
           "(`fsdp2_cpu_gap`) leaves FSDP2's pieces out of the launch there: its claims skip saying why, ZeroRedundancyOptimizer's "
           "are measured.",
@@ -131,7 +131,7 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`requires_transformers: \">=5.19\"` (`hf-llama-gqa-step-flops`, `hf-mistral-step-flops`, "
           "`hf-mixtral-step-flops`) and `\">=5.18\"` (`hf-mixtral-sdpa-meta-layer-activations`): older transformers skip "
           "them naming both versions. resacct's declared floor is transformers 5.23 (pyproject; tox's hf-floor env).",
-          "- Not measured here: torch 2.5, 2.7, 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.6 "
+          "- Not measured here: torch 2.5, 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.6 "
           "is the oldest transformers 5.x runs on (the HF claims' floor torch), 2.11 the GPU host's version.",
           "- Rows marked ⚠ change status between the envs; `—`: no outcome for the claim in that env's report.", "",
           "## Claims × envs", "", merged]

@@ -94,11 +94,11 @@ FSDP2_PIECES = ("fsdp2", "fsdp2_bf16", "after_forward")
 def fsdp2_cpu_gap() -> str | None:
     """Why this torch's FSDP2 cannot train CPU tensors, or None. Its collectives record an event on the CPU's stream
     (``torch.cpu.Stream.record_event``), which torch 2.6's lacks ("'Stream' object has no attribute 'record_event'",
-    measured on 2.6.0; 2.8 has it): the FSDP2 claims skip there, ZeroRedundancyOptimizer's are still measured."""
+    measured on 2.6.0; 2.7.1 has it): the FSDP2 claims skip there, ZeroRedundancyOptimizer's are still measured."""
     if hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "record_event"):
         return None
     return (f"torch {torch.__version__}'s FSDP2 cannot train CPU tensors: torch.cpu.Stream has no record_event, which its collectives "
-            "call (torch 2.8 has it)")
+            "call (torch 2.7 has it)")
 
 
 def launch_parts(world_size: int, kind: str = "balanced", needs: dict[str, int] | None = None) -> tuple[tuple[str, str, int], ...]:
