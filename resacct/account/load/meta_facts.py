@@ -99,17 +99,16 @@ class MetaModelFacts:
         ``layers`` ``auto``, ``sampled`` or ``all``) at its sample depths, the FLOPs on the line through two of them
         and checked on the third; any other (or one whose FLOPs are not on a line) every layer."""
         from resacct.account.load.hf_models import build_hf_model, with_depth
-        from resacct.account.peak.layer_segments import SAMPLE_DEPTHS
-        from resacct.account.trace.repeated_layers import layer_plan, sampled_note
+        from resacct.account.peak.layer_segments import NotRepeating
+        from resacct.account.trace.repeated_layers import extrapolate_dataclass, layer_plan, sampled_note
 
         plan = None if self.spec is None else layer_plan(self.spec, layers)
         if plan is not None and plan.sample:
-            f3, f4, f5 = (_meta_step_flops(build_hf_model(with_depth(self.spec, built), device="meta"), batch, seq)
-                          for built in plan.sample_layers())
-            if f4 - f3 == f5 - f4:
-                units = (plan.depth - plan.prefix) // plan.period
-                return f5 + (units - SAMPLE_DEPTHS[-1]) * (f5 - f4), sampled_note(plan.depth, "the step", plan.prefix, plan.period)
-            why = f"the step's FLOPs at depths {', '.join(map(str, plan.sample_layers()))} ({f3}, {f4}, {f5}) are not on a line"
+            samples = [_meta_step_flops(build_hf_model(with_depth(self.spec, built), device="meta"), batch, seq) for built in plan.sample_layers()]
+            try:  # the account's own rule for a whole number: the line through two depths, checked on the third
+                return extrapolate_dataclass(samples, plan.depth, plan.prefix, plan.period), sampled_note(plan.depth, "the step", plan.prefix, plan.period)
+            except NotRepeating as error:
+                why = f"the step's FLOPs: {error}"
         else:
             why = None if plan is None else plan.why_whole
         whole = _meta_step_flops(self.model, batch, seq)

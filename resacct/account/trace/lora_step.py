@@ -221,7 +221,7 @@ def _traced_lora_step(config: Any, *, rank: int, targets: tuple[str, ...], base:
                 saved_bytes = None
         recorder = FakeStepRecorder(model, None, "adamw")  # trace once: the FLOPs counted on the peak's own fake CPU pass
         peak = predict_step_peak(model, inputs, lora_loss, adamw_over, recorder=recorder)
-    if recorder.flops is None:
+    if not recorder.done:  # a recorder with no recipe is done once it has the FLOPs
         raise ResacctError(f"the LoRA step of {type(model).__name__} never reached its optimizer step on fake tensors; expected a forward, "
                            "a backward and AdamW's step")
     flops = recorder.flops

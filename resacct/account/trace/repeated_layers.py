@@ -258,7 +258,8 @@ def extrapolate_account(samples: Sequence[Any], depth: int, path: str, prefix: i
 
 def extrapolate_dataclass(samples: Sequence[Any], depth: int, prefix: int = 0, period: int = 1) -> Any:
     """A dataclass of whole numbers, names and a step peak (no module-keyed collections: ``resacct lora``'s
-    :class:`~resacct.account.trace.lora_step.LoraStep`) at ``depth`` from the three at the sample depths (after ``prefix``,
+    :class:`~resacct.account.trace.lora_step.LoraStep`), or one whole number (``run``'s step FLOPs), at ``depth`` from the
+    three at the sample depths (after ``prefix``,
     in units of ``period`` layers)."""
     from resacct.account.peak.step_peak import PredictedStepPeak
 
