@@ -123,7 +123,7 @@ def test_prediction_equals_a_real_peft_step(targets: str, dtype: str, attention:
 
     if attention == "sdpa" and cpu_sdpa_kernel(heads=4, kv_heads=kv_heads, head_dim=16, dtype=dtype) != "flash":
         pytest.skip(f"torch {torch.__version__} runs this grouped-query sdpa on the CPU by the math kernel (its CPU flash kernel wants "
-                    "equal heads); resacct's LoRA activation formula is the flash kernel's (its claims: requires_torch >=2.13)")
+                    "equal heads); resacct's LoRA activation formula is the flash kernel's (its claims: requires_torch >=2.9)")
     from resacct.account.trace.step_measurements import trace_step_flops
     from resacct.formulas.config_shapes import architecture_from_values
     from resacct.measurement.activation_recording import record_saved_activations

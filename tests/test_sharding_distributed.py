@@ -213,6 +213,24 @@ def test_the_paper_scale_child_measures_the_stages_the_claims_read():
     assert list(alone) == [0] and alone[0] == every[0] and sorted(every) == [0, 1, 2, 3]
 
 
+def test_the_broadcast_stood_in_for_gives_torchs_own_figures():
+    """torch <= 2.10 cannot dispatch a meta broadcast under the fake group (ZeroRedundancyOptimizer's step makes one): the
+    stand-in returns as the fake group does. Where torch runs it (2.11 on), both paths give the same bytes at every stage;
+    where it cannot, torch's path fails with that error and the stand-in's figures are the paper's state all the same."""
+    runs = ((8, 0, "fp32-adamw", (0, 1, 2, 3)), (64, 63, "mixed-adam", (1, 2)))
+    stood_in = run_isolated(paper_scale_state_on_fake_ranks, runs, True, timeout_seconds=120)
+    params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
+    assert stood_in[0][0] == [4 * params, 4 * params, 8 * params + 4 * PAPER_TENSOR_COUNT]  # fp32 AdamW: 16 bytes a parameter, unsharded
+    assert stood_in[0][1][2] == 8 * params // 8 + 4 * PAPER_TENSOR_COUNT // 8  # ZeRO-1 on 8 ranks: rank 0's 8 whole tensors' moments and steps
+    try:
+        torchs = run_isolated(paper_scale_state_on_fake_ranks, runs, timeout_seconds=120)
+    except DistributedRankError as error:
+        assert "c10d::broadcast_" in str(error) and "with Meta tensors" in str(error)
+        assert torch.__version__ < (2, 11)
+        return
+    assert torchs == stood_in
+
+
 def test_paper_scale_stage_3_is_fsdp_padding_exactly():
     params = PAPER_TENSOR_COUNT * math.prod(PAPER_TENSOR_SHAPE)
     stage = paper_scale_measurements(64, "mixed-adam")

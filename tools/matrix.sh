@@ -3,7 +3,7 @@
 # `resacct verify` in each env's venv, merged with `resacct verify --merge`. Nothing in the output is
 # typed by hand: dates, commit, versions and counts come from the run and its report.json files.
 #
-#   tools/matrix.sh [ENV ...]      default: torch24 torch26 torch27 torch28 torch210 torch211 torch212 main torch214
+#   tools/matrix.sh [ENV ...]      default: torch24 torch26 torch27 torch28 torch29 torch210 torch211 torch212 main torch214
 #
 # ENV is a tox.ini env (its cached venv from tools/matrix_venv.sh, made if absent: each older torch
 # is a ~2.8 GB download from PyPI, once per machine) or `main`: this checkout's .venv (CI's pins).
@@ -14,7 +14,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 ENVS=("$@")
-DEFAULT_ENVS=(torch24 torch26 torch27 torch28 torch210 torch211 torch212 main torch214)
+DEFAULT_ENVS=(torch24 torch26 torch27 torch28 torch29 torch210 torch211 torch212 main torch214)
 [ "${#ENVS[@]}" -gt 0 ] || ENVS=("${DEFAULT_ENVS[@]}")
 OUT="${OUT:-$REPO/docs}"
 WORK="$REPO/reports/matrix"

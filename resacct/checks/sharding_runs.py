@@ -214,9 +214,13 @@ def _fully_sharded_state(compute_dtype: torch.dtype, master_dtype: torch.dtype |
     return [distinct_storage_bytes(parameters), distinct_storage_bytes(gradients), optimizer_bytes]
 
 
-def _paper_scale_state(world_size: int, rank: int, recipe: str, stages: Sequence[int] = _STAGES) -> dict[int, list[int]]:
+def _paper_scale_state(world_size: int, rank: int, recipe: str, stages: Sequence[int] = _STAGES, stand_in_broadcasts: bool = False) -> dict[int, list[int]]:
+    """``stand_in_broadcasts``: a meta broadcast returns as the fake group's does even where torch runs it (else only where
+    torch cannot: :mod:`resacct.measurement.fake_group_broadcast`)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from resacct.measurement.fake_group_broadcast import meta_broadcasts_as_the_fake_group_does
 
     compute_dtype, master_dtype = _PAPER_DTYPES[recipe]
     measure = {0: lambda: _unsharded_state(compute_dtype, master_dtype),
@@ -225,19 +229,22 @@ def _paper_scale_state(world_size: int, rank: int, recipe: str, stages: Sequence
                3: lambda: _fully_sharded_state(compute_dtype, master_dtype)}
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        return {stage: measure[stage]() for stage in stages}
+        with meta_broadcasts_as_the_fake_group_does(force=stand_in_broadcasts):  # ZeroRedundancyOptimizer's, on torch <= 2.10
+            return {stage: measure[stage]() for stage in stages}
     finally:
         dist.destroy_process_group()
 
 
-def paper_scale_state_on_fake_ranks(configurations: Sequence[tuple[int, int, str, tuple[int, ...]]]) -> list[dict[int, list[int]]]:
+def paper_scale_state_on_fake_ranks(configurations: Sequence[tuple[int, int, str, tuple[int, ...]]],
+                                    stand_in_broadcasts: bool = False) -> list[dict[int, list[int]]]:
     """In a child process, for each (world size, rank, recipe, ZeRO stages): the bytes [parameters,
-    gradients, optimizer state] that rank holds at each of those stages for the 7.5B meta state."""
+    gradients, optimizer state] that rank holds at each of those stages for the 7.5B meta state.
+    ``stand_in_broadcasts``: see :func:`_paper_scale_state` (the test beside torch's own path)."""
     try:
         import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
     except ImportError as error:  # an internal module: it may move between torch versions
         raise DistributedUnavailableError(f"torch's fake process group is not importable here: {error}") from None
-    return [_paper_scale_state(world_size, rank, recipe, stages) for world_size, rank, recipe, stages in configurations]
+    return [_paper_scale_state(world_size, rank, recipe, stages, stand_in_broadcasts) for world_size, rank, recipe, stages in configurations]
 
 
 #: The configurations the claims use, measured together in one child process: (world size, recipe, the ZeRO
@@ -282,7 +289,7 @@ def _paper_scale_launch(configurations: tuple[tuple[int, str, tuple[int, ...]], 
     except DistributedError as error:
         if isinstance(error, DistributedUnavailableError) or "fake process group is not importable" in str(error):
             raise NotMeasurable(str(error).splitlines()[0]) from None
-        if "with Meta tensors" in str(error):  # torch 2.8's fake process group cannot broadcast meta tensors
+        if "with Meta tensors" in str(error):  # a collective other than the broadcast stood in for on torch <= 2.10
             raise NotMeasurable(f"torch {torch.__version__} cannot run collectives on meta tensors under the fake "
                                 f"process group: {str(error).splitlines()[0][:160]}") from None
         raise
