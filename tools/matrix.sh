@@ -24,7 +24,7 @@ MAIN_PY="$REPO/.venv/bin/python"
 
 # the commit and the tracked changes beside it, when the runs start (the code they ran)
 commit="$(git rev-parse --short HEAD)"
-dirty="$(git status --porcelain --untracked-files=no | wc -l | tr -d ' ')"
+dirty="$(git status --porcelain --untracked-files=no -- . ':!docs/matrix.md' ':!docs/matrix.json' | wc -l | tr -d ' ')"  # its own outputs not counted
 rows=()
 for env in "${ENVS[@]}"; do
     if [ "$env" = "main" ]; then
@@ -109,14 +109,27 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "- **gloo teardown (torch < 2.8)**: `destroy_process_group()` could deadlock with the GIL held; "
           "`resacct/measurement/distributed.py` drops each group's backend last (see its docstring).",
           "- **FSDP2 parity on 2.8**: its gloo `reduce_scatter_tensor` sums where FSDP2 asks for AVG "
-          "(`fsdp2-trains-like-one-process-*`: `requires_torch: \">=2.13\"`).",
+          "(`fsdp2-trains-like-one-process-*`: `requires_torch: \">=2.9\"`; with the floor lifted, 2026-11-30, 2.8.0 ends "
+          "1.2e-5 / 1.8e-5 from one process on 2 / 4 ranks, over the 1e-5 bound, and 2.9.1, 2.10, 2.11 and 2.12.1 end 3.0e-8 / "
+          "9.3e-8, as 2.13).",
+          "- **Meta broadcasts under the fake process group (torch <= 2.10)**: `c10d::broadcast_` has no Meta kernel there, and "
+          "ZeroRedundancyOptimizer's step broadcasts. `resacct/measurement/fake_group_broadcast.py` probes once and, where torch "
+          "cannot, lets a meta broadcast return as the fake group's does (it writes nothing): the 10 ZeRO-paper claims (a 7.5B "
+          "state on meta, up to 64 fake ranks) are measured from 2.6 on (they skipped on 2.10 and older before 2026-11-30); on "
+          "2.13 the stand-in gives torch's own figures (tests/test_sharding_distributed.py).",
+          "- **FSDP2 with a bf16 `MixedPrecisionPolicy` on CPU tensors** fails before 2.12 (\"Found dtype Float but expected "
+          "BFloat16\", 2.7.1 to 2.11): `fsdp2-bf16-compute-keeps-fp32-shards-4-ranks` skips naming it; 2.12.1 holds it.",
+          "- **The per-rank step peaks on gloo ranks (peak_sharded)** add gloo's own buffers where FSDP2 calls "
+          "`all_gather_single` / `reduce_scatter_single`, which it does from 2.13: those 11 claims carry `requires_torch: "
+          "\">=2.13\"` (with it lifted on 2.9.1 to 2.12.1 their check skips naming that; measured 2026-11-30).",
           "- **The CPU sdpa kernel for grouped-query attention** (fewer key/value heads, transformers' `enable_gqa`): torch 2.8 "
           "runs it by the math kernel (its CPU flash kernel wants equal heads: the s² scores are kept, k and v at every query head), "
-          "2.11, 2.13 and 2.14 by the flash kernel; equal heads run flash on all, 2.4.1 included (measured 2026-11-28). "
+          "2.9.1, 2.10, 2.11, 2.12.1, 2.13 and 2.14.1 by the flash kernel; equal heads run flash on all, 2.4.1 included (measured 2026-11-28 and 2026-11-30). "
           "`resacct/measurement/sdpa_choice.py` runs a tiny sdpa once to see which, and the HF activation formulas follow it "
           "(the tiny Llama's 173,636 saved bytes on 2.8 against 161,860 by flash). The laws written for the flash kernel "
           "(`hf-llama-gqa-sdpa-cpu-layer-activations`, `lora-step-backward-flops-frozen-base`, `lora-saved-activations-q-v-bf16`, "
-          "`lora-saved-activations-all-linear-any-shape`) carry `requires_torch: \">=2.13\"`.",
+          "`lora-saved-activations-all-linear-any-shape`) carry `requires_torch: \">=2.9\"` (with the floor lifted, 2026-11-30: "
+          "they fail on 2.8.0 and hold on 2.9.1, 2.10, 2.11 and 2.12.1).",
           "- **torch 2.4 and 2.5** print a DeprecationWarning when `torch.distributed.optim` is imported (their own "
           "`simplefilter(\"always\")`), and torch up to 2.8 makes a `tmp*` folder at that import: the ranks' forkserver "
           "imports it through `resacct/measurement/quiet_distributed_optim.py`, which catches the one and removes the other "
@@ -131,7 +144,8 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "`requires_transformers: \">=5.19\"` (`hf-llama-gqa-step-flops`, `hf-mistral-step-flops`, "
           "`hf-mixtral-step-flops`) and `\">=5.18\"` (`hf-mixtral-sdpa-meta-layer-activations`): older transformers skip "
           "them naming both versions. resacct's declared floor is transformers 5.23 (pyproject; tox's hf-floor env).",
-          "- Not measured here: torch 2.5, 2.9, 2.10 and 2.12 (each a ~3 GB CUDA download into a cached venv); torch 2.6 "
+          "- Not measured here: torch 2.5 (a ~3 GB CUDA download into a cached venv, not made) and 2.15.0 (on PyPI; this "
+          "machine's pip is capped at 2.14.1); torch 2.6 "
           "is the oldest transformers 5.x runs on (the HF claims' floor torch), 2.11 the GPU host's version.",
           "- Rows marked ⚠ change status between the envs; `—`: no outcome for the claim in that env's report.", "",
           "## Claims × envs", "", merged]
