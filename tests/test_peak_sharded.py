@@ -70,6 +70,54 @@ def test_an_unknown_engine_is_refused_before_anything_launches():
         checks.sharded_peak_measurements(2, "mlp", 16, 1, ("fsdp3",))
 
 
+def test_where_fsdp2_cannot_be_traced_zero1_launches_alone_and_fsdp2_skips(monkeypatch):
+    """torch 2.11 and 2.12: FSDP2 calls no dist.all_gather_single, whose buffers the prediction names, so FSDP2's claims
+    skip; ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither and is measured in a launch of its own."""
+    import resacct.account.peak.sharded as sharded
+    from resacct.harness.registry import NotMeasurable
+
+    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: "torch 2.12's FSDP2 does not call dist.all_gather_single")
+    assert checks._launch_engines("zero1", 2) == checks._launch_engines("zero1", 4) == ("zero1",)
+    assert checks._launch_census("zero1", 2, census=True) == ("zero1",)
+    checks._require_engines(("zero1",))
+    for engine in ("zero2", "fsdp2", "fsdp2-bf16"):
+        with pytest.raises(NotMeasurable, match="does not call dist.all_gather_single"):
+            checks._require_engines(checks._launch_engines(engine, 2))
+    gather = torch.distributed.all_gather_single if hasattr(torch.distributed, "all_gather_single") else None
+    tracker = ShardedStorageTracker()
+    with sharded._collectives_named(tracker, 2, backend="allocator", engine="zero1"):  # nothing patched: ZeRO-1 calls neither
+        assert getattr(torch.distributed, "all_gather_single", None) is gather
+    with pytest.raises(ResacctError, match="does not call dist.all_gather_single"):
+        with sharded._collectives_named(tracker, 2, backend="allocator", engine="fsdp2"):
+            pass
+
+
+def test_before_torch_2_11_zero1_is_not_traced_either_and_says_why(monkeypatch):
+    """torch 2.9.1 and 2.10 (measured): the fake process group cannot broadcast fake tensors, which DDP and
+    ZeroRedundancyOptimizer do: ZeRO-1's claims skip and ``resacct shard --engine zero1`` refuses in one line."""
+    import resacct.account.peak.sharded as sharded
+    from torch.torch_version import TorchVersion
+
+    from resacct.harness.registry import NotMeasurable
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.10.0"))
+    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: "torch 2.10's FSDP2 does not call dist.all_gather_single")
+    assert "torch 2.10.0's fake process group cannot broadcast fake tensors" in sharded.engine_gap("zero1")
+    with pytest.raises(NotMeasurable, match=r"expected torch 2\.11 or later|lacks what the sharded step peak runs"):  # torch 2.4: no FSDP2 at all
+        checks._require_engines(checks._launch_engines("zero1", 2))
+    with pytest.raises(ResacctError, match="cannot broadcast fake tensors"):
+        with sharded._collectives_named(ShardedStorageTracker(), 2, backend="allocator", engine="zero1"):
+            pass
+
+
+def test_where_fsdp2_is_traced_every_engine_shares_the_launch(monkeypatch):
+    import resacct.account.peak.sharded as sharded
+
+    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: None)
+    assert checks._launch_engines("zero1", 2) == tuple(checks.ENGINE_STAGES) and checks._launch_engines("zero1", 4) == ("zero1", "fsdp2")
+    checks._require_engines(tuple(checks.ENGINE_STAGES))
+
+
 # --- launches: fake process group + gloo ranks (slow) -----------------------------------------
 
 #: the launches are cached per process: on the worker that runs peak_sharded.claims.yaml (--dist loadgroup), they are shared
@@ -103,6 +151,18 @@ def _each_rank_exact(engine, runs, world_size):
         assert predicted["allocator"]["phase"] == allocator["phase"], (engine, rank)
         assert predicted["allocator"]["phase_peak_bytes"] == allocator["phase_peak_bytes"], (engine, rank)
         assert 1 <= allocator["attempts"] <= checks.MAX_ATTEMPTS
+
+
+@pytest.mark.distributed
+@same_worker_as_the_claims
+@pytest.mark.slow
+@pytest.mark.skipif(hasattr(torch.distributed, "reduce_scatter_single") or torch.__version__ < (2, 11),
+                    reason="FSDP2 is traced here (ZeRO-1 shares its launch: the test above), or ZeRO-1 is not (before torch 2.11)")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero1_alone_on_a_torch_whose_fsdp2_is_not_traced_equals_the_allocator(world_size):
+    """torch 2.11 and 2.12 (the tox envs): ZeRO-1's launch of its own, each rank exact; on 2 ranks its census too."""
+    runs = checks.sharded_peak_measurements(world_size, "mlp", 16, 1, ("zero1",), ("zero1",) if world_size == 2 else ())["zero1"]
+    _each_rank_exact("zero1", runs, world_size)
 
 
 @pytest.mark.parametrize("engine", list(checks.ENGINE_STAGES))

@@ -186,15 +186,15 @@ def test_the_sharded_checks_plan_what_they_launch():
                            ("sharding.largest_model_on_devices", {"zero_stage": 1, "devices": 8, "device_memory_bytes": 8e10}),
                            ("peak_sharded.peak_breakdown", {"engine": "zero2", "world_size": 2, "model": "mlp", "batch": 16, "rank": 0}),
                            ("parallelism.tensor_parallel_layer_saved_bytes", {"seq": 16, "batch": 2, "hidden": 64, "heads": 4})])
-    engines, beside = peak_sharded.LAUNCH_ENGINES[2], sharding_plans.PAPER_SCALE_BESIDE_WORLD_SIZE
+    engines, beside = peak_sharded._launch_engines("zero2", 2), sharding_plans.PAPER_SCALE_BESIDE_WORLD_SIZE  # every engine this torch traces
     paper_runs = sharding_runs._paper_scale_runs(sharding_runs.PAPER_SCALE_CONFIGURATIONS)  # (64, mixed-adam) and (8, fp32-adamw): one child
     assert sharding_runs.fsdp2_cpu_gap() is not None or sharding_runs.launch_parts(4) == sharding_runs.LAUNCH_PARTS[4]
     expected = [(4, sharding_runs.sharded_training_on_rank, (sharding_runs.launch_parts(4),), False),  # FSDP2's pieces left out on torch 2.6
                 (beside, sharding_runs.paper_scale_state_on_fake_ranks, (paper_runs,), True),
-                (2, peak_sharded.measured_on_rank, (engines, "mlp", 16, 1, peak_sharded.LAUNCH_CENSUS[2]), False),
-                (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1), peak_sharded.LAUNCH_CENSUS[2]), True),
+                (2, peak_sharded.measured_on_rank, (engines, "mlp", 16, 1, peak_sharded._launch_census("zero2", 2, True)), False),
+                (2, predict_sharded_step_peaks_in_process, (engines, "mlp", 16, 1, 2, (0, 1), peak_sharded._launch_census("zero2", 2, True)), True),
                 (2, parallelism.tensor_parallel_saved_bytes_on_rank, (16, 2, 64, 4, False), False)]
-    sharding_ok, peak_ok = _measurable(sharding_runs._require_sharding_engines), _measurable(peak_sharded._require_engines)
+    sharding_ok, peak_ok = _measurable(sharding_runs._require_sharding_engines), _measurable(lambda: peak_sharded._require_engines(engines))
     runnable = [sharding_ok, sharding_ok, peak_ok, peak_ok, True]
     assert rank_jobs.planned_rank_jobs() == [launch for launch, runs in zip(expected, runnable) if runs], \
         "a torch without a sharding engine plans nothing for its claims (they skip without launching)"

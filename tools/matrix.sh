@@ -120,8 +120,11 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "- **FSDP2 with a bf16 `MixedPrecisionPolicy` on CPU tensors** fails before 2.12 (\"Found dtype Float but expected "
           "BFloat16\", 2.7.1 to 2.11): `fsdp2-bf16-compute-keeps-fp32-shards-4-ranks` skips naming it; 2.12.1 holds it.",
           "- **The per-rank step peaks on gloo ranks (peak_sharded)** add gloo's own buffers where FSDP2 calls "
-          "`all_gather_single` / `reduce_scatter_single`, which it does from 2.13: those 11 claims carry `requires_torch: "
-          "\">=2.13\"` (with it lifted on 2.9.1 to 2.12.1 their check skips naming that; measured 2026-11-30).",
+          "`all_gather_single` / `reduce_scatter_single`, which it does from 2.13: the 7 FSDP claims carry `requires_torch: "
+          "\">=2.13\"`. ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither and launches alone where FSDP2 is not traced: "
+          "exact on 2.11 and 2.12.1 (the same bytes as 2.13), so its 4 claims carry `\">=2.11\"`; before 2.11 the fake "
+          "process group cannot broadcast fake tensors (2.9.1, 2.10; measured 2026-11-30) and `resacct shard --engine zero1` "
+          "refuses in one line saying so.",
           "- **The CPU sdpa kernel for grouped-query attention** (fewer key/value heads, transformers' `enable_gqa`): torch 2.8 "
           "runs it by the math kernel (its CPU flash kernel wants equal heads: the s² scores are kept, k and v at every query head), "
           "2.9.1, 2.10, 2.11, 2.12.1, 2.13 and 2.14.1 by the flash kernel; equal heads run flash on all, 2.4.1 included (measured 2026-11-28 and 2026-11-30). "

@@ -128,11 +128,12 @@ def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model
 # --- launches, cached -----------------------------------------------------------------------
 
 
-def _require_engines() -> None:
+def _require_engines(engines: tuple[str, ...]) -> None:
     """Skip (never fake) where this torch lacks what runs here: FSDP2, ZeRO, the fake process
-    group, and the collectives FSDP2 calls in torch 2.13 (``dist.all_gather_single``,
-    ``dist.reduce_scatter_single``), to which the model of gloo's buffers is attached."""
-    import torch.distributed as dist
+    group, and what tracing each of ``engines`` needs (:func:`~resacct.account.peak.sharded.engine_gap`: for FSDP2 the
+    collectives it calls from torch 2.13, ``dist.all_gather_single`` and ``dist.reduce_scatter_single``, to which the model of
+    gloo's buffers is attached; for ZeRO-1 torch 2.11's fake broadcasts)."""
+    from resacct.account.peak.sharded import engine_gap
 
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -140,9 +141,9 @@ def _require_engines() -> None:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
     except ImportError as error:
         raise NotMeasurable(f"torch {torch.__version__} lacks what the sharded step peak runs (FSDP2, ZeRO, the fake process group): {error}") from None
-    if not (hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")):
-        raise NotMeasurable(f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, "
-                            "where resacct adds gloo's buffers (verified on torch 2.13)")
+    for engine in engines:
+        if (gap := engine_gap(engine)) is not None:
+            raise NotMeasurable(gap)
 
 
 def sharded_peak_measurements(world_size: int, model: str, batch: int, seq: int, engines: tuple[str, ...] = tuple(ENGINE_STAGES),
@@ -169,7 +170,10 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
     """The engines the launch that measures ``engine`` on ``world_size`` ranks runs (:data:`LAUNCH_ENGINES`, and ``engine``)."""
     if engine not in ENGINE_STAGES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
-    engines = LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES))
+    from resacct.account.peak.sharded import engine_gap
+
+    # the engines this torch traces (torch 2.11 and 2.12: ZeRO-1 alone, FSDP2 calls no dist.all_gather_single); the one asked for stays
+    engines = tuple(name for name in LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES)) if engine_gap(name) is None)
     wanted = engines if engine in engines else (*engines, engine)
     return tuple(name for name in ENGINE_STAGES if name in wanted)
 
@@ -179,7 +183,7 @@ def _launched(world_size: int, model: str, batch: int, seq: int, engines: tuple[
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
     from resacct.measurement.distributed import DistributedUnavailableError
 
-    _require_engines()
+    _require_engines(engines)
     try:  # the prediction's child runs beside the ranks that measure (on 2 cores, the third process fills their waits)
         with shared_started_isolated(predict_sharded_step_peaks_in_process, engines, model, batch, seq, world_size, tuple(range(world_size)),
                                      census, timeout_seconds=_LAUNCH_TIMEOUT_SECONDS) as prediction:
@@ -195,11 +199,11 @@ def _planned_launch(census: bool, engine: str, world_size: int, model: str, batc
     child (none where this torch lacks its engines)."""
     from resacct.account.peak.sharded import predict_sharded_step_peaks_in_process
 
+    engines, census_engines = _launch_engines(engine, world_size), _launch_census(engine, world_size, census)
     try:
-        _require_engines()
+        _require_engines(engines)
     except NotMeasurable:
         return []
-    engines, census_engines = _launch_engines(engine, world_size), _launch_census(engine, world_size, census)
     return [PlannedLaunch(world_size, measured_on_rank, (engines, model, batch, seq, census_engines), _LAUNCH_TIMEOUT_SECONDS),
             PlannedLaunch(world_size, predict_sharded_step_peaks_in_process, (engines, model, batch, seq, world_size, tuple(range(world_size)),
                                                                               census_engines), _LAUNCH_TIMEOUT_SECONDS, isolated=True)]

@@ -48,7 +48,7 @@ from resacct.account.peak.tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
 
-__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "named_collectives_gap", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
+__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "engine_gap", "named_collectives_gap", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
            "local_optimizer_state", "step_copies", "sharded_step", "step_summary", "predict_rank_summaries", "predict_sharded_step_peaks_in_process"]
 
 #: The engines, each with what it runs.
@@ -162,8 +162,21 @@ def named_collectives_gap() -> str | None:
             "resacct's sharded peak names; expected torch 2.13 or later")
 
 
+def engine_gap(engine: str) -> str | None:
+    """Why this torch's ``engine`` step cannot be traced by the sharded peak, or None. An FSDP engine:
+    :func:`named_collectives_gap`. ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither of those collectives, but both
+    broadcast, and before torch 2.11 the fake process group cannot broadcast fake tensors (``c10d::broadcast_`` has no
+    Meta kernel: measured on 2.9.1 and 2.10; 2.6's DDP has no ``init_sync`` either); 2.11 and 2.12.1 trace it exactly."""
+    if engine in FSDP_OPTIONS:
+        return named_collectives_gap()
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 11):
+        return None
+    return (f"torch {torch.__version__}'s fake process group cannot broadcast fake tensors (c10d::broadcast_ has no Meta kernel), "
+            f"which {engine}'s DDP and ZeroRedundancyOptimizer call; expected torch 2.11 or later")
+
+
 @contextlib.contextmanager
-def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, backend: str | None) -> Iterator[None]:
+def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, backend: str | None, engine: str) -> Iterator[None]:
     """FSDP's collectives (``dist.all_gather_single``, ``dist.reduce_scatter_single``, called
     synchronously) with their buffers named for the tracker, and what gloo allocates inside them
     (module docstring): all of it for ``backend="allocator"``, what its calling thread allocates
@@ -174,8 +187,11 @@ def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, b
     if tracker is None:
         yield
         return
-    if (gap := named_collectives_gap()) is not None:
+    if (gap := engine_gap(engine)) is not None:
         raise ResacctError(gap)
+    if named_collectives_gap() is not None:  # ZeRO-1 on torch 2.11 or 2.12: it calls neither collective, nothing to name
+        yield
+        return
 
     gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
 
@@ -298,7 +314,7 @@ def sharded_step(engine: str, work: nn.Module, work_inputs: Any, loss_fn: Any, w
     ``backend`` ("allocator" or "dispatcher") adds the backends' buffers (:func:`_collectives_named`).
     Returns (the module the step called, its optimizer)."""
     backend = backend if fake else None
-    with _collectives_named(tracker, world_size, backend=backend):
+    with _collectives_named(tracker, world_size, backend=backend, engine=engine):
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=fake, backend=backend)
         make_optimizer_state(wrapped, optimizer)
         if tracker is not None:
