@@ -74,9 +74,10 @@ def test_where_fsdp2_cannot_be_traced_zero1_launches_alone_and_fsdp2_skips(monke
     """torch 2.11 and 2.12: FSDP2 calls no dist.all_gather_single, whose buffers the prediction names, so FSDP2's claims
     skip; ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither and is measured in a launch of its own."""
     import resacct.account.peak.sharded as sharded
+    import resacct.account.peak.sharded_gaps as sharded_gaps
     from resacct.harness.registry import NotMeasurable
 
-    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: "torch 2.12's FSDP2 does not call dist.all_gather_single")
+    monkeypatch.setattr(sharded_gaps, "named_collectives_gap", lambda: "torch 2.12's FSDP2 does not call dist.all_gather_single")
     assert checks._launch_engines("zero1", 2) == checks._launch_engines("zero1", 4) == ("zero1",)
     assert checks._launch_census("zero1", 2, census=True) == ("zero1",)
     checks._require_engines(("zero1",))
@@ -96,13 +97,15 @@ def test_before_torch_2_11_zero1_is_not_traced_either_and_says_why(monkeypatch):
     """torch 2.9.1 and 2.10 (measured): the fake process group cannot broadcast fake tensors, which DDP and
     ZeroRedundancyOptimizer do: ZeRO-1's claims skip and ``resacct shard --engine zero1`` refuses in one line."""
     import resacct.account.peak.sharded as sharded
+    import resacct.account.peak.sharded_gaps as sharded_gaps
     from torch.torch_version import TorchVersion
 
     from resacct.harness.registry import NotMeasurable
 
     monkeypatch.setattr(torch, "__version__", TorchVersion("2.10.0"))
-    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: "torch 2.10's FSDP2 does not call dist.all_gather_single")
+    monkeypatch.setattr(sharded_gaps, "named_collectives_gap", lambda: "torch 2.10's FSDP2 does not call dist.all_gather_single")
     assert "torch 2.10.0's fake process group cannot broadcast fake tensors" in sharded.engine_gap("zero1")
+    assert set(sharded.ENGINES) == {"zero1", *sharded.FSDP_OPTIONS}  # engine_gap: every engine but ZeRO-1 is FSDP's
     with pytest.raises(NotMeasurable, match=r"expected torch 2\.11 or later|lacks what the sharded step peak runs"):  # torch 2.4: no FSDP2 at all
         checks._require_engines(checks._launch_engines("zero1", 2))
     with pytest.raises(ResacctError, match="cannot broadcast fake tensors"):
@@ -112,8 +115,9 @@ def test_before_torch_2_11_zero1_is_not_traced_either_and_says_why(monkeypatch):
 
 def test_where_fsdp2_is_traced_every_engine_shares_the_launch(monkeypatch):
     import resacct.account.peak.sharded as sharded
+    import resacct.account.peak.sharded_gaps as sharded_gaps
 
-    monkeypatch.setattr(sharded, "named_collectives_gap", lambda: None)
+    monkeypatch.setattr(sharded_gaps, "named_collectives_gap", lambda: None)
     assert checks._launch_engines("zero1", 2) == tuple(checks.ENGINE_STAGES) and checks._launch_engines("zero1", 4) == ("zero1", "fsdp2")
     checks._require_engines(tuple(checks.ENGINE_STAGES))
 

@@ -133,7 +133,7 @@ def _require_engines(engines: tuple[str, ...]) -> None:
     group, and what tracing each of ``engines`` needs (:func:`~resacct.account.peak.sharded.engine_gap`: for FSDP2 the
     collectives it calls from torch 2.13, ``dist.all_gather_single`` and ``dist.reduce_scatter_single``, to which the model of
     gloo's buffers is attached; for ZeRO-1 torch 2.11's fake broadcasts)."""
-    from resacct.account.peak.sharded import engine_gap
+    from resacct.account.peak.sharded_gaps import engine_gap
 
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -170,7 +170,7 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
     """The engines the launch that measures ``engine`` on ``world_size`` ranks runs (:data:`LAUNCH_ENGINES`, and ``engine``)."""
     if engine not in ENGINE_STAGES:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
-    from resacct.account.peak.sharded import engine_gap
+    from resacct.account.peak.sharded_gaps import engine_gap
 
     # the engines this torch traces (torch 2.11 and 2.12: ZeRO-1 alone, FSDP2 calls no dist.all_gather_single); the one asked for stays
     engines = tuple(name for name in LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES)) if engine_gap(name) is None)

@@ -43,7 +43,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from resacct.account.peak import sharded_gaps
 from resacct.account.peak.dtensor_propagation import propagating, propagation_unrecorded
+from resacct.account.peak.sharded_gaps import engine_gap, named_collectives_gap  # re-exported: what this torch cannot trace
 from resacct.account.peak.tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
@@ -151,30 +153,6 @@ def local_tensor(tensor: Any) -> Any:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def named_collectives_gap() -> str | None:
-    """Why this torch's FSDP2 cannot be traced by the sharded peak, or None: it names the buffers of FSDP2's
-    ``dist.all_gather_single`` / ``dist.reduce_scatter_single``, which torch 2.6 and 2.8's FSDP2 do not call."""
-    import torch.distributed as dist
-
-    if hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single"):
-        return None
-    return (f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, whose buffers "
-            "resacct's sharded peak names; expected torch 2.13 or later")
-
-
-def engine_gap(engine: str) -> str | None:
-    """Why this torch's ``engine`` step cannot be traced by the sharded peak, or None. An FSDP engine:
-    :func:`named_collectives_gap`. ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither of those collectives, but both
-    broadcast, and before torch 2.11 the fake process group cannot broadcast fake tensors (``c10d::broadcast_`` has no
-    Meta kernel: measured on 2.9.1 and 2.10; 2.6's DDP has no ``init_sync`` either); 2.11 and 2.12.1 trace it exactly."""
-    if engine in FSDP_OPTIONS:
-        return named_collectives_gap()
-    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 11):
-        return None
-    return (f"torch {torch.__version__}'s fake process group cannot broadcast fake tensors (c10d::broadcast_ has no Meta kernel), "
-            f"which {engine}'s DDP and ZeroRedundancyOptimizer call; expected torch 2.11 or later")
-
-
 @contextlib.contextmanager
 def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, backend: str | None, engine: str) -> Iterator[None]:
     """FSDP's collectives (``dist.all_gather_single``, ``dist.reduce_scatter_single``, called
@@ -187,9 +165,9 @@ def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, b
     if tracker is None:
         yield
         return
-    if (gap := engine_gap(engine)) is not None:
+    if (gap := sharded_gaps.engine_gap(engine)) is not None:
         raise ResacctError(gap)
-    if named_collectives_gap() is not None:  # ZeRO-1 on torch 2.11 or 2.12: it calls neither collective, nothing to name
+    if sharded_gaps.named_collectives_gap() is not None:  # ZeRO-1 on torch 2.11 or 2.12: it calls neither collective, nothing to name
         yield
         return
 
