@@ -120,7 +120,7 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
     from resacct.account.peak.sharded import _collectives_named, _wrap
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
-    with _collectives_named(tracker, world_size, backend="dispatcher"):
+    with _collectives_named(tracker, world_size, backend="dispatcher", engine=engine):
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=True, backend="dispatcher")
         _on_cuda(optimizer)
         for index, size in enumerate(workspaces):  # the first step's first matmuls, before its optimizer.step()
