@@ -12,13 +12,10 @@ import torch
 
 from resacct.cli import main
 
+from tests.sharded_engines import sharded_gap
 from tests.test_gpu_device_answer import config_path  # noqa: F401  the tiny Llama config file, one fixture for both files
 
 RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
-
-
-def _fsdp2_calls_single_collectives() -> bool:
-    return hasattr(torch.distributed, "all_gather_single") and hasattr(torch.distributed, "reduce_scatter_single")
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -209,10 +206,10 @@ def test_infer_says_why_there_is_no_number(config_path: str, capsys: pytest.Capt
 def test_shard_on_an_h100_gives_each_rank_cuda_peaks(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
     argv = ["shard", "--model", "tests.fixtures_hf_models:tiny_llama", "--batch", "2", "--seq", "16", "--devices", "2", "--device", "h100"]
-    if not _fsdp2_calls_single_collectives():  # torch 2.8: one line naming the torch, exit 2, no traceback
+    if (gap := sharded_gap("fsdp2")) is not None:  # torch 2.6: one line naming the torch, exit 2, no traceback
         assert main([*argv, "--json"]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single" in err
+        assert err.count("\n") == 1 and gap in err and f"torch {torch.__version__}" in err
         return
     fields = _json(capsys, *argv)
     gpu = fields["gpu"]
@@ -238,9 +235,8 @@ def test_shard_device_adds_each_ranks_cublas_workspaces_to_both_peaks() -> None:
     optimizer's state. The same rank's step with no board (no workspaces) is the measure: its start, both
     peaks and its reserved memory 64 MiB lower, to the byte (the blocks are kept, never reused)."""
     pytest.importorskip("transformers")
-    if not _fsdp2_calls_single_collectives():
-        pytest.skip(f"torch {torch.__version__}'s FSDP2 does not call dist.all_gather_single / reduce_scatter_single, whose buffers "
-                    "resacct's sharded peak names (the command refuses in one line: the test above)")
+    if (gap := sharded_gap("fsdp2")) is not None:
+        pytest.skip(f"{gap} (the command refuses in one line: the test above)")
     from resacct.account.fit.search import ModelSource
     from resacct.account.gpu.sharded_cuda import _predict_cuda_in_child, predict_sharded_cuda_peaks
     from resacct.facts.hardware import get_accelerator

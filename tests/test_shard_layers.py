@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from resacct.account.answers.sharded import account_sharded_step
 from resacct.account.fit.search import ModelSource
 from resacct.cli import main
+from tests.sharded_engines import assert_sampled_or_said_why, needs_every_sharded_engine
 
 pytest.importorskip("transformers")
-needs_fsdp2_collectives_of_torch_2_13 = pytest.mark.skipif(not hasattr(torch.distributed, "reduce_scatter_single"),
-                                                           reason="FSDP2's collectives of torch 2.13 (dist.reduce_scatter_single) are missing here")
 
 #: a 7-layer Llama (d 64, 4 query and 2 key/value heads)
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -28,20 +26,20 @@ def _ranks(account) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow  # the step at 3 depths (+ one warm-up) and whole, per rank, in child processes: 5-15 s loaded each
-@needs_fsdp2_collectives_of_torch_2_13
+@needs_every_sharded_engine
 @pytest.mark.parametrize("engine, world_size", [("fsdp2", 2), ("fsdp2", 4), ("fsdp2-bf16", 2)])
 def test_each_rank_from_three_depths_equals_every_layer_traced(tmp_path, engine: str, world_size: int) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_LLAMA))
     sampled = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine=engine, world_size=world_size, batch=2, seq=16)
     whole = account_sharded_step(ModelSource(hf_config=str(path), layers="all"), engine=engine, world_size=world_size, batch=2, seq=16)
-    assert any(note.startswith("its 7 layers are one layer repeated: each rank's step traced at depths 3, 4, 5") for note in sampled.notes)
+    assert_sampled_or_said_why(sampled.notes, "its 7 layers are one layer repeated: each rank's step traced at depths 3, 4, 5", 7)
     assert not any("layers" in note for note in whole.notes)
     assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == world_size
 
 
 @pytest.mark.slow  # the step at 3 depths and whole, per rank
-@needs_fsdp2_collectives_of_torch_2_13
+@needs_every_sharded_engine
 @pytest.mark.parametrize("model_type, layers, said", [
     # DeepSeek-V3's first dense layers (2 of 9 here) stay in every sampled depth
     ("deepseek_v3", 9, "its 9 layers are 2 built apart, then one layer repeated: each rank's step traced at depths 5, 6, 7"),
@@ -55,12 +53,12 @@ def test_a_prefix_or_a_unit_of_layers_is_sampled_and_equals_every_layer_traced(t
     path.write_text(json.dumps({**TINY[model_type], "num_hidden_layers": layers}))
     sampled = account_sharded_step(ModelSource(hf_config=str(path), layers="sampled"), engine="fsdp2", world_size=2, batch=1, seq=16)
     whole = account_sharded_step(ModelSource(hf_config=str(path), layers="all"), engine="fsdp2", world_size=2, batch=1, seq=16)
-    assert any(note.startswith(said) for note in sampled.notes), sampled.notes
+    assert_sampled_or_said_why(sampled.notes, said, layers)
     assert _ranks(sampled) == _ranks(whole) and len(sampled.ranks) == 2
 
 
 @pytest.mark.slow  # ZeRO-1 whole, one child
-@needs_fsdp2_collectives_of_torch_2_13
+@needs_every_sharded_engine
 def test_zero1_is_traced_whole_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_LLAMA))

@@ -119,12 +119,12 @@ lines += ["", "Timings are wall seconds on a shared machine (the load average is
           "2.13 the stand-in gives torch's own figures (tests/test_sharding_distributed.py).",
           "- **FSDP2 with a bf16 `MixedPrecisionPolicy` on CPU tensors** fails before 2.12 (\"Found dtype Float but expected "
           "BFloat16\", 2.7.1 to 2.11): `fsdp2-bf16-compute-keeps-fp32-shards-4-ranks` skips naming it; 2.12.1 holds it.",
-          "- **The per-rank step peaks on gloo ranks (peak_sharded)** add gloo's own buffers where FSDP2 calls "
-          "`all_gather_single` / `reduce_scatter_single`, which it does from 2.13: the 7 FSDP claims carry `requires_torch: "
-          "\">=2.13\"`. ZeRO-1 (DDP + ZeroRedundancyOptimizer) calls neither and launches alone where FSDP2 is not traced: "
-          "exact on 2.11 and 2.12.1 (the same bytes as 2.13), so its 4 claims carry `\">=2.11\"`; before 2.11 the fake "
-          "process group cannot broadcast fake tensors (2.9.1, 2.10; measured 2026-11-30) and `resacct shard --engine zero1` "
-          "refuses in one line saying so.",
+          "- **The per-rank step peaks on gloo ranks (peak_sharded)** are exact from 2.7.1 (measured 2026-11-30 on 2.7.1 to "
+          "2.14.1): gloo's buffers are named under FSDP2's pre-2.13 collective names (`all_gather_into_tensor` / "
+          "`reduce_scatter_tensor`), the fake group's collectives that 2.10 and older cannot run on fake tensors return as on "
+          "2.11, and before 2.9 gloo sums for AVG (12 bytes less). 2.12.1's FSDP2 peaks with no layer gathered (both layers' "
+          "reduce-scatter inputs live): its own refuted claim, the 4 that describe the other peak skipped there. On 2.6 neither "
+          "engine runs as traced (FSDP2 cannot step CPU tensors, DDP has no `init_sync`): `resacct shard` refuses in one line.",
           "- **The CPU sdpa kernel for grouped-query attention** (fewer key/value heads, transformers' `enable_gqa`): torch 2.8 "
           "runs it by the math kernel (its CPU flash kernel wants equal heads: the s² scores are kept, k and v at every query head), "
           "2.9.1, 2.10, 2.11, 2.12.1, 2.13 and 2.14.1 by the flash kernel; equal heads run flash on all, 2.4.1 included (measured 2026-11-28 and 2026-11-30). "

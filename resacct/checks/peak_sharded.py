@@ -130,9 +130,8 @@ def measured_on_rank(rank: int, world_size: int, engines: tuple[str, ...], model
 
 def _require_engines(engines: tuple[str, ...]) -> None:
     """Skip (never fake) where this torch lacks what runs here: FSDP2, ZeRO, the fake process
-    group, and what tracing each of ``engines`` needs (:func:`~resacct.account.peak.sharded.engine_gap`: for FSDP2 the
-    collectives it calls from torch 2.13, ``dist.all_gather_single`` and ``dist.reduce_scatter_single``, to which the model of
-    gloo's buffers is attached; for ZeRO-1 torch 2.11's fake broadcasts)."""
+    group, and what tracing each of ``engines`` needs (:func:`~resacct.account.peak.sharded.engine_gap`: torch 2.6's FSDP2
+    cannot step CPU tensors and its DDP has no ``init_sync``)."""
     from resacct.account.peak.sharded_gaps import engine_gap
 
     try:
@@ -172,7 +171,7 @@ def _launch_engines(engine: str, world_size: int) -> tuple[str, ...]:
         raise ResacctError(f"engine {engine!r}: expected one of {', '.join(ENGINE_STAGES)}")
     from resacct.account.peak.sharded_gaps import engine_gap
 
-    # the engines this torch traces (torch 2.11 and 2.12: ZeRO-1 alone, FSDP2 calls no dist.all_gather_single); the one asked for stays
+    # the engines this torch traces (every one from torch 2.7, none on 2.6: sharded_gaps); the one asked for stays
     engines = tuple(name for name in LAUNCH_ENGINES.get(world_size, tuple(ENGINE_STAGES)) if engine_gap(name) is None)
     wanted = engines if engine in engines else (*engines, engine)
     return tuple(name for name in ENGINE_STAGES if name in wanted)
@@ -257,7 +256,7 @@ def step_peak_per_rank(engine: str, world_size: int, model: str, batch: int, seq
 
 @check("peak_sharded.peak_breakdown", evidence="measured",
        quantities=("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "largest_unit_bytes", "model_parameter_bytes", "peak_bytes",
-                   "rest_bytes", "peak_phase"))
+                   "rest_bytes", "peak_phase", "rest"))
 def peak_breakdown(engine: str, world_size: int, model: str, batch: int, rank: int, seq: int = 1) -> Outcome:
     """What is live at the peak of one steady AdamW step of ``engine`` on gloo rank ``rank``: the
     bytes of each kind of :data:`BREAKDOWN_KINDS` in order, found by resacct's tracker over the real

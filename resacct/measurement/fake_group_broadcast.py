@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from jaxtyping import Shaped
 
-__all__ = ["meta_broadcasts_as_the_fake_group_does", "meta_broadcast_runs"]
+__all__ = ["FinishedWork", "meta_broadcasts_as_the_fake_group_does", "meta_broadcast_runs"]
 
 
-class _FinishedWork:
+class FinishedWork:
     """What an ``async_op`` collective of the fake group returns: already done."""
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
@@ -65,7 +65,7 @@ def meta_broadcasts_as_the_fake_group_does(*, force: bool = False) -> Iterator[b
 
     def broadcast(tensor: Shaped[torch.Tensor, "..."], src: int | None = None, group: Any = None, async_op: bool = False, **kwargs: Any) -> Any:
         if tensor.is_meta:
-            return _FinishedWork() if async_op else None
+            return FinishedWork() if async_op else None
         return torchs(tensor, src=src, group=group, async_op=async_op, **kwargs)
 
     dist.broadcast = broadcast

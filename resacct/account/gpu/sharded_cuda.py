@@ -117,10 +117,11 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
                costs: Any = None, workspaces: tuple[int, ...] = ()) -> None:
     """:func:`resacct.account.peak.sharded.sharded_step` with the optimizer as CUDA runs it; ``workspaces``
     (bytes) allocated after the engine wrapped the model, before the optimizer's state, and kept."""
-    from resacct.account.peak.sharded import _collectives_named, _wrap
+    from resacct.account.peak.sharded import _wrap
+    from resacct.account.peak.sharded_collectives import collectives_named
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
-    with _collectives_named(tracker, world_size, backend="dispatcher", engine=engine):
+    with collectives_named(tracker, world_size, backend="dispatcher", engine=engine):
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=True, backend="dispatcher")
         _on_cuda(optimizer)
         for index, size in enumerate(workspaces):  # the first step's first matmuls, before its optimizer.step()

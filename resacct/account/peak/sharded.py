@@ -13,11 +13,11 @@ step (:func:`sharded_step`) for real on N local gloo ranks, counted per rank by 
 (``torch.profiler``, ``profile_memory=True``) and, for what is live at the peak, by the same
 tracker over the real tensors (the *census*).
 
-What the dispatcher never shows is added from the backends' source (torch 2.13), as the fake
-process group does nothing: for the allocator (``backend="allocator"``) gloo's
+What the dispatcher never shows is added from the backends' source (torch 2.13; the same from 2.7, measured:
+:mod:`resacct.account.peak.sharded_collectives`), as the fake process group does nothing: for the allocator (``backend="allocator"``) gloo's
 ``all_gather_into_tensor`` makes a flat copy of its output while it runs; its
 ``reduce_scatter_tensor`` clones its input for the call (an all-reduce of the clone, then a copy of
-this rank's chunk) and divides the clone for ``ReduceOp.AVG`` (the divisor wrapped in an 8-byte
+this rank's chunk) and, from torch 2.9, divides the clone for ``ReduceOp.AVG`` (the divisor wrapped in an 8-byte
 tensor and cast to the dtype); DDP's reducer, without a comm hook, divides each gradient by N while
 copying it into its bucket (``mul_out`` with 1/N wrapped in an 8-byte double tensor). gloo's own
 transport buffers (``malloc`` inside gloo) are outside the c10 allocator, as NCCL's are outside
@@ -35,7 +35,6 @@ import contextlib
 import copy
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,14 +42,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from resacct.account.peak import sharded_gaps
 from resacct.account.peak.dtensor_propagation import propagating, propagation_unrecorded
-from resacct.account.peak.sharded_gaps import engine_gap, named_collectives_gap  # re-exported: what this torch cannot trace
+from resacct.account.peak.sharded_collectives import BACKEND_KIND as _BACKEND
+from resacct.account.peak.sharded_collectives import collectives_named
+from resacct.account.peak.sharded_gaps import engine_gap, fsdp_gap  # re-exported: what this torch cannot trace
 from resacct.account.peak.tracker import LiveStorageTracker
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import STEP_PHASES, copy_inputs, gc_paused, make_optimizer_state, run_training_step
 
-__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "engine_gap", "named_collectives_gap", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
+__all__ = ["ENGINES", "FSDP_OPTIONS", "KINDS", "engine_gap", "fsdp_gap", "ShardedStorageTracker", "build_peak_model", "engine_mesh", "fsdp_units", "local_tensor",
            "local_optimizer_state", "step_copies", "sharded_step", "step_summary", "predict_rank_summaries", "predict_sharded_step_peaks_in_process"]
 
 #: The engines, each with what it runs.
@@ -75,9 +75,8 @@ KINDS = {
     "optimizer state shard": "the AdamW state of the tensors (ZeRO-1) or rows (FSDP2) this rank owns",
     "all-gather buffers": "FSDP's flat all-gather outputs",
     "reduce-scatter buffers": "FSDP's flat reduce-scatter inputs",
-    "backend buffers (gloo, DDP reducer)": "what gloo and DDP's reducer allocate inside their C++ (see the module docstring)",
+    _BACKEND: "what gloo and DDP's reducer allocate inside their C++ (see the module docstring)",
 }
-_BACKEND = "backend buffers (gloo, DDP reducer)"
 _GATHERED = "all-gathered parameters"
 
 
@@ -151,55 +150,6 @@ class _OutputsOf(TorchDispatchMode):
 
 def local_tensor(tensor: Any) -> Any:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-@contextlib.contextmanager
-def _collectives_named(tracker: LiveStorageTracker | None, world_size: int, *, backend: str | None, engine: str) -> Iterator[None]:
-    """FSDP's collectives (``dist.all_gather_single``, ``dist.reduce_scatter_single``, called
-    synchronously) with their buffers named for the tracker, and what gloo allocates inside them
-    (module docstring): all of it for ``backend="allocator"``, what its calling thread allocates
-    through the dispatcher for ``"dispatcher"`` (what a tracker over real tensors sees), none for
-    None (real collectives). No tracker: the collectives as they are."""
-    import torch.distributed as dist
-
-    if tracker is None:
-        yield
-        return
-    if (gap := sharded_gaps.engine_gap(engine)) is not None:
-        raise ResacctError(gap)
-    if sharded_gaps.named_collectives_gap() is not None:  # ZeRO-1 on torch 2.11 or 2.12: it calls neither collective, nothing to name
-        yield
-        return
-
-    gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
-
-    def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
-        tracker.classify([output_tensor], "all-gather buffers")
-        if backend == "allocator":  # gloo: a flat output made and freed inside the call, by the caller (not through the dispatcher), then by its worker
-            staging = torch.empty_like(output_tensor)
-            tracker.classify([staging], _BACKEND)
-            del staging
-        return gather(output_tensor, input_tensor, group=group, async_op=async_op)
-
-    def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
-                              async_op: bool = False) -> Any:
-        tracker.classify([input], "reduce-scatter buffers")
-        tracker.classify([output], "gradient shards")
-        staging = None
-        if backend is not None:  # gloo: input.clone(), all-reduced, this rank's chunk copied out; AVG divides the clone
-            staging = input.clone()
-            tracker.classify([staging], _BACKEND)
-            if op == dist.ReduceOp.AVG and backend == "allocator":  # on gloo's worker thread
-                staging.div_(world_size)
-        work = scatter(output=output, input=input, op=op, group=group, async_op=async_op)
-        del staging
-        return work
-
-    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
-    try:
-        yield
-    finally:
-        dist.all_gather_single, dist.reduce_scatter_single = gather, scatter
 
 
 def _fake_all_reduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations other than its own
@@ -284,15 +234,16 @@ def step_copies(model: nn.Module, inputs: Any, *, fake: bool) -> tuple[nn.Module
 
 
 def sharded_step(engine: str, work: nn.Module, work_inputs: Any, loss_fn: Any, world_size: int, tracker: LiveStorageTracker | None,
-                 mesh: Any = None, *, fake: bool, backend: str | None = None, mark: Any = None) -> tuple[nn.Module, Any]:
+                 mesh: Any = None, *, fake: bool, backend: str | None = None, mark: Any = None, stand_in: bool = False) -> tuple[nn.Module, Any]:
     """One steady step of ``engine`` on ``work`` and ``work_inputs`` (:func:`step_copies`: the step
     changes them), with the storages named for ``tracker`` (None: nothing named, as the allocator's
     run); ``mark(phase)`` as :func:`~resacct.measurement.memory_timeline.run_training_step` calls it
     (default ``tracker.mark``). ``fake``: under ``FakeTensorMode`` and the fake process group, where
-    ``backend`` ("allocator" or "dispatcher") adds the backends' buffers (:func:`_collectives_named`).
+    ``backend`` ("allocator" or "dispatcher") adds the backends' buffers (:func:`~resacct.account.peak.sharded_collectives.collectives_named`;
+    ``stand_in``: every collective on fake tensors returns as the fake group's does, as where torch cannot run it).
     Returns (the module the step called, its optimizer)."""
     backend = backend if fake else None
-    with _collectives_named(tracker, world_size, backend=backend, engine=engine):
+    with collectives_named(tracker, world_size, backend=backend, engine=engine, stand_in=stand_in):
         wrapped, optimizer = _wrap(engine, work, tracker, mesh, fake=fake, backend=backend)
         make_optimizer_state(wrapped, optimizer)
         if tracker is not None:
@@ -329,14 +280,14 @@ def build_peak_model(model_name: str, batch: int, seq: int) -> tuple[nn.Module, 
 
 
 def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: str, world_size: int, ranks: tuple[int, ...], *,
-                           backends: tuple[str, ...] = ("allocator",), on_rank: Any = None) -> list[dict[str, Any]]:
+                           backends: tuple[str, ...] = ("allocator",), on_rank: Any = None, stand_in: bool = False) -> list[dict[str, Any]]:
     """For each of ``ranks``: ``{backend: step_summary}`` of one steady step of ``engine`` on fake
     copies of ``model`` and ``inputs`` (any device: only shapes are read), each rank in torch's fake
     process group — ``"allocator"``: every backend buffer (what the CPU allocator sees), ``"census"``:
     those the calling thread makes through the dispatcher (what the tracker over real tensors sees).
     Joins the fake process group once per rank: run it in a child process
     (:func:`resacct.measurement.distributed.run_isolated`), never where a group exists.
-    ``on_rank(rank)`` is called before each rank (a progress line)."""
+    ``on_rank(rank)`` is called before each rank (a progress line); ``stand_in``: see :func:`sharded_step`."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -361,7 +312,7 @@ def predict_rank_summaries(model: nn.Module, inputs: Any, loss_fn: Any, engine: 
                     hooks = [] if layers is None else mark_layer_segments(work, tracker, layers)
                     with tracker:
                         sharded_step(engine, work, work_inputs, loss_fn, world_size, tracker, mesh, fake=True,
-                                     backend="dispatcher" if backend == "census" else backend)
+                                     backend="dispatcher" if backend == "census" else backend, stand_in=stand_in)
                     for hook in hooks:
                         hook.remove()
                 del work, work_inputs, hooks
