@@ -49,6 +49,18 @@ def test_a_size_the_child_cannot_trace_or_send_is_left_to_the_parent() -> None:
         assert beside.collect() == {}
 
 
+def test_a_child_that_cannot_run_autograd_traces_nothing_and_the_parent_traces_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork of a process whose autograd started its device threads cannot run a backward (torch 2.12.1+cu130 without a
+    GPU, after a board's step in the same process: the second ``lora --device`` answer said the step "could not be
+    traced"). The child sees it first and traces nothing; the parent traces every size itself."""
+    assert traced_beside._autograd_runs_here()  # here (and in a fork of this process) a backward runs
+    monkeypatch.setattr(traced_beside, "_autograd_runs_here", lambda: False)  # the forked child inherits it
+    with TracedBeside(_square_with_pid, enabled=True) as beside:
+        beside.ask(2, 1)
+        beside.ask(3, 1)
+        assert beside.collect() == {}
+
+
 def test_one_core_forks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(traced_beside, "two_cores", lambda: False)
     beside = TracedBeside(_square_with_pid)
