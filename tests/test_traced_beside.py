@@ -30,7 +30,7 @@ def _unpicklable(size: int, fixed: int) -> object:
 
 
 def test_each_size_asked_is_traced_once_in_another_process() -> None:
-    with TracedBeside(_square_with_pid, enabled=True) as beside:
+    with TracedBeside(_square_with_pid, enabled=True, autograd=False) as beside:
         for size in (1, 2, 2, 9):
             beside.ask(size, 10)
         done = beside.collect()
@@ -40,11 +40,11 @@ def test_each_size_asked_is_traced_once_in_another_process() -> None:
 
 
 def test_a_size_the_child_cannot_trace_or_send_is_left_to_the_parent() -> None:
-    with TracedBeside(_refuses_three, enabled=True) as beside:
+    with TracedBeside(_refuses_three, enabled=True, autograd=False) as beside:
         for size in (2, 3, 4):
             beside.ask(size, None)
         assert beside.collect() == {(2, None): 2, (4, None): 4}
-    with TracedBeside(_unpicklable, enabled=True) as beside:
+    with TracedBeside(_unpicklable, enabled=True, autograd=False) as beside:
         beside.ask(5, None)
         assert beside.collect() == {}
 
@@ -52,13 +52,37 @@ def test_a_size_the_child_cannot_trace_or_send_is_left_to_the_parent() -> None:
 def test_a_child_that_cannot_run_autograd_traces_nothing_and_the_parent_traces_all(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork of a process whose autograd started its device threads cannot run a backward (torch 2.12.1+cu130 without a
     GPU, after a board's step in the same process: the second ``lora --device`` answer said the step "could not be
-    traced"). The child sees it first and traces nothing; the parent traces every size itself."""
-    assert traced_beside._autograd_runs_here()  # here (and in a fork of this process) a backward runs
+    traced"). The child sees it first and traces nothing; the parent traces every size itself. A trace that needs no
+    autograd is served all the same."""
     monkeypatch.setattr(traced_beside, "_autograd_runs_here", lambda: False)  # the forked child inherits it
     with TracedBeside(_square_with_pid, enabled=True) as beside:
         beside.ask(2, 1)
         beside.ask(3, 1)
         assert beside.collect() == {}
+    with TracedBeside(_square_with_pid, enabled=True, autograd=False) as beside:
+        beside.ask(2, 1)
+        assert {key: value[0] for key, value in beside.collect().items()} == {(2, 1): 5}
+
+
+def test_a_fresh_process_forks_a_child_that_runs_autograd() -> None:
+    """In a process that never ran a backward on an accelerator's device type, a fork of it can."""
+    from resacct.measurement.distributed import run_isolated
+
+    assert run_isolated(_probe_in_a_fork, timeout_seconds=120) is True
+
+
+def _probe_in_a_fork() -> bool:
+    """In a fresh child: whether a fork of it can run autograd (the probe, run in that fork)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: its answer down the pipe, then gone
+        os.write(write_end, b"1" if traced_beside._autograd_runs_here() else b"0")
+        os._exit(0)
+    os.close(write_end)
+    answer = os.read(read_end, 1)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return answer == b"1"
 
 
 def test_one_core_forks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

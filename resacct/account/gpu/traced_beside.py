@@ -64,9 +64,10 @@ def _serve(connection: Any, trace: Callable[[int, Any], Any]) -> None:
 
 class TracedBeside:
     """``trace(size, fixed)`` run in a forked child for each size :meth:`ask` names; :meth:`collect` returns
-    ``{(size, fixed): answer}`` of those it finished (module doc). ``enabled=False``: nothing forked, nothing traced."""
+    ``{(size, fixed): answer}`` of those it finished (module doc). ``enabled=False``: nothing forked, nothing traced.
+    ``autograd``: ``trace`` runs a backward, so a child that cannot (:func:`_autograd_runs_here`) traces nothing."""
 
-    def __init__(self, trace: Callable[[int, Any], Any], *, enabled: bool | None = None) -> None:
+    def __init__(self, trace: Callable[[int, Any], Any], *, enabled: bool | None = None, autograd: bool = True) -> None:
         self.asked: list[tuple[int, Any]] = []
         self._process: Any = None
         self._connection: Any = None
@@ -74,7 +75,7 @@ class TracedBeside:
             return
         context = multiprocessing.get_context("fork")
         parent_end, child_end = context.Pipe()
-        process = context.Process(target=_child_main, args=(child_end, parent_end, trace), daemon=True, name="resacct-board-traces")
+        process = context.Process(target=_child_main, args=(child_end, parent_end, trace, autograd), daemon=True, name="resacct-board-traces")
         try:
             process.start()
         except OSError:  # no process to be had: the parent traces everything
@@ -128,8 +129,9 @@ class TracedBeside:
         self.close()
 
 
-def _child_main(connection: Any, parent_end: Any, trace: Callable[[int, Any], Any]) -> None:
-    """The forked child's entry: its copy of the parent's end closed, output silenced, then :func:`_serve`."""
+def _child_main(connection: Any, parent_end: Any, trace: Callable[[int, Any], Any], autograd: bool = True) -> None:
+    """The forked child's entry: its copy of the parent's end closed, output silenced, then :func:`_serve` (where
+    ``autograd`` is needed, only if this child can run it)."""
     import signal
     import sys
 
@@ -137,7 +139,7 @@ def _child_main(connection: Any, parent_end: Any, trace: Callable[[int, Any], An
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the child
     devnull = open(os.devnull, "w")  # noqa: SIM115 — the child's whole life
     sys.stdout = sys.stderr = devnull
-    if not _autograd_runs_here():
+    if autograd and not _autograd_runs_here():
         connection.close()  # the parent traces every size itself
         return
     _serve(connection, trace)
