@@ -137,9 +137,10 @@ def test_fsdp2s_collectives_are_named_under_the_names_this_torch_calls():
     reduce_scatter_tensor before: the names patched are those its collectives module calls."""
     import inspect
 
-    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
-
     from resacct.account.peak.sharded_gaps import fsdp_collective_names
+
+    _fsdp_collectives = pytest.importorskip("torch.distributed.fsdp._fully_shard._fsdp_collectives",
+                                            reason=f"torch {torch.__version__} has no FSDP2 (fully_shard)")
 
     source = inspect.getsource(_fsdp_collectives)
     gather, scatter = fsdp_collective_names()
