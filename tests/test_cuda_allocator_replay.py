@@ -204,6 +204,8 @@ def test_every_committed_board_record_has_its_summary_here_and_shipped(path: Pat
     summary = json.loads(summary_path.read_text())
     assert summary["ceilings"] == ceilings_in_brief(record["ceilings"]) and summary["board"] == record["board"] and summary["when"] == record["when"]
     assert (PACKAGED_RECORDS / summary_path.name).read_bytes() == summary_path.read_bytes(), "resacct/specs/gpu_records/ must hold a copy"
+    # the record too: an installed resacct (no docs/gpu/) decides the record's claims from its own copy
+    assert (PACKAGED_RECORDS / path.name).read_bytes() == path.read_bytes(), f"copy {path.name} into resacct/specs/gpu_records/"
     spec = (Path(__file__).resolve().parents[1] / "resacct" / "specs" / "gpu_recorded.claims.yaml").read_text()
     name = f"docs/gpu/{path.name}"
     recorded = [step["name"] for step in record["steps"] if "error" not in step]

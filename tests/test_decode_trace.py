@@ -87,7 +87,9 @@ def test_the_boards_kernel_runs_the_attention_and_a_mask_moves_flash_to_efficien
     names = [op.op for op in trace_decode_ops(meta, batch=BATCH, context=CONTEXT, kernel="flash")]
     assert names.count("aten._scaled_dot_product_flash_attention.default") == meta.config.num_hidden_layers
     names = [op.op for op in trace_decode_ops(meta, batch=BATCH, context=CONTEXT, kernel="efficient")]
-    assert names.count("aten._scaled_dot_product_efficient_attention.default") == meta.config.num_hidden_layers
+    # grouped-query attention: the memory-efficient kernel refuses it (an H200, torch 2.11), sdpa runs its math path
+    assert "aten._scaled_dot_product_efficient_attention.default" not in names
+    assert names.count("aten._safe_softmax.default") == meta.config.num_hidden_layers
     import resacct.account.gpu.cuda_step as cuda_step
 
     calls: list[str] = []
@@ -96,9 +98,9 @@ def test_the_boards_kernel_runs_the_attention_and_a_mask_moves_flash_to_efficien
     class MaskedOnFlash(real_routing):  # type: ignore[misc, valid-type]
         """A board's flash refusing the call (a padded batch's mask): the trace goes to the efficient kernel, from the same cache."""
 
-        def __init__(self, kernel: str, capability: Any = None) -> None:
+        def __init__(self, kernel: str, capability: Any = None, *, forced: bool = False) -> None:
             calls.append(kernel)
-            super().__init__(kernel, capability)
+            super().__init__(kernel, capability, forced=forced)
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is torch.nn.functional.scaled_dot_product_attention and self.kernel == "flash":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+from resacct.account.gpu.cuda_step import GQA_MATH_LABEL, predict_cuda_step_memory
 from resacct.account.gpu.device_answer import calibration_text, fit_gpu_answer, gpu_step_answer
 from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 from resacct.cli import main
@@ -91,7 +91,7 @@ def test_an_autocast_recipe_is_predicted_under_cuda_autocasts_casts(config_path:
     board = get_accelerator("h100")
     autocast = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("bf16-autocast"), optimizer="adamw", board=board)
     fp32 = gpu_step_answer(model, inputs, _loss, recipe=get_recipe("fp32"), optimizer="adamw", board=board)
-    assert autocast.gap is None and autocast.attention == "flash" and fp32.attention == "efficient"
+    assert autocast.gap is None and autocast.attention == "flash" and fp32.attention == GQA_MATH_LABEL  # fp32: no flash, efficient refuses GQA
     assert autocast.allocated_bytes != fp32.allocated_bytes and autocast.reserved_bytes >= autocast.allocated_bytes > 0
 
 

@@ -262,8 +262,8 @@ def test_compare_adds_the_boards_cublas_workspaces_to_a_board_record(monkeypatch
     pytest.importorskip("transformers")
     tiny = {"model_type": "llama", **{key: gpu_record.TINY[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                                                           "num_attention_heads", "num_key_value_heads", "head_dim")}}
-    monkeypatch.setitem(gpu_record.MATRIX, "tiny/fp32/efficient", ("hf", tiny, "fp32", "efficient", 1, 16, {}))
-    step = {"name": "tiny/fp32/efficient", "batch": 1, "seq": 16, "allocator_settings": {}}
+    monkeypatch.setitem(gpu_record.MATRIX, "tiny/bf16/flash", ("hf", tiny, "bf16", "flash", 1, 16, {}))
+    step = {"name": "tiny/bf16/flash", "batch": 1, "seq": 16, "allocator_settings": {}}
     hopper = gpu_record.predict_recorded_step(step, False, "9.0")
     config = gpu_record.predict_recorded_step(step, False, "9.0", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})
     # the same step, its two workspaces 32 MiB each by default and 128 KiB each under the probe's CUBLAS_WORKSPACE_CONFIG (kept: exact)
@@ -310,3 +310,17 @@ def test_a_spent_budget_skips_steps_and_served_models_and_the_record_stays_whole
     assert summary["failed"] == ["gpt2-small/fp32/math", "hf-gpt2/fp32/serve"] and summary["ceilings_status"] == "ok"
     text = claims_yaml("docs/gpu/x.json.gz", dict(record, dry_run=False, board="NVIDIA H200"))
     assert "- id:" not in text and text.count("not recorded (skipped: the budget was spent): no claims") == 2
+
+
+def test_a_recorded_step_forcing_the_efficient_kernel_on_grouped_query_attention_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder forces the step's kernel (sdpa_kernel): on the H200 (torch 2.11) the memory-efficient kernel refused
+    grouped-query attention ("No available kernel"), so its prediction says so instead of predicting a step that cannot run."""
+    pytest.importorskip("transformers")
+    from resacct.errors import ResacctError
+
+    tiny = {"model_type": "llama", **{key: gpu_record.TINY[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                                                          "num_attention_heads", "num_key_value_heads", "head_dim")}}
+    assert tiny["num_key_value_heads"] < tiny["num_attention_heads"]
+    monkeypatch.setitem(gpu_record.MATRIX, "tiny/bf16/efficient", ("hf", tiny, "bf16", "efficient", 1, 16, {}))
+    with pytest.raises(ResacctError, match="memory-efficient kernel, which refuses it"):
+        gpu_record.predict_recorded_step({"name": "tiny/bf16/efficient", "batch": 1, "seq": 16, "allocator_settings": {}}, False, "9.0")

@@ -160,3 +160,8 @@ def test_the_wheel_ships_the_same_record_and_reads_it_without_the_repository(mon
     monkeypatch.setattr(recorded, "REPOSITORY", tmp_path)  # an installed resacct: no docs/gpu/ beside it
     assert recorded.record_path(H100_RECORD) == shipped
     assert recorded.record_path("docs/gpu/no-such.json") == tmp_path / "docs/gpu/no-such.json"  # the error names what was asked
+    from resacct.account.gpu.board_record import read_board_record
+
+    h200 = "docs/gpu/2026-11-30-h200-record.json.gz"  # a board record (gzipped): its claims read the shipped copy too
+    assert recorded.record_path(h200) == recorded.PACKAGED_RECORDS / Path(h200).name
+    assert read_board_record(h200)["board"] == "NVIDIA H200"

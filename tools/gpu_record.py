@@ -25,6 +25,8 @@ the allocator model at once, so the call's summary already says whether the mode
                                                  one line each (exit 1 if one does not hold)
     python3 tools/gpu_record.py --compare FILE   on any CPU: predict each recorded step on meta tensors
                                                  (predict_cuda_step_memory) beside what the board did
+    python3 tools/gpu_record.py --merge A B --out DIR   on any CPU: records of one board from several calls (a failed
+                                                 step recorded again with --only) as one record, the last whole entry per step
     python3 tools/gpu_record.py --claims FILE    on any CPU: a board record's recorded claims, as YAML for
                                                  resacct/specs/gpu_recorded.claims.yaml (5 per step)
 
@@ -72,6 +74,13 @@ def _board(dry: bool) -> dict[str, Any]:
 
     import torch
     board: dict[str, Any] = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("transformers", "peft"):  # the models' own code: their ops (and so the allocations) change with it
+        try:
+            board[package] = version(package)
+        except PackageNotFoundError:
+            board[package] = None
     if not dry and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         board.update(board=props.name, capability=f"{props.major}.{props.minor}", total_memory_bytes=props.total_memory,
@@ -101,6 +110,24 @@ def _child(args: list[str], limit_sec: float, env: dict[str, str], log: Any) -> 
     return json.loads(done.stdout.strip().splitlines()[-1]), "ok"
 
 
+def _merge(paths: list[Path], out: Path | None) -> int:
+    """``--merge``: the records at ``paths`` as one record and summary in ``out`` (gpu_record_merge.py); exit 2 if refused."""
+    from gpu_record_merge import MergeRefused, write_merged
+
+    if out is None:
+        print("gpu_record.py: --merge needs --out (or $OUT): the folder to write the merged record into", file=sys.stderr)
+        return 2
+    try:
+        summary = write_merged(paths, out)
+    except MergeRefused as refused:
+        print(f"gpu_record.py: {refused}", file=sys.stderr)
+        return 2
+    rows = summary["steps"] + summary["serving"]
+    print(f"== gpu_record --merge: {sum(row['status'] == 'ok' for row in rows)} of {len(rows)} steps ok from {len(paths)} records, "
+          f"in {out}" + (f"; not recorded: {', '.join(summary['failed'])}" if summary["failed"] else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="on a CPU: tiny shapes, CUDA calls replaced (a layout check)")
@@ -110,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-limit", type=float, default=75.0, help="seconds for one step's process (default 75)")
     parser.add_argument("--replay", type=Path, help="a record (.json or .json.gz) to replay through the allocator model")
     parser.add_argument("--compare", type=Path, help="a record whose steps to predict on meta tensors, beside the recorded peaks")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
+                        help="records of one board from several device calls, oldest first: one record (and summary) into --out")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -126,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return replay_record(args.replay)
     if args.compare:
         return compare_record(args.compare)
+    if args.merge:
+        return _merge(args.merge, args.out)
     if args.claims:
         record = read_record(args.claims)
         if record is None:

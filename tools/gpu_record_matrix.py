@@ -34,16 +34,16 @@ MATRIX: dict[str, tuple[str, Any, str, str, int, int, dict]] = {
     "hf-gpt2/fp32/efficient": ("hf", HF_GPT2, "fp32", "efficient", 4, 1024, {}),
     "hf-gpt2/bf16-autocast/flash": ("hf", HF_GPT2, "bf16-autocast", "flash", 4, 1024, {}),
     "llama-3.2-1b/bf16-fp32-master/flash": ("hf", LLAMA_32_1B, "bf16-fp32-master", "flash", 2, 1024, {}),
-    "llama-3.2-1b/bf16-autocast/efficient": ("hf", LLAMA_32_1B, "bf16-autocast", "efficient", 2, 1024, {}),
+    "llama-3.2-1b/bf16-autocast/flash": ("hf", LLAMA_32_1B, "bf16-autocast", "flash", 2, 1024, {}),
     "llama-3.2-1b-lora/bf16/flash": ("lora", LLAMA_32_1B, "bf16", "flash", 2, 1024, {}),
     "gqa-llama/fp32/math": ("hf", GQA_LLAMA, "fp32", "math", 4, 1024, {}),
     "gqa-llama/bf16/flash": ("hf", GQA_LLAMA, "bf16", "flash", 4, 1024, {}),
-    "mixtral-small/bf16-autocast/eager-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "eager"}),
-    "mixtral-small/bf16-autocast/batched_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "efficient", 4, 512, {"experts": "batched_mm"}),
+    "mixtral-small/bf16-autocast/eager-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "flash", 4, 512, {"experts": "eager"}),
+    "mixtral-small/bf16-autocast/batched_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "flash", 1, 256, {"experts": "batched_mm"}),
     # transformers' default on a CUDA board, what the --device answers predict (resacct/account/gpu/cuda_experts.py): last, the first a spent budget skips.
     # bf16 weights, not autocast: grouped_mm is not autocast-enabled and transformers casts its input to the weight's dtype, so under
     # autocast it is given fp32 operands, which its CUDA kernel (and its meta function) refuse: "Expected inputs of BF16 type"
-    "mixtral-small/bf16/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16", "efficient", 4, 512, {"experts": "grouped_mm"}),
+    "mixtral-small/bf16/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16", "flash", 4, 512, {"experts": "grouped_mm"}),
 }
 
 def attention_context(attention: str, dry: bool) -> Any:

@@ -109,15 +109,24 @@ def flash_refusal(head_dim: int, value_head_dim: int, *, training: bool, dropout
     return None
 
 
-class _CudaAttention(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` → the CUDA kernel ``sdpa_kernel`` would choose: ``kernel``, or the memory-efficient
-    one where flash refuses the call on a board of compute ``capability`` (:func:`flash_refusal`; ``refused`` says why)."""
+#: what ran where every sdpa call was grouped-query attention the memory-efficient kernel refused
+GQA_MATH_LABEL = "math (grouped-query attention: the memory-efficient kernel refuses it, sdpa falls to its math path)"
 
-    def __init__(self, kernel: str, capability: tuple[int, int] | None = None) -> None:
+
+class _CudaAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` → the CUDA kernel sdpa would choose: ``kernel``, or the memory-efficient
+    one where flash refuses the call on a board of compute ``capability`` (:func:`flash_refusal`; ``refused`` says why).
+    Grouped-query attention (``enable_gqa``, fewer key/value heads): flash takes the key/value heads as they are; the
+    memory-efficient kernel refuses it (an H200 with torch 2.11: "No available kernel"), so sdpa's own choice falls to its
+    math path (the heads repeated), and a ``forced`` kernel (``sdpa_kernel(...)``, as the recorder forces it) is an error."""
+
+    def __init__(self, kernel: str, capability: tuple[int, int] | None = None, *, forced: bool = False) -> None:
         super().__init__()
         self.kernel = kernel
         self.capability = capability
+        self.forced = forced
         self.calls = 0
+        self.math_calls = 0  # grouped-query calls the memory-efficient kernel refuses: sdpa's math path
         self.refused: list[str] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -128,13 +137,21 @@ class _CudaAttention(TorchFunctionMode):
         given = dict(zip(names, args)) | kwargs
         query, key, value = given["query"], given["key"], given["value"]
         mask, dropout, causal, scale = given.get("attn_mask"), given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
-        if given.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
-            repeat = query.shape[-3] // key.shape[-3]  # what sdpa's fused kernels are given: the heads repeated
-            key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+        grouped = bool(given.get("enable_gqa")) and key.shape[-3] != query.shape[-3]
         self.calls += 1
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         refusal = None if self.kernel != "flash" else flash_refusal(query.shape[-1], value.shape[-1], training=grad, dropout=dropout,
                                                                     capability=self.capability)
+        if self.forced and refusal is not None:
+            raise ResacctError(f"attention forced to CUDA's flash kernel, which refuses this call ({refusal}): sdpa_kernel would find "
+                               "no available kernel; expected attention='efficient' or sdpa's own choice")
+        if grouped and (self.kernel != "flash" or refusal is not None):
+            why = (f"grouped-query attention ({query.shape[-3]} query heads, {key.shape[-3]} key/value heads, enable_gqa=True) on CUDA's "
+                   "memory-efficient kernel, which refuses it ('No available kernel' on an H200 with torch 2.11, docs/gpu.md)")
+            if self.forced:
+                raise ResacctError(f"{why}; expected attention='flash' (it takes the key/value heads as they are) or 'math'")
+            self.math_calls += 1
+            return func(*args, **kwargs)  # sdpa's next choice: its math path, the key/value heads repeated
         if refusal is not None:
             self.refused.append(refusal)
         if self.kernel == "flash" and refusal is None:
@@ -150,11 +167,16 @@ class _CudaAttention(TorchFunctionMode):
         return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, mask, grad, dropout, causal, scale=scale)[0]
 
     def label(self) -> str:
-        """The kernel the step ran, and where flash refused calls, how many and why."""
-        if not self.refused:
-            return self.kernel
-        reasons = sorted(set(self.refused))
-        return f"{self.kernel}; efficient for {len(self.refused)} of {self.calls} calls (flash refuses {'; '.join(reasons)})"
+        """The kernel the step ran, and where flash refused calls, how many and why; the calls that fell to sdpa's math path."""
+        if self.calls and self.math_calls == self.calls:
+            return GQA_MATH_LABEL
+        label = self.kernel
+        if self.refused:
+            label += f"; efficient for {len(self.refused)} of {self.calls} calls (flash refuses {'; '.join(sorted(set(self.refused)))})"
+        if self.math_calls:
+            label += (f"; math for {self.math_calls} of {self.calls} calls (grouped-query attention: the memory-efficient kernel "
+                      "refuses it, sdpa falls to its math path)")
+        return label
 
 
 def _as_on_cuda(optimizer: torch.optim.Optimizer) -> None:
@@ -261,10 +283,11 @@ class _SdpaCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def sdpa_routing(kernel: str | None, capability: tuple[int, int] | None = None) -> TorchFunctionMode:
+def sdpa_routing(kernel: str | None, capability: tuple[int, int] | None = None, *, forced: bool = False) -> TorchFunctionMode:
     """A mode routing ``F.scaled_dot_product_attention`` to ``kernel`` (``"flash"`` or ``"efficient"``) as a board of compute
-    ``capability`` runs it; None: left to sdpa's own choice (on meta tensors its math path), its calls counted."""
-    return _SdpaCalls() if kernel is None else _CudaAttention(kernel, capability)
+    ``capability`` runs it (``forced``: as ``sdpa_kernel(kernel)`` forces it, no fallback); None: left to sdpa's own choice
+    (on meta tensors its math path), its calls counted."""
+    return _SdpaCalls() if kernel is None else _CudaAttention(kernel, capability, forced=forced)
 
 
 def _attention_label(model: nn.Module, sdpa_calls: int) -> str:

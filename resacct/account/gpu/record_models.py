@@ -108,43 +108,33 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
 
 def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
                         ops: list[Any] | None = None) -> Any:
-    """:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` of the step a record describes
-    (``step``: its ``family``, ``model_config``, ``recipe``, ``attention``, ``batch``, ``seq``, ``extra``
-    and ``allocator_settings``), built on meta: the same model, recipe, batch, attention kernel and
-    allocator settings (``model_config``: the config built, a dry run's already tiny). On a board's record (``capability`` "9.0" …) the cuBLAS workspaces PyTorch's
-    source gives it are added (the recorded peaks are absolute: the warm-up steps allocated them),
-    ``env`` the library probe's variables. ``ops``: a list that receives the step's aten ops with their
-    FLOPs and bytes (the step time's input, from the same pass)."""
-    import torch
-
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    """The measured step of the process a record describes (``step``: its ``family``, ``model_config``, ``recipe``,
+    ``attention``, ``batch``, ``seq``, ``extra`` and ``allocator_settings``), predicted on meta as the recorder ran it —
+    the model built, the batch made, the recipe's copy, two warm-up steps, then the step
+    (:func:`~resacct.account.gpu.recorded_history.predict_recorded_process`): the same model, recipe, batch, attention
+    kernel and allocator settings (``model_config``: the config built, a dry run's already tiny). On a board's record
+    (``capability`` "9.0" …) the cuBLAS/cuBLASLt workspaces PyTorch's source gives it are allocated at the first matmuls,
+    ``env`` the library probe's variables. ``ops``: a list that receives the measured step's aten ops with their FLOPs and
+    bytes (the step time's input, from the same pass)."""
     from resacct.account.gpu.record import allocator_config_of
-    from resacct.account.peak.recipes import recipe_step
-    from resacct.facts.recipes import parse_recipe
+    from resacct.account.gpu.recorded_history import predict_recorded_process
 
     missing = [key for key in ("family", "model_config", "recipe", "attention", "batch", "seq") if key not in step]
     if missing:
         raise ResacctError(f"recorded step {step.get('name')!r} lacks {', '.join(missing)}; expected what ran, as tools/gpu_record.py records it")
     attention = step["attention"]
-    net, loss_fn = build_record_model(step["family"], step["model_config"], attention, step.get("extra") or {}, tiny=False, device="meta")
-    tokens = torch.zeros(step["batch"], step["seq"], dtype=torch.long)
-    chosen = parse_recipe(step["recipe"])
-    work = recipe_step(chosen, net, (tokens, tokens), loss_fn, "adamw")
-    step_loss = work.loss_fn
-    if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct (cuda_autocast.py)
-        from resacct.account.gpu.device_answer import under_cuda_autocast
-        from resacct.facts.dtypes import parse_dtype
-
-        step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
     kernel = attention if attention in ("flash", "efficient") and not dry_run else None  # a dry run ran the CPU's kernels: sdpa's choice
     major_minor = parse_capability(capability)
-    workspaces: tuple[int, ...] = ()
+    cublas_bytes = cublaslt_bytes = 0
     if major_minor and not dry_run:
-        from resacct.account.gpu.library_workspaces import step_workspaces
+        from resacct.account.gpu.library_workspaces import cublas_workspace_bytes, cublaslt_workspace_bytes
 
-        workspaces = step_workspaces(work.model, major=major_minor[0], backward=True, env=env or {}).sizes
-    return predict_cuda_step_memory(work.model, work.inputs, step_loss, work.make_optimizer, attention=kernel,
-                                    config=allocator_config_of(step.get("allocator_settings")), workspaces=workspaces, ops=ops, capability=major_minor)
+        cublas_bytes, cublaslt_bytes = cublas_workspace_bytes(major_minor[0], env or {}), cublaslt_workspace_bytes(major_minor[0], env or {})
+    def build() -> tuple[Any, Any]:
+        return build_record_model(step["family"], step["model_config"], attention, step.get("extra") or {}, tiny=False, device="meta")
+
+    return predict_recorded_process(step, build, config=allocator_config_of(step.get("allocator_settings")), cublas_bytes=cublas_bytes,
+                                    cublaslt_bytes=cublaslt_bytes, kernel=kernel, capability=major_minor, ops=ops)
 
 
 def parse_capability(capability: str | None) -> tuple[int, int] | None:

@@ -1,0 +1,116 @@
+"""A recorded step's whole process on meta tensors (issue 31): what ``tools/gpu_record_step.py`` did on the board, from
+its first allocation, through the allocator model — the reserved peak of a steady step is the process's history.
+
+The CUDA caching allocator never gives a segment back (no ``empty_cache``), so the reserved memory of the measured step
+holds every segment the process reserved before it: the model built on the device (a tied head's first weight made and
+dropped), a recipe's copy of it in another dtype (the float32 original freed: 5 GB of cached segments for a 1B model),
+the batch, the cuBLAS workspaces at the first matmuls, and two warm-up steps — the first makes the optimizer's state
+in the middle of its ``optimizer.step()``, after the backward, not before the step as
+:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` (a steady step, any model) assumes. Measured against the
+H200 record of 2026-11-30: the reserved peaks of resacct's GPT-2 (fp32 and bf16 autocast), HF GPT-2 (both), the LoRA
+step and the GQA Llama's bf16 flash step to the byte; the steady-step prediction missed them by 2 % to 27 % (docs/gpu.md).
+
+:func:`predict_recorded_process` runs the recorder's own sequence (:func:`~resacct.account.gpu.record_models.build_record_model`,
+``recipe_step``, ``run_training_step``) on meta under :class:`WorkspaceRecorder` — the allocation recorder plus the
+library's workspaces allocated where cuBLAS allocates them — with CUDA's choices made as the steady prediction makes them
+(the sdpa kernel the step names, CUDA autocast, AdamW's foreach default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from resacct.account.gpu.allocation_trace import AllocationRecorder
+from resacct.account.gpu.cuda_allocator_rules import AllocatorConfig
+from resacct.errors import ResacctError
+
+__all__ = ["WARMUP_STEPS", "WorkspaceRecorder", "predict_recorded_process"]
+
+#: the recorder's steps before the measured one (tools/gpu_record_step.py: the optimizer's state exists, the caches are warm)
+WARMUP_STEPS = 2
+
+_aten = torch.ops.aten
+#: the aten ops that call cuBLAS (a ``Linear`` is ``addmm`` or ``mm`` by then)
+_CUBLAS_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default})
+
+
+class WorkspaceRecorder(AllocationRecorder):
+    """The allocation recorder, with the library workspaces allocated where the H200's library probe saw them: a cuBLAS
+    workspace of ``cublas_bytes`` just after the first cuBLAS op's output on the thread that runs the forward, another at
+    the first one of the backward (autograd's device thread has its own handle), and ``cublaslt_bytes`` after the first
+    ``addmm`` with a bias vector of the forward (cuBLASLt's ``gemm_and_bias``) — each kept to the end.
+    The record's traces show them so (docs/gpu.md: ``alloc 37748736`` — the first layer's QKV — then ``alloc 33554432``
+    then ``alloc 1048576`` on resacct's GPT-2)."""
+
+    def __init__(self, config: AllocatorConfig | None = None, *, cublas_bytes: int = 0, cublaslt_bytes: int = 0) -> None:
+        super().__init__(config, device="meta")
+        self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
+        self._made: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func in _CUBLAS_OPS and self.cublas_bytes:
+            thread = "backward" if torch._C._current_autograd_node() is not None else "forward"
+            self._workspace(f"cuBLAS ({thread} thread)", self.cublas_bytes)
+            if func is _aten.addmm.default and args[0].dim() == 1 and thread == "forward" and self.cublaslt_bytes:
+                self._workspace("cuBLASLt (a Linear with a bias)", self.cublaslt_bytes)
+        return out
+
+    def _workspace(self, name: str, size: int) -> None:
+        if name not in self._made:
+            self._made.add(name)
+            self.allocator.malloc(("library workspace", name), size)
+
+
+def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[Any, Any]], *, config: AllocatorConfig | None,
+                             cublas_bytes: int, cublaslt_bytes: int, kernel: str | None, capability: tuple[int, int] | None,
+                             ops: list[Any] | None = None) -> Any:
+    """The recorded ``step``'s process (its ``recipe``, ``batch``, ``seq``; ``build()`` makes its model on meta and the loss,
+    :func:`~resacct.account.gpu.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
+    workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
+    call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.cuda_step.CudaStepPrediction` of the
+    measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops."""
+    from resacct.account.gpu.cuda_step import CudaStepPrediction, _as_on_cuda, _attention_label, _CudaAttention, sdpa_routing
+    from resacct.account.gpu.op_costs import OpCostCounter
+    from resacct.account.peak.recipes import recipe_step
+    from resacct.facts.recipes import parse_recipe
+    from resacct.measurement.memory_timeline import run_training_step
+
+    recorder = WorkspaceRecorder(config, cublas_bytes=cublas_bytes, cublaslt_bytes=cublaslt_bytes)
+    routing = sdpa_routing(kernel, capability, forced=True)  # the recorder forces the kernel (sdpa_kernel)
+    chosen = parse_recipe(step["recipe"])
+    with recorder:
+        net, loss_fn = build()  # built on the device: every parameter made (and a tied head's first weight dropped) as on the board
+        tokens = torch.randint(0, net.config.vocab_size, (step["batch"], step["seq"] + 1), device="meta")
+        inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        work = recipe_step(chosen, net, inputs, loss_fn, "adamw")
+        del net  # a recipe in another dtype stepped a copy: the original is freed, its segments stay cached
+        step_loss = work.loss_fn
+        if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct
+            from resacct.account.gpu.device_answer import under_cuda_autocast
+            from resacct.facts.dtypes import parse_dtype
+
+            step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))
+        optimizer = work.make_optimizer([p for p in work.model.parameters() if p.requires_grad])
+        _as_on_cuda(optimizer)
+        with routing:
+            for _ in range(WARMUP_STEPS):
+                run_training_step(work.model, work.inputs, step_loss, optimizer)
+            start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
+            recorder.start_window()
+            recorder.costs = None if ops is None else OpCostCounter()
+            run_training_step(work.model, work.inputs, step_loss, optimizer)
+        if ops is not None:
+            ops.extend(recorder.costs.ops)
+        recorder.costs = None
+    if kernel and routing.calls == 0:
+        raise ResacctError(f"recorded step {step.get('name')!r}: attention {kernel!r}, but the step never called F.scaled_dot_product_attention")
+    allocator = recorder.allocator
+    label = routing.label() if isinstance(routing, _CudaAttention) else _attention_label(work.model, routing.calls)
+    return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
+                              peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated,
+                              start_reserved_bytes=start_reserved, live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True),
+                              segments=allocator.segments(), attention=label)
