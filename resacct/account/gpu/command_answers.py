@@ -15,7 +15,7 @@ and what calibrates them (the board's committed record, else its datasheet).
   :func:`prefill_model` too (``tools/gpu_record_serve.py``), so a board's record checks this very prediction.
 
 Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
-source, unconfirmed on a board; one line says so): LoRA's step two cuBLAS ones (forward and autograd's
+source, confirmed on an H200 for sm90; one line says which): LoRA's step two cuBLAS ones (forward and autograd's
 backward thread), the prefill one. A mixture of experts runs its experts grouped by expert, as transformers
 does on a CUDA board (:mod:`resacct.account.gpu.cuda_experts`); one line says so.
 

@@ -22,7 +22,7 @@ fake cuda tensors are made, but C++ paths that take a CUDA device guard (``tenso
 
 Not seen by the trace: cuBLAS/cuBLASLt workspaces (allocated by a thread's first matmul on a stream,
 kept) — ``workspaces=`` adds them as :mod:`~resacct.account.gpu.library_workspaces` reads them from
-PyTorch's source (unconfirmed on a board) — and CUDA's context and NCCL, which the record shows.
+PyTorch's source (confirmed on an H200 for sm90) — and CUDA's context and NCCL, which the record shows.
 
 Measured against a real board (tests/test_cuda_step.py): the H100 record's
 ``gpu-step-peak-predicted`` (gpt-tiny, float32, batch 8 × 128, forward + backward) measured

@@ -59,9 +59,12 @@ if TYPE_CHECKING:  # annotations only: a cached answer holding LibraryWorkspaces
 from resacct.errors import ResacctError
 
 __all__ = ["LibraryWorkspaces", "cublas_workspace_bytes", "cublaslt_workspace_bytes", "step_workspaces", "capability_major",
-           "SOURCE", "SOURCE_FILE", "probe_library_allocations"]
+           "SOURCE", "CONFIRMED_SM90", "SOURCE_FILE", "probe_library_allocations"]
 
 SOURCE = "from PyTorch's source, unconfirmed on a board"
+#: sm90's sizes and placement as a board showed them: the library probe of docs/gpu/2026-11-30-h200-record.json.gz
+#: (32 MiB at the first mm, 1 MiB more at the first biased linear, 32 MiB at the first backward) and every trace of that record
+CONFIRMED_SM90 = "from PyTorch's source, confirmed on an H200: sm90, torch 2.11, the 2026-11-30 record's library probe"
 SOURCE_FILE = "CublasHandlePool.cpp at pytorch 26a39059"
 MIB = 1 << 20
 #: compute capability (major) of the datasheet table's NVIDIA families
@@ -117,6 +120,7 @@ class LibraryWorkspaces:
 
     blocks: tuple[tuple[str, int], ...]
     basis: str
+    source: str = SOURCE  # where the sizes come from: PyTorch's source, or (sm90) a board's record too
 
     @property
     def total_bytes(self) -> int:
@@ -129,9 +133,9 @@ class LibraryWorkspaces:
     def line(self) -> str:
         """The line a command prints under its CUDA peaks."""
         if not self.blocks:
-            return f"  cuBLAS workspaces ({SOURCE}): none — {self.basis}"
+            return f"  cuBLAS workspaces ({self.source}): none — {self.basis}"
         parts = " + ".join(f"{size / MIB:g} MiB {what}" for what, size in self.blocks)
-        return f"  cuBLAS workspaces ({SOURCE}): {self.total_bytes / MIB:g} MiB in the peaks above = {parts} ({self.basis}; {SOURCE_FILE})"
+        return f"  cuBLAS workspaces ({self.source}): {self.total_bytes / MIB:g} MiB in the peaks above = {parts} ({self.basis}; {SOURCE_FILE})"
 
 
 def _matmul_modules(model: nn.Module) -> tuple[bool, bool]:
@@ -167,7 +171,7 @@ def step_workspaces(model: nn.Module, *, board: Any = None, backward: bool, env:
     if lt:
         blocks.append(("cuBLASLt (a Linear with a bias)", lt))
     where = f"sm{major}0: {'32 MiB' if cublas == 32 * MIB else f'{cublas:,} B'} per (thread, stream), allocated at its first matmul and kept"
-    return LibraryWorkspaces(tuple(blocks), where)
+    return LibraryWorkspaces(tuple(blocks), where, CONFIRMED_SM90 if major == 9 else SOURCE)
 
 
 def probe_library_allocations(device: str = "cuda", *, cuda: bool | None = None) -> dict[str, Any]:

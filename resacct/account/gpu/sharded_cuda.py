@@ -14,8 +14,8 @@ one more listener:
 - the optimizer takes its foreach implementation, CUDA's default (fake CPU tensors would get the
   for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise;
 - each rank is its own process, so it takes the cuBLAS/cuBLASLt workspaces of
-  :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (from PyTorch's source, unconfirmed on
-  a board) as a one-process step does: one for the forward's thread, one for autograd's backward thread,
+  :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (from PyTorch's source, confirmed on
+  an H200 for sm90) as a one-process step does: one for the forward's thread, one for autograd's backward thread,
   a cuBLASLt one where a ``Linear`` has a bias — allocated once the engine has wrapped the model, before
   the optimizer's state, and kept: in both peaks of every rank.
 
@@ -236,20 +236,21 @@ def _rank_workspaces(model: Any, board: Any) -> Any:
 def _workspace_fields(workspaces: Any) -> dict[str, Any]:
     """A rank's ``--json`` fields for its workspaces, named as the other commands' ``gpu`` answers name them."""
     if workspaces is None:
-        return {"library_workspace_bytes": None, "library_workspaces": None, "library_workspaces_basis": None}
+        return {"library_workspace_bytes": None, "library_workspaces": None, "library_workspaces_basis": None, "library_workspaces_source": None}
     return {"library_workspace_bytes": workspaces.total_bytes, "library_workspaces": [{"what": what, "bytes": size} for what, size in workspaces.blocks],
-            "library_workspaces_basis": workspaces.basis}
+            "library_workspaces_basis": workspaces.basis, "library_workspaces_source": workspaces.source}
 
 
 def workspaces_line(rank: dict[str, Any]) -> str | None:
     """The workspaces line the other ``--device`` commands print (:meth:`LibraryWorkspaces.line`), for one
     rank's answer (every rank takes the same: each is its own process); None where it has none."""
-    from resacct.account.gpu.library_workspaces import LibraryWorkspaces
+    from resacct.account.gpu.library_workspaces import SOURCE, LibraryWorkspaces
 
     if rank.get("library_workspaces") is None:
         return None
     blocks = tuple((block["what"], block["bytes"]) for block in rank["library_workspaces"])
-    return LibraryWorkspaces(blocks, rank["library_workspaces_basis"]).line() + ", on each rank (its own process)"
+    source = rank.get("library_workspaces_source") or SOURCE
+    return LibraryWorkspaces(blocks, rank["library_workspaces_basis"], source).line() + ", on each rank (its own process)"
 
 
 def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
