@@ -263,11 +263,20 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
         recorder.costs = None
     if attention and routing.calls == 0:
         raise ResacctError(f"attention={attention!r}, but the step never called F.scaled_dot_product_attention; expected attention=None for this model")
-    allocator = recorder.allocator
+    return step_prediction(recorder.allocator, start_allocated, start_reserved, attention_label(routing, meta_model))
+
+
+def step_prediction(allocator: Any, start_allocated: int, start_reserved: int, attention: str) -> CudaStepPrediction:
+    """The prediction an allocator model's run of a step gives (its peaks since the window began, what is live at the
+    peak, its segments), the window starting at ``start_allocated``/``start_reserved``."""
     return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
                               peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated, start_reserved_bytes=start_reserved,
-                              live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(),
-                              attention=routing.label() if isinstance(routing, _CudaAttention) else _attention_label(meta_model, routing.calls))
+                              live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True), segments=allocator.segments(), attention=attention)
+
+
+def attention_label(routing: TorchFunctionMode, model: nn.Module) -> str:
+    """What ran as attention under ``routing`` (:func:`sdpa_routing`'s mode) in ``model``'s step."""
+    return routing.label() if isinstance(routing, _CudaAttention) else _attention_label(model, routing.calls)
 
 
 class _SdpaCalls(TorchFunctionMode):

@@ -73,7 +73,7 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
     call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.cuda_step.CudaStepPrediction` of the
     measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops."""
-    from resacct.account.gpu.cuda_step import CudaStepPrediction, _as_on_cuda, _attention_label, _CudaAttention, sdpa_routing
+    from resacct.account.gpu.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
     from resacct.account.gpu.op_costs import OpCostCounter
     from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
@@ -108,9 +108,4 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
         recorder.costs = None
     if kernel and routing.calls == 0:
         raise ResacctError(f"recorded step {step.get('name')!r}: attention {kernel!r}, but the step never called F.scaled_dot_product_attention")
-    allocator = recorder.allocator
-    label = routing.label() if isinstance(routing, _CudaAttention) else _attention_label(work.model, routing.calls)
-    return CudaStepPrediction(peak_allocated_bytes=allocator.peak_allocated_bytes, peak_reserved_bytes=allocator.peak_reserved_bytes,
-                              peak_requested_bytes=allocator.peak_requested_bytes, start_allocated_bytes=start_allocated,
-                              start_reserved_bytes=start_reserved, live_at_peak_bytes=sorted(allocator.live_at_peak().values(), reverse=True),
-                              segments=allocator.segments(), attention=label)
+    return step_prediction(recorder.allocator, start_allocated, start_reserved, attention_label(routing, work.model))
