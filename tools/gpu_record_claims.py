@@ -1,7 +1,7 @@
 """tools/gpu_record.py's ``--claims FILE`` (issue 31, part 5): the recorded claims of a committed board record, as
 YAML to append to ``resacct/specs/gpu_recorded.claims.yaml`` — per recorded step, its allocated and reserved peaks
 replayed through the allocator model (exact), predicted on meta tensors (within 1 %), and its step time predicted
-from the record's own ceilings (within 10 %); per served model the same peaks (as ``infer --device`` predicts them)
+from the record's own ceilings and by the model calibrated on the record's other steps (each within 10 %); per served model the same peaks (as ``infer --device`` predicts them)
 and its prefill's and a generated token's time. The thresholds are issue 31's, set here before any comparison; the
 outcomes are ``resacct verify``'s to decide (nothing measured is written into a claim); a step resacct cannot predict on
 meta tensors gets its replay claims only, and a comment saying why. Review before committing:
@@ -26,6 +26,9 @@ KINDS = (
      "max_memory_reserved over the step is within 1 % of resacct's prediction from the step rebuilt on meta tensors"),
     ("step-time-predicted", "gpu_recorded.board_step_time", {}, "predicted_step_sec", {"rel": 0.10},
      "the median step time is within 10 % of resacct's per-op roofline priced by the record's own ceilings (matmul, copy, launch)"),
+    ("step-time-calibrated", "gpu_recorded.board_step_time_calibrated", {}, "predicted_step_sec", {"rel": 0.10},
+     "the median step time is within 10 % of resacct's per-op model calibrated on other steps of the record (calibrate_on: their "
+     "matmuls per class, their other kernels' bandwidth and per-kernel time, their host's idle time per op), never on this one"),
 )
 
 #: the same for each served model (tools/gpu_record_serve.py): the allocator's replay of the weights' load and first
@@ -92,6 +95,20 @@ def unpredictable(record: dict[str, Any], step: dict[str, Any], *, serving: bool
     return None
 
 
+def calibration_sets(steps: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per recorded training step, the steps its calibrated time claim is calibrated on: the dense steps (no ``experts``:
+    a mixture of experts' uneven tokens per expert make its profile's shapes mislead the matmul classes) in two folds —
+    every other one in the record's order — each judged on the other fold; a mixture of experts on every dense step.
+    Empty where the record has fewer than four dense steps (a fold needs two)."""
+    dense = [step["name"] for step in steps if "error" not in step and not (step.get("extra") or {}).get("experts")]
+    if len(dense) < 4:
+        return {}
+    folds = (dense[0::2], dense[1::2])
+    sets = {name: folds[1] if name in folds[0] else folds[0] for name in dense}
+    sets.update({step["name"]: dense for step in steps if "error" not in step and step["name"] not in sets})
+    return sets
+
+
 def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
     """The YAML claims (list items, indented for the spec's ``claims:``) of every recorded step of ``record``."""
     from resacct.facts.hardware import accelerator_for_cuda_name
@@ -108,12 +125,17 @@ def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
     trained = [(step, KINDS, f"a steady training step of {step['name']} ({step['recipe']}, {step['attention']} attention, batch {step['batch']} × "
                 f"{step['seq']})") for step in record["steps"] if "error" not in step]
     lines += [f"  # {step['name']}: not recorded ({step['error']}): no claims" for step in [*record["steps"], *record.get("serving", [])] if "error" in step]
+    calibration = calibration_sets(record["steps"])
     for step, kinds, what in trained + served:
         why = unpredictable(record, step, serving=kinds is SERVING_KINDS)
         if why is not None:  # the replays only: a prediction that cannot be made is no claim's outcome
             lines.append(f"  # {step['name']}: resacct cannot predict it on meta tensors ({why}): its replay claims only")
             kinds = tuple(kind for kind in kinds if kind[1] == "gpu_recorded.board_step_replay")
         for suffix, measure, given, law, tolerance, predicate in kinds:
+            if measure == "gpu_recorded.board_step_time_calibrated":
+                if step["name"] not in calibration:
+                    continue
+                given = {"calibrate_on": calibration[step["name"]]}
             lines += [f"  - id: {claim_id(tag, step['name'], suffix)}",
                       f"    says: \"On an {record['board']} ({day}), {what}: {predicate}.\"",
                       f"    source: \"issue 31 — the GPU step recorded on a board; {record_name}\"",

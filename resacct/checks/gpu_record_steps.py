@@ -1,7 +1,7 @@
 """A board's record (``resacct-gpu-record/1``, ``tools/gpu_record.py``) replayed and predicted on any
 machine (issue 31, part 5): evidence ``recorded``, area ``gpu_recorded``.
 
-Per recorded step three kinds of claim, each reading its **measurement** from the committed record
+Per recorded step four kinds of claim, each reading its **measurement** from the committed record
 (:mod:`resacct.account.gpu.board_record`) and making its **prediction** now:
 
 - ``gpu_recorded.board_step_replay`` — the allocator trace the board recorded, run through resacct's
@@ -12,7 +12,10 @@ Per recorded step three kinds of claim, each reading its **measurement** from th
 - ``gpu_recorded.board_step_time`` — the step's aten ops (from the same pass) priced by the record's own
   ceilings (the most matmul FLOP/s of the step's format, the copy bandwidth; per op the launch overhead
   measured, or one calibrated on other steps named by ``calibrate_on``, never the judged one), beside the
-  median step time the board measured.
+  median step time the board measured;
+- ``gpu_recorded.board_step_time_calibrated`` — the same ops priced by the model fitted on other recorded steps
+  (``calibrate_on``, never the judged one; :mod:`resacct.account.gpu.step_time_calibrated`): their profile's matmuls per
+  class, their other kernels, their host's idle time per op.
 
 Every outcome names the board, the date and the record file. A dry run's record is refused (a CPU made
 it). ``replay=False``: a record's content is not in a stored measurement's key.
@@ -153,3 +156,35 @@ def board_step_time(record: str, step: str, calibrate_on: list[str] | None = Non
         "matmul_format": fmt, "matmul_flops_per_sec": matmul, "bandwidth_bytes_per_sec": bandwidth, "overhead_sec_per_op": overhead,
         "overhead_from": source, "predicted_mfu": None if peak is None else predicted.flops / predicted.step_sec / peak,
         "measured_mfu": None if peak is None else predicted.flops / measured / peak, **record_source(record, data)})
+
+
+_CALIBRATED_QUANTITIES = ("predicted_step_sec", "gpu_sec", "idle_sec_per_op", "ops", "matmul_fits", "memory_factor", "sec_per_kernel",
+                          "calibrated_on", *SOURCE)
+
+
+@check("gpu_recorded.board_step_time_calibrated", evidence="recorded", quantities=_CALIBRATED_QUANTITIES, replay=False)
+def board_step_time_calibrated(record: str, step: str, calibrate_on: list[str]) -> Outcome:
+    """The board's median step time for the recorded step, beside the time of the model calibrated on the record's
+    steps ``calibrate_on`` (never the judged one; :mod:`resacct.account.gpu.step_time_calibrated`): their profile's matmuls
+    per class, their other kernels' bandwidth and per-kernel time, their host's idle time per op — priced on the judged
+    step's ops traced on meta."""
+    from resacct.account.gpu.step_time_calibrated import calibrate_step_times, predict_calibrated_seconds
+
+    calibration = list(calibrate_on or [])
+    if step in calibration:
+        raise ResacctError(f"calibrate_on names {step!r}, the step judged; expected other recorded steps")
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    _, bandwidth, _ = record_rates(record, data, _matmul_format(entry["recipe"]))
+    steps = []
+    for name in calibration:
+        other = board_record_step(record, data, name)
+        steps.append((name, other, _prediction(record, name)[2], record_rates(record, data, _matmul_format(other["recipe"]))[0]))
+    times = calibrate_step_times(steps, bandwidth_bytes_per_sec=bandwidth)
+    ops = _prediction(record, step)[2]
+    gpu, predicted = predict_calibrated_seconds(ops, times, fallback_flops_per_sec=record_rates(record, data, _matmul_format(entry["recipe"]))[0])
+    return Outcome(measured=entry["step_time_sec"]["median"], quantities={
+        "predicted_step_sec": predicted, "gpu_sec": gpu, "idle_sec_per_op": times.idle_sec_per_op, "ops": len(ops),
+        "matmul_fits": {name: f"{fit.flops_per_sec / 1e12:.0f} TFLOP/s + {fit.sec_per_call * 1e6:.1f} µs a call" for name, fit in sorted(times.matmul.items())},
+        "memory_factor": times.memory_factor, "sec_per_kernel": times.sec_per_kernel, "calibrated_on": ", ".join(times.calibrated_on),
+        **record_source(record, data)})

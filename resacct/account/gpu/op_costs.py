@@ -20,6 +20,33 @@ class OpCost:
     op: str
     flops: int
     bytes: int
+    kernel: bool = True  # False: the op launches no kernel (a view: ``t``, ``view``, ``expand`` …; an empty allocation)
+    #: a cuBLAS call's (rows, columns, inner dimension, dtype, aligned): batches folded into the rows; aligned when every
+    #: operand's and the output's leading dimension (its larger stride of the last two) is a multiple of 8 elements
+    matmul: tuple[int, int, int, str, bool] | None = None
+
+
+#: ops that return new storage yet launch no kernel (their schema is not an alias, so ``is_view`` misses them)
+_NO_KERNEL = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense"})
+#: cuBLAS's ops, and where their two operands sit in the arguments
+_MATMUL_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
+
+
+def _leading(tensor: Any) -> int:
+    """The leading dimension cuBLAS is given for a matrix (or a batch of them): the larger of its last two strides."""
+    return int(max(tensor.stride()[-2:]))
+
+
+def _matmul_shape(name: str, args: tuple) -> tuple[int, int, int, str, bool] | None:
+    """(rows, columns, inner, dtype, aligned) of a cuBLAS op's call (``bmm``'s batch folded into the rows); None for any other op.
+    A transposed operand's leading dimension is its rows (GPT-2's 50,257 × 4,096 weight gradient: unaligned)."""
+    where = _MATMUL_OPERANDS.get(name)
+    if where is None:
+        return None
+    left, right = args[where[0]], args[where[1]]
+    rows = left.shape[0] * left.shape[1] if left.dim() == 3 else left.shape[0]
+    aligned = _leading(left) % 8 == 0 and _leading(right) % 8 == 0 and int(right.shape[-1]) % 8 == 0
+    return int(rows), int(right.shape[-1]), int(left.shape[-1]), str(left.dtype).removeprefix("torch."), aligned
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -62,7 +89,8 @@ class OpCostCounter:
         packet = func._overloadpacket
         flops = int(self.registry[packet](*args, **kwargs, out_val=out)) if packet in self.registry else 0
         moved = _tensor_bytes(out) + sum(_tensor_bytes(value) for value in args) + sum(_tensor_bytes(value) for value in kwargs.values())
-        cost = OpCost(name, flops, moved)
+        kernel = not (func.is_view or packet.__name__ in _NO_KERNEL)
+        cost = OpCost(name, flops, moved, kernel, _matmul_shape(packet.__name__, args))
         if key is not None:
             self._by_key[key] = cost
         self.ops.append(cost)

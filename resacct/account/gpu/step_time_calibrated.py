@@ -1,0 +1,145 @@
+"""The GPU step time calibrated on a board's record (issue 31, part 3): fitted on some recorded steps, judged on others.
+
+The per-op roofline of :mod:`~resacct.account.gpu.step_time` prices every op at the record's best rates, and the H200
+record (2026-11-30) shows where that fails (``benchmarks/board_op_times.py``): views are charged as if they moved their
+tensors (none launches a kernel); a 16-bit matmul with a dimension that is not a multiple of 8 runs at 95–145 TFLOP/s
+where aligned ones reach 630–930 (GPT-2's 50,257-token vocabulary: 7.9 of the 10.1 ms of its bf16 matmuls);
+elementwise and foreach kernels reach 0.4–0.7 of the copy bandwidth. This model takes each of those from the record's
+own per-op profile of the **calibration steps** (never the judged one):
+
+- **matmuls** — per class (``fp32``; 16-bit ``aligned``: every leading dimension cuBLAS is given a multiple of 8 —
+  a traced call knows its strides, a profile's row only its shapes; 16-bit ``unaligned``), a rate and a per-call time, ``t = FLOPs ÷ rate + t0``, least squares over the profile's rows of
+  every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error);
+- **every other op that launches a kernel** — ``t = m · bytes ÷ copy bandwidth + k``: ``m`` and ``k`` fitted on the
+  calibration steps' device time left once their matmuls are priced (the profile's busy time);
+- **the host** — what the board spent idle between kernels, per traced op (the median over the calibration steps):
+  the step is the kernels' time plus that.
+
+Views launch nothing and cost nothing. Not modelled: a step that waits for the device mid-step (a mixture of experts
+routed by ``nonzero``: the host stalls, the GPU idles far longer than per op) — such a step is judged and misses.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from resacct.account.gpu.op_costs import OpCost
+from resacct.errors import ResacctError
+
+__all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds"]
+
+#: the profile's dtype names of a 32-bit float (TF32 off, PyTorch's default: the fp32 class)
+_FP32_NAMES = frozenset({"float", "float32", "Float"})
+
+
+def matmul_class(dtype: str, aligned: bool) -> str:
+    """``fp32``, ``aligned`` (a 16-bit matmul whose leading dimensions are multiples of 8) or ``unaligned``."""
+    if dtype in _FP32_NAMES:
+        return "fp32"
+    return "aligned" if aligned else "unaligned"
+
+
+def profile_matmul_rows(step: dict[str, Any]) -> list[tuple[str, int, int, float]]:
+    """A recorded step's cuBLAS calls from its profile (``ops``): (class, FLOPs of one call, calls, self device seconds)."""
+    rows = []
+    for row in step.get("ops") or []:
+        name = row["name"].split("::")[-1]
+        if name not in ("mm", "addmm", "bmm", "baddbmm") or not row.get("self_device_us"):
+            continue
+        shapes, dtypes = row["shapes"], row["dtypes"]
+        left, right = (shapes[1], shapes[2]) if name in ("addmm", "baddbmm") else (shapes[0], shapes[1])
+        dtype = dtypes[1] if name in ("addmm", "baddbmm") else dtypes[0]
+        count = left[0] * left[1] if len(left) == 3 else left[0]
+        flops = 2 * count * right[-1] * left[-1]
+        # a profile keeps shapes, not strides: any dimension not a multiple of 8 counts as unaligned (true of a dense model's
+        # odd vocabulary, every one of its three matmuls slow; not of a mixture of experts' tokens per expert: calibrate on dense steps)
+        aligned = count % 8 == 0 and right[-1] % 8 == 0 and left[-1] % 8 == 0
+        rows.append((matmul_class(str(dtype).removeprefix("c10::"), aligned), flops, int(row["calls"]), row["self_device_us"] * 1e-6))
+    return rows
+
+
+@dataclass(frozen=True)
+class MatmulFit:
+    flops_per_sec: float
+    sec_per_call: float
+
+
+@dataclass(frozen=True)
+class CalibratedTimes:
+    """What the calibration steps gave: the matmul classes' fits, the other kernels' bandwidth factor and per-kernel
+    seconds, the host's idle seconds per op, and where each came from."""
+
+    matmul: dict[str, MatmulFit]
+    memory_factor: float  # × bytes ÷ the copy bandwidth
+    sec_per_kernel: float
+    idle_sec_per_op: float
+    bandwidth_bytes_per_sec: float
+    calibrated_on: tuple[str, ...]
+
+    def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
+        *_, dtype, aligned = op.matmul  # type: ignore[misc]
+        fit = self.matmul.get(matmul_class(dtype, aligned))
+        return op.flops / fallback_flops_per_sec if fit is None else op.flops / fit.flops_per_sec + fit.sec_per_call
+
+
+def _fit_matmuls(rows: Iterable[tuple[str, int, int, float]]) -> dict[str, MatmulFit]:
+    fits = {}
+    by_class: dict[str, list[tuple[int, int, float]]] = {}
+    for name, flops, calls, seconds in rows:
+        by_class.setdefault(name, []).append((flops, calls, seconds))
+    for name, samples in by_class.items():
+        weights = np.array([calls / seconds for _, calls, seconds in samples])  # per call: t / calls, weighted by its inverse
+        design = np.array([[flops, 1.0] for flops, _, _ in samples]) * weights[:, None]
+        (slope, intercept), *_ = np.linalg.lstsq(design, np.ones(len(samples)), rcond=None)
+        if len(samples) >= 2 and slope > 0:
+            fits[name] = MatmulFit(float(1.0 / slope), max(float(intercept), 0.0))  # Python floats: a report carries them
+    return fits
+
+
+def _kernel_parts(ops: list[OpCost], times: CalibratedTimes | None, matmul_fits: dict[str, MatmulFit], fallback: float,
+                  bandwidth: float) -> tuple[float, float, int]:
+    """(matmul and FLOP-bound seconds, other kernels' bytes ÷ bandwidth, other kernels) of a traced step."""
+    priced = CalibratedTimes(matmul_fits, 1.0, 0.0, 0.0, bandwidth, ()) if times is None else times
+    compute = memory = 0.0
+    kernels = 0
+    for op in ops:
+        if not op.kernel:
+            continue
+        if op.matmul is not None:
+            compute += priced.matmul_sec(op, fallback)
+        elif op.flops and op.flops / fallback >= op.bytes / bandwidth:  # attention and the like: FLOP-bound at the best rate
+            compute += op.flops / fallback
+        else:
+            memory += op.bytes / bandwidth
+            kernels += 1
+    return compute, memory, kernels
+
+
+def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], float]], *, bandwidth_bytes_per_sec: float) -> CalibratedTimes:
+    """Fit the model on ``steps``: each (name, its record entry — profile and median step time —, its traced ops, the record's
+    best matmul rate in its format: the price of a FLOP-bound op that is not a cuBLAS call, flash attention's kernels)."""
+    if len(steps) < 2:
+        raise ResacctError(f"calibration on {len(steps)} step(s): expected at least two recorded steps (two parameters are fitted on them)")
+    matmul = _fit_matmuls(row for _, entry, _, _ in steps for row in profile_matmul_rows(entry))
+    design, target, idle = [], [], []
+    for _, entry, ops, fallback in steps:
+        busy = sum(row["self_device_us"] for row in entry["ops"]) * 1e-6
+        compute, memory, kernels = _kernel_parts(ops, None, matmul, fallback, bandwidth_bytes_per_sec)
+        design.append([memory / busy, kernels / busy])
+        target.append((busy - compute) / busy)
+        idle.append((entry["step_time_sec"]["median"] - busy) / len(ops))
+    (factor, per_kernel), *_ = np.linalg.lstsq(np.array(design), np.array(target), rcond=None)
+    return CalibratedTimes(matmul, max(float(factor), 0.0), max(float(per_kernel), 0.0), max(float(statistics.median(idle)), 0.0),
+                           bandwidth_bytes_per_sec, tuple(name for name, *_ in steps))
+
+
+def predict_calibrated_seconds(ops: list[OpCost], times: CalibratedTimes, *, fallback_flops_per_sec: float) -> tuple[float, float]:
+    """(the kernels' seconds, the step's seconds: the kernels plus the host's idle per op) of a traced step."""
+    compute, memory, kernels = _kernel_parts(ops, times, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec)
+    gpu = compute + times.memory_factor * memory + times.sec_per_kernel * kernels
+    return float(gpu), float(gpu + times.idle_sec_per_op * len(ops))

@@ -1,0 +1,111 @@
+"""The GPU step time calibrated on a board's record (resacct/account/gpu/step_time_calibrated.py): what a traced op
+says of itself (a kernel or not, a cuBLAS call's leading dimensions), the fits recovering a known board, and the
+recorded claim blind to the judged step's own profile and time."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import resacct.checks.gpu_record_steps as record_steps
+from resacct.account.gpu.op_costs import OpCost, OpCosts
+from resacct.account.gpu.step_time_calibrated import calibrate_step_times, matmul_class, predict_calibrated_seconds, profile_matmul_rows
+from resacct.errors import ResacctError
+
+RATE, PER_CALL = 500e12, 4e-6  # the synthetic board's aligned bf16 matmuls: t = FLOPs ÷ RATE + PER_CALL
+SLOW = 100e12  # and its unaligned ones
+BANDWIDTH = 4e12
+
+
+def test_a_view_launches_no_kernel_and_a_matmul_knows_its_leading_dimensions() -> None:
+    with OpCosts() as costs:
+        odd = torch.randn(16, 50, dtype=torch.bfloat16)  # 50 columns: its leading dimension is not a multiple of 8
+        weight = torch.randn(64, 16, dtype=torch.bfloat16)
+        odd.t() @ torch.randn(16, 8, dtype=torch.bfloat16)  # a transposed operand: its leading dimension is its 50 rows
+        torch.randn(8, 16, dtype=torch.bfloat16) @ weight.t()  # weight.t(): leading dimension 16 — aligned
+    ops = {op.op: op for op in costs.ops if op.matmul is None}
+    assert ops["aten.t.default"].kernel is False and ops["aten.randn.default"].kernel is True
+    transposed, aligned = [op.matmul for op in costs.ops if op.matmul is not None]
+    assert transposed == (50, 8, 16, "bfloat16", False) and aligned == (8, 64, 16, "bfloat16", True)
+    assert matmul_class("float", False) == "fp32" and matmul_class("bfloat16", False) == "unaligned"
+
+
+def _entry(rows: list[tuple[int, int, int, bool]], other_sec: float, idle_sec: float, ops: int) -> dict[str, Any]:
+    """A recorded step of the synthetic board: its profile's matmul rows (m, n, k, aligned), one memory-bound row, its time."""
+    profile = []
+    for m, n, k, aligned in rows:
+        seconds = 2 * m * n * k / (RATE if aligned else SLOW) + (PER_CALL if aligned else 0.0)
+        profile.append({"name": "aten::mm", "shapes": [[m, k], [k, n]], "dtypes": ["c10::BFloat16", "c10::BFloat16"], "calls": 1,
+                        "self_device_us": seconds * 1e6})
+    profile.append({"name": "aten::mul", "shapes": [[1]], "dtypes": ["c10::BFloat16"], "calls": 1, "self_device_us": other_sec * 1e6})
+    busy = sum(row["self_device_us"] for row in profile) * 1e-6
+    return {"ops": profile, "step_time_sec": {"median": busy + idle_sec * ops}}
+
+
+def _traced(rows: list[tuple[int, int, int, bool]], memory_bytes: list[int]) -> list[OpCost]:
+    ops = [OpCost("aten.mm.default", 2 * m * n * k, 0, True, (m, n, k, "bfloat16", aligned)) for m, n, k, aligned in rows]
+    return ops + [OpCost("aten.mul.Tensor", 0, size, True) for size in memory_bytes] + [OpCost("aten.view.default", 0, 10**9, False)]
+
+
+def _board_step(rows: list[tuple[int, int, int, bool]], memory_bytes: list[int]) -> tuple[dict[str, Any], list[OpCost]]:
+    """A step whose other kernels take 1.5 × their bytes ÷ the bandwidth + 2 µs each, its host idle 1 µs per traced op."""
+    traced = _traced(rows, memory_bytes)
+    other = sum(1.5 * size / BANDWIDTH + 2e-6 for size in memory_bytes)
+    return _entry(rows, other, 1e-6, len(traced)), traced
+
+
+STEPS = {"a": ([(4096, 4096, 1024, True), (2048, 2048, 2048, True), (2048, 50257, 768, False)], [10**8, 3 * 10**8, 10**6] * 5),
+         "b": ([(1024, 8192, 4096, True), (256, 256, 256, True), (4096, 50257, 768, False)], [2 * 10**8, 10**7] * 9),
+         "c": ([(8192, 1024, 1024, True), (512, 4096, 512, True), (4096, 768, 50257, False)], [5 * 10**7] * 30)}
+
+
+def test_the_fits_recover_the_board_and_predict_a_step_they_never_saw() -> None:
+    board = {name: _board_step(*shapes) for name, shapes in STEPS.items()}
+    times = calibrate_step_times([(name, *board[name], RATE) for name in ("a", "b")], bandwidth_bytes_per_sec=BANDWIDTH)
+    assert times.matmul["aligned"].flops_per_sec == pytest.approx(RATE, rel=1e-6)
+    assert times.matmul["aligned"].sec_per_call == pytest.approx(PER_CALL, rel=1e-6)
+    assert times.matmul["unaligned"].flops_per_sec == pytest.approx(SLOW, rel=1e-6)
+    assert times.memory_factor == pytest.approx(1.5, rel=1e-6) and times.sec_per_kernel == pytest.approx(2e-6, rel=1e-6)
+    assert times.idle_sec_per_op == pytest.approx(1e-6, rel=1e-6) and times.calibrated_on == ("a", "b")
+    entry, traced = board["c"]
+    gpu, step = predict_calibrated_seconds(traced, times, fallback_flops_per_sec=RATE)
+    assert step == pytest.approx(entry["step_time_sec"]["median"], rel=1e-6)  # the view: no kernel, no seconds
+    assert [row[0] for row in profile_matmul_rows(entry)] == ["aligned", "aligned", "unaligned"]
+    with pytest.raises(ResacctError, match="expected at least two recorded steps"):
+        calibrate_step_times([("a", *board["a"], RATE)], bandwidth_bytes_per_sec=BANDWIDTH)
+
+
+def test_the_recorded_claim_never_reads_the_judged_steps_profile_or_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    board = {name: _board_step(*shapes) for name, shapes in STEPS.items()}
+    record = {"format": "resacct-gpu-record/1", "when": "2026-11-30T00:00:00+00:00", "board": "NVIDIA H200", "torch": "2.11.0+cu130",
+              "capability": "9.0", "dry_run": False, "serving": [], "library_probe": {}, "allocator_settings": {},
+              "ceilings": {"matmul": {"bf16": {"max_flops_per_sec": RATE}}, "copy": {"bandwidth_bytes_per_sec": BANDWIDTH},
+                           "launch": {"per_launch_sec": 5e-6}},
+              "steps": [{"name": name, "recipe": "bf16", "trace": [], "window_start": 0, "max_memory_allocated": 1, "max_memory_reserved": 1, **entry}
+                        for name, (entry, _) in board.items()]}
+
+    def write(path: Path, content: dict[str, Any]) -> str:
+        with gzip.open(path, "wt") as handle:
+            json.dump(content, handle)
+        return str(path)
+
+    monkeypatch.setattr(record_steps, "_prediction", lambda _record, step: (0, 0, board[step][1], "flash"))
+    first = write(tmp_path / "one-record.json.gz", record)
+    judged = record_steps.board_step_time_calibrated(first, "c", ["a", "b"])
+    assert judged.quantities["predicted_step_sec"] == pytest.approx(judged.measured, rel=1e-6)
+    assert judged.quantities["calibrated_on"] == "a, b" and "aligned" in judged.quantities["matmul_fits"]
+    # every number a plain Python float: xdist and report.json serialise them (a numpy float64 crashed a worker)
+    assert all(type(value) in (int, float, str, dict) for value in judged.quantities.values()), judged.quantities
+    assert type(judged.quantities["predicted_step_sec"]) is float
+    changed = json.loads(json.dumps(record))
+    changed["steps"][2]["ops"] = changed["steps"][0]["ops"]  # the judged step's own profile and time, replaced
+    changed["steps"][2]["step_time_sec"] = {"median": 9.0}
+    again = record_steps.board_step_time_calibrated(write(tmp_path / "two-record.json.gz", changed), "c", ["a", "b"])
+    assert again.quantities["predicted_step_sec"] == judged.quantities["predicted_step_sec"] and again.measured == 9.0
+    with pytest.raises(ResacctError, match="calibrate_on names 'c', the step judged"):
+        record_steps.board_step_time_calibrated(first, "c", ["a", "c"])
