@@ -49,6 +49,11 @@ SERVING_KINDS = (
 )
 
 
+#: the torch a recorded step's prediction needs: CUDA's flash attention kernel traced on meta (a meta kernel from 2.8; 2.4 has
+#: none) and transformers' models (5.x needs torch 2.6); the replays need no torch at all
+PREDICTION_TORCH = ">=2.8"
+
+
 def slug(text: str) -> str:
     """``gqa-llama/bf16/flash`` → ``gqa-llama-bf16-flash``."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
@@ -144,6 +149,8 @@ def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
                       f"    law: {law}"]
             if tolerance:
                 lines.append(f"    tolerance: {_flow(tolerance)}")
+            if measure != "gpu_recorded.board_step_replay":  # rebuilt on meta: CUDA's flash kernel has a meta kernel from torch 2.8
+                lines.append(f"    requires_torch: \"{PREDICTION_TORCH}\"")
             lines.append("    # threshold: issue 31's, set before the comparison" + (" (exact)" if tolerance is None else ""))
             lines.append("")
     return "\n".join(lines) + "\n"
