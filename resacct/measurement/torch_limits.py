@@ -52,7 +52,7 @@ def torch_limitation(error: BaseException) -> str | None:
         frames.append(traceback.tb_frame.f_code.co_name)
         traceback = traceback.tb_next
     for function, text, what in _KNOWN:
-        if function in frames[-3:] and text in str(error):
+        if function in frames[-3:] and (text in str(error) if text else not str(error).strip()):  # "": a bare assert only
             return f"torch {torch.__version__}'s {what}"
     return None
 
