@@ -12,7 +12,7 @@ from typing import Any, no_type_check
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpCost", "OpCostCounter", "OpCosts"]
+__all__ = ["OpCost", "OpCostCounter", "OpCosts", "CUBLAS_OP_NAMES"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class OpCost:
 _NO_KERNEL = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense"})
 #: cuBLAS's ops, and where their two operands sit in the arguments
 _MATMUL_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
+#: the aten ops (by name) that call cuBLAS: a ``Linear`` is ``addmm`` or ``mm`` by then
+CUBLAS_OP_NAMES = frozenset(_MATMUL_OPERANDS)
 
 
 def _leading(tensor: Any) -> int:

@@ -25,6 +25,7 @@ import torch
 
 from resacct.account.gpu.allocation_trace import AllocationRecorder
 from resacct.account.gpu.cuda_allocator_rules import AllocatorConfig
+from resacct.account.gpu.op_costs import CUBLAS_OP_NAMES
 from resacct.errors import ResacctError
 
 __all__ = ["WARMUP_STEPS", "WorkspaceRecorder", "predict_recorded_process"]
@@ -32,9 +33,6 @@ __all__ = ["WARMUP_STEPS", "WorkspaceRecorder", "predict_recorded_process"]
 #: the recorder's steps before the measured one (tools/gpu_record_step.py: the optimizer's state exists, the caches are warm)
 WARMUP_STEPS = 2
 
-_aten = torch.ops.aten
-#: the aten ops that call cuBLAS (a ``Linear`` is ``addmm`` or ``mm`` by then)
-_CUBLAS_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default})
 
 
 class WorkspaceRecorder(AllocationRecorder):
@@ -52,10 +50,11 @@ class WorkspaceRecorder(AllocationRecorder):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        if func in _CUBLAS_OPS and self.cublas_bytes:
+        name = func._overloadpacket.__name__
+        if name in CUBLAS_OP_NAMES and self.cublas_bytes:
             thread = "backward" if torch._C._current_autograd_node() is not None else "forward"
             self._workspace(f"cuBLAS ({thread} thread)", self.cublas_bytes)
-            if func is _aten.addmm.default and args[0].dim() == 1 and thread == "forward" and self.cublaslt_bytes:
+            if name == "addmm" and args[0].dim() == 1 and thread == "forward" and self.cublaslt_bytes:
                 self._workspace("cuBLASLt (a Linear with a bias)", self.cublaslt_bytes)
         return out
 

@@ -82,9 +82,14 @@ class CalibratedTimes:
     calibrated_on: tuple[str, ...]
 
     def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
-        *_, dtype, aligned = op.matmul  # type: ignore[misc]
-        fit = self.matmul.get(matmul_class(dtype, aligned))
-        return op.flops / fallback_flops_per_sec if fit is None else op.flops / fit.flops_per_sec + fit.sec_per_call
+        return _matmul_sec(self.matmul, op, fallback_flops_per_sec)
+
+
+def _matmul_sec(fits: dict[str, MatmulFit], op: OpCost, fallback_flops_per_sec: float) -> float:
+    """A cuBLAS call's seconds by its class's fit (the fallback rate where its class has none)."""
+    *_, dtype, aligned = op.matmul  # type: ignore[misc]
+    fit = fits.get(matmul_class(dtype, aligned))
+    return op.flops / fallback_flops_per_sec if fit is None else op.flops / fit.flops_per_sec + fit.sec_per_call
 
 
 def _fit_matmuls(rows: Iterable[tuple[str, int, int, float]]) -> dict[str, MatmulFit]:
@@ -101,17 +106,15 @@ def _fit_matmuls(rows: Iterable[tuple[str, int, int, float]]) -> dict[str, Matmu
     return fits
 
 
-def _kernel_parts(ops: list[OpCost], times: CalibratedTimes | None, matmul_fits: dict[str, MatmulFit], fallback: float,
-                  bandwidth: float) -> tuple[float, float, int]:
+def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float) -> tuple[float, float, int]:
     """(matmul and FLOP-bound seconds, other kernels' bytes ÷ bandwidth, other kernels) of a traced step."""
-    priced = CalibratedTimes(matmul_fits, 1.0, 0.0, 0.0, bandwidth, ()) if times is None else times
     compute = memory = 0.0
     kernels = 0
     for op in ops:
         if not op.kernel:
             continue
         if op.matmul is not None:
-            compute += priced.matmul_sec(op, fallback)
+            compute += _matmul_sec(matmul_fits, op, fallback)
         elif op.flops and op.flops / fallback >= op.bytes / bandwidth:  # attention and the like: FLOP-bound at the best rate
             compute += op.flops / fallback
         else:
@@ -129,7 +132,7 @@ def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], fl
     design, target, idle = [], [], []
     for _, entry, ops, fallback in steps:
         busy = sum(row["self_device_us"] for row in entry["ops"]) * 1e-6
-        compute, memory, kernels = _kernel_parts(ops, None, matmul, fallback, bandwidth_bytes_per_sec)
+        compute, memory, kernels = _kernel_parts(ops, matmul, fallback, bandwidth_bytes_per_sec)
         design.append([memory / busy, kernels / busy])
         target.append((busy - compute) / busy)
         idle.append((entry["step_time_sec"]["median"] - busy) / len(ops))
@@ -140,6 +143,6 @@ def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], fl
 
 def predict_calibrated_seconds(ops: list[OpCost], times: CalibratedTimes, *, fallback_flops_per_sec: float) -> tuple[float, float]:
     """(the kernels' seconds, the step's seconds: the kernels plus the host's idle per op) of a traced step."""
-    compute, memory, kernels = _kernel_parts(ops, times, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec)
+    compute, memory, kernels = _kernel_parts(ops, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec)
     gpu = compute + times.memory_factor * memory + times.sec_per_kernel * kernels
     return float(gpu), float(gpu + times.idle_sec_per_op * len(ops))
