@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               "steps": steps, "serving": serving, "ceilings": ceilings if ceilings is not None else {"error": status},
               "library_probe": library if library is not None else {"error": library_status}}
     with gzip.open(args.out / "gpu-record.json.gz", "wt") as handle:
-        json.dump(record, handle, separators=(",", ":"))
+        handle.write(json.dumps(record, separators=(",", ":")))  # json.dumps takes the C encoder (json.dump never does)
     failed = ([row["name"] for row in summary + serving_summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
               + ([] if library is not None else ["library probe"]))
     (args.out / "gpu-record-summary.json").write_text(json.dumps(

@@ -68,6 +68,7 @@ class AllocationRecorder(TorchDispatchMode):
                 self.track(value)
         return out
 
+    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def track(self, tensor: torch.Tensor) -> None:
         """Allocate ``tensor``'s storage now (once), free it when it dies."""
         storage = tensor.untyped_storage()

@@ -73,6 +73,7 @@ __all__ = ["AllocatorConfig", "CachingAllocatorModel", "CudaOutOfMemory", "Trace
            "KLARGE_BUFFER_BYTES", "KSMALL_BUFFER_BYTES"]
 
 
+@no_type_check  # per allocation and free of a traced step: ~10^5 checked calls a recorded step under the hook (docs/suite_time.md)
 class CachingAllocatorModel:
     """The allocator of one device: ``malloc(owner, size, stream)``, ``free(owner)``, ``empty_cache()``;
     the stats ``memory_allocated``/``memory_reserved`` report and their peaks; ``events`` as
@@ -93,7 +94,6 @@ class CachingAllocatorModel:
         self.timeline: list[tuple[int, int]] = []  # (allocated, reserved) after every malloc and free
 
     # ── stats ─────────────────────────────────────────────────────────────────────────────
-    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def _allocated(self, delta: int, owner: Hashable) -> None:
         self.allocated_bytes += delta
         self._history.append((owner, delta))
@@ -246,7 +246,6 @@ class CachingAllocatorModel:
         pool.insert(block)
         self.timeline.append((self.allocated_bytes, self.reserved_bytes))
 
-    @no_type_check  # called per element/block (tens of thousands of checked calls in the CI quick tier, docs/suite_time.md)
     def _try_merge(self, dst: Block, src: Block | None, pool: BlockPool) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 from torch import nn
@@ -129,6 +129,7 @@ class _CudaAttention(TorchFunctionMode):
         self.math_calls = 0  # grouped-query calls the memory-efficient kernel refuses: sdpa's math path
         self.refused: list[str] = []
 
+    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is not torch.nn.functional.scaled_dot_product_attention:
@@ -286,6 +287,7 @@ class _SdpaCalls(TorchFunctionMode):
         super().__init__()
         self.calls = 0
 
+    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.calls += 1

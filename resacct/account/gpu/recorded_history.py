@@ -19,7 +19,7 @@ library's workspaces allocated where cuBLAS allocates them — with CUDA's choic
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 
@@ -48,6 +48,7 @@ class WorkspaceRecorder(AllocationRecorder):
         self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
         self._made: set[str] = set()
 
+    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
         name = func._overloadpacket.__name__
@@ -58,6 +59,7 @@ class WorkspaceRecorder(AllocationRecorder):
                 self._workspace("cuBLASLt (a Linear with a bias)", self.cublaslt_bytes)
         return out
 
+    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def _workspace(self, name: str, size: int) -> None:
         if name not in self._made:
             self._made.add(name)
