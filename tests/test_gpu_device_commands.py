@@ -173,19 +173,20 @@ def test_infer_on_a_v100_runs_the_attention_sm70_has(config_path: str, weights: 
 def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path: str) -> None:
     """The prefill traced on meta (what ``infer --device`` feeds the allocator model) against the same
     prefill run for real on CPU tensors, both through the allocator model: the same peaks to the byte
-    (sdpa's math kernel on both sides: meta tensors take it when no CUDA kernel is chosen)."""
+    (sdpa's math kernel on both sides: meta tensors take it when no CUDA kernel is chosen; both allocating as CUDA's
+    kernels do where one op hides it — the mask added in place, ``_safe_softmax``'s temporaries: cuda_composites)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from resacct.account.gpu.allocation_trace import AllocationRecorder
     from resacct.account.gpu.command_answers import kv_prefill
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     spec = load_hf_config(config_path)
     ids = torch.zeros(2, 64, dtype=torch.long)
     predicted = predict_cuda_step_memory(build_hf_model(spec, device="meta").to(torch.bfloat16).eval(), ids, kv_prefill, None)
     real = build_hf_model(spec, device="cpu").to(torch.bfloat16).eval()
-    with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
+    with sdpa_kernel(SDPBackend.MATH), sdpa_routing(None), AllocationRecorder(device="cpu", cuda_kernels=True) as recorder:
         for tensor in [*real.parameters(), *real.buffers(), ids]:
             recorder.track(tensor)
         start = recorder.allocator.allocated_bytes
@@ -376,7 +377,7 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
 
     from resacct.account.gpu.allocation_trace import AllocationRecorder
     from resacct.account.gpu.command_answers import grouped_experts, kv_prefill
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     path = tmp_path / "mixtral.json"
@@ -386,7 +387,7 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
     assert batched.config._experts_implementation == "batched_mm"
     grouped = predict_cuda_step_memory(grouped_experts(build_hf_model(spec, device="meta")).to(torch.bfloat16).eval(), ids, kv_prefill, None)
     real = grouped_experts(build_hf_model(spec, device="cpu")).to(torch.bfloat16).eval()
-    with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
+    with sdpa_kernel(SDPBackend.MATH), sdpa_routing(None), AllocationRecorder(device="cpu", cuda_kernels=True) as recorder:
         for tensor in [*real.parameters(), *real.buffers(), ids]:
             recorder.track(tensor)
         recorder.start_window()

@@ -35,21 +35,33 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, in_sdpa_math
 from resacct.measurement.meta_op_cache import MetaOpCache
 
 __all__ = ["AllocationRecorder"]
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _same_layout(out: Any, source: Any) -> bool:
+    return (isinstance(out, torch.Tensor) and isinstance(source, torch.Tensor) and out.shape == source.shape and out.dtype == source.dtype
+            and out.stride() == source.stride())
 
 
 class AllocationRecorder(TorchDispatchMode):
     """Every new storage an op returns is allocated in ``allocator`` (a model of the CUDA caching
     allocator), freed when it dies. ``device`` (None: any) limits which storages count."""
 
-    def __init__(self, config: AllocatorConfig | None = None, *, device: str | None = None) -> None:
+    def __init__(self, config: AllocatorConfig | None = None, *, device: str | None = None, cuda_kernels: bool | None = None) -> None:
         super().__init__()
         self.allocator = CachingAllocatorModel(config)
         self.device = device
+        #: allocate as CUDA's kernels do where one op hides it (:mod:`~resacct.account.gpu.cuda_composites`); by default on meta
+        #: (a prediction), not over real tensors (what ran) — True there runs CPU tensors through CUDA's forms, to compare
+        self.cuda_kernels = device == "meta" if cuda_kernels is None else cuda_kernels
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._ids = itertools.count()
+        self._holders: dict[int, int] = {}  # per block, the storages that hold it (one, but where share_block gave it another)
         self.window_start = 0  # the trace entry where :meth:`start_window` was called
         # over meta tensors, a call seen before is answered without torch's Python meta kernel (the same storages made)
         self.op_cache = MetaOpCache() if device == "meta" else None
@@ -60,13 +72,32 @@ class AllocationRecorder(TorchDispatchMode):
     @no_type_check  # per op (26,788 checks in the CI quick tier) of hints that are all Any: nothing checked (docs/suite_time.md, session 7)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs) if self.op_cache is None else self.op_cache.call(func, args, kwargs)
+        composite = cuda_composite(func) if self.cuda_kernels else None  # CUDA's temporaries inside one op (a prediction)
+        if composite is not None:
+            out = composite(args, kwargs, self.track)
+        else:
+            out = func(*args, **kwargs) if self.op_cache is None else self.op_cache.call(func, args, kwargs)
         if self.costs is not None:
-            self.costs.record(func, args, kwargs, out, None if self.op_cache is None else self.op_cache.last_key)
-        for value in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device):
+            self.costs.record(func, args, kwargs, out, None if self.op_cache is None or composite is not None else self.op_cache.last_key)
+        if composite is None and func is _ADD and self.cuda_kernels and in_sdpa_math() and _same_layout(out, args[0]):
+            self.share_block(args[0], out)  # a GPU's math path adds the mask in place (cuda_composites)
+        on_host = host_outputs(func) if self.cuda_kernels else ()
+        for index, value in enumerate((out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]):
+            if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device) and index not in on_host:
                 self.track(value)
         return out
+
+    @no_type_check
+    def share_block(self, source: torch.Tensor, out: torch.Tensor) -> None:
+        """``out``'s storage takes ``source``'s block (no allocation: the op ran in place on a GPU); the block is freed when
+        both storages have died."""
+        owner = self._seen.get(source.untyped_storage())
+        storage = out.untyped_storage()
+        if owner is None or storage in self._seen:
+            return
+        self._seen[storage] = owner
+        self._holders[owner] += 1
+        weakref.finalize(storage, self._free, owner)
 
     @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
     def track(self, tensor: torch.Tensor) -> None:
@@ -76,13 +107,17 @@ class AllocationRecorder(TorchDispatchMode):
             return
         owner = next(self._ids)
         self._seen[storage] = owner
+        self._holders[owner] = 1
         self.allocator.malloc(owner, storage.nbytes())
         weakref.finalize(storage, self._free, owner)
 
     @no_type_check  # per freed storage (14,902 checks): owner is track's next(itertools.count()) (docs/suite_time.md, session 7)
     def _free(self, owner: int) -> None:
-        if owner in self.allocator.active:
-            self.allocator.free(owner)
+        self._holders[owner] -= 1
+        if self._holders[owner] == 0:
+            del self._holders[owner]
+            if owner in self.allocator.active:
+                self.allocator.free(owner)
 
     def start_window(self) -> None:
         """``torch.cuda.reset_peak_memory_stats()``: the peaks and the window start here."""

@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from resacct.account.gpu.allocation_trace import AllocationRecorder
 from resacct.account.gpu.cuda_allocator import AllocatorConfig
+from resacct.account.gpu.cuda_composites import sdpa_math_region
 from resacct.account.gpu.op_costs import OpCostCounter
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
@@ -152,7 +153,8 @@ class _CudaAttention(TorchFunctionMode):
             if self.forced:
                 raise ResacctError(f"{why}; expected attention='flash' (it takes the key/value heads as they are) or 'math'")
             self.math_calls += 1
-            return func(*args, **kwargs)  # sdpa's next choice: its math path, the key/value heads repeated
+            with sdpa_math_region():
+                return func(*args, **kwargs)  # sdpa's next choice: its math path, the key/value heads repeated
         if refusal is not None:
             self.refused.append(refusal)
         if self.kernel == "flash" and refusal is None:
@@ -291,6 +293,8 @@ class _SdpaCalls(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.calls += 1
+            with sdpa_math_region():  # on meta tensors: its math path
+                return func(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 

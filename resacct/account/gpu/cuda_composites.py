@@ -1,0 +1,112 @@
+"""Composite kernels whose CUDA run allocates temporaries that one op on meta tensors hides (issue 31).
+
+A dispatch mode sees an op once: an op with a ``CompositeExplicitAutograd`` kernel (one C++ function calling other
+ops) shows only its output to :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`, while on a GPU every
+op inside it allocates from the caching allocator. Where those temporaries are large, the reserved peak (the
+segments they make) depends on them; here such an op is run as its C++ does, each temporary tracked in order.
+
+``aten._safe_softmax`` (sdpa's math path: grouped-query attention where the memory-efficient kernel refuses it, or
+``attention="math"``). PyTorch's ``attention.cpp``::
+
+    auto out = at::softmax(self, dim, dtype);
+    const auto masked = self.isneginf();
+    const auto masked_rows = all(masked, dim, true);
+    const auto zero = at::scalar_tensor(0.0, ...);
+    return at::where_out(out, masked_rows, zero, out);   // reuse storage for out
+
+So a bool mask as large as the scores, its row mask and a 4-byte scalar live beside the softmax's output, freed in
+reverse order, and no second output is made. The H200 record of 2026-11-30 (torch 2.11, gqa-llama/fp32/math) shows
+exactly that per layer: ``alloc 268435456`` (the output), ``alloc 67108864`` (the mask), ``alloc 65536`` (the rows),
+``alloc 4``, then the frees 4, 65536, 67108864. (Older PyTorch compared with a ``-inf`` scalar tensor and returned a
+new ``where``: another output's bytes; the record is the evidence for the form modelled.)
+
+sdpa's math path adds the attention mask **in place** on a GPU (``attn.add_(*attn_mask)`` in
+``_scaled_dot_product_attention_math``) but out of place under any dispatch mode (``areAnyTensorSubclassLike`` is true
+while a ``TorchDispatchMode`` is on: ``attn = attn.add(*attn_mask)``), so traced on meta the scores are allocated twice.
+Inside :func:`sdpa_math_region` (the routing modes of :mod:`~resacct.account.gpu.cuda_step` open it around a call
+that takes the math path) the recorder gives that ``add``'s output the scores' block (:func:`in_sdpa_math`): the same
+record shows one 268 MB scores block per layer where the trace on meta had two.
+
+And the other way: outputs a meta kernel makes on the device that CUDA makes on the host (:func:`host_outputs`). The
+memory-efficient attention's philox ``seed`` and ``offset`` are CPU scalars on a GPU outside CUDA-graph capture
+(``_efficient_attention_forward``: ``at::empty({}, at::dtype(at::kLong))`` without dropout, ``at::scalar_tensor`` of
+the unpacked philox state with it); its meta kernel puts them on meta. The H200 record's efficient-attention steps
+show no 8-byte blocks per layer; traced on meta each layer had two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math"]
+
+Track = Callable[[torch.Tensor], None]
+
+
+def _safe_softmax(args: tuple, kwargs: dict, track: Track) -> torch.Tensor:
+    names = ("self", "dim", "dtype")
+    given = dict(zip(names, args)) | kwargs
+    scores, dim, dtype = given["self"], given["dim"], given.get("dtype")
+    out = torch.ops.aten.softmax.int(scores, dim, dtype)
+    track(out)
+    masked = torch.ops.aten.isneginf.default(scores)
+    track(masked)
+    masked_rows = torch.ops.aten.all.dim(masked, dim, True)
+    track(masked_rows)
+    zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=out.dtype, device=out.device)
+    track(zero)
+    torch.ops.aten.where.self_out(masked_rows, zero, out, out=out)
+    del zero, masked_rows, masked  # C++ destroys its locals in reverse order
+    return out
+
+
+def _ops(named: dict[str, Any]) -> dict[Any, Any]:
+    """``named`` keyed by the aten overloads this torch has (``_safe_softmax`` arrived in 2.5)."""
+    found = {}
+    for name, value in named.items():
+        packet, _, overload = name.partition(".")
+        if hasattr(torch.ops.aten, packet):
+            found[getattr(getattr(torch.ops.aten, packet), overload)] = value
+    return found
+
+
+_COMPOSITES: dict[Any, Callable[[tuple, dict, Track], Any]] = _ops({"_safe_softmax.default": _safe_softmax})
+
+
+def cuda_composite(func: Any) -> Callable[[tuple, dict, Track], Any] | None:
+    """How CUDA runs ``func`` op by op (``(args, kwargs, track) -> out``, each temporary given to ``track`` as it is
+    made), or None where one op's output is all it allocates."""
+    return _COMPOSITES.get(func)
+
+
+_HOST_OUTPUTS: dict[Any, tuple[int, ...]] = _ops({"_scaled_dot_product_efficient_attention.default": (2, 3)})
+
+
+def host_outputs(func: Any) -> tuple[int, ...]:
+    """The positions of ``func``'s outputs that CUDA makes on the host, not the device (none for most ops)."""
+    return _HOST_OUTPUTS.get(func, ())
+
+
+_REGION = threading.local()
+
+
+@contextlib.contextmanager
+def sdpa_math_region() -> Iterator[None]:
+    """While open (on this thread), an ``F.scaled_dot_product_attention`` call runs sdpa's math path: its mask's ``add``
+    is the in-place one of a GPU (:func:`in_sdpa_math`)."""
+    depth = getattr(_REGION, "depth", 0)
+    _REGION.depth = depth + 1
+    try:
+        yield
+    finally:
+        _REGION.depth = depth
+
+
+def in_sdpa_math() -> bool:
+    """Whether an sdpa math call is running on this thread (:func:`sdpa_math_region`)."""
+    return getattr(_REGION, "depth", 0) > 0
