@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
                         help="records of one board from several device calls, oldest first: one record (and summary) into --out")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
+    parser.add_argument("--wheels", type=Path, metavar="DIR", help="run the steps with these wheels (tools/gpu_record_wheels.py: "
+                        "this machine's transformers, carried to the board)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
@@ -180,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         print("gpu_record.py: no --out and no $OUT; expected a folder to write into", file=sys.stderr)
         return 2
+    if args.wheels is not None and not args.wheels.is_dir():
+        print(f"gpu_record.py: --wheels {args.wheels}: not a folder; expected the one tools/gpu_record_wheels.py --download filled", file=sys.stderr)
+        return 2
     if not args.dry_run:
         import torch
         if not torch.cuda.is_available():
@@ -188,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    wheels = None
+    if args.wheels is not None:
+        from gpu_record_wheels import install
+
+        site, wheels = install(args.wheels, env)
+        print(json.dumps({"wheels": wheels}), flush=True)
+        if site is not None:  # every step's process, and the header's versions (importlib.metadata reads sys.path in order)
+            env["PYTHONPATH"] = os.pathsep.join([site, env["PYTHONPATH"]])
+            sys.path.insert(0, site)
     steps, summary, serving, serving_summary = [], [], [], []
     with open(args.out / "gpu-record.log", "w") as log:
         log.write("== library probe\n")
@@ -226,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
               "steps": steps, "serving": serving, "ceilings": ceilings if ceilings is not None else {"error": status},
-              "library_probe": library if library is not None else {"error": library_status}}
+              "library_probe": library if library is not None else {"error": library_status}, **({"wheels": wheels} if wheels else {})}
     with gzip.open(args.out / "gpu-record.json.gz", "wt") as handle:
         handle.write(json.dumps(record, separators=(",", ":")))  # json.dumps takes the C encoder (json.dump never does)
     failed = ([row["name"] for row in summary + serving_summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
