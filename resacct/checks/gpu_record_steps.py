@@ -47,16 +47,23 @@ def board_step_replay(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the recorded step, beside the same peak of the allocator
     model replaying the step's recorded allocations and frees; ``replay_exact``: every segment event and
     every block's place matched too (``first_mismatch`` says where not)."""
-    from resacct.account.gpu.record import replay_step
-
     field = peak_field(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
-    result = replay_step(entry, entry.get("allocator_settings"))
+    result = _replayed_step(record, step, record_path(record).stat().st_mtime_ns)
     replayed = result.peak_allocated_bytes if peak == "allocated" else result.peak_reserved_bytes
     return Outcome(measured=entry[field], predicted=replayed, quantities={
         "replayed_bytes": replayed, "replay_exact": result.holds, "first_mismatch": result.first_segment_mismatch or result.first_misplaced_block,
         "segment_events": result.segment_events, **record_source(record, data)})
+
+
+@shared_measurement
+def _replayed_step(record: str, step: str, mtime_ns: int) -> Any:
+    """The recorded step's trace replayed through the allocator model: its allocated and reserved claims replay it once."""
+    from resacct.account.gpu.record import replay_step
+
+    entry = board_record_step(record, read_board_record(record), step)
+    return replay_step(entry, entry.get("allocator_settings"))
 
 
 @shared_measurement
