@@ -24,6 +24,7 @@ import gpu_record_serve  # noqa: E402
 import gpu_record_step  # noqa: E402
 
 from resacct.account.gpu.board_record import ceilings_in_brief  # noqa: E402
+from tests.fake_wheel import make_wheel  # noqa: E402
 from resacct.account.gpu.record import check_record_layout  # noqa: E402
 
 #: one step of each model family and of each recipe kind: the slow test's dry run
@@ -71,8 +72,10 @@ same_dry_run = pytest.mark.xdist_group("gpu-record-dry-run")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     pytest.importorskip("transformers")  # the HF steps build models (torch 2.4: transformers 5.x cannot)
     out = tmp_path_factory.mktemp("gpu-record-out")
+    wheels = tmp_path_factory.mktemp("wheels")  # the device run's --wheels path, with a wheel made here (a device carries transformers')
+    make_wheel(wheels)
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", ",".join(DRY_STEPS + DRY_SERVING), "--step-limit", "240",
-                           "--budget", "1500"], cwd=REPO, capture_output=True, text=True, timeout=1600)
+                           "--budget", "1500", "--wheels", str(wheels)], cwd=REPO, capture_output=True, text=True, timeout=1600)
     return done, out
 
 
@@ -85,6 +88,7 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     record = json.loads(gzip.open(out / "gpu-record.json.gz", "rt").read())
     assert check_record_layout(record) == []
     assert record["dry_run"] is True and [step["name"] for step in record["steps"]] == DRY_STEPS
+    assert record["wheels"].startswith("installed resacct_wheel_probe-0.1-py3-none-any.whl (transformers ")  # every step ran with them
     for step in record["steps"]:
         assert step["trace_complete"] and step["trace"][0][0] == "segment_alloc"
         assert 0 < step["window_start"] < len(step["trace"])

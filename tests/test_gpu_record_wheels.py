@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,23 +18,12 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import gpu_record_wheels  # noqa: E402
 
-
-def _wheel(folder: Path, name: str = "resacct_wheel_probe", version: str = "0.1") -> Path:
-    """A minimal pure-Python wheel (one module), as ``pip wheel`` would lay it out."""
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    info = f"{name}-{version}.dist-info"
-    files = {f"{name}.py": "ANSWER = 42\n", f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: resacct-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    files[f"{info}/RECORD"] = "".join(f"{file},,\n" for file in files) + f"{info}/RECORD,,\n"
-    with zipfile.ZipFile(path, "w") as archive:
-        for file, text in files.items():
-            archive.writestr(file, text)
-    return path
+from tests.fake_wheel import make_wheel  # noqa: E402
 
 
 def test_wheels_are_installed_beside_the_image_and_named_in_what_happened(tmp_path: Path) -> None:
     pytest.importorskip("transformers")  # the install is checked by importing transformers with the folder first
-    _wheel(tmp_path)
+    make_wheel(tmp_path)
     site, status = gpu_record_wheels.install(tmp_path, dict(os.environ))
     assert site is not None and status.startswith("installed resacct_wheel_probe-0.1-py3-none-any.whl (transformers ")
     assert (Path(site) / "resacct_wheel_probe.py").read_text() == "ANSWER = 42\n"
