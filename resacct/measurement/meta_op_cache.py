@@ -127,7 +127,7 @@ def _handling(func: Any) -> str:
     return _CACHE
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _flat_arguments(args: tuple, kwargs: dict) -> list:
     """The arguments, lists and tuples opened one level (an aten schema nests no deeper), kwargs' values by name."""
     flat: list[Any] = []
@@ -148,12 +148,12 @@ def _flat_arguments(args: tuple, kwargs: dict) -> list:
     return flat
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _plain_meta(value: torch.Tensor) -> bool:
     return value.device.type == "meta" and value.layout is torch.strided and type(value) in (torch.Tensor, torch.nn.Parameter)
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _key_of(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if not _plain_meta(value):
@@ -164,7 +164,7 @@ def _key_of(value: Any) -> Any:
     raise _Uncacheable
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _entry_of(out: Any, flat_inputs: list, key: Any) -> Any:
     """What to make on a hit, or False (never answer this call from the cache)."""
     try:
@@ -196,7 +196,7 @@ def _entry_of(out: Any, flat_inputs: list, key: Any) -> Any:
     return (spec, tuple(made))
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _made_again(entry: tuple, flat_inputs: list) -> Any:
     spec, made = entry
     leaves = []
@@ -210,13 +210,13 @@ def _made_again(entry: tuple, flat_inputs: list) -> Any:
     return tree_unflatten(leaves, spec)
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _storage_id(tensor: torch.Tensor) -> int:
     """The storage's identity (its ``_cdata``: one number per storage, shared by its views)."""
     return tensor.untyped_storage()._cdata
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _empty_strided_nbytes(tensor: torch.Tensor) -> int:
     if any(size == 0 for size in tensor.shape):
         return 0

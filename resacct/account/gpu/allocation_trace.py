@@ -99,7 +99,7 @@ class AllocationRecorder(TorchDispatchMode):
         self._holders[owner] += 1
         weakref.finalize(storage, self._free, owner)
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def track(self, tensor: torch.Tensor) -> None:
         """Allocate ``tensor``'s storage now (once), free it when it dies."""
         storage = tensor.untyped_storage()

@@ -42,12 +42,12 @@ class AllocatorConfig:
     expandable_large_page_bytes: int = KLARGE_BUFFER_BYTES
 
     @property
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def max_split(self) -> int:
         return UNLIMITED if self.max_split_size_bytes is None else self.max_split_size_bytes
 
 
-@no_type_check  # made per block, event or op of a traced step (hundreds of thousands under the hook, docs/suite_time.md)
+@no_type_check  # made per block, event or op of a traced step (docs/suite_time.md, session 24)
 @dataclass(eq=False)
 class Block:
     """A range of a segment: handed out (``allocated``), cached free, or (expandable) unmapped."""
@@ -72,7 +72,7 @@ class Block:
         return self.prev is not None or self.next is not None
 
 
-@no_type_check  # made per block, event or op of a traced step (hundreds of thousands under the hook, docs/suite_time.md)
+@no_type_check  # made per block, event or op of a traced step (docs/suite_time.md, session 24)
 @dataclass(frozen=True)
 class TraceEvent:
     """One of ``record_trace``'s actions, as ``torch.cuda.memory._snapshot()['device_traces']`` has them."""
@@ -83,7 +83,7 @@ class TraceEvent:
     stream: int
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def round_size(size: int) -> int:
     """``round_size``: 512 bytes at least, else the next multiple of 512.
 
@@ -95,7 +95,7 @@ def round_size(size: int) -> int:
     return KMIN_BLOCK_BYTES if size < KMIN_BLOCK_BYTES else -(-size // KMIN_BLOCK_BYTES) * KMIN_BLOCK_BYTES
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def allocation_size(rounded: int) -> int:
     """``get_allocation_size``: the segment ``cudaMalloc`` gets when no cached block fits.
 
@@ -119,13 +119,13 @@ class BlockPool:
         self.unmapped: list[tuple[int, int]] = []
         self.unmapped_by_key: dict[tuple[int, int], Block] = {}
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def insert(self, block: Block) -> None:
         key = block.key()
         bisect.insort(self.blocks, key)
         self.by_key[key] = block
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def erase(self, block: Block) -> None:
         key = block.key()
         del self.blocks[bisect.bisect_left(self.blocks, key)]

@@ -50,7 +50,7 @@ FLOAT32 = frozenset({
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put", "scatter_add", "tensordot"})
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def autocast_policy(name: str) -> str | None:
     """``"lower"``, ``"float32"``, ``"float32-dtype"``, ``"promote"`` or None (run as is) for a function's name."""
     if name in LOWER_PRECISION:
@@ -64,7 +64,7 @@ def autocast_policy(name: str) -> str | None:
     return None
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _eligible(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64
 
@@ -85,7 +85,7 @@ class CudaAutocast(TorchFunctionMode):
         self._cache.clear()  # autocast's exit clears the cast cache (the casts autograd saved live on there)
         return super().__exit__(*exc)
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
         if not _eligible(value) or value.dtype == dtype:
             return value
@@ -98,7 +98,7 @@ class CudaAutocast(TorchFunctionMode):
             self._cache[id(value)] = (value, cast)
         return cast
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         policy = autocast_policy(getattr(func, "__name__", ""))
@@ -119,7 +119,7 @@ class CudaAutocast(TorchFunctionMode):
         args, kwargs = self._cast_all((args, kwargs), self.dtype if policy == "lower" else torch.float32)
         return func(*args, **kwargs)
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def _cast_all(self, tree: Any, dtype: torch.dtype) -> Any:
         """Every argument cast, the **last first**: the C++ kernels cast their arguments in one call
         expression, which GCC (the CUDA wheels' compiler) evaluates right to left — the order of the

@@ -130,7 +130,7 @@ class _CudaAttention(TorchFunctionMode):
         self.math_calls = 0  # grouped-query calls the memory-efficient kernel refuses: sdpa's math path
         self.refused: list[str] = []
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is not torch.nn.functional.scaled_dot_product_attention:
@@ -289,7 +289,7 @@ class _SdpaCalls(TorchFunctionMode):
         super().__init__()
         self.calls = 0
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.calls += 1

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["OpCost", "OpCostCounter", "OpCosts", "CUBLAS_OP_NAMES"]
 
 
-@no_type_check  # made per block, event or op of a traced step (hundreds of thousands under the hook, docs/suite_time.md)
+@no_type_check  # made per block, event or op of a traced step (docs/suite_time.md, session 24)
 @dataclass(frozen=True)
 class OpCost:
     op: str
@@ -35,13 +35,13 @@ _MATMUL_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1,
 CUBLAS_OP_NAMES = frozenset(_MATMUL_OPERANDS)
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _leading(tensor: Any) -> int:
     """The leading dimension cuBLAS is given for a matrix (or a batch of them): the larger of its last two strides."""
     return int(max(tensor.stride()[-2:]))
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _matmul_shape(name: str, args: tuple) -> tuple[int, int, int, str, bool] | None:
     """(rows, columns, inner, dtype, aligned) of a cuBLAS op's call (``bmm``'s batch folded into the rows); None for any other op.
     A transposed operand's leading dimension is its rows (GPT-2's 50,257 × 4,096 weight gradient: unaligned)."""
@@ -54,7 +54,7 @@ def _matmul_shape(name: str, args: tuple) -> tuple[int, int, int, str, bool] | N
     return int(rows), int(right.shape[-1]), int(left.shape[-1]), str(left.dtype).removeprefix("torch."), aligned
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _tensor_bytes(value: Any) -> int:
     """The bytes of the tensors in one argument or output: a tensor, or the tensors in a list or tuple (and in
     theirs: a fused optimizer returns a tuple of lists), anything else none."""

@@ -48,7 +48,7 @@ class WorkspaceRecorder(AllocationRecorder):
         self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
         self._made: set[str] = set()
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
         name = func._overloadpacket.__name__
@@ -59,7 +59,7 @@ class WorkspaceRecorder(AllocationRecorder):
                 self._workspace("cuBLASLt (a Linear with a bias)", self.cublaslt_bytes)
         return out
 
-    @no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+    @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def _workspace(self, name: str, size: int) -> None:
         if name not in self._made:
             self._made.add(name)

@@ -37,7 +37,7 @@ __all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "profile_matmul_rows"
 _FP32_NAMES = frozenset({"float", "float32", "Float"})
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def matmul_class(dtype: str, aligned: bool) -> str:
     """``fp32``, ``aligned`` (a 16-bit matmul whose leading dimensions are multiples of 8) or ``unaligned``."""
     if dtype in _FP32_NAMES:
@@ -86,7 +86,7 @@ class CalibratedTimes:
         return _matmul_sec(self.matmul, op, fallback_flops_per_sec)
 
 
-@no_type_check  # per op or block of a traced step (tens of thousands of checked calls a recorded step under the hook, docs/suite_time.md)
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
 def _matmul_sec(fits: dict[str, MatmulFit], op: OpCost, fallback_flops_per_sec: float) -> float:
     """A cuBLAS call's seconds by its class's fit (the fallback rate where its class has none)."""
     *_, dtype, aligned = op.matmul  # type: ignore[misc]

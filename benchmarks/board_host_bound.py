@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Where a recorded step's time goes, host or GPU, from a board record's own profile (issue 31: docs/gpu.md "Where the
+host binds"). Per training step: the board's median step time, the sum of its kernels' ``self_device_us`` (the GPU
+busy), the top-level aten ops' CPU time under the profiler (the host; the profiler inflates it), their calls, and the ops
+that wait for the device (``nonzero``, ``is_nonzero``, ``cumsum`` of a grouped matmul's offsets …; ``item`` of the
+optimizer's host-side step counts waits for nothing). Nothing is predicted: the record alone.
+
+    python benchmarks/board_host_bound.py                                  # the committed H200 record
+    python benchmarks/board_host_bound.py --record docs/gpu/<date>-<board>-record.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RECORD = "docs/gpu/2026-11-30-h200-record.json.gz"
+#: aten ops in a profile that may make the host wait for the device (their count per step)
+DEVICE_WAITING = ("aten::nonzero", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::equal", "aten::unique",
+                  "aten::repeat_interleave", "aten::cumsum")
+
+
+def host_and_gpu(step: dict[str, Any]) -> dict[str, Any]:
+    """One recorded step's times in milliseconds and its device-waiting ops, from its profile rows."""
+    ops = step["ops"]
+    waiting: dict[str, int] = {}
+    for row in ops:
+        if row["name"] in DEVICE_WAITING:
+            waiting[row["name"].removeprefix("aten::")] = waiting.get(row["name"].removeprefix("aten::"), 0) + row["calls"]
+    busy_ms = sum(row["self_device_us"] for row in ops) / 1e3
+    host_ms = sum(row["cpu_us"] for row in ops if row["top_level"]) / 1e3
+    return {"name": step["name"], "step_ms": step["step_time_sec"]["median"] * 1e3, "gpu_busy_ms": busy_ms, "host_ms": host_ms,
+            "top_level_calls": sum(row["calls"] for row in ops if row["top_level"]), "waiting": waiting,
+            "binds": "host" if host_ms > busy_ms else "GPU"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", default=DEFAULT_RECORD, help=f"a board record (default {DEFAULT_RECORD})")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from resacct.account.gpu.board_record import read_board_record
+    from resacct.errors import ResacctError
+
+    try:
+        data = read_board_record(args.record)
+    except ResacctError as error:
+        print(f"board_host_bound.py: {error}", file=sys.stderr)
+        return 2
+    print(f"{data['board']}, {data['when']}: {args.record}")
+    print(f"{'step':48s} {'board step':>10s} {'GPU busy':>9s} {'host':>9s} {'calls':>6s}  binds  device-waiting ops")
+    for step in data["steps"]:
+        if "ops" not in step:
+            print(f"{step['name']:48s} (not recorded: {step.get('error', 'no profile')})")
+            continue
+        row = host_and_gpu(step)
+        waiting = ", ".join(f"{count} {name}" for name, count in sorted(row["waiting"].items()))
+        print(f"{row['name']:48s} {row['step_ms']:8.2f} ms {row['gpu_busy_ms']:6.2f} ms {row['host_ms']:6.2f} ms {row['top_level_calls']:6,d}"
+              f"  {row['binds']:5s}  {waiting}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
