@@ -35,17 +35,10 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
-from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, in_sdpa_math
+from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
 from resacct.measurement.meta_op_cache import MetaOpCache
 
 __all__ = ["AllocationRecorder"]
-
-_ADD = torch.ops.aten.add.Tensor
-
-
-def _same_layout(out: Any, source: Any) -> bool:
-    return (isinstance(out, torch.Tensor) and isinstance(source, torch.Tensor) and out.shape == source.shape and out.dtype == source.dtype
-            and out.stride() == source.stride())
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -79,7 +72,7 @@ class AllocationRecorder(TorchDispatchMode):
             out = func(*args, **kwargs) if self.op_cache is None else self.op_cache.call(func, args, kwargs)
         if self.costs is not None:
             self.costs.record(func, args, kwargs, out, None if self.op_cache is None or composite is not None else self.op_cache.last_key)
-        if composite is None and func is _ADD and self.cuda_kernels and in_sdpa_math() and _same_layout(out, args[0]):
+        if composite is None and self.cuda_kernels and mask_added_in_place(func, args, out):
             self.share_block(args[0], out)  # a GPU's math path adds the mask in place (cuda_composites)
         on_host = host_outputs(func) if self.cuda_kernels else ()
         for index, value in enumerate((out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]):

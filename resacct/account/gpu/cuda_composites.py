@@ -39,11 +39,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, no_type_check
 
 import torch
 
-__all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math"]
+__all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math", "mask_added_in_place"]
 
 Track = Callable[[torch.Tensor], None]
 
@@ -96,13 +96,21 @@ _REGION = threading.local()
 
 
 @contextlib.contextmanager
-def sdpa_math_region() -> Iterator[None]:
+def sdpa_math_region(query: torch.Tensor | None = None) -> Iterator[None]:
     """While open (on this thread), an ``F.scaled_dot_product_attention`` call runs sdpa's math path: its mask's ``add``
-    is the in-place one of a GPU (:func:`in_sdpa_math`)."""
+    is the in-place one of a GPU (:func:`in_sdpa_math`). On meta tensors sdpa chooses its math path itself; on any other
+    ``query`` (the fake CPU tensors of ``shard --device``) the math backend is forced (``sdpa_kernel(MATH)``): the CPU's
+    own choice, its flash kernel, never builds the scores a GPU's math path does."""
     depth = getattr(_REGION, "depth", 0)
     _REGION.depth = depth + 1
     try:
-        yield
+        if query is None or query.device.type == "meta":
+            yield
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                yield
     finally:
         _REGION.depth = depth
 
@@ -110,3 +118,17 @@ def sdpa_math_region() -> Iterator[None]:
 def in_sdpa_math() -> bool:
     """Whether an sdpa math call is running on this thread (:func:`sdpa_math_region`)."""
     return getattr(_REGION, "depth", 0) > 0
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+@no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
+def mask_added_in_place(func: Any, args: tuple, out: Any) -> bool:
+    """Whether ``func`` is sdpa's math path adding the attention mask to the scores (:func:`in_sdpa_math`), which a GPU does
+    in place: ``out`` then takes the scores' block, no allocation of its own."""
+    if func is not _ADD or not in_sdpa_math():
+        return False
+    source = args[0]
+    return (isinstance(out, torch.Tensor) and isinstance(source, torch.Tensor) and out.shape == source.shape and out.dtype == source.dtype
+            and out.stride() == source.stride())

@@ -153,7 +153,7 @@ class _CudaAttention(TorchFunctionMode):
             if self.forced:
                 raise ResacctError(f"{why}; expected attention='flash' (it takes the key/value heads as they are) or 'math'")
             self.math_calls += 1
-            with sdpa_math_region():
+            with sdpa_math_region(query):
                 return func(*args, **kwargs)  # sdpa's next choice: its math path, the key/value heads repeated
         if refusal is not None:
             self.refused.append(refusal)
@@ -293,7 +293,8 @@ class _SdpaCalls(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.nn.functional.scaled_dot_product_attention:
             self.calls += 1
-            with sdpa_math_region():  # on meta tensors: its math path
+            query = args[0] if args else (kwargs or {}).get("query")
+            with sdpa_math_region(query):  # its math path (meta tensors' own choice, forced on fake CPU ones)
                 return func(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 

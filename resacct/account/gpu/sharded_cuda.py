@@ -12,7 +12,13 @@ one more listener:
   outside the caching allocator); the window (``reset_peak_memory_stats``) starts at the forward,
   after the optimizer's state exists;
 - the optimizer takes its foreach implementation, CUDA's default (fake CPU tensors would get the
-  for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise;
+  for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise, and where
+  that kernel refuses a call (grouped-query attention off flash) to sdpa's **math path** as a GPU falls to
+  it — forced (``sdpa_kernel(MATH)``): on fake CPU tensors sdpa's own choice is the CPU's flash kernel;
+- each op allocates as CUDA's kernel does (:mod:`~resacct.account.gpu.cuda_composites`, the forms
+  :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder` takes on meta): ``_safe_softmax``'s
+  temporaries, the math path's mask added in place (the scores' block), the efficient kernel's philox
+  seed and offset on the host;
 - each rank is its own process, so it takes the cuBLAS/cuBLASLt workspaces of
   :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (from PyTorch's source, confirmed on
   an H200 for sm90) as a one-process step does: one for the forward's thread, one for autograd's backward thread,
@@ -28,10 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any
+from typing import Any, no_type_check
+
+from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
+from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
 from resacct.account.peak.sharded import ShardedStorageTracker
+from resacct.account.peak.tracker import KIND_BY_PHASE
 from resacct.errors import ResacctError
 
 __all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE", "workspaces_line"]
@@ -42,34 +52,79 @@ STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-s
 
 class CudaShardedTracker(ShardedStorageTracker):
     """:class:`~resacct.account.peak.sharded.ShardedStorageTracker` whose storages are also
-    allocations of a caching allocator model (``allocator``)."""
+    allocations of a caching allocator model (``allocator``), each op allocating as CUDA's kernel does
+    (:mod:`~resacct.account.gpu.cuda_composites`, as :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`
+    on meta): a composite's temporaries, outputs CUDA keeps on the host, sdpa's math path adding the mask in place."""
 
     def __init__(self) -> None:
         super().__init__()
         self.allocator = CachingAllocatorModel()
-        self._owners: dict[int, int] = {}  # id(the tracker's entry) -> the allocator's owner
+        self._owners: dict[int, int] = {}  # id(the tracker's entry) -> the allocator's owner (-1: on the host)
+        self._holders: dict[int, int] = {}  # per owner, the entries that hold its block (one, but where an op ran in place)
+        self._preset: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a storage the last op made -> the owner it takes (-1: host)
         self._ids = itertools.count()
         self.window: tuple[int, int] | None = None  # allocated and reserved bytes when the forward began
 
+    @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
+    def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
+        composite = cuda_composite(func)
+        if composite is not None:
+            return composite(args, kwargs, self._temporary)
+        out = func(*args, **kwargs)
+        if mask_added_in_place(func, args, out):
+            owner = self._owner_of(args[0].untyped_storage())
+            if owner is not None and owner != -1:
+                self._preset[out.untyped_storage()] = owner
+        for index in host_outputs(func):
+            self._preset[out[index].untyped_storage()] = -1
+        return out
+
+    @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
+    def _temporary(self, tensor: Any) -> None:
+        """A tensor a composite made (its output or a temporary): allocated now, freed when it dies."""
+        storage = tensor.untyped_storage()
+        if storage not in self._live and storage.nbytes() > 0:
+            self._add(storage, KIND_BY_PHASE.get(self.phase, "other"))
+
+    def _owner_of(self, storage: Any) -> int | None:
+        entry = self._live.get(storage)
+        return None if entry is None else self._owners.get(id(entry))
+
+    @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def _malloc(self, entry: list) -> None:
         if entry[0] > 0 and id(entry) not in self._owners:
             owner = next(self._ids)
             self._owners[id(entry)] = owner
+            self._holders[owner] = 1
             self.allocator.malloc(owner, int(entry[0]))
 
+    @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def _release(self, entry: list | None, *, dying: bool = False) -> None:
-        """The entry's block back to the allocator model; a host tensor's entry (owner -1) stays
-        marked until it dies."""
+        """The entry's hold on its block given back (the block freed once no entry holds it); a host tensor's entry
+        (owner -1) stays marked until it dies."""
         owner = None if entry is None else self._owners.get(id(entry))
         if owner is None or (owner == -1 and not dying):
             return
         del self._owners[id(entry)]  # type: ignore[arg-type]
-        if owner != -1 and owner in self.allocator.active:
-            self.allocator.free(owner)
+        if owner == -1:
+            return
+        self._holders[owner] -= 1
+        if self._holders[owner] == 0:
+            del self._holders[owner]
+            if owner in self.allocator.active:
+                self.allocator.free(owner)
 
+    @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def _add(self, storage: Any, kind: str, nbytes: int | None = None) -> None:
         super()._add(storage, kind, nbytes)
-        self._malloc(self._live[storage])
+        entry = self._live[storage]
+        preset = self._preset.pop(storage, None)
+        if preset is not None and (preset == -1 or preset in self._holders):  # on the host, or the scores' block (the mask added in place)
+            self._owners[id(entry)] = preset
+            if preset != -1:
+                self._holders[preset] += 1
+        else:
+            self._malloc(entry)
 
     def _drop(self, entry: list) -> None:
         self._release(entry, dying=True)

@@ -241,7 +241,7 @@ class LiveStorageTracker(TorchDispatchMode):
                 if self.op_record is not None:
                     self.op_record.calls.append(dispatched_call(func, args, out))
                 return out
-        out = func(*args, **kwargs)
+        out = self._call(func, args, kwargs)
         if self.op_record is not None:
             self.op_record.calls.append(dispatched_call(func, args, out))
         if self._pending_scalars:
@@ -276,6 +276,11 @@ class LiveStorageTracker(TorchDispatchMode):
                     self.event_log.changed("a matmul too large to probe")
             self._observe(name, wrapped, workspace, scratchpad or 0)
         return out
+
+    @no_type_check  # per-op hot path: the tests' type-check hook would cost more than the op (docs/suite_time.md)
+    def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run one op of the step (a subclass may run it as another device's kernel does: ``shard --device``'s CUDA forms)."""
+        return func(*args, **kwargs)
 
     def skip_next_detach(self, tensor: torch.Tensor) -> None:
         """Leave out the next op when it detaches ``tensor``'s storage: autograd detaches what a
