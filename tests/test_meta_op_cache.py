@@ -154,10 +154,13 @@ def test_the_cuda_allocator_pass_predicts_the_same_with_and_without_the_cache(mo
         inputs = default_inputs(model, batch=2, seq=16, device="meta")
         loss = lambda module, batch: loss_of_output(call_model(module, batch), "model")  # noqa: E731
     made: list[MetaOpCache] = []
-    monkeypatch.setattr(allocation_trace, "MetaOpCache", lambda: made.append(MetaOpCache()) or made[-1])
+    monkeypatch.setattr(allocation_trace, "shared_meta_cache", lambda: made[0] if made else made.append(MetaOpCache()) or made[0])
     cached = predict_cuda_step_memory(model, inputs, loss, cuda_adamw, attention=attention)
     assert made[0].hits > made[0].misses > 0  # the layers' calls were answered from the cache
-    monkeypatch.setattr(allocation_trace, "MetaOpCache", _NoCache)
+    misses = made[0].misses
+    assert predict_cuda_step_memory(model, inputs, loss, cuda_adamw, attention=attention) == cached  # a second pass, the process's cache warm
+    assert made[0].misses == misses  # every call answered by what the first pass made
+    monkeypatch.setattr(allocation_trace, "shared_meta_cache", _NoCache)
     assert cached == predict_cuda_step_memory(model, inputs, loss, cuda_adamw, attention=attention)
 
 
