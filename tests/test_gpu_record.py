@@ -64,6 +64,15 @@ def test_unknown_step_and_missing_out_are_usage_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no --out and no $OUT" in done.stderr
 
 
+def test_a_usage_error_answers_before_torch_is_imported(tmp_path: Path) -> None:
+    """The recorder's bad arguments are refused at once (0.15 s, not the 3 s torch's import took until session 25)."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['gpu_record.py', '--dry-run', '--out', {str(tmp_path)!r}, '--only', 'nope']\n"
+            "try:\n    runpy.run_path(sys.argv_path, run_name='__main__')\nexcept SystemExit as stop:\n    print(stop.code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code.replace("sys.argv_path", repr(str(SCRIPT)))], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.stdout.split() == ["2", "False"], done.stderr[-2000:]
+
+
 #: the tests reading the one dry run: on one xdist worker, so the ~70 s run is made once a tier, not once per worker
 same_dry_run = pytest.mark.xdist_group("gpu-record-dry-run")
 
