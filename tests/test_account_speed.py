@@ -132,6 +132,7 @@ def test_one_flop_counter_counts_what_two_counted(name, device, fill):
     ("llama", "bf16", "adagrad"), ("llama", "bf16-autocast", "rmsprop"), ("llama", "fp32", "sgd"), ("llama", "fp16-autocast-scaled", "adam"),
     ("gpt2", "fp32", "adamw"), ("gpt2", "bf16-fp32-master", "adam"), ("mixtral", "fp32", "adamw"), ("mixtral", "bf16-fp32-master", "adamw"),
 ])
+@pytest.mark.slow  # 11 cases, 6.9 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_one_forward_and_backward_measure_what_the_separate_passes_measured(name, recipe, optimizer):
     """What ``account_hf_config`` measured before, on the meta device: FLOPs on the float32 model, the state by two
     steps of a copy in the recipe's dtype, the saved tensors by a third copy's forward — all equal to the one pass."""

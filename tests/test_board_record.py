@@ -192,6 +192,7 @@ def test_a_summary_that_is_not_the_recorders_is_refused_by_name(committed: Path)
         board_rates(get_accelerator("h200"), "bf16")
 
 
+@pytest.mark.slow  # 6.5 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_account_and_fit_on_a_board_give_the_step_time_from_its_record(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``account`` and ``fit`` with ``--device BOARD`` predict the board's step time (and MFU) from the ops of the CUDA pass,
     priced by the committed record's ceilings — where there is none, by the datasheet's, saying so."""
@@ -282,3 +283,23 @@ def test_a_step_resacct_cannot_predict_gets_its_replay_claims_only(dry_step: dic
     assert "# gpt2-small/odd: resacct cannot predict it on meta tensors (ResacctError: recorded step of resacct's GPT" in text
     assert [line.split("odd-")[1] for line in text.splitlines() if "- id: recorded-h200-gpt2-small-odd-" in line] == \
         ["allocated-replays-exactly", "reserved-replays-exactly"]
+
+
+def test_the_quick_tier_keeps_the_replays_and_one_steps_predicted_peaks(dry_step: dict[str, Any]) -> None:
+    """Every claim that traces a recorded process on meta is marked slow, but the peaks of the steps the generator keeps
+    quick (gqa-llama/fp32/math: CUDA's composites); a replay is never slow."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from gpu_record_claims import QUICK_PREDICTED_STEPS, claims_yaml
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    quick = dict(copy.deepcopy(dry_step), name=QUICK_PREDICTED_STEPS[0])
+    text = claims_yaml("docs/gpu/x.json.gz", {"when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "steps": [dry_step, quick]})
+    slow = {}
+    for block in text.split("  - id: ")[1:]:
+        slow[block.split("\n", 1)[0]] = "    marks: [slow]" in block
+    assert slow and all(not marked for claim, marked in slow.items() if claim.endswith("-replays-exactly"))
+    assert all(marked for claim, marked in slow.items() if claim.startswith("recorded-h200-gpt2-small-fp32-math-") and not claim.endswith("-replays-exactly"))
+    assert {claim.rsplit("-math-", 1)[1]: marked for claim, marked in slow.items() if claim.startswith("recorded-h200-gqa-llama-fp32-math-")} == {
+        "allocated-replays-exactly": False, "reserved-replays-exactly": False, "allocated-peak-predicted": False, "reserved-peak-predicted": False,
+        "step-time-predicted": True}

@@ -174,6 +174,7 @@ BOARD_RECORDS = sorted((REPO / "docs" / "gpu").glob("*-record.json.gz"))
 
 
 @pytest.mark.parametrize("path", BOARD_RECORDS or [None], ids=lambda p: p.name if p else "none-yet")
+@pytest.mark.slow  # 2.1 s; the quick tier's replay claims replay the H200 record in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_every_committed_board_record_replays_exactly(path: Path | None) -> None:
     """Issue 31's bar: the model reproduces every recorded step's segments, block places and both
     peaks. A record committed under docs/gpu/ is decided here on every CPU run."""

@@ -112,6 +112,7 @@ def test_resacct_devices_shows_a_boards_compute_capability(capsys: pytest.Captur
     assert "  compute_capability: 8.9" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow  # 2.0 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_account_on_an_ada_board_says_flash_refused_the_head_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The command: a Llama-shaped config of head size 208 in bf16 — on an L4 its sdpa calls run the efficient kernel, on
     an A100 flash; --json's gpu.attention says which and why."""

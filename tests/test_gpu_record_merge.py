@@ -77,6 +77,7 @@ def test_the_committed_h200_record_is_whole_and_says_what_each_call_did() -> Non
     assert "out of memory" in record["merged_from"][1]["steps"]["mixtral-small/bf16-autocast/batched_mm-experts"]
 
 
+@pytest.mark.slow  # 6.4 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_merge_on_the_command_line_gives_back_the_record_split_in_two(tmp_path: Path) -> None:
     """Split the committed record in two (one step recorded again by a second call) and merge them back: the merged
     record's steps are the committed record's, entry for entry (which replay exactly:

@@ -21,6 +21,7 @@ import gpu_record_wheels  # noqa: E402
 from tests.fake_wheel import make_wheel  # noqa: E402
 
 
+@pytest.mark.slow  # 2.2 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_wheels_are_installed_beside_the_image_and_named_in_what_happened(tmp_path: Path) -> None:
     pytest.importorskip("transformers")  # the install is checked by importing transformers with the folder first
     make_wheel(tmp_path)

@@ -45,6 +45,7 @@ def assert_predicted_equals_measured(account: ModelAccount) -> None:
     (GPT2, {"attention": "eager"}, 1, 8),      # batch 1: q is a view of the qkv output
 ])
 @pytest.mark.parametrize("measure", [True, False], ids=["cpu", "meta"])
+@pytest.mark.slow  # 8 cases, 6.1 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_a_raw_model_is_predicted_to_the_byte(spec, model_args, batch, seq, measure):
     account = account_named_model(spec, model_args=model_args, batch=batch, seq=seq, measure=measure)
     assert account.device == ("cpu" if measure else "meta")

@@ -34,6 +34,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("values", "targets", "base", "checkpointed"), CASES)
+@pytest.mark.slow  # 5 cases, 4.0 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_the_lora_steps_flops_are_flopcountermodes_on_the_real_cpu_step(values: dict, targets: tuple[str, ...], base: str,
                                                                          checkpointed: bool) -> None:
     config = transformers_config(HfConfigSpec(name="tiny", source="test", values=dict(values)))

@@ -223,6 +223,7 @@ def _broadcast_coalesced_ops():
     return by_torch.seen, stood_in.seen
 
 
+@pytest.mark.slow  # 4.1 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_ddps_buffer_broadcast_stood_in_for_makes_torchs_flat_buffers():
     """DDP broadcasts its module's buffers each forward with dist._broadcast_coalesced: chunks flattened (a cat), broadcast,
     copied back. Where torch cannot run the broadcast on fake tensors (<= 2.10) resacct does the rest itself: the same ops

@@ -158,6 +158,7 @@ def test_layers_that_alternate_kinds_repeat_a_unit_of_their_period() -> None:
     assert config_layer_stack(transformers_config(mixed)).why_not == "its layers are of 2 kinds (full_attention, sliding_attention), in no repeating pattern"
 
 
+@pytest.mark.slow  # 2.6 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_a_type_not_checked_to_repeat_is_traced_whole_and_says_why() -> None:
     spec = HfConfigSpec(name="tiny gemma3", source="tests", values={"model_type": "gemma3_text", **_DECODER, "num_hidden_layers": 6, "head_dim": 16})
     account = account_hf_config(spec, batch=1, seq=8, layers="sampled")

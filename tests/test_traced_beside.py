@@ -64,6 +64,7 @@ def test_a_child_that_cannot_run_autograd_traces_nothing_and_the_parent_traces_a
         assert {key: value[0] for key, value in beside.collect().items()} == {(2, 1): 5}
 
 
+@pytest.mark.slow  # 4.5 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_a_fresh_process_forks_a_child_that_runs_autograd() -> None:
     """In a process that never ran a backward on an accelerator's device type, a fork of it can."""
     from resacct.measurement.distributed import run_isolated
@@ -108,6 +109,7 @@ def _fit(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # 5.9 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_fit_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The same answer, CPU and board, with the board's steps traced in a child beside the CPU search and all in one
@@ -156,6 +158,7 @@ def test_fit_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatc
         assert traced_in_parent == [size for size in board_sizes if (size, 32) not in asked] and len(traced_in_parent) < len(board_sizes)
 
 
+@pytest.mark.slow  # 6.8 s in the quick tier (-n 2, session 25): the tier's 0.7 s rule (tests/quick_tier.py)
 def test_lora_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """``lora --device``: the same --json with the board's steps traced in a child beside the CPU batch search and all in
