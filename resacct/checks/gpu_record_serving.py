@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from resacct.account.gpu.board_record import board_record_step, read_board_record
-from resacct.account.gpu.recorded import record_path, record_source
+from resacct.account.gpu.recorded import record_contents, record_path, record_source
 from resacct.checks.gpu_record_steps import SOURCE, peak_field, record_rates
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -49,7 +49,7 @@ def _served(record: str, step: str) -> tuple[dict[str, Any], dict[str, Any], Any
     return data, board_record_step(record, data, step), _predicted_serving(record, step, record_path(record).stat().st_mtime_ns)
 
 
-@check("gpu_recorded.board_prefill_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=False)
+@check("gpu_recorded.board_prefill_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=record_contents)
 def board_prefill_peak(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the weights' load and the first prefill (its cache kept), beside the peak
     ``infer --device`` predicts for the same model, weights, batch, context and sdpa kernel on the board's capability."""
@@ -70,7 +70,7 @@ def _rates(record: str, data: dict[str, Any], weights: str) -> Any:
 
 @check("gpu_recorded.board_prefill_time", evidence="recorded",
        quantities=("predicted_prefill_sec", "gpu_sec", "host_sec", "ops", "matmul_flops_per_sec", "bandwidth_bytes_per_sec", "overhead_sec_per_op",
-                   *SOURCE), replay=False)
+                   *SOURCE), replay=record_contents)
 def board_prefill_time(record: str, step: str) -> Outcome:
     """The board's median prefill time, beside the prefill's per-op roofline priced by the record's own ceilings."""
     from resacct.account.gpu.step_time import predict_step_seconds
@@ -86,7 +86,7 @@ def board_prefill_time(record: str, step: str) -> Outcome:
 
 @check("gpu_recorded.board_decode_time", evidence="recorded",
        quantities=("predicted_token_sec", "bound", "memory_sec", "compute_sec", "host_sec", "ops", "read_bytes", "tokens_timed", *SOURCE),
-       replay=False)
+       replay=record_contents)
 def board_decode_time(record: str, step: str) -> Outcome:
     """The board's median seconds per generated token (one at a time, from the prefill's cache), beside ``infer
     --device``'s decode prediction priced by the record's own ceilings."""

@@ -18,7 +18,7 @@ Per recorded step four kinds of claim, each reading its **measurement** from the
   class, their other kernels, their host's idle time per op.
 
 Every outcome names the board, the date and the record file. A dry run's record is refused (a CPU made
-it). ``replay=False``: a record's content is not in a stored measurement's key.
+it). ``replay=record_contents``: a stored measurement is keyed by the record file's sha256 too (resacct.harness.replay).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from resacct.account.gpu.board_record import board_record_step, read_board_record
-from resacct.account.gpu.recorded import record_path, record_source
+from resacct.account.gpu.recorded import record_contents, record_path, record_source
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -42,7 +42,7 @@ def peak_field(peak: str) -> str:
 
 
 @check("gpu_recorded.board_step_replay", evidence="recorded",
-       quantities=("replayed_bytes", "replay_exact", "first_mismatch", "segment_events", *SOURCE), replay=False)
+       quantities=("replayed_bytes", "replay_exact", "first_mismatch", "segment_events", *SOURCE), replay=record_contents)
 def board_step_replay(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the recorded step, beside the same peak of the allocator
     model replaying the step's recorded allocations and frees; ``replay_exact``: every segment event and
@@ -84,7 +84,7 @@ def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str]:
     return _predicted_step(record, step, record_path(record).stat().st_mtime_ns)
 
 
-@check("gpu_recorded.board_step_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=False)
+@check("gpu_recorded.board_step_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=record_contents)
 def board_step_peak(record: str, step: str, peak: str) -> Outcome:
     """The board's ``max_memory_<peak>`` over the recorded step, beside the peak predicted now: the step
     rebuilt on meta tensors from what the record says ran (model config, recipe, batch, attention kernel,
@@ -130,7 +130,7 @@ def predicted_step_ops(record: str, step: str) -> tuple[list[Any], str]:
     return _prediction(record, step)[2], _matmul_format(entry["recipe"])
 
 
-@check("gpu_recorded.board_step_time", evidence="recorded", quantities=_TIME_QUANTITIES, replay=False)
+@check("gpu_recorded.board_step_time", evidence="recorded", quantities=_TIME_QUANTITIES, replay=record_contents)
 def board_step_time(record: str, step: str, calibrate_on: list[str] | None = None) -> Outcome:
     """The board's median step time for the recorded step, beside the time predicted now: per aten op of the
     step (traced on meta, CUDA's choices) the longer of FLOPs ÷ the record's most matmul FLOP/s in the step's
@@ -169,7 +169,7 @@ _CALIBRATED_QUANTITIES = ("predicted_step_sec", "gpu_sec", "idle_sec_per_op", "o
                           "calibrated_on", *SOURCE)
 
 
-@check("gpu_recorded.board_step_time_calibrated", evidence="recorded", quantities=_CALIBRATED_QUANTITIES, replay=False)
+@check("gpu_recorded.board_step_time_calibrated", evidence="recorded", quantities=_CALIBRATED_QUANTITIES, replay=record_contents)
 def board_step_time_calibrated(record: str, step: str, calibrate_on: list[str]) -> Outcome:
     """The board's median step time for the recorded step, beside the time of the model calibrated on the record's
     steps ``calibrate_on`` (never the judged one; :mod:`resacct.account.gpu.step_time_calibrated`): their profile's matmuls

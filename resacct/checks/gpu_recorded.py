@@ -6,8 +6,9 @@ resacct's code (the CUDA caching allocator model, :func:`predict_cuda_step_memor
 tensors, the FLOP formulas, the datasheet table); the claim's law comes from the YAML. No ``gpu``
 mark: they run on every CPU machine. A missing or malformed record fails the claim naming the file.
 Every outcome names the board, the date and the record file (``board``, ``recorded_on``, ``record_file``).
-``replay=False``: ``resacct verify`` runs them every time (about a second in all) — a record may be named by an absolute
-path outside resacct's files, whose content a stored measurement's key does not hash (:mod:`resacct.harness.replay`).
+``replay=record_contents``: ``resacct verify`` may replay a stored outcome on the same setup, its key holding the sha256 of
+the record file too (a record may be named by an absolute path outside resacct's files, which the setup's fingerprint
+does not hash; :mod:`resacct.harness.replay`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 
 from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
 from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-from resacct.account.gpu.recorded import load_gpu_record, record_source, recorded_step, recorded_value
+from resacct.account.gpu.recorded import load_gpu_record, record_contents, record_source, recorded_step, recorded_value
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -33,7 +34,7 @@ def _gpt_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
     return gpt_loss(model, *batch)
 
 
-@check("gpu_recorded.allocation_growth", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.allocation_growth", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), replay=record_contents)
 def allocation_growth(record: str, claim: str, sizes_bytes: list[int]) -> Outcome:
     """The growth of ``memory_allocated()`` the record's ``claim`` measured on the board, beside the
     allocator model's growth for the same requests (``sizes_bytes``, one allocation each, in order)."""
@@ -71,7 +72,7 @@ def _fields(config: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(vars(config).items()))
 
 
-@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.forward_backward_peak", evidence="recorded", quantities=("allocator_model_bytes", *SOURCE), replay=record_contents)
 def forward_backward_peak(record: str, claim: str, model: str, batch: int, seq: int) -> Outcome:
     """``max_memory_allocated`` above the parameters over a float32 GPT forward + backward, as the
     record's ``claim`` measured it, beside :func:`predict_cuda_step_memory` (no optimizer) now."""
@@ -97,7 +98,7 @@ def _recorded_gpt(record: str, data: dict[str, Any], step: str) -> tuple[dict[st
     return entry, build_gpt(config, device="meta", seed=None)
 
 
-@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.training_step_peak", evidence="recorded", quantities=("allocator_model_bytes", "reserved_model_bytes", *SOURCE), replay=record_contents)
 def training_step_peak(record: str, step: str) -> Outcome:
     """The record's ``max_memory_allocated`` above the start over a steady GPT training step
     (forward, backward, AdamW; ``resacct account --device cuda``), beside
@@ -109,7 +110,7 @@ def training_step_peak(record: str, step: str) -> Outcome:
                    quantities={"allocator_model_bytes": peak_bytes, "reserved_model_bytes": reserved_bytes, **record_source(record, data)})
 
 
-@check("gpu_recorded.step_flops", evidence="recorded", quantities=("formula_flops", *SOURCE), replay=False)
+@check("gpu_recorded.step_flops", evidence="recorded", quantities=("formula_flops", *SOURCE), replay=record_contents)
 def step_flops(record: str, step: str) -> Outcome:
     """FlopCounterMode's FLOPs of the recorded GPT step on the board, beside resacct's exact
     per-matmul formula (:func:`predict_gpt_step_flops`) for the record's config, batch and seq."""
@@ -122,7 +123,7 @@ def step_flops(record: str, step: str) -> Outcome:
     return Outcome(measured=entry["step_flops"], predicted=predicted, quantities={"formula_flops": predicted, **record_source(record, data)})
 
 
-@check("gpu_recorded.total_memory_bytes", evidence="recorded", quantities=("datasheet_memory_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.total_memory_bytes", evidence="recorded", quantities=("datasheet_memory_bytes", *SOURCE), replay=record_contents)
 def total_memory_bytes(record: str, claim: str) -> Outcome:
     """``torch.cuda.get_device_properties(0).total_memory`` as the record's ``claim`` measured it;
     the board's datasheet memory from resacct's table (looked up now by the record's board name)."""
@@ -136,7 +137,7 @@ def total_memory_bytes(record: str, claim: str) -> Outcome:
     return Outcome(measured=measured, quantities={"datasheet_memory_bytes": board.memory_bytes, **record_source(record, data)})
 
 
-@check("gpu_recorded.matmul_peak_fraction", evidence="recorded", quantities=("achieved_flops_per_sec", "datasheet_peak_flops_per_sec", *SOURCE), replay=False)
+@check("gpu_recorded.matmul_peak_fraction", evidence="recorded", quantities=("achieved_flops_per_sec", "datasheet_peak_flops_per_sec", *SOURCE), replay=record_contents)
 def matmul_peak_fraction(record: str, claim: str, dtype: str) -> Outcome:
     """The matmul FLOP/s the record's ``claim`` achieved on the board ÷ the board's dense datasheet
     peak for ``dtype`` from resacct's table now (looked up by the record's board name)."""
@@ -163,7 +164,7 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return _traced_cuda_step(_fields(GPTConfig(**config)), batch, seq, True)[2]  # the same key as the step peak's (every field)
 
 
-@check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES, replay=False)
+@check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES, replay=record_contents)
 def step_time(record: str, calibrate_on: str, step: str | None = None, claim: str | None = None, model: str | None = None,
               batch: int | None = None, seq: int | None = None) -> Outcome:
     """A recorded fp32 GPT training step's median seconds on the board (``step`` of the record's
@@ -203,7 +204,7 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
         "calibrated_on": calibrate_on, **record_source(record, data)})
 
 
-@check("gpu_recorded.saved_activation_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.saved_activation_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE), replay=record_contents)
 def saved_activation_bytes(record: str, step: str) -> Outcome:
     """The bytes autograd saved for backward over the recorded GPT step's forward on the board
     (saved_tensors_hooks, by storage, on cuda), beside resacct's activation formula
@@ -220,7 +221,7 @@ def saved_activation_bytes(record: str, step: str) -> Outcome:
     return Outcome(measured=entry["saved_bytes"], predicted=predicted, quantities={"formula_bytes": predicted, **record_source(record, data)})
 
 
-@check("gpu_recorded.training_state_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE), replay=False)
+@check("gpu_recorded.training_state_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE), replay=record_contents)
 def training_state_bytes(record: str, step: str) -> Outcome:
     """The training state at the recorded step's optimizer step on the board (parameters, gradients,
     AdamW's moments and step counters), beside :func:`predict_state_bytes` for the record's GPT now."""

@@ -81,6 +81,18 @@ def _distributed_claims(items: list[Any]) -> int:
     return sum(1 for item in items if isinstance(item, ClaimItem) and item.get_closest_marker("distributed"))
 
 
+def _key_inputs(measure: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A claim's inputs as its check keys a stored measurement (:meth:`~resacct.harness.registry.Check.replay_inputs`); as
+    given where the check is not registered (its claim fails on that when it runs, not here)."""
+    from resacct.errors import ResacctError
+    from resacct.harness.registry import get_check
+
+    try:
+        return get_check(measure).replay_inputs(given)
+    except ResacctError:
+        return given
+
+
 def _claims_that_launch(items: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     """(check name, inputs) of each collected claim marked ``distributed`` with fixed inputs (``given``, no ``forall``) whose
     measurement an earlier run did not store on this setup, and how many such claims it did store (:mod:`resacct.harness.replay`:
@@ -92,7 +104,7 @@ def _claims_that_launch(items: list[Any]) -> tuple[list[tuple[str, dict[str, Any
     for item in items:
         claim = getattr(getattr(item, "loaded", None), "claim", None)
         if isinstance(item, ClaimItem) and claim is not None and item.get_closest_marker("distributed") and not claim.forall:
-            if stored_measurement(claim.measure, dict(claim.given)) is None:
+            if stored_measurement(claim.measure, _key_inputs(claim.measure, dict(claim.given))) is None:
                 claims.append((claim.measure, dict(claim.given)))
             else:
                 replayed += 1

@@ -191,7 +191,7 @@ def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
     if replayable:
         from resacct.harness.replay import stored_measurement
 
-        stored = stored_measurement(spec.measure, inputs)
+        stored = stored_measurement(spec.measure, check.replay_inputs(inputs))
         if stored is not None and isinstance(stored.outcome, Outcome):
             return Measurement(inputs=dict(inputs), outcome=stored.outcome, replayed_from=stored.measured_at if stored.earlier else None)
     try:
@@ -199,7 +199,7 @@ def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
         if replayable:
             from resacct.harness.replay import store_measurement
 
-            store_measurement(spec.measure, inputs, outcome)
+            store_measurement(spec.measure, check.replay_inputs(inputs), outcome)
         return Measurement(inputs=dict(inputs), outcome=outcome)
     except NotMeasurable:  # the item turns it into a skip
         raise

@@ -86,7 +86,15 @@ class Check:
     evidence: str | None = None  # one of EVIDENCE_KINDS: what the measured value is (None: not declared)
     paired: bool = False  # a timing whose value compares timings taken in turn: load moves it either way (timing's sign test)
     threads_matter: bool | Callable[..., bool] = False  # its values depend on torch's intra-op thread count (for these inputs)
-    replay: bool = True  # verify may replay its stored outcome on the same setup (resacct.harness.replay); timed checks never are
+    #: verify may replay its stored outcome on the same setup (resacct.harness.replay); timed checks never are. A callable: replayed,
+    #: and what it returns for a claim's inputs (the contents of a file they name) is part of the stored measurement's key
+    replay: bool | Callable[[Mapping[str, Any]], Mapping[str, Any]] = True
+
+    def replay_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``inputs`` as a stored measurement's key names them: with what :attr:`replay` adds where it is a callable."""
+        if callable(self.replay):
+            return {**inputs, "replay_key": dict(self.replay(inputs))}
+        return dict(inputs)
 
     def forget_cached(self) -> None:
         """Drop the check's cached measurements (its ``forget=`` callables) before measuring again."""
@@ -153,7 +161,8 @@ _discovered = False
 
 def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...] = (), timing: bool = False,
           forget: tuple[Callable[[], object], ...] = (), paired: bool = False,
-          threads_matter: bool | Callable[..., bool] = False, replay: bool = True) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+          threads_matter: bool | Callable[..., bool] = False,
+          replay: bool | Callable[[Mapping[str, Any]], Mapping[str, Any]] = True) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
     """Register ``function`` as the check called ``name`` (``area.what``).
 
     ``evidence``: what its measured value is, one of :data:`EVIDENCE_KINDS` (see the module's
@@ -170,7 +179,8 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     ``resacct verify``, whose workers run the other claims on one thread each, runs its claims in the
     phase of their own with the run's own count (:mod:`resacct.harness.workers`): the report is the
     one a single process writes. ``replay=False``: its outcome depends on something a stored measurement's key
-    does not name (:mod:`resacct.harness.replay`), so ``resacct verify`` measures it every run."""
+    does not name (:mod:`resacct.harness.replay`), so ``resacct verify`` measures it every run; ``replay=f``, a function of a
+    claim's inputs: what it returns joins the key (the sha256 of a file the inputs name, :func:`~resacct.account.gpu.recorded.record_contents`)."""
     if paired and not timing:
         raise ResacctError(f"check {name!r}: paired=True describes a timing check's value; it needs timing=True")
     if evidence is not None and evidence not in EVIDENCE_KINDS:

@@ -18,7 +18,8 @@ The key names the whole setup, and anything else makes a new key:
   ``PYTHONPATH``…).
 
 Never replayed: a timed claim (its value is this moment's), a ``forall`` claim (new examples every
-run), a GPU claim, a check declared ``replay=False``, and a measurement that raised. ``resacct verify
+run), a GPU claim, a check declared ``replay=False``, and a measurement that raised (a check declared ``replay=f`` adds
+``f(inputs)`` to its key: the recorded claims, the sha256 of the record file they name). ``resacct verify
 --no-cache`` (or ``RESACCT_NO_CACHE=1``) measures every claim afresh and stores nothing; pytest runs
 (the test suite, ``.ci/run``) never replay. Each report names the claims replayed and when their
 measurement was made (``replayed_from`` in report.json).

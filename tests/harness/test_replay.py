@@ -216,11 +216,14 @@ def test_a_cache_folder_that_cannot_be_written_still_verifies_every_claim(tmp_pa
     assert len(calls) == 2 and blocker.read_text() == "not a folder"
 
 
-def test_the_checks_of_recorded_gpu_truth_are_measured_every_run():
-    """A GPU record may be named by an absolute path outside resacct's files (not in the setup's hash): those checks opt out."""
+def test_the_checks_of_recorded_gpu_truth_key_their_record_files_contents():
+    """A GPU record may be named by an absolute path outside resacct's files (not in the setup's hash): each of those checks
+    adds the record file's sha256 to its key (until session 25 they opted out of replay)."""
+    from resacct.account.gpu.recorded import record_contents
+
     checks = registry.all_checks()
     recorded = [check for name, check in checks.items() if name.startswith("gpu_recorded.")]
-    assert recorded and not any(check.replay for check in recorded)
+    assert recorded and all(check.replay is record_contents for check in recorded)
     assert all(check.replay for name, check in checks.items() if name.startswith(("flops.", "hf.", "peak.")))
 
 
@@ -230,3 +233,32 @@ def test_measurements_sit_beside_the_trace_cache(tmp_path, monkeypatch):
     assert replay.measurements_dir() == tmp_path / "xdg" / "resacct" / "measurements"
     monkeypatch.setenv("RESACCT_CACHE_DIR", str(tmp_path / "mine"))
     assert replay.measurements_dir() == tmp_path / "mine" / "measurements"
+
+
+def test_a_check_keyed_by_a_files_contents_is_measured_again_when_the_file_changes(tmp_path, cache, calls, monkeypatch, capsys):
+    """``replay=f`` (the recorded claims: the record file's sha256, resacct.account.gpu.recorded.record_contents): replayed
+    while ``f`` answers the same, measured again once the file it reads changed."""
+    evidence = tmp_path / "record.json"
+    evidence.write_text("first", encoding="utf-8")
+    counted = registry.get_check("tensors.element_offset")
+    monkeypatch.setitem(registry._REGISTRY, "tensors.element_offset",
+                        dataclasses.replace(counted, replay=lambda inputs: {"evidence": evidence.read_text(encoding="utf-8")}))
+    assert _verify(tmp_path)[0] == 0 and len(calls) == 1
+    code, again, _ = _verify(tmp_path)
+    assert code == 0 and len(calls) == 1 and "replayed_from" in _record(again, "element-index-1-2-is-6")
+    evidence.write_text("second", encoding="utf-8")
+    code, changed, _ = _verify(tmp_path)
+    assert code == 0 and len(calls) == 2 and "replayed_from" not in _record(changed, "element-index-1-2-is-6")
+
+
+def test_a_recorded_claims_key_holds_its_record_files_sha256(tmp_path):
+    import hashlib
+
+    from resacct.account.gpu.recorded import record_contents
+
+    record = tmp_path / "board.json.gz"
+    record.write_bytes(b"a record")
+    assert record_contents({"record": str(record)}) == {"record_sha256": hashlib.sha256(b"a record").hexdigest()}
+    assert record_contents({"record": str(tmp_path / "missing.json")}) == {"record_sha256": None}
+    assert registry.get_check("gpu_recorded.board_step_peak").replay_inputs({"record": str(record), "step": "s"})["replay_key"] == \
+        {"record_sha256": hashlib.sha256(b"a record").hexdigest()}

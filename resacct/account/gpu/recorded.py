@@ -14,15 +14,18 @@ reads is an error naming the file and the value — never a skip.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["H100_RECORD", "RECORDS_BY_FAMILY", "REPOSITORY", "PACKAGED_RECORDS", "load_gpu_record", "record_source", "recorded_value", "recorded_step", "record_path"]
+__all__ = ["H100_RECORD", "RECORDS_BY_FAMILY", "REPOSITORY", "PACKAGED_RECORDS", "load_gpu_record", "record_source", "recorded_value", "recorded_step", "record_path",
+           "record_contents"]
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 PACKAGED_RECORDS = Path(__file__).resolve().parents[2] / "specs" / "gpu_records"  # the records a wheel ships (package data)
@@ -40,6 +43,26 @@ def record_path(name: str) -> Path:
         return path
     shipped = PACKAGED_RECORDS / path.name
     return REPOSITORY / path if (REPOSITORY / path).is_file() or not shipped.is_file() else shipped
+
+
+def record_contents(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a stored measurement of a recorded claim must also be keyed by (:mod:`resacct.harness.replay`): the sha256 of
+    the record file its ``record`` names, wherever it lies (an absolute path outside resacct's files too); None where
+    there is no such file (the check then fails, as it would without replay)."""
+    path = record_path(str(inputs.get("record", "")))
+    try:
+        status = path.stat()
+    except OSError:
+        return {"record_sha256": None}
+    return {"record_sha256": _digest(str(path), status.st_mtime_ns, status.st_size)}
+
+
+@lru_cache(maxsize=8)
+def _digest(path: str, mtime_ns: int, size: int) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 @lru_cache(maxsize=8)
