@@ -128,6 +128,24 @@ def _merge(paths: list[Path], out: Path | None) -> int:
     return 0
 
 
+def _calibrate(record: Path, out: Path | None) -> int:
+    """``--calibrate``: the record's calibration file (its dense steps traced on meta, ~15 CPU s), written beside it or into ``out``."""
+    from resacct.account.gpu.record_calibration_fit import write_record_calibration
+    from resacct.errors import ResacctError
+
+    if not record.is_file():
+        print(f"gpu_record.py: --calibrate {record}: no such file; expected a committed board record (docs/gpu/…-record.json.gz)", file=sys.stderr)
+        return 2
+    try:
+        path = write_record_calibration(_repository_name(record), out or record.resolve().parent,
+                                        progress=lambda name: print(f"  tracing {name} on meta", file=sys.stderr, flush=True))
+    except ResacctError as error:
+        print(f"gpu_record.py: {error}", file=sys.stderr)
+        return 2
+    print(f"== gpu_record --calibrate: {path} (copy it into resacct/specs/gpu_records/ beside the record)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="on a CPU: tiny shapes, CUDA calls replaced (a layout check)")
@@ -140,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
                         help="records of one board from several device calls, oldest first: one record (and summary) into --out")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
+    parser.add_argument("--calibrate", type=Path, metavar="RECORD", help="a committed board record: fit the step-time model the commands "
+                        "price a step by on its dense steps, into --out (default: beside the record; resacct/account/gpu/record_calibration.py)")
     parser.add_argument("--wheels", type=Path, metavar="DIR", help="run the steps with these wheels (tools/gpu_record_wheels.py: "
                         "this machine's transformers, carried to the board)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -165,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(claims_yaml(_repository_name(args.claims), record), end="")
         return 0
+    if args.calibrate:
+        return _calibrate(args.calibrate, args.out)
     if args.ceilings:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
         return 0

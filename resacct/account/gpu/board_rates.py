@@ -11,7 +11,7 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["TIMED_FORMATS", "board_rates", "with_step_time", "with_decode_time"]
+__all__ = ["TIMED_FORMATS", "board_rates", "step_seconds", "with_step_time", "with_decode_time"]
 
 TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
 _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
@@ -19,23 +19,43 @@ _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op 
 
 def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
     """``answer`` (a :class:`~resacct.account.gpu.device_answer.GpuStepAnswer`) with the step time of ``ops`` (the same
-    pass's aten ops) on ``board``, its matmuls in ``fmt``; where the board has no peak in ``fmt`` (a V100 has no bf16)
-    the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the datasheet's dense peak in ``fmt``."""
-    from resacct.account.gpu.step_time import predict_step_seconds
-
+    pass's aten ops) on ``board``, its matmuls in ``fmt`` (:func:`step_seconds`); where the board has no peak in ``fmt``
+    (a V100 has no bf16) the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the
+    datasheet's dense peak in ``fmt``."""
     try:
-        rates = board_rates(board, fmt)
+        step_sec, basis = step_seconds(ops, board, fmt)
     except ResacctError as error:
         return replace(answer, step_time_basis=str(error))
     from resacct.facts.hardware import peak_flops_per_sec
 
-    time = predict_step_seconds(ops, rates)
     try:
         peak: float | None = peak_flops_per_sec(board, fmt)
     except ResacctError:  # a record measured a format the datasheet table gives no peak for: the time stands, no MFU
         peak = None
-    return replace(answer, step_sec=time.step_sec, mfu=time.flops / time.step_sec / peak if peak and time.step_sec > 0 else None,
-                   step_time_basis=f"per-op roofline over {time.ops:,} ops, bound by the {time.bound}; {rates.source}")
+    flops = sum(op.flops for op in ops)
+    return replace(answer, step_sec=step_sec, mfu=flops / step_sec / peak if peak and step_sec > 0 else None, step_time_basis=basis)
+
+
+def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, str]:
+    """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on: where the
+    board's newest record carries a calibration (:func:`~resacct.account.gpu.record_calibration.board_calibration`), the
+    per-op model fitted on its dense steps — its matmuls per class, its other kernels' bandwidth factor and time per
+    kernel, the host's idle time per op — with the per-op roofline on the record's ceilings beside it; else that
+    roofline (:func:`board_rates`: the record's ceilings, else the datasheet's). ResacctError: no rate in ``fmt``."""
+    from resacct.account.gpu.record_calibration import board_calibration
+    from resacct.account.gpu.step_time import predict_step_seconds
+    from resacct.account.gpu.step_time_calibrated import predict_calibrated_seconds
+
+    rates = board_rates(board, fmt)
+    roofline = predict_step_seconds(ops, rates)
+    calibration = board_calibration(board)
+    if calibration is None:
+        return roofline.step_sec, f"per-op roofline over {roofline.ops:,} ops, bound by the {roofline.bound}; {rates.source}"
+    fallback = calibration.matmul_flops_per_sec.get(fmt, rates.matmul_flops_per_sec)
+    kernels_sec, step_sec = predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=fallback)
+    return step_sec, (f"{calibration.source()}: the kernels {kernels_sec * 1e3:.3g} ms + the host's idle "
+                      f"{calibration.times.idle_sec_per_op * 1e6:.2g} µs × {len(ops):,} ops; the per-op roofline on its ceilings "
+                      f"{roofline.step_sec * 1e3:.3g} ms (bound by the {roofline.bound}; {rates.source})")
 
 
 def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *, read_bytes: int) -> Any:

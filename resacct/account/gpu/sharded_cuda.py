@@ -188,19 +188,16 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
 
 
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
-    """A rank's compute alone by the per-op roofline (:mod:`~resacct.account.gpu.step_time`), or why there is none (the
-    board has no peak in the step's format: a V100 has no bf16)."""
-    from resacct.account.gpu.board_rates import board_rates
-    from resacct.account.gpu.step_time import predict_step_seconds
+    """A rank's compute alone (:func:`~resacct.account.gpu.board_rates.step_seconds`: a board record's calibrated model,
+    else the per-op roofline), or why there is none (the board has no peak in the step's format: a V100 has no bf16)."""
+    from resacct.account.gpu.board_rates import step_seconds
     from resacct.facts.hardware import peak_format
 
     try:
-        rates = board_rates(board, peak_format(dtype))
+        step_sec, basis = step_seconds(ops, board, peak_format(dtype))
     except ResacctError as error:
         return {"compute_step_sec": None, "compute_step_basis": str(error)}
-    time = predict_step_seconds(ops, rates)
-    return {"compute_step_sec": time.step_sec, "compute_step_basis": (f"per-op roofline over the rank's {time.ops:,} ops, bound by the {time.bound}; "
-                                                                      f"collectives not timed (a lower bound); {rates.source}")}
+    return {"compute_step_sec": step_sec, "compute_step_basis": f"{basis}; the rank's own ops, collectives not timed (a lower bound)"}
 
 
 def _attention(kernel: str | None, capability: tuple[int, int] | None = None) -> Any:

@@ -1,0 +1,85 @@
+"""A board record's calibrated step-time model, fitted once on all its training steps and kept beside it (issue 31).
+
+:mod:`~resacct.account.gpu.step_time_calibrated` fits a model on recorded steps — per class of cuBLAS call a rate and a
+time per call, the other kernels' factor on the copy bandwidth and time per kernel, the host's idle time per op — and
+the record's ``recorded-…-step-time-calibrated`` claims judge it on steps it was not fitted on (9 of the H200 record's 13
+within 10 %, where the per-op roofline on the record's ceilings held 4). The commands (``account``, ``lora``, ``shard``,
+``infer`` with ``--device BOARD``) price a traced step by the same model fitted on **every** training step of the
+board's newest record (its dense ones, as the claims calibrate). Fitting traces each recorded step's whole process on meta (~15 CPU s for 13 steps), so it is done
+once, when the record is committed — ``python tools/gpu_record.py --calibrate docs/gpu/<record>.json.gz`` writes
+``docs/gpu/<record>-calibration.json`` (:mod:`~resacct.account.gpu.record_calibration_fit`; copied into
+``resacct/specs/gpu_records/`` as the record is) — and read here by the commands: :func:`board_calibration`. ``tests/test_record_calibration.py`` fits it again with this checkout's torch and
+compares.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from resacct.account.gpu.step_time_calibrated import CalibratedTimes, MatmulFit
+from resacct.errors import ResacctError
+
+__all__ = ["CALIBRATION_FORMAT", "BoardCalibration", "calibration_file", "read_record_calibration", "board_calibration"]
+
+CALIBRATION_FORMAT = "resacct-gpu-calibration/1"
+
+
+@dataclass(frozen=True)
+class BoardCalibration:
+    """A record's fitted model and where it came from."""
+
+    times: CalibratedTimes
+    record_file: str
+    board: str
+    when: str
+    traced_with: str  # the torch (and transformers) the steps were traced with when it was fitted
+    matmul_flops_per_sec: dict[str, float]  # the record's best matmul rate per format: a FLOP-bound op that is not a cuBLAS call
+
+    def source(self) -> str:
+        return (f"a per-op model calibrated on the {len(self.times.calibrated_on)} dense training steps of record {self.record_file} "
+                f"({self.when[:10]}; fitted with {self.traced_with}; judged on held-out steps by its step-time-calibrated claims)")
+
+
+def calibration_file(record_file: str) -> Path:
+    """Where the calibration of ``record_file`` lies: beside it (``…-record.json.gz`` → ``…-record-calibration.json``), or
+    the copy resacct ships."""
+    from resacct.account.gpu.recorded import record_path
+
+    name = Path(record_file).name.removesuffix(".gz").removesuffix(".json") + "-calibration.json"
+    return record_path(str(Path(record_file).with_name(name)))
+
+
+def read_record_calibration(path: Path) -> BoardCalibration:
+    """A calibration file read back whole; a malformed one is an error naming the file and what it lacks."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if document.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(f"format {document.get('format')!r}, expected {CALIBRATION_FORMAT!r}")
+        times = CalibratedTimes({name: MatmulFit(float(fit["flops_per_sec"]), float(fit["sec_per_call"])) for name, fit in document["matmul"].items()},
+                                float(document["memory_factor"]), float(document["sec_per_kernel"]), float(document["idle_sec_per_op"]),
+                                float(document["bandwidth_bytes_per_sec"]), tuple(document["calibrated_on"]))
+        return BoardCalibration(times, str(document["record_file"]), str(document["board"]), str(document["when"]), str(document["traced_with"]),
+                                {name: float(rate) for name, rate in document["matmul_flops_per_sec"].items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ResacctError(f"GPU record calibration {path}: cannot be read ({error}); expected tools/gpu_record.py --calibrate's JSON") from None
+
+
+def board_calibration(board: Any) -> BoardCalibration | None:
+    """The calibration beside ``board``'s newest committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`),
+    or None where that record has none."""
+    from resacct.account.gpu.board_record import board_ceilings
+
+    ceilings = board_ceilings(board)
+    if ceilings is None:
+        return None
+    path = calibration_file(ceilings.record_file)
+    return _read_cached(str(path), path.stat().st_mtime_ns) if path.is_file() else None
+
+
+@lru_cache(maxsize=4)
+def _read_cached(path: str, mtime_ns: int) -> BoardCalibration:
+    return read_record_calibration(Path(path))

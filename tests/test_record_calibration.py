@@ -1,0 +1,89 @@
+"""A board record's calibrated step-time model, kept beside it and read by the ``--device`` commands (issue 31:
+resacct/account/gpu/record_calibration.py). The committed H200 calibration is fitted again here with this checkout's
+code (slow: the record's ten dense steps traced on meta) and must be the committed one; the commands must price a step
+by it where it exists and by the per-op roofline where not."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from resacct.account.gpu.record_calibration import board_calibration, calibration_file, read_record_calibration
+from resacct.errors import ResacctError
+from resacct.facts.hardware import get_accelerator
+
+REPO = Path(__file__).resolve().parents[1]
+H200_RECORD = "docs/gpu/2026-11-30-h200-record.json.gz"
+CALIBRATION = REPO / "docs" / "gpu" / "2026-11-30-h200-record-calibration.json"
+
+
+def test_the_committed_calibration_lies_beside_its_record_and_ships() -> None:
+    assert calibration_file(H200_RECORD) == CALIBRATION
+    shipped = REPO / "resacct" / "specs" / "gpu_records" / CALIBRATION.name
+    assert shipped.read_bytes() == CALIBRATION.read_bytes(), "copy the calibration into resacct/specs/gpu_records/ beside its record"
+    calibration = board_calibration(get_accelerator("h200"))
+    assert calibration is not None and calibration.record_file == H200_RECORD and len(calibration.times.calibrated_on) == 10
+    assert not any("mixtral" in name for name in calibration.times.calibrated_on)  # dense steps only, as the claims calibrate
+    assert board_calibration(get_accelerator("a100-sxm-80gb")) is None  # no record of its own
+
+
+def test_a_malformed_calibration_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "x-record-calibration.json"
+    document = json.loads(CALIBRATION.read_text(encoding="utf-8"))
+    del document["memory_factor"]
+    broken.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(ResacctError, match=r"x-record-calibration.json: cannot be read \('memory_factor'\)"):
+        read_record_calibration(broken)
+    broken.write_text("{", encoding="utf-8")
+    with pytest.raises(ResacctError, match="x-record-calibration.json: cannot be read"):
+        read_record_calibration(broken)
+
+
+def test_the_device_commands_price_a_step_by_the_calibration_where_the_board_has_one() -> None:
+    from resacct.account.gpu.board_rates import step_seconds
+    from resacct.account.gpu.op_costs import OpCost
+    from resacct.account.gpu.step_time_calibrated import predict_calibrated_seconds
+
+    ops = [OpCost("aten::mm", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "c10::BFloat16", True)),
+           OpCost("aten::add", 0, 3 * 4096 * 4096 * 2), OpCost("aten::view", 0, 0, kernel=False)]
+    seconds, basis = step_seconds(ops, get_accelerator("h200"), "bf16")
+    calibration = board_calibration(get_accelerator("h200"))
+    assert calibration is not None
+    assert seconds == predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=calibration.matmul_flops_per_sec["bf16"])[1]
+    assert "calibrated on the 10 dense training steps of record docs/gpu/2026-11-30-h200-record.json.gz" in basis and "per-op roofline" in basis
+    other, other_basis = step_seconds(ops, get_accelerator("a100-sxm-80gb"), "bf16")
+    assert other > 0 and other_basis.startswith("per-op roofline over 3 ops") and "calibrated" not in other_basis
+
+
+@pytest.mark.slow  # the record's ten dense steps traced on meta (~12 CPU s)
+@pytest.mark.skipif(torch.__version__ < "2.8", reason="the H200 record's predictions need flash's meta kernel (torch >= 2.8)")
+def test_the_committed_calibration_is_what_this_checkout_fits(tmp_path: Path) -> None:
+    """tools/gpu_record.py --calibrate, run now: the same steps and, with the torch and transformers it was fitted with, the
+    same numbers (another version traces slightly other ops: within 2 %)."""
+    pytest.importorskip("transformers")
+    import transformers
+
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_record.py"), "--calibrate", H200_RECORD, "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fitted = json.loads((tmp_path / CALIBRATION.name).read_text(encoding="utf-8"))
+    committed = json.loads(CALIBRATION.read_text(encoding="utf-8"))
+    same_versions = committed["traced_with"] == f"torch {torch.__version__}, transformers {transformers.__version__}"
+    tolerance = 1e-9 if same_versions else 0.02
+    assert fitted["calibrated_on"] == committed["calibrated_on"] and fitted["record_sha256"] == committed["record_sha256"]
+    for key in ("memory_factor", "sec_per_kernel", "idle_sec_per_op", "bandwidth_bytes_per_sec"):
+        assert math.isclose(fitted[key], committed[key], rel_tol=tolerance), key
+    for name, fit in committed["matmul"].items():
+        assert math.isclose(fitted["matmul"][name]["flops_per_sec"], fit["flops_per_sec"], rel_tol=tolerance), name
+
+
+def test_calibrating_a_record_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_record.py"), "--calibrate", str(tmp_path / "none.json.gz")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
