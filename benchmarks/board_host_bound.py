@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", default=DEFAULT_RECORD, help=f"a board record (default {DEFAULT_RECORD})")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from resacct.account.gpu.board_record import read_board_record
+    from resacct.account.gpu.records.board_record import read_board_record
     from resacct.errors import ResacctError
 
     try:

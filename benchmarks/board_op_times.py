@@ -73,8 +73,8 @@ def compare_ops(predicted_ops: list[Any], recorded_ops: list[dict[str, Any]], ra
 
 def entries(record_name: str, *, only: list[str] | None, allow_dry_run: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The record and, per recorded step and served forward, its comparison (:func:`compare_ops`)."""
-    from resacct.account.gpu import board_record
-    from resacct.account.gpu.record_models import predict_record_serving
+    from resacct.account.gpu.records import board_record
+    from resacct.account.gpu.records.record_models import predict_record_serving
     from resacct.checks import gpu_record_steps
     from resacct.facts.hardware import peak_format
 

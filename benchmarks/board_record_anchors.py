@@ -10,7 +10,7 @@ gives per recorded step is this script's output.
 How the anchors are run (what a user of them could run on a CPU-only machine; nothing of theirs is changed):
 
 - **MemTracker** (``torch.distributed._tools.mem_tracker``): the step's model built as the recorder built it
-  (:func:`~resacct.account.gpu.record_models.build_record_model`) under ``FakeTensorMode`` on **fake CPU tensors** (a
+  (:func:`~resacct.account.gpu.records.record_models.build_record_model`) under ``FakeTensorMode`` on **fake CPU tensors** (a
   CPU-only torch aborts on a fake ``cuda`` tensor autograd records: docs/gpu.md), the recipe's step (CPU autocast for an
   autocast recipe), AdamW foreach with its state made by one step first; its ``peak`` snapshot's total over the next
   step. The board's peak is absolute (``reset_peak_memory_stats`` before the step): so is this one. It sees no cuBLAS
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _fake_step(entry: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(FakeTensorMode, run(), the model, its optimizer) — the recorded step on fake CPU tensors, the optimizer's state made;
     ``run()`` one more step. Built on meta (the recipe's dtype, peft's adapters), then given fake CPU storage in the
-    module's order (:func:`~resacct.account.gpu.record_models.materialize_in_order`): a fake module cannot be cast in place."""
+    module's order (:func:`~resacct.account.gpu.records.record_models.materialize_in_order`): a fake module cannot be cast in place."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from resacct.account.gpu.record_models import build_record_model, materialize_in_order
+    from resacct.account.gpu.records.record_models import build_record_model, materialize_in_order
     from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
@@ -106,7 +106,7 @@ def _anchor(tool: Any, *args: Any) -> tuple[Any, str | None]:
 
 def step_rows(record_name: str, *, only: list[str] | None = None, allow_dry_run: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The record and one row per recorded training step (or those named in ``only``)."""
-    from resacct.account.gpu import board_record
+    from resacct.account.gpu.records import board_record
     from resacct.checks.gpu_record_steps import board_step_peak, board_step_time
     from resacct.errors import ResacctError
     from resacct.facts.hardware import accelerator_for_cuda_name

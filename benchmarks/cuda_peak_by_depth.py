@@ -27,7 +27,7 @@ def main() -> None:
 
     import torch
 
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
     from resacct.account.load.hf_models import HfConfigSpec, build_hf_model, known_hf_configs, repeated_depth
 
     spec = known_hf_configs()[args.config]

@@ -6,7 +6,7 @@ predictions beside torch's own tools and beside what the board measured.
 
 **Memory** (``max_memory_allocated`` above the step's start, fp32, AdamW, math attention):
 
-- resacct: :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` (meta tensors fed to the
+- resacct: :func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory` (meta tensors fed to the
   CUDA caching allocator model) — what the ``gpu_recorded`` claims check;
 - MemTracker (``torch.distributed._tools.mem_tracker``): the same steady step (the optimizer's state
   made first) under ``FakeTensorMode``, its ``peak`` snapshot less its snapshot at the step's start.
@@ -17,7 +17,7 @@ predictions beside torch's own tools and beside what the board measured.
 
 **Step time** (median of the recorded steps, fp32 with TF32 off):
 
-- resacct: the per-op roofline of :mod:`resacct.account.gpu.step_time` (the record's fp32 matmul rate,
+- resacct: the per-op roofline of :mod:`resacct.account.gpu.timing.step_time` (the record's fp32 matmul rate,
   0.8 × the datasheet's bandwidth, a per-op host overhead calibrated on the record's gpt-tiny step) —
   the ``gpu_recorded`` step-time claims;
 - RuntimeEstimator (``torch.distributed._tools.runtime_estimator``, ``operator-level-cost-model``: its
@@ -117,8 +117,8 @@ def runtime_estimator_ms(config: dict[str, Any], batch: int, seq: int) -> float:
 
 
 def memory_rows() -> list[dict[str, Any]]:
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.gpu.recorded import load_gpu_record, recorded_step, recorded_value
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.records.recorded import load_gpu_record, recorded_step, recorded_value
     from resacct.training.gpt import get_gpt_config
 
     record = load_gpu_record(RECORD)
@@ -140,7 +140,7 @@ def memory_rows() -> list[dict[str, Any]]:
 
 def time_rows() -> list[dict[str, Any]]:
     from resacct.checks.gpu_recorded import step_time
-    from resacct.account.gpu.recorded import load_gpu_record, recorded_step
+    from resacct.account.gpu.records.recorded import load_gpu_record, recorded_step
     from resacct.training.gpt import get_gpt_config
 
     record = load_gpu_record(RECORD)

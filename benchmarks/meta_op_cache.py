@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from resacct.account.gpu import allocation_trace
-from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+from resacct.account.gpu.allocator import allocation_trace
+from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
 from resacct.account.load.hf_models import build_hf_model, load_hf_config
 from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 from resacct.measurement.meta_op_cache import MetaOpCache, MetaOpCacheMode, meta_calls_cached

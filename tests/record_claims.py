@@ -49,7 +49,7 @@ def synthetic_record(path: Path, *, steps: list[dict[str, Any]], ceilings: dict[
     run's entries relabelled — the plumbing and the rules, not a board's numbers. Returns the path as a string."""
     import torch
 
-    from resacct.account.gpu.record import RECORD_FORMAT
+    from resacct.account.gpu.records.record import RECORD_FORMAT
 
     record = {"format": RECORD_FORMAT, "when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200", "torch": torch.__version__,
               "allocator_settings": {}, "steps": steps, "ceilings": ceilings, "library_probe": {}, **({"serving": serving} if serving else {})}

@@ -1,5 +1,5 @@
 """A board's record read back (issue 31): the recorded claims of ``resacct/checks/gpu_record_steps.py`` and the
-ceilings the ``--device`` commands take from a committed record's summary (``resacct/account/gpu/board_record.py``).
+ceilings the ``--device`` commands take from a committed record's summary (``resacct/account/gpu/records/board_record.py``).
 
 No board record is committed yet (no GPU lent since the recorder was written): these tests make a **synthetic**
 one — a step the recorder's dry run recorded on this CPU (resacct's allocation recorder feeding the allocator
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-from resacct.account.gpu import board_record
-from resacct.account.gpu.board_rates import board_rates
-from resacct.account.gpu.device_answer import calibration_text
-from resacct.account.gpu.record import RECORD_FORMAT
+from resacct.account.gpu.records import board_record
+from resacct.account.gpu.timing.board_rates import board_rates
+from resacct.account.gpu.answers.device_answer import calibration_text
+from resacct.account.gpu.records.record import RECORD_FORMAT
 from resacct.checks.gpu_record_steps import board_step_peak, board_step_replay, board_step_time
 from resacct.cli import main
 from resacct.errors import ResacctError

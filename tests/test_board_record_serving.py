@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from resacct.account.gpu.record import RECORD_FORMAT
+from resacct.account.gpu.records.record import RECORD_FORMAT
 from resacct.checks.gpu_record_serving import board_decode_time, board_prefill_peak, board_prefill_time
 from resacct.checks.gpu_record_steps import board_step_replay
 from resacct.errors import ResacctError
@@ -124,7 +124,8 @@ def test_the_gpu_modules_examples_run() -> None:
     """The docstring examples of the step time (a decode's bound), the record models and the board record."""
     import doctest
 
-    from resacct.account.gpu import board_record, record_models, step_time
+    from resacct.account.gpu.records import board_record, record_models
+    from resacct.account.gpu.timing import step_time
 
     for module in (step_time, record_models, board_record):
         result = doctest.testmod(module)

@@ -1,4 +1,4 @@
-"""The CUDA caching allocator model (resacct/account/gpu/cuda_allocator.py) against truth:
+"""The CUDA caching allocator model (resacct/account/gpu/allocator/cuda_allocator.py) against truth:
 
 - the committed record of a real board (docs/gpu/2026-11-26-h100-80gb-hbm3.json): every
   ``memory_allocated()`` growth its gpu claims measured, reproduced by the model;
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resacct.account.gpu.cuda_allocator import (
+from resacct.account.gpu.allocator.cuda_allocator import (
     KLARGE_BUFFER_BYTES,
     KSMALL_BUFFER_BYTES,
     AllocatorConfig,

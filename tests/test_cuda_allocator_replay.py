@@ -1,4 +1,4 @@
-"""The record format and its replay (resacct/account/gpu/record.py), on a record built by hand.
+"""The record format and its replay (resacct/account/gpu/records/record.py), on a record built by hand.
 
 No board has recorded a trace yet, so the record here is synthetic: what
 ``torch.cuda.memory._snapshot()`` returns (the format of its docstring in torch/cuda/memory.py,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from resacct.account.gpu.record import RECORD_FORMAT, check_record_layout, compact_snapshot, recorded_reserved_peak_bytes, replay_step
+from resacct.account.gpu.records.record import RECORD_FORMAT, check_record_layout, compact_snapshot, recorded_reserved_peak_bytes, replay_step
 from resacct.errors import ResacctError
 
 MiB = 2**20
@@ -192,12 +192,12 @@ def test_every_committed_board_record_replays_exactly(path: Path | None) -> None
 
 @pytest.mark.parametrize("path", BOARD_RECORDS or [None], ids=lambda p: p.name if p else "none-yet")
 def test_every_committed_board_record_has_its_summary_here_and_shipped(path: Path | None) -> None:
-    """The ``--device`` commands read a record's summary, not the record (resacct.account.gpu.board_record): each record
+    """The ``--device`` commands read a record's summary, not the record (resacct.account.gpu.records.board_record): each record
     committed under docs/gpu/ has its summary beside it, the record's own ceilings in brief, and a copy an installed
     resacct ships (resacct/specs/gpu_records/), and every claim the record deserves is in the spec (tools/gpu_record.py --claims)."""
     if path is None:
         pytest.skip("no board record committed yet (docs/gpu/*-record.json.gz): run tools/gpu_record.py on a GPU (docs/gpu.md)")
-    from resacct.account.gpu.board_record import PACKAGED_RECORDS, ceilings_in_brief, summary_name_of
+    from resacct.account.gpu.records.board_record import PACKAGED_RECORDS, ceilings_in_brief, summary_name_of
 
     record = json.loads(gzip.open(path, "rt").read())
     summary_path = path.with_name(summary_name_of(path.name))

@@ -1,4 +1,4 @@
-"""CUDA's allocations inside one op, traced on meta (resacct/account/gpu/cuda_composites.py), against the H200 record.
+"""CUDA's allocations inside one op, traced on meta (resacct/account/gpu/tracing/cuda_composites.py), against the H200 record.
 
 The record (docs/gpu/2026-11-30-h200-record.json.gz, torch 2.11 on the board) is the truth: its gqa-llama/fp32/math
 step shows, per layer, sdpa's math path adding the mask in place and ``_safe_softmax``'s bool mask, row mask and
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.cuda_step import sdpa_routing
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.cuda_step import sdpa_routing
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = REPO / "docs" / "gpu" / "2026-11-30-h200-record.json.gz"
@@ -70,9 +70,9 @@ def test_efficient_attentions_philox_seed_and_offset_stay_off_the_device() -> No
 @pytest.mark.skipif(torch.__version__ < "2.8", reason="the H200 record's predictions need flash's meta kernel (torch >= 2.8)")
 def test_the_h200_gqa_math_steps_first_layer_is_the_boards_to_the_block() -> None:
     pytest.importorskip("transformers")
-    from resacct.account.gpu.board_record import board_record_step, read_board_record
-    from resacct.account.gpu.record_models import predict_record_step
-    import resacct.account.gpu.allocation_trace as allocation_trace
+    from resacct.account.gpu.records.board_record import board_record_step, read_board_record
+    from resacct.account.gpu.records.record_models import predict_record_step
+    import resacct.account.gpu.allocator.allocation_trace as allocation_trace
 
     data = read_board_record(str(H200))
     step = board_record_step(str(H200), data, "gqa-llama/fp32/math")

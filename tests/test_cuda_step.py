@@ -1,4 +1,4 @@
-"""The CUDA step predicted on a CPU (resacct/account/gpu/cuda_step.py), against truth:
+"""The CUDA step predicted on a CPU (resacct/account/gpu/tracing/cuda_step.py), against truth:
 
 - the committed H100 record (docs/gpu/2026-11-26-h100-80gb-hbm3.json): ``gpu-step-peak-predicted``
   measured ``max_memory_allocated`` over a float32 gpt-tiny forward + backward (batch 8 × 128) at
@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from resacct.account.gpu.cuda_allocator import AllocatorConfig
-from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig
+from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
 from resacct.account.peak.step_peak import predict_step_peak
 from resacct.errors import ResacctError
 from resacct.measurement.activation_checkpointing import gpt_loss
@@ -107,8 +107,8 @@ def test_an_optimizer_that_leaves_foreach_to_torch_gets_cudas_foreach() -> None:
 def _ops_seen_alone(net: torch.nn.Module, inputs: Any, loss: Any) -> list:
     """The step's ops as OpCosts sees them, a dispatch mode of its own over the step: no allocation recorder, no meta
     calls' cache, every op's FLOPs and bytes worked out afresh (what trace_step_ops did before session 17)."""
-    from resacct.account.gpu.cuda_step import _as_on_cuda, _meta_copy, cuda_adamw
-    from resacct.account.gpu.op_costs import OpCosts
+    from resacct.account.gpu.tracing.cuda_step import _as_on_cuda, _meta_copy, cuda_adamw
+    from resacct.account.gpu.tracing.op_costs import OpCosts
     from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
     meta = _meta_copy(net)
@@ -131,7 +131,7 @@ def test_the_step_peak_pass_records_the_ops_the_step_time_traces_alone(model: st
     allocation recorder counts on it (an OpCostCounter, each call's cost kept by its meta-cache key) are exactly
     those a dispatch mode of their own sees (names, FLOPs, bytes, order), trace_step_ops' are those, and the peaks
     are those of the pass without them."""
-    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.account.gpu.timing.step_time import trace_step_ops
     from resacct.training.gpt import GPTConfig
 
     layers = {"one-layer": 1, "four-layers": 4}

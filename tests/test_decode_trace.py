@@ -1,4 +1,4 @@
-"""One generated token's forward traced on meta (``resacct/account/gpu/decode_trace.py``): ``infer --device`` prices a
+"""One generated token's forward traced on meta (``resacct/account/gpu/tracing/decode_trace.py``): ``infer --device`` prices a
 decode step by it. Measured against PyTorch: the same model with real weights on the CPU, prefilled, then one more
 token's forward under torch's FlopCounterMode and a dispatch recorder — sdpa held to its math kernel there, which
 FlopCounterMode counts (it does not count the CPU's fused flash kernel) and which meta tensors take too."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from resacct.account.gpu.decode_trace import cache_of, serving_forward, trace_decode_ops
-from resacct.account.gpu.op_costs import OpCosts
+from resacct.account.gpu.tracing.decode_trace import cache_of, serving_forward, trace_decode_ops
+from resacct.account.gpu.tracing.op_costs import OpCosts
 from resacct.errors import ResacctError
 
 transformers = pytest.importorskip("transformers")
@@ -60,7 +60,7 @@ def test_the_traced_decode_is_the_cpu_decode_op_for_op(kind: str) -> None:
 
 
 def _prefill_ops(meta: Any) -> list[Any]:
-    from resacct.account.gpu.command_answers import predict_prefill
+    from resacct.account.gpu.answers.command_answers import predict_prefill
 
     ops: list[Any] = []
     predict_prefill(meta, batch=BATCH, context=CONTEXT, kernel=None, ops=ops)
@@ -90,7 +90,7 @@ def test_the_boards_kernel_runs_the_attention_and_a_mask_moves_flash_to_efficien
     # grouped-query attention: the memory-efficient kernel refuses it (an H200, torch 2.11), sdpa runs its math path
     assert "aten._scaled_dot_product_efficient_attention.default" not in names
     assert names.count("aten._safe_softmax.default") == meta.config.num_hidden_layers
-    import resacct.account.gpu.cuda_step as cuda_step
+    import resacct.account.gpu.tracing.cuda_step as cuda_step
 
     calls: list[str] = []
     real_routing = cuda_step._CudaAttention

@@ -1,4 +1,4 @@
-"""Mixtral's eager experts forward emulated on meta tensors (resacct/account/gpu/eager_experts.py): with the routing's
+"""Mixtral's eager experts forward emulated on meta tensors (resacct/account/gpu/tracing/eager_experts.py): with the routing's
 answers made up — every expert hit, the rows spread evenly — it allocates what transformers' own eager loop allocates on
 real CPU tensors when the routing does spread evenly, block for block (one_hot's internals aside), to the same peak."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.eager_experts import even_eager_forward, even_rows
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.eager_experts import even_eager_forward, even_rows
 
 pytest.importorskip("transformers")
 

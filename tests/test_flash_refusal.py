@@ -1,5 +1,5 @@
 """Where CUDA's flash kernel refuses a call, sdpa runs the memory-efficient one — and so do resacct's CUDA predictions
-(``resacct/account/gpu/cuda_step.py``, ``flash_refusal``): a head size over 256 anywhere; in training on sm86/89 (A10,
+(``resacct/account/gpu/tracing/cuda_step.py``, ``flash_refusal``): a head size over 256 anywhere; in training on sm86/89 (A10,
 L4, RTX 4090) and sm120/121, a head size in (192, 224], or over 224 with dropout (PyTorch's sdp_utils.cpp,
 ``check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120``). A board's compute capability comes from
 the datasheet table (``compute_capability``)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from resacct.account.gpu.cuda_step import flash_refusal, predict_cuda_step_memory
+from resacct.account.gpu.tracing.cuda_step import flash_refusal, predict_cuda_step_memory
 from resacct.errors import ResacctError
 from resacct.facts.hardware import _parse_accelerator, accelerators, get_accelerator
 

@@ -33,7 +33,7 @@ def anchors():  # type: ignore[no-untyped-def]
 
 @_needs("torch.distributed._tools.mem_tracker")
 def test_memtracker_sees_the_recorded_forward_backward_within_one_percent(anchors) -> None:  # type: ignore[no-untyped-def]
-    from resacct.account.gpu.recorded import load_gpu_record, recorded_value
+    from resacct.account.gpu.records.recorded import load_gpu_record, recorded_value
     from resacct.training.gpt import get_gpt_config
 
     tiny = {key: value for key, value in vars(get_gpt_config("gpt-tiny")).items() if key != "attention"}

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.cuda_autocast import CudaAutocast
-from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.cuda_autocast import CudaAutocast
+from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
 from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
 
@@ -169,7 +169,7 @@ def test_the_cast_cache_keeps_one_copy_of_a_parameter_per_region() -> None:
 @pytest.mark.parametrize("recipe", ["bf16-autocast", "bf16-fp32-master"])
 def test_a_mixed_precision_recipe_gets_cuda_peaks(recipe: str) -> None:
     pytest.importorskip("transformers")
-    from resacct.account.gpu.device_answer import gpu_step_answer
+    from resacct.account.gpu.answers.device_answer import gpu_step_answer
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
     from resacct.facts.hardware import get_accelerator

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct.account.gpu.cuda_step import GQA_MATH_LABEL, predict_cuda_step_memory
-from resacct.account.gpu.device_answer import calibration_text, fit_gpu_answer, gpu_step_answer
+from resacct.account.gpu.tracing.cuda_step import GQA_MATH_LABEL, predict_cuda_step_memory
+from resacct.account.gpu.answers.device_answer import calibration_text, fit_gpu_answer, gpu_step_answer
 from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 from resacct.cli import main
 from resacct.facts.hardware import get_accelerator
@@ -59,7 +59,7 @@ def test_sdpa_runs_on_a_v100_the_kernel_pytorch_allows_there(config_path: str) -
     only — on a V100 (sm70) a bfloat16 step runs sdpa's math path, a float16 one the efficient kernel. ``account`` and
     ``fit --device`` said flash for any 16-bit step (their own rule, not the board's); ``lora``, ``infer`` and ``shard``
     said efficient for bfloat16 too."""
-    from resacct.account.gpu.command_answers import sdpa_kernel_for
+    from resacct.account.gpu.answers.command_answers import sdpa_kernel_for
 
     v100, h100 = get_accelerator("v100"), get_accelerator("h100")
     assert [sdpa_kernel_for(v100, dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)] == [None, "efficient", "efficient"]
@@ -190,7 +190,7 @@ def test_fit_on_a_board_searches_the_sequence_length_up_too(tmp_path: Path) -> N
     assert above > found["largest"] and reserved(above) > cpu.budget_bytes
     assert search.exact == (above == found["largest"] + 1)
     assert search.line("{:.0f} B".format).startswith("by the reserved peak: the largest seq that fits the 100000000 B budget")
-    from resacct.account.gpu.device_answer import fit_gpu_fields
+    from resacct.account.gpu.answers.device_answer import fit_gpu_fields
 
     fields = fit_gpu_fields(found)  # --json's gpu: the search named by what it searched
     assert fields["largest_seq_by_reserved"]["largest"] == fields["largest_by_reserved_peak"] == found["largest"]
@@ -213,9 +213,9 @@ def _measured_cuda_order_step(model, batch, loss_fn, make_optimizer) -> int:  # 
     AdamW as on CUDA): its allocated peak, less AdamW's step counts (CUDA keeps them on the host)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
-    from resacct.account.gpu.cuda_allocator import round_size
-    from resacct.account.gpu.cuda_step import _as_on_cuda
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.allocator.cuda_allocator import round_size
+    from resacct.account.gpu.tracing.cuda_step import _as_on_cuda
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
 
     with sdpa_kernel(SDPBackend.MATH), AllocationRecorder(device="cpu") as recorder:
@@ -237,7 +237,7 @@ def test_a_mixtral_training_step_on_a_board_runs_its_experts_grouped(tmp_path: P
     backward. The answer runs them grouped, says so, and leaves the caller's model as it was; measured against the
     same step run for real on CPU tensors with grouped experts (the allocator model fed in a board's order)."""
     pytest.importorskip("transformers")
-    from resacct.account.gpu.cuda_experts import grouped_experts
+    from resacct.account.gpu.tracing.cuda_experts import grouped_experts
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     path = tmp_path / "mixtral.json"
@@ -264,9 +264,9 @@ def test_lora_of_a_mixtral_on_a_board_runs_its_experts_grouped(tmp_path: Path) -
     grouped, said so, and its peak the real CPU LoRA step's with grouped experts (within 5 %); the step time
     counts the grouped matmuls' FLOPs (transformers' op, which torch's flop registry does not know)."""
     pytest.importorskip("peft")
-    from resacct.account.gpu.command_answers import lora_gpu_answer
-    from resacct.account.gpu.cuda_experts import grouped_experts
-    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.account.gpu.answers.command_answers import lora_gpu_answer
+    from resacct.account.gpu.tracing.cuda_experts import grouped_experts
+    from resacct.account.gpu.timing.step_time import trace_step_ops
     from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
 
@@ -293,7 +293,7 @@ def test_experts_run_grouped_inside_the_block_and_as_built_after_it(tmp_path: Pa
     """The switch ``account``/``fit --device`` make around their trace: a Mixtral's ``batched_mm`` experts run
     resacct's grouped forward inside, ``batched_mm`` again after (fit's search goes on with that model);
     a model without experts is left alone and gets no experts line."""
-    from resacct.account.gpu.cuda_experts import GROUPED_EXPERTS_NOTE, experts_as_on_cuda
+    from resacct.account.gpu.tracing.cuda_experts import GROUPED_EXPERTS_NOTE, experts_as_on_cuda
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
     from resacct.account.load.moe_routing import EXPERTS_IMPLEMENTATION
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from resacct.account.gpu.cuda_step import GQA_MATH_LABEL
+from resacct.account.gpu.tracing.cuda_step import GQA_MATH_LABEL
 from resacct.cli import main
 
 from tests.sharded_engines import sharded_gap
@@ -58,9 +58,9 @@ def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -
     on an H100), not sdpa's math path on meta tensors, which materialises the s² scores a flash kernel never writes
     (`resacct lora --hf-config llama-2-7b --seq 2048 --device h100`: 209.5 ms over 8,370 ops, 419.6 ms over 9,900 before; docs/gpu.md)."""
     pytest.importorskip("peft")
-    from resacct.account.gpu.command_answers import _LORA_TRACES, board_rates, lora_gpu_answer
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.gpu.step_time import predict_step_seconds, trace_step_ops
+    from resacct.account.gpu.answers.command_answers import _LORA_TRACES, board_rates, lora_gpu_answer
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.timing.step_time import predict_step_seconds, trace_step_ops
     from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
     from resacct.facts.hardware import get_accelerator
@@ -118,7 +118,7 @@ def test_infer_on_a_board_times_the_prefill_and_a_generated_token(config_path: s
     """The prefill timed from the ops of its traced pass (attention as the board runs it); a generated token no faster
     than reading the weights and the KV cache once — bytes infer counts itself (its own formula and the model's cache) —
     at the bandwidth the step time uses, and no faster at a larger batch, whose cache is larger."""
-    from resacct.account.gpu.board_rates import board_rates
+    from resacct.account.gpu.timing.board_rates import board_rates
     from resacct.facts.hardware import get_accelerator
 
     one, many = (_json(capsys, "infer", "--hf-config", config_path, "--batch", str(batch), "--context", "64", "--device", "h100")
@@ -138,7 +138,7 @@ def test_infer_on_a_board_times_the_prefill_and_a_generated_token(config_path: s
 def test_a_step_time_takes_the_rate_of_its_own_format(capsys: pytest.CaptureFixture[str]) -> None:
     """fp16 is timed by the fp16 peak (every 16-bit step was timed as bf16: an fp16 LoRA on a V100, which has no bf16
     peak, lost its peaks with it); the H100 record measured fp32 and bf16 matmuls, not fp16: its datasheet then, said so."""
-    from resacct.account.gpu.command_answers import board_rates
+    from resacct.account.gpu.answers.command_answers import board_rates
     from resacct.errors import ResacctError
     from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 
@@ -177,9 +177,9 @@ def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path:
     kernels do where one op hides it — the mask added in place, ``_safe_softmax``'s temporaries: cuda_composites)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
-    from resacct.account.gpu.command_answers import kv_prefill
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory, sdpa_routing
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.answers.command_answers import kv_prefill
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     spec = load_hf_config(config_path)
@@ -242,7 +242,7 @@ def test_shard_device_adds_each_ranks_cublas_workspaces_to_both_peaks() -> None:
     if (gap := sharded_gap("fsdp2")) is not None:
         pytest.skip(f"{gap} (the command refuses in one line: the test above)")
     from resacct.account.fit.search import ModelSource
-    from resacct.account.gpu.sharded_cuda import _predict_cuda_in_child, predict_sharded_cuda_peaks
+    from resacct.account.gpu.answers.sharded_cuda import _predict_cuda_in_child, predict_sharded_cuda_peaks
     from resacct.facts.hardware import get_accelerator
     from resacct.measurement.distributed import run_isolated
 
@@ -259,7 +259,7 @@ def test_shard_device_adds_each_ranks_cublas_workspaces_to_both_peaks() -> None:
 def test_the_sharded_tracker_feeds_resizes_to_the_allocator_model() -> None:
     """FSDP allocates and frees its unsharded parameters by ``UntypedStorage.resize_``: a resize up is
     an allocation of the allocator model, a resize to 0 its free."""
-    from resacct.account.gpu.sharded_cuda import CudaShardedTracker
+    from resacct.account.gpu.answers.sharded_cuda import CudaShardedTracker
 
     tracker = CudaShardedTracker()
     with tracker:
@@ -300,8 +300,8 @@ def test_the_sharded_tracker_feeds_the_allocator_as_the_verified_recorder_does()
     off the device as CUDA keeps them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
-    from resacct.account.gpu.sharded_cuda import CudaShardedTracker, _step_counts
+    from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
+    from resacct.account.gpu.answers.sharded_cuda import CudaShardedTracker, _step_counts
     from resacct.measurement.activation_checkpointing import gpt_loss
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
     from resacct.training.gpt import build_gpt, get_gpt_config
@@ -334,7 +334,7 @@ def test_flash_routing_sends_values_of_another_head_size_to_the_efficient_kernel
     (and o_proj would refuse them: ``infer --hf-config deepseek-v3 --device h100`` did)."""
     import torch.nn.functional as F
 
-    from resacct.account.gpu.cuda_step import _CudaAttention
+    from resacct.account.gpu.tracing.cuda_step import _CudaAttention
 
     query, value = torch.empty(1, 4, 16, 192, device="meta"), torch.empty(1, 4, 16, 128, device="meta")
     with _CudaAttention("flash") as routing:
@@ -375,9 +375,9 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
     pytest.importorskip("transformers")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
-    from resacct.account.gpu.command_answers import grouped_experts, kv_prefill
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory, sdpa_routing
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.answers.command_answers import grouped_experts, kv_prefill
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
 
     path = tmp_path / "mixtral.json"

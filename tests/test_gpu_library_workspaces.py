@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-from resacct.account.gpu.library_workspaces import (
+from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+from resacct.account.gpu.allocator.library_workspaces import (
     cublas_workspace_bytes,
     cublaslt_workspace_bytes,
     probe_library_allocations,

@@ -23,9 +23,9 @@ import gpu_record  # noqa: E402
 import gpu_record_serve  # noqa: E402
 import gpu_record_step  # noqa: E402
 
-from resacct.account.gpu.board_record import ceilings_in_brief  # noqa: E402
+from resacct.account.gpu.records.board_record import ceilings_in_brief  # noqa: E402
 from tests.fake_wheel import make_wheel  # noqa: E402
-from resacct.account.gpu.record import check_record_layout  # noqa: E402
+from resacct.account.gpu.records.record import check_record_layout  # noqa: E402
 
 #: one step of each model family and of each recipe kind: the slow test's dry run
 DRY_STEPS = ["gpt2-small/fp32/math", "hf-gpt2/bf16-autocast/flash", "llama-3.2-1b-lora/bf16/flash",
@@ -184,7 +184,7 @@ def stubbed_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     pytest.importorskip("transformers")  # an HF step builds its model (torch 2.4: transformers 5.x cannot)
     import torch
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
 
     recorder = AllocationRecorder(device="cpu")
     settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False, "roundup_power2_divisions": [1]}
@@ -247,8 +247,8 @@ def test_the_library_probe_reads_the_allocator_around_the_first_matmuls(monkeypa
     so each stage's growth is the tensors' own), and the script's ``--library --dry-run`` child printing JSON."""
     import torch
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
-    from resacct.account.gpu.library_workspaces import probe_library_allocations
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.allocator.library_workspaces import probe_library_allocations
 
     recorder = AllocationRecorder(device="cpu")
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
@@ -298,7 +298,7 @@ def test_compare_predicts_each_recorded_step(dry_run: tuple[subprocess.Completed
     assert "cannot predict" not in lines[DRY_SERVING[0]]
     allocated, recorded = (int(word.replace(",", "")) for word in lines[DRY_SERVING[0]].split()[1:3])
     assert allocated == recorded
-    assert "cannot predict" not in lines["hf-gpt2/bf16-autocast/flash"]  # CUDA autocast's casts on meta (resacct/account/gpu/cuda_autocast.py)
+    assert "cannot predict" not in lines["hf-gpt2/bf16-autocast/flash"]  # CUDA autocast's casts on meta (resacct/account/gpu/tracing/cuda_autocast.py)
     for name in ("gpt2-small/fp32/math", "llama-3.2-1b-lora/bf16/flash", "hf-gpt2/bf16-autocast/flash"):
         if name in lines:
             ratios = [float(word) for word in lines[name].split()[1:] if "." in word and "," not in word]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from resacct.account.gpu.recorded import H100_RECORD, load_gpu_record, record_path
+from resacct.account.gpu.records.recorded import H100_RECORD, load_gpu_record, record_path
 from resacct.errors import ResacctError
 from resacct.harness.evaluate import ClaimFailure, evaluate_claim
 from resacct.harness.loader import load_claims_file
@@ -116,7 +116,7 @@ def test_reports_name_the_record_beside_a_recorded_claim() -> None:
 
 
 def test_step_time_is_calibrated_on_one_step_and_blind_to_the_judged_ones_time(tmp_path: Path) -> None:
-    from resacct.account.gpu.step_time import BoardRates, OpCost, calibrate_overhead, predict_step_seconds
+    from resacct.account.gpu.timing.step_time import BoardRates, OpCost, calibrate_overhead, predict_step_seconds
     from resacct.checks.gpu_recorded import step_time
 
     ops = [OpCost("mm", 2 * 10**12, 10**6), OpCost("add", 0, 2 * 10**9)]
@@ -153,14 +153,14 @@ def test_a_broken_recorded_state_or_saved_bytes_fails_the_claim(tmp_path: Path) 
 
 
 def test_the_wheel_ships_the_same_record_and_reads_it_without_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import resacct.account.gpu.recorded as recorded
+    import resacct.account.gpu.records.recorded as recorded
 
     shipped = recorded.PACKAGED_RECORDS / Path(H100_RECORD).name
     assert shipped.read_bytes() == (REPO / H100_RECORD).read_bytes(), "resacct/specs/gpu_records/ must be a copy of docs/gpu/"
     monkeypatch.setattr(recorded, "REPOSITORY", tmp_path)  # an installed resacct: no docs/gpu/ beside it
     assert recorded.record_path(H100_RECORD) == shipped
     assert recorded.record_path("docs/gpu/no-such.json") == tmp_path / "docs/gpu/no-such.json"  # the error names what was asked
-    from resacct.account.gpu.board_record import read_board_record
+    from resacct.account.gpu.records.board_record import read_board_record
 
     h200 = "docs/gpu/2026-11-30-h200-record.json.gz"  # a board record (gzipped): its claims read the shipped copy too
     assert recorded.record_path(h200) == recorded.PACKAGED_RECORDS / Path(h200).name

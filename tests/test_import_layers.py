@@ -329,3 +329,18 @@ def test_account_is_its_pipeline_stages() -> None:
     assert stages == sorted(ACCOUNT_STAGES), f"account/'s stage folders are {stages}, expected {sorted(ACCOUNT_STAGES)}"
     for stage in ACCOUNT_STAGES:
         assert (account / stage / "__init__.py").read_text().startswith('"""'), f"account/{stage}/__init__.py says what the stage holds"
+
+
+GPU_STAGES = ("allocator", "tracing", "timing", "records", "answers")
+
+
+def test_the_gpu_step_is_its_pipeline_stages() -> None:
+    """The same house note for ``account/gpu/`` (it had grown to 26 flat modules): its root holds only ``__init__``
+    and the stage folders (allocator → tracing → timing → records → answers), each saying what it holds."""
+    gpu = PACKAGE / "account" / "gpu"
+    flat = sorted(path.name for path in gpu.glob("*.py") if path.name != "__init__.py")
+    stages = sorted(path.name for path in gpu.iterdir() if path.is_dir() and path.name != "__pycache__")
+    assert flat == [], f"modules directly under resacct/account/gpu/ (move each into its stage folder): {flat}"
+    assert stages == sorted(GPU_STAGES), f"account/gpu/'s stage folders are {stages}, expected {sorted(GPU_STAGES)}"
+    for stage in GPU_STAGES:
+        assert (gpu / stage / "__init__.py").read_text().startswith('"""'), f"account/gpu/{stage}/__init__.py says what the stage holds"

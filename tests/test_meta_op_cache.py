@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from resacct.account.gpu import allocation_trace
+from resacct.account.gpu.allocator import allocation_trace
 from resacct.measurement import meta_op_cache
 from resacct.measurement.meta_op_cache import MetaOpCache, MetaOpCacheMode
 
@@ -139,7 +139,7 @@ def _small_hf_model(model_type: str, layers: int = 3) -> nn.Module:
     pytest.param("mixtral", torch.float32, "efficient", marks=pytest.mark.slow),
 ])
 def test_the_cuda_allocator_pass_predicts_the_same_with_and_without_the_cache(model_type, dtype, attention, monkeypatch) -> None:
-    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+    from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
     from resacct.account.load.model_io import call_model, default_inputs, loss_of_output
 
     if model_type == "resacct-gpt":

@@ -64,7 +64,7 @@ def test_a_ranks_cuda_peaks_traced_alone_are_what_its_class_trace_gave() -> None
     pytest.importorskip("transformers")
     _require_named_collectives()
     from resacct.account.fit.search import ModelSource
-    from resacct.account.gpu.sharded_cuda import predict_sharded_cuda_peaks
+    from resacct.account.gpu.answers.sharded_cuda import predict_sharded_cuda_peaks
     from resacct.facts.hardware import get_accelerator
 
     model, board = ModelSource(factory=_TINY), get_accelerator("h100")
@@ -84,7 +84,7 @@ def test_the_rank_a_process_traces_first_gets_what_a_later_trace_gets() -> None:
     _require_named_collectives()
     from resacct.account.answers.sharded import account_sharded_step
     from resacct.account.fit.search import ModelSource
-    from resacct.account.gpu.sharded_cuda import predict_sharded_cuda_peaks
+    from resacct.account.gpu.answers.sharded_cuda import predict_sharded_cuda_peaks
     from resacct.facts.hardware import get_accelerator
 
     model, board = ModelSource(hf_config="gpt2"), get_accelerator("h100")

@@ -1,5 +1,5 @@
 """A board record's calibrated step-time model, kept beside it and read by the ``--device`` commands (issue 31:
-resacct/account/gpu/record_calibration.py). The committed H200 calibration is fitted again here with this checkout's
+resacct/account/gpu/records/record_calibration.py). The committed H200 calibration is fitted again here with this checkout's
 code (slow: the record's ten dense steps traced on meta) and must be the committed one; the commands must price a step
 by it where it exists and by the per-op roofline where not."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct.account.gpu.record_calibration import board_calibration, calibration_file, read_record_calibration
+from resacct.account.gpu.records.record_calibration import board_calibration, calibration_file, read_record_calibration
 from resacct.errors import ResacctError
 from resacct.facts.hardware import get_accelerator
 
@@ -46,9 +46,9 @@ def test_a_malformed_calibration_is_one_error_naming_the_file(tmp_path: Path) ->
 
 
 def test_the_device_commands_price_a_step_by_the_calibration_where_the_board_has_one() -> None:
-    from resacct.account.gpu.board_rates import step_seconds
-    from resacct.account.gpu.op_costs import OpCost
-    from resacct.account.gpu.step_time_calibrated import predict_calibrated_seconds
+    from resacct.account.gpu.timing.board_rates import step_seconds
+    from resacct.account.gpu.tracing.op_costs import OpCost
+    from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
 
     ops = [OpCost("aten::mm", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "c10::BFloat16", True)),
            OpCost("aten::add", 0, 3 * 4096 * 4096 * 2), OpCost("aten::view", 0, 0, kernel=False)]

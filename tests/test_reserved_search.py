@@ -1,4 +1,4 @@
-"""The largest batch by the board's reserved peak (resacct/account/gpu/reserved_search.py): on any
+"""The largest batch by the board's reserved peak (resacct/account/gpu/answers/reserved_search.py): on any
 non-decreasing staircase of reserved bytes — a line rounded up to the allocator's segments — and from any
 CPU answer, an ``exact`` answer is the true largest batch, never more traces than allowed, and what is said
 fits; and ``lora --device`` judges its CPU answer so (a tiny Llama on an H100)."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resacct.account.gpu.reserved_search import MAX_RESERVED_TRACES, largest_by_reserved
+from resacct.account.gpu.answers.reserved_search import MAX_RESERVED_TRACES, largest_by_reserved
 
 MIB = 2**20
 
@@ -83,7 +83,7 @@ def test_no_batch_above_the_limit_is_traced() -> None:
 def test_lora_on_a_board_judges_its_largest_batch_by_the_reserved_peak(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from resacct.account.gpu.command_answers import lora_gpu_answer
+    from resacct.account.gpu.answers.command_answers import lora_gpu_answer
     from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.cli import main
     from resacct.facts.hardware import get_accelerator

@@ -1,7 +1,7 @@
 """``shard --device``'s tracker (fake CPU tensors) allocates as the verified recorder on meta does (issue 31).
 
-:class:`~resacct.account.gpu.allocation_trace.AllocationRecorder` on meta tensors is the path the H200 record proves
-(gqa-llama/fp32/math reserved to the byte). :class:`~resacct.account.gpu.sharded_cuda.CudaShardedTracker` runs each rank
+:class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder` on meta tensors is the path the H200 record proves
+(gqa-llama/fp32/math reserved to the byte). :class:`~resacct.account.gpu.answers.sharded_cuda.CudaShardedTracker` runs each rank
 on fake **CPU** tensors: before session 25 a grouped-query call off flash ran the CPU's sdpa choice (its flash kernel: no
 scores), ``_safe_softmax`` allocated one output, the mask's add a second scores block and the efficient kernel's philox
 seed and offset two device blocks. Here both paths trace the same calls, and the allocator events must be the same list.
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.cuda_step import sdpa_routing
-from resacct.account.gpu.sharded_cuda import CudaShardedTracker
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.cuda_step import sdpa_routing
+from resacct.account.gpu.answers.sharded_cuda import CudaShardedTracker
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_safe_softmax"),
                                 reason="torch < 2.5: no _safe_softmax, no enable_gqa, no meta kernel for the efficient attention")
@@ -91,8 +91,8 @@ def test_a_gqa_llama_step_off_flash_predicts_the_recorders_peaks() -> None:
     """A whole fp32 training step of a grouped-query Llama on an H100 (efficient routing, every call falls to the math
     path): the sharded tracker's start, allocated and reserved peaks are :func:`predict_cuda_step_memory`'s."""
     pytest.importorskip("transformers")
-    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
-    from resacct.account.gpu.sharded_cuda import _step_counts
+    from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
+    from resacct.account.gpu.answers.sharded_cuda import _step_counts
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step
     from tests.fixtures_hf_models import tiny_llama
 

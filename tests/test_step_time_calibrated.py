@@ -1,4 +1,4 @@
-"""The GPU step time calibrated on a board's record (resacct/account/gpu/step_time_calibrated.py): what a traced op
+"""The GPU step time calibrated on a board's record (resacct/account/gpu/timing/step_time_calibrated.py): what a traced op
 says of itself (a kernel or not, a cuBLAS call's leading dimensions), the fits recovering a known board, and the
 recorded claim blind to the judged step's own profile and time."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import resacct.checks.gpu_record_steps as record_steps
-from resacct.account.gpu.op_costs import OpCost, OpCosts
-from resacct.account.gpu.step_time_calibrated import calibrate_step_times, matmul_class, predict_calibrated_seconds, profile_matmul_rows
+from resacct.account.gpu.tracing.op_costs import OpCost, OpCosts
+from resacct.account.gpu.timing.step_time_calibrated import calibrate_step_times, matmul_class, predict_calibrated_seconds, profile_matmul_rows
 from resacct.errors import ResacctError
 
 RATE, PER_CALL = 500e12, 4e-6  # the synthetic board's aligned bf16 matmuls: t = FLOPs ÷ RATE + PER_CALL

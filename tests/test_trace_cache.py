@@ -269,8 +269,8 @@ def test_a_gpu_record_edited_or_added_gives_new_keys(tmp_path: Path, monkeypatch
 
 
 def test_the_shipped_and_committed_gpu_records_are_in_the_fingerprint() -> None:
-    """The folders named are the ones resacct.account.gpu.recorded reads."""
-    from resacct.account.gpu.recorded import PACKAGED_RECORDS, REPOSITORY, record_path
+    """The folders named are the ones resacct.account.gpu.records.recorded reads."""
+    from resacct.account.gpu.records.recorded import PACKAGED_RECORDS, REPOSITORY, record_path
 
     assert PACKAGED_RECORDS in trace_cache._RECORDS and REPOSITORY / "docs" / "gpu" in trace_cache._RECORDS
     assert record_path("docs/gpu/x.json").parent in trace_cache._RECORDS

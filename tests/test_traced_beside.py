@@ -1,4 +1,4 @@
-"""The board's step traced on the second core beside the CPU kernels' search (resacct/account/gpu/traced_beside.py;
+"""The board's step traced on the second core beside the CPU kernels' search (resacct/account/gpu/answers/traced_beside.py;
 issue 34's ``fit --device`` bar): what the child traces is what the parent would, a failure there costs nothing but
 the parent's own trace, and ``fit --device`` and ``lora --device`` answer the same with it and without it."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from resacct.account.gpu import traced_beside
-from resacct.account.gpu.traced_beside import TracedBeside
+from resacct.account.gpu.answers import traced_beside
+from resacct.account.gpu.answers.traced_beside import TracedBeside
 from resacct.cli import main
 
 
@@ -124,7 +124,7 @@ def test_fit_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypatc
         return done
 
     monkeypatch.setattr(traced_beside.TracedBeside, "collect", spy)
-    from resacct.account.gpu import device_answer
+    from resacct.account.gpu.answers import device_answer
 
     made = device_answer.board_step_function
     in_this_process: list[int] = []  # the sizes whose board step this process traced (the child's own list stays in the child)
@@ -166,7 +166,7 @@ def test_lora_on_a_board_answers_the_same_with_the_board_traced_beside(monkeypat
     the CPU search probed, where the board's own search starts."""
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from resacct.account.gpu import command_answers
+    from resacct.account.gpu.answers import command_answers
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -87,10 +87,10 @@ def _memoized_peaks(function: Callable[..., Any]) -> Callable[..., Any]:
 
 @pytest.fixture
 def memoized_infer_gpu_answer(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
-    """``infer --device BOARD``'s traced prefill (:func:`resacct.account.gpu.command_answers.infer_gpu_answer`,
+    """``infer --device BOARD``'s traced prefill (:func:`resacct.account.gpu.answers.command_answers.infer_gpu_answer`,
     a frozen ``GpuStepAnswer``) answered from memory for a question asked before: the same config name,
     batch, context, formats and board; ``--json`` and ``--units`` change only what is printed."""
-    from resacct.account.gpu import command_answers
+    from resacct.account.gpu.answers import command_answers
 
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(command_answers, "infer_gpu_answer", _memoized(command_answers.infer_gpu_answer, calls))

@@ -4,7 +4,7 @@
 On a GPU, for each step of :data:`MATRIX` (in its own fresh process, so the allocator's trace
 starts from its first allocation; each bounded by ``--step-limit``), it records one steady training
 step — what the CUDA caching allocator did (``torch.cuda.memory._record_memory_history(
-context=None)`` + ``_snapshot()``, compacted by :func:`resacct.account.gpu.record.compact_snapshot`),
+context=None)`` + ``_snapshot()``, compacted by :func:`resacct.account.gpu.records.record.compact_snapshot`),
 ``max_memory_allocated`` / ``max_memory_reserved`` over that step, the step's time (median of 5,
 CUDA-synchronised), and every aten op's time with its shapes and dtypes (``torch.profiler``); then for each
 model of :data:`SERVING` what ``resacct infer --device`` predicts — its weights loaded, the first prefill with its KV
@@ -12,7 +12,7 @@ cache kept (the allocator's trace and peaks), the prefill's time and a generated
 the board's ceilings: the most matmul FLOP/s over a sweep of shapes for bf16, fp16, tf32, fp32 and
 fp8 where the board has it (the MAMF method: the best of a sweep, not a datasheet), memory
 bandwidth (a 1 GiB copy) and the launch overhead of a tiny kernel; first, in a fresh process, the
-library probe (:func:`resacct.account.gpu.library_workspaces.probe_library_allocations`): what the
+library probe (:func:`resacct.account.gpu.allocator.library_workspaces.probe_library_allocations`): what the
 first ``mm``, the first ``Linear`` with a bias and the first backward allocate — the cuBLAS/cuBLASLt
 workspaces the predictions take from PyTorch's source, unconfirmed until a record has it. Each step is replayed through
 the allocator model at once, so the call's summary already says whether the model holds.
@@ -36,10 +36,10 @@ Writes under ``--out`` (default ``$OUT``), three files (a device call returns at
 Models are built from configs only (no weights, no network). Exit status 1 if any step failed.
 
 Its parts are modules beside it (this file is the driver and the bundle): ``gpu_record_matrix.py``
-(the steps; their models built by resacct.account.gpu.record_models), ``gpu_record_step.py`` (one step recorded, in its own
+(the steps; their models built by resacct.account.gpu.records.record_models), ``gpu_record_step.py`` (one step recorded, in its own
 process), ``gpu_record_serve.py`` (one served model: prefill and decode), ``gpu_record_ceilings.py`` (the MAMF sweep, bandwidth, launch overhead) and
 ``gpu_record_replay.py`` (``--replay``, ``--compare``); the library probe is library code,
-:func:`resacct.account.gpu.library_workspaces.probe_library_allocations`, beside the workspaces it settles.
+:func:`resacct.account.gpu.allocator.library_workspaces.probe_library_allocations`, beside the workspaces it settles.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _merge(paths: list[Path], out: Path | None) -> int:
 
 def _calibrate(record: Path, out: Path | None) -> int:
     """``--calibrate``: the record's calibration file (its dense steps traced on meta, ~15 CPU s), written beside it or into ``out``."""
-    from resacct.account.gpu.record_calibration_fit import write_record_calibration
+    from resacct.account.gpu.records.record_calibration_fit import write_record_calibration
     from resacct.errors import ResacctError
 
     if not record.is_file():
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="records of one board from several device calls, oldest first: one record (and summary) into --out")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
     parser.add_argument("--calibrate", type=Path, metavar="RECORD", help="a committed board record: fit the step-time model the commands "
-                        "price a step by on its dense steps, into --out (default: beside the record; resacct/account/gpu/record_calibration.py)")
+                        "price a step by on its dense steps, into --out (default: beside the record; resacct/account/gpu/records/record_calibration.py)")
     parser.add_argument("--wheels", type=Path, metavar="DIR", help="run the steps with these wheels (tools/gpu_record_wheels.py: "
                         "this machine's transformers, carried to the board)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record_ceilings(args.dry_run, args.budget)))
         return 0
     if args.library:  # a fresh process: what the first matmuls allocate (cuBLAS/cuBLASLt workspaces)
-        from resacct.account.gpu.library_workspaces import probe_library_allocations
+        from resacct.account.gpu.allocator.library_workspaces import probe_library_allocations
         print(json.dumps(probe_library_allocations("cpu" if args.dry_run else gpu_record_step.CUDA_DEVICE, cuda=not args.dry_run)))
         return 0
     chosen = [name for name in args.only.split(",") if name]
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         left = args.budget - 10 - (time.perf_counter() - started)
         ceilings, status = _child(["--ceilings", "--budget", str(max(left - 20, 10))] + (["--dry-run"] if args.dry_run else []), max(left, 10), env, log)
         print(json.dumps({"ceilings": status}), flush=True)
-    from resacct.account.gpu.board_record import ceilings_in_brief
-    from resacct.account.gpu.record import RECORD_FORMAT
+    from resacct.account.gpu.records.board_record import ceilings_in_brief
+    from resacct.account.gpu.records.record import RECORD_FORMAT
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
               "steps": steps, "serving": serving, "ceilings": ceilings if ceilings is not None else {"error": status},

@@ -93,7 +93,7 @@ def _flow(mapping: dict[str, Any]) -> str:
 
 def unpredictable(record: dict[str, Any], step: dict[str, Any], *, serving: bool) -> str | None:
     """Why resacct cannot predict ``step`` of ``record`` on meta tensors (its prediction tried, as the claims would), or None."""
-    from resacct.account.gpu.record_models import predict_record_serving, predict_record_step
+    from resacct.account.gpu.records.record_models import predict_record_serving, predict_record_step
 
     env = {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
     try:

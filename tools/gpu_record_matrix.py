@@ -1,13 +1,13 @@
 """tools/gpu_record.py's step matrix (issue 31): the models it records (configs only: no weights,
 no network), each step's recipe, attention kernel, batch and sequence; a step's model is built by
-:func:`resacct.account.gpu.record_models.build_record_model` (tiny shapes in a dry run), as ``--compare`` rebuilds it.
+:func:`resacct.account.gpu.records.record_models.build_record_model` (tiny shapes in a dry run), as ``--compare`` rebuilds it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from resacct.account.gpu.record_models import TINY  # noqa: F401  (re-exported: the dry run's sizes)
+from resacct.account.gpu.records.record_models import TINY  # noqa: F401  (re-exported: the dry run's sizes)
 
 #: meta-llama/Llama-3.2-1B's config.json (https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json), built without weights
 LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -40,7 +40,7 @@ MATRIX: dict[str, tuple[str, Any, str, str, int, int, dict]] = {
     "gqa-llama/bf16/flash": ("hf", GQA_LLAMA, "bf16", "flash", 4, 1024, {}),
     "mixtral-small/bf16-autocast/eager-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "flash", 4, 512, {"experts": "eager"}),
     "mixtral-small/bf16-autocast/batched_mm-experts": ("hf", MIXTRAL_SMALL, "bf16-autocast", "flash", 1, 256, {"experts": "batched_mm"}),
-    # transformers' default on a CUDA board, what the --device answers predict (resacct/account/gpu/cuda_experts.py): last, the first a spent budget skips.
+    # transformers' default on a CUDA board, what the --device answers predict (resacct/account/gpu/tracing/cuda_experts.py): last, the first a spent budget skips.
     # bf16 weights, not autocast: grouped_mm is not autocast-enabled and transformers casts its input to the weight's dtype, so under
     # autocast it is given fp32 operands, which its CUDA kernel (and its meta function) refuse: "Expected inputs of BF16 type"
     "mixtral-small/bf16/grouped_mm-experts": ("hf", MIXTRAL_SMALL, "bf16", "flash", 4, 512, {"experts": "grouped_mm"}),

@@ -45,7 +45,7 @@ def _merge_entries(sources: list[dict[str, Any]], field: str, current: dict[str,
 
 
 def _history(source: dict[str, Any]) -> dict[str, Any]:
-    from resacct.account.gpu.board_record import ceilings_in_brief
+    from resacct.account.gpu.records.board_record import ceilings_in_brief
 
     ceilings = source.get("ceilings") or {}
     return {"when": source.get("when"),
@@ -81,7 +81,7 @@ def _summary_row(entry: dict[str, Any], summaries: list[dict[str, Any]]) -> dict
 
 def merged_summary(record: dict[str, Any], summaries: list[dict[str, Any]], record_bytes: int) -> dict[str, Any]:
     """The summary of a merged record, as ``gpu_record.py`` writes one, its rows the sources' own."""
-    from resacct.account.gpu.board_record import ceilings_in_brief
+    from resacct.account.gpu.records.board_record import ceilings_in_brief
 
     steps = [_summary_row(entry, summaries) for entry in record["steps"]]
     serving = [_summary_row(entry, summaries) for entry in record["serving"]]

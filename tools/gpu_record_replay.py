@@ -1,6 +1,6 @@
 """tools/gpu_record.py's ``--replay`` and ``--compare`` (issue 31), on any CPU: a record read back
 (one line on stderr when it is not a whole record), each recorded step and served model replayed through the
-allocator model, or predicted on meta tensors (:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`;
+allocator model, or predicted on meta tensors (:func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory`;
 a served model as ``infer --device`` predicts it) beside what the board did.
 """
 
@@ -15,8 +15,8 @@ from gpu_record_matrix import MATRIX
 
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record at ``path`` (.json or .json.gz, a dry run's too), read and layout-checked as the recorded claims read it
-    (:func:`resacct.account.gpu.board_record.read_board_record`), or None after one line on stderr."""
-    from resacct.account.gpu.board_record import read_board_record
+    (:func:`resacct.account.gpu.records.board_record.read_board_record`), or None after one line on stderr."""
+    from resacct.account.gpu.records.board_record import read_board_record
     from resacct.errors import ResacctError
 
     try:
@@ -27,11 +27,11 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:
-    """:func:`~resacct.account.gpu.record_models.predict_record_step` of a recorded step; what ran taken from
+    """:func:`~resacct.account.gpu.records.record_models.predict_record_step` of a recorded step; what ran taken from
     :data:`MATRIX` where the step does not say it itself (a step described by hand)."""
-    from resacct.account.gpu.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_record_step
 
-    from resacct.account.gpu.record_models import built_config
+    from resacct.account.gpu.records.record_models import built_config
 
     matrix = {}
     if "model_config" not in step and step.get("name") in MATRIX:
@@ -48,7 +48,7 @@ def compare_record(path: Path) -> int:
         return 2
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
-    from resacct.account.gpu.record_models import predict_record_serving
+    from resacct.account.gpu.records.record_models import predict_record_serving
 
     probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
     served = {id(entry) for entry in record.get("serving", [])}
@@ -71,7 +71,7 @@ def compare_record(path: Path) -> int:
 
 def replay_record(path: Path) -> int:
     """Replay every step of the record at ``path`` through the allocator model; one line per step."""
-    from resacct.account.gpu.record import replay_step
+    from resacct.account.gpu.records.record import replay_step
     from resacct.errors import ResacctError
     record = read_record(path)
     if record is None:

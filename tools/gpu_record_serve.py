@@ -16,7 +16,7 @@ from typing import Any
 from gpu_record_matrix import SERVING, attention_context
 from gpu_record_step import CUDA_DEVICE, MAX_TRACE_ENTRIES, op_times, start_history, stop_history
 
-from resacct.account.gpu.record_models import built_config, materialize_in_order, served_model
+from resacct.account.gpu.records.record_models import built_config, materialize_in_order, served_model
 
 TIMED_PREFILLS = 5
 DRY_SIZES = (2, 32, 4)  # a dry run's batch, context and generated tokens: the code path on a CPU
@@ -26,8 +26,8 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
     """Record one entry of :data:`SERVING` in this process (see the module doc)."""
     import torch
 
-    from resacct.account.gpu.decode_trace import cache_of, serving_forward  # torch's import here, not at the script's start (a usage error is instant)
-    from resacct.account.gpu.record import compact_snapshot, replay_step
+    from resacct.account.gpu.tracing.decode_trace import cache_of, serving_forward  # torch's import here, not at the script's start (a usage error is instant)
+    from resacct.account.gpu.records.record import compact_snapshot, replay_step
     from resacct.account.load.meta_facts import kv_cache_tensors
 
     model_config, weights, attention, batch, context, new_tokens = SERVING[name]

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_record_matrix import MATRIX, attention_context
 
-from resacct.account.gpu.record_models import build_record_model, built_config
+from resacct.account.gpu.records.record_models import build_record_model, built_config
 
 MAX_TRACE_ENTRIES = 3_000_000
 CUDA_DEVICE = "cuda"  # a test runs the CUDA branch on the CPU against a stubbed torch.cuda
@@ -53,7 +53,7 @@ def start_history(cuda: bool) -> Any:
     a dry run resacct's allocation recorder over CPU tensors feeding its allocator model (returned, entered)."""
     import torch
 
-    from resacct.account.gpu.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
 
     if cuda:
         torch.cuda.init()
@@ -88,7 +88,7 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     allocation, the peaks of the measured step, its time and its ops."""
     import torch
 
-    from resacct.account.gpu.record import compact_snapshot, replay_step
+    from resacct.account.gpu.records.record import compact_snapshot, replay_step
     from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
     from resacct.measurement.memory_timeline import run_training_step

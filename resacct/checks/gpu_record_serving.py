@@ -7,7 +7,7 @@ CUDA caching allocator's trace and peaks over all of it — then the prefill's m
 token generated one at a time from the cache. Its allocator trace is replayed by ``gpu_recorded.board_step_replay``
 (the training steps' check: the same fields); here, each reading its **measurement** from the committed record and
 making its **prediction** now with ``infer --device``'s own functions
-(:func:`~resacct.account.gpu.record_models.predict_record_serving`):
+(:func:`~resacct.account.gpu.records.record_models.predict_record_serving`):
 
 - ``gpu_recorded.board_prefill_peak`` — the weights and the prefill traced on meta tensors through the allocator model;
 - ``gpu_recorded.board_prefill_time`` — the prefill's aten ops priced by the record's own ceilings (per op the longer of
@@ -15,7 +15,7 @@ making its **prediction** now with ``infer --device``'s own functions
   other bound);
 - ``gpu_recorded.board_decode_time`` — one generated token: the longest of the weights and the KV cache read once ÷
   the bandwidth, the FLOPs of the next token's forward (traced on meta) ÷ the matmul rate, its ops × the launch time
-  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`).
+  (:func:`~resacct.account.gpu.timing.step_time.predict_decode_seconds`).
 
 Every outcome names the board, the date and the record file; a dry run's record is refused.
 """
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from resacct.account.gpu.board_record import board_record_step, read_board_record
-from resacct.account.gpu.recorded import record_contents, record_path, record_source
+from resacct.account.gpu.records.board_record import board_record_step, read_board_record
+from resacct.account.gpu.records.recorded import record_contents, record_path, record_source
 from resacct.checks.gpu_record_steps import SOURCE, peak_field, record_rates
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -36,7 +36,7 @@ __all__ = ["board_prefill_peak", "board_prefill_time", "board_decode_time"]
 @shared_measurement
 def _predicted_serving(record: str, step: str, mtime_ns: int) -> Any:
     """The served entry rebuilt on meta and predicted once: its peaks, the prefill's ops, the bytes a decode step reads."""
-    from resacct.account.gpu.record_models import predict_record_serving
+    from resacct.account.gpu.records.record_models import predict_record_serving
 
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
@@ -61,7 +61,7 @@ def board_prefill_peak(record: str, step: str, peak: str) -> Outcome:
 
 
 def _rates(record: str, data: dict[str, Any], weights: str) -> Any:
-    from resacct.account.gpu.step_time import BoardRates
+    from resacct.account.gpu.timing.step_time import BoardRates
     from resacct.facts.hardware import peak_format
 
     matmul, bandwidth, launch = record_rates(record, data, peak_format(weights))
@@ -73,7 +73,7 @@ def _rates(record: str, data: dict[str, Any], weights: str) -> Any:
                    *SOURCE), replay=record_contents)
 def board_prefill_time(record: str, step: str) -> Outcome:
     """The board's median prefill time, beside the prefill's per-op roofline priced by the record's own ceilings."""
-    from resacct.account.gpu.step_time import predict_step_seconds
+    from resacct.account.gpu.timing.step_time import predict_step_seconds
 
     data, entry, predicted = _served(record, step)
     rates = _rates(record, data, entry["weights"])
@@ -90,7 +90,7 @@ def board_prefill_time(record: str, step: str) -> Outcome:
 def board_decode_time(record: str, step: str) -> Outcome:
     """The board's median seconds per generated token (one at a time, from the prefill's cache), beside ``infer
     --device``'s decode prediction priced by the record's own ceilings."""
-    from resacct.account.gpu.step_time import predict_decode_seconds
+    from resacct.account.gpu.timing.step_time import predict_decode_seconds
 
     data, entry, predicted = _served(record, step)
     decode = predict_decode_seconds(predicted.decode_ops, _rates(record, data, entry["weights"]), read_bytes=predicted.weight_bytes + predicted.kv_cache_bytes)

@@ -2,19 +2,19 @@
 machine (issue 31, part 5): evidence ``recorded``, area ``gpu_recorded``.
 
 Per recorded step four kinds of claim, each reading its **measurement** from the committed record
-(:mod:`resacct.account.gpu.board_record`) and making its **prediction** now:
+(:mod:`resacct.account.gpu.records.board_record`) and making its **prediction** now:
 
 - ``gpu_recorded.board_step_replay`` — the allocator trace the board recorded, run through resacct's
-  model of the CUDA caching allocator (:func:`~resacct.account.gpu.record.replay_step`): its allocated or
+  model of the CUDA caching allocator (:func:`~resacct.account.gpu.records.record.replay_step`): its allocated or
   reserved peak over the measured step beside ``max_memory_allocated`` / ``max_memory_reserved``;
 - ``gpu_recorded.board_step_peak`` — the step rebuilt on meta tensors from what the record says ran
-  (:func:`~resacct.account.gpu.record_models.predict_record_step`): the predicted peak beside the board's;
+  (:func:`~resacct.account.gpu.records.record_models.predict_record_step`): the predicted peak beside the board's;
 - ``gpu_recorded.board_step_time`` — the step's aten ops (from the same pass) priced by the record's own
   ceilings (the most matmul FLOP/s of the step's format, the copy bandwidth; per op the launch overhead
   measured, or one calibrated on other steps named by ``calibrate_on``, never the judged one), beside the
   median step time the board measured;
 - ``gpu_recorded.board_step_time_calibrated`` — the same ops priced by the model fitted on other recorded steps
-  (``calibrate_on``, never the judged one; :mod:`resacct.account.gpu.step_time_calibrated`): their profile's matmuls per
+  (``calibrate_on``, never the judged one; :mod:`resacct.account.gpu.timing.step_time_calibrated`): their profile's matmuls per
   class, their other kernels, their host's idle time per op.
 
 Every outcome names the board, the date and the record file. A dry run's record is refused (a CPU made
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from resacct.account.gpu.board_record import board_record_step, read_board_record
-from resacct.account.gpu.recorded import record_contents, record_path, record_source
+from resacct.account.gpu.records.board_record import board_record_step, read_board_record
+from resacct.account.gpu.records.recorded import record_contents, record_path, record_source
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -60,7 +60,7 @@ def board_step_replay(record: str, step: str, peak: str) -> Outcome:
 @shared_measurement
 def _replayed_step(record: str, step: str, mtime_ns: int) -> Any:
     """The recorded step's trace replayed through the allocator model: its allocated and reserved claims replay it once."""
-    from resacct.account.gpu.record import replay_step
+    from resacct.account.gpu.records.record import replay_step
 
     entry = board_record_step(record, read_board_record(record), step)
     return replay_step(entry, entry.get("allocator_settings"))
@@ -73,7 +73,7 @@ def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, li
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
-    from resacct.account.gpu.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_record_step
 
     ops: list[Any] = []
     predicted = predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops)
@@ -104,7 +104,7 @@ _TIME_QUANTITIES = ("predicted_step_sec", "gpu_sec", "host_sec", "ops", "matmul_
 
 def record_rates(record: str, data: dict[str, Any], fmt: str) -> tuple[float, float, float]:
     """(matmul FLOP/s of ``fmt``, copy bandwidth, one launch's seconds) the record measured."""
-    from resacct.account.gpu.board_record import ceilings_in_brief
+    from resacct.account.gpu.records.board_record import ceilings_in_brief
 
     brief = ceilings_in_brief(data["ceilings"])
     rate = brief["matmul_flops_per_sec"].get(fmt)
@@ -136,7 +136,7 @@ def board_step_time(record: str, step: str, calibrate_on: list[str] | None = Non
     step (traced on meta, CUDA's choices) the longer of FLOPs ÷ the record's most matmul FLOP/s in the step's
     format and bytes ÷ its copy bandwidth, summed; the host's ops × a per-op overhead the other bound (the
     record's launch time, or calibrated on the host-bound steps ``calibrate_on`` — never the judged one)."""
-    from resacct.account.gpu.step_time import BoardRates, calibrate_overhead, predict_step_seconds
+    from resacct.account.gpu.timing.step_time import BoardRates, calibrate_overhead, predict_step_seconds
     from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
 
     calibration = list(calibrate_on or [])
@@ -172,10 +172,10 @@ _CALIBRATED_QUANTITIES = ("predicted_step_sec", "gpu_sec", "idle_sec_per_op", "o
 @check("gpu_recorded.board_step_time_calibrated", evidence="recorded", quantities=_CALIBRATED_QUANTITIES, replay=record_contents)
 def board_step_time_calibrated(record: str, step: str, calibrate_on: list[str]) -> Outcome:
     """The board's median step time for the recorded step, beside the time of the model calibrated on the record's
-    steps ``calibrate_on`` (never the judged one; :mod:`resacct.account.gpu.step_time_calibrated`): their profile's matmuls
+    steps ``calibrate_on`` (never the judged one; :mod:`resacct.account.gpu.timing.step_time_calibrated`): their profile's matmuls
     per class, their other kernels' bandwidth and per-kernel time, their host's idle time per op — priced on the judged
     step's ops traced on meta."""
-    from resacct.account.gpu.step_time_calibrated import calibrate_step_times, predict_calibrated_seconds
+    from resacct.account.gpu.timing.step_time_calibrated import calibrate_step_times, predict_calibrated_seconds
 
     calibration = list(calibrate_on or [])
     if step in calibration:

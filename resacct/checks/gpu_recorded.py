@@ -1,7 +1,7 @@
 """Recorded GPU truth replayed on any machine (issue 31): evidence ``recorded``.
 
 Each check reads its **measurement** from a committed GPU record (``docs/gpu/*.json``, named by the
-claim's ``record``: :mod:`resacct.account.gpu.recorded`) and makes its **prediction** now, with
+claim's ``record``: :mod:`resacct.account.gpu.records.recorded`) and makes its **prediction** now, with
 resacct's code (the CUDA caching allocator model, :func:`predict_cuda_step_memory` over meta
 tensors, the FLOP formulas, the datasheet table); the claim's law comes from the YAML. No ``gpu``
 mark: they run on every CPU machine. A missing or malformed record fails the claim naming the file.
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
-from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-from resacct.account.gpu.recorded import load_gpu_record, record_contents, record_source, recorded_step, recorded_value
+from resacct.account.gpu.allocator.cuda_allocator import CachingAllocatorModel
+from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+from resacct.account.gpu.records.recorded import load_gpu_record, record_contents, record_source, recorded_step, recorded_value
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
@@ -57,7 +57,7 @@ def _predicted_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, o
 @shared_measurement
 def _traced_cuda_step(config: tuple[tuple[str, Any], ...], batch: int, seq: int, optimizer: bool) -> tuple[int, int, list]:
     """:func:`_predicted_step`'s peaks and, with ``optimizer``, the step's aten ops with their FLOPs and
-    bytes (:func:`~resacct.account.gpu.step_time.trace_step_ops`'s, for the step time), from one pass of
+    bytes (:func:`~resacct.account.gpu.timing.step_time.trace_step_ops`'s, for the step time), from one pass of
     the step: the step-peak and step-time claims of one recorded step trace it once (issue 34)."""
     from resacct.training.gpt import GPTConfig, build_gpt
 
@@ -169,10 +169,10 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
               batch: int | None = None, seq: int | None = None) -> Outcome:
     """A recorded fp32 GPT training step's median seconds on the board (``step`` of the record's
     step_time, or the ``claim`` of its gpu_claims for ``model``, ``batch`` × ``seq``), beside the step
-    time predicted now (:mod:`resacct.account.gpu.step_time`): the matmul rate is the record's fp32
+    time predicted now (:mod:`resacct.account.gpu.timing.step_time`): the matmul rate is the record's fp32
     matmul measurement, the bandwidth the datasheet's × 0.8, the per-op overhead calibrated on the
     record's step ``calibrate_on`` (never the judged one)."""
-    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, BoardRates, calibrate_overhead, predict_step_seconds
+    from resacct.account.gpu.timing.step_time import BANDWIDTH_EFFICIENCY, BoardRates, calibrate_overhead, predict_step_seconds
     from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
     from resacct.training.gpt import get_gpt_config
 

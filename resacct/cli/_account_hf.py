@@ -78,7 +78,7 @@ def _board_text(args: argparse.Namespace, account: Any) -> str:
 
     def traced() -> tuple[str, list[str], Any]:
         before = len(account.notes)
-        text = importlib.import_module("resacct.account.gpu.device_answer").hf_gpu_text(
+        text = importlib.import_module("resacct.account.gpu.answers.device_answer").hf_gpu_text(
             account, args.hf_config, args.device, lambda value: gigabytes_text(value, args.units))
         ran.append(True)
         return text, account.notes[before:], account.gpu

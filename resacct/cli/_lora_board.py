@@ -1,6 +1,6 @@
-"""``resacct lora --device BOARD``'s board steps (:func:`~resacct.account.gpu.command_answers.lora_gpu_answer`: the CUDA
+"""``resacct lora --device BOARD``'s board steps (:func:`~resacct.account.gpu.answers.command_answers.lora_gpu_answer`: the CUDA
 caching allocator's peaks and the step time at a batch), traced on the second core while the CPU kernels' batch search
-runs on the first — as ``fit --device`` does (:mod:`resacct.account.gpu.traced_beside`, issue 34): the board's answer at
+runs on the first — as ``fit --device`` does (:mod:`resacct.account.gpu.answers.traced_beside`, issue 34): the board's answer at
 the command's batch first, then each batch the CPU search is about to probe, which is where the board's own search by
 the reserved peak starts. What the child finished is used; anything else is traced here, as before.
 """
@@ -16,7 +16,7 @@ __all__ = ["LoraBoardSteps"]
 
 
 class LoraBoardSteps:
-    """``steps(batch, timed=True)``: the board's :class:`~resacct.account.gpu.device_answer.GpuStepAnswer` for the LoRA step
+    """``steps(batch, timed=True)``: the board's :class:`~resacct.account.gpu.answers.device_answer.GpuStepAnswer` for the LoRA step
     at ``batch`` (``timed``: with its step time; a timed answer also serves a peaks-only question)."""
 
     def __init__(self, config: Any, args: argparse.Namespace, board: Any) -> None:
@@ -28,7 +28,7 @@ class LoraBoardSteps:
         found = self.traced.get((batch, timed)) or (None if timed else self.traced.get((batch, True)))
         if found is not None:
             return found
-        from resacct.account.gpu.command_answers import lora_gpu_answer
+        from resacct.account.gpu.answers.command_answers import lora_gpu_answer
 
         args = self.args
         return lora_gpu_answer(self.config, rank=args.rank, targets=tuple(args.targets), base=args.base, batch=batch, seq=args.seq,
@@ -39,8 +39,8 @@ class LoraBoardSteps:
         """Inside: a child traces the board's step at the command's batch, then at each batch :meth:`ask` names; at the
         end what it finished is kept (a failure inside stops it, and nothing is kept). Nothing forked for a board that
         does not run the CUDA caching allocator, on one core, or without fork."""
-        from resacct.account.gpu.command_answers import cuda_board_gap
-        from resacct.account.gpu.traced_beside import TracedBeside
+        from resacct.account.gpu.answers.command_answers import cuda_board_gap
+        from resacct.account.gpu.answers.traced_beside import TracedBeside
 
         if cuda_board_gap(self.board) is not None:
             yield

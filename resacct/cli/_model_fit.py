@@ -104,14 +104,14 @@ def run_model_fit(args: argparse.Namespace) -> int:
             from resacct.account.fit.search import MAX_BATCH, fit_step
             from resacct.account.trace.cache import cache_wanted, cached, caching, last_outcome
             from resacct.account.trace.pass_profile import collector_off
-        gpu = importlib.import_module("resacct.account.gpu.device_answer") if board is not None else None  # a board: its CUDA reserved peak
+        gpu = importlib.import_module("resacct.account.gpu.answers.device_answer") if board is not None else None  # a board: its CUDA reserved peak
 
         def searched() -> tuple[Any, Any]:
             started = time.perf_counter()
             target = _target(args)
             if gpu is None:
                 return _search(args, target, started, memory_bytes, reserve_bytes, board, recipe, optimizer, fit_step, MAX_BATCH), None
-            from resacct.account.gpu.traced_beside import TracedBeside
+            from resacct.account.gpu.answers.traced_beside import TracedBeside
 
             # the board's step traced on the second core at each size the CPU search probes (its search starts there)
             step_at = gpu.board_step_function(target, searched=args.search, board=board, recipe=recipe, optimizer=optimizer)

@@ -131,7 +131,7 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fields["gpu"], line = untraced_gpu_answer(board, "the model is given by its shape: give --hf-config NAME to trace its prefill")
         lines.append("  " + line)
     elif board is not None:  # --device BOARD: the CUDA caching allocator's peaks of the prefill there
-        from resacct.account.gpu.command_answers import infer_gpu_answer
+        from resacct.account.gpu.answers.command_answers import infer_gpu_answer
 
         gpu = infer_gpu_answer(args.hf_config, batch=args.batch, context=context, weights=args.weights, kv_format=args.kv_format, board=board,
                                kv_cache_bytes=int(memory.kv_cache_bytes))

@@ -279,7 +279,7 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         fields["gpu"] = gpu.to_dict()
         lines += ["  " + line for line in gpu.lines(lambda value: gigabytes_text(value, units))]
         if search is not None and largest is not None and memory_bytes is not None and gpu.reserved_bytes is not None:
-            from resacct.account.gpu.reserved_search import largest_by_reserved  # the CPU search's answer judged as the board holds it
+            from resacct.account.gpu.answers.reserved_search import largest_by_reserved  # the CPU search's answer judged as the board holds it
 
             found = largest_by_reserved(lambda batch: board_steps(batch, timed=False).reserved_bytes, largest, memory_bytes - reserved)
             fields["gpu"]["largest_batch_by_reserved"] = None if found is None else found.to_dict()

@@ -127,16 +127,16 @@ def _answer(args: argparse.Namespace, board: Any, memory_bytes: float | None) ->
 
 
 def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str, Any]:
-    """``--device BOARD``: :func:`resacct.account.gpu.sharded_cuda.predict_sharded_cuda_peaks` for the
+    """``--device BOARD``: :func:`resacct.account.gpu.answers.sharded_cuda.predict_sharded_cuda_peaks` for the
     ranks predicted above (a second child process), with what calibrates it, or why there is no number."""
-    from resacct.account.gpu.command_answers import cuda_board_gap
-    from resacct.account.gpu.device_answer import calibration_text
+    from resacct.account.gpu.answers.command_answers import cuda_board_gap
+    from resacct.account.gpu.answers.device_answer import calibration_text
     from resacct.account.load.user_code import running_phase
 
     answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None}
     if answer["gap"] is not None:
         return answer
-    from resacct.account.gpu.sharded_cuda import STREAMS_NOTE, predict_sharded_cuda_peaks
+    from resacct.account.gpu.answers.sharded_cuda import STREAMS_NOTE, predict_sharded_cuda_peaks
 
     with running_phase(f"predicting {args.engine}'s CUDA allocator peaks on {board.name} (a child process, each rank on fake tensors)"):
         answer["ranks"] = predict_sharded_cuda_peaks(model_source(args), engine=args.engine, world_size=args.devices,
@@ -160,7 +160,7 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
             lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms ({rank['compute_step_basis']})")
         elif rank.get("compute_step_basis"):
             lines.append(f"      its compute alone: none ({rank['compute_step_basis']})")
-    from resacct.account.gpu.sharded_cuda import workspaces_line
+    from resacct.account.gpu.answers.sharded_cuda import workspaces_line
 
     if gpu["ranks"] and (library := workspaces_line(gpu["ranks"][0])) is not None:
         lines.append("  " + library)

@@ -180,7 +180,7 @@ def check(name: str, *, evidence: str | None = None, quantities: tuple[str, ...]
     phase of their own with the run's own count (:mod:`resacct.harness.workers`): the report is the
     one a single process writes. ``replay=False``: its outcome depends on something a stored measurement's key
     does not name (:mod:`resacct.harness.replay`), so ``resacct verify`` measures it every run; ``replay=f``, a function of a
-    claim's inputs: what it returns joins the key (the sha256 of a file the inputs name, :func:`~resacct.account.gpu.recorded.record_contents`)."""
+    claim's inputs: what it returns joins the key (the sha256 of a file the inputs name, :func:`~resacct.account.gpu.records.recorded.record_contents`)."""
     if paired and not timing:
         raise ResacctError(f"check {name!r}: paired=True describes a timing check's value; it needs timing=True")
     if evidence is not None and evidence not in EVIDENCE_KINDS:

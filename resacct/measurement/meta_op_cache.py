@@ -8,7 +8,7 @@ dump of ``aten::mul.Tensor`` says ``Meta: registered at torch/_meta_registration
 a 4-layer Llama-7B's parameters ~15 ms (timed per op in a one-off probe), where making the output takes a
 few µs. A training step of identical layers makes the same call (the same op, input shapes, strides,
 dtypes and scalars) again in every layer: of the ~24,000 calls of Llama-2-70B's CUDA allocator pass
-(:mod:`resacct.account.gpu.cuda_step`), 10,928 are answered from the cache (``python benchmarks/meta_op_cache.py``).
+(:mod:`resacct.account.gpu.tracing.cuda_step`), 10,928 are answered from the cache (``python benchmarks/meta_op_cache.py``).
 
 :class:`MetaOpCache` answers a call it has seen: the key is the op and every argument (a tensor by its
 dtype, shape, strides, storage offset and flags; a number, string, dtype or device by its value), and

@@ -219,7 +219,7 @@ def test_a_cache_folder_that_cannot_be_written_still_verifies_every_claim(tmp_pa
 def test_the_checks_of_recorded_gpu_truth_key_their_record_files_contents():
     """A GPU record may be named by an absolute path outside resacct's files (not in the setup's hash): each of those checks
     adds the record file's sha256 to its key (until session 25 they opted out of replay)."""
-    from resacct.account.gpu.recorded import record_contents
+    from resacct.account.gpu.records.recorded import record_contents
 
     checks = registry.all_checks()
     recorded = [check for name, check in checks.items() if name.startswith("gpu_recorded.")]
@@ -236,7 +236,7 @@ def test_measurements_sit_beside_the_trace_cache(tmp_path, monkeypatch):
 
 
 def test_a_check_keyed_by_a_files_contents_is_measured_again_when_the_file_changes(tmp_path, cache, calls, monkeypatch, capsys):
-    """``replay=f`` (the recorded claims: the record file's sha256, resacct.account.gpu.recorded.record_contents): replayed
+    """``replay=f`` (the recorded claims: the record file's sha256, resacct.account.gpu.records.recorded.record_contents): replayed
     while ``f`` answers the same, measured again once the file it reads changed."""
     evidence = tmp_path / "record.json"
     evidence.write_text("first", encoding="utf-8")
@@ -254,7 +254,7 @@ def test_a_check_keyed_by_a_files_contents_is_measured_again_when_the_file_chang
 def test_a_recorded_claims_key_holds_its_record_files_sha256(tmp_path):
     import hashlib
 
-    from resacct.account.gpu.recorded import record_contents
+    from resacct.account.gpu.records.recorded import record_contents
 
     record = tmp_path / "board.json.gz"
     record.write_bytes(b"a record")

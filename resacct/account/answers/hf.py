@@ -82,7 +82,7 @@ class HfAccount:
     step_peak: Any = None
     #: a raw model with frozen parameters: its :class:`~resacct.account.load.trainable.ParameterSplit` (the state is predicted from it)
     frozen: Any = None
-    #: ``--device BOARD``'s answer (:meth:`~resacct.account.gpu.device_answer.GpuStepAnswer.to_dict`: CUDA peaks, step time), --json's ``gpu``
+    #: ``--device BOARD``'s answer (:meth:`~resacct.account.gpu.answers.device_answer.GpuStepAnswer.to_dict`: CUDA peaks, step time), --json's ``gpu``
     gpu: dict[str, Any] | None = None
 
     @property

@@ -172,7 +172,7 @@ def fit_step(target: FitTarget, *, memory_bytes: float, search: str = "batch", b
     :class:`~resacct.facts.recipes.Recipe`), ``optimizer``, ``micro_batches`` accumulated micro-steps —
     is at most ``memory_bytes − reserve_bytes``. ``device``: the board the memory is from (named in the answer).
     ``on_probe_start(size, fixed)``: told of each size before its probe is traced (``fit --device`` traces the
-    board's step there beside it: :mod:`resacct.account.gpu.traced_beside`)."""
+    board's step there beside it: :mod:`resacct.account.gpu.answers.traced_beside`)."""
     from resacct.account.peak.recipes import model_in_dtype
     from resacct.facts.dtypes import parse_dtype
     from resacct.facts.recipes import get_recipe

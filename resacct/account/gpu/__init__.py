@@ -1,13 +1,20 @@
-"""The GPU step on any machine (issue 31), stage by stage:
+"""The GPU step on any machine (issue 31), read as its pipeline — one folder per stage:
 
-- :mod:`~resacct.account.gpu.cuda_allocator_rules` and :mod:`~resacct.account.gpu.cuda_allocator`:
-  a model of the CUDA caching allocator (allocations and frees in; allocated, reserved, segments out);
-- :mod:`~resacct.account.gpu.allocation_trace`: the allocations a piece of PyTorch code makes, seen
-  from the dispatcher and fed to the model;
-- :mod:`~resacct.account.gpu.cuda_step`: one training step traced on meta tensors with CUDA's
-  kernel choices → predicted ``max_memory_allocated`` / ``max_memory_reserved``;
-- :mod:`~resacct.account.gpu.record`: the record a GPU run leaves (``tools/gpu_record.py``) and its
-  replay through the model.
+- ``allocator/``: the model of PyTorch's CUDA caching allocator (:mod:`.allocator.cuda_allocator_rules`,
+  :mod:`.allocator.cuda_allocator`: allocations and frees in; allocated, reserved, segments out), the dispatcher-side
+  recorder that feeds it (:mod:`.allocator.allocation_trace`) and the library workspaces it never sees
+  (:mod:`.allocator.library_workspaces`: cuBLAS/cuBLASLt);
+- ``tracing/``: one training step (or a decode step) traced on meta tensors as CUDA would run it — autocast, sdpa's
+  kernels, composites' temporaries, the experts' forms (:mod:`.tracing.cuda_step`) — and each op's FLOPs and bytes
+  (:mod:`.tracing.op_costs`);
+- ``timing/``: the step time from those ops — the per-op roofline (:mod:`.timing.step_time`), the model calibrated on a
+  board's record (:mod:`.timing.step_time_calibrated`) and which one a board gets (:mod:`.timing.board_rates`);
+- ``records/``: a GPU run's record (``tools/gpu_record.py``) read back, replayed and its steps rebuilt on meta
+  (:mod:`.records.board_record`, :mod:`.records.record_models`, :mod:`.records.recorded_history`), and the calibration
+  kept beside it (:mod:`.records.record_calibration`);
+- ``answers/``: what the commands print for ``--device BOARD`` (:mod:`.answers.device_answer`,
+  :mod:`.answers.command_answers`, :mod:`.answers.sharded_cuda`, the batch search by the reserved peak
+  :mod:`.answers.reserved_search`, and the board's step traced beside ``fit``'s search :mod:`.answers.traced_beside`).
 
 docs/gpu.md says which parts are proven on a real board and which await a record.
 """

@@ -99,7 +99,7 @@ def last_outcome() -> str | None:
 
 #: The parts of resacct an answer is computed by (the commands render it afresh; claims, checks, harness and reports never touch it).
 _ANSWERING = ("account", "measurement", "formulas", "facts", "training", "hf_configs", "errors.py", "__init__.py")
-#: The GPU records a ``--device BOARD`` answer is calibrated by (resacct.account.gpu.recorded): the copies an installed
+#: The GPU records a ``--device BOARD`` answer is calibrated by (resacct.account.gpu.records.recorded): the copies an installed
 #: resacct ships and, in a checkout, the committed ones under docs/gpu — a record edited or added gives new keys.
 _RECORDS = (_PACKAGE / "specs" / "gpu_records", _PACKAGE.parent / "docs" / "gpu")
 

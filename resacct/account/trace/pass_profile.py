@@ -49,7 +49,7 @@ _TARGETS: tuple[tuple[str, str, str, bool], ...] = (
     ("resacct.account.peak.step_peak", "account_step_peak", "peak", False),
     ("resacct.account.peak.step_peak", "predict_step_peak", "peak", False),
     ("resacct.account.peak.step_peak", "measure_step_peak", "peak", False),
-    ("resacct.account.gpu.cuda_step", "predict_cuda_step_memory", "cuda step", False),  # --device BOARD: the step as CUDA runs it
+    ("resacct.account.gpu.tracing.cuda_step", "predict_cuda_step_memory", "cuda step", False),  # --device BOARD: the step as CUDA runs it
     ("resacct.account.answers.gpt_step", "_measure_for_real", "real run", False),
     ("resacct.account.answers.generic", "_measure_peaks", "real run", False),
     ("resacct.account.answers.gpt_step", "_time_step", "time", False),

@@ -3,13 +3,13 @@ allocator's predicted **allocated** and **reserved** peaks of the step, and what
 
 The step is the one the recipe runs (:func:`resacct.account.peak.recipes.recipe_step`: parameters
 in its dtype, master weights), traced on meta tensors with CUDA's kernel choices by
-:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`: sdpa takes flash attention for 16-bit
+:func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory`: sdpa takes flash attention for 16-bit
 inputs without a mask (the efficient kernel otherwise, as ``sdpa_kernel`` would on a Hopper or Ampere
 board), AdamW its foreach implementation. What it cannot predict it says in one line instead of a
 number: loss scaling (GradScaler reads whether a gradient overflowed). An autocast recipe runs its
-forward and loss under :class:`~resacct.account.gpu.cuda_autocast.CudaAutocast` (CUDA autocast's casts
+forward and loss under :class:`~resacct.account.gpu.tracing.cuda_autocast.CudaAutocast` (CUDA autocast's casts
 applied to meta tensors), its attention through flash (16-bit inputs). A mixture of experts runs its
-experts grouped by expert, as transformers does on a CUDA board (:mod:`~resacct.account.gpu.cuda_experts`).
+experts grouped by expert, as transformers does on a CUDA board (:mod:`~resacct.account.gpu.tracing.cuda_experts`).
 
 The calibration line names the committed record of the board (``docs/gpu/``), else "datasheet only".
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache 
     import torch
     from torch import nn
 
-from resacct.account.gpu.recorded import RECORDS_BY_FAMILY
+from resacct.account.gpu.records.recorded import RECORDS_BY_FAMILY
 from resacct.errors import ResacctError
 
 __all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "attention_label", "under_cuda_autocast"]
@@ -92,9 +92,9 @@ class GpuStepAnswer:
 
 def calibration_text(board: Any) -> str:
     """What calibrates the allocator model on ``board`` (an :class:`~resacct.facts.hardware.Accelerator`): its newest
-    committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`; its steps replayed and predicted by the
+    committed record (:func:`~resacct.account.gpu.records.board_record.board_ceilings`; its steps replayed and predicted by the
     recorded claims of ``resacct verify``), else round three's H100 record, else the datasheet."""
-    from resacct.account.gpu.board_record import board_ceilings
+    from resacct.account.gpu.records.board_record import board_ceilings
 
     measured = board_ceilings(board)
     if measured is not None:
@@ -112,7 +112,7 @@ def sdpa_kernel_for(board: Any, dtype: torch.dtype) -> str | None:
     is sm70) takes float16 and float32 only: bfloat16 there runs sdpa's math path (None: no fused kernel)."""
     import torch
 
-    from resacct.account.gpu.library_workspaces import capability_major
+    from resacct.account.gpu.allocator.library_workspaces import capability_major
 
     ampere_or_later = (capability_major(board) or 0) >= 8
     if dtype in (torch.float16, torch.bfloat16) and ampere_or_later:
@@ -144,9 +144,9 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     """The CUDA allocated and reserved peaks of ``recipe``'s step of ``model`` on ``board`` (the
     model on the meta device or the CPU; nothing allocated), or the one-line reason there is none;
     ``timed``: and the step time, from the aten ops of the same pass
-    (:func:`~resacct.account.gpu.board_rates.with_step_time`: the matmuls in the recipe's compute format)."""
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
-    from resacct.account.gpu.library_workspaces import capability_major, step_workspaces
+    (:func:`~resacct.account.gpu.timing.board_rates.with_step_time`: the matmuls in the recipe's compute format)."""
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.allocator.library_workspaces import capability_major, step_workspaces
     from resacct.account.peak.recipes import recipe_step
 
     calibration = calibration_text(board)
@@ -166,7 +166,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     attention = _attention_for(step.model, dtype, board)
     workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
     library = workspaces.sizes if workspaces is not None else ()
-    from resacct.account.gpu.cuda_experts import experts_as_on_cuda
+    from resacct.account.gpu.tracing.cuda_experts import experts_as_on_cuda
 
     ops: list[Any] | None = [] if timed else None
     with experts_as_on_cuda(step.model) as experts:  # grouped_mm, as transformers runs them on the board; batched_mm again after
@@ -187,7 +187,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
                            calibration, workspaces=workspaces, experts=experts)
     if ops is None:
         return answer
-    from resacct.account.gpu.board_rates import with_step_time
+    from resacct.account.gpu.timing.board_rates import with_step_time
     from resacct.facts.hardware import peak_format
 
     return with_step_time(answer, ops, board, peak_format(recipe.computes_in))
@@ -195,7 +195,7 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
 
 def under_cuda_autocast(loss_fn: Callable[[nn.Module, Any], Any], dtype: Any) -> Callable[[nn.Module, Any], Any]:
     """``loss_fn`` (forward and loss) under CUDA autocast's casts, as ``torch.autocast("cuda", dtype)`` would run it."""
-    from resacct.account.gpu.cuda_autocast import CudaAutocast
+    from resacct.account.gpu.tracing.cuda_autocast import CudaAutocast
 
     def loss(module: nn.Module, batch: Any) -> Any:
         with CudaAutocast(dtype):
@@ -245,13 +245,13 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
     """``resacct fit --device BOARD``: the CUDA peaks at the fit's answer (``answer``, a
     :class:`~resacct.account.fit.search.FitAnswer` of ``target``), judged by the **reserved** peak
     against the budget — what a GPU runs out of. The batch (or sequence length) is searched again on the
-    board's step (:func:`~resacct.account.gpu.reserved_search.largest_by_reserved`, from the CPU kernels'
+    board's step (:func:`~resacct.account.gpu.answers.reserved_search.largest_by_reserved`, from the CPU kernels'
     answer, up or down: a board's flash attention may hold far less than the CPU's math path), at most
     ``max_traces`` steps traced. Returns ``gpu`` (the :class:`GpuStepAnswer` at the size kept: the largest
     that fits, else the smallest traced, with its step time), ``largest`` (the size whose reserved peak fits; None: none found
-    or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.reserved_search.ReservedSearch`;
+    or no prediction), ``traces``, ``size`` and ``search`` (the :class:`~resacct.account.gpu.answers.reserved_search.ReservedSearch`;
     None where the first step has no prediction). ``step_at``: :func:`board_step_function`'s (made here when not given);
-    ``traced``: answers already traced by ``(size, fixed)`` (beside the CPU search: :mod:`resacct.account.gpu.traced_beside`)."""
+    ``traced``: answers already traced by ``(size, fixed)`` (beside the CPU search: :mod:`resacct.account.gpu.answers.traced_beside`)."""
     board_step = step_at or board_step_function(target, searched=answer.searched, board=board, recipe=recipe, optimizer=optimizer)
     ready = traced or {}
 
@@ -265,7 +265,7 @@ def fit_gpu_answer(answer: Any, target: Any, *, board: Any, recipe: Any, optimiz
 def _largest_on_the_board(answer: Any, step_at: Callable[[int], GpuStepAnswer], max_traces: int) -> dict[str, Any]:
     """:func:`fit_gpu_answer`'s search: the board's largest batch (or sequence length) by its reserved peak, at most
     ``answer.limit`` (``--max-batch``, or the context length)."""
-    from resacct.account.gpu.reserved_search import largest_by_reserved
+    from resacct.account.gpu.answers.reserved_search import largest_by_reserved
 
     steps: dict[int, GpuStepAnswer] = {}
 

@@ -1,6 +1,6 @@
 """Each aten op of a traced step with its FLOPs and the bytes it reads and writes: the step time's
-input (:mod:`resacct.account.gpu.step_time`), recorded on its own pass (:class:`OpCosts`, a dispatch
-mode) or on the CUDA step-peak pass (:func:`resacct.account.gpu.cuda_step.predict_cuda_step_memory`'s
+input (:mod:`resacct.account.gpu.timing.step_time`), recorded on its own pass (:class:`OpCosts`, a dispatch
+mode) or on the CUDA step-peak pass (:func:`resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory`'s
 ``ops``), where the allocation recorder that already sees every op counts them (:class:`OpCostCounter`:
 no second mode between the step and the recorder, ~0.3 CPU s fewer on a 7B step's 7,900 ops)."""
 

@@ -7,7 +7,7 @@ one more listener:
 
 - :class:`CudaShardedTracker` sends every storage the rank's step makes and frees — FSDP's
   ``UntypedStorage.resize_`` of its unsharded parameters included (a resize up is an allocation, a
-  resize to 0 a free) — to :class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel`;
+  resize to 0 a free) — to :class:`~resacct.account.gpu.allocator.cuda_allocator.CachingAllocatorModel`;
   collective buffers are those the caller makes through the dispatcher (NCCL's own buffers live
   outside the caching allocator); the window (``reset_peak_memory_stats``) starts at the forward,
   after the optimizer's state exists;
@@ -15,12 +15,12 @@ one more listener:
   for-loop); sdpa is routed to the flash kernel for 16-bit inputs, the efficient one otherwise, and where
   that kernel refuses a call (grouped-query attention off flash) to sdpa's **math path** as a GPU falls to
   it — forced (``sdpa_kernel(MATH)``): on fake CPU tensors sdpa's own choice is the CPU's flash kernel;
-- each op allocates as CUDA's kernel does (:mod:`~resacct.account.gpu.cuda_composites`, the forms
-  :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder` takes on meta): ``_safe_softmax``'s
+- each op allocates as CUDA's kernel does (:mod:`~resacct.account.gpu.tracing.cuda_composites`, the forms
+  :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder` takes on meta): ``_safe_softmax``'s
   temporaries, the math path's mask added in place (the scores' block), the efficient kernel's philox
   seed and offset on the host;
 - each rank is its own process, so it takes the cuBLAS/cuBLASLt workspaces of
-  :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (from PyTorch's source, confirmed on
+  :func:`~resacct.account.gpu.allocator.library_workspaces.step_workspaces` (from PyTorch's source, confirmed on
   an H200 for sm90) as a one-process step does: one for the forward's thread, one for autograd's backward thread,
   a cuBLASLt one where a ``Linear`` has a bias — allocated once the engine has wrapped the model, before
   the optimizer's state, and kept: in both peaks of every rank.
@@ -38,8 +38,8 @@ from typing import Any, no_type_check
 
 from torch.utils.weak import WeakIdKeyDictionary
 
-from resacct.account.gpu.cuda_allocator import CachingAllocatorModel
-from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
+from resacct.account.gpu.allocator.cuda_allocator import CachingAllocatorModel
+from resacct.account.gpu.tracing.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
 from resacct.account.peak.sharded import ShardedStorageTracker
 from resacct.account.peak.tracker import KIND_BY_PHASE
 from resacct.errors import ResacctError
@@ -53,7 +53,7 @@ STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-s
 class CudaShardedTracker(ShardedStorageTracker):
     """:class:`~resacct.account.peak.sharded.ShardedStorageTracker` whose storages are also
     allocations of a caching allocator model (``allocator``), each op allocating as CUDA's kernel does
-    (:mod:`~resacct.account.gpu.cuda_composites`, as :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`
+    (:mod:`~resacct.account.gpu.tracing.cuda_composites`, as :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`
     on meta): a composite's temporaries, outputs CUDA keeps on the host, sdpa's math path adding the mask in place."""
 
     def __init__(self) -> None:
@@ -154,7 +154,7 @@ class CudaShardedTracker(ShardedStorageTracker):
 
 def _on_cuda(optimizer: Any) -> None:
     """CUDA's foreach default, for a ZeroRedundancyOptimizer's inner optimizer (``.optim``) too."""
-    from resacct.account.gpu.cuda_step import _as_on_cuda
+    from resacct.account.gpu.tracing.cuda_step import _as_on_cuda
 
     for each in (optimizer, getattr(optimizer, "optim", None)):
         if each is not None:
@@ -188,9 +188,9 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
 
 
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
-    """A rank's compute alone (:func:`~resacct.account.gpu.board_rates.step_seconds`: a board record's calibrated model,
+    """A rank's compute alone (:func:`~resacct.account.gpu.timing.board_rates.step_seconds`: a board record's calibrated model,
     else the per-op roofline), or why there is none (the board has no peak in the step's format: a V100 has no bf16)."""
-    from resacct.account.gpu.board_rates import step_seconds
+    from resacct.account.gpu.timing.board_rates import step_seconds
     from resacct.facts.hardware import peak_format
 
     try:
@@ -202,18 +202,18 @@ def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
 
 def _attention(kernel: str | None, capability: tuple[int, int] | None = None) -> Any:
     """sdpa routed to ``kernel`` as a board of compute ``capability`` runs it; None: left to its math path, its calls counted."""
-    from resacct.account.gpu.cuda_step import sdpa_routing
+    from resacct.account.gpu.tracing.cuda_step import sdpa_routing
 
     return sdpa_routing(kernel, capability)
 
 
 def _op_costs() -> Any:
-    """:mod:`~resacct.account.gpu.step_time`'s per-op FLOPs and bytes, leaving DTensors to themselves
+    """:mod:`~resacct.account.gpu.timing.step_time`'s per-op FLOPs and bytes, leaving DTensors to themselves
     (their local ops come through again: counted once, on the shards this rank runs) and DTensor's
     sharding propagation out (:mod:`resacct.account.peak.dtensor_propagation`)."""
     import sys
 
-    from resacct.account.gpu.op_costs import OpCosts
+    from resacct.account.gpu.tracing.op_costs import OpCosts
     from resacct.account.peak.dtensor_propagation import propagating
 
     class _LocalOpCosts(OpCosts):
@@ -276,9 +276,9 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
 
 
 def _rank_workspaces(model: Any, board: Any) -> Any:
-    """The :class:`~resacct.account.gpu.library_workspaces.LibraryWorkspaces` of one rank's step of ``model`` on
+    """The :class:`~resacct.account.gpu.allocator.library_workspaces.LibraryWorkspaces` of one rank's step of ``model`` on
     ``board`` (a training step: forward and backward threads), None without a board or off NVIDIA's families."""
-    from resacct.account.gpu.library_workspaces import capability_major, step_workspaces
+    from resacct.account.gpu.allocator.library_workspaces import capability_major, step_workspaces
 
     if board is None or capability_major(board) is None:
         return None
@@ -296,7 +296,7 @@ def _workspace_fields(workspaces: Any) -> dict[str, Any]:
 def workspaces_line(rank: dict[str, Any]) -> str | None:
     """The workspaces line the other ``--device`` commands print (:meth:`LibraryWorkspaces.line`), for one
     rank's answer (every rank takes the same: each is its own process); None where it has none."""
-    from resacct.account.gpu.library_workspaces import SOURCE, LibraryWorkspaces
+    from resacct.account.gpu.allocator.library_workspaces import SOURCE, LibraryWorkspaces
 
     if rank.get("library_workspaces") is None:
         return None
@@ -309,7 +309,7 @@ def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, rank
                                board: Any, timeout_seconds: float = 600.0) -> list[dict[str, Any]]:
     """For each of ``ranks``: the CUDA caching allocator's predicted allocated and reserved peaks of
     one steady ``engine`` step on ``board`` (``model``: a :class:`~resacct.account.fit.search.ModelSource`)."""
-    from resacct.account.gpu.device_answer import sdpa_kernel_for
+    from resacct.account.gpu.answers.device_answer import sdpa_kernel_for
     from resacct.measurement.distributed import run_isolated
 
     import torch

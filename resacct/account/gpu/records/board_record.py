@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from resacct.account.gpu.recorded import PACKAGED_RECORDS, REPOSITORY, record_path
+from resacct.account.gpu.records.recorded import PACKAGED_RECORDS, REPOSITORY, record_path
 from resacct.errors import ResacctError
 
 __all__ = ["SUMMARY_SUFFIX", "BoardCeilings", "read_board_record", "board_record_step", "ceilings_in_brief", "board_ceilings",
@@ -48,7 +48,7 @@ def summary_name_of(record_name: str) -> str:
 
 @lru_cache(maxsize=4)
 def _read(path: str, mtime_ns: int) -> dict[str, Any]:
-    from resacct.account.gpu.record import check_record_layout
+    from resacct.account.gpu.records.record import check_record_layout
 
     try:
         opener: Any = gzip.open if path.endswith(".gz") else open

@@ -4,20 +4,20 @@ and what calibrates them (the board's committed record, else its datasheet).
 
 - **lora**: the peft LoRA step of :mod:`resacct.account.trace.lora_step` (forward, backward, AdamW over
   the adapters, ``zero_grad``) traced on meta tensors by
-  :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` with CUDA's kernel choices (flash
+  :func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory` with CUDA's kernel choices (flash
   attention for a 16-bit base, the efficient kernel for float32; foreach AdamW), and its per-op
-  roofline time (:mod:`resacct.account.gpu.step_time`).
+  roofline time (:mod:`resacct.account.gpu.timing.step_time`).
 - **infer**: the model's weights loaded in their format, then the prefill of ``batch`` × ``context``
   tokens as ``generate`` runs it (``use_cache=True``, the logits of the last position only, no
   gradients), the KV cache kept: its peaks, the prefill's per-op roofline time and one generated token's
-  (:func:`~resacct.account.gpu.step_time.predict_decode_seconds` over the next token's forward, traced on meta by
-  :func:`~resacct.account.gpu.decode_trace.trace_decode_ops`). The GPU recorder serves its models through
+  (:func:`~resacct.account.gpu.timing.step_time.predict_decode_seconds` over the next token's forward, traced on meta by
+  :func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`). The GPU recorder serves its models through
   :func:`prefill_model` too (``tools/gpu_record_serve.py``), so a board's record checks this very prediction.
 
-Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.library_workspaces` (from PyTorch's
+Both add the cuBLAS/cuBLASLt workspaces of :mod:`resacct.account.gpu.allocator.library_workspaces` (from PyTorch's
 source, confirmed on an H200 for sm90; one line says which): LoRA's step two cuBLAS ones (forward and autograd's
 backward thread), the prefill one. A mixture of experts runs its experts grouped by expert, as transformers
-does on a CUDA board (:mod:`resacct.account.gpu.cuda_experts`); one line says so.
+does on a CUDA board (:mod:`resacct.account.gpu.tracing.cuda_experts`); one line says so.
 
 A board outside NVIDIA's CUDA families (TPU, Gaudi, AMD Instinct) gets no number: the CUDA caching
 allocator is not what runs there.
@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from resacct.account.gpu.board_rates import board_rates, with_decode_time, with_step_time
-from resacct.account.gpu.cuda_experts import group_experts, grouped_experts
-from resacct.account.gpu.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
-from resacct.account.gpu.library_workspaces import capability_major
+from resacct.account.gpu.timing.board_rates import board_rates, with_decode_time, with_step_time
+from resacct.account.gpu.tracing.cuda_experts import group_experts, grouped_experts
+from resacct.account.gpu.answers.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
+from resacct.account.gpu.allocator.library_workspaces import capability_major
 from resacct.errors import ResacctError
 
 __all__ = ["CUDA_FAMILIES", "SERVED_FORMATS", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "prefill_model", "predict_prefill",
@@ -65,10 +65,10 @@ def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel:
              ops: list | None = None, capability: tuple[int, int] | None = None) -> Any:
     """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel`` (None: its math path); a mask moves flash to the
     efficient kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
-    workspaces' bytes (:mod:`~resacct.account.gpu.library_workspaces`), kept from the step's start. ``ops``:
+    workspaces' bytes (:mod:`~resacct.account.gpu.allocator.library_workspaces`), kept from the step's start. ``ops``:
     a list that receives the step's aten ops with their FLOPs and bytes from this same pass — attention as
     the board runs it, the step time's input (only the attempt that succeeded fills it)."""
-    from resacct.account.gpu.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
 
     def attempt(attention: str | None) -> Any:
         collected: list | None = None if ops is None else []
@@ -106,7 +106,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
         gap = "gradient checkpointing's recomputation calls .item(), which meta tensors refuse"
     if gap is not None:
         return _unavailable(board, gap)
-    from resacct.account.gpu.library_workspaces import step_workspaces
+    from resacct.account.gpu.allocator.library_workspaces import step_workspaces
 
     from resacct.facts.dtypes import parse_dtype
 
@@ -146,8 +146,8 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     :class:`~resacct.account.load.hf_models.HfConfigSpec`) on ``board``: weights in ``weights`` (bf16, fp16 or fp32),
     then the prefill of ``batch`` × ``context`` tokens with the KV cache kept (in the weights' dtype); the prefill's
     time from the ops of that pass, and — given the cache's bytes at the context — one generated token's
-    (:func:`~resacct.account.gpu.board_rates.with_decode_time`)."""
-    from resacct.account.gpu.library_workspaces import step_workspaces
+    (:func:`~resacct.account.gpu.timing.board_rates.with_decode_time`)."""
+    from resacct.account.gpu.allocator.library_workspaces import step_workspaces
     from resacct.account.load.hf_models import load_hf_config
 
     gap = cuda_board_gap(board)
@@ -171,7 +171,7 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     answer = with_step_time(answer, ops, board, weights)
     if kv_cache_bytes is None or answer.step_sec is None:
         return answer
-    from resacct.account.gpu.decode_trace import trace_decode_ops
+    from resacct.account.gpu.tracing.decode_trace import trace_decode_ops
 
     try:
         decode_ops = trace_decode_ops(model, batch=batch, context=context, kernel=kernel, capability=board.compute_capability)

@@ -2,7 +2,7 @@
 ``memory_reserved`` will be after a sequence of allocations and frees — no GPU needed.
 
 The pipeline stage: a step's allocation sequence (recorded on a GPU by ``tools/gpu_record.py``, or
-traced on meta tensors by :mod:`resacct.account.gpu.cuda_step`) goes in; allocated
+traced on meta tensors by :mod:`resacct.account.gpu.tracing.cuda_step`) goes in; allocated
 and reserved over time, their peaks, the segments and what is live at the peak come out.
 
 It follows ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, read at commit 001074d2):
@@ -53,7 +53,7 @@ import itertools
 from collections.abc import Hashable
 from typing import no_type_check
 
-from resacct.account.gpu.cuda_allocator_rules import (
+from resacct.account.gpu.allocator.cuda_allocator_rules import (
     KLARGE_BUFFER_BYTES,
     KMIN_BLOCK_BYTES,
     KSMALL_BUFFER_BYTES,

@@ -2,7 +2,7 @@
 the caching allocator model — predicted ``max_memory_allocated`` and ``max_memory_reserved``.
 
 :func:`predict_cuda_step_memory` runs the step on **meta tensors** (shapes and dtypes, no memory)
-under :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`: every storage an op
+under :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`: every storage an op
 makes is one allocation of the CUDA caching allocator model, its death one free — the order a
 GPU would see them, from the model's parameters to the end of the step. Where a GPU's kernels
 differ from what meta tensors would dispatch, it chooses the CUDA ones:
@@ -21,7 +21,7 @@ fake cuda tensors are made, but C++ paths that take a CUDA device guard (``tenso
 ``F.linear``) fail or abort the process ("PyTorch is not linked with support for cuda devices").
 
 Not seen by the trace: cuBLAS/cuBLASLt workspaces (allocated by a thread's first matmul on a stream,
-kept) — ``workspaces=`` adds them as :mod:`~resacct.account.gpu.library_workspaces` reads them from
+kept) — ``workspaces=`` adds them as :mod:`~resacct.account.gpu.allocator.library_workspaces` reads them from
 PyTorch's source (confirmed on an H200 for sm90) — and CUDA's context and NCCL, which the record shows.
 
 Measured against a real board (tests/test_cuda_step.py): the H100 record's
@@ -40,10 +40,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.cuda_allocator import AllocatorConfig
-from resacct.account.gpu.cuda_composites import sdpa_math_region
-from resacct.account.gpu.op_costs import OpCostCounter
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig
+from resacct.account.gpu.tracing.cuda_composites import sdpa_math_region
+from resacct.account.gpu.tracing.op_costs import OpCostCounter
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
@@ -218,9 +218,9 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     (module docstring); ``config``: the allocator's settings (``expandable_segments`` …);
     ``workspaces``: library blocks (bytes) allocated once the parameters and inputs are on the board,
     before the optimizer's state, and kept — the cuBLAS workspaces of
-    :func:`~resacct.account.gpu.library_workspaces.step_workspaces` (none by default: the record's peaks
+    :func:`~resacct.account.gpu.allocator.library_workspaces.step_workspaces` (none by default: the record's peaks
     above the start did not see them). ``ops``: a list that receives every aten op of the step with
-    its FLOPs and bytes, as :func:`~resacct.account.gpu.step_time.trace_step_ops` traces them (the
+    its FLOPs and bytes, as :func:`~resacct.account.gpu.timing.step_time.trace_step_ops` traces them (the
     step time's input from this same pass: one trace of the step, not two; issue 34). ``capability``: the board's compute
     capability (major, minor), where flash refuses some calls (:func:`flash_refusal`: they run the efficient kernel).
 

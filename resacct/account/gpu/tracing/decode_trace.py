@@ -4,7 +4,7 @@
 positions left: its own ops (the cache's ``cat`` per layer, one position's rotary, attention of one query
 to the whole context) — not the prefill's. :func:`trace_decode_ops` builds that cache with a forward of
 ``context`` tokens on meta (nothing is allocated; only its shapes matter), then records every aten op of
-the next token's forward with its FLOPs and bytes (:class:`~resacct.account.gpu.op_costs.OpCosts`), sdpa
+the next token's forward with its FLOPs and bytes (:class:`~resacct.account.gpu.tracing.op_costs.OpCosts`), sdpa
 routed to the board's CUDA kernel as the prefill's trace routes it. ``tests/test_decode_trace.py`` checks
 the traced FLOPs against torch's FlopCounterMode over a real decode step on the CPU.
 
@@ -46,10 +46,10 @@ def cache_of(output: Any) -> Any:
 
 def trace_decode_ops(model: Any, *, batch: int, context: int, kernel: str | None, capability: tuple[int, int] | None = None) -> list[Any]:
     """Every aten op of the forward that generates token ``context + 1`` for ``batch`` sequences (``model`` on meta, in
-    eval mode), each an :class:`~resacct.account.gpu.op_costs.OpCost`. ``kernel``: CUDA's sdpa kernel (``"flash"`` or
+    eval mode), each an :class:`~resacct.account.gpu.tracing.op_costs.OpCost`. ``kernel``: CUDA's sdpa kernel (``"flash"`` or
     ``"efficient"``; a mask moves flash to the efficient kernel, as the prefill's trace does), None: sdpa's own choice."""
-    from resacct.account.gpu.cuda_step import sdpa_routing
-    from resacct.account.gpu.op_costs import OpCosts
+    from resacct.account.gpu.tracing.cuda_step import sdpa_routing
+    from resacct.account.gpu.tracing.op_costs import OpCosts
     from resacct.measurement.meta_op_cache import meta_calls_cached
 
     if batch < 1 or context < 1:

@@ -1,13 +1,13 @@
 """A board record's calibrated step-time model, fitted once on all its training steps and kept beside it (issue 31).
 
-:mod:`~resacct.account.gpu.step_time_calibrated` fits a model on recorded steps — per class of cuBLAS call a rate and a
+:mod:`~resacct.account.gpu.timing.step_time_calibrated` fits a model on recorded steps — per class of cuBLAS call a rate and a
 time per call, the other kernels' factor on the copy bandwidth and time per kernel, the host's idle time per op — and
 the record's ``recorded-…-step-time-calibrated`` claims judge it on steps it was not fitted on (9 of the H200 record's 13
 within 10 %, where the per-op roofline on the record's ceilings held 4). The commands (``account``, ``lora``, ``shard``,
 ``infer`` with ``--device BOARD``) price a traced step by the same model fitted on **every** training step of the
 board's newest record (its dense ones, as the claims calibrate). Fitting traces each recorded step's whole process on meta (~15 CPU s for 13 steps), so it is done
 once, when the record is committed — ``python tools/gpu_record.py --calibrate docs/gpu/<record>.json.gz`` writes
-``docs/gpu/<record>-calibration.json`` (:mod:`~resacct.account.gpu.record_calibration_fit`; copied into
+``docs/gpu/<record>-calibration.json`` (:mod:`~resacct.account.gpu.records.record_calibration_fit`; copied into
 ``resacct/specs/gpu_records/`` as the record is) — and read here by the commands: :func:`board_calibration`. ``tests/test_record_calibration.py`` fits it again with this checkout's torch and
 compares.
 """
@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from resacct.account.gpu.step_time_calibrated import CalibratedTimes, MatmulFit
+from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, MatmulFit
 from resacct.errors import ResacctError
 
 __all__ = ["CALIBRATION_FORMAT", "BoardCalibration", "calibration_file", "read_record_calibration", "board_calibration"]
@@ -47,7 +47,7 @@ class BoardCalibration:
 def calibration_file(record_file: str) -> Path:
     """Where the calibration of ``record_file`` lies: beside it (``…-record.json.gz`` → ``…-record-calibration.json``), or
     the copy resacct ships."""
-    from resacct.account.gpu.recorded import record_path
+    from resacct.account.gpu.records.recorded import record_path
 
     name = Path(record_file).name.removesuffix(".gz").removesuffix(".json") + "-calibration.json"
     return record_path(str(Path(record_file).with_name(name)))
@@ -69,9 +69,9 @@ def read_record_calibration(path: Path) -> BoardCalibration:
 
 
 def board_calibration(board: Any) -> BoardCalibration | None:
-    """The calibration beside ``board``'s newest committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`),
+    """The calibration beside ``board``'s newest committed record (:func:`~resacct.account.gpu.records.board_record.board_ceilings`),
     or None where that record has none."""
-    from resacct.account.gpu.board_record import board_ceilings
+    from resacct.account.gpu.records.board_record import board_ceilings
 
     ceilings = board_ceilings(board)
     if ceilings is None:

@@ -27,11 +27,11 @@ from resacct.errors import ResacctError
 __all__ = ["H100_RECORD", "RECORDS_BY_FAMILY", "REPOSITORY", "PACKAGED_RECORDS", "load_gpu_record", "record_source", "recorded_value", "recorded_step", "record_path",
            "record_contents"]
 
-REPOSITORY = Path(__file__).resolve().parents[3]
-PACKAGED_RECORDS = Path(__file__).resolve().parents[2] / "specs" / "gpu_records"  # the records a wheel ships (package data)
+REPOSITORY = Path(__file__).resolve().parents[4]
+PACKAGED_RECORDS = Path(__file__).resolve().parents[3] / "specs" / "gpu_records"  # the records a wheel ships (package data)
 H100_RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
 # The boards a round-three record calibrates, by the datasheet table's name, and what it verified (a board's newer
-# record, resacct-gpu-record/1, is found by its summary: resacct.account.gpu.board_record.board_ceilings).
+# record, resacct-gpu-record/1, is found by its summary: resacct.account.gpu.records.board_record.board_ceilings).
 RECORDS_BY_FAMILY = {"h100-sxm": (H100_RECORD, "gpt-tiny fp32 forward + backward to the byte; three fp32 GPT training steps within 1 %")}
 
 

@@ -1,6 +1,6 @@
 """The GPU step time calibrated on a board's record (issue 31, part 3): fitted on some recorded steps, judged on others.
 
-The per-op roofline of :mod:`~resacct.account.gpu.step_time` prices every op at the record's best rates, and the H200
+The per-op roofline of :mod:`~resacct.account.gpu.timing.step_time` prices every op at the record's best rates, and the H200
 record (2026-11-30) shows where that fails (``benchmarks/board_op_times.py``): views are charged as if they moved their
 tensors (none launches a kernel); a 16-bit matmul with a dimension that is not a multiple of 8 runs at 95–145 TFLOP/s
 where aligned ones reach 630–930 (GPT-2's 50,257-token vocabulary: 7.9 of the 10.1 ms of its bf16 matmuls);
@@ -28,7 +28,7 @@ from typing import Any, no_type_check
 
 import numpy as np
 
-from resacct.account.gpu.op_costs import OpCost
+from resacct.account.gpu.tracing.op_costs import OpCost
 from resacct.errors import ResacctError
 
 __all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds"]

@@ -1,7 +1,7 @@
 """Composite kernels whose CUDA run allocates temporaries that one op on meta tensors hides (issue 31).
 
 A dispatch mode sees an op once: an op with a ``CompositeExplicitAutograd`` kernel (one C++ function calling other
-ops) shows only its output to :class:`~resacct.account.gpu.allocation_trace.AllocationRecorder`, while on a GPU every
+ops) shows only its output to :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`, while on a GPU every
 op inside it allocates from the caching allocator. Where those temporaries are large, the reserved peak (the
 segments they make) depends on them; here such an op is run as its C++ does, each temporary tracked in order.
 
@@ -23,7 +23,7 @@ new ``where``: another output's bytes; the record is the evidence for the form m
 sdpa's math path adds the attention mask **in place** on a GPU (``attn.add_(*attn_mask)`` in
 ``_scaled_dot_product_attention_math``) but out of place under any dispatch mode (``areAnyTensorSubclassLike`` is true
 while a ``TorchDispatchMode`` is on: ``attn = attn.add(*attn_mask)``), so traced on meta the scores are allocated twice.
-Inside :func:`sdpa_math_region` (the routing modes of :mod:`~resacct.account.gpu.cuda_step` open it around a call
+Inside :func:`sdpa_math_region` (the routing modes of :mod:`~resacct.account.gpu.tracing.cuda_step` open it around a call
 that takes the math path) the recorder gives that ``add``'s output the scores' block (:func:`in_sdpa_math`): the same
 record shows one 268 MB scores block per layer where the trace on meta had two.
 

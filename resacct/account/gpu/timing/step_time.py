@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from resacct.account.gpu.op_costs import OpCost
+from resacct.account.gpu.tracing.op_costs import OpCost
 from resacct.errors import ResacctError
 
 __all__ = ["OpCost", "BoardRates", "StepTimePrediction", "DecodePrediction", "trace_step_ops", "predict_step_seconds", "predict_decode_seconds",
@@ -64,9 +64,9 @@ def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, 
                    make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = None) -> list[OpCost]:
     """Every aten op of one steady training step of ``model`` on meta tensors, with its FLOPs and
     bytes: forward, backward, the optimizer's step (CUDA's foreach AdamW by default), zero_grad — the
-    ops of :func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory`'s pass (its meta calls' cache
+    ops of :func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory`'s pass (its meta calls' cache
     answers the repeated layers; ``tests/test_gpu_step_time.py`` checks them against a pass of their own)."""
-    from resacct.account.gpu.cuda_step import cuda_adamw, predict_cuda_step_memory
+    from resacct.account.gpu.tracing.cuda_step import cuda_adamw, predict_cuda_step_memory
 
     ops: list[OpCost] = []
     predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer or cuda_adamw, ops=ops)
@@ -109,7 +109,7 @@ class DecodePrediction:
 
 def predict_decode_seconds(decode_ops: list[OpCost], rates: BoardRates, *, read_bytes: int) -> DecodePrediction:
     """A decode step — one forward of one token a sequence, its ops traced on meta
-    (:func:`~resacct.account.gpu.decode_trace.trace_decode_ops`) — bounded three ways: it reads the weights and the
+    (:func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`) — bounded three ways: it reads the weights and the
     whole KV cache (``read_bytes``) ÷ the bandwidth, its FLOPs (attention of one query to the whole context included)
     ÷ the matmul rate, and its ops × the per-op overhead on the host; it takes the longest.
 

@@ -10,7 +10,7 @@ renumbered in order of first use), ``window_start`` (the entry where the measure
 the segments at the end; plus the step's time and its aten ops (the recorder's business).
 
 :func:`replay_step` runs the trace's allocations and frees through
-:class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel` and compares what the model
+:class:`~resacct.account.gpu.allocator.cuda_allocator.CachingAllocatorModel` and compares what the model
 does with what the allocator did: every ``segment_alloc`` / ``segment_free`` (size and order),
 where each block was placed (a new segment starts where the device's did: best fit breaks ties
 by address), and the allocated and reserved peaks of the window against ``max_memory_*``. The reserved peak is
@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
 from resacct.errors import ResacctError
 
 __all__ = ["RECORD_FORMAT", "SEGMENT_ACTIONS", "ReplayResult", "compact_snapshot", "replay_step", "recorded_reserved_peak_bytes",

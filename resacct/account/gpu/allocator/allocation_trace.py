@@ -4,8 +4,8 @@ CUDA caching allocator model as they happen: the trace the allocator *would* rec
 :class:`AllocationRecorder` is a ``TorchDispatchMode``: every aten op's outputs that own a new
 storage are one ``malloc`` of the storage's bytes, each storage's death (a weak reference, as
 :class:`~resacct.account.peak.tracker.LiveStorageTracker` does) one ``free``; both go to a
-:class:`~resacct.account.gpu.cuda_allocator.CachingAllocatorModel`. Over meta tensors
-(:mod:`resacct.account.gpu.cuda_step`) it is a prediction; over real tensors on the CPU it is what the GPU recorder's
+:class:`~resacct.account.gpu.allocator.cuda_allocator.CachingAllocatorModel`. Over meta tensors
+(:mod:`resacct.account.gpu.tracing.cuda_step`) it is a prediction; over real tensors on the CPU it is what the GPU recorder's
 dry run writes (``tools/gpu_record.py --dry-run``), in ``torch.cuda.memory._snapshot()``'s format
 (:meth:`AllocationRecorder.snapshot`).
 
@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from resacct.account.gpu.cuda_allocator import AllocatorConfig, CachingAllocatorModel
-from resacct.account.gpu.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
+from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
+from resacct.account.gpu.tracing.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
 from resacct.measurement.meta_op_cache import shared_meta_cache
 
 __all__ = ["AllocationRecorder"]
@@ -49,7 +49,7 @@ class AllocationRecorder(TorchDispatchMode):
         super().__init__()
         self.allocator = CachingAllocatorModel(config)
         self.device = device
-        #: allocate as CUDA's kernels do where one op hides it (:mod:`~resacct.account.gpu.cuda_composites`); by default on meta
+        #: allocate as CUDA's kernels do where one op hides it (:mod:`~resacct.account.gpu.tracing.cuda_composites`); by default on meta
         #: (a prediction), not over real tensors (what ran) — True there runs CPU tensors through CUDA's forms, to compare
         self.cuda_kernels = device == "meta" if cuda_kernels is None else cuda_kernels
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -59,7 +59,7 @@ class AllocationRecorder(TorchDispatchMode):
         # over meta tensors, a call seen before is answered without torch's Python meta kernel (the same storages made); the
         # process's one cache: the H200 record's 13 steps predicted in one process 22.0-22.5 → 17.8-20.6 CPU s (session 25)
         self.op_cache = shared_meta_cache() if device == "meta" else None
-        #: when not None, told of every op with its outputs (:class:`~resacct.account.gpu.op_costs.OpCostCounter`: the step time's
+        #: when not None, told of every op with its outputs (:class:`~resacct.account.gpu.tracing.op_costs.OpCostCounter`: the step time's
         #: ops counted on this pass, without a dispatch mode of their own)
         self.costs: Any = None
 

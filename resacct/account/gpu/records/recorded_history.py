@@ -6,11 +6,11 @@ holds every segment the process reserved before it: the model built on the devic
 dropped), a recipe's copy of it in another dtype (the float32 original freed: 5 GB of cached segments for a 1B model),
 the batch, the cuBLAS workspaces at the first matmuls, and two warm-up steps — the first makes the optimizer's state
 in the middle of its ``optimizer.step()``, after the backward, not before the step as
-:func:`~resacct.account.gpu.cuda_step.predict_cuda_step_memory` (a steady step, any model) assumes. Measured against the
+:func:`~resacct.account.gpu.tracing.cuda_step.predict_cuda_step_memory` (a steady step, any model) assumes. Measured against the
 H200 record of 2026-11-30: the reserved peaks of resacct's GPT-2 (fp32 and bf16 autocast), HF GPT-2 (both), the LoRA
 step and the GQA Llama's bf16 flash step to the byte; the steady-step prediction missed them by 2 % to 27 % (docs/gpu.md).
 
-:func:`predict_recorded_process` runs the recorder's own sequence (:func:`~resacct.account.gpu.record_models.build_record_model`,
+:func:`predict_recorded_process` runs the recorder's own sequence (:func:`~resacct.account.gpu.records.record_models.build_record_model`,
 ``recipe_step``, ``run_training_step``) on meta under :class:`WorkspaceRecorder` — the allocation recorder plus the
 library's workspaces allocated where cuBLAS allocates them — with CUDA's choices made as the steady prediction makes them
 (the sdpa kernel the step names, CUDA autocast, AdamW's foreach default).
@@ -23,9 +23,9 @@ from typing import Any, no_type_check
 
 import torch
 
-from resacct.account.gpu.allocation_trace import AllocationRecorder
-from resacct.account.gpu.cuda_allocator_rules import AllocatorConfig
-from resacct.account.gpu.op_costs import CUBLAS_OP_NAMES
+from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.allocator.cuda_allocator_rules import AllocatorConfig
+from resacct.account.gpu.tracing.op_costs import CUBLAS_OP_NAMES
 from resacct.errors import ResacctError
 
 __all__ = ["WARMUP_STEPS", "WorkspaceRecorder", "predict_recorded_process"]
@@ -70,12 +70,12 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
                              cublas_bytes: int, cublaslt_bytes: int, kernel: str | None, capability: tuple[int, int] | None,
                              ops: list[Any] | None = None) -> Any:
     """The recorded ``step``'s process (its ``recipe``, ``batch``, ``seq``; ``build()`` makes its model on meta and the loss,
-    :func:`~resacct.account.gpu.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
+    :func:`~resacct.account.gpu.records.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
-    call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.cuda_step.CudaStepPrediction` of the
+    call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.tracing.cuda_step.CudaStepPrediction` of the
     measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops."""
-    from resacct.account.gpu.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
-    from resacct.account.gpu.op_costs import OpCostCounter
+    from resacct.account.gpu.tracing.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
+    from resacct.account.gpu.tracing.op_costs import OpCostCounter
     from resacct.account.peak.recipes import recipe_step
     from resacct.facts.recipes import parse_recipe
     from resacct.measurement.memory_timeline import run_training_step
@@ -91,7 +91,7 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
         del net  # a recipe in another dtype stepped a copy: the original is freed, its segments stay cached
         step_loss = work.loss_fn
         if chosen.uses_autocast:  # meta tensors have no torch.autocast: CUDA autocast's casts applied by resacct
-            from resacct.account.gpu.device_answer import under_cuda_autocast
+            from resacct.account.gpu.answers.device_answer import under_cuda_autocast
             from resacct.facts.dtypes import parse_dtype
 
             step_loss = under_cuda_autocast(loss_fn, parse_dtype(chosen.computes_in))

@@ -16,6 +16,7 @@ predictable when the recorder's matrix changes. A dry run (on a CPU, ``tiny``) s
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,7 +88,7 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
     if extra.get("experts"):
         experts = extra["experts"]
         if experts == "eager" and device == "meta":  # its routing asks the data: on meta, the same loop over an even spread
-            from resacct.account.gpu.eager_experts import register_even_eager_experts
+            from resacct.account.gpu.tracing.eager_experts import register_even_eager_experts
 
             experts = register_even_eager_experts()
         net.config._experts_implementation = experts
@@ -99,7 +100,9 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
             import peft
         except ImportError:
             raise ResacctError("a recorded LoRA step needs peft; expected it installed: pip install 'resacct[finetune]'") from None
-        net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' is_gradient_checkpointing, raised inside peft (as lora_step)
+            net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
 
     def hf_loss(m: Any, batch: Any) -> Any:
         return m(input_ids=batch[0], labels=batch[1]).loss
@@ -111,13 +114,13 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     """The measured step of the process a record describes (``step``: its ``family``, ``model_config``, ``recipe``,
     ``attention``, ``batch``, ``seq``, ``extra`` and ``allocator_settings``), predicted on meta as the recorder ran it —
     the model built, the batch made, the recipe's copy, two warm-up steps, then the step
-    (:func:`~resacct.account.gpu.recorded_history.predict_recorded_process`): the same model, recipe, batch, attention
+    (:func:`~resacct.account.gpu.records.recorded_history.predict_recorded_process`): the same model, recipe, batch, attention
     kernel and allocator settings (``model_config``: the config built, a dry run's already tiny). On a board's record
     (``capability`` "9.0" …) the cuBLAS/cuBLASLt workspaces PyTorch's source gives it are allocated at the first matmuls,
     ``env`` the library probe's variables. ``ops``: a list that receives the measured step's aten ops with their FLOPs and
     bytes (the step time's input, from the same pass)."""
-    from resacct.account.gpu.record import allocator_config_of
-    from resacct.account.gpu.recorded_history import predict_recorded_process
+    from resacct.account.gpu.records.record import allocator_config_of
+    from resacct.account.gpu.records.recorded_history import predict_recorded_process
 
     missing = [key for key in ("family", "model_config", "recipe", "attention", "batch", "seq") if key not in step]
     if missing:
@@ -127,7 +130,7 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     major_minor = parse_capability(capability)
     cublas_bytes = cublaslt_bytes = 0
     if major_minor and not dry_run:
-        from resacct.account.gpu.library_workspaces import cublas_workspace_bytes, cublaslt_workspace_bytes
+        from resacct.account.gpu.allocator.library_workspaces import cublas_workspace_bytes, cublaslt_workspace_bytes
 
         cublas_bytes, cublaslt_bytes = cublas_workspace_bytes(major_minor[0], env or {}), cublaslt_workspace_bytes(major_minor[0], env or {})
     def build() -> tuple[Any, Any]:
@@ -153,8 +156,8 @@ def parse_capability(capability: str | None) -> tuple[int, int] | None:
 
 def served_model(model_config: dict[str, Any], weights: str) -> Any:
     """A recorded serving entry's model on meta, as ``infer --device`` builds it
-    (:func:`~resacct.account.gpu.command_answers.prefill_model`: experts grouped, weights in ``weights``, eval)."""
-    from resacct.account.gpu.command_answers import prefill_model
+    (:func:`~resacct.account.gpu.answers.command_answers.prefill_model`: experts grouped, weights in ``weights``, eval)."""
+    from resacct.account.gpu.answers.command_answers import prefill_model
     from resacct.account.load.hf_models import HfConfigSpec
 
     spec = HfConfigSpec(name=f"recorder-{model_config.get('model_type')}", source="tools/gpu_record.py", values=dict(model_config))
@@ -206,9 +209,9 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
     """A recorded serving entry (``model_config``, ``weights``, ``attention``, ``batch``, ``context``) as ``infer --device``
     predicts it: the model built the same way, the prefill traced on meta with the recorded sdpa kernel and the cuBLAS
     workspaces of the board's ``capability``; the KV cache's bytes from the model's own cache after a meta forward; the
-    next token's forward traced on meta (:func:`~resacct.account.gpu.decode_trace.trace_decode_ops`)."""
-    from resacct.account.gpu.command_answers import predict_prefill, weight_bytes
-    from resacct.account.gpu.decode_trace import trace_decode_ops
+    next token's forward traced on meta (:func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`)."""
+    from resacct.account.gpu.answers.command_answers import predict_prefill, weight_bytes
+    from resacct.account.gpu.tracing.decode_trace import trace_decode_ops
     from resacct.account.load.meta_facts import model_kv_cache_elements
 
     missing = [key for key in ("model_config", "weights", "attention", "batch", "context") if key not in entry]
@@ -220,7 +223,7 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
     major_minor = parse_capability(capability)
     workspaces: tuple[int, ...] = ()
     if major_minor and not dry_run:
-        from resacct.account.gpu.library_workspaces import step_workspaces
+        from resacct.account.gpu.allocator.library_workspaces import step_workspaces
 
         workspaces = step_workspaces(model, major=major_minor[0], backward=False, env=env or {}).sizes
     ops: list[Any] = []

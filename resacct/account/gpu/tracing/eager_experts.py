@@ -1,5 +1,5 @@
 """transformers' ``eager`` experts forward (Mixtral's: a loop over the experts the routing hit) on meta tensors, for the
-GPU record's ``mixtral-small/…/eager-experts`` step (:func:`~resacct.account.gpu.record_models.predict_record_step`).
+GPU record's ``mixtral-small/…/eager-experts`` step (:func:`~resacct.account.gpu.records.record_models.predict_record_step`).
 
 The loop asks the data which experts were hit (``nonzero``) and which rows each got (``torch.where``): meta tensors
 have no data, so the step cannot run there as it is. :func:`even_eager_forward` runs the same ops with the same

@@ -2,7 +2,7 @@
 (pytorch/pytorch, read at commit 001074d2): the size constants, ``round_size``,
 ``get_allocation_size``, the ``Block`` a segment is cut into, a ``BlockPool``, the settings of
 ``PYTORCH_CUDA_ALLOC_CONF`` the model follows. The model that uses them:
-:mod:`resacct.account.gpu.cuda_allocator`.
+:mod:`resacct.account.gpu.allocator.cuda_allocator`.
 """
 
 from __future__ import annotations

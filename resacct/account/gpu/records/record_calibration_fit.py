@@ -1,4 +1,4 @@
-"""Fitting a board record's calibrated step-time model (:mod:`~resacct.account.gpu.record_calibration`, which reads it):
+"""Fitting a board record's calibrated step-time model (:mod:`~resacct.account.gpu.records.record_calibration`, which reads it):
 ``tools/gpu_record.py --calibrate`` runs it once when a record is committed. Kept apart from the reader so that the
 commands' pricing (board_rates → record_calibration) does not import the record's step models (record_models → the
 commands' answers → board_rates: a circle)."""
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resacct.account.gpu.record_calibration import CALIBRATION_FORMAT, calibration_file
+from resacct.account.gpu.records.record_calibration import CALIBRATION_FORMAT, calibration_file
 from resacct.errors import ResacctError
 
 __all__ = ["fit_record_calibration", "write_record_calibration"]
@@ -18,15 +18,15 @@ __all__ = ["fit_record_calibration", "write_record_calibration"]
 
 def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fit the model on every dense training step of ``record_file`` that has a profile (no mixture of experts: the
-    claims' own rule, ``tools/gpu_record_claims.py``'s ``calibration_sets``), each traced on meta as the record's claims trace it (:func:`~resacct.account.gpu.record_models.predict_record_step`); the JSON document to keep."""
+    claims' own rule, ``tools/gpu_record_claims.py``'s ``calibration_sets``), each traced on meta as the record's claims trace it (:func:`~resacct.account.gpu.records.record_models.predict_record_step`); the JSON document to keep."""
     import hashlib
 
     import torch
 
-    from resacct.account.gpu.board_record import board_record_step, ceilings_in_brief, read_board_record
-    from resacct.account.gpu.record_models import predict_record_step
-    from resacct.account.gpu.recorded import record_path
-    from resacct.account.gpu.step_time_calibrated import calibrate_step_times
+    from resacct.account.gpu.records.board_record import board_record_step, ceilings_in_brief, read_board_record
+    from resacct.account.gpu.records.record_models import predict_record_step
+    from resacct.account.gpu.records.recorded import record_path
+    from resacct.account.gpu.timing.step_time_calibrated import calibrate_step_times
     from resacct.facts.hardware import peak_format
     from resacct.facts.recipes import parse_recipe
 

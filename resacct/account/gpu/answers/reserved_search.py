@@ -8,7 +8,7 @@ So ``lora --device BOARD`` judges the CPU search's answer again by the board's p
 fit, the smallest known not to — closed by the line through what is known (the reserved peak is nearly
 affine in the batch: the activations), each guess traced as the board runs it, until two neighbouring
 batches are known (``exact``) or :data:`MAX_RESERVED_TRACES` batches are traced. ``fit --device`` searches
-its batch, or its sequence length (``what="seq"``), the same way (:func:`resacct.account.gpu.device_answer.fit_gpu_answer`),
+its batch, or its sequence length (``what="seq"``), the same way (:func:`resacct.account.gpu.answers.device_answer.fit_gpu_answer`),
 up to its limit (``--max-batch``, the context length).
 
 >>> reserved = lambda batch: 1000 + 97 * batch

@@ -3,7 +3,7 @@
 
 ``fit --device`` answers twice: the CPU kernels' search (:func:`resacct.account.fit.search.fit_step`, each
 probe the step on fake tensors), then the board's search by the reserved peak
-(:func:`~resacct.account.gpu.device_answer.fit_gpu_answer`), which starts from the CPU answer ``n`` and traces
+(:func:`~resacct.account.gpu.answers.device_answer.fit_gpu_answer`), which starts from the CPU answer ``n`` and traces
 ``n`` and ``n + 1`` first — sizes the CPU search has just probed. :class:`TracedBeside` forks a child once the
 model is built; each size the CPU search is about to probe is sent to it, and it traces the board's step there
 (meta tensors, CUDA's choices) while the parent traces the CPU step. When the search ends the parent takes

@@ -1,6 +1,6 @@
-"""A board's rates for the GPU step time (:mod:`resacct.account.gpu.step_time`): the most matmul FLOP/s in the
+"""A board's rates for the GPU step time (:mod:`resacct.account.gpu.timing.step_time`): the most matmul FLOP/s in the
 step's format, the memory bandwidth, the host's seconds per op — measured where a committed record has the board,
-else the datasheet's — and a :class:`~resacct.account.gpu.device_answer.GpuStepAnswer` given its step time.
+else the datasheet's — and a :class:`~resacct.account.gpu.answers.device_answer.GpuStepAnswer` given its step time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op 
 
 
 def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
-    """``answer`` (a :class:`~resacct.account.gpu.device_answer.GpuStepAnswer`) with the step time of ``ops`` (the same
+    """``answer`` (a :class:`~resacct.account.gpu.answers.device_answer.GpuStepAnswer`) with the step time of ``ops`` (the same
     pass's aten ops) on ``board``, its matmuls in ``fmt`` (:func:`step_seconds`); where the board has no peak in ``fmt``
     (a V100 has no bf16) the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the
     datasheet's dense peak in ``fmt``."""
@@ -38,13 +38,13 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
 
 def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, str]:
     """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on: where the
-    board's newest record carries a calibration (:func:`~resacct.account.gpu.record_calibration.board_calibration`), the
+    board's newest record carries a calibration (:func:`~resacct.account.gpu.records.record_calibration.board_calibration`), the
     per-op model fitted on its dense steps — its matmuls per class, its other kernels' bandwidth factor and time per
     kernel, the host's idle time per op — with the per-op roofline on the record's ceilings beside it; else that
     roofline (:func:`board_rates`: the record's ceilings, else the datasheet's). ResacctError: no rate in ``fmt``."""
-    from resacct.account.gpu.record_calibration import board_calibration
-    from resacct.account.gpu.step_time import predict_step_seconds
-    from resacct.account.gpu.step_time_calibrated import predict_calibrated_seconds
+    from resacct.account.gpu.records.record_calibration import board_calibration
+    from resacct.account.gpu.timing.step_time import predict_step_seconds
+    from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
 
     rates = board_rates(board, fmt)
     roofline = predict_step_seconds(ops, rates)
@@ -60,9 +60,9 @@ def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, str]:
 
 def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *, read_bytes: int) -> Any:
     """``answer`` (infer's prefill on ``board``) with one generated token's predicted time
-    (:func:`~resacct.account.gpu.step_time.predict_decode_seconds`: the weights and the KV cache, ``read_bytes``, read
+    (:func:`~resacct.account.gpu.timing.step_time.predict_decode_seconds`: the weights and the KV cache, ``read_bytes``, read
     once; the traced decode forward's FLOPs and its ops on the host). Where the board has no rate in ``fmt``: unchanged."""
-    from resacct.account.gpu.step_time import predict_decode_seconds
+    from resacct.account.gpu.timing.step_time import predict_decode_seconds
 
     try:
         rates = board_rates(board, fmt)
@@ -76,16 +76,16 @@ def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *
 
 
 def board_rates(board: Any, fmt: str) -> Any:
-    """The :class:`~resacct.account.gpu.step_time.BoardRates` of ``board`` for a step whose matmuls run in ``fmt``
-    (``fp32``, ``bf16`` or ``fp16``). A board with a committed record (:func:`~resacct.account.gpu.board_record.board_ceilings`,
+    """The :class:`~resacct.account.gpu.timing.step_time.BoardRates` of ``board`` for a step whose matmuls run in ``fmt``
+    (``fp32``, ``bf16`` or ``fp16``). A board with a committed record (:func:`~resacct.account.gpu.records.board_record.board_ceilings`,
     the newest): its measured ceilings — the most matmul FLOP/s in ``fmt`` over the recorder's sweep (fp32 with TF32 off),
     the copy bandwidth, a kernel launch's seconds per op. Else the H100 record of round three: its measured fp32/bf16
     matmul rates and the per-op host overhead calibrated on its gpt-tiny step; elsewhere — and for fp16, which it did
     not measure — the datasheet's dense peak × 0.7 and the same overhead (the host, not the board, issues the ops).
     Bandwidth there: the datasheet × 0.8 (assumed). A board without a peak in ``fmt`` (a V100 has no bf16): ResacctError."""
-    from resacct.account.gpu.board_record import board_ceilings
-    from resacct.account.gpu.recorded import H100_RECORD, RECORDS_BY_FAMILY, load_gpu_record, recorded_step, recorded_value
-    from resacct.account.gpu.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
+    from resacct.account.gpu.records.board_record import board_ceilings
+    from resacct.account.gpu.records.recorded import H100_RECORD, RECORDS_BY_FAMILY, load_gpu_record, recorded_step, recorded_value
+    from resacct.account.gpu.timing.step_time import BANDWIDTH_EFFICIENCY, DATASHEET_MATMUL_EFFICIENCY, BoardRates
     from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
 
     if fmt not in TIMED_FORMATS:
@@ -121,7 +121,7 @@ def board_rates(board: Any, fmt: str) -> Any:
 
 @lru_cache(maxsize=2)
 def _calibrated_overhead(config: tuple, batch: int, seq: int, step_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
-    from resacct.account.gpu.step_time import calibrate_overhead
+    from resacct.account.gpu.timing.step_time import calibrate_overhead
 
     return calibrate_overhead(_gpt_ops(dict(config), batch, seq), step_sec, matmul_flops_per_sec, bandwidth_bytes_per_sec)
 
@@ -129,7 +129,7 @@ def _calibrated_overhead(config: tuple, batch: int, seq: int, step_sec: float, m
 def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     import torch
 
-    from resacct.account.gpu.step_time import trace_step_ops
+    from resacct.account.gpu.timing.step_time import trace_step_ops
     from resacct.measurement.activation_checkpointing import gpt_loss
     from resacct.training.gpt import GPTConfig, build_gpt
 
