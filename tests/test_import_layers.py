@@ -316,31 +316,19 @@ def test_the_package_root_keeps_only_its_face() -> None:
 
 
 ACCOUNT_STAGES = ("load", "trace", "peak", "fit", "answers", "render", "gpu")
-
-
-def test_account_is_its_pipeline_stages() -> None:
-    """The house note: ``account/`` is read as the pipeline — its root holds only ``__init__`` and
-    the stage folders (load → trace → peak → fit → answers → render, and gpu); a new module goes
-    into the stage it belongs to."""
-    account = PACKAGE / "account"
-    flat = sorted(path.name for path in account.glob("*.py") if path.name != "__init__.py")
-    stages = sorted(path.name for path in account.iterdir() if path.is_dir() and path.name != "__pycache__")
-    assert flat == [], f"modules directly under resacct/account/ (move each into its stage folder): {flat}"
-    assert stages == sorted(ACCOUNT_STAGES), f"account/'s stage folders are {stages}, expected {sorted(ACCOUNT_STAGES)}"
-    for stage in ACCOUNT_STAGES:
-        assert (account / stage / "__init__.py").read_text().startswith('"""'), f"account/{stage}/__init__.py says what the stage holds"
-
-
 GPU_STAGES = ("allocator", "tracing", "timing", "records", "answers")
 
 
-def test_the_gpu_step_is_its_pipeline_stages() -> None:
-    """The same house note for ``account/gpu/`` (it had grown to 26 flat modules): its root holds only ``__init__``
-    and the stage folders (allocator → tracing → timing → records → answers), each saying what it holds."""
-    gpu = PACKAGE / "account" / "gpu"
-    flat = sorted(path.name for path in gpu.glob("*.py") if path.name != "__init__.py")
-    stages = sorted(path.name for path in gpu.iterdir() if path.is_dir() and path.name != "__pycache__")
-    assert flat == [], f"modules directly under resacct/account/gpu/ (move each into its stage folder): {flat}"
-    assert stages == sorted(GPU_STAGES), f"account/gpu/'s stage folders are {stages}, expected {sorted(GPU_STAGES)}"
-    for stage in GPU_STAGES:
-        assert (gpu / stage / "__init__.py").read_text().startswith('"""'), f"account/gpu/{stage}/__init__.py says what the stage holds"
+@pytest.mark.parametrize(("folder", "stages"), [("account", ACCOUNT_STAGES), ("account/gpu", GPU_STAGES)])
+def test_a_pipeline_folder_is_its_stages(folder: str, stages: tuple[str, ...]) -> None:
+    """The house note: ``account/`` is read as the pipeline — its root holds only ``__init__`` and the stage folders
+    (load → trace → peak → fit → answers → render, and gpu); so is ``account/gpu/`` (it had grown to 26 flat modules:
+    allocator → tracing → timing → records → answers). A new module goes into the stage it belongs to, and each stage's
+    ``__init__`` says what it holds."""
+    root = PACKAGE / folder
+    flat = sorted(path.name for path in root.glob("*.py") if path.name != "__init__.py")
+    found = sorted(path.name for path in root.iterdir() if path.is_dir() and path.name != "__pycache__")
+    assert flat == [], f"modules directly under resacct/{folder}/ (move each into its stage folder): {flat}"
+    assert found == sorted(stages), f"{folder}/'s stage folders are {found}, expected {sorted(stages)}"
+    for stage in stages:
+        assert (root / stage / "__init__.py").read_text().startswith('"""'), f"{folder}/{stage}/__init__.py says what the stage holds"
