@@ -37,7 +37,7 @@ def _allocations(device: str, forward) -> tuple[list[int], int]:  # type: ignore
         routing, hidden = routing.to("meta"), hidden.to("meta")
     hidden.requires_grad_(True)
     weights = torch.full((tokens, k), 0.5, device=device)
-    recorder = AllocationRecorder(device=device)
+    recorder = AllocationRecorder(device=device, cuda_kernels=True)  # both as a GPU runs them (autograd's sums in place)
     with recorder:
         out = forward(experts, hidden, routing, weights)
         out.sum().backward()

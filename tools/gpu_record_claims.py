@@ -100,7 +100,7 @@ def unpredictable(record: dict[str, Any], step: dict[str, Any], *, serving: bool
         if serving:
             predict_record_serving(step, dry_run=False, capability=record.get("capability"), env=env)
         else:
-            predict_record_step(step, dry_run=False, capability=record.get("capability"), env=env)
+            predict_record_step(step, dry_run=False, capability=record.get("capability"), env=env, multiprocessors=record.get("multi_processor_count"))
     except Exception as error:  # noqa: BLE001 — whatever stops the prediction is the reason given
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:120]}"
     return None

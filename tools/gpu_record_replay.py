@@ -26,7 +26,8 @@ def read_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None) -> Any:
+def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | None = None, env: dict[str, str] | None = None,
+                          multiprocessors: int | None = None) -> Any:
     """:func:`~resacct.account.gpu.records.record_models.predict_record_step` of a recorded step; what ran taken from
     :data:`MATRIX` where the step does not say it itself (a step described by hand)."""
     from resacct.account.gpu.records.record_models import predict_record_step
@@ -37,7 +38,7 @@ def predict_recorded_step(step: dict[str, Any], dry: bool, capability: str | Non
     if "model_config" not in step and step.get("name") in MATRIX:
         family, model, recipe, attention, *_ = MATRIX[step["name"]]
         matrix = {"family": family, "model_config": built_config(family, model, tiny=dry), "recipe": recipe, "attention": attention}
-    return predict_record_step({"extra": {}, **matrix, **step}, dry_run=dry, capability=capability, env=env)
+    return predict_record_step({"extra": {}, **matrix, **step}, dry_run=dry, capability=capability, env=env, multiprocessors=multiprocessors)
 
 
 def compare_record(path: Path) -> int:
@@ -59,7 +60,8 @@ def compare_record(path: Path) -> int:
             if id(step) in served:  # infer's prediction: the weights loaded, the first prefill with its cache kept
                 predicted = predict_record_serving(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=probe_env)
             else:
-                predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env)
+                predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env,
+                                                  record.get("multi_processor_count"))
         except (ResacctError, RuntimeError, ImportError) as error:
             print(f"{step['name']:48} cannot predict: {str(error).splitlines()[0][:120]}")
             continue

@@ -76,7 +76,8 @@ def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, li
     from resacct.account.gpu.records.record_models import predict_record_step
 
     ops: list[Any] = []
-    predicted = predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops)
+    predicted = predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops,
+                                    multiprocessors=data.get("multi_processor_count"))
     return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention
 
 

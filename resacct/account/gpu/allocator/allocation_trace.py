@@ -35,7 +35,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
-from resacct.account.gpu.tracing.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
+from resacct.account.gpu.tracing.cuda_composites import (accumulated_in_place, cuda_composite, host_outputs, mask_added_in_place,
+                                                        sole_buffer_counts)
+from resacct.account.gpu.tracing.cuda_reductions import kernel_scratch_bytes
 from resacct.measurement.meta_op_cache import shared_meta_cache
 
 __all__ = ["AllocationRecorder"]
@@ -62,24 +64,41 @@ class AllocationRecorder(TorchDispatchMode):
         #: when not None, told of every op with its outputs (:class:`~resacct.account.gpu.tracing.op_costs.OpCostCounter`: the step time's
         #: ops counted on this pass, without a dispatch mode of their own)
         self.costs: Any = None
+        #: the board whose reduction kernels' staging buffers are allocated around each reduction
+        #: (:mod:`~resacct.account.gpu.tracing.cuda_reductions`); None: not modelled (the board's multiprocessors unknown)
+        self.reduction_board: Any = None
+        #: the use counts of a gradient autograd's buffer alone holds (cuda_composites.sole_buffer_counts), measured here, before any step
+        self._sole_counts = sole_buffer_counts() if self.cuda_kernels else None
 
     @no_type_check  # per op (26,788 checks in the CI quick tier) of hints that are all Any: nothing checked (docs/suite_time.md, session 7)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         composite = cuda_composite(func) if self.cuda_kernels else None  # CUDA's temporaries inside one op (a prediction)
+        accumulating = self.cuda_kernels and accumulated_in_place(func, args, self._sole_counts)  # autograd's in-place sum on a GPU (cuda_composites)
         if composite is not None:
             out = composite(args, kwargs, self.track)
         else:
             out = func(*args, **kwargs) if self.op_cache is None else self.op_cache.call(func, args, kwargs)
         if self.costs is not None:
             self.costs.record(func, args, kwargs, out, None if self.op_cache is None or composite is not None else self.op_cache.last_key)
-        if composite is None and self.cuda_kernels and mask_added_in_place(func, args, out):
-            self.share_block(args[0], out)  # a GPU's math path adds the mask in place (cuda_composites)
+        if composite is None and self.cuda_kernels and (accumulating or mask_added_in_place(func, args, out)):
+            self.share_block(args[0], out)  # a GPU's math path adds the mask in place, its engine accumulates in place (cuda_composites)
         on_host = host_outputs(func) if self.cuda_kernels else ()
         for index, value in enumerate((out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]):
             if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device) and index not in on_host:
                 self.track(value)
+        if self.reduction_board is not None and self.cuda_kernels:
+            self._scratch(kernel_scratch_bytes(func, args, kwargs, self.reduction_board))
         return out
+
+    @no_type_check
+    def _scratch(self, sizes: tuple[int, ...]) -> None:
+        """Blocks a kernel takes after its outputs and frees before it returns, the last first."""
+        owners = [("kernel scratch", next(self._ids)) for _ in sizes]
+        for owner, size in zip(owners, sizes):
+            self.allocator.malloc(owner, size)
+        for owner in reversed(owners):
+            self.allocator.free(owner)
 
     @no_type_check
     def share_block(self, source: torch.Tensor, out: torch.Tensor) -> None:

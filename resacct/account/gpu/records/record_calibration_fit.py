@@ -49,7 +49,7 @@ def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] 
         if progress is not None:
             progress(entry["name"])
         ops: list[Any] = []
-        predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops)
+        predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops, multiprocessors=data.get("multi_processor_count"))
         steps.append((entry["name"], entry, ops, rates[fmt]))
     times = calibrate_step_times(steps, bandwidth_bytes_per_sec=bandwidth)
     traced_with = f"torch {torch.__version__}"

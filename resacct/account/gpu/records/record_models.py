@@ -110,7 +110,7 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
 
 
 def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
-                        ops: list[Any] | None = None) -> Any:
+                        ops: list[Any] | None = None, multiprocessors: int | None = None) -> Any:
     """The measured step of the process a record describes (``step``: its ``family``, ``model_config``, ``recipe``,
     ``attention``, ``batch``, ``seq``, ``extra`` and ``allocator_settings``), predicted on meta as the recorder ran it —
     the model built, the batch made, the recipe's copy, two warm-up steps, then the step
@@ -118,7 +118,9 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     kernel and allocator settings (``model_config``: the config built, a dry run's already tiny). On a board's record
     (``capability`` "9.0" …) the cuBLAS/cuBLASLt workspaces PyTorch's source gives it are allocated at the first matmuls,
     ``env`` the library probe's variables. ``ops``: a list that receives the measured step's aten ops with their FLOPs and
-    bytes (the step time's input, from the same pass)."""
+    bytes (the step time's input, from the same pass). ``multiprocessors``: the board's (the record's
+    ``multi_processor_count``): its reduction kernels' staging buffers are allocated
+    (:mod:`~resacct.account.gpu.tracing.cuda_reductions`); None leaves them out."""
     from resacct.account.gpu.records.record import allocator_config_of
     from resacct.account.gpu.records.recorded_history import predict_recorded_process
 
@@ -137,7 +139,8 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
         return build_record_model(step["family"], step["model_config"], attention, step.get("extra") or {}, tiny=False, device="meta")
 
     return predict_recorded_process(step, build, config=allocator_config_of(step.get("allocator_settings")), cublas_bytes=cublas_bytes,
-                                    cublaslt_bytes=cublaslt_bytes, kernel=kernel, capability=major_minor, ops=ops)
+                                    cublaslt_bytes=cublaslt_bytes, kernel=kernel, capability=major_minor, ops=ops,
+                                    multiprocessors=None if dry_run else multiprocessors)
 
 
 def parse_capability(capability: str | None) -> tuple[int, int] | None:

@@ -68,12 +68,13 @@ class WorkspaceRecorder(AllocationRecorder):
 
 def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[Any, Any]], *, config: AllocatorConfig | None,
                              cublas_bytes: int, cublaslt_bytes: int, kernel: str | None, capability: tuple[int, int] | None,
-                             ops: list[Any] | None = None) -> Any:
+                             ops: list[Any] | None = None, multiprocessors: int | None = None) -> Any:
     """The recorded ``step``'s process (its ``recipe``, ``batch``, ``seq``; ``build()`` makes its model on meta and the loss,
     :func:`~resacct.account.gpu.records.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
     call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.tracing.cuda_step.CudaStepPrediction` of the
-    measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops."""
+    measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops.
+    ``multiprocessors``: the board's, for its reduction kernels' staging buffers (None: not modelled)."""
     from resacct.account.gpu.tracing.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
     from resacct.account.gpu.tracing.op_costs import OpCostCounter
     from resacct.account.peak.recipes import recipe_step
@@ -81,6 +82,10 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
     from resacct.measurement.memory_timeline import run_training_step
 
     recorder = WorkspaceRecorder(config, cublas_bytes=cublas_bytes, cublaslt_bytes=cublaslt_bytes)
+    if multiprocessors:
+        from resacct.account.gpu.tracing.cuda_reductions import ReductionBoard
+
+        recorder.reduction_board = ReductionBoard(multiprocessors)
     routing = sdpa_routing(kernel, capability, forced=True)  # the recorder forces the kernel (sdpa_kernel)
     chosen = parse_recipe(step["recipe"])
     with recorder:

@@ -32,18 +32,30 @@ memory-efficient attention's philox ``seed`` and ``offset`` are CPU scalars on a
 (``_efficient_attention_forward``: ``at::empty({}, at::dtype(at::kLong))`` without dropout, ``at::scalar_tensor`` of
 the unpacked philox state with it); its meta kernel puts them on meta. The H200 record's efficient-attention steps
 show no 8-byte blocks per layer; traced on meta each layer had two.
+
+And autograd's gradient accumulation: where two gradients meet at one input (a residual stream's two paths), the engine
+(``input_buffer.cpp``'s ``accumulate``) adds the second **in place** into the first when grad mode is off, it holds the
+first's last reference and its storage's, and neither is "tensor-subclass-like" — which every tensor is while a
+dispatch mode is on (``isTensorSubclassLike``: ``dispatch_mode_enabled()``), so traced on meta the sum was a new
+block. :func:`accumulated_in_place` tells that ``add`` apart by the reference counts the first operand shows inside a
+dispatch mode when the buffer alone holds it, measured once per process on a tiny backward
+(:func:`sole_buffer_counts`: a count of torch's internals, not a constant written here). The H200 record of 2026-11-30
+shows it: the expandable GPT-2 step's 72 such sums (two per layer per step) allocate nothing on the board; the three
+whose storage another tensor shares (the tied embedding's two gradients) do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, no_type_check
 
 import torch
 
-__all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math", "mask_added_in_place"]
+__all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math", "mask_added_in_place", "accumulated_in_place",
+           "sole_buffer_counts"]
 
 Track = Callable[[torch.Tensor], None]
 
@@ -132,3 +144,51 @@ def mask_added_in_place(func: Any, args: tuple, out: Any) -> bool:
     source = args[0]
     return (isinstance(out, torch.Tensor) and isinstance(source, torch.Tensor) and out.shape == source.shape and out.dtype == source.dtype
             and out.stride() == source.stride())
+
+
+def _counts(tensor: torch.Tensor) -> tuple[int, int]:
+    return tensor._use_count(), torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+def _in_backward_without_grad() -> bool:
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1 and not torch.is_grad_enabled()
+
+
+@functools.lru_cache(maxsize=1)
+def sole_buffer_counts() -> tuple[int, int] | None:
+    """The (tensor, storage) use counts the first operand of autograd's accumulating ``add`` shows inside a dispatch mode
+    when the engine's input buffer alone holds it: measured on ``lin1(x) + lin2(x)``'s backward on meta (x's two
+    gradients, each a fresh ``mm`` output, meet in its buffer). None where this torch shows no such ``add``."""
+    seen: list[tuple[int, int]] = []
+
+    class _Probe(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is _ADD and _in_backward_without_grad() and isinstance(args[1], torch.Tensor):
+                seen.append(_counts(args[0]))
+            return func(*args, **(kwargs or {}))
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes(), torch.enable_grad():  # whatever modes the caller is under: a plain backward
+            first, second = torch.nn.Linear(4, 4, bias=False, device="meta"), torch.nn.Linear(4, 4, bias=False, device="meta")
+            x = torch.empty(2, 4, device="meta", requires_grad=True)
+            with _Probe():
+                (first(x) + second(x)).sum().backward()
+    except (AttributeError, RuntimeError, TypeError):  # a torch without these internals: the sums stay out of place
+        return None
+    return seen[0] if len(seen) == 1 else None
+
+
+@no_type_check  # per op of a traced step
+def accumulated_in_place(func: Any, args: tuple, sole_counts: tuple[int, int] | None) -> bool:
+    """Whether ``func`` (called with ``args``, before it runs) is autograd's accumulation of a second gradient into a first
+    that the engine's buffer alone holds (``sole_counts``: :func:`sole_buffer_counts`, measured before the step) — on a GPU
+    ``old_var.add_(var)``: the sum takes the first's block."""
+    if sole_counts is None or func is not _ADD or len(args) < 2 or not _in_backward_without_grad():
+        return False
+    first, second = args[0], args[1]
+    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor) or not first.is_contiguous() or first.shape != second.shape:
+        return False
+    return _counts(first) == sole_counts

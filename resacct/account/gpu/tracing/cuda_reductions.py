@@ -1,0 +1,121 @@
+"""The scratch CUDA's reduction kernels take from the caching allocator (issue 31): Reduce.cuh's global staging buffer.
+
+A sum over many rows (a ``Linear``'s bias gradient: ``grad.sum(0)`` of a ``[tokens, outputs]`` tensor; RMSNorm's weight
+gradient: a sum over the batch and sequence) runs ``gpu_reduce_kernel``, which splits each output's rows over several
+blocks when there are many and stages their partial sums in global memory: it allocates ``config.global_memory_size()``
+bytes and ``config.semaphore_size()`` bytes from the caching allocator after the op's output, and frees both (the
+semaphores first) when the kernel is launched. One op on meta tensors shows only the output. The H200 record of
+2026-11-30 (torch 2.11, 132 SMs) shows it per ``Linear`` of every step: ``alloc 25165824`` and ``alloc 24`` for a
+768-wide bias over 4,096 rows, ``alloc 75497472``/``alloc 72`` for 2,304, ``alloc 100663296``/``alloc 96`` for 3,072,
+each freed at once (``tests/test_cuda_reductions.py``).
+
+:func:`reduction_scratch_bytes` follows ``setReduceConfig`` (aten/src/ATen/native/cuda/Reduce.cuh) for the case that
+stages: the reduced dimensions outside the kept ones (a contiguous input reduced over its leading dimensions: the kept
+dimensions are the fastest-moving), where each thread block takes ``block_width × output_vec_size`` outputs and the rows
+are split over ``ctas_per_output`` blocks. The board enters through its multiprocessor count (a record's
+``multi_processor_count``) and 2,048 threads per multiprocessor (every NVIDIA board since sm_30 but sm_75/86/89's 1,024
+and 1,536, which the recorded boards are not). Reductions over the fastest-moving dimension (a row's mean) stage at most
+a few KiB when they stage at all: not modelled; nor are inputs that are not contiguous, or over 2³¹ elements (split
+into sub-iterators on a GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, no_type_check
+
+import torch
+
+__all__ = ["ReductionBoard", "reduction_scratch_bytes", "kernel_scratch_bytes"]
+
+_MAX_NUM_THREADS = 512
+_WARP_SIZE = 32
+_MIN_VALUES_PER_THREAD = 16
+_MAX_VALUES_PER_THREAD = 256
+_INT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class ReductionBoard:
+    """What ``setReduceConfig`` asks of the device: its multiprocessor count and threads per multiprocessor."""
+
+    multiprocessors: int
+    max_threads_per_multiprocessor: int = 2048
+
+
+def _last_pow2(n: int) -> int:
+    return max(1, 1 << (max(n, 1).bit_length() - 1))
+
+
+def _div_up(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+@no_type_check  # per reduction of a traced step
+def reduction_scratch_bytes(shape: tuple[int, ...], reduced: tuple[int, ...], element_bytes: int, accumulate_bytes: int,
+                            board: ReductionBoard, *, storage_offset: int = 0) -> tuple[int, int]:
+    """The staging buffer's and the semaphores' bytes (``(0, 0)``: none) of a sum or mean of a contiguous tensor of
+    ``shape`` over the dimensions ``reduced``, its elements ``element_bytes`` wide, accumulated in ``accumulate_bytes``."""
+    dims = [(size, index in reduced) for index, size in enumerate(shape) if size != 1]
+    if not dims or all(is_reduced for _, is_reduced in dims) or not any(is_reduced for _, is_reduced in dims):
+        return 0, 0  # a full reduction or none: over the fastest-moving dimension, not modelled
+    # coalesced as TensorIterator does on a contiguous input: a run of reduced dimensions outside a run of kept ones
+    flags = [is_reduced for _, is_reduced in dims]
+    first_kept = flags.index(False)
+    if any(flags[first_kept:]) or not any(flags[:first_kept]):
+        return 0, 0  # kept dimensions outside reduced ones (the reduction is the fastest-moving): not modelled
+    inputs_per_output = prod(size for size, is_reduced in dims if is_reduced)
+    kept = [size for size, is_reduced in dims if not is_reduced]
+    num_outputs = prod(kept)
+    row_stride = num_outputs  # elements between two reduced rows
+    vec = 4  # get_output_vec_size: 4, halved until the input's address, the outputs' size and the strides divide by it
+    for value in (storage_offset, num_outputs, row_stride):
+        while value % vec:
+            vec //= 2
+    max_threads = _MAX_NUM_THREADS // vec
+    dim0, dim1 = max(num_outputs // vec, 1), inputs_per_output
+    dim0_pow2 = _last_pow2(dim0) if dim0 < max_threads else max_threads
+    dim1_pow2 = _last_pow2(dim1) if dim1 < max_threads else max_threads
+    block_width = min(dim0_pow2, _WARP_SIZE)
+    block_height = min(dim1_pow2, max_threads // block_width)
+    block_width = min(dim0_pow2, max_threads // block_height)
+    num_threads = block_width * block_height
+    step_output = block_width  # output_mult[0] = split_output(block_width)
+    step_input = 1
+    if _div_up(inputs_per_output, step_input) < min(block_height * 16, _MAX_VALUES_PER_THREAD):
+        return 0, 0  # not split across warps: no global reduction
+    step_input *= block_height  # input_mult[1] = split_input(block_height)
+    values_per_thread = _div_up(inputs_per_output, step_input)
+    grid_x = _div_up(num_outputs // vec, step_output)
+    target_grid_size = board.multiprocessors * (board.max_threads_per_multiprocessor // num_threads)
+    if values_per_thread < _MAX_VALUES_PER_THREAD or grid_x > target_grid_size:
+        return 0, 0
+    ctas_per_output = max(min(_div_up(target_grid_size, grid_x), _div_up(values_per_thread, _MIN_VALUES_PER_THREAD)),
+                          _div_up(values_per_thread, _MAX_VALUES_PER_THREAD))
+    if ctas_per_output <= 1:
+        return 0, 0
+    return accumulate_bytes * num_outputs * ctas_per_output * block_width * vec, _INT_BYTES * grid_x
+
+
+_FLOATING_ACCUMULATE_BYTES = {torch.float32: 4, torch.float16: 4, torch.bfloat16: 4, torch.float64: 8}
+_REDUCTIONS = {torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.dim}
+
+
+@no_type_check  # per op of a traced step
+def kernel_scratch_bytes(func: Any, args: tuple, kwargs: dict, board: ReductionBoard | None) -> tuple[int, ...]:
+    """The blocks ``func``'s CUDA kernel allocates after its output and frees before it returns (allocated in this order,
+    freed in the reverse), on ``board``; none where the board is not known or the op takes none."""
+    if board is None or func not in _REDUCTIONS:
+        return ()
+    source = args[0]
+    if not isinstance(source, torch.Tensor) or source.dtype not in _FLOATING_ACCUMULATE_BYTES or not source.is_contiguous():
+        return ()
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if not dims:
+        return ()
+    rank = source.dim()
+    reduced = tuple(sorted({int(d) % rank for d in dims}))
+    staging, semaphores = reduction_scratch_bytes(tuple(source.shape), reduced, source.element_size(), _FLOATING_ACCUMULATE_BYTES[source.dtype],
+                                                  board, storage_offset=source.storage_offset())
+    return (staging, semaphores) if staging else ()
