@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
 from resacct.account.gpu.tracing.cuda_composites import (accumulated_in_place, cuda_composite, host_outputs, mask_added_in_place,
                                                         sole_buffer_counts)
-from resacct.account.gpu.tracing.cuda_reductions import kernel_scratch_bytes
+from resacct.account.gpu.tracing.cuda_scratch import kernel_scratch_bytes
 from resacct.measurement.meta_op_cache import shared_meta_cache
 
 __all__ = ["AllocationRecorder"]
@@ -65,7 +65,7 @@ class AllocationRecorder(TorchDispatchMode):
         #: ops counted on this pass, without a dispatch mode of their own)
         self.costs: Any = None
         #: the board whose reduction kernels' staging buffers are allocated around each reduction
-        #: (:mod:`~resacct.account.gpu.tracing.cuda_reductions`); None: not modelled (the board's multiprocessors unknown)
+        #: (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None: not modelled (the board's multiprocessors unknown)
         self.reduction_board: Any = None
         #: the use counts of a gradient autograd's buffer alone holds (cuda_composites.sole_buffer_counts), measured here, before any step
         self._sole_counts = sole_buffer_counts() if self.cuda_kernels else None
@@ -87,7 +87,7 @@ class AllocationRecorder(TorchDispatchMode):
         for index, value in enumerate((out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]):
             if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device) and index not in on_host:
                 self.track(value)
-        if self.reduction_board is not None and self.cuda_kernels:
+        if self.cuda_kernels:  # blocks CUDA's kernel takes inside the op (cuda_scratch)
             self._scratch(kernel_scratch_bytes(func, args, kwargs, self.reduction_board))
         return out
 

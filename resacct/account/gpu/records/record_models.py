@@ -120,7 +120,7 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     ``env`` the library probe's variables. ``ops``: a list that receives the measured step's aten ops with their FLOPs and
     bytes (the step time's input, from the same pass). ``multiprocessors``: the board's (the record's
     ``multi_processor_count``): its reduction kernels' staging buffers are allocated
-    (:mod:`~resacct.account.gpu.tracing.cuda_reductions`); None leaves them out."""
+    (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None leaves them out."""
     from resacct.account.gpu.records.record import allocator_config_of
     from resacct.account.gpu.records.recorded_history import predict_recorded_process
 

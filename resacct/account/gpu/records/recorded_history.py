@@ -83,7 +83,7 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
 
     recorder = WorkspaceRecorder(config, cublas_bytes=cublas_bytes, cublaslt_bytes=cublaslt_bytes)
     if multiprocessors:
-        from resacct.account.gpu.tracing.cuda_reductions import ReductionBoard
+        from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 
         recorder.reduction_board = ReductionBoard(multiprocessors)
     routing = sdpa_routing(kernel, capability, forced=True)  # the recorder forces the kernel (sdpa_kernel)

@@ -1,4 +1,5 @@
-"""The scratch CUDA's reduction kernels take from the caching allocator (issue 31): Reduce.cuh's global staging buffer.
+"""The scratch CUDA kernels take from the caching allocator inside one op, which one op on meta tensors hides (issue 31):
+Reduce.cuh's global staging buffer and flash attention's backward workspaces.
 
 A sum over many rows (a ``Linear``'s bias gradient: ``grad.sum(0)`` of a ``[tokens, outputs]`` tensor; RMSNorm's weight
 gradient: a sum over the batch and sequence) runs ``gpu_reduce_kernel``, which splits each output's rows over several
@@ -7,7 +8,7 @@ bytes and ``config.semaphore_size()`` bytes from the caching allocator after the
 semaphores first) when the kernel is launched. One op on meta tensors shows only the output. The H200 record of
 2026-11-30 (torch 2.11, 132 SMs) shows it per ``Linear`` of every step: ``alloc 25165824`` and ``alloc 24`` for a
 768-wide bias over 4,096 rows, ``alloc 75497472``/``alloc 72`` for 2,304, ``alloc 100663296``/``alloc 96`` for 3,072,
-each freed at once (``tests/test_cuda_reductions.py``).
+each freed at once (``tests/test_cuda_scratch.py``).
 
 :func:`reduction_scratch_bytes` follows ``setReduceConfig`` (aten/src/ATen/native/cuda/Reduce.cuh) for the case that
 stages: the reduced dimensions outside the kept ones (a contiguous input reduced over its leading dimensions: the kept
@@ -17,6 +18,15 @@ are split over ``ctas_per_output`` blocks. The board enters through its multipro
 and 1,536, which the recorded boards are not). Reductions over the fastest-moving dimension (a row's mean) stage at most
 a few KiB when they stage at all: not modelled; nor are inputs that are not contiguous, or over 2³¹ elements (split
 into sub-iterators on a GPU).
+
+Flash attention's backward (``mha_bwd`` in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, FlashAttention
+2 as PyTorch vendors it) allocates after its gradients: ``softmax_d`` (float32, batch × heads × the query length rounded
+up to 128), ``dq_accum`` (float32, batch × rounded query length × heads × the head size rounded up to 32; ``loop`` is
+always true there), and with grouped-query attention ``dk_expanded`` and ``dv_expanded`` (the query's dtype, batch × key
+length × query heads × head size) that it sums into the key/value heads' gradients — all four freed, the last first,
+when it returns. The H200 record's gqa-llama/bf16/flash step shows them in every layer's backward: ``alloc 262144``,
+``alloc 16777216``, two ``alloc 8388608``, then their frees in reverse (batch 4 × 1,024, 16 query and 4 key/value heads
+of 64). Deterministic mode's per-split ``dq_accum`` is not modelled.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from typing import Any, no_type_check
 
 import torch
 
-__all__ = ["ReductionBoard", "reduction_scratch_bytes", "kernel_scratch_bytes"]
+__all__ = ["ReductionBoard", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "kernel_scratch_bytes"]
 
 _MAX_NUM_THREADS = 512
 _WARP_SIZE = 32
@@ -102,10 +112,35 @@ _FLOATING_ACCUMULATE_BYTES = {torch.float32: 4, torch.float16: 4, torch.bfloat16
 _REDUCTIONS = {torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.dim}
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+@no_type_check  # per attention layer of a traced step
+def flash_backward_scratch_bytes(query: torch.Tensor, key: torch.Tensor) -> tuple[int, ...]:
+    """The workspaces flash attention's backward allocates after its gradients, for sdpa-layout ``query`` (batch, heads,
+    length, head size) and ``key``: ``softmax_d``, ``dq_accum`` and, where the key has fewer heads, ``dk``/``dv`` expanded."""
+    batch, heads, query_length, head_size = query.shape
+    key_heads, key_length = key.shape[1], key.shape[2]
+    query_rounded = _round_up(query_length, 128)
+    head_rounded = _round_up(head_size, 32) if head_size <= 192 else 256
+    sizes = [batch * heads * query_rounded * 4, batch * query_rounded * heads * head_rounded * 4]
+    if key_heads != heads:
+        sizes += [batch * key_length * heads * head_size * query.element_size()] * 2
+    return tuple(sizes)
+
+
+_FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_backward", None)
+_FLASH_BACKWARD_OP = None if _FLASH_BACKWARD is None else _FLASH_BACKWARD.default
+
+
 @no_type_check  # per op of a traced step
 def kernel_scratch_bytes(func: Any, args: tuple, kwargs: dict, board: ReductionBoard | None) -> tuple[int, ...]:
-    """The blocks ``func``'s CUDA kernel allocates after its output and frees before it returns (allocated in this order,
-    freed in the reverse), on ``board``; none where the board is not known or the op takes none."""
+    """The blocks ``func``'s CUDA kernel allocates after its outputs and frees before it returns (allocated in this order,
+    freed in the reverse), on ``board`` (None: the board's multiprocessors unknown, reductions left out); none where the
+    op takes none."""
+    if func is _FLASH_BACKWARD_OP:  # (grad_out, query, key, value, out, logsumexp, ...)
+        return flash_backward_scratch_bytes(args[1], args[2])
     if board is None or func not in _REDUCTIONS:
         return ()
     source = args[0]

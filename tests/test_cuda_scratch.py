@@ -1,5 +1,5 @@
 """What a CUDA training step allocates that one op on meta hides, against the H200 record (issue 31):
-Reduce.cuh's staging buffers (resacct/account/gpu/tracing/cuda_reductions.py) and autograd's in-place gradient
+Reduce.cuh's staging buffers (resacct/account/gpu/tracing/cuda_scratch.py) and autograd's in-place gradient
 accumulation (resacct/account/gpu/tracing/cuda_composites.py).
 
 The record (docs/gpu/2026-11-30-h200-record.json.gz, torch 2.11 on a 132-SM H200) is the truth for the sizes; the
@@ -15,7 +15,7 @@ import torch
 from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
 from resacct.account.gpu.records.board_record import board_record_step, read_board_record
 from resacct.account.gpu.tracing.cuda_composites import sole_buffer_counts
-from resacct.account.gpu.tracing.cuda_reductions import ReductionBoard, reduction_scratch_bytes
+from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, reduction_scratch_bytes
 
 H200_RECORD = "docs/gpu/2026-11-30-h200-record.json.gz"
 EXPANDABLE = "gpt2-small/fp32/efficient/expandable"  # resacct's GPT-2 small, fp32, batch 4 × 1024: 4,096 rows per bias gradient
@@ -112,3 +112,37 @@ def test_the_committed_expandable_steps_reserved_peak_is_predicted_to_the_byte()
     predicted = predict_record_step(entry, dry_run=False, capability=data["capability"], env=env, multiprocessors=data["multi_processor_count"])
     assert predicted.peak_reserved_bytes == entry["max_memory_reserved"]
     assert predicted.peak_allocated_bytes == entry["max_memory_allocated"]
+
+
+GQA_FLASH = "gqa-llama/bf16/flash"  # batch 4 × 1,024, 16 query heads and 4 key/value heads of 64, bf16, 8 layers
+
+
+def test_flash_backwards_workspaces_are_the_boards_in_every_layer() -> None:
+    from resacct.account.gpu.tracing.cuda_scratch import flash_backward_scratch_bytes
+
+    data = read_board_record(H200_RECORD)
+    entry = board_record_step(H200_RECORD, data, GQA_FLASH)
+    query = torch.empty(4, 16, 1024, 64, device="meta", dtype=torch.bfloat16)
+    key = torch.empty(4, 4, 1024, 64, device="meta", dtype=torch.bfloat16)
+    workspaces = list(flash_backward_scratch_bytes(query, key))
+    assert workspaces == [262144, 16777216, 8388608, 8388608]  # softmax_d, dq_accum, dk and dv over the query heads
+    sizes = [size for action, _, size, _ in entry["trace"] if action == "alloc"]
+    runs = sum(sizes[index:index + 4] == workspaces for index in range(len(sizes)))
+    assert runs == 8 * 3  # each layer's backward, in the two warm-up steps and the measured one
+    assert flash_backward_scratch_bytes(query, query) == (262144, 16777216)  # no grouped-query heads: nothing expanded
+
+
+@pytest.mark.skipif(torch.__version__ < "2.8", reason="CUDA's flash kernel has a meta kernel from torch 2.8")
+def test_the_flash_backward_takes_its_workspaces_after_its_gradients_and_frees_them_last_first() -> None:
+    from resacct.account.gpu.tracing.cuda_step import sdpa_routing
+
+    query = torch.empty(4, 16, 1024, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    key_value = torch.empty(4, 4, 1024, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    recorder = AllocationRecorder(device="meta")
+    with recorder, sdpa_routing("flash", (9, 0), forced=True):
+        torch.nn.functional.scaled_dot_product_attention(query, key_value, key_value, is_causal=True, enable_gqa=True).sum().backward()
+    events = [(event.action, event.size) for event in recorder.allocator.events if event.action in ("alloc", "free_completed")]
+    start = events.index(("alloc", 262144), events.index(("alloc", 2097152)))  # after dq, dk, dv
+    assert events[start:start + 8] == [("alloc", 262144), ("alloc", 16777216), ("alloc", 8388608), ("alloc", 8388608),
+                                       ("free_completed", 8388608), ("free_completed", 8388608), ("free_completed", 16777216),
+                                       ("free_completed", 262144)]
