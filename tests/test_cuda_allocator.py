@@ -105,7 +105,8 @@ def test_freed_neighbours_merge_and_empty_cache_returns_whole_segments_only() ->
     model.empty_cache()  # the 20 MiB segment still holds c
     assert model.reserved_bytes == KLARGE_BUFFER_BYTES + 30 * MiB
     model.free("c")
-    assert [b["size"] for b in model.segments()[0]["blocks"]] == [KLARGE_BUFFER_BYTES]  # merged back into one block
+    first = next(segment for segment in model.segments() if segment["total_size"] == KLARGE_BUFFER_BYTES)  # a, b and c's segment
+    assert [b["size"] for b in first["blocks"]] == [KLARGE_BUFFER_BYTES]  # merged back into one block
     model.empty_cache()
     assert model.reserved_bytes == 30 * MiB
     assert [e.action for e in model.events if e.action.startswith("segment")] == ["segment_alloc", "segment_alloc", "segment_free"]
@@ -215,3 +216,15 @@ def test_properties_of_any_sequence(ops: list, config: AllocatorConfig) -> None:
     assert model.allocated_bytes == 0 and model.reserved_bytes == reserved  # freeing keeps the cache
     model.empty_cache()
     assert model.reserved_bytes == 0 and model.segments() == []
+
+
+def test_new_segments_are_placed_below_the_last_as_the_recorded_boards_cudamalloc_did() -> None:
+    """Best fit breaks ties by address: of two equal free blocks the lower is taken. The recorded boards placed most new
+    segments below the previous one, so the newest segment's block wins a tie — as here."""
+    model = CachingAllocatorModel()
+    model.malloc("old", 30 * MiB)
+    model.malloc("new", 30 * MiB)
+    assert model.active["new"].addr < model.active["old"].addr
+    model.free("old"); model.free("new")
+    model.malloc("again", 30 * MiB)
+    assert model.active["again"].segment == model.active["again"].addr and model.active["again"].addr == min(model.segment_sizes)

@@ -87,7 +87,7 @@ class CachingAllocatorModel:
         self.peak_allocated_bytes = self.peak_reserved_bytes = self.peak_requested_bytes = 0
         self.events: list[TraceEvent] = []
         self.segment_sizes: dict[int, int] = {}  # non-expandable segments by address: their cudaMalloc'd size
-        self._next_addr = 1 << 60  # far above a device's addresses: a replay's recorded ones never collide with these
+        self._next_addr = 1 << 61  # new segments go downward from far above a device's addresses (_new_address)
         self.address_hints: list[int] = []  # where the next new segments start (a replay gives the recorded cudaMalloc's)
         self._history: list[tuple[Hashable, int]] = []  # (owner, +size / -size) of every alloc and free
         self._peak_index = -1
@@ -197,11 +197,16 @@ class CachingAllocatorModel:
         return Block(addr, nbytes, stream, pool.small, addr)
 
     def _new_address(self, nbytes: int) -> int:
-        if self.address_hints:  # best fit breaks ties by address: a replay places segments where the device did
+        """Where a new segment starts: a replay's recorded ``cudaMalloc`` address, else below the last one made. Best fit
+        breaks ties between equal free blocks by address, so the order matters: the H200 record's traces show CUDA
+        returning most new segments below the previous one (379 of 469 on the Llama-1B fp32-master step, 49 of 50 on
+        GPT-2 small's fp32 math step, 49 of 91 on gqa-llama/bf16/flash's). Placed so, 9 of the 13 recorded steps' allocated
+        peaks are the board's to 512 bytes, where placing them upward left gpt2-small/fp32/math at 1.0012 and
+        gqa-llama/bf16/flash at 0.9985, and the Llama-1B autocast step's reserved peak is within 0.4 % (was 3.1 %)."""
+        if self.address_hints:
             return self.address_hints.pop(0)
-        addr = self._next_addr
-        self._next_addr += -(-nbytes // KLARGE_BUFFER_BYTES) * KLARGE_BUFFER_BYTES + KLARGE_BUFFER_BYTES
-        return addr
+        self._next_addr -= -(-nbytes // KLARGE_BUFFER_BYTES) * KLARGE_BUFFER_BYTES + KLARGE_BUFFER_BYTES
+        return self._next_addr
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
