@@ -34,16 +34,16 @@ def test_the_staging_buffers_are_the_boards_for_each_bias_width() -> None:
     sizes = [size for action, _, size, _ in entry["trace"] if action == "alloc"]
     pairs = Counter(zip(sizes, sizes[1:]))
     for width, per_layer in ((768, 2), (2304, 1), (3072, 1)):
-        staging, semaphores = reduction_scratch_bytes((4096, width), (0,), 4, 4, board)
+        staging, semaphores = reduction_scratch_bytes((4096, width), (0,), 4, board)
         assert staging > 0 and pairs[(staging, semaphores)] == per_layer * 12 * 3, width  # 12 layers, 2 warm-up steps and the measured one
-    assert reduction_scratch_bytes((4, 1024, 768), (0, 1), 4, 4, board) == reduction_scratch_bytes((4096, 768), (0,), 4, 4, board)
+    assert reduction_scratch_bytes((4, 1024, 768), (0, 1), 4, board) == reduction_scratch_bytes((4096, 768), (0,), 4, board)
 
 
 def test_a_reduction_that_does_not_stage_allocates_nothing_more() -> None:
     board = ReductionBoard(132)
-    assert reduction_scratch_bytes((4096, 768), (1,), 4, 4, board) == (0, 0)  # over the fastest-moving dimension: not modelled
-    assert reduction_scratch_bytes((4096, 768), (0, 1), 4, 4, board) == (0, 0)  # everything: not modelled
-    assert reduction_scratch_bytes((8, 768), (0,), 4, 4, board) == (0, 0)  # 8 rows: one block per output, no global reduction
+    assert reduction_scratch_bytes((4096, 768), (1,), 4, board) == (0, 0)  # over the fastest-moving dimension: not modelled
+    assert reduction_scratch_bytes((4096, 768), (0, 1), 4, board) == (0, 0)  # everything: not modelled
+    assert reduction_scratch_bytes((8, 768), (0,), 4, board) == (0, 0)  # 8 rows: one block per output, no global reduction
 
 
 def _linear_backward_allocs(board: ReductionBoard | None) -> list[int]:
@@ -58,7 +58,7 @@ def _linear_backward_allocs(board: ReductionBoard | None) -> list[int]:
 
 def test_a_bias_gradient_allocates_the_staging_after_its_output_on_a_known_board_only() -> None:
     without, with_board = _linear_backward_allocs(None), _linear_backward_allocs(ReductionBoard(132))
-    staging, semaphores = reduction_scratch_bytes((4096, 768), (0,), 4, 4, ReductionBoard(132))
+    staging, semaphores = reduction_scratch_bytes((4096, 768), (0,), 4, ReductionBoard(132))
     at = with_board.index(staging)
     assert with_board[at - 1] == 768 * 4 and with_board[at + 1] == semaphores  # the bias gradient, then the staging, then the semaphores
     assert with_board[:at] + with_board[at + 2:] == without

@@ -63,10 +63,11 @@ def _div_up(a: int, b: int) -> int:
 
 
 @no_type_check  # per reduction of a traced step
-def reduction_scratch_bytes(shape: tuple[int, ...], reduced: tuple[int, ...], element_bytes: int, accumulate_bytes: int,
-                            board: ReductionBoard, *, storage_offset: int = 0) -> tuple[int, int]:
+def reduction_scratch_bytes(shape: tuple[int, ...], reduced: tuple[int, ...], accumulate_bytes: int, board: ReductionBoard, *,
+                            storage_offset: int = 0) -> tuple[int, int]:
     """The staging buffer's and the semaphores' bytes (``(0, 0)``: none) of a sum or mean of a contiguous tensor of
-    ``shape`` over the dimensions ``reduced``, its elements ``element_bytes`` wide, accumulated in ``accumulate_bytes``."""
+    ``shape`` over the dimensions ``reduced``, accumulated in ``accumulate_bytes`` per value (float32's 4 for every
+    16-bit or 32-bit float), its first element ``storage_offset`` elements into its storage (the vector width's alignment)."""
     dims = [(size, index in reduced) for index, size in enumerate(shape) if size != 1]
     if not dims or all(is_reduced for _, is_reduced in dims) or not any(is_reduced for _, is_reduced in dims):
         return 0, 0  # a full reduction or none: over the fastest-moving dimension, not modelled
@@ -151,6 +152,6 @@ def kernel_scratch_bytes(func: Any, args: tuple, kwargs: dict, board: ReductionB
         return ()
     rank = source.dim()
     reduced = tuple(sorted({int(d) % rank for d in dims}))
-    staging, semaphores = reduction_scratch_bytes(tuple(source.shape), reduced, source.element_size(), _FLOATING_ACCUMULATE_BYTES[source.dtype],
-                                                  board, storage_offset=source.storage_offset())
+    staging, semaphores = reduction_scratch_bytes(tuple(source.shape), reduced, _FLOATING_ACCUMULATE_BYTES[source.dtype], board,
+                                                  storage_offset=source.storage_offset())
     return (staging, semaphores) if staging else ()
