@@ -146,3 +146,23 @@ def test_the_flash_backward_takes_its_workspaces_after_its_gradients_and_frees_t
     assert events[start:start + 8] == [("alloc", 262144), ("alloc", 16777216), ("alloc", 8388608), ("alloc", 8388608),
                                        ("free_completed", 8388608), ("free_completed", 8388608), ("free_completed", 16777216),
                                        ("free_completed", 262144)]
+
+
+@pytest.mark.skipif(torch.__version__ < "2.8", reason="CUDA's flash kernel has a meta kernel from torch 2.8")
+def test_flash_on_a_head_size_that_is_not_a_multiple_of_8_is_padded_as_sdpa_does_on_a_gpu() -> None:
+    """attention.cpp pads query, key and value to a multiple of 8 before CUDA's flash kernel (each a copy), keeps the
+    unpadded size's scale and slices the output: three more blocks of the padded size, and the same output shape."""
+    from resacct.account.gpu.tracing.cuda_step import sdpa_routing
+
+    def forward_allocs(head: int) -> tuple[list[int], tuple[int, ...]]:
+        query = torch.empty(2, 8, 128, head, device="meta", dtype=torch.bfloat16)
+        recorder = AllocationRecorder(device="meta")
+        with recorder, sdpa_routing("flash", (9, 0), forced=True):
+            out = torch.nn.functional.scaled_dot_product_attention(query, query, query, is_causal=True)
+        return _allocs(recorder.allocator.events), tuple(out.shape)
+
+    padded_bytes = 2 * 8 * 128 * 8 * 2
+    four, shape = forward_allocs(4)
+    eight, _ = forward_allocs(8)
+    assert shape == (2, 8, 128, 4)
+    assert four.count(padded_bytes) == eight.count(padded_bytes) + 3  # the three padded copies; the output is the padded size's

@@ -173,7 +173,7 @@ def test_fit_on_a_board_searches_the_sequence_length_up_too(tmp_path: Path) -> N
     from resacct.account.fit.search import fit_step, hf_config_target
 
     path = tmp_path / "config.json"
-    # 8 heads of 8: a head size flash takes as it is (sdpa pads 4 to 8 on a GPU, copies the prediction does not make)
+    # 8 heads of 8: flash's backward workspaces at 16 heads of 4 (padded to 8, rounded to 32 in dq_accum) put the board's answer below the CPU's
     path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 8, "n_layer": 2, "vocab_size": 256, "n_positions": 4096}))
     target = hf_config_target(str(path))
     board = get_accelerator("h100")

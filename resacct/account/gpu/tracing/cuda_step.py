@@ -85,6 +85,20 @@ _FLASH_TRAINING_LIMITED = ((8, 6), (8, 9), (12, 0), (12, 1))
 FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp, check_head_dim_size_flash
 
 
+def _flash_as_sdpa_calls_it(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, causal: bool,
+                            scale: float | None) -> torch.Tensor:
+    """CUDA's flash kernel as sdpa calls it on a GPU (attention.cpp, ``pad_last_dim<8>``): a head size that is not a multiple
+    of 8 padded with zeros — a copy of each of query, key and value — the scale taken from the unpadded size, and the output
+    sliced back (a view that keeps the padded output's block)."""
+    sizes = (query.shape[-1], key.shape[-1], value.shape[-1])
+    if all(size % 8 == 0 for size in sizes):
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    query, key, value = (torch.nn.functional.pad(tensor, (0, -tensor.shape[-1] % 8)) for tensor in (query, key, value))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+    return out[..., :sizes[2]]
+
+
 def flash_refusal(head_dim: int, value_head_dim: int, *, training: bool, dropout: float, capability: tuple[int, int] | None) -> str | None:
     """Why sdpa would not run CUDA's flash kernel for this call (None: it would): the head sizes of the query and the value
     differ, the head size is over 256, or — training, on sm86/89/120/121 — it lies in (192, 224], or over 224 with dropout.
@@ -161,7 +175,7 @@ class _CudaAttention(TorchFunctionMode):
             if mask is not None:
                 raise ResacctError("attention='flash' with an attention mask: CUDA's flash kernel takes none; expected attention='efficient' or None")
             try:
-                return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout, causal, False, scale=scale)[0]
+                return _flash_as_sdpa_calls_it(query, key, value, dropout, causal, scale)
             except NotImplementedError as error:  # torch 2.4 registers no meta kernel for it
                 if query.device.type != "meta":
                     raise
