@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
 from resacct.account.gpu.tracing.cuda_composites import (accumulated_in_place, cuda_composite, host_outputs, mask_added_in_place,
                                                         sole_buffer_counts)
-from resacct.account.gpu.tracing.cuda_scratch import kernel_scratch_bytes
+from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, kernel_scratch_bytes
 from resacct.measurement.meta_op_cache import shared_meta_cache
 
 __all__ = ["AllocationRecorder"]
@@ -66,7 +66,7 @@ class AllocationRecorder(TorchDispatchMode):
         self.costs: Any = None
         #: the board whose reduction kernels' staging buffers are allocated around each reduction
         #: (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None: not modelled (the board's multiprocessors unknown)
-        self.reduction_board: Any = None
+        self.reduction_board: ReductionBoard | None = None
         #: the use counts of a gradient autograd's buffer alone holds (cuda_composites.sole_buffer_counts), measured here, before any step
         self._sole_counts = sole_buffer_counts() if self.cuda_kernels else None
 
