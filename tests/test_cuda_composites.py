@@ -71,7 +71,7 @@ def test_efficient_attentions_philox_seed_and_offset_stay_off_the_device() -> No
 def test_the_h200_gqa_math_steps_first_layer_is_the_boards_to_the_block() -> None:
     pytest.importorskip("transformers")
     from resacct.account.gpu.records.board_record import board_record_step, read_board_record
-    from resacct.account.gpu.records.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_step_of_record
     import resacct.account.gpu.allocator.allocation_trace as allocation_trace
 
     data = read_board_record(str(H200))
@@ -84,10 +84,9 @@ def test_the_h200_gqa_math_steps_first_layer_is_the_boards_to_the_block() -> Non
         made.append(recorder)
         return enter(recorder)
 
-    env = {key: value for key, value in data["library_probe"]["env"].items() if value is not None}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(allocation_trace.AllocationRecorder, "__enter__", keep)
-        predicted = predict_record_step(step, dry_run=False, capability=data["capability"], env=env)
+        predicted = predict_step_of_record(data, step)
     simulated = _events_after_first_segment([(event.action, event.size) for event in made[-1].allocator.events], SCORES_BYTES, 16)
     assert simulated == board
     assert predicted.peak_reserved_bytes == step["max_memory_reserved"]

@@ -104,12 +104,11 @@ def test_the_committed_expandable_steps_reserved_peak_is_predicted_to_the_byte()
     pytest.importorskip("transformers")
     if torch.__version__ < "2.8":
         pytest.skip("the H200 record's predictions need torch >= 2.8")
-    from resacct.account.gpu.records.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_step_of_record
 
     data = read_board_record(H200_RECORD)
     entry = board_record_step(H200_RECORD, data, EXPANDABLE)
-    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
-    predicted = predict_record_step(entry, dry_run=False, capability=data["capability"], env=env, multiprocessors=data["multi_processor_count"])
+    predicted = predict_step_of_record(data, entry)
     assert predicted.peak_reserved_bytes == entry["max_memory_reserved"]
     assert predicted.peak_allocated_bytes == entry["max_memory_allocated"]
 

@@ -93,14 +93,13 @@ def _flow(mapping: dict[str, Any]) -> str:
 
 def unpredictable(record: dict[str, Any], step: dict[str, Any], *, serving: bool) -> str | None:
     """Why resacct cannot predict ``step`` of ``record`` on meta tensors (its prediction tried, as the claims would), or None."""
-    from resacct.account.gpu.records.record_models import predict_record_serving, predict_record_step
+    from resacct.account.gpu.records.record_models import predict_serving_of_record, predict_step_of_record
 
-    env = {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
     try:
         if serving:
-            predict_record_serving(step, dry_run=False, capability=record.get("capability"), env=env)
+            predict_serving_of_record(record, step)
         else:
-            predict_record_step(step, dry_run=False, capability=record.get("capability"), env=env, multiprocessors=record.get("multi_processor_count"))
+            predict_step_of_record(record, step)
     except Exception as error:  # noqa: BLE001 — whatever stops the prediction is the reason given
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:120]}"
     return None

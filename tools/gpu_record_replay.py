@@ -49,16 +49,16 @@ def compare_record(path: Path) -> int:
         return 2
     print(f"{record['board']} · torch {record['torch']} · {record['when']}{' · DRY RUN' if record.get('dry_run') else ''}")
     print(f"{'step':48} {'allocated: predicted':>21} {'recorded':>15} {'ratio':>6}  {'reserved: predicted':>20} {'recorded':>15} {'ratio':>6}")
-    from resacct.account.gpu.records.record_models import predict_record_serving
+    from resacct.account.gpu.records.record_models import library_env, predict_serving_of_record
 
-    probe_env = {key: value for key, value in (record.get("library_probe") or {}).get("env", {}).items() if value is not None}
+    probe_env = library_env(record)
     served = {id(entry) for entry in record.get("serving", [])}
     for step in [*record["steps"], *record.get("serving", [])]:
         if "error" in step:
             continue
         try:
             if id(step) in served:  # infer's prediction: the weights loaded, the first prefill with its cache kept
-                predicted = predict_record_serving(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=probe_env)
+                predicted = predict_serving_of_record(record, step)
             else:
                 predicted = predict_recorded_step(step, bool(record.get("dry_run")), record.get("capability"), probe_env,
                                                   record.get("multi_processor_count"))

@@ -36,12 +36,10 @@ __all__ = ["board_prefill_peak", "board_prefill_time", "board_decode_time"]
 @shared_measurement
 def _predicted_serving(record: str, step: str, mtime_ns: int) -> Any:
     """The served entry rebuilt on meta and predicted once: its peaks, the prefill's ops, the bytes a decode step reads."""
-    from resacct.account.gpu.records.record_models import predict_record_serving
+    from resacct.account.gpu.records.record_models import predict_serving_of_record
 
     data = read_board_record(record)
-    entry = board_record_step(record, data, step)
-    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
-    return predict_record_serving(entry, dry_run=False, capability=data.get("capability"), env=env)
+    return predict_serving_of_record(data, board_record_step(record, data, step))
 
 
 def _served(record: str, step: str) -> tuple[dict[str, Any], dict[str, Any], Any]:

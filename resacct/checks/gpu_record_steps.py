@@ -72,12 +72,10 @@ def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, li
     FLOPs and bytes, the attention traced): one pass serves the step's peak and time claims."""
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
-    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
-    from resacct.account.gpu.records.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_step_of_record
 
     ops: list[Any] = []
-    predicted = predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops,
-                                    multiprocessors=data.get("multi_processor_count"))
+    predicted = predict_step_of_record(data, entry, ops=ops)
     return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention
 
 

@@ -24,7 +24,7 @@ def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] 
     import torch
 
     from resacct.account.gpu.records.board_record import board_record_step, ceilings_in_brief, read_board_record
-    from resacct.account.gpu.records.record_models import predict_record_step
+    from resacct.account.gpu.records.record_models import predict_step_of_record
     from resacct.account.gpu.records.recorded import record_path
     from resacct.account.gpu.timing.step_time_calibrated import calibrate_step_times
     from resacct.facts.hardware import peak_format
@@ -37,7 +37,6 @@ def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] 
     rates, bandwidth = brief["matmul_flops_per_sec"], brief["copy_bandwidth_bytes_per_sec"]
     if not rates or not bandwidth:
         raise ResacctError(f"GPU record {record_file}: its ceilings lack a matmul rate or the copy bandwidth; expected the recorder's ceilings")
-    env = {key: value for key, value in ((data.get("library_probe") or {}).get("env") or {}).items() if value is not None}
     steps = []
     for listed in data["steps"]:
         if "ops" not in listed or (listed.get("extra") or {}).get("experts"):  # dense steps only, as the claims calibrate (a mixture
@@ -49,7 +48,7 @@ def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] 
         if progress is not None:
             progress(entry["name"])
         ops: list[Any] = []
-        predict_record_step(entry, dry_run=False, capability=data.get("capability"), env=env, ops=ops, multiprocessors=data.get("multi_processor_count"))
+        predict_step_of_record(data, entry, ops=ops)
         steps.append((entry["name"], entry, ops, rates[fmt]))
     times = calibrate_step_times(steps, bandwidth_bytes_per_sec=bandwidth)
     traced_with = f"torch {torch.__version__}"

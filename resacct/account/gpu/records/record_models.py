@@ -23,7 +23,7 @@ from typing import Any
 from resacct.errors import ResacctError
 
 __all__ = ["TINY", "FAMILIES", "built_config", "build_record_model", "predict_record_step", "parse_capability", "served_model", "materialize_in_order",
-           "predict_record_serving", "ServingPrediction"]
+           "predict_record_serving", "ServingPrediction", "library_env", "predict_step_of_record", "predict_serving_of_record"]
 
 #: the sizes a dry run shrinks every model to (a CPU runs its steps in seconds)
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
@@ -236,3 +236,20 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
     decode_ops = trace_decode_ops(model, batch=entry["batch"], context=entry["context"], kernel=kernel, capability=major_minor)
     return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache,
                              decode_ops)
+
+
+def library_env(record: dict[str, Any]) -> dict[str, str]:
+    """The environment variables the record's library probe saw set on the board (the cuBLAS workspaces' settings)."""
+    return {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
+
+
+def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops: list[Any] | None = None) -> Any:
+    """:func:`predict_record_step` of ``step`` with the board ``record`` names: its capability, its library probe's
+    environment, its multiprocessors (a dry run's: the CPU's kernels, none of the board's)."""
+    return predict_record_step(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record), ops=ops,
+                               multiprocessors=record.get("multi_processor_count"))
+
+
+def predict_serving_of_record(record: dict[str, Any], entry: dict[str, Any]) -> ServingPrediction:
+    """:func:`predict_record_serving` of a served ``entry`` with the board ``record`` names."""
+    return predict_record_serving(entry, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record))
