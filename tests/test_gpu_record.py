@@ -125,10 +125,14 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert served["model_config"]["n_embd"] == gpu_record.TINY["n_embd"] and (served["batch"], served["context"]) == gpu_record_serve.DRY_SIZES[:2]
     assert served["max_memory_allocated"] >= served["weight_bytes"] + served["kv_cache_bytes"] > served["weight_bytes"] > 0
     assert len(served["prefill_sec"]["all"]) == gpu_record_serve.TIMED_PREFILLS and len(served["decode_sec_per_token"]["all"]) == served["new_tokens"]
+    # as many tokens again with the entry's own kernel forced (the board's own choice for one query may be another kernel)
+    forced = served["decode_forced_sec_per_token"]
+    assert forced["kernel"] == served["attention"] and len(forced["all"]) == served["new_tokens"] and forced["median"] > 0
     assert any(op["name"] in ("aten::mm", "aten::addmm") for op in served["ops"])
     # one more token's forward profiled: its ops beside the prefill's (what infer --device traces for a decode step)
     assert any(op["name"] in ("aten::mm", "aten::addmm") for op in served["decode_ops"]) and served["decode_ops"] != served["ops"]
     assert [row["name"] for row in summary["serving"]] == DRY_SERVING and summary["serving"][0]["decode_sec_per_token"] > 0
+    assert summary["serving"][0]["decode_forced_sec_per_token"] == forced["median"]
 
 
 @pytest.mark.slow
@@ -238,6 +242,7 @@ def test_the_serving_cuda_branch_runs_against_a_stubbed_torch_cuda(stubbed_cuda:
     # bf16 keys and values of every layer for batch × context positions (the cache the forward returned, counted)
     assert served["kv_cache_bytes"] == 2 * config["num_hidden_layers"] * batch * context * config["num_key_value_heads"] * head_dim * 2
     assert served["weight_bytes"] == 2 * served["parameters"] and len(served["decode_sec_per_token"]["all"]) == tokens
+    assert served["decode_forced_sec_per_token"]["kernel"] == "flash" and len(served["decode_forced_sec_per_token"]["all"]) == tokens
     assert json.loads(json.dumps(served)) == served
 
 
@@ -337,3 +342,15 @@ def test_a_recorded_step_forcing_the_efficient_kernel_on_grouped_query_attention
     monkeypatch.setitem(gpu_record.MATRIX, "tiny/bf16/efficient", ("hf", tiny, "bf16", "efficient", 1, 16, {}))
     with pytest.raises(ResacctError, match="memory-efficient kernel, which refuses it"):
         gpu_record.predict_recorded_step({"name": "tiny/bf16/efficient", "batch": 1, "seq": 16, "allocator_settings": {}}, False, "9.0")
+
+
+def test_a_forced_kernel_that_refuses_the_token_is_recorded_as_its_error_and_the_entry_kept() -> None:
+    import torch
+
+    class Refusing(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, use_cache: bool = True, past_key_values: object = None) -> None:
+            raise RuntimeError("No available kernel. Aborting execution.")
+
+    synced: list[int] = []
+    forced = gpu_record_serve.forced_decode_times(Refusing(), torch.zeros(1, 1, dtype=torch.long), object(), "flash", True, 4, lambda: synced.append(1))
+    assert forced == {"kernel": "flash", "error": "RuntimeError: No available kernel. Aborting execution."} and synced == [1]

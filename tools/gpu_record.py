@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 row.update({key: result[key] for key in ("max_memory_allocated", "max_memory_reserved", "trace_complete")},
                            trace_entries=len(result["trace"]), replay=result["replay"])
                 row.update({"step_time_sec": result["step_time_sec"]["median"]} if flag == "--one" else
-                           {"prefill_sec": result["prefill_sec"]["median"], "decode_sec_per_token": result["decode_sec_per_token"]["median"]})
+                           {"prefill_sec": result["prefill_sec"]["median"], "decode_sec_per_token": result["decode_sec_per_token"]["median"],
+                            "decode_forced_sec_per_token": result["decode_forced_sec_per_token"].get("median")})
             rows.append(row)
             print(json.dumps(row), flush=True)
             log.write(json.dumps(row) + "\n")

@@ -79,6 +79,7 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
         with profile(activities=activities, record_shapes=True) as decode_prof:  # one more token: its ops, as infer --device traces them
             serving_forward(model, token, cache)
             sync()
+        forced = forced_decode_times(model, token, cache, attention, tiny, new_tokens, sync)  # after the profiled token: its cache as the loop's
         del cache, output
         with profile(activities=activities, record_shapes=True) as prof:
             with attention_context(attention, tiny):
@@ -90,7 +91,33 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
             "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()), "kv_cache_bytes": kv_cache_bytes,
             "allocator_settings": settings, "trace_complete": entries < MAX_TRACE_ENTRIES, **peaks, **compacted,
             "prefill_sec": {"median": statistics.median(prefill_times), "all": prefill_times},
-            "decode_sec_per_token": {"median": statistics.median(token_times), "all": token_times}, "ops": op_times(prof), "decode_ops": op_times(decode_prof),
+            "decode_sec_per_token": {"median": statistics.median(token_times), "all": token_times}, "decode_forced_sec_per_token": forced,
+            "ops": op_times(prof), "decode_ops": op_times(decode_prof),
             "replay": {"peak_allocated_bytes": replay.peak_allocated_bytes, "peak_reserved_bytes": replay.peak_reserved_bytes,
                        "first_segment_mismatch": replay.first_segment_mismatch, "holds": replay.holds},
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def forced_decode_times(model: Any, token: Any, cache: Any, attention: str, dry: bool, tokens: int, sync: Any) -> dict[str, Any]:
+    """``tokens`` more tokens generated with the entry's own sdpa kernel forced (as its prefill runs), each synchronised: beside
+    sdpa's own choice (``decode_sec_per_token``) it tells a kernel's time from its choice's. On the H200 record of 2026-11-30
+    sdpa's own choice for one-query bf16 attention was cuDNN's, 2.2-4.3 ms of host time a call (its graph built for each new
+    cache length): 38-41 ms a token against 1.9 ms of kernels (docs/gpu.md). A kernel that refuses the call is recorded as
+    the error it raised, the entry kept."""
+    import torch
+
+    from resacct.account.gpu.tracing.decode_trace import serving_forward
+
+    times: list[float] = []
+    try:
+        with torch.no_grad(), attention_context(attention, dry):
+            for _ in range(tokens):
+                sync()
+                begin = time.perf_counter()
+                output = serving_forward(model, token, cache)
+                token = output.logits[:, -1:].argmax(-1)
+                sync()
+                times.append(time.perf_counter() - begin)
+    except RuntimeError as error:
+        return {"kernel": attention, "error": f"{type(error).__name__}: {error}"[:300]}
+    return {"kernel": attention, "median": statistics.median(times), "all": times}
