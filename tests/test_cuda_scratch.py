@@ -108,9 +108,23 @@ def test_the_committed_expandable_steps_reserved_peak_is_predicted_to_the_byte()
 
     data = read_board_record(H200_RECORD)
     entry = board_record_step(H200_RECORD, data, EXPANDABLE)
-    predicted = predict_step_of_record(data, entry)
+    window: list[tuple[str, int, str]] = []
+    predicted = predict_step_of_record(data, entry, window=window)
     assert predicted.peak_reserved_bytes == entry["max_memory_reserved"]
     assert predicted.peak_allocated_bytes == entry["max_memory_allocated"]
+    # event by event (tools/gpu_record.py --diff): the board's allocations and frees of the measured step are the prediction's
+    # in order, but 28 of the embedding backward's (its indices sorted by cub's radix sort, its partial sums per segment: not
+    # modelled) — the memory-efficient backward's delta and workspace in every layer included (session 27)
+    import difflib
+
+    compared = ("alloc", "free_completed")
+    board = [(row[0], row[2]) for row in entry["trace"][entry["window_start"]:] if row[0] in compared]
+    ours = [event for event in window if event[0] in compared]
+    matcher = difflib.SequenceMatcher(None, board, [(action, size) for action, size, _ in ours], autojunk=False)
+    differing = [opcode for opcode in matcher.get_opcodes() if opcode[0] != "equal"]
+    assert all(tag == "delete" and ours[at - 1][2] == ours[at][2] == "embedding_dense_backward" for tag, _, _, at, _ in differing), differing
+    assert sum(board_to - board_from for _, board_from, board_to, _, _ in differing) == 28
+    assert Counter(size for action, size, _ in ours if action == "alloc")[12595200] == 12  # each layer's workspace
 
 
 GQA_FLASH = "gqa-llama/bf16/flash"  # batch 4 × 1,024, 16 query heads and 4 key/value heads of 64, bf16, 8 layers
@@ -165,3 +179,35 @@ def test_flash_on_a_head_size_that_is_not_a_multiple_of_8_is_padded_as_sdpa_does
     eight, _ = forward_allocs(8)
     assert shape == (2, 8, 128, 4)
     assert four.count(padded_bytes) == eight.count(padded_bytes) + 3  # the three padded copies; the output is the padded size's
+
+
+def test_the_efficient_backwards_delta_and_workspace_are_the_boards_in_every_layer() -> None:
+    """hf-gpt2/fp32/efficient: batch 4 × 1,024, 12 heads of 64, fp32: the product, its sum, delta, the frees, the workspace."""
+    from resacct.account.gpu.tracing.cuda_scratch import efficient_backward_scratch
+
+    data = read_board_record(H200_RECORD)
+    entry = board_record_step(H200_RECORD, data, "hf-gpt2/fp32/efficient")
+    grad_out = torch.empty(4, 1024, 12, 64, device="meta").transpose(1, 2)  # the kernel's layout, seen as sdpa's
+    query = torch.empty(4, 12, 1024, 64, device="meta")
+    plan = efficient_backward_scratch(grad_out, query, query)
+    assert plan == (("alloc", 12582912), ("alloc", 196608), ("alloc", 196608), ("free", 1), ("free", 0), ("alloc", 12595200),
+                    ("free", 2), ("free", 3))
+    allocated = [size for action, size in plan if action == "alloc"]
+    sizes = [size for action, _, size, _ in entry["trace"] if action == "alloc"]
+    runs = sum(sizes[index:index + 3] == allocated[:3] and 12595200 in sizes[index + 3:index + 6] for index in range(len(sizes)))
+    assert runs == 12 * 3  # each layer's backward, in the two warm-up steps and the measured one
+
+
+def test_the_efficient_backwards_scratch_for_16_bit_inputs_a_copied_grad_and_a_wide_head() -> None:
+    from resacct.account.gpu.tracing.cuda_scratch import efficient_backward_scratch
+
+    query = torch.empty(2, 8, 100, 32, device="meta", dtype=torch.bfloat16)
+    grad_out = torch.empty(2, 100, 8, 32, device="meta", dtype=torch.bfloat16).transpose(1, 2)
+    # 16-bit: the kernel computes delta; 2 query tiles × 1 column tile of 64 × 64 floats and a lock, per (batch, head)
+    workspace = 2 * 8 * 2 * (64 * 64 + 4) * 4
+    assert efficient_backward_scratch(grad_out, query, query) == (("alloc", 2 * 8 * 100 * 4), ("alloc", workspace), ("free", 0), ("free", 1))
+    contiguous = torch.empty(2, 8, 100, 32, device="meta", dtype=torch.bfloat16)  # not the kernel's layout: copied first, freed last
+    plan = efficient_backward_scratch(contiguous, query, query)
+    assert plan[0] == ("alloc", contiguous.numel() * 2) and plan[-1] == ("free", 0) and len(plan) == 6
+    wide = torch.empty(2, 8, 100, 128, device="meta", dtype=torch.bfloat16)
+    assert efficient_backward_scratch(wide, wide, wide) == ()  # other tiles: not modelled

@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
                         help="records of one board from several device calls, oldest first: one record (and summary) into --out")
     parser.add_argument("--claims", type=Path, help="a committed board record (docs/gpu/…-record.json.gz): print its recorded claims as YAML")
+    parser.add_argument("--diff", type=Path, metavar="RECORD", help="a record: each training step's allocator events, the board's beside the "
+                        "prediction's with the op of each, where they part (--only to choose steps)")
     parser.add_argument("--calibrate", type=Path, metavar="RECORD", help="a committed board record: fit the step-time model the commands "
                         "price a step by on its dense steps, into --out (default: beside the record; resacct/account/gpu/records/record_calibration.py)")
     parser.add_argument("--wheels", type=Path, metavar="DIR", help="run the steps with these wheels (tools/gpu_record_wheels.py: "
@@ -179,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return compare_record(args.compare)
     if args.merge:
         return _merge(args.merge, args.out)
+    if args.diff:
+        from gpu_record_diff import diff_record
+
+        return diff_record(args.diff, [name for name in args.only.split(",") if name])
     if args.claims:
         record = read_record(args.claims)
         if record is None:

@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
 from resacct.account.gpu.tracing.cuda_composites import (accumulated_in_place, cuda_composite, host_outputs, mask_added_in_place,
                                                         sole_buffer_counts)
-from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, kernel_scratch_bytes
+from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, kernel_scratch, take_scratch
 from resacct.measurement.meta_op_cache import shared_meta_cache
 
 __all__ = ["AllocationRecorder"]
@@ -88,17 +88,8 @@ class AllocationRecorder(TorchDispatchMode):
             if isinstance(value, torch.Tensor) and (self.device is None or value.device.type == self.device) and index not in on_host:
                 self.track(value)
         if self.cuda_kernels:  # blocks CUDA's kernel takes inside the op (cuda_scratch)
-            self._scratch(kernel_scratch_bytes(func, args, kwargs, self.reduction_board))
+            take_scratch(self.allocator, kernel_scratch(func, args, kwargs, self.reduction_board), self._ids)
         return out
-
-    @no_type_check
-    def _scratch(self, sizes: tuple[int, ...]) -> None:
-        """Blocks a kernel takes after its outputs and frees before it returns, the last first."""
-        owners = [("kernel scratch", next(self._ids)) for _ in sizes]
-        for owner, size in zip(owners, sizes):
-            self.allocator.malloc(owner, size)
-        for owner in reversed(owners):
-            self.allocator.free(owner)
 
     @no_type_check
     def share_block(self, source: torch.Tensor, out: torch.Tensor) -> None:

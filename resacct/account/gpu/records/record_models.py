@@ -110,7 +110,7 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
 
 
 def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
-                        ops: list[Any] | None = None, multiprocessors: int | None = None) -> Any:
+                        ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None) -> Any:
     """The measured step of the process a record describes (``step``: its ``family``, ``model_config``, ``recipe``,
     ``attention``, ``batch``, ``seq``, ``extra`` and ``allocator_settings``), predicted on meta as the recorder ran it —
     the model built, the batch made, the recipe's copy, two warm-up steps, then the step
@@ -120,7 +120,8 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     ``env`` the library probe's variables. ``ops``: a list that receives the measured step's aten ops with their FLOPs and
     bytes (the step time's input, from the same pass). ``multiprocessors``: the board's (the record's
     ``multi_processor_count``): its reduction kernels' staging buffers are allocated
-    (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None leaves them out."""
+    (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None leaves them out. ``window``: a list that receives the measured
+    step's allocator events with the op of each (``predict_recorded_process``'s)."""
     from resacct.account.gpu.records.record import allocator_config_of
     from resacct.account.gpu.records.recorded_history import predict_recorded_process
 
@@ -140,7 +141,7 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
 
     return predict_recorded_process(step, build, config=allocator_config_of(step.get("allocator_settings")), cublas_bytes=cublas_bytes,
                                     cublaslt_bytes=cublaslt_bytes, kernel=kernel, capability=major_minor, ops=ops,
-                                    multiprocessors=None if dry_run else multiprocessors)
+                                    multiprocessors=None if dry_run else multiprocessors, window=window)
 
 
 def parse_capability(capability: str | None) -> tuple[int, int] | None:
@@ -243,11 +244,11 @@ def library_env(record: dict[str, Any]) -> dict[str, str]:
     return {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
 
 
-def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops: list[Any] | None = None) -> Any:
+def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops: list[Any] | None = None, window: list[Any] | None = None) -> Any:
     """:func:`predict_record_step` of ``step`` with the board ``record`` names: its capability, its library probe's
     environment, its multiprocessors (a dry run's: the CPU's kernels, none of the board's)."""
     return predict_record_step(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record), ops=ops,
-                               multiprocessors=record.get("multi_processor_count"))
+                               multiprocessors=record.get("multi_processor_count"), window=window)
 
 
 def predict_serving_of_record(record: dict[str, Any], entry: dict[str, Any]) -> ServingPrediction:

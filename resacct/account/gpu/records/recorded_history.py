@@ -47,11 +47,15 @@ class WorkspaceRecorder(AllocationRecorder):
         super().__init__(config, device="meta")
         self.cublas_bytes, self.cublaslt_bytes = cublas_bytes, cublaslt_bytes
         self._made: set[str] = set()
+        #: when a list, each op's (allocator events before it, its name): which op made each event (tools/gpu_record.py --diff)
+        self.op_starts: list[tuple[int, str]] | None = None
 
     @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_dispatch__(func, types, args, kwargs)
         name = func._overloadpacket.__name__
+        if self.op_starts is not None:
+            self.op_starts.append((len(self.allocator.events), name))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
         if name in CUBLAS_OP_NAMES and self.cublas_bytes:
             thread = "backward" if torch._C._current_autograd_node() is not None else "forward"
             self._workspace(f"cuBLAS ({thread} thread)", self.cublas_bytes)
@@ -68,13 +72,15 @@ class WorkspaceRecorder(AllocationRecorder):
 
 def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[Any, Any]], *, config: AllocatorConfig | None,
                              cublas_bytes: int, cublaslt_bytes: int, kernel: str | None, capability: tuple[int, int] | None,
-                             ops: list[Any] | None = None, multiprocessors: int | None = None) -> Any:
+                             ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None) -> Any:
     """The recorded ``step``'s process (its ``recipe``, ``batch``, ``seq``; ``build()`` makes its model on meta and the loss,
     :func:`~resacct.account.gpu.records.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
     call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.tracing.cuda_step.CudaStepPrediction` of the
     measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops.
-    ``multiprocessors``: the board's, for its reduction kernels' staging buffers (None: not modelled)."""
+    ``multiprocessors``: the board's, for its reduction kernels' staging buffers (None: not modelled). ``window`` receives the
+    measured step's allocator events, each ``(action, size, op)`` — the aten op during which it happened (a free: the
+    op during which its tensor died)."""
     from resacct.account.gpu.tracing.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
     from resacct.account.gpu.tracing.op_costs import OpCostCounter
     from resacct.account.peak.recipes import recipe_step
@@ -82,6 +88,7 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
     from resacct.measurement.memory_timeline import run_training_step
 
     recorder = WorkspaceRecorder(config, cublas_bytes=cublas_bytes, cublaslt_bytes=cublaslt_bytes)
+    recorder.op_starts = None if window is None else []
     if multiprocessors:
         from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 
@@ -112,6 +119,21 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
         if ops is not None:
             ops.extend(recorder.costs.ops)
         recorder.costs = None
+    if window is not None:
+        window.extend(_labelled_events(recorder.allocator.events, recorder.window_start, recorder.op_starts))
     if kernel and routing.calls == 0:
         raise ResacctError(f"recorded step {step.get('name')!r}: attention {kernel!r}, but the step never called F.scaled_dot_product_attention")
     return step_prediction(recorder.allocator, start_allocated, start_reserved, attention_label(routing, work.model))
+
+
+def _labelled_events(events: list[Any], start: int, op_starts: list[tuple[int, str]]) -> list[tuple[str, int, str]]:
+    """``events[start:]`` as ``(action, size, op)``, ``op`` the last op that began at or before the event (``"-"``: none)."""
+    import bisect
+
+    starts = [count for count, _ in op_starts]
+    labelled = []
+    for index in range(start, len(events)):
+        event = events[index]
+        at = bisect.bisect_right(starts, index) - 1
+        labelled.append((event.action, event.size, op_starts[at][1] if at >= 0 else "-"))
+    return labelled

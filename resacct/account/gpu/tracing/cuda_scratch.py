@@ -1,5 +1,5 @@
 """The scratch CUDA kernels take from the caching allocator inside one op, which one op on meta tensors hides (issue 31):
-Reduce.cuh's global staging buffer and flash attention's backward workspaces.
+Reduce.cuh's global staging buffer and the backward workspaces of flash and memory-efficient attention.
 
 A sum over many rows (a ``Linear``'s bias gradient: ``grad.sum(0)`` of a ``[tokens, outputs]`` tensor; RMSNorm's weight
 gradient: a sum over the batch and sequence) runs ``gpu_reduce_kernel``, which splits each output's rows over several
@@ -27,17 +27,39 @@ length × query heads × head size) that it sums into the key/value heads' gradi
 when it returns. The H200 record's gqa-llama/bf16/flash step shows them in every layer's backward: ``alloc 262144``,
 ``alloc 16777216``, two ``alloc 8388608``, then their frees in reverse (batch 4 × 1,024, 16 query and 4 key/value heads
 of 64). Deterministic mode's per-split ``dq_accum`` is not modelled.
+
+The memory-efficient kernel's backward (``_efficient_attention_backward`` in
+aten/src/ATen/native/transformers/cuda/attention_backward.cu, its kernel ``AttentionBackwardKernel`` in
+mem_eff_attention/kernel_backward.h) allocates after its gradients: where the kernel does not compute ``delta`` itself
+(float32: ``kKernelComputesDelta`` is true for 16-bit types only), ``(grad_out.to(float) * out.to(float)).sum(-1)
+.transpose(-2, -1).contiguous()`` — the product (batch × query length × heads × the value's head size, float32; a
+16-bit input's two casts too), its sum and the contiguous ``delta`` (batch × heads × query length, float32), the
+expression's temporaries freed last first — else ``delta`` alone; then the kernel's ``workspace`` (``workspace_size()``:
+batch × heads × ``workspace_strideBH()`` floats, where the grad-query accumulators — always needed since split keys
+were enabled — are ``ceil(M / kBlockSizeI) × ceil(K / kBlockSizeJ)`` tiles of ``kBlockSizeI × kBlockSizeJ`` floats and
+16 bytes of lock); ``delta`` is freed when the launch returns, the workspace when the op does. A ``grad_out`` that is not
+contiguous in the kernel's (batch, length, heads, head size) layout is copied first (allocated here after the gradients,
+bytes exact, order approximate). The tiles are those the sm80 kernels dispatch to for a head size up to 64 (64 × 64, the
+first kernel of ``dispatch_cutlassB_{f32,bf16,f16}_sm80`` to take it; the recorded boards are sm90, which runs them);
+larger head sizes take other tiles, not modelled. The H200 record's fp32 steps show it in every layer's backward
+(hf-gpt2/fp32/efficient, batch 4 × 1,024, 12 heads of 64: ``alloc 12582912``, ``alloc 196608`` twice, their frees, then
+``alloc 12595200`` — 48 × 16 × (64 × 64 + 4) floats — and the frees; ``tests/test_cuda_scratch.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from math import prod
 from typing import Any, no_type_check
 
 import torch
 
-__all__ = ["ReductionBoard", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "kernel_scratch_bytes"]
+__all__ = ["ReductionBoard", "ScratchPlan", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "efficient_backward_scratch",
+           "kernel_scratch", "take_scratch"]
+
+#: a kernel's scratch in order: ``("alloc", bytes)`` takes a new block, ``("free", n)`` frees the n-th block it took (from 0)
+ScratchPlan = tuple[tuple[str, int], ...]
 
 _MAX_NUM_THREADS = 512
 _WARP_SIZE = 32
@@ -131,17 +153,62 @@ def flash_backward_scratch_bytes(query: torch.Tensor, key: torch.Tensor) -> tupl
     return tuple(sizes)
 
 
+def _last_first(sizes: tuple[int, ...]) -> ScratchPlan:
+    """Blocks taken in order and freed in the reverse (the kernels' local workspaces going out of scope)."""
+    return tuple(("alloc", size) for size in sizes) + tuple(("free", index) for index in reversed(range(len(sizes))))
+
+
+_EFFICIENT_TILE = 64  # kBlockSizeI = kBlockSizeJ of the sm80 kernels that take a head size up to 64
+_EFFICIENT_MAX_HEAD = 64
+_GRAD_Q_LOCK_FLOATS = 4  # GradQTempStorage's lock, counter and padding to 128 bits
+
+
+@no_type_check  # per attention layer of a traced step
+def efficient_backward_scratch(grad_out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> ScratchPlan:
+    """The memory-efficient backward's scratch for sdpa-layout (batch, heads, length, head size) ``grad_out``, ``query``
+    and ``value`` (the module doc); none for a head size over 64 (other tiles: not modelled)."""
+    batch, heads, queries, head_size = query.shape
+    value_size = value.shape[-1]
+    if max(head_size, value_size) > _EFFICIENT_MAX_HEAD:
+        return ()
+    plan: list[tuple[str, int]] = []
+    taken = 0
+
+    def alloc(size: int) -> int:
+        nonlocal taken
+        plan.append(("alloc", size))
+        taken += 1
+        return taken - 1
+
+    copied = None if grad_out.transpose(1, 2).is_contiguous() else alloc(grad_out.numel() * grad_out.element_size())
+    rows = batch * heads * queries
+    if query.dtype == torch.float32:  # delta from the product's sum: the product, the sum, the contiguous delta
+        product, row_sum, delta = alloc(rows * value_size * 4), alloc(rows * 4), alloc(rows * 4)
+        plan += [("free", row_sum), ("free", product)]
+    elif query.dtype in (torch.float16, torch.bfloat16):
+        delta = alloc(rows * 4)  # the kernel computes delta into it
+    else:
+        return ()
+    tiles = -(-queries // _EFFICIENT_TILE) * -(-head_size // _EFFICIENT_TILE)
+    workspace = alloc(batch * heads * _round_up(tiles * (_EFFICIENT_TILE * _EFFICIENT_TILE + _GRAD_Q_LOCK_FLOATS), 4) * 4)
+    plan += [("free", delta), ("free", workspace)] + ([] if copied is None else [("free", copied)])
+    return tuple(plan)
+
+
 _FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_backward", None)
 _FLASH_BACKWARD_OP = None if _FLASH_BACKWARD is None else _FLASH_BACKWARD.default
+_EFFICIENT_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention_backward", None)
+_EFFICIENT_BACKWARD_OP = None if _EFFICIENT_BACKWARD is None else _EFFICIENT_BACKWARD.default
 
 
 @no_type_check  # per op of a traced step
-def kernel_scratch_bytes(func: Any, args: tuple, kwargs: dict, board: ReductionBoard | None) -> tuple[int, ...]:
-    """The blocks ``func``'s CUDA kernel allocates after its outputs and frees before it returns (allocated in this order,
-    freed in the reverse), on ``board`` (None: the board's multiprocessors unknown, reductions left out); none where the
-    op takes none."""
+def kernel_scratch(func: Any, args: tuple, kwargs: dict, board: ReductionBoard | None) -> ScratchPlan:
+    """The blocks ``func``'s CUDA kernel takes after its outputs and frees before it returns, as a :data:`ScratchPlan`, on
+    ``board`` (None: the board's multiprocessors unknown, reductions left out); none where the op takes none."""
     if func is _FLASH_BACKWARD_OP:  # (grad_out, query, key, value, out, logsumexp, ...)
-        return flash_backward_scratch_bytes(args[1], args[2])
+        return _last_first(flash_backward_scratch_bytes(args[1], args[2]))
+    if func is _EFFICIENT_BACKWARD_OP:  # (grad_out, query, key, value, attn_bias, out, logsumexp, ...)
+        return efficient_backward_scratch(args[0], args[1], args[3])
     if board is None or func not in _REDUCTIONS:
         return ()
     source = args[0]
@@ -154,4 +221,16 @@ def kernel_scratch_bytes(func: Any, args: tuple, kwargs: dict, board: ReductionB
     reduced = tuple(sorted({int(d) % rank for d in dims}))
     staging, semaphores = reduction_scratch_bytes(tuple(source.shape), reduced, _FLOATING_ACCUMULATE_BYTES[source.dtype], board,
                                                   storage_offset=source.storage_offset())
-    return (staging, semaphores) if staging else ()
+    return _last_first((staging, semaphores)) if staging else ()
+
+
+@no_type_check  # per op of a traced step
+def take_scratch(allocator: Any, plan: ScratchPlan, ids: Iterator[int]) -> None:
+    """Run ``plan`` on ``allocator`` (a caching allocator model): each block it takes owned by ``("kernel scratch", next(ids))``."""
+    owners: list[tuple[str, int]] = []
+    for action, value in plan:
+        if action == "alloc":
+            owners.append(("kernel scratch", next(ids)))
+            allocator.malloc(owners[-1], value)
+        else:
+            allocator.free(owners[value])
