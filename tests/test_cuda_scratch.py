@@ -211,3 +211,20 @@ def test_the_efficient_backwards_scratch_for_16_bit_inputs_a_copied_grad_and_a_w
     assert plan[0] == ("alloc", contiguous.numel() * 2) and plan[-1] == ("free", 0) and len(plan) == 6
     wide = torch.empty(2, 8, 100, 128, device="meta", dtype=torch.bfloat16)
     assert efficient_backward_scratch(wide, wide, wide) == ()  # other tiles: not modelled
+
+
+def test_softmaxs_backward_takes_the_product_of_its_grad_and_output_in_every_math_layer() -> None:
+    """SoftMax.cu's ``Tensor tmp = grad * output;``: one more scores-sized block after the op's output, freed as it returns."""
+    from resacct.account.gpu.tracing.cuda_scratch import kernel_scratch
+
+    scores = torch.empty(4, 12, 1024, 1024, device="meta")
+    backward = torch.ops.aten._softmax_backward_data.default
+    assert kernel_scratch(backward, (scores, scores, -1, torch.float32), {}, None) == (("alloc", 201326592), ("free", 0))
+    half = torch.empty(2, 3, 8, 8, device="meta", dtype=torch.float16)
+    assert kernel_scratch(backward, (half.float(), half, -1, torch.float16), {}, None) == (("alloc", 2 * 3 * 8 * 8 * 4), ("free", 0))
+    data = read_board_record(H200_RECORD)
+    trace = board_record_step(H200_RECORD, data, "gpt2-small/fp32/math")["trace"]
+    events = [(action, size) for action, _, size, _ in trace if action in ("alloc", "free_completed")]
+    # the gradient, tmp, tmp freed as the op returns, then autograd frees the incoming gradient and the saved output
+    run = [("alloc", 201326592)] * 2 + [("free_completed", 201326592)] * 3
+    assert sum(events[index:index + 5] == run for index in range(len(events))) == 12 * 3  # every layer, two warm-ups and the step

@@ -1,5 +1,12 @@
 """The scratch CUDA kernels take from the caching allocator inside one op, which one op on meta tensors hides (issue 31):
-Reduce.cuh's global staging buffer and the backward workspaces of flash and memory-efficient attention.
+Reduce.cuh's global staging buffer, the backward workspaces of flash and memory-efficient attention, and softmax's
+backward's product.
+
+Softmax's backward on CUDA (``softmax_backward_cuda_out`` in aten/src/ATen/native/cuda/SoftMax.cu) computes
+``Tensor tmp = grad * output;`` after its output and hands ``tmp`` to the kernel: one more block of the scores' size (in
+the product's dtype), freed when the op returns. The H200 record's math-path steps show it in every layer's backward
+(gpt2-small/fp32/math: ``alloc 201326592`` twice, then the first free, for batch 4 × 12 heads × 1,024² float32;
+gqa-llama/fp32/math: 268,435,456).
 
 A sum over many rows (a ``Linear``'s bias gradient: ``grad.sum(0)`` of a ``[tokens, outputs]`` tensor; RMSNorm's weight
 gradient: a sum over the batch and sequence) runs ``gpu_reduce_kernel``, which splits each output's rows over several
@@ -56,7 +63,7 @@ from typing import Any, no_type_check
 import torch
 
 __all__ = ["ReductionBoard", "ScratchPlan", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "efficient_backward_scratch",
-           "kernel_scratch", "take_scratch"]
+           "softmax_backward_scratch", "kernel_scratch", "take_scratch"]
 
 #: a kernel's scratch in order: ``("alloc", bytes)`` takes a new block, ``("free", n)`` frees the n-th block it took (from 0)
 ScratchPlan = tuple[tuple[str, int], ...]
@@ -199,6 +206,15 @@ _FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_b
 _FLASH_BACKWARD_OP = None if _FLASH_BACKWARD is None else _FLASH_BACKWARD.default
 _EFFICIENT_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention_backward", None)
 _EFFICIENT_BACKWARD_OP = None if _EFFICIENT_BACKWARD is None else _EFFICIENT_BACKWARD.default
+_SOFTMAX_BACKWARD_OP = torch.ops.aten._softmax_backward_data.default
+
+
+@no_type_check  # per softmax of a traced step
+def softmax_backward_scratch(grad: torch.Tensor, output: torch.Tensor) -> ScratchPlan:
+    """``tmp = grad * output``, taken after the op's output and freed when it returns (the module doc)."""
+    dtype = torch.promote_types(grad.dtype, output.dtype)
+    size = max(grad.numel(), output.numel()) * torch.empty((), dtype=dtype, device="meta").element_size()
+    return _last_first((size,)) if size else ()
 
 
 @no_type_check  # per op of a traced step
@@ -209,6 +225,8 @@ def kernel_scratch(func: Any, args: tuple, kwargs: dict, board: ReductionBoard |
         return _last_first(flash_backward_scratch_bytes(args[1], args[2]))
     if func is _EFFICIENT_BACKWARD_OP:  # (grad_out, query, key, value, attn_bias, out, logsumexp, ...)
         return efficient_backward_scratch(args[0], args[1], args[3])
+    if func is _SOFTMAX_BACKWARD_OP:  # (grad_output, output, dim, input_dtype)
+        return softmax_backward_scratch(args[0], args[1])
     if board is None or func not in _REDUCTIONS:
         return ()
     source = args[0]
