@@ -4,9 +4,11 @@ What the marking changes in a traced step: tests/test_rank_classes.py (the rank 
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
+import torch
 
 from resacct.account.peak import dtensor_propagation
 from resacct.account.peak.dtensor_propagation import propagating, propagation_unrecorded
@@ -53,3 +55,24 @@ def test_an_error_inside_the_propagation_leaves_it_unmarked(monkeypatch: pytest.
     with propagation_unrecorded(), pytest.raises(RuntimeError, match="no meta kernel"):
         getattr(propagator, _marked_method(propagator))(object(), None)
     assert not propagating()
+
+
+def test_a_dtensor_type_is_told_apart_under_either_module_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch >= 2.5 has ``torch.distributed.tensor.DTensor``; 2.4 had it in ``torch.distributed._tensor`` only, and asking the
+    public module for it raised AttributeError inside autograd's engine (a backward under shard --device's tracker aborted
+    the process on torch 2.4.1, found in session 27)."""
+    import types
+
+    from resacct.account.peak.dtensor_propagation import dtensor_among
+
+    class FakeDTensor:
+        pass
+
+    class Subclass(FakeDTensor):
+        pass
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor", types.ModuleType("torch.distributed.tensor"))  # 2.4: no DTensor there
+    monkeypatch.setitem(sys.modules, "torch.distributed._tensor", types.SimpleNamespace(DTensor=FakeDTensor))
+    assert dtensor_among([torch.Tensor, Subclass]) and not dtensor_among([torch.Tensor])
+    monkeypatch.delitem(sys.modules, "torch.distributed._tensor")
+    assert not dtensor_among([Subclass])  # neither module has one: no DTensor exists

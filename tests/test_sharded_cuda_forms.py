@@ -116,3 +116,34 @@ def test_a_gqa_llama_step_off_flash_predicts_the_recorders_peaks() -> None:
     assert tracker.window is not None
     assert (tracker.window[0], tracker.allocator.peak_allocated_bytes, tracker.allocator.peak_reserved_bytes) == (
         predicted.start_allocated_bytes, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes)
+
+
+def _branches_backward(device: str) -> None:
+    first, second = torch.nn.Linear(64, 64, bias=False, device=device), torch.nn.Linear(64, 64, bias=False, device=device)
+    x = torch.empty(16, 64, device=device, requires_grad=True)
+    (first(x) + second(x)).sum().backward()
+
+
+def test_autograd_sums_a_second_gradient_into_the_first_in_place_as_the_recorder_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x's two gradients meet in autograd's buffer, which alone holds the first: a GPU adds the second into it (no block
+    for the sum). The tracker on fake CPU tensors measures its own use counts for that (sharded_cuda.tracker_sole_counts)
+    and gives the allocator the recorder-on-meta's events; with the sum out of place it would make one more block."""
+    from resacct.account.gpu.answers import sharded_cuda
+
+    recorder = AllocationRecorder(device="meta")
+    with recorder:
+        _branches_backward("meta")
+
+    def on_fake_cpu() -> list[tuple[str, int]]:
+        tracker = CudaShardedTracker()
+        with FakeTensorMode(), tracker:
+            tracker.mark("forward")
+            _branches_backward("cpu")
+        return _events(tracker.allocator)
+
+    assert sharded_cuda.tracker_sole_counts() is not None
+    in_place = on_fake_cpu()
+    assert in_place == _events(recorder.allocator)
+    monkeypatch.setattr(CudaShardedTracker, "sole_counts", (-1, -1))  # as before session 27: every sum out of place
+    out_of_place = on_fake_cpu()
+    assert out_of_place.count(("alloc", 16 * 64 * 4)) == in_place.count(("alloc", 16 * 64 * 4)) + 1

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["propagating", "propagation_unrecorded"]
+__all__ = ["propagating", "propagation_unrecorded", "dtensor_among"]
 
 _state = threading.local()
 _patch_lock = threading.Lock()
@@ -33,6 +33,19 @@ _originals: dict[str, Any] = {}
 
 #: the propagator's method that runs the op on fake tensors of the global shapes, newest torch first
 _PROPAGATING_METHODS = ("_propagate_tensor_meta_non_cached", "_propagate_tensor_meta")
+
+
+def dtensor_among(types: Any) -> bool:
+    """Whether one of a dispatch's ``types`` is a DTensor — without importing DTensor's module (not imported: no DTensor
+    exists; importing it costs seconds). Torch 2.4's lives in ``torch.distributed._tensor``: there the public module has no
+    ``DTensor``, and asking it raised AttributeError inside autograd's engine, which aborted the process."""
+    import sys
+
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        dtensor = getattr(sys.modules.get(name), "DTensor", None)
+        if dtensor is not None:
+            return any(issubclass(kind, dtensor) for kind in types)
+    return False
 
 
 def propagating() -> bool:

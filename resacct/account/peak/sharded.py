@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 import threading
 from typing import Any
 
@@ -42,7 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from resacct.account.peak.dtensor_propagation import propagating, propagation_unrecorded
+from resacct.account.peak.dtensor_propagation import dtensor_among, propagating, propagation_unrecorded
 from resacct.account.peak.sharded_collectives import BACKEND_KIND as _BACKEND
 from resacct.account.peak.sharded_collectives import collectives_named
 from resacct.account.peak.sharded_gaps import engine_gap, fsdp_gap  # re-exported: what this torch cannot trace
@@ -129,8 +128,7 @@ class ShardedStorageTracker(LiveStorageTracker):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if propagating():  # DTensor working out an output's global shape on fake tensors: not the step's (dtensor_propagation)
             return func(*args, **(kwargs or {}))
-        dtensors = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (importing it costs seconds)
-        if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
+        if dtensor_among(types):
             return NotImplemented
         return super().__torch_dispatch__(func, types, args, kwargs)
 

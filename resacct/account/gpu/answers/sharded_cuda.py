@@ -39,7 +39,8 @@ from typing import Any, no_type_check
 from torch.utils.weak import WeakIdKeyDictionary
 
 from resacct.account.gpu.allocator.cuda_allocator import CachingAllocatorModel
-from resacct.account.gpu.tracing.cuda_composites import cuda_composite, host_outputs, mask_added_in_place
+from resacct.account.gpu.tracing.cuda_composites import (accumulated_in_place, cuda_composite, host_outputs, mask_added_in_place,
+                                                        measure_sole_buffer_counts, note_accumulating_add)
 from resacct.account.gpu.tracing.cuda_scratch import kernel_scratch, take_scratch
 from resacct.account.peak.dtensor_propagation import propagating
 from resacct.account.peak.sharded import ShardedStorageTracker
@@ -56,7 +57,13 @@ class CudaShardedTracker(ShardedStorageTracker):
     """:class:`~resacct.account.peak.sharded.ShardedStorageTracker` whose storages are also
     allocations of a caching allocator model (``allocator``), each op allocating as CUDA's kernel does
     (:mod:`~resacct.account.gpu.tracing.cuda_composites`, as :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`
-    on meta): a composite's temporaries, outputs CUDA keeps on the host, sdpa's math path adding the mask in place."""
+    on meta): a composite's temporaries, outputs CUDA keeps on the host, sdpa's math path adding the mask in place, autograd
+    summing a second gradient into a first that its buffer alone holds (the use counts that tell it measured on this very
+    class under fake tensors: :func:`tracker_sole_counts`), the kernels' scratch."""
+
+    #: the use counts of a gradient autograd's buffer alone holds, under this tracker on fake tensors (None: not measured yet)
+    sole_counts: tuple[int, int] | None = None
+    _measuring = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,6 +73,7 @@ class CudaShardedTracker(ShardedStorageTracker):
         self._preset: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a storage the last op made -> the owner it takes (-1: host)
         self._ids = itertools.count()
         self.window: tuple[int, int] | None = None  # allocated and reserved bytes when the forward began
+        self._sole_counts = None if self._measuring else tracker_sole_counts()  # measured here, outside any dispatch
 
     @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -82,8 +90,9 @@ class CudaShardedTracker(ShardedStorageTracker):
         composite = cuda_composite(func)
         if composite is not None:
             return composite(args, kwargs, self._temporary)
+        accumulating = accumulated_in_place(func, args, self._sole_counts)  # on a GPU: the sum takes the first's block
         out = func(*args, **kwargs)
-        if mask_added_in_place(func, args, out):
+        if accumulating or mask_added_in_place(func, args, out):
             owner = self._owner_of(args[0].untyped_storage())
             if owner is not None and owner != -1:
                 self._preset[out.untyped_storage()] = owner
@@ -199,6 +208,27 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
             run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
+def tracker_sole_counts() -> tuple[int, int] | None:
+    """The (tensor, storage) use counts the first operand of autograd's accumulating ``add`` shows to
+    :class:`CudaShardedTracker` on fake CPU tensors when the engine's buffer alone holds it — measured once per process on
+    this class itself (``lin1(x) + lin2(x)``'s backward), since fake tensors and the tracker's own references make them
+    other than the meta recorder's (:func:`~resacct.account.gpu.tracing.cuda_composites.sole_buffer_counts`)."""
+    if CudaShardedTracker.sole_counts is None and not CudaShardedTracker._measuring:
+        seen: list[tuple[int, int]] = []
+
+        class _Probe(CudaShardedTracker):
+            _measuring = True
+
+            def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
+                note_accumulating_add(func, args, seen)
+                return super()._call(func, args, kwargs)
+
+        counts = measure_sole_buffer_counts(_Probe, seen, fake=True)
+        CudaShardedTracker.sole_counts = counts if counts is not None else (-1, -1)  # (-1, -1): never in place
+    counts = CudaShardedTracker.sole_counts
+    return None if counts is None or counts == (-1, -1) else counts
+
+
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
     """A rank's compute alone (:func:`~resacct.account.gpu.timing.board_rates.step_seconds`: a board record's calibrated model,
     else the per-op roofline), or why there is none (the board has no peak in the step's format: a V100 has no bf16)."""
@@ -223,17 +253,14 @@ def _op_costs() -> Any:
     """:mod:`~resacct.account.gpu.timing.step_time`'s per-op FLOPs and bytes, leaving DTensors to themselves
     (their local ops come through again: counted once, on the shards this rank runs) and DTensor's
     sharding propagation out (:mod:`resacct.account.peak.dtensor_propagation`)."""
-    import sys
-
     from resacct.account.gpu.tracing.op_costs import OpCosts
-    from resacct.account.peak.dtensor_propagation import propagating
+    from resacct.account.peak.dtensor_propagation import dtensor_among
 
     class _LocalOpCosts(OpCosts):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if propagating():  # DTensor's sharding propagation on global shapes: no op of the step
                 return func(*args, **(kwargs or {}))
-            dtensors = sys.modules.get("torch.distributed.tensor")
-            if dtensors is not None and any(issubclass(kind, dtensors.DTensor) for kind in types):
+            if dtensor_among(types):
                 return NotImplemented
             return super().__torch_dispatch__(func, types, args, kwargs)
 

@@ -55,7 +55,7 @@ from typing import Any, no_type_check
 import torch
 
 __all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math", "mask_added_in_place", "accumulated_in_place",
-           "sole_buffer_counts"]
+           "sole_buffer_counts", "note_accumulating_add", "measure_sole_buffer_counts"]
 
 Track = Callable[[torch.Tensor], None]
 
@@ -160,21 +160,36 @@ def sole_buffer_counts() -> tuple[int, int] | None:
     """The (tensor, storage) use counts the first operand of autograd's accumulating ``add`` shows inside a dispatch mode
     when the engine's input buffer alone holds it: measured on ``lin1(x) + lin2(x)``'s backward on meta (x's two
     gradients, each a fresh ``mm`` output, meet in its buffer). None where this torch shows no such ``add``."""
-    seen: list[tuple[int, int]] = []
 
     class _Probe(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if func is _ADD and _in_backward_without_grad() and isinstance(args[1], torch.Tensor):
-                seen.append(_counts(args[0]))
+            note_accumulating_add(func, args, seen)
             return func(*args, **(kwargs or {}))
 
+    seen: list[tuple[int, int]] = []
+    return measure_sole_buffer_counts(_Probe, seen, device="meta")
+
+
+def note_accumulating_add(func: Any, args: tuple, seen: list[tuple[int, int]]) -> None:
+    """Append the counts of ``args[0]`` to ``seen`` where ``func`` is autograd's accumulating ``add`` (a probe's hook)."""
+    if func is _ADD and _in_backward_without_grad() and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        seen.append(_counts(args[0]))
+
+
+def measure_sole_buffer_counts(make_probe: Callable[[], Any], seen: list[tuple[int, int]], *, device: str | None = None,
+                               fake: bool = False) -> tuple[int, int] | None:
+    """Run ``lin1(x) + lin2(x)``'s backward under the dispatch mode ``make_probe()`` makes (it calls
+    :func:`note_accumulating_add` into ``seen`` for each op) — on ``device``, under ``FakeTensorMode`` where ``fake`` (the
+    probe inside it, as ``shard --device``'s tracker runs) — and return the one count it saw; None where this torch shows no
+    such ``add`` or lacks the internals."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import _disable_current_modes
 
     try:
-        with _disable_current_modes(), torch.enable_grad():  # whatever modes the caller is under: a plain backward
-            first, second = torch.nn.Linear(4, 4, bias=False, device="meta"), torch.nn.Linear(4, 4, bias=False, device="meta")
-            x = torch.empty(2, 4, device="meta", requires_grad=True)
-            with _Probe():
+        with _disable_current_modes(), torch.enable_grad(), FakeTensorMode() if fake else contextlib.nullcontext():
+            first, second = torch.nn.Linear(4, 4, bias=False, device=device), torch.nn.Linear(4, 4, bias=False, device=device)
+            x = torch.empty(2, 4, device=device, requires_grad=True)
+            with make_probe():
                 (first(x) + second(x)).sum().backward()
     except (AttributeError, RuntimeError, TypeError):  # a torch without these internals: the sums stay out of place
         return None
