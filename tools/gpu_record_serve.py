@@ -56,7 +56,7 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
     compacted = compact_snapshot(snapshot, window_start=0)
     kv_cache_bytes = sum(tensor.numel() * tensor.element_size() for tensor in kv_cache_tensors(cache_of(kept)))  # what the prefill keeps
     del kept
-    prefill_times, token_times = [], []
+    prefill_times: list[float] = []
     with torch.no_grad():
         for _ in range(TIMED_PREFILLS):
             sync()
@@ -67,13 +67,7 @@ def record_serving(name: str, dry: bool) -> dict[str, Any]:
             prefill_times.append(time.perf_counter() - begin)
         cache, token = cache_of(output), output.logits[:, -1:].argmax(-1)
         del output
-        for _ in range(new_tokens):  # sdpa's own kernel choice for one query a sequence, as generate gets it
-            sync()
-            begin = time.perf_counter()
-            output = serving_forward(model, token, cache)
-            token = output.logits[:, -1:].argmax(-1)
-            sync()
-            token_times.append(time.perf_counter() - begin)
+        token_times, token, output = timed_tokens(model, token, cache, new_tokens, sync)  # sdpa's own kernel choice, as generate gets it
         from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         with profile(activities=activities, record_shapes=True) as decode_prof:  # one more token: its ops, as infer --device traces them
@@ -106,18 +100,25 @@ def forced_decode_times(model: Any, token: Any, cache: Any, attention: str, dry:
     the error it raised, the entry kept."""
     import torch
 
-    from resacct.account.gpu.tracing.decode_trace import serving_forward
-
-    times: list[float] = []
     try:
         with torch.no_grad(), attention_context(attention, dry):
-            for _ in range(tokens):
-                sync()
-                begin = time.perf_counter()
-                output = serving_forward(model, token, cache)
-                token = output.logits[:, -1:].argmax(-1)
-                sync()
-                times.append(time.perf_counter() - begin)
+            times = timed_tokens(model, token, cache, tokens, sync)[0]
     except RuntimeError as error:
         return {"kernel": attention, "error": f"{type(error).__name__}: {error}"[:300]}
     return {"kernel": attention, "median": statistics.median(times), "all": times}
+
+
+def timed_tokens(model: Any, token: Any, cache: Any, tokens: int, sync: Any) -> tuple[list[float], Any, Any]:
+    """``tokens`` tokens generated one at a time from ``cache`` (greedy), each between ``sync()`` calls: their seconds, the
+    last token and the last forward's output."""
+    from resacct.account.gpu.tracing.decode_trace import serving_forward
+
+    times, output = [], None
+    for _ in range(tokens):
+        sync()
+        begin = time.perf_counter()
+        output = serving_forward(model, token, cache)
+        token = output.logits[:, -1:].argmax(-1)
+        sync()
+        times.append(time.perf_counter() - begin)
+    return times, token, output
