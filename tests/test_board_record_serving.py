@@ -130,3 +130,17 @@ def test_the_gpu_modules_examples_run() -> None:
     for module in (step_time, record_models, board_record):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_the_calibrated_prefill_claim_needs_the_records_calibration_file(tmp_path: Path) -> None:
+    """``gpu_recorded.board_prefill_time_calibrated`` prices by the calibration beside the record: without one, a one-line
+    error naming the file it wanted (tools/gpu_record.py --claims leaves the claim out until --calibrate wrote it)."""
+    import shutil
+
+    from resacct.checks.gpu_record_serving import board_prefill_time_calibrated
+    from resacct.errors import ResacctError
+
+    record = tmp_path / "2026-11-30-h200-record.json.gz"
+    shutil.copy(Path(__file__).resolve().parents[1] / "docs" / "gpu" / record.name, record)
+    with pytest.raises(ResacctError, match="has no calibration beside it \\(2026-11-30-h200-record-calibration.json\\); expected tools/gpu_record.py --calibrate"):
+        board_prefill_time_calibrated(str(record), "hf-gpt2/fp32/serve")

@@ -2,7 +2,8 @@
 YAML to append to ``resacct/specs/gpu_recorded.claims.yaml`` — per recorded step, its allocated and reserved peaks
 replayed through the allocator model (exact), predicted on meta tensors (within 1 %), and its step time predicted
 from the record's own ceilings and by the model calibrated on the record's other steps (each within 10 %); per served model the same peaks (as ``infer --device`` predicts them)
-and its prefill's and a generated token's time. The thresholds are issue 31's, set here before any comparison; the
+and its prefill's (by the record's own ceilings, and — where the record has its calibration file — as ``infer --device``
+prints it, by the model calibrated on the record's training steps) and a generated token's time. The thresholds are issue 31's, set here before any comparison; the
 outcomes are ``resacct verify``'s to decide (nothing measured is written into a claim); a step resacct cannot predict on
 meta tensors gets its replay claims only, and a comment saying why. Review before committing:
 a step whose prediction is refuted keeps its claim, with ``status: refuted`` and the truth the report gives.
@@ -50,6 +51,9 @@ SERVING_KINDS = (
      "max_memory_reserved is within 1 % of what resacct infer --device predicts for it"),
     ("prefill-time-predicted", "gpu_recorded.board_prefill_time", {}, "predicted_prefill_sec", {"rel": 0.10},
      "the median prefill time is within 10 % of resacct's per-op roofline priced by the record's own ceilings (matmul, copy, launch)"),
+    ("prefill-time-calibrated", "gpu_recorded.board_prefill_time_calibrated", {}, "predicted_prefill_sec", {"rel": 0.10},
+     "the median prefill time is within 10 % of the time resacct infer --device prints for the board: its ops priced by the per-op "
+     "model calibrated on the record's training steps (never on a served model)"),
     ("decode-time-predicted", "gpu_recorded.board_decode_time", {}, "predicted_token_sec", {"rel": 0.10},
      "the median time of a generated token is within 10 % of resacct infer --device's decode prediction priced by the record's own ceilings"),
 )
@@ -119,6 +123,14 @@ def calibration_sets(steps: list[dict[str, Any]]) -> dict[str, list[str]]:
     return sets
 
 
+def _has_calibration(record_name: str) -> bool:
+    """Whether the record has its calibration file beside it (or shipped), which its served models' calibrated prefill
+    claims price by (``tools/gpu_record.py --calibrate`` writes it)."""
+    from resacct.account.gpu.records.record_calibration import calibration_file
+
+    return calibration_file(record_name).is_file()
+
+
 def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
     """The YAML claims (list items, indented for the spec's ``claims:``) of every recorded step of ``record``."""
     from resacct.facts.hardware import accelerator_for_cuda_name
@@ -136,6 +148,7 @@ def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
                 f"{step['seq']})") for step in record["steps"] if "error" not in step]
     lines += [f"  # {step['name']}: not recorded ({step['error']}): no claims" for step in [*record["steps"], *record.get("serving", [])] if "error" in step]
     calibration = calibration_sets(record["steps"])
+    calibrated = _has_calibration(record_name)
     for step, kinds, what in trained + served:
         why = unpredictable(record, step, serving=kinds is SERVING_KINDS)
         if why is not None:  # the replays only: a prediction that cannot be made is no claim's outcome
@@ -146,6 +159,8 @@ def claims_yaml(record_name: str, record: dict[str, Any]) -> str:
                 if step["name"] not in calibration:
                     continue
                 given = {"calibrate_on": calibration[step["name"]]}
+            if measure == "gpu_recorded.board_prefill_time_calibrated" and not calibrated:
+                continue  # priced by the record's calibration file: tools/gpu_record.py --calibrate first
             lines += [f"  - id: {claim_id(tag, step['name'], suffix)}",
                       f"    says: \"On an {record['board']} ({day}), {what}: {predicate}.\"",
                       f"    source: \"issue 31 — the GPU step recorded on a board; {record_name}\"",

@@ -13,6 +13,9 @@ making its **prediction** now with ``infer --device``'s own functions
 - ``gpu_recorded.board_prefill_time`` — the prefill's aten ops priced by the record's own ceilings (per op the longer of
   FLOPs ÷ the most matmul FLOP/s in the weights' format and bytes ÷ the copy bandwidth; the ops × the launch time the
   other bound);
+- ``gpu_recorded.board_prefill_time_calibrated`` — the same ops priced as ``infer --device`` prices them on a board whose
+  record carries a calibration: the per-op model fitted on the record's **training** steps
+  (:mod:`~resacct.account.gpu.records.record_calibration`; never on a served model, so every served entry is held out);
 - ``gpu_recorded.board_decode_time`` — one generated token: the longest of the weights and the KV cache read once ÷
   the bandwidth, the FLOPs of the next token's forward (traced on meta) ÷ the matmul rate, its ops × the launch time
   (:func:`~resacct.account.gpu.timing.step_time.predict_decode_seconds`).
@@ -27,10 +30,11 @@ from typing import Any
 from resacct.account.gpu.records.board_record import board_record_step, read_board_record
 from resacct.account.gpu.records.recorded import record_contents, record_path, record_source
 from resacct.checks.gpu_record_steps import SOURCE, peak_field, record_rates
+from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
 from resacct.measurement.memo import shared_measurement
 
-__all__ = ["board_prefill_peak", "board_prefill_time", "board_decode_time"]
+__all__ = ["board_prefill_peak", "board_prefill_time", "board_prefill_time_calibrated", "board_decode_time"]
 
 
 @shared_measurement
@@ -80,6 +84,36 @@ def board_prefill_time(record: str, step: str) -> Outcome:
         "predicted_prefill_sec": time.step_sec, "gpu_sec": time.gpu_sec, "host_sec": time.host_sec, "ops": time.ops,
         "matmul_flops_per_sec": rates.matmul_flops_per_sec, "bandwidth_bytes_per_sec": rates.bandwidth_bytes_per_sec,
         "overhead_sec_per_op": rates.overhead_sec_per_op, **record_source(record, data)})
+
+
+def _calibration_contents(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A stored measurement's key: the record's sha256 and its calibration file's (a calibration fitted again is measured again)."""
+    from resacct.account.gpu.records.record_calibration import calibration_file
+
+    return {**record_contents(inputs), "calibration_sha256": record_contents({"record": str(calibration_file(str(inputs.get("record", ""))))})["record_sha256"]}
+
+
+@check("gpu_recorded.board_prefill_time_calibrated", evidence="recorded",
+       quantities=("predicted_prefill_sec", "kernels_sec", "idle_sec_per_op", "ops", "calibrated_on", *SOURCE), replay=_calibration_contents)
+def board_prefill_time_calibrated(record: str, step: str) -> Outcome:
+    """The board's median prefill time, beside the prefill's ops priced by the model calibrated on the record's training
+    steps (the calibration file beside the record, ``tools/gpu_record.py --calibrate``) — the time ``infer --device``
+    prints for that board: the kernels by the fitted rates, plus the host's idle time per op."""
+    from resacct.account.gpu.records.record_calibration import calibration_file, read_record_calibration
+    from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
+    from resacct.facts.hardware import peak_format
+
+    path = calibration_file(record)
+    if not path.is_file():
+        raise ResacctError(f"record {record!r} has no calibration beside it ({path.name}); expected tools/gpu_record.py --calibrate's file")
+    calibration = read_record_calibration(path)
+    data, entry, predicted = _served(record, step)
+    fmt = peak_format(entry["weights"])
+    fallback = calibration.matmul_flops_per_sec.get(fmt) or _rates(record, data, entry["weights"]).matmul_flops_per_sec
+    kernels, total = predict_calibrated_seconds(predicted.ops, calibration.times, fallback_flops_per_sec=fallback)
+    return Outcome(measured=entry["prefill_sec"]["median"], quantities={
+        "predicted_prefill_sec": total, "kernels_sec": kernels, "idle_sec_per_op": calibration.times.idle_sec_per_op, "ops": len(predicted.ops),
+        "calibrated_on": ", ".join(calibration.times.calibrated_on), **record_source(record, data)})
 
 
 @check("gpu_recorded.board_decode_time", evidence="recorded",
