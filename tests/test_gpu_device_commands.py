@@ -395,3 +395,23 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
     assert (grouped.peak_allocated_bytes, grouped.peak_reserved_bytes) == (recorder.allocator.peak_allocated_bytes, recorder.allocator.peak_reserved_bytes)
     copies = predict_cuda_step_memory(batched, ids, kv_prefill, None)
     assert copies.peak_allocated_bytes - copies.start_allocated_bytes > 10 * (grouped.peak_allocated_bytes - grouped.start_allocated_bytes)
+
+
+@pytest.mark.slow  # four infer commands, each a traced prefill and decode (4.8 s)
+def test_infer_on_a_recorded_board_says_what_its_record_measured_of_generated_tokens(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Beside the decode prediction, the H200 record's served models in the same weight format, with sdpa's own choice:
+    bf16 ran cuDNN's attention, whose host time a call made a token 38-41 ms (docs/gpu.md) — numbers read from the record."""
+    from resacct.account.gpu.records.board_record import read_board_record
+    from resacct.account.gpu.records.recorded_serving import recorded_decodes
+
+    measured = {decode.name: decode for decode in recorded_decodes(read_board_record("docs/gpu/2026-11-30-h200-record.json.gz"))}
+    assert measured["llama-3.2-1b/bf16/serve"].attention == "cuDNN" and measured["hf-gpt2/fp32/serve"].attention == "efficient"
+    assert measured["llama-3.2-1b/bf16/serve"].token_sec > 10 * measured["llama-3.2-1b/bf16/serve"].kernels_sec  # the host's token
+    bf16 = _json(capsys, "infer", "--hf-config", config_path, "--context", "64", "--weights", "bf16", "--device", "h200")["gpu"]
+    assert "llama-3.2-1b/bf16/serve (1 × 1,057 cached) 40.9 ms a token" in bf16["decode_recorded"] and "cuDNN's set-up" in bf16["decode_recorded"]
+    assert "hf-gpt2" not in bf16["decode_recorded"]
+    fp32 = _json(capsys, "infer", "--hf-config", config_path, "--context", "64", "--weights", "fp32", "--kv-format", "fp32", "--device", "h200")["gpu"]
+    assert fp32["decode_recorded"].count("/serve") == 1 and "attention efficient" in fp32["decode_recorded"] and "cuDNN" not in fp32["decode_recorded"]
+    assert _json(capsys, "infer", "--hf-config", config_path, "--context", "64", "--device", "a100")["gpu"]["decode_recorded"] is None  # no record
+    assert main(["infer", "--hf-config", config_path, "--context", "64", "--weights", "bf16", "--device", "h200"]) == 0
+    assert "    decode measured on the board's record (2026-11-30;" in capsys.readouterr().out

@@ -49,6 +49,7 @@ class GpuStepAnswer:
     timed: str = "step"  # what step_sec times: a training "step", or the "prefill" of infer
     decode_sec_per_token: float | None = None  # infer: one generated token's predicted time (decode_basis says how)
     decode_basis: str | None = None
+    decode_recorded: str | None = None  # infer: what the board's record measured of served models' tokens (recorded_serving)
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -65,7 +66,8 @@ class GpuStepAnswer:
             return [] if self.step_time_basis is None else [f"  {self.timed} time: none ({self.step_time_basis})"]
         mfu = "" if self.mfu is None else f", MFU {self.mfu:.2f}"
         decode = [] if self.decode_sec_per_token is None else [
-            f"  decode there (predicted): {self.decode_sec_per_token * 1e3:.4g} ms a token ({self.decode_basis})"]
+            f"  decode there (predicted): {self.decode_sec_per_token * 1e3:.4g} ms a token ({self.decode_basis})"] + (
+            [] if self.decode_recorded is None else [f"  decode {self.decode_recorded}"])
         return [f"  {self.timed} time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu} ({self.step_time_basis})", *decode]
 
     def note(self) -> str:
@@ -84,7 +86,7 @@ class GpuStepAnswer:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
                 "timed": self.timed, "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis, "predicted_mfu": self.mfu,
-                "predicted_decode_sec_per_token": self.decode_sec_per_token, "decode_basis": self.decode_basis,
+                "predicted_decode_sec_per_token": self.decode_sec_per_token, "decode_basis": self.decode_basis, "decode_recorded": self.decode_recorded,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
                 "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
                 "experts": self.experts}

@@ -61,15 +61,19 @@ def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, str]:
 def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *, read_bytes: int) -> Any:
     """``answer`` (infer's prefill on ``board``) with one generated token's predicted time
     (:func:`~resacct.account.gpu.timing.step_time.predict_decode_seconds`: the weights and the KV cache, ``read_bytes``, read
-    once; the traced decode forward's FLOPs and its ops on the host). Where the board has no rate in ``fmt``: unchanged."""
+    once; the traced decode forward's FLOPs and its ops on the host), and what the board's record measured of served models'
+    tokens in ``fmt`` (:func:`~resacct.account.gpu.records.recorded_serving.recorded_decode_line`). Where the board has no
+    rate in ``fmt``: unchanged."""
     from resacct.account.gpu.timing.step_time import predict_decode_seconds
 
     try:
         rates = board_rates(board, fmt)
     except ResacctError:
         return answer
+    from resacct.account.gpu.records.recorded_serving import recorded_decode_line
+
     decode = predict_decode_seconds(decode_ops, rates, read_bytes=read_bytes)
-    return replace(answer, decode_sec_per_token=decode.token_sec, decode_basis=(
+    return replace(answer, decode_sec_per_token=decode.token_sec, decode_recorded=recorded_decode_line(board, fmt), decode_basis=(
         f"a forward of one token a sequence, traced on meta, bound by the {decode.bound}: reads the weights and the KV cache, {read_bytes:,} bytes, "
         f"{decode.memory_sec * 1e3:.3g} ms; its {decode.ops:,} ops on the host, {decode.host_sec * 1e3:.3g} ms; its FLOPs, "
         f"{decode.compute_sec * 1e3:.3g} ms; eager PyTorch, no CUDA graphs; {rates.source}"))
