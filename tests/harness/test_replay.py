@@ -222,8 +222,13 @@ def test_the_checks_of_recorded_gpu_truth_key_their_record_files_contents():
     from resacct.account.gpu.records.recorded import record_contents
 
     checks = registry.all_checks()
-    recorded = [check for name, check in checks.items() if name.startswith("gpu_recorded.")]
-    assert recorded and all(check.replay is record_contents for check in recorded)
+    recorded = {name: check for name, check in checks.items() if name.startswith("gpu_recorded.")}
+    inputs = {"record": "docs/gpu/2026-11-30-h200-record.json.gz", "step": "hf-gpt2/fp32/serve"}
+    digest = record_contents(inputs)["record_sha256"]
+    assert recorded and digest and all(callable(check.replay) and check.replay(inputs)["record_sha256"] == digest for check in recorded.values())
+    # the prefill priced by the record's calibration: keyed by that file's contents too (a calibration fitted again is measured again)
+    calibrated = recorded["gpu_recorded.board_prefill_time_calibrated"].replay(inputs)
+    assert calibrated["calibration_sha256"] and calibrated["calibration_sha256"] != digest
     assert all(check.replay for name, check in checks.items() if name.startswith(("flops.", "hf.", "peak.")))
 
 
