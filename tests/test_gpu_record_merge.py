@@ -69,7 +69,9 @@ def test_records_of_another_machine_are_refused_naming_the_field(field: str, oth
 def test_the_committed_h200_record_is_whole_and_says_what_each_call_did() -> None:
     with gzip.open(H200, "rt") as handle:
         record = json.load(handle)
-    assert [step["name"] for step in record["steps"]] == list(MATRIX)
+    names = [step["name"] for step in record["steps"]]
+    assert names == [name for name in MATRIX if name in names]  # the recorder's steps, in its order
+    assert set(MATRIX) - set(names) == {"hf-gpt2/bf16-autocast/efficient"}  # added to the matrix after this record (session 27)
     assert [entry["name"] for entry in record["serving"]] == list(SERVING)
     assert not [entry["name"] for entry in record["steps"] + record["serving"] if "error" in entry]
     assert len(record["merged_from"]) == 3
@@ -100,7 +102,8 @@ def test_merge_on_the_command_line_gives_back_the_record_split_in_two(tmp_path: 
     done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_record.py"), "--merge", *paths, "--out", str(tmp_path / "merged")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert f"{len(MATRIX)} of {len(MATRIX)} steps ok from 2 records" in done.stdout
+    steps = len(record["steps"])
+    assert f"{steps} of {steps} steps ok from 2 records" in done.stdout
     merged_summary = json.loads((tmp_path / "merged" / "gpu-record-summary.json").read_text())
     assert merged_summary["failed"] == [] and len(merged_summary["merged_from"]) == 2
     with gzip.open(tmp_path / "merged" / "gpu-record.json.gz", "rt") as handle:
