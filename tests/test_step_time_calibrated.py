@@ -109,3 +109,21 @@ def test_the_recorded_claim_never_reads_the_judged_steps_profile_or_time(tmp_pat
     assert again.quantities["predicted_step_sec"] == judged.quantities["predicted_step_sec"] and again.measured == 9.0
     with pytest.raises(ResacctError, match="calibrate_on names 'c', the step judged"):
         record_steps.board_step_time_calibrated(first, "c", ["a", "c"])
+
+
+def test_attention_is_priced_at_its_familys_rate_from_the_calibration_steps() -> None:
+    """A fused attention call's FLOPs over the rate its family ran at in the calibration steps' profiles (the H200's flash
+    ran ~305 TFLOP/s against a best matmul rate of 805); a family the steps never ran keeps the best matmul rate."""
+    from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, _attention_rates, predict_calibrated_seconds
+    from resacct.account.gpu.tracing.op_costs import OpCost
+
+    forward = OpCost("aten._scaled_dot_product_flash_attention.default", flops=int(3e11), bytes=1)
+    backward = OpCost("aten._scaled_dot_product_flash_attention_backward.default", flops=int(6e11), bytes=1)
+    profile = {"ops": [{"name": "aten::_flash_attention_forward", "self_device_us": 1000.0, "calls": 1},
+                       {"name": "aten::_flash_attention_backward", "self_device_us": 2000.0, "calls": 1},
+                       {"name": "aten::_scaled_dot_product_flash_attention", "self_device_us": 0.0, "calls": 1}]}
+    assert _attention_rates([("step", profile, [forward, backward], 8e14)]) == {"flash": 3e14}
+    times = CalibratedTimes({}, 1.0, 0.0, 0.0, 1e12, ("step",), {"flash": 3e14})
+    efficient = OpCost("aten._scaled_dot_product_efficient_attention.default", flops=int(8e11), bytes=1)
+    kernels, _ = predict_calibrated_seconds([forward, efficient], times, fallback_flops_per_sec=8e14)
+    assert kernels == pytest.approx(1e-3 + 1e-3)  # flash at its fitted rate, efficient at the fallback (no efficient call fitted)

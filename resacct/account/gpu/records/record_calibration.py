@@ -61,7 +61,8 @@ def read_record_calibration(path: Path) -> BoardCalibration:
             raise ValueError(f"format {document.get('format')!r}, expected {CALIBRATION_FORMAT!r}")
         times = CalibratedTimes({name: MatmulFit(float(fit["flops_per_sec"]), float(fit["sec_per_call"])) for name, fit in document["matmul"].items()},
                                 float(document["memory_factor"]), float(document["sec_per_kernel"]), float(document["idle_sec_per_op"]),
-                                float(document["bandwidth_bytes_per_sec"]), tuple(document["calibrated_on"]))
+                                float(document["bandwidth_bytes_per_sec"]), tuple(document["calibrated_on"]),
+                                {family: float(rate) for family, rate in (document.get("attention_flops_per_sec") or {}).items()})
         return BoardCalibration(times, str(document["record_file"]), str(document["board"]), str(document["when"]), str(document["traced_with"]),
                                 {name: float(rate) for name, rate in document["matmul_flops_per_sec"].items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

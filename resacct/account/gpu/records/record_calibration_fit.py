@@ -62,7 +62,8 @@ def fit_record_calibration(record_file: str, *, progress: Callable[[str], None] 
             "board": data["board"], "when": data["when"], "traced_with": traced_with, "calibrated_on": list(times.calibrated_on),
             "matmul": {name: {"flops_per_sec": fit.flops_per_sec, "sec_per_call": fit.sec_per_call} for name, fit in sorted(times.matmul.items())},
             "memory_factor": times.memory_factor, "sec_per_kernel": times.sec_per_kernel, "idle_sec_per_op": times.idle_sec_per_op,
-            "bandwidth_bytes_per_sec": times.bandwidth_bytes_per_sec, "matmul_flops_per_sec": dict(sorted(rates.items()))}
+            "bandwidth_bytes_per_sec": times.bandwidth_bytes_per_sec, "matmul_flops_per_sec": dict(sorted(rates.items())),
+            "attention_flops_per_sec": dict(sorted(times.attention_flops_per_sec.items()))}
 
 
 def write_record_calibration(record_file: str, out: Path, *, progress: Callable[[str], None] | None = None) -> Path:

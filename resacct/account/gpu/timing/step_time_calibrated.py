@@ -10,6 +10,10 @@ own per-op profile of the **calibration steps** (never the judged one):
 - **matmuls** — per class (``fp32``; 16-bit ``aligned``: every leading dimension cuBLAS is given a multiple of 8 —
   a traced call knows its strides, a profile's row only its shapes; 16-bit ``unaligned``), a rate and a per-call time, ``t = FLOPs ÷ rate + t0``, least squares over the profile's rows of
   every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error);
+- **attention** — per fused kernel family (flash, memory-efficient), one rate: the calibration steps' traced attention
+  FLOPs (torch's flop registry: a causal call counted whole) over their profile's attention kernels' device time (on the
+  H200 record flash ran 285-316 TFLOP/s in every bf16 step, forward and backward alike, where the best matmul rate is 805;
+  since session 27 — before, an attention call was priced at that best rate);
 - **every other op that launches a kernel** — ``t = m · bytes ÷ copy bandwidth + k``: ``m`` and ``k`` fitted on the
   calibration steps' device time left once their matmuls are priced (the profile's busy time);
 - **the host** — what the board spent idle between kernels, per traced op (the median over the calibration steps):
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, no_type_check
 
 import numpy as np
@@ -81,6 +85,7 @@ class CalibratedTimes:
     idle_sec_per_op: float
     bandwidth_bytes_per_sec: float
     calibrated_on: tuple[str, ...]
+    attention_flops_per_sec: dict[str, float] = field(default_factory=dict)  # per fused kernel family (flash, efficient)
 
     def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
         return _matmul_sec(self.matmul, op, fallback_flops_per_sec)
@@ -108,15 +113,40 @@ def _fit_matmuls(rows: Iterable[tuple[str, int, int, float]]) -> dict[str, Matmu
     return fits
 
 
-def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float) -> tuple[float, float, int]:
+#: the fused attention kernels' families: the traced (meta) ops that run each, and the profile rows of its kernels
+_ATTENTION_FAMILIES = {
+    "flash": (("aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_flash_attention_backward.default"),
+              ("aten::_flash_attention_forward", "aten::_flash_attention_backward")),
+    "efficient": (("aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_efficient_attention_backward.default"),
+                  ("aten::_efficient_attention_forward", "aten::_efficient_attention_backward")),
+}
+_ATTENTION_OP_FAMILY = {op: family for family, (ops, _) in _ATTENTION_FAMILIES.items() for op in ops}
+
+
+def _attention_rates(steps: list[tuple[str, dict[str, Any], list[OpCost], float]]) -> dict[str, float]:
+    """Per family, the calibration steps' traced attention FLOPs over their profile's attention kernel seconds."""
+    rates = {}
+    for family, (_, kernels) in _ATTENTION_FAMILIES.items():
+        flops = sum(op.flops for _, _, ops, _ in steps for op in ops if _ATTENTION_OP_FAMILY.get(op.op) == family)
+        seconds = sum(row.get("self_device_us") or 0.0 for _, entry, _, _ in steps for row in entry.get("ops") or [] if row["name"] in kernels) * 1e-6
+        if flops > 0 and seconds > 0:
+            rates[family] = flops / seconds
+    return rates
+
+
+def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float,
+                  attention: dict[str, float] | None = None) -> tuple[float, float, int]:
     """(matmul and FLOP-bound seconds, other kernels' bytes ÷ bandwidth, other kernels) of a traced step."""
     compute = memory = 0.0
     kernels = 0
+    attention = attention or {}
     for op in ops:
         if not op.kernel:
             continue
         if op.matmul is not None:
             compute += _matmul_sec(matmul_fits, op, fallback)
+        elif (rate := attention.get(_ATTENTION_OP_FAMILY.get(op.op, ""))) is not None:
+            compute += op.flops / rate
         elif op.flops and op.flops / fallback >= op.bytes / bandwidth:  # attention and the like: FLOP-bound at the best rate
             compute += op.flops / fallback
         else:
@@ -131,20 +161,21 @@ def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], fl
     if len(steps) < 2:
         raise ResacctError(f"calibration on {len(steps)} step(s): expected at least two recorded steps (two parameters are fitted on them)")
     matmul = _fit_matmuls(row for _, entry, _, _ in steps for row in profile_matmul_rows(entry))
+    attention = _attention_rates(steps)
     design, target, idle = [], [], []
     for _, entry, ops, fallback in steps:
         busy = sum(row["self_device_us"] for row in entry["ops"]) * 1e-6
-        compute, memory, kernels = _kernel_parts(ops, matmul, fallback, bandwidth_bytes_per_sec)
+        compute, memory, kernels = _kernel_parts(ops, matmul, fallback, bandwidth_bytes_per_sec, attention)
         design.append([memory / busy, kernels / busy])
         target.append((busy - compute) / busy)
         idle.append((entry["step_time_sec"]["median"] - busy) / len(ops))
     (factor, per_kernel), *_ = np.linalg.lstsq(np.array(design), np.array(target), rcond=None)
     return CalibratedTimes(matmul, max(float(factor), 0.0), max(float(per_kernel), 0.0), max(float(statistics.median(idle)), 0.0),
-                           bandwidth_bytes_per_sec, tuple(name for name, *_ in steps))
+                           bandwidth_bytes_per_sec, tuple(name for name, *_ in steps), {family: float(rate) for family, rate in attention.items()})
 
 
 def predict_calibrated_seconds(ops: list[OpCost], times: CalibratedTimes, *, fallback_flops_per_sec: float) -> tuple[float, float]:
     """(the kernels' seconds, the step's seconds: the kernels plus the host's idle per op) of a traced step."""
-    compute, memory, kernels = _kernel_parts(ops, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec)
+    compute, memory, kernels = _kernel_parts(ops, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec, times.attention_flops_per_sec)
     gpu = compute + times.memory_factor * memory + times.sec_per_kernel * kernels
     return float(gpu), float(gpu + times.idle_sec_per_op * len(ops))
