@@ -33,6 +33,7 @@ here every allocation is on one stream, so the reserved peak is a lower bound fo
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from typing import Any, no_type_check
 
@@ -61,9 +62,7 @@ class CudaShardedTracker(ShardedStorageTracker):
     summing a second gradient into a first that its buffer alone holds (the use counts that tell it measured on this very
     class under fake tensors: :func:`tracker_sole_counts`), the kernels' scratch."""
 
-    #: the use counts of a gradient autograd's buffer alone holds, under this tracker on fake tensors (None: not measured yet)
-    sole_counts: tuple[int, int] | None = None
-    _measuring = False
+    _measuring = False  # the probe of tracker_sole_counts: it measures the counts, so it does not ask for them
 
     def __init__(self) -> None:
         super().__init__()
@@ -208,25 +207,22 @@ def _rank_step(engine: str, work: Any, work_inputs: Any, loss_fn: Any, world_siz
             run_training_step(wrapped, work_inputs, loss_fn, optimizer, tracker.mark)
 
 
+@functools.lru_cache(maxsize=1)
 def tracker_sole_counts() -> tuple[int, int] | None:
     """The (tensor, storage) use counts the first operand of autograd's accumulating ``add`` shows to
     :class:`CudaShardedTracker` on fake CPU tensors when the engine's buffer alone holds it — measured once per process on
     this class itself (``lin1(x) + lin2(x)``'s backward), since fake tensors and the tracker's own references make them
     other than the meta recorder's (:func:`~resacct.account.gpu.tracing.cuda_composites.sole_buffer_counts`)."""
-    if CudaShardedTracker.sole_counts is None and not CudaShardedTracker._measuring:
-        seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int]] = []
 
-        class _Probe(CudaShardedTracker):
-            _measuring = True
+    class _Probe(CudaShardedTracker):
+        _measuring = True
 
-            def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
-                note_accumulating_add(func, args, seen)
-                return super()._call(func, args, kwargs)
+        def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
+            note_accumulating_add(func, args, seen)
+            return super()._call(func, args, kwargs)
 
-        counts = measure_sole_buffer_counts(_Probe, seen, fake=True)
-        CudaShardedTracker.sole_counts = counts if counts is not None else (-1, -1)  # (-1, -1): never in place
-    counts = CudaShardedTracker.sole_counts
-    return None if counts is None or counts == (-1, -1) else counts
+    return measure_sole_buffer_counts(_Probe, seen, fake=True)
 
 
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:

@@ -39,8 +39,8 @@ The memory-efficient kernel's backward (``_efficient_attention_backward`` in
 aten/src/ATen/native/transformers/cuda/attention_backward.cu, its kernel ``AttentionBackwardKernel`` in
 mem_eff_attention/kernel_backward.h) allocates after its gradients: where the kernel does not compute ``delta`` itself
 (float32: ``kKernelComputesDelta`` is true for 16-bit types only), ``(grad_out.to(float) * out.to(float)).sum(-1)
-.transpose(-2, -1).contiguous()`` — the product (batch × query length × heads × the value's head size, float32; a
-16-bit input's two casts too), its sum and the contiguous ``delta`` (batch × heads × query length, float32), the
+.transpose(-2, -1).contiguous()`` — the product (batch × query length × heads × the value's head size, float32: the
+casts are no-ops), its sum and the contiguous ``delta`` (batch × heads × query length, float32), the
 expression's temporaries freed last first — else ``delta`` alone; then the kernel's ``workspace`` (``workspace_size()``:
 batch × heads × ``workspace_strideBH()`` floats, where the grad-query accumulators — always needed since split keys
 were enabled — are ``ceil(M / kBlockSizeI) × ceil(K / kBlockSizeJ)`` tiles of ``kBlockSizeI × kBlockSizeJ`` floats and
@@ -213,7 +213,7 @@ _SOFTMAX_BACKWARD_OP = torch.ops.aten._softmax_backward_data.default
 def softmax_backward_scratch(grad: torch.Tensor, output: torch.Tensor) -> ScratchPlan:
     """``tmp = grad * output``, taken after the op's output and freed when it returns (the module doc)."""
     dtype = torch.promote_types(grad.dtype, output.dtype)
-    size = max(grad.numel(), output.numel()) * torch.empty((), dtype=dtype, device="meta").element_size()
+    size = max(grad.numel(), output.numel()) * dtype.itemsize
     return _last_first((size,)) if size else ()
 
 
