@@ -107,8 +107,11 @@ def test_account_hf_config_device_h100_prints_both_peaks_and_the_record(config_p
     assert "on h100-sxm (CUDA caching allocator, predicted): allocated peak" in out and "reserved peak" in out
     assert "verified against record docs/gpu/2026-11-26-h100-80gb-hbm3.json" in out
     assert main(["account", "--hf-config", config_path, "--seq", "16", "--device", "a100-sxm-40gb", "--json"]) == 0
-    notes = json.loads(capsys.readouterr().out)["notes"]
-    assert any("predicted CUDA allocated peak" in note and "datasheet only" in note for note in notes)
+    document = json.loads(capsys.readouterr().out)
+    gpu = document["gpu"]
+    assert gpu["predicted_allocated_peak_bytes"] > 0 and gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"]
+    assert "datasheet only" in gpu["calibration"]
+    assert not any("a100-sxm-40gb" in note for note in document["notes"])  # the answer is `gpu`'s, not repeated in a note
 
 
 def test_account_device_board_without_hf_config_or_unknown_is_one_line(config_path: str, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -109,9 +109,16 @@ def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, caps
     assert gpu["gap"] is None and gpu["timed"] == "prefill"
     # the weights and the KV cache (the model's own cache after a meta forward, counted by infer itself) are held at the peak
     assert gpu["predicted_reserved_peak_bytes"] >= gpu["predicted_allocated_peak_bytes"] > fields["weight_bytes"] + fields["kv_cache_bytes"]
-    assert main(["infer", "--hf-config", config_path, "--context", "64", "--device", "h100"]) == 0
+    assert main(["infer", "--hf-config", config_path, "--batch", "2", "--context", "64", "--device", "h100"]) == 0
     text = capsys.readouterr().out
     assert "on h100-sxm (CUDA caching allocator, predicted)" in text and "prefill time there (predicted):" in text and "decode there (predicted):" in text
+    # each time on its own line, what it rests on in the lines under it (--json keeps them in one line each)
+    lines = text.splitlines()
+    decode = next(index for index, line in enumerate(lines) if "decode there (predicted):" in line)
+    assert lines[decode].endswith(" ms a token") and lines[decode + 1].strip() == gpu["decode_detail"][0] and gpu["decode_detail"][0].startswith("bound by the ")
+    prefill = next(index for index, line in enumerate(lines) if "prefill time there (predicted):" in line)
+    assert [line.strip() for line in lines[prefill + 1:prefill + 1 + len(gpu["step_time_detail"])]] == gpu["step_time_detail"]
+    assert "note: on h100-sxm" not in text
 
 
 def test_infer_on_a_board_times_the_prefill_and_a_generated_token(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:

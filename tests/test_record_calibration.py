@@ -61,6 +61,33 @@ def test_the_device_commands_price_a_step_by_the_calibration_where_the_board_has
     assert other > 0 and other_basis.startswith("per-op roofline over 3 ops") and "calibrated" not in other_basis
 
 
+def test_the_printed_step_time_is_one_line_a_part_and_says_what_json_says() -> None:
+    """``--device BOARD``'s text gives the time on its own line and each part of its basis on the next ones — the sum, the
+    model, the roofline beside it — where ``--json``'s ``step_time_basis`` keeps them in one line; nothing is said twice."""
+    from dataclasses import replace
+
+    from resacct.account.gpu.answers.device_answer import GpuStepAnswer
+    from resacct.account.gpu.timing.board_rates import step_time_with_detail
+    from resacct.account.gpu.tracing.op_costs import OpCost
+
+    ops = [OpCost("aten::mm", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "c10::BFloat16", True)),
+           OpCost("aten::add", 0, 3 * 4096 * 4096 * 2)]
+    for board, first in (("h200", "= the kernels "), ("a100-sxm-80gb", "by the per-op roofline over 2 ops")):
+        seconds, basis, detail = step_time_with_detail(ops, get_accelerator(board), "bf16")
+        assert detail[0].startswith(first) and len(detail) >= 2
+        # the same words as the one-line basis: the sum (or the roofline's headline), the model, the rates
+        assert detail[0].removeprefix("= ").removeprefix("by the ") in basis and detail[-1].split("; ", 1)[-1].removeprefix("rates: ") in basis
+        if board == "h200":
+            assert detail[1].removeprefix("by ") in basis and "calibrated on the 10 dense training steps" in detail[1]
+        answer = replace(GpuStepAnswer(board, 10, 20, "flash", "calibration"), step_sec=seconds, step_time_basis=basis, step_time_detail=detail, mfu=0.5)
+        lines = answer.lines(str)
+        at = next(index for index, line in enumerate(lines) if line.startswith("  step time there (predicted): "))
+        assert lines[at].endswith(" ms, MFU 0.50") and lines[at + 1:at + 1 + len(detail)] == [f"    {part}" for part in detail]
+        assert answer.to_dict()["step_time_basis"] == basis and answer.to_dict()["step_time_detail"] == list(detail)
+    plain = GpuStepAnswer("h200", 10, 20, "flash", "calibration", step_sec=0.001, step_time_basis="how")  # an answer without detail: one line
+    assert plain.lines(str)[-1] == "  step time there (predicted): 1 ms (how)"
+
+
 @pytest.mark.slow  # the record's ten dense steps traced on meta (~12 CPU s)
 @pytest.mark.skipif(torch.__version__ < "2.8", reason="the H200 record's predictions need flash's meta kernel (torch >= 2.8)")
 def test_the_committed_calibration_is_what_this_checkout_fits(tmp_path: Path) -> None:

@@ -156,7 +156,10 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
         verdict = "" if memory_bytes is None else (" — fits" if rank["peak_reserved_bytes"] <= memory_bytes else " — does NOT fit")
         lines.append(f"    rank {rank['rank']}: allocated peak {size(rank['peak_allocated_bytes'])}, reserved peak {size(rank['peak_reserved_bytes'])}"
                      f"{verdict} (attention: {rank['attention'] or 'no sdpa call'})")
-        if rank.get("compute_step_sec") is not None:
+        if rank.get("compute_step_sec") is not None and rank.get("compute_step_detail"):
+            lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms")
+            lines.extend(f"        {line}" for line in rank["compute_step_detail"])
+        elif rank.get("compute_step_sec") is not None:
             lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms ({rank['compute_step_basis']})")
         elif rank.get("compute_step_basis"):
             lines.append(f"      its compute alone: none ({rank['compute_step_basis']})")

@@ -42,13 +42,15 @@ class GpuStepAnswer:
     calibration: str
     gap: str | None = None
     step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
-    step_time_basis: str | None = None  # how it was predicted (or why there is no step)
+    step_time_basis: str | None = None  # how it was predicted (or why there is no step), in one line (--json, notes)
+    step_time_detail: tuple[str, ...] = ()  # the same as the lines printed under the time (board_rates.step_time_with_detail)
     mfu: float | None = None  # the step's FLOPs ÷ its predicted time ÷ the board's datasheet peak in the step's format
     workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
     experts: str | None = None  # how a mixture of experts' experts ran (grouped, as on a CUDA board: cuda_experts.py); None: no experts switched
     timed: str = "step"  # what step_sec times: a training "step", or the "prefill" of infer
     decode_sec_per_token: float | None = None  # infer: one generated token's predicted time (decode_basis says how)
     decode_basis: str | None = None
+    decode_detail: tuple[str, ...] = ()  # the same as the lines printed under the decode time
     decode_recorded: str | None = None  # infer: what the board's record measured of served models' tokens (recorded_serving)
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
@@ -66,27 +68,20 @@ class GpuStepAnswer:
             return [] if self.step_time_basis is None else [f"  {self.timed} time: none ({self.step_time_basis})"]
         mfu = "" if self.mfu is None else f", MFU {self.mfu:.2f}"
         decode = [] if self.decode_sec_per_token is None else [
-            f"  decode there (predicted): {self.decode_sec_per_token * 1e3:.4g} ms a token ({self.decode_basis})"] + (
+            f"  decode there (predicted): {self.decode_sec_per_token * 1e3:.4g} ms a token"
+            + (f" ({self.decode_basis})" if not self.decode_detail else ""), *(f"    {line}" for line in self.decode_detail)] + (
             [] if self.decode_recorded is None else [f"  decode {self.decode_recorded}"])
+        if self.step_time_detail:
+            return [f"  {self.timed} time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu}", *(f"    {line}" for line in self.step_time_detail), *decode]
         return [f"  {self.timed} time there (predicted): {self.step_sec * 1e3:.4g} ms{mfu} ({self.step_time_basis})", *decode]
-
-    def note(self) -> str:
-        """One line for a command's notes (``--json``): the peaks in bytes, or the gap, and the calibration."""
-        if self.gap is not None:
-            return f"on {self.board}: no CUDA allocator prediction — {self.gap}"
-        return (f"on {self.board}: predicted CUDA allocated peak {self.allocated_bytes} B, reserved peak {self.reserved_bytes} B "
-                f"(attention {self.attention}); {self.calibration}"
-                + ("" if self.workspaces is None else f"; cuBLAS workspaces {self.workspaces.total_bytes} B in the peaks ({self.workspaces.basis})")
-                + ("" if self.experts is None else f"; experts {self.experts}")
-                + ("" if self.step_sec is None else f"; predicted {self.timed} time {self.step_sec:.4g} s" + ("" if self.mfu is None else f", MFU {self.mfu:.3f}")
-                   + f" ({self.step_time_basis})")
-                + ("" if self.decode_sec_per_token is None else f"; predicted decode {self.decode_sec_per_token:.4g} s a token ({self.decode_basis})"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"board": self.board, "predicted_allocated_peak_bytes": self.allocated_bytes, "predicted_reserved_peak_bytes": self.reserved_bytes,
                 "attention": self.attention, "calibration": self.calibration, "gap": self.gap,
-                "timed": self.timed, "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis, "predicted_mfu": self.mfu,
-                "predicted_decode_sec_per_token": self.decode_sec_per_token, "decode_basis": self.decode_basis, "decode_recorded": self.decode_recorded,
+                "timed": self.timed, "predicted_step_sec": self.step_sec, "step_time_basis": self.step_time_basis,
+                "step_time_detail": list(self.step_time_detail), "predicted_mfu": self.mfu,
+                "predicted_decode_sec_per_token": self.decode_sec_per_token, "decode_basis": self.decode_basis,
+                "decode_detail": list(self.decode_detail), "decode_recorded": self.decode_recorded,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
                 "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
                 "experts": self.experts}
@@ -219,8 +214,7 @@ def hf_gpu_text(account: Any, config: str, device: str, bytes_text: Callable[[fl
     inputs = default_inputs(model, batch=account.batch, seq=account.seq, device="meta")
     answer = gpu_step_answer(model, inputs, lambda module, batch: loss_of_output(call_model(module, batch), "model"),
                              recipe=account.recipe, optimizer=account.optimizer, board=board, timed=True)
-    account.notes.append(answer.note())
-    account.gpu = answer.to_dict()
+    account.gpu = answer.to_dict()  # --json: the answer whole (the text prints its lines, not a note repeating them)
     return "\n" + "\n".join(answer.lines(bytes_text))
 
 
