@@ -90,3 +90,24 @@ def test_the_h200_gqa_math_steps_first_layer_is_the_boards_to_the_block() -> Non
     simulated = _events_after_first_segment([(event.action, event.size) for event in made[-1].allocator.events], SCORES_BYTES, 16)
     assert simulated == board
     assert predicted.peak_reserved_bytes == step["max_memory_reserved"]
+
+
+def _torch_dense_rule():  # type: ignore[no-untyped-def]
+    """torch's own Python form of ATen's non-overlapping-and-dense test (renamed between releases)."""
+    import torch._prims_common as prims
+
+    return getattr(prims, "is_non_overlapping_and_dense_or_false", None) or getattr(prims, "is_non_overlapping_and_dense")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.empty(4, 6), lambda: torch.empty(4, 6).t(), lambda: torch.empty(2, 3, 4).permute(2, 0, 1),
+    lambda: torch.empty(4, 6)[:, :3], lambda: torch.empty(4, 1).expand(4, 5), lambda: torch.empty(1, 4, 1, 6).transpose(1, 3),
+    lambda: torch.empty(8)[::2], lambda: torch.empty(()), lambda: torch.empty(3, 4).as_strided((3, 4), (1, 3)),
+], ids=["contiguous", "transposed", "permuted", "sliced", "expanded", "size-one-dims", "strided", "scalar", "column-major"])
+def test_the_engines_dense_rule_is_torchs(make) -> None:  # type: ignore[no-untyped-def]
+    """input_buffer.cpp sums a second gradient into the first in place when the first is non-overlapping and dense (a
+    transposed gradient too, where ``is_contiguous`` said no): the rule resacct applies is torch's, on every layout."""
+    from resacct.account.gpu.tracing.cuda_composites import _non_overlapping_and_dense
+
+    tensor = make()
+    assert _non_overlapping_and_dense(tensor) == _torch_dense_rule()(tensor)

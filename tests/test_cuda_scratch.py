@@ -95,7 +95,6 @@ def test_the_engines_sum_of_two_gradients_takes_the_first_ones_block_unless_anot
     alone, size = _residual_allocs(keep_a_gradient=False)
     held, _ = _residual_allocs(keep_a_gradient=True)
     assert held.count(size) == alone.count(size) + 1
-    assert sole_buffer_counts() == sole_buffer_counts()  # measured once per process (cached), the same answer
 
 
 def test_the_committed_expandable_steps_reserved_peak_is_predicted_to_the_byte() -> None:
@@ -228,3 +227,16 @@ def test_softmaxs_backward_takes_the_product_of_its_grad_and_output_in_every_mat
     # the gradient, tmp, tmp freed as the op returns, then autograd frees the incoming gradient and the saved output
     run = [("alloc", 201326592)] * 2 + [("free_completed", 201326592)] * 3
     assert sum(events[index:index + 5] == run for index in range(len(events))) == 12 * 3  # every layer, two warm-ups and the step
+
+
+def test_a_scalars_reduction_takes_no_staging_and_raises_nothing() -> None:
+    """``x.sum(0)`` of a 0-d tensor (torch accepts it): one element, no staging buffer — it used to divide by its rank."""
+    from resacct.account.gpu.tracing.cuda_scratch import kernel_scratch
+
+    scalar = torch.empty((), device="meta")
+    assert tuple(kernel_scratch(torch.ops.aten.sum.dim_IntList, (scalar, [0]), {}, ReductionBoard(132))) == ()
+    recorder = AllocationRecorder(device="meta")
+    recorder.reduction_board = ReductionBoard(132)
+    with recorder:
+        total = scalar.sum(0)
+    assert total.shape == () and [event.action for event in recorder.allocator.events] == ["segment_alloc", "alloc"]

@@ -111,19 +111,42 @@ def test_the_recorded_claim_never_reads_the_judged_steps_profile_or_time(tmp_pat
         record_steps.board_step_time_calibrated(first, "c", ["a", "c"])
 
 
-def test_attention_is_priced_at_its_familys_rate_from_the_calibration_steps() -> None:
-    """A fused attention call's FLOPs over the rate its family ran at in the calibration steps' profiles (the H200's flash
-    ran ~305 TFLOP/s against a best matmul rate of 805); a family the steps never ran keeps the best matmul rate."""
+def test_attention_is_priced_at_its_familys_rate_in_its_precision_from_the_calibration_steps() -> None:
+    """A fused attention call's FLOPs over the rate its family ran at, in its precision, in the calibration steps' profiles
+    (the H200's bf16 flash ran ~305 TFLOP/s against a best matmul rate of 805, its fp32 efficient kernel ~49); a family or
+    a precision the steps never ran keeps the best matmul rate in its format — a bf16 efficient call is never priced at
+    the fp32 efficient kernel's rate (16x too slow)."""
     from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, _attention_rates, predict_calibrated_seconds
     from resacct.account.gpu.tracing.op_costs import OpCost
 
-    forward = OpCost("aten._scaled_dot_product_flash_attention.default", flops=int(3e11), bytes=1)
-    backward = OpCost("aten._scaled_dot_product_flash_attention_backward.default", flops=int(6e11), bytes=1)
-    profile = {"ops": [{"name": "aten::_flash_attention_forward", "self_device_us": 1000.0, "calls": 1},
-                       {"name": "aten::_flash_attention_backward", "self_device_us": 2000.0, "calls": 1},
-                       {"name": "aten::_scaled_dot_product_flash_attention", "self_device_us": 0.0, "calls": 1}]}
-    assert _attention_rates([("step", profile, [forward, backward], 8e14)]) == {"flash": 3e14}
-    times = CalibratedTimes({}, 1.0, 0.0, 0.0, 1e12, ("step",), {"flash": 3e14})
-    efficient = OpCost("aten._scaled_dot_product_efficient_attention.default", flops=int(8e11), bytes=1)
-    kernels, _ = predict_calibrated_seconds([forward, efficient], times, fallback_flops_per_sec=8e14)
-    assert kernels == pytest.approx(1e-3 + 1e-3)  # flash at its fitted rate, efficient at the fallback (no efficient call fitted)
+    forward = OpCost("aten._scaled_dot_product_flash_attention.default", flops=int(3e11), bytes=1, dtype="bfloat16")
+    backward = OpCost("aten._scaled_dot_product_flash_attention_backward.default", flops=int(6e11), bytes=1, dtype="bfloat16")
+    efficient_fp32 = OpCost("aten._scaled_dot_product_efficient_attention.default", flops=int(5e10), bytes=1, dtype="float32")
+    profile = {"ops": [{"name": "aten::_flash_attention_forward", "self_device_us": 1000.0, "calls": 1, "dtypes": ["c10::BFloat16"]},
+                       {"name": "aten::_flash_attention_backward", "self_device_us": 2000.0, "calls": 1, "dtypes": ["c10::BFloat16"]},
+                       {"name": "aten::_efficient_attention_forward", "self_device_us": 1000.0, "calls": 1, "dtypes": ["float"]},
+                       {"name": "aten::_scaled_dot_product_flash_attention", "self_device_us": 0.0, "calls": 1, "dtypes": ["c10::BFloat16"]}]}
+    rates = _attention_rates([("step", profile, [forward, backward, efficient_fp32], 8e14)])
+    assert rates == {"flash/16-bit": 3e14, "efficient/fp32": 5e13}
+    times = CalibratedTimes({}, 1.0, 0.0, 0.0, 1e12, ("step",), rates)
+    efficient_bf16 = OpCost("aten._scaled_dot_product_efficient_attention.default", flops=int(8e11), bytes=1, dtype="bfloat16")
+    kernels, _ = predict_calibrated_seconds([forward, efficient_bf16], times, fallback_flops_per_sec=8e14)
+    assert kernels == pytest.approx(1e-3 + 1e-3)  # flash at its fitted rate, bf16 efficient at the fallback (only fp32 efficient fitted)
+    kernels, _ = predict_calibrated_seconds([efficient_fp32], times, fallback_flops_per_sec=5.12e13)
+    assert kernels == pytest.approx(1e-3)  # fp32 efficient at its own fitted rate
+
+
+def test_a_traced_fused_attention_op_carries_its_dtype_and_no_other_op_does() -> None:
+    import torch
+
+    from resacct.account.gpu.tracing.cuda_step import sdpa_routing
+    from resacct.account.gpu.tracing.op_costs import OpCosts
+
+    query = torch.empty(2, 4, 64, 32, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    with OpCosts() as costs, sdpa_routing("flash", (9, 0)):
+        out = torch.nn.functional.scaled_dot_product_attention(query, query, query, is_causal=True)
+        (out.float() * 2).sum().backward()
+    dtypes = {op.op: op.dtype for op in costs.ops}
+    assert dtypes["aten._scaled_dot_product_flash_attention.default"] == "bfloat16"
+    assert dtypes["aten._scaled_dot_product_flash_attention_backward.default"] == "bfloat16"
+    assert all(dtype is None for name, dtype in dtypes.items() if "attention" not in name)

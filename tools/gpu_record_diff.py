@@ -53,9 +53,13 @@ def diff_record(path: Path, only: list[str], limit: int = 12) -> int:
         except (ResacctError, RuntimeError, ImportError) as error:
             print(f"\n{name}: cannot predict: {str(error).splitlines()[0][:160]}")
             continue
+        try:
+            replayed = replay_step(step, name=name)
+        except ResacctError as error:  # a trace the allocator model cannot replay (its ring buffer wrapped …)
+            print(f"\n{name}: cannot replay the board's trace: {str(error).splitlines()[0][:160]}")
+            continue
         board = [(row[0], row[2]) for row in step["trace"][int(step.get("window_start", 0)):] if row[0] in _COMPARED]
         ours = [event for event in window if event[0] in _COMPARED]
-        replayed = replay_step(step, name=name)
         for line in _step_lines(name, step, predicted, replayed, board, ours, limit):
             print(line)
     return 0

@@ -110,7 +110,8 @@ def build_record_model(family: str, model: Any, attention: str, extra: dict[str,
 
 
 def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
-                        ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None) -> Any:
+                        ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None,
+                        replay: bool = True) -> Any:
     """The measured step of the process a record describes (``step``: its ``family``, ``model_config``, ``recipe``,
     ``attention``, ``batch``, ``seq``, ``extra`` and ``allocator_settings``), predicted on meta as the recorder ran it —
     the model built, the batch made, the recipe's copy, two warm-up steps, then the step
@@ -121,7 +122,8 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
     bytes (the step time's input, from the same pass). ``multiprocessors``: the board's (the record's
     ``multi_processor_count``): its reduction kernels' staging buffers are allocated
     (:mod:`~resacct.account.gpu.tracing.cuda_scratch`); None leaves them out. ``window``: a list that receives the measured
-    step's allocator events with the op of each (``predict_recorded_process``'s)."""
+    step's allocator events with the op of each (``predict_recorded_process``'s). ``replay``: the measured step replays the
+    last warm-up step's allocator calls (:mod:`~resacct.account.gpu.records.steady_replay`); False traces it."""
     from resacct.account.gpu.records.record import allocator_config_of
     from resacct.account.gpu.records.recorded_history import predict_recorded_process
 
@@ -141,7 +143,7 @@ def predict_record_step(step: dict[str, Any], *, dry_run: bool, capability: str 
 
     return predict_recorded_process(step, build, config=allocator_config_of(step.get("allocator_settings")), cublas_bytes=cublas_bytes,
                                     cublaslt_bytes=cublaslt_bytes, kernel=kernel, capability=major_minor, ops=ops,
-                                    multiprocessors=None if dry_run else multiprocessors, window=window)
+                                    multiprocessors=None if dry_run else multiprocessors, window=window, replay=replay)
 
 
 def parse_capability(capability: str | None) -> tuple[int, int] | None:
@@ -244,11 +246,12 @@ def library_env(record: dict[str, Any]) -> dict[str, str]:
     return {key: value for key, value in ((record.get("library_probe") or {}).get("env") or {}).items() if value is not None}
 
 
-def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops: list[Any] | None = None, window: list[Any] | None = None) -> Any:
+def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops: list[Any] | None = None, window: list[Any] | None = None,
+                           replay: bool = True) -> Any:
     """:func:`predict_record_step` of ``step`` with the board ``record`` names: its capability, its library probe's
     environment, its multiprocessors (a dry run's: the CPU's kernels, none of the board's)."""
     return predict_record_step(step, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record), ops=ops,
-                               multiprocessors=record.get("multi_processor_count"), window=window)
+                               multiprocessors=record.get("multi_processor_count"), window=window, replay=replay)
 
 
 def predict_serving_of_record(record: dict[str, Any], entry: dict[str, Any]) -> ServingPrediction:

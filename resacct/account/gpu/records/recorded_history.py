@@ -18,13 +18,15 @@ library's workspaces allocated where cuBLAS allocates them — with CUDA's choic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, no_type_check
 
 import torch
 
 from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
 from resacct.account.gpu.allocator.cuda_allocator_rules import AllocatorConfig
+from resacct.account.gpu.records.steady_replay import SteadyStepLog
 from resacct.account.gpu.tracing.op_costs import CUBLAS_OP_NAMES
 from resacct.errors import ResacctError
 
@@ -49,12 +51,16 @@ class WorkspaceRecorder(AllocationRecorder):
         self._made: set[str] = set()
         #: when a list, each op's (allocator events before it, its name): which op made each event (tools/gpu_record.py --diff)
         self.op_starts: list[tuple[int, str]] | None = None
+        #: when set, the step being logged to replay as the next (steady_replay): told each op's name
+        self.steady_log: SteadyStepLog | None = None
 
     @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func._overloadpacket.__name__
         if self.op_starts is not None:
             self.op_starts.append((len(self.allocator.events), name))
+        if self.steady_log is not None:
+            self.steady_log.op_names.append(name)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if name in CUBLAS_OP_NAMES and self.cublas_bytes:
             thread = "backward" if torch._C._current_autograd_node() is not None else "forward"
@@ -72,15 +78,17 @@ class WorkspaceRecorder(AllocationRecorder):
 
 def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[Any, Any]], *, config: AllocatorConfig | None,
                              cublas_bytes: int, cublaslt_bytes: int, kernel: str | None, capability: tuple[int, int] | None,
-                             ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None) -> Any:
+                             ops: list[Any] | None = None, multiprocessors: int | None = None, window: list[Any] | None = None,
+                             replay: bool = True) -> Any:
     """The recorded ``step``'s process (its ``recipe``, ``batch``, ``seq``; ``build()`` makes its model on meta and the loss,
     :func:`~resacct.account.gpu.records.record_models.build_record_model`) replayed on meta as tools/gpu_record_step.py ran it on the board, through the allocator model (``config``), the
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
     call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.tracing.cuda_step.CudaStepPrediction` of the
     measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops.
     ``multiprocessors``: the board's, for its reduction kernels' staging buffers (None: not modelled). ``window`` receives the
-    measured step's allocator events, each ``(action, size, op)`` — the aten op during which it happened (a free: the
-    op during which its tensor died)."""
+    measured step's allocator events, each ``(action, size, op)`` — the last aten op begun before it (a free between two ops,
+    a Python ``del`` or the engine dropping a node's inputs, is labelled with the op before it). ``replay`` (the default): the measured step is the last warm-up step's allocator calls
+    replayed (:mod:`~resacct.account.gpu.records.steady_replay`) where that step was closed; False traces it (the check of the replay)."""
     from resacct.account.gpu.tracing.cuda_step import _as_on_cuda, attention_label, sdpa_routing, step_prediction
     from resacct.account.gpu.tracing.op_costs import OpCostCounter
     from resacct.account.peak.recipes import recipe_step
@@ -110,12 +118,20 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
         optimizer = work.make_optimizer([p for p in work.model.parameters() if p.requires_grad])
         _as_on_cuda(optimizer)
         with routing:
-            for _ in range(WARMUP_STEPS):
+            for _ in range(WARMUP_STEPS - 1):
+                run_training_step(work.model, work.inputs, step_loss, optimizer)
+            # the last warm-up step is logged, and the measured step — the same ops on the same live blocks — is its calls
+            # replayed (steady_replay); a step that is not closed (it freed an older block or kept one it made) is traced
+            recorder.costs = None if ops is None else OpCostCounter()
+            with _logged(recorder) as log:
                 run_training_step(work.model, work.inputs, step_loss, optimizer)
             start_allocated, start_reserved = recorder.allocator.allocated_bytes, recorder.allocator.reserved_bytes
             recorder.start_window()
-            recorder.costs = None if ops is None else OpCostCounter()
-            run_training_step(work.model, work.inputs, step_loss, optimizer)
+            if log.closed() and replay:
+                log.replay(recorder.allocator, recorder._ids, recorder.op_starts)
+            else:
+                recorder.costs = None if ops is None else OpCostCounter()
+                run_training_step(work.model, work.inputs, step_loss, optimizer)
         if ops is not None:
             ops.extend(recorder.costs.ops)
         recorder.costs = None
@@ -124,6 +140,30 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
     if kernel and routing.calls == 0:
         raise ResacctError(f"recorded step {step.get('name')!r}: attention {kernel!r}, but the step never called F.scaled_dot_product_attention")
     return step_prediction(recorder.allocator, start_allocated, start_reserved, attention_label(routing, work.model))
+
+
+@contextlib.contextmanager
+def _logged(recorder: WorkspaceRecorder) -> Iterator[SteadyStepLog]:
+    """The allocator's ``malloc`` and ``free`` calls (and the ops they happen in) logged while the block runs; the calls
+    still made."""
+    allocator, log = recorder.allocator, SteadyStepLog()
+
+    @no_type_check  # per allocator call of a traced step (docs/suite_time.md, session 24)
+    def malloc(owner: Any, size: int, stream: int = 0) -> None:
+        log.malloc(owner, size, stream)
+        type(allocator).malloc(allocator, owner, size, stream)
+
+    @no_type_check  # per allocator call of a traced step (docs/suite_time.md, session 24)
+    def free(owner: Any) -> None:
+        log.free(owner)
+        type(allocator).free(allocator, owner)
+
+    allocator.malloc, allocator.free, recorder.steady_log = malloc, free, log
+    try:
+        yield log
+    finally:
+        del allocator.malloc, allocator.free  # the class's own methods again
+        recorder.steady_log = None
 
 
 def _labelled_events(events: list[Any], start: int, op_starts: list[tuple[int, str]]) -> list[tuple[str, int, str]]:

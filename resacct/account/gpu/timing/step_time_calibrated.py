@@ -10,10 +10,13 @@ own per-op profile of the **calibration steps** (never the judged one):
 - **matmuls** — per class (``fp32``; 16-bit ``aligned``: every leading dimension cuBLAS is given a multiple of 8 —
   a traced call knows its strides, a profile's row only its shapes; 16-bit ``unaligned``), a rate and a per-call time, ``t = FLOPs ÷ rate + t0``, least squares over the profile's rows of
   every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error);
-- **attention** — per fused kernel family (flash, memory-efficient), one rate: the calibration steps' traced attention
-  FLOPs (torch's flop registry: a causal call counted whole) over their profile's attention kernels' device time (on the
-  H200 record flash ran 285-316 TFLOP/s in every bf16 step, forward and backward alike, where the best matmul rate is 805;
-  since session 27 — before, an attention call was priced at that best rate);
+- **attention** — per fused kernel family (flash, memory-efficient) and precision (``fp32``, ``16-bit``), one rate: the
+  calibration steps' traced attention FLOPs (torch's flop registry: a causal call counted whole) over their profile's
+  attention kernels' device time (on the H200 record flash ran 285-316 TFLOP/s in every bf16 step, forward and backward
+  alike, where the best matmul rate is 805; the fp32 efficient kernel ~49). A family and precision the calibration steps
+  never ran (the H200 record has no 16-bit efficient step) is priced at the best matmul rate in its format, as every
+  attention call was before session 27 — never at another precision's rate (keys ``family/precision`` since session 28;
+  an older file's bare family names are not read as any precision's);
 - **every other op that launches a kernel** — ``t = m · bytes ÷ copy bandwidth + k``: ``m`` and ``k`` fitted on the
   calibration steps' device time left once their matmuls are priced (the profile's busy time);
 - **the host** — what the board spent idle between kernels, per traced op (the median over the calibration steps):
@@ -35,7 +38,7 @@ import numpy as np
 from resacct.account.gpu.tracing.op_costs import OpCost
 from resacct.errors import ResacctError
 
-__all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds"]
+__all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "attention_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds"]
 
 #: the profile's dtype names of a 32-bit float (TF32 off, PyTorch's default: the fp32 class)
 _FP32_NAMES = frozenset({"float", "float32", "Float"})
@@ -85,7 +88,7 @@ class CalibratedTimes:
     idle_sec_per_op: float
     bandwidth_bytes_per_sec: float
     calibrated_on: tuple[str, ...]
-    attention_flops_per_sec: dict[str, float] = field(default_factory=dict)  # per fused kernel family (flash, efficient)
+    attention_flops_per_sec: dict[str, float] = field(default_factory=dict)  # per fused kernel family and precision (attention_class)
 
     def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
         return _matmul_sec(self.matmul, op, fallback_flops_per_sec)
@@ -121,17 +124,32 @@ _ATTENTION_FAMILIES = {
                   ("aten::_efficient_attention_forward", "aten::_efficient_attention_backward")),
 }
 _ATTENTION_OP_FAMILY = {op: family for family, (ops, _) in _ATTENTION_FAMILIES.items() for op in ops}
+ATTENTION_PRECISIONS = ("fp32", "16-bit")
+
+
+@no_type_check  # per op of a traced step
+def attention_class(family: str, dtype: str | None) -> str:
+    """``flash/16-bit``, ``efficient/fp32`` …: a fused attention call's rate key, by its kernel family and its dtype's
+    precision (a traced op's ``torch`` name or a profile row's ``c10::`` one)."""
+    name = (dtype or "").removeprefix("torch.").removeprefix("c10::")
+    return f"{family}/{'fp32' if name in _FP32_NAMES else '16-bit'}"
 
 
 def _attention_rates(steps: list[tuple[str, dict[str, Any], list[OpCost], float]]) -> dict[str, float]:
-    """Per family, the calibration steps' traced attention FLOPs over their profile's attention kernel seconds."""
-    rates = {}
-    for family, (_, kernels) in _ATTENTION_FAMILIES.items():
-        flops = sum(op.flops for _, _, ops, _ in steps for op in ops if _ATTENTION_OP_FAMILY.get(op.op) == family)
-        seconds = sum(row.get("self_device_us") or 0.0 for _, entry, _, _ in steps for row in entry.get("ops") or [] if row["name"] in kernels) * 1e-6
-        if flops > 0 and seconds > 0:
-            rates[family] = flops / seconds
-    return rates
+    """Per family and precision, the calibration steps' traced attention FLOPs over their profile's attention kernel seconds."""
+    flops: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for _, entry, ops, _ in steps:
+        for op in ops:
+            if (family := _ATTENTION_OP_FAMILY.get(op.op)) is not None:
+                key = attention_class(family, op.dtype)
+                flops[key] = flops.get(key, 0.0) + op.flops
+        for row in entry.get("ops") or []:
+            for family, (_, kernels) in _ATTENTION_FAMILIES.items():
+                if row["name"] in kernels and row.get("self_device_us"):
+                    key = attention_class(family, (row.get("dtypes") or [None])[0])
+                    seconds[key] = seconds.get(key, 0.0) + row["self_device_us"] * 1e-6
+    return {key: flops[key] / seconds[key] for key in sorted(flops) if flops[key] > 0 and seconds.get(key, 0.0) > 0}
 
 
 def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float,
@@ -145,7 +163,7 @@ def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback
             continue
         if op.matmul is not None:
             compute += _matmul_sec(matmul_fits, op, fallback)
-        elif (rate := attention.get(_ATTENTION_OP_FAMILY.get(op.op, ""))) is not None:
+        elif op.op in _ATTENTION_OP_FAMILY and (rate := attention.get(attention_class(_ATTENTION_OP_FAMILY[op.op], op.dtype))) is not None:
             compute += op.flops / rate
         elif op.flops and op.flops / fallback >= op.bytes / bandwidth:  # attention and the like: FLOP-bound at the best rate
             compute += op.flops / fallback

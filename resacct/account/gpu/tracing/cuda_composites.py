@@ -196,6 +196,21 @@ def measure_sole_buffer_counts(make_probe: Callable[[], Any], seen: list[tuple[i
     return seen[0] if len(seen) == 1 else None
 
 
+@no_type_check  # per accumulating add of a traced step
+def _non_overlapping_and_dense(tensor: torch.Tensor) -> bool:
+    """ATen's ``is_non_overlapping_and_dense`` (TensorImpl's ``compute_non_overlapping_and_dense``): its elements fill one
+    block of its storage in some order of its dimensions — contiguous, or a permutation of a contiguous layout (a transposed
+    gradient). torch's own Python helper for it changed its name between releases; this is its rule."""
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(((int(size), int(stride)) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1), key=lambda pair: pair[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 @no_type_check  # per op of a traced step
 def accumulated_in_place(func: Any, args: tuple, sole_counts: tuple[int, int] | None) -> bool:
     """Whether ``func`` (called with ``args``, before it runs) is autograd's accumulation of a second gradient into a first
@@ -204,6 +219,7 @@ def accumulated_in_place(func: Any, args: tuple, sole_counts: tuple[int, int] | 
     if sole_counts is None or func is not _ADD or len(args) < 2 or not _in_backward_without_grad():
         return False
     first, second = args[0], args[1]
-    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor) or not first.is_contiguous() or first.shape != second.shape:
+    # input_buffer.cpp's can_accumulate_inplace: a non-overlapping, dense first gradient (a permuted one too, not only contiguous)
+    if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor) or not _non_overlapping_and_dense(first) or first.shape != second.shape:
         return False
     return _counts(first) == sole_counts

@@ -236,6 +236,8 @@ def kernel_scratch(func: Any, args: tuple, kwargs: dict, board: ReductionBoard |
     if not dims:
         return ()
     rank = source.dim()
+    if rank == 0:  # a scalar's sum: one element, no staging
+        return ()
     reduced = tuple(sorted({int(d) % rank for d in dims}))
     staging, semaphores = reduction_scratch_bytes(tuple(source.shape), reduced, _FLOATING_ACCUMULATE_BYTES[source.dtype], board,
                                                   storage_offset=source.storage_offset())

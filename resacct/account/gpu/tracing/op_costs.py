@@ -12,7 +12,7 @@ from typing import Any, no_type_check
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpCost", "OpCostCounter", "OpCosts", "CUBLAS_OP_NAMES"]
+__all__ = ["OpCost", "OpCostCounter", "OpCosts", "CUBLAS_OP_NAMES", "FUSED_ATTENTION_OP_NAMES"]
 
 
 @no_type_check  # made per block, event or op of a traced step (docs/suite_time.md, session 24)
@@ -25,6 +25,9 @@ class OpCost:
     #: a cuBLAS call's (rows, columns, inner dimension, dtype, aligned): batches folded into the rows; aligned when every
     #: operand's and the output's leading dimension (its larger stride of the last two) is a multiple of 8 elements
     matmul: tuple[int, int, int, str, bool] | None = None
+    #: a fused attention op's dtype (its first tensor's: the query, or the gradient of its output): the precision that
+    #: prices it (step_time_calibrated's rates per kernel family and precision); None for any other op
+    dtype: str | None = None
 
     def __deepcopy__(self, memo: dict) -> OpCost:
         """Itself: frozen, and every field a number, a string or a tuple of them (a memoised step's thousands of ops are
@@ -38,6 +41,9 @@ _NO_KERNEL = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "
 _MATMUL_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
 #: the aten ops (by name) that call cuBLAS: a ``Linear`` is ``addmm`` or ``mm`` by then
 CUBLAS_OP_NAMES = frozenset(_MATMUL_OPERANDS)
+#: the fused attention ops a step's trace shows (their kernels' rates depend on the dtype: OpCost.dtype)
+FUSED_ATTENTION_OP_NAMES = frozenset({"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+                                      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward"})
 
 
 @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
@@ -101,7 +107,8 @@ class OpCostCounter:
         flops = int(self.registry[packet](*args, **kwargs, out_val=out)) if packet in self.registry else 0
         moved = _tensor_bytes(out) + sum(_tensor_bytes(value) for value in args) + sum(_tensor_bytes(value) for value in kwargs.values())
         kernel = not (func.is_view or packet.__name__ in _NO_KERNEL)
-        cost = OpCost(name, flops, moved, kernel, _matmul_shape(packet.__name__, args))
+        dtype = str(args[0].dtype).removeprefix("torch.") if packet.__name__ in FUSED_ATTENTION_OP_NAMES and args and isinstance(args[0], torch.Tensor) else None
+        cost = OpCost(name, flops, moved, kernel, _matmul_shape(packet.__name__, args), dtype)
         if key is not None:
             self._by_key[key] = cost
         self.ops.append(cost)
