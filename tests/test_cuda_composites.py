@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.tracing.cuda_step import sdpa_routing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_the_h200_gqa_math_steps_first_layer_is_the_boards_to_the_block() -> Non
     pytest.importorskip("transformers")
     from resacct.account.gpu.records.board_record import board_record_step, read_board_record
     from resacct.account.gpu.records.record_models import predict_step_of_record
-    import resacct.account.gpu.allocator.allocation_trace as allocation_trace
+    import resacct.account.gpu.tracing.allocation_trace as allocation_trace
 
     data = read_board_record(str(H200))
     step = board_record_step(str(H200), data, "gqa-llama/fp32/math")

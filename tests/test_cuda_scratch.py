@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.records.board_record import board_record_step, read_board_record
 from resacct.account.gpu.tracing.cuda_composites import sole_buffer_counts
 from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, reduction_scratch_bytes
@@ -198,6 +198,9 @@ def test_the_efficient_backwards_delta_and_workspace_are_the_boards_in_every_lay
 
 
 def test_the_efficient_backwards_scratch_for_16_bit_inputs_a_copied_grad_and_a_wide_head() -> None:
+    """Pins the 16-bit rule as read from the kernel's source (kernel_backward.h), **not evidence**: no recorded step ran a
+    16-bit efficient backward. The next record's ``hf-gpt2/bf16-autocast/efficient`` decides it (tools/gpu_record.py --diff);
+    the fp32 rule above is the board's."""
     from resacct.account.gpu.tracing.cuda_scratch import efficient_backward_scratch
 
     query = torch.empty(2, 8, 100, 32, device="meta", dtype=torch.bfloat16)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.tracing.eager_experts import even_eager_forward, even_rows
 
 pytest.importorskip("transformers")

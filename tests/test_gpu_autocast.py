@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.tracing.cuda_autocast import CudaAutocast
 from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
 from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step

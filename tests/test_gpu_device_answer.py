@@ -217,7 +217,7 @@ def _measured_cuda_order_step(model, batch, loss_fn, make_optimizer) -> int:  # 
     AdamW as on CUDA): its allocated peak, less AdamW's step counts (CUDA keeps them on the host)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
     from resacct.account.gpu.allocator.cuda_allocator import round_size
     from resacct.account.gpu.tracing.cuda_step import _as_on_cuda
     from resacct.measurement.memory_timeline import make_optimizer_state, run_training_step

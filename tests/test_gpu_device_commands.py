@@ -184,7 +184,7 @@ def test_infer_prefill_on_meta_allocates_what_the_real_prefill_does(config_path:
     kernels do where one op hides it — the mask added in place, ``_safe_softmax``'s temporaries: cuda_composites)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
     from resacct.account.gpu.answers.command_answers import kv_prefill
     from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config
@@ -382,7 +382,7 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
     pytest.importorskip("transformers")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
     from resacct.account.gpu.answers.command_answers import grouped_experts, kv_prefill
     from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory, sdpa_routing
     from resacct.account.load.hf_models import build_hf_model, load_hf_config

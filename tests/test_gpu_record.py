@@ -188,7 +188,7 @@ def stubbed_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     pytest.importorskip("transformers")  # an HF step builds its model (torch 2.4: transformers 5.x cannot)
     import torch
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 
     recorder = AllocationRecorder(device="cpu")
     settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False, "roundup_power2_divisions": [1]}
@@ -252,7 +252,7 @@ def test_the_library_probe_reads_the_allocator_around_the_first_matmuls(monkeypa
     so each stage's growth is the tensors' own), and the script's ``--library --dry-run`` child printing JSON."""
     import torch
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
     from resacct.account.gpu.allocator.library_workspaces import probe_library_allocations
 
     recorder = AllocationRecorder(device="cpu")

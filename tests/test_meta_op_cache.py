@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from resacct.account.gpu.allocator import allocation_trace
+from resacct.account.gpu.tracing import allocation_trace
 from resacct.measurement import meta_op_cache
 from resacct.measurement.meta_op_cache import MetaOpCache, MetaOpCacheMode
 

@@ -1,6 +1,6 @@
 """``shard --device``'s tracker (fake CPU tensors) allocates as the verified recorder on meta does (issue 31).
 
-:class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder` on meta tensors is the path the H200 record proves
+:class:`~resacct.account.gpu.tracing.allocation_trace.AllocationRecorder` on meta tensors is the path the H200 record proves
 (gqa-llama/fp32/math reserved to the byte). :class:`~resacct.account.gpu.answers.sharded_cuda.CudaShardedTracker` runs each rank
 on fake **CPU** tensors: before session 25 a grouped-query call off flash ran the CPU's sdpa choice (its flash kernel: no
 scores), ``_safe_softmax`` allocated one output, the mask's add a second scores block and the efficient kernel's philox
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.tracing.cuda_step import sdpa_routing
 from resacct.account.gpu.answers.sharded_cuda import CudaShardedTracker
 

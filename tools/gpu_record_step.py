@@ -53,7 +53,7 @@ def start_history(cuda: bool) -> Any:
     a dry run resacct's allocation recorder over CPU tensors feeding its allocator model (returned, entered)."""
     import torch
 
-    from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+    from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 
     if cuda:
         torch.cuda.init()

@@ -16,7 +16,7 @@ one more listener:
   that kernel refuses a call (grouped-query attention off flash) to sdpa's **math path** as a GPU falls to
   it — forced (``sdpa_kernel(MATH)``): on fake CPU tensors sdpa's own choice is the CPU's flash kernel;
 - each op allocates as CUDA's kernel does (:mod:`~resacct.account.gpu.tracing.cuda_composites`, the forms
-  :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder` takes on meta): ``_safe_softmax``'s
+  :class:`~resacct.account.gpu.tracing.allocation_trace.AllocationRecorder` takes on meta): ``_safe_softmax``'s
   temporaries, the math path's mask added in place (the scores' block), the efficient kernel's philox
   seed and offset on the host;
 - each rank is its own process, so it takes the cuBLAS/cuBLASLt workspaces of
@@ -57,14 +57,14 @@ STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-s
 class CudaShardedTracker(ShardedStorageTracker):
     """:class:`~resacct.account.peak.sharded.ShardedStorageTracker` whose storages are also
     allocations of a caching allocator model (``allocator``), each op allocating as CUDA's kernel does
-    (:mod:`~resacct.account.gpu.tracing.cuda_composites`, as :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`
+    (:mod:`~resacct.account.gpu.tracing.cuda_composites`, as :class:`~resacct.account.gpu.tracing.allocation_trace.AllocationRecorder`
     on meta): a composite's temporaries, outputs CUDA keeps on the host, sdpa's math path adding the mask in place, autograd
     summing a second gradient into a first that its buffer alone holds (the use counts that tell it measured on this very
     class under fake tensors: :func:`tracker_sole_counts`), the kernels' scratch."""
 
-    _measuring = False  # the probe of tracker_sole_counts: it measures the counts, so it does not ask for them
-
-    def __init__(self) -> None:
+    def __init__(self, *, measuring_counts: bool = False) -> None:
+        """``measuring_counts``: this tracker is :func:`tracker_sole_counts`'s probe — it measures the counts, so it does
+        not ask for them (no in-place sums while it runs)."""
         super().__init__()
         self.allocator = CachingAllocatorModel()
         self._owners: dict[int, int] = {}  # id(the tracker's entry) -> the allocator's owner (-1: on the host)
@@ -72,7 +72,7 @@ class CudaShardedTracker(ShardedStorageTracker):
         self._preset: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a storage the last op made -> the owner it takes (-1: host)
         self._ids = itertools.count()
         self.window: tuple[int, int] | None = None  # allocated and reserved bytes when the forward began
-        self._sole_counts = None if self._measuring else tracker_sole_counts()  # measured here, outside any dispatch
+        self._sole_counts = None if measuring_counts else tracker_sole_counts()  # measured here, outside any dispatch
 
     @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -216,7 +216,8 @@ def tracker_sole_counts() -> tuple[int, int] | None:
     seen: list[tuple[int, int]] = []
 
     class _Probe(CudaShardedTracker):
-        _measuring = True
+        def __init__(self) -> None:
+            super().__init__(measuring_counts=True)
 
         def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
             note_accumulating_add(func, args, seen)

@@ -24,7 +24,7 @@ from typing import Any, no_type_check
 
 import torch
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.allocator.cuda_allocator_rules import AllocatorConfig
 from resacct.account.gpu.records.steady_replay import SteadyStepLog
 from resacct.account.gpu.tracing.op_costs import CUBLAS_OP_NAMES

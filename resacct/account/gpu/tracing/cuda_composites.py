@@ -1,7 +1,7 @@
 """Composite kernels whose CUDA run allocates temporaries that one op on meta tensors hides (issue 31).
 
 A dispatch mode sees an op once: an op with a ``CompositeExplicitAutograd`` kernel (one C++ function calling other
-ops) shows only its output to :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`, while on a GPU every
+ops) shows only its output to :class:`~resacct.account.gpu.tracing.allocation_trace.AllocationRecorder`, while on a GPU every
 op inside it allocates from the caching allocator. Where those temporaries are large, the reserved peak (the
 segments they make) depends on them; here such an op is run as its C++ does, each temporary tracked in order.
 

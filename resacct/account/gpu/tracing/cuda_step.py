@@ -2,7 +2,7 @@
 the caching allocator model — predicted ``max_memory_allocated`` and ``max_memory_reserved``.
 
 :func:`predict_cuda_step_memory` runs the step on **meta tensors** (shapes and dtypes, no memory)
-under :class:`~resacct.account.gpu.allocator.allocation_trace.AllocationRecorder`: every storage an op
+under :class:`~resacct.account.gpu.tracing.allocation_trace.AllocationRecorder`: every storage an op
 makes is one allocation of the CUDA caching allocator model, its death one free — the order a
 GPU would see them, from the model's parameters to the end of the step. Where a GPU's kernels
 differ from what meta tensors would dispatch, it chooses the CUDA ones:
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from resacct.account.gpu.allocator.allocation_trace import AllocationRecorder
+from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig
 from resacct.account.gpu.tracing.cuda_composites import sdpa_math_region
 from resacct.account.gpu.tracing.op_costs import OpCostCounter
