@@ -139,6 +139,9 @@ def test_attention_is_priced_at_its_familys_rate_in_its_precision_from_the_calib
 def test_a_traced_fused_attention_op_carries_its_dtype_and_no_other_op_does() -> None:
     import torch
 
+    if torch.__version__ < "2.8":
+        pytest.skip("flash attention's meta kernel needs torch >= 2.8")
+
     from resacct.account.gpu.tracing.cuda_step import sdpa_routing
     from resacct.account.gpu.tracing.op_costs import OpCosts
 
