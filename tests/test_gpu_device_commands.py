@@ -12,9 +12,13 @@ import torch
 
 from resacct.account.gpu.tracing.cuda_step import GQA_MATH_LABEL
 from resacct.cli import main
+from resacct.measurement.torch_limits import GQA_FLOPS_LIMIT, gqa_attention_flops_countable
 
 from tests.sharded_engines import sharded_gap
 from tests.test_gpu_device_answer import config_path  # noqa: F401  the tiny Llama config file, one fixture for both files
+
+# torch 2.8 to 2.11's FLOP counter asserts on grouped-query attention: these trace a grouped-query model's FLOPs (docs/matrix.md)
+needs_gqa_flops = pytest.mark.skipif(not gqa_attention_flops_countable(), reason=GQA_FLOPS_LIMIT)
 
 RECORD = "docs/gpu/2026-11-26-h100-80gb-hbm3.json"
 
@@ -33,6 +37,7 @@ def test_an_unknown_board_is_one_line_naming_every_board(command: list[str], cap
     assert all(name in err for name in ("h100-sxm", "h200-sxm", "a100-sxm-40gb", "mi300x", "tpu-v5p"))
 
 
+@needs_gqa_flops
 @pytest.mark.slow  # 4.6 CPU s: the CPU engine's LoRA account twice and the CUDA trace (measured with 5 agents on 2 cores)
 def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     fields = _json(capsys, "lora", "--hf-config", config_path, "--batch", "2", "--seq", "32", "--device", "h100")
@@ -52,6 +57,7 @@ def test_lora_on_an_h100_predicts_cuda_peaks_and_a_step_time_from_the_record(con
     assert "on h100-sxm (CUDA caching allocator, predicted): allocated peak" in text and "step time there (predicted):" in text
 
 
+@needs_gqa_flops
 @pytest.mark.slow  # two CUDA passes of a tiny LoRA step on meta and a third for the old way
 def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -> None:
     """The step time's ops come from the pass that predicts the peaks: sdpa as the board runs it (flash for a bf16 base
@@ -103,6 +109,7 @@ def test_lora_without_a_traceable_step_says_why(config_path: str, capsys: pytest
     assert shaped["predicted_allocated_peak_bytes"] is None and "--hf-config" in shaped["gap"]
 
 
+@needs_gqa_flops
 def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     fields = _json(capsys, "infer", "--hf-config", config_path, "--batch", "2", "--context", "64", "--device", "h100")
     gpu = fields["gpu"]
@@ -121,6 +128,7 @@ def test_infer_on_an_h100_holds_the_weights_and_the_cache(config_path: str, caps
     assert "note: on h100-sxm" not in text
 
 
+@needs_gqa_flops
 def test_infer_on_a_board_times_the_prefill_and_a_generated_token(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The prefill timed from the ops of its traced pass (attention as the board runs it); a generated token no faster
     than reading the weights and the KV cache once — bytes infer counts itself (its own formula and the model's cache) —
@@ -356,6 +364,7 @@ MIXTRAL = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512
            "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256, "num_local_experts": 8, "num_experts_per_tok": 2}
 
 
+@needs_gqa_flops
 def test_infer_of_a_mixtral_on_a_board_holds_its_weights_not_a_weight_copy_per_token(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """``infer --hf-config mixtral-8x7b --device h100`` said 2980.60 GB at 1 × 4096 where the weights are 93.41 GB:
     transformers' ``batched_mm`` experts (what resacct builds Mixtral with) gather the expert weights for every
@@ -404,6 +413,7 @@ def test_grouped_experts_traced_on_meta_allocate_what_the_real_prefill_does(tmp_
     assert copies.peak_allocated_bytes - copies.start_allocated_bytes > 10 * (grouped.peak_allocated_bytes - grouped.start_allocated_bytes)
 
 
+@needs_gqa_flops
 @pytest.mark.slow  # four infer commands, each a traced prefill and decode (4.8 s)
 def test_infer_on_a_recorded_board_says_what_its_record_measured_of_generated_tokens(config_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Beside the decode prediction, the H200 record's served models in the same weight format, with sdpa's own choice:
@@ -422,3 +432,24 @@ def test_infer_on_a_recorded_board_says_what_its_record_measured_of_generated_to
     assert _json(capsys, "infer", "--hf-config", config_path, "--context", "64", "--device", "a100")["gpu"]["decode_recorded"] is None  # no record
     assert main(["infer", "--hf-config", config_path, "--context", "64", "--weights", "bf16", "--device", "h200"]) == 0
     assert "    decode measured on the board's record (2026-11-30;" in capsys.readouterr().out
+
+
+def test_a_gap_from_a_known_torch_limit_names_the_limit_not_a_bare_assertion() -> None:
+    """torch 2.8 and 2.9's FLOP counter asserts on grouped-query attention without a message: a command's GPU answer said
+    "the prefill could not be traced on meta tensors (AssertionError: )". It names the limit now."""
+    from resacct.account.gpu.answers.command_answers import _why
+
+    def sdpa_flop_count() -> None:  # torch's function, as the traceback shows it
+        raise AssertionError()  # the bare assert torch 2.8 makes (an `assert` here would carry pytest's rewritten message)
+
+    gap = ""
+    try:
+        sdpa_flop_count()
+    except AssertionError as error:
+        gap = _why(error, "the prefill")
+    assert gap.startswith(f"the prefill could not be traced on meta tensors: torch {torch.__version__}'s FlopCounterMode cannot count")
+    assert "AssertionError" not in gap
+    try:
+        raise RuntimeError("some other failure\nsecond line")
+    except RuntimeError as error:
+        assert _why(error, "the prefill") == "the prefill could not be traced on meta tensors (RuntimeError: some other failure)"

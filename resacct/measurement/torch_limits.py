@@ -3,7 +3,7 @@ claim is then *not measurable here* (a skip naming the limit), never a failure o
 
 - torch 2.11's ``FlopCounterMode`` asserts in ``sdpa_flop_count`` ("query/key/value shapes are
   incompatible") on ``scaled_dot_product_attention`` with grouped-query attention (fewer key/value
-  heads than query heads, as Llama, Mistral and Mixtral use); torch 2.13 counts it. Seen on the GPU
+  heads than query heads, as Llama, Mistral and Mixtral use); torch 2.12.1 and later count it. Seen on the GPU
   tier's H100 (torch 2.11.0+cu130), 2026-11-26; torch 2.8 and 2.9 assert the same without a message (the H200
   record's grouped-query steps predicted there, 2026-11-30).
 - transformers 5.x needs torch >= 2.6 (its ``torch`` extra): under an older torch it imports but
@@ -18,11 +18,12 @@ import importlib.metadata
 
 import torch
 
-__all__ = ["torch_limitation", "transformers_unusable"]
+__all__ = ["torch_limitation", "transformers_unusable", "gqa_attention_flops_countable", "GQA_FLOPS_LIMIT"]
 
 #: (function in torch's traceback, text of the assertion) → what cannot be measured.
 _GQA_FLOPS = ("FlopCounterMode cannot count scaled_dot_product_attention with grouped-query attention (fewer key/value heads than "
-              "query heads); torch 2.13 can")
+              "query heads); torch 2.12.1 and later can (docs/matrix.md)")
+GQA_FLOPS_LIMIT = f"torch {torch.__version__}'s {_GQA_FLOPS}"  # the limit as a skip or a gap names it
 _KNOWN = (("sdpa_flop_count", "query/key/value shapes are incompatible", _GQA_FLOPS),
           ("sdpa_flop_count", "", _GQA_FLOPS))  # torch 2.8 and 2.9: the same assertion, without its message
 
@@ -42,7 +43,7 @@ def torch_limitation(error: BaseException) -> str | None:
     >>> try:
     ...     sdpa_flop_count()
     ... except AssertionError as error:
-    ...     torch_limitation(error).endswith("torch 2.13 can")
+    ...     torch_limitation(error).endswith("torch 2.12.1 and later can (docs/matrix.md)")
     True
     """
     if not isinstance(error, AssertionError):
@@ -98,3 +99,20 @@ def _unusable_under(version: str, requirements: tuple[str, ...], torch_version: 
             return (f"transformers {version} needs torch{requirement.specifier} and this torch is {torch_version} "
                     f"(transformers disables PyTorch under it); expected torch{requirement.specifier} for the HF models")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def gqa_attention_flops_countable() -> bool:
+    """Whether this torch's FLOP counter counts attention with fewer key/value heads than query heads: its own
+    ``sdpa_flop_count`` asked once on such shapes (torch 2.8 to 2.11 assert; 2.12.1 and later count). Tests and commands
+    that trace a grouped-query model's attention with its FLOPs counted depend on it."""
+    from torch.utils import flop_counter
+
+    count = getattr(flop_counter, "sdpa_flop_count", None)
+    if count is None:
+        return False
+    try:
+        count((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))
+    except AssertionError:
+        return False
+    return True

@@ -57,8 +57,16 @@ _UNTRACEABLE = (ResacctError, RuntimeError, NotImplementedError, TypeError, Valu
 
 
 def _why(error: BaseException, what: str) -> str:
+    """One line: why ``what`` has no GPU answer — a known limit of this torch named (its FLOP counter's bare assert on
+    grouped-query attention in 2.8 and 2.9 said nothing: "AssertionError: "), else the error's first line."""
+    from resacct.measurement.torch_limits import torch_limitation
+
     first = (str(error).strip().splitlines() or [""])[0][:200]
-    return first if isinstance(error, ResacctError) else f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
+    if isinstance(error, ResacctError):
+        return first
+    if (limit := torch_limitation(error)) is not None:
+        return f"{what} could not be traced on meta tensors: {limit}"
+    return f"{what} could not be traced on meta tensors ({type(error).__name__}: {first})"
 
 
 def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str | None, workspaces: tuple[int, ...] = (),
