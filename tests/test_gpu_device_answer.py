@@ -52,7 +52,7 @@ def test_a_bf16_llama_on_meta_gets_cuda_peaks_with_flash_attention(config_path: 
     assert answer.gap is None and answer.attention.startswith("flash")
     # the same as the CUDA step predicted directly on the bf16 model with flash attention, plus the two
     # 32 MiB cuBLAS workspaces of an sm90 board (its own 32 MiB segment each, never freed: +64 MiB on both peaks)
-    assert answer.workspaces.sizes == (32 * 2**20, 32 * 2**20) and "confirmed on an H200" in answer.lines(str)[2]
+    assert answer.workspaces.sizes == (32 * 2**20, 32 * 2**20) and answer.lines(str)[2].startswith("  cuBLAS workspaces: 64 MiB") and "confirmed on an H200" in answer.lines(str)[3]
     direct = predict_cuda_step_memory(model.to(torch.bfloat16), inputs, _loss, attention="flash")
     assert (answer.allocated_bytes, answer.reserved_bytes) == (direct.peak_allocated_bytes + 64 * 2**20, direct.peak_reserved_bytes + 64 * 2**20)
     assert answer.reserved_bytes >= answer.allocated_bytes > 0

@@ -44,9 +44,11 @@ def test_which_steps_take_which_workspaces() -> None:
     assert step_workspaces(plain, board=h100, backward=False, env={}).sizes == (32 * MIB,)
     assert step_workspaces(plain, board=a100, backward=True, env={}).sizes == (8_519_680, 8_519_680)
     none = step_workspaces(nn.Sequential(nn.ReLU()), board=h100, backward=True, env={})
-    assert none.sizes == () and "none" in none.line()
-    assert "confirmed on an H200" in training.line() and "65 MiB" in training.line()  # sm90: the H200 record's library probe
-    assert "unconfirmed on a board" in step_workspaces(plain, board=a100, backward=True, env={}).line()  # sm80: PyTorch's source only
+    assert none.sizes == () and none.lines()[0].startswith("  cuBLAS workspaces: none")
+    first, where = training.lines()
+    assert first.startswith("  cuBLAS workspaces: 65 MiB in the peaks above = ") and "confirmed on an H200" in where  # sm90: the H200 record's probe
+    assert "unconfirmed on a board" in step_workspaces(plain, board=a100, backward=True, env={}).lines()[1]  # sm80: PyTorch's source only
+    assert training.lines(", on each rank")[0].endswith(", on each rank")  # a suffix ends the first line, not the source's
     with pytest.raises(ResacctError, match="tpu-v5p.*expected an NVIDIA board"):
         step_workspaces(biased, board=get_accelerator("tpu-v5p"), backward=True)
 

@@ -163,10 +163,10 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
             lines.append(f"      its compute alone (predicted): {rank['compute_step_sec'] * 1e3:.4g} ms ({rank['compute_step_basis']})")
         elif rank.get("compute_step_basis"):
             lines.append(f"      its compute alone: none ({rank['compute_step_basis']})")
-    from resacct.account.gpu.answers.sharded_cuda import workspaces_line
+    from resacct.account.gpu.answers.sharded_cuda import workspaces_lines
 
-    if gpu["ranks"] and (library := workspaces_line(gpu["ranks"][0])) is not None:
-        lines.append("  " + library)
+    if gpu["ranks"]:
+        lines.extend("  " + line for line in workspaces_lines(gpu["ranks"][0]))
     lines.append(f"    calibrated by: {gpu['calibration']}")
     if gpu.get("note"):
         lines.append(f"    note: {gpu['note']}")

@@ -130,12 +130,14 @@ class LibraryWorkspaces:
     def sizes(self) -> tuple[int, ...]:
         return tuple(size for _, size in self.blocks)
 
-    def line(self) -> str:
-        """The line a command prints under its CUDA peaks."""
+    def lines(self, suffix: str = "") -> list[str]:
+        """The lines a command prints under its CUDA peaks: the workspaces in them (``suffix`` ends that line), then where
+        their sizes come from."""
         if not self.blocks:
-            return f"  cuBLAS workspaces ({self.source}): none — {self.basis}"
+            return [f"  cuBLAS workspaces: none — {self.basis}{suffix}", f"    {self.source}"]
         parts = " + ".join(f"{size / MIB:g} MiB {what}" for what, size in self.blocks)
-        return f"  cuBLAS workspaces ({self.source}): {self.total_bytes / MIB:g} MiB in the peaks above = {parts} ({self.basis}; {SOURCE_FILE})"
+        return [f"  cuBLAS workspaces: {self.total_bytes / MIB:g} MiB in the peaks above = {parts}{suffix}",
+                f"    {self.source}; {self.basis}; {SOURCE_FILE}"]
 
 
 def _matmul_modules(model: nn.Module) -> tuple[bool, bool]:

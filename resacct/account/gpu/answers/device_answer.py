@@ -60,7 +60,7 @@ class GpuStepAnswer:
         assert self.allocated_bytes is not None and self.reserved_bytes is not None
         return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
                 f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
-                f"  calibrated by: {self.calibration}"] + ([self.workspaces.line()] if self.workspaces is not None else []) + (
+                f"  calibrated by: {self.calibration}"] + (self.workspaces.lines() if self.workspaces is not None else []) + (
                     [f"  experts: {self.experts}"] if self.experts is not None else []) + self._time_lines()
 
     def _time_lines(self) -> list[str]:

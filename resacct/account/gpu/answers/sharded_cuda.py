@@ -48,7 +48,7 @@ from resacct.account.peak.sharded import ShardedStorageTracker
 from resacct.account.peak.tracker import KIND_BY_PHASE
 from resacct.errors import ResacctError
 
-__all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE", "workspaces_line"]
+__all__ = ["CudaShardedTracker", "predict_sharded_cuda_peaks", "STREAMS_NOTE", "workspaces_lines"]
 
 STREAMS_NOTE = ("every allocation on one stream: FSDP2's all-gather and reduce-scatter streams keep their blocks apart on a GPU, "
                 "so its reserved peak is a lower bound")
@@ -330,16 +330,16 @@ def _workspace_fields(workspaces: Any) -> dict[str, Any]:
             "library_workspaces_basis": workspaces.basis, "library_workspaces_source": workspaces.source}
 
 
-def workspaces_line(rank: dict[str, Any]) -> str | None:
-    """The workspaces line the other ``--device`` commands print (:meth:`LibraryWorkspaces.line`), for one
-    rank's answer (every rank takes the same: each is its own process); None where it has none."""
+def workspaces_lines(rank: dict[str, Any]) -> list[str]:
+    """The workspaces lines the other ``--device`` commands print (:meth:`LibraryWorkspaces.lines`), for one
+    rank's answer (every rank takes the same: each is its own process); none where it has none."""
     from resacct.account.gpu.allocator.library_workspaces import SOURCE, LibraryWorkspaces
 
     if rank.get("library_workspaces") is None:
-        return None
+        return []
     blocks = tuple((block["what"], block["bytes"]) for block in rank["library_workspaces"])
     source = rank.get("library_workspaces_source") or SOURCE
-    return LibraryWorkspaces(blocks, rank["library_workspaces_basis"], source).line() + ", on each rank (its own process)"
+    return LibraryWorkspaces(blocks, rank["library_workspaces_basis"], source).lines(", on each rank (its own process)")
 
 
 def predict_sharded_cuda_peaks(model: Any, *, engine: str, world_size: int, ranks: tuple[int, ...], batch: int, seq: int | None,
