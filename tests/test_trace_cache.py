@@ -202,9 +202,9 @@ def test_fit_hf_config_answers_the_second_time_from_the_cache(cache_folder: Path
 
 
 @pytest.mark.slow  # 1.17 CPU s on 2026-11-29 (tools/slow_audit.py: over the 0.7 s line)
-def test_account_device_board_lines_are_read_back_with_their_note(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """``account --hf-config X --device h100``: the board's lines and the note they add to ``--json`` come back
+def test_account_device_board_lines_are_read_back_with_their_answer(cache_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``account --hf-config X --device h100``: the board's lines and the answer they add to ``--json`` (``gpu``) come back
     from the cache (the rebuild and the CUDA trace made to fail the second time)."""
     pytest.importorskip("transformers")
     argv = ["account", "--hf-config", _config(tmp_path), "--batch", "1", "--seq", "16", "--device", "h100"]
@@ -212,7 +212,7 @@ def test_account_device_board_lines_are_read_back_with_their_note(cache_folder: 
     first_json = capsys.readouterr().out
     assert main(argv) == 0
     first_text = capsys.readouterr().out
-    assert "h100" in first_text and any("h100" in note for note in json.loads(first_json)["notes"])
+    assert "on h100-sxm (CUDA caching allocator, predicted)" in first_text and json.loads(first_json)["gpu"]["board"] == "h100-sxm"
     with monkeypatch.context() as patched:
         _tracing_fails(patched)
         assert main([*argv, "--json"]) == 0
