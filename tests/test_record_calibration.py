@@ -56,13 +56,14 @@ def test_the_device_commands_price_a_step_by_the_calibration_where_the_board_has
 
     ops = [OpCost("aten::mm", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "c10::BFloat16", True)),
            OpCost("aten::add", 0, 3 * 4096 * 4096 * 2), OpCost("aten::view", 0, 0, kernel=False)]
-    seconds, basis = step_seconds(ops, get_accelerator("h200"), "bf16")
+    seconds, detail = step_seconds(ops, get_accelerator("h200"), "bf16")
+    basis = "; ".join(detail)
     calibration = board_calibration(get_accelerator("h200"))
     assert calibration is not None
     assert seconds == predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=calibration.matmul_flops_per_sec["bf16"])[1]
     assert "calibrated on the 10 dense training steps of record docs/gpu/2026-11-30-h200-record.json.gz" in basis and "per-op roofline" in basis
-    other, other_basis = step_seconds(ops, get_accelerator("a100-sxm-80gb"), "bf16")
-    assert other > 0 and other_basis.startswith("per-op roofline over 3 ops") and "calibrated" not in other_basis
+    other, other_detail = step_seconds(ops, get_accelerator("a100-sxm-80gb"), "bf16")
+    assert other > 0 and other_detail[0].startswith("by the per-op roofline over 3 ops") and "calibrated" not in "; ".join(other_detail)
 
 
 def test_the_printed_step_time_is_one_line_a_part_and_says_what_json_says() -> None:
@@ -71,23 +72,23 @@ def test_the_printed_step_time_is_one_line_a_part_and_says_what_json_says() -> N
     from dataclasses import replace
 
     from resacct.account.gpu.answers.device_answer import GpuStepAnswer
-    from resacct.account.gpu.timing.board_rates import step_time_with_detail
+    from resacct.account.gpu.timing.board_rates import with_step_time
     from resacct.account.gpu.tracing.op_costs import OpCost
 
     ops = [OpCost("aten::mm", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "c10::BFloat16", True)),
            OpCost("aten::add", 0, 3 * 4096 * 4096 * 2)]
     for board, first in (("h200", "= the kernels "), ("a100-sxm-80gb", "by the per-op roofline over 2 ops")):
-        seconds, basis, detail = step_time_with_detail(ops, get_accelerator(board), "bf16")
-        assert detail[0].startswith(first) and len(detail) >= 2
-        # the same words as the one-line basis: the sum (or the roofline's headline), the model, the rates
-        assert detail[0].removeprefix("= ").removeprefix("by the ") in basis and detail[-1].split("; ", 1)[-1].removeprefix("rates: ") in basis
+        answer = with_step_time(GpuStepAnswer(board, 10, 20, "flash", "calibration"), ops, get_accelerator(board), "bf16")
+        detail = answer.step_time_detail
+        assert detail[0].startswith(first) and len(detail) >= 2 and answer.step_sec > 0 and answer.mfu is not None
         if board == "h200":
-            assert detail[1].removeprefix("by ") in basis and "calibrated on the 10 dense training steps" in detail[1]
-        answer = replace(GpuStepAnswer(board, 10, 20, "flash", "calibration"), step_sec=seconds, step_time_basis=basis, step_time_detail=detail, mfu=0.5)
-        lines = answer.lines(str)
+            assert "calibrated on the 10 dense training steps" in detail[1] and "the per-op roofline on the record's ceilings" in detail[2]
+        else:
+            assert detail[1].startswith("rates: no record for a100-sxm-80gb")
+        lines = replace(answer, mfu=0.5).lines(str)
         at = next(index for index, line in enumerate(lines) if line.startswith("  step time there (predicted): "))
         assert lines[at].endswith(" ms, MFU 0.50") and lines[at + 1:at + 1 + len(detail)] == [f"    {part}" for part in detail]
-        assert answer.to_dict()["step_time_basis"] == basis and answer.to_dict()["step_time_detail"] == list(detail)
+        assert answer.to_dict()["step_time_basis"] == "; ".join(detail) and answer.to_dict()["step_time_detail"] == list(detail)
     plain = GpuStepAnswer("h200", 10, 20, "flash", "calibration", step_sec=0.001, step_time_basis="how")  # an answer without detail: one line
     assert plain.lines(str)[-1] == "  step time there (predicted): 1 ms (how)"
 

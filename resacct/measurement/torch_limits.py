@@ -23,7 +23,12 @@ __all__ = ["torch_limitation", "transformers_unusable", "gqa_attention_flops_cou
 #: (function in torch's traceback, text of the assertion) → what cannot be measured.
 _GQA_FLOPS = ("FlopCounterMode cannot count scaled_dot_product_attention with grouped-query attention (fewer key/value heads than "
               "query heads); torch 2.12.1 and later can (docs/matrix.md)")
-GQA_FLOPS_LIMIT = f"torch {torch.__version__}'s {_GQA_FLOPS}"  # the limit as a skip or a gap names it
+def _named(what: str) -> str:
+    """A limit as a skip or a gap names it: this torch's version, then what it cannot do."""
+    return f"torch {torch.__version__}'s {what}"
+
+
+GQA_FLOPS_LIMIT = _named(_GQA_FLOPS)
 _KNOWN = (("sdpa_flop_count", "query/key/value shapes are incompatible", _GQA_FLOPS),
           ("sdpa_flop_count", "", _GQA_FLOPS))  # torch 2.8 and 2.9: the same assertion, without its message
 
@@ -54,7 +59,7 @@ def torch_limitation(error: BaseException) -> str | None:
         traceback = traceback.tb_next
     for function, text, what in _KNOWN:
         if function in frames[-3:] and (text in str(error) if text else not str(error).strip()):  # "": a bare assert only
-            return f"torch {torch.__version__}'s {what}"
+            return _named(what)
     return None
 
 
@@ -104,8 +109,9 @@ def _unusable_under(version: str, requirements: tuple[str, ...], torch_version: 
 @functools.lru_cache(maxsize=1)
 def gqa_attention_flops_countable() -> bool:
     """Whether this torch's FLOP counter counts attention with fewer key/value heads than query heads: its own
-    ``sdpa_flop_count`` asked once on such shapes (torch 2.8 to 2.11 assert; 2.12.1 and later count). Tests and commands
-    that trace a grouped-query model's attention with its FLOPs counted depend on it."""
+    ``sdpa_flop_count`` asked once on such shapes (torch 2.8 to 2.11 assert; 2.12.1 and later count). The tests that trace
+    a grouped-query model's attention with its FLOPs counted skip on it; the commands name the limit from the error
+    (:func:`torch_limitation`)."""
     from torch.utils import flop_counter
 
     count = getattr(flop_counter, "sdpa_flop_count", None)

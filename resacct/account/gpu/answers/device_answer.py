@@ -43,14 +43,14 @@ class GpuStepAnswer:
     gap: str | None = None
     step_sec: float | None = None  # the predicted step time (per-op roofline), where the command has a step
     step_time_basis: str | None = None  # how it was predicted (or why there is no step), in one line (--json, notes)
-    step_time_detail: tuple[str, ...] = ()  # the same as the lines printed under the time (board_rates.step_time_with_detail)
+    step_time_detail: tuple[str, ...] = ()  # the lines printed under the time (board_rates.step_seconds); the basis joins them
     mfu: float | None = None  # the step's FLOPs ÷ its predicted time ÷ the board's datasheet peak in the step's format
     workspaces: Any = None  # the LibraryWorkspaces (cuBLAS/cuBLASLt) in the peaks, from PyTorch's source
     experts: str | None = None  # how a mixture of experts' experts ran (grouped, as on a CUDA board: cuda_experts.py); None: no experts switched
     timed: str = "step"  # what step_sec times: a training "step", or the "prefill" of infer
     decode_sec_per_token: float | None = None  # infer: one generated token's predicted time (decode_basis says how)
     decode_basis: str | None = None
-    decode_detail: tuple[str, ...] = ()  # the same as the lines printed under the decode time
+    decode_detail: tuple[str, ...] = ()  # the lines printed under the decode time; decode_basis joins them
     decode_recorded: str | None = None  # infer: what the board's record measured of served models' tokens (recorded_serving)
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:

@@ -229,15 +229,15 @@ def tracker_sole_counts() -> tuple[int, int] | None:
 def _compute_time(board: Any, dtype: Any, ops: list) -> dict[str, Any]:
     """A rank's compute alone (:func:`~resacct.account.gpu.timing.board_rates.step_seconds`: a board record's calibrated model,
     else the per-op roofline), or why there is none (the board has no peak in the step's format: a V100 has no bf16)."""
-    from resacct.account.gpu.timing.board_rates import step_time_with_detail
+    from resacct.account.gpu.timing.board_rates import step_seconds
     from resacct.facts.hardware import peak_format
 
     try:
-        step_sec, basis, detail = step_time_with_detail(ops, board, peak_format(dtype))
+        step_sec, detail = step_seconds(ops, board, peak_format(dtype))
     except ResacctError as error:
         return {"compute_step_sec": None, "compute_step_basis": str(error)}
-    alone = "the rank's own ops, collectives not timed (a lower bound)"
-    return {"compute_step_sec": step_sec, "compute_step_basis": f"{basis}; {alone}", "compute_step_detail": [*detail, alone]}
+    lines = [*detail, "the rank's own ops, collectives not timed (a lower bound)"]
+    return {"compute_step_sec": step_sec, "compute_step_basis": "; ".join(lines), "compute_step_detail": lines}
 
 
 def _attention(kernel: str | None, capability: tuple[int, int] | None = None) -> Any:

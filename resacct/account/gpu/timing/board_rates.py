@@ -11,7 +11,7 @@ from typing import Any
 
 from resacct.errors import ResacctError
 
-__all__ = ["TIMED_FORMATS", "board_rates", "step_seconds", "step_time_with_detail", "with_step_time", "with_decode_time"]
+__all__ = ["TIMED_FORMATS", "board_rates", "step_seconds", "with_step_time", "with_decode_time"]
 
 TIMED_FORMATS = ("fp32", "bf16", "fp16")  # the formats a step's matmuls are timed in (facts.hardware.peak_format's names)
 _H100_CALIBRATION_STEP = "gpt-tiny"  # the record's host-bound step: the per-op overhead (docs/gpu.md, "Step time")
@@ -23,7 +23,7 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
     (a V100 has no bf16) the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the
     datasheet's dense peak in ``fmt``."""
     try:
-        step_sec, basis, detail = step_time_with_detail(ops, board, fmt)
+        step_sec, detail = step_seconds(ops, board, fmt)
     except ResacctError as error:
         return replace(answer, step_time_basis=str(error))
     from resacct.facts.hardware import peak_flops_per_sec
@@ -33,20 +33,13 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
     except ResacctError:  # a record measured a format the datasheet table gives no peak for: the time stands, no MFU
         peak = None
     flops = sum(op.flops for op in ops)
-    return replace(answer, step_sec=step_sec, mfu=flops / step_sec / peak if peak and step_sec > 0 else None, step_time_basis=basis,
+    return replace(answer, step_sec=step_sec, mfu=flops / step_sec / peak if peak and step_sec > 0 else None, step_time_basis="; ".join(detail),
                    step_time_detail=detail)
 
 
-def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, str]:
-    """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on, in one line
-    (:func:`step_time_with_detail`)."""
-    step_sec, basis, _ = step_time_with_detail(ops, board, fmt)
-    return step_sec, basis
-
-
-def step_time_with_detail(ops: list[Any], board: Any, fmt: str) -> tuple[float, str, tuple[str, ...]]:
-    """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``), what they rest on in one line
-    (``--json``'s ``step_time_basis``) and the same as the lines a command prints under its time: where the
+def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, tuple[str, ...]]:
+    """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on, as the
+    lines a command prints under its time (``--json``'s ``step_time_basis``: them joined by "; "): where the
     board's newest record carries a calibration (:func:`~resacct.account.gpu.records.record_calibration.board_calibration`), the
     per-op model fitted on its dense steps — its matmuls per class, its other kernels' bandwidth factor and time per
     kernel, the host's idle time per op — with the per-op roofline on the record's ceilings beside it; else that
@@ -59,16 +52,13 @@ def step_time_with_detail(ops: list[Any], board: Any, fmt: str) -> tuple[float, 
     roofline = predict_step_seconds(ops, rates)
     calibration = board_calibration(board)
     if calibration is None:
-        headline = f"per-op roofline over {roofline.ops:,} ops, bound by the {roofline.bound}"
-        return roofline.step_sec, f"{headline}; {rates.source}", (f"by the {headline}", f"rates: {rates.source}")
+        return roofline.step_sec, (f"by the per-op roofline over {roofline.ops:,} ops, bound by the {roofline.bound}", f"rates: {rates.source}")
     fallback = calibration.matmul_flops_per_sec.get(fmt, rates.matmul_flops_per_sec)
     kernels_sec, step_sec = predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=fallback)
-    terms = f"the kernels {kernels_sec * 1e3:.3g} ms + the host's idle {calibration.times.idle_sec_per_op * 1e6:.2g} µs × {len(ops):,} ops"
-    roofline_sec = f"{roofline.step_sec * 1e3:.3g} ms"
-    return step_sec, (f"{calibration.source()}: {terms}; the per-op roofline on its ceilings {roofline_sec} (bound by the {roofline.bound}; "
-                      f"{rates.source})"), (
-        f"= {terms}", f"by {calibration.source()}",
-        f"beside it, the per-op roofline on the record's ceilings: {roofline_sec}, bound by the {roofline.bound}; {rates.source}")
+    return step_sec, (f"= the kernels {kernels_sec * 1e3:.3g} ms + the host's idle {calibration.times.idle_sec_per_op * 1e6:.2g} µs × {len(ops):,} ops",
+                      f"by {calibration.source()}",
+                      f"beside it, the per-op roofline on the record's ceilings: {roofline.step_sec * 1e3:.3g} ms, bound by the {roofline.bound}; "
+                      f"{rates.source}")
 
 
 def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *, read_bytes: int) -> Any:
@@ -86,12 +76,12 @@ def with_decode_time(answer: Any, decode_ops: list[Any], board: Any, fmt: str, *
     from resacct.account.gpu.records.recorded_serving import recorded_decode_line
 
     decode = predict_decode_seconds(decode_ops, rates, read_bytes=read_bytes)
-    terms = (f"reads the weights and the KV cache, {read_bytes:,} bytes, {decode.memory_sec * 1e3:.3g} ms; its {decode.ops:,} ops on the host, "
-             f"{decode.host_sec * 1e3:.3g} ms; its FLOPs, {decode.compute_sec * 1e3:.3g} ms")
-    return replace(answer, decode_sec_per_token=decode.token_sec, decode_recorded=recorded_decode_line(board, fmt), decode_basis=(
-        f"a forward of one token a sequence, traced on meta, bound by the {decode.bound}: {terms}; eager PyTorch, no CUDA graphs; {rates.source}"),
-        decode_detail=(f"bound by the {decode.bound}, the longest of: {terms}",
-                       "a forward of one token a sequence, traced on meta; eager PyTorch, no CUDA graphs", f"rates: {rates.source}"))
+    detail = (f"bound by the {decode.bound}, the longest of: reads the weights and the KV cache, {read_bytes:,} bytes, "
+              f"{decode.memory_sec * 1e3:.3g} ms; its {decode.ops:,} ops on the host, {decode.host_sec * 1e3:.3g} ms; its FLOPs, "
+              f"{decode.compute_sec * 1e3:.3g} ms", "a forward of one token a sequence, traced on meta; eager PyTorch, no CUDA graphs",
+              f"rates: {rates.source}")
+    return replace(answer, decode_sec_per_token=decode.token_sec, decode_recorded=recorded_decode_line(board, fmt), decode_basis="; ".join(detail),
+                   decode_detail=detail)
 
 
 def board_rates(board: Any, fmt: str) -> Any:

@@ -124,7 +124,6 @@ _ATTENTION_FAMILIES = {
                   ("aten::_efficient_attention_forward", "aten::_efficient_attention_backward")),
 }
 _ATTENTION_OP_FAMILY = {op: family for family, (ops, _) in _ATTENTION_FAMILIES.items() for op in ops}
-ATTENTION_PRECISIONS = ("fp32", "16-bit")
 
 
 @no_type_check  # per op of a traced step
