@@ -71,6 +71,8 @@ def _device_fields(board: Any) -> dict[str, Any]:
         "note": board.note,
         "tdp_watts": board.tdp_watts,
         "tdp_source": board.tdp_source or None,
+        "multiprocessors": board.multiprocessors,
+        "multiprocessors_source": board.multiprocessors_source or None,
     }
 
 
@@ -118,7 +120,8 @@ def _run_devices(args: argparse.Namespace) -> int:
                      f"{_other_peaks(board):<26}  {_short_source(board.source)}{flag}")
     if args.name:
         lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items()
-                  if key in ("display_name", "compute_capability", "cuda_names", "source", "note", "tdp_source") and value]
+                  if key in ("display_name", "compute_capability", "multiprocessors", "multiprocessors_source", "cuda_names", "source", "note",
+                             "tdp_source") and value]
     return emit(args, fields, "\n".join(lines))
 
 

@@ -130,10 +130,11 @@ def _cuda_ranks(args: argparse.Namespace, account: Any, board: Any) -> dict[str,
     """``--device BOARD``: :func:`resacct.account.gpu.answers.sharded_cuda.predict_sharded_cuda_peaks` for the
     ranks predicted above (a second child process), with what calibrates it, or why there is no number."""
     from resacct.account.gpu.answers.command_answers import cuda_board_gap
-    from resacct.account.gpu.answers.device_answer import calibration_text
+    from resacct.account.gpu.answers.device_answer import calibration_text, reductions_text
     from resacct.account.load.user_code import running_phase
 
-    answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None}
+    answer: dict[str, Any] = {"board": board.name, "calibration": calibration_text(board), "gap": cuda_board_gap(board), "ranks": None,
+                              "reductions": reductions_text(board)}
     if answer["gap"] is not None:
         return answer
     from resacct.account.gpu.answers.sharded_cuda import STREAMS_NOTE, predict_sharded_cuda_peaks
@@ -167,6 +168,8 @@ def _gpu_text(gpu: dict[str, Any], memory_bytes: float | None, units: str) -> st
 
     if gpu["ranks"]:
         lines.extend("  " + line for line in workspaces_lines(gpu["ranks"][0]))
+    if gpu.get("reductions"):
+        lines.append(f"    reduction kernels' staging: {gpu['reductions']}")
     lines.append(f"    calibrated by: {gpu['calibration']}")
     if gpu.get("note"):
         lines.append(f"    note: {gpu['note']}")

@@ -102,6 +102,10 @@ class Accelerator:
     tdp_source: str = ""
     #: CUDA's compute capability (major, minor) of an NVIDIA board (datasheet key ``compute_capability: "8.6"``), else None
     compute_capability: tuple[int, int] | None = None
+    #: the board's streaming multiprocessors (torch's ``multi_processor_count``), with where the figure was read; None where
+    #: no source read gives it (a reduction kernel's staging buffer, sized by it, is then not predicted)
+    multiprocessors: int | None = None
+    multiprocessors_source: str = ""
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display_name})"
@@ -181,7 +185,8 @@ def _parse_peaks(name: str, raw: Any) -> dict[str, Peak]:
 
 def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
     known = {"display_name", "family", "aliases", "cuda_names", "memory_bytes", "memory_bandwidth_bytes_per_sec",
-             "source", "confidence", "note", "peaks_tera_per_sec", "tdp_watts", "tdp_source", "compute_capability"}
+             "source", "confidence", "note", "peaks_tera_per_sec", "tdp_watts", "tdp_source", "compute_capability",
+             "multiprocessors", "multiprocessors_source"}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name} has the unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -203,7 +208,24 @@ def _parse_accelerator(name: str, entry: dict[str, Any]) -> Accelerator:
         tdp_watts=_tdp_watts(name, entry),
         tdp_source=str(entry.get("tdp_source", "")),
         compute_capability=_compute_capability(name, entry.get("compute_capability")),
+        multiprocessors=_multiprocessors(name, entry),
+        multiprocessors_source=str(entry.get("multiprocessors_source", "")),
     )
+
+
+def _multiprocessors(name: str, entry: dict[str, Any]) -> int | None:
+    """The board's multiprocessor count, a whole number > 0 with its source (either alone is refused); absent: None."""
+    value, source = entry.get("multiprocessors"), entry.get("multiprocessors_source")
+    if value is None:
+        if source:
+            raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.multiprocessors_source is given without multiprocessors")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.multiprocessors is {value!r}; expected a whole number > 0")
+    if not source:
+        raise ResacctError(f"resacct/facts/datasheets/{DATA_FILE}: {name}.multiprocessors is given without multiprocessors_source; "
+                           "every figure carries its source")
+    return value
 
 
 def _compute_capability(name: str, value: Any) -> tuple[int, int] | None:

@@ -30,8 +30,9 @@ from typing import Any
 
 from resacct.account.gpu.timing.board_rates import board_rates, with_decode_time, with_step_time
 from resacct.account.gpu.tracing.cuda_experts import group_experts, grouped_experts
-from resacct.account.gpu.answers.device_answer import GpuStepAnswer, attention_label, calibration_text, sdpa_kernel_for
+from resacct.account.gpu.answers.device_answer import GpuStepAnswer, attention_label, calibration_text, reductions_text, sdpa_kernel_for
 from resacct.account.gpu.allocator.library_workspaces import capability_major
+from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 from resacct.errors import ResacctError
 
 __all__ = ["CUDA_FAMILIES", "SERVED_FORMATS", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "prefill_model", "predict_prefill",
@@ -70,18 +71,19 @@ def _why(error: BaseException, what: str) -> str:
 
 
 def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel: str | None, workspaces: tuple[int, ...] = (),
-             ops: list | None = None, capability: tuple[int, int] | None = None) -> Any:
+             ops: list | None = None, capability: tuple[int, int] | None = None, reductions: Any = None) -> Any:
     """:func:`predict_cuda_step_memory` with sdpa routed to ``kernel`` (None: its math path); a mask moves flash to the
     efficient kernel (flash takes none), a model that never calls sdpa runs as it is. ``workspaces``: the cuBLAS
     workspaces' bytes (:mod:`~resacct.account.gpu.allocator.library_workspaces`), kept from the step's start. ``ops``:
     a list that receives the step's aten ops with their FLOPs and bytes from this same pass — attention as
-    the board runs it, the step time's input (only the attempt that succeeded fills it)."""
+    the board runs it, the step time's input (only the attempt that succeeded fills it). ``reductions``: the board's
+    :class:`~resacct.account.gpu.tracing.cuda_scratch.ReductionBoard` (None: reductions' staging not predicted)."""
     from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
 
     def attempt(attention: str | None) -> Any:
         collected: list | None = None if ops is None else []
         prediction = predict_cuda_step_memory(model, inputs, loss_fn, make_optimizer, attention=attention, workspaces=workspaces, ops=collected,
-                                              capability=capability)
+                                              capability=capability, reductions=reductions)
         if ops is not None and collected is not None:
             ops[:] = collected
         return prediction
@@ -120,7 +122,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 
     kernel = sdpa_kernel_for(board, parse_dtype(base))
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
-           board.compute_capability or capability_major(board))
+           board.compute_capability or capability_major(board), ReductionBoard.of(board))
     try:
         if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
             model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
@@ -132,15 +134,16 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
                 del _LORA_TRACES[next(iter(_LORA_TRACES))]
             traced_ops: list | None = [] if timed else None
             _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes, ops=traced_ops,
-                                          capability=board.compute_capability),
+                                          capability=board.compute_capability, reductions=ReductionBoard.of(board)),
                                  traced_ops, workspaces, experts, (model, inputs))
         predicted, ops, workspaces, experts, step = _LORA_TRACES[key]
         if timed and ops is None:  # traced for its peaks only before (a batch search): the same pass again, its ops kept
             ops = []
-            _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops, capability=board.compute_capability)
+            _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops, capability=board.compute_capability,
+                     reductions=ReductionBoard.of(board))
             _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
         answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
-                               calibration_text(board), workspaces=workspaces, experts=experts)
+                               calibration_text(board), workspaces=workspaces, experts=experts, reductions=reductions_text(board))
         if not timed:
             return answer
     except _UNTRACEABLE as error:  # a model whose step meta tensors cannot run: one line, not a traceback
@@ -171,11 +174,11 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     try:
         kernel = sdpa_kernel_for(board, next(model.parameters()).dtype)
         predicted = predict_prefill(model, batch=batch, context=context, kernel=kernel, workspaces=workspaces.sizes, ops=ops,
-                                    capability=board.compute_capability)
+                                    capability=board.compute_capability, reductions=ReductionBoard.of(board))
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
-                           calibration_text(board), workspaces=workspaces, experts=experts, timed="prefill")
+                           calibration_text(board), workspaces=workspaces, experts=experts, timed="prefill", reductions=reductions_text(board))
     answer = with_step_time(answer, ops, board, weights)
     if kv_cache_bytes is None or answer.step_sec is None:
         return answer
@@ -210,12 +213,13 @@ def prefill_model(spec: Any, weights: str) -> tuple[Any, str | None]:
 
 
 def predict_prefill(model: Any, *, batch: int, context: int, kernel: str | None, workspaces: tuple[int, ...] = (), ops: list | None = None,
-                    capability: tuple[int, int] | None = None) -> Any:
+                    capability: tuple[int, int] | None = None, reductions: Any = None) -> Any:
     """The CUDA allocator's peaks of ``model``'s weights loaded, then the prefill of ``batch`` × ``context`` tokens as
     ``generate`` runs it (:func:`kv_prefill`), sdpa routed to ``kernel``; ``ops`` receives the prefill's aten ops."""
     import torch
 
-    return _predict(model, torch.zeros(batch, context, dtype=torch.long), kv_prefill, None, kernel, workspaces, ops=ops, capability=capability)
+    return _predict(model, torch.zeros(batch, context, dtype=torch.long), kv_prefill, None, kernel, workspaces, ops=ops, capability=capability,
+                    reductions=reductions)
 
 
 def weight_bytes(model: Any) -> int:

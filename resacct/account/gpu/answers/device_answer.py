@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only: an answer read back from the trace cache 
 from resacct.account.gpu.records.recorded import RECORDS_BY_FAMILY
 from resacct.errors import ResacctError
 
-__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "attention_label", "under_cuda_autocast"]
+__all__ = ["GpuStepAnswer", "gpu_step_answer", "calibration_text", "reductions_text", "hf_gpu_text", "RECORDS_BY_FAMILY", "sdpa_kernel_for", "attention_label", "under_cuda_autocast"]
 
 
 
@@ -52,6 +52,7 @@ class GpuStepAnswer:
     decode_basis: str | None = None
     decode_detail: tuple[str, ...] = ()  # the lines printed under the decode time; decode_basis joins them
     decode_recorded: str | None = None  # infer: what the board's record measured of served models' tokens (recorded_serving)
+    reductions: str | None = None  # what sizes the reduction kernels' staging in the peaks, or why it is not predicted (reductions_text)
 
     def lines(self, bytes_text: Callable[[float], str]) -> list[str]:
         """The lines a command prints beside its answer."""
@@ -61,6 +62,7 @@ class GpuStepAnswer:
         return [f"on {self.board} (CUDA caching allocator, predicted): allocated peak {bytes_text(self.allocated_bytes)}, "
                 f"reserved peak {bytes_text(self.reserved_bytes)} (max_memory_allocated / max_memory_reserved; attention: {self.attention})",
                 f"  calibrated by: {self.calibration}"] + (self.workspaces.lines() if self.workspaces is not None else []) + (
+                    [f"  reduction kernels' staging: {self.reductions}"] if self.reductions is not None else []) + (
                     [f"  experts: {self.experts}"] if self.experts is not None else []) + self._time_lines()
 
     def _time_lines(self) -> list[str]:
@@ -84,7 +86,19 @@ class GpuStepAnswer:
                 "decode_detail": list(self.decode_detail), "decode_recorded": self.decode_recorded,
                 "library_workspace_bytes": None if self.workspaces is None else self.workspaces.total_bytes,
                 "library_workspaces": None if self.workspaces is None else [{"what": what, "bytes": size} for what, size in self.workspaces.blocks],
-                "experts": self.experts}
+                "experts": self.experts, "reductions": self.reductions}
+
+
+def reductions_text(board: Any) -> str:
+    """What sizes the staging buffers ``board``'s reduction kernels take (a bias gradient's sum over many rows:
+    :mod:`~resacct.account.gpu.tracing.cuda_scratch`), in the peaks; or, where the datasheet lacks what sizes them, that they are
+    not predicted and why."""
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard, reduction_gap
+
+    reductions = ReductionBoard.of(board)
+    if reductions is None:
+        return f"not in the peaks above ({reduction_gap(board)}): a sum over many rows stages partial sums the allocator does not see here"
+    return f"in the peaks above, sized by {reductions.text()} (where the count was read: resacct devices {board.name})"
 
 
 def calibration_text(board: Any) -> str:
@@ -164,12 +178,14 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
     workspaces = step_workspaces(step.model, board=board, backward=True) if capability_major(board) is not None else None
     library = workspaces.sizes if workspaces is not None else ()
     from resacct.account.gpu.tracing.cuda_experts import experts_as_on_cuda
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 
+    reductions = ReductionBoard.of(board)
     ops: list[Any] | None = [] if timed else None
     with experts_as_on_cuda(step.model) as experts:  # grouped_mm, as transformers runs them on the board; batched_mm again after
         try:
             predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
-                                                 ops=ops, capability=board.compute_capability)
+                                                 ops=ops, capability=board.compute_capability, reductions=reductions)
         except ResacctError as error:
             if attention != "flash" or "mask" not in str(error):
                 if "never called F.scaled_dot_product_attention" not in str(error):
@@ -179,9 +195,9 @@ def gpu_step_answer(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module,
                 attention = "efficient"  # a mask: sdpa's efficient kernel takes it, flash does not
             ops = [] if timed else None  # the first pass's ops go with it
             predicted = predict_cuda_step_memory(step.model, step.inputs, step.loss_fn, step.make_optimizer, attention=attention, workspaces=library,
-                                                 ops=ops, capability=board.compute_capability)
+                                                 ops=ops, capability=board.compute_capability, reductions=reductions)
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, attention),
-                           calibration, workspaces=workspaces, experts=experts)
+                           calibration, workspaces=workspaces, experts=experts, reductions=reductions_text(board))
     if ops is None:
         return answer
     from resacct.account.gpu.timing.board_rates import with_step_time

@@ -62,10 +62,12 @@ class CudaShardedTracker(ShardedStorageTracker):
     summing a second gradient into a first that its buffer alone holds (the use counts that tell it measured on this very
     class under fake tensors: :func:`tracker_sole_counts`), the kernels' scratch."""
 
-    def __init__(self, *, measuring_counts: bool = False) -> None:
+    def __init__(self, *, measuring_counts: bool = False, reductions: Any = None) -> None:
         """``measuring_counts``: this tracker is :func:`tracker_sole_counts`'s probe — it measures the counts, so it does
-        not ask for them (no in-place sums while it runs)."""
+        not ask for them (no in-place sums while it runs). ``reductions``: the board's
+        :class:`~resacct.account.gpu.tracing.cuda_scratch.ReductionBoard` (None: reductions' staging not predicted)."""
         super().__init__()
+        self.reductions = reductions
         self.allocator = CachingAllocatorModel()
         self._owners: dict[int, int] = {}  # id(the tracker's entry) -> the allocator's owner (-1: on the host)
         self._holders: dict[int, int] = {}  # per owner, the entries that hold its block (one, but where an op ran in place)
@@ -77,11 +79,11 @@ class CudaShardedTracker(ShardedStorageTracker):
     @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         """The op as the sharded tracker runs it (its outputs allocated), then the blocks CUDA's kernel takes inside it
-        (:func:`~resacct.account.gpu.tracing.cuda_scratch.kernel_scratch`: the attention backwards' workspaces; reductions'
-        staging needs the board's multiprocessors, not known here) — as the recorder on meta takes them."""
+        (:func:`~resacct.account.gpu.tracing.cuda_scratch.kernel_scratch`: the attention backwards' workspaces, reductions'
+        staging where the board's multiprocessors are known) — as the recorder on meta takes them."""
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if out is not NotImplemented and not propagating():
-            take_scratch(self.allocator, kernel_scratch(func, args, kwargs or {}, None), self._ids)
+            take_scratch(self.allocator, kernel_scratch(func, args, kwargs or {}, self.reductions), self._ids)
         return out
 
     @no_type_check  # per op of a rank's step (docs/suite_time.md, session 24)
@@ -273,6 +275,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
     from resacct.account.peak.sharded import engine_mesh, step_copies
     from resacct.measurement.memory_timeline import gc_paused
 
@@ -290,7 +293,7 @@ def _predict_cuda_in_child(model: Any, engine: str, world_size: int, ranks: tupl
         for rank in dict.fromkeys(representatives.values()):  # one rank traced for those holding the same shards
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             try:
-                mesh, tracker, costs = engine_mesh(engine, world_size), CudaShardedTracker(), _op_costs()
+                mesh, tracker, costs = engine_mesh(engine, world_size), CudaShardedTracker(reductions=ReductionBoard.of(board)), _op_costs()
                 routing = _attention(kernel, getattr(board, "compute_capability", None))
                 with gc_paused(), FakeTensorMode(allow_non_fake_inputs=True):
                     work, work_inputs = step_copies(net, inputs, fake=True)

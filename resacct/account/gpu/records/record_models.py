@@ -211,12 +211,15 @@ class ServingPrediction:
     decode_ops: list[Any]
 
 
-def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None) -> ServingPrediction:
+def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: str | None = None, env: dict[str, str] | None = None,
+                           multiprocessors: int | None = None) -> ServingPrediction:
     """A recorded serving entry (``model_config``, ``weights``, ``attention``, ``batch``, ``context``) as ``infer --device``
     predicts it: the model built the same way, the prefill traced on meta with the recorded sdpa kernel and the cuBLAS
     workspaces of the board's ``capability``; the KV cache's bytes from the model's own cache after a meta forward; the
-    next token's forward traced on meta (:func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`)."""
+    next token's forward traced on meta (:func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`); the reduction kernels'
+    staging sized by the board's ``multiprocessors``, as ``infer --device`` sizes it from the datasheet (None: not predicted)."""
     from resacct.account.gpu.answers.command_answers import predict_prefill, weight_bytes
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
     from resacct.account.gpu.tracing.decode_trace import trace_decode_ops
     from resacct.account.load.meta_facts import model_kv_cache_elements
 
@@ -234,7 +237,7 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
         workspaces = step_workspaces(model, major=major_minor[0], backward=False, env=env or {}).sizes
     ops: list[Any] = []
     predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops,
-                                capability=major_minor)
+                                capability=major_minor, reductions=ReductionBoard(multiprocessors) if multiprocessors and not dry_run else None)
     kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
     decode_ops = trace_decode_ops(model, batch=entry["batch"], context=entry["context"], kernel=kernel, capability=major_minor)
     return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache,
@@ -256,4 +259,5 @@ def predict_step_of_record(record: dict[str, Any], step: dict[str, Any], *, ops:
 
 def predict_serving_of_record(record: dict[str, Any], entry: dict[str, Any]) -> ServingPrediction:
     """:func:`predict_record_serving` of a served ``entry`` with the board ``record`` names."""
-    return predict_record_serving(entry, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record))
+    return predict_record_serving(entry, dry_run=bool(record.get("dry_run")), capability=record.get("capability"), env=library_env(record),
+                                  multiprocessors=record.get("multi_processor_count"))

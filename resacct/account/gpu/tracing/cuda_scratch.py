@@ -21,8 +21,8 @@ each freed at once (``tests/test_cuda_scratch.py``).
 stages: the reduced dimensions outside the kept ones (a contiguous input reduced over its leading dimensions: the kept
 dimensions are the fastest-moving), where each thread block takes ``block_width × output_vec_size`` outputs and the rows
 are split over ``ctas_per_output`` blocks. The board enters through its multiprocessor count (a record's
-``multi_processor_count``) and 2,048 threads per multiprocessor (every NVIDIA board since sm_30 but sm_75/86/89's 1,024
-and 1,536, which the recorded boards are not). Reductions over the fastest-moving dimension (a row's mean) stage at most
+``multi_processor_count``; a ``--device`` answer's: the datasheet entry's ``multiprocessors``) and its threads per
+multiprocessor (2,048 on sm_70/80/90/100, 1,024 on sm_75, 1,536 on sm_86/89/120: :data:`MAX_THREADS_PER_MULTIPROCESSOR`). Reductions over the fastest-moving dimension (a row's mean) stage at most
 a few KiB when they stage at all: not modelled; nor are inputs that are not contiguous, or over 2³¹ elements (split
 into sub-iterators on a GPU).
 
@@ -62,7 +62,7 @@ from typing import Any, no_type_check
 
 import torch
 
-__all__ = ["ReductionBoard", "ScratchPlan", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "efficient_backward_scratch",
+__all__ = ["ReductionBoard", "MAX_THREADS_PER_MULTIPROCESSOR", "reduction_gap", "ScratchPlan", "reduction_scratch_bytes", "flash_backward_scratch_bytes", "efficient_backward_scratch",
            "softmax_backward_scratch", "kernel_scratch", "take_scratch"]
 
 #: a kernel's scratch in order: ``("alloc", bytes)`` takes a new block, ``("free", n)`` frees the n-th block it took (from 0)
@@ -75,12 +75,43 @@ _MAX_VALUES_PER_THREAD = 256
 _INT_BYTES = 4
 
 
+#: resident threads per multiprocessor by compute capability (CUDA C++ Programming Guide, "Technical Specifications per
+#: Compute Capability": maximum number of resident threads per SM) — the capabilities of the boards resacct lists
+MAX_THREADS_PER_MULTIPROCESSOR = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 7): 2048, (8, 9): 1536,
+                                  (9, 0): 2048, (10, 0): 2048, (12, 0): 1536}
+
+
 @dataclass(frozen=True)
 class ReductionBoard:
     """What ``setReduceConfig`` asks of the device: its multiprocessor count and threads per multiprocessor."""
 
     multiprocessors: int
     max_threads_per_multiprocessor: int = 2048
+
+    @classmethod
+    def of(cls, board: Any) -> ReductionBoard | None:
+        """The reduction kernels' view of ``board`` (an :class:`~resacct.facts.hardware.Accelerator`): its datasheet
+        entry's multiprocessors and its compute capability's threads per multiprocessor; None where either is unknown
+        (the staging is then not predicted: :func:`reduction_gap` says why)."""
+        threads = MAX_THREADS_PER_MULTIPROCESSOR.get(getattr(board, "compute_capability", None))
+        multiprocessors = getattr(board, "multiprocessors", None)
+        return None if multiprocessors is None or threads is None else cls(multiprocessors, threads)
+
+    def text(self) -> str:
+        """One line: what the reduction kernels are sized by."""
+        return f"{self.multiprocessors} multiprocessors × {self.max_threads_per_multiprocessor:,} threads"
+
+
+def reduction_gap(board: Any) -> str | None:
+    """Why ``board``'s reduction kernels' staging is not predicted (None: it is): the datasheet gives no
+    multiprocessor count, or its compute capability is not in :data:`MAX_THREADS_PER_MULTIPROCESSOR`."""
+    if getattr(board, "multiprocessors", None) is None:
+        return f"no multiprocessor count for {board.name} in resacct's datasheet"
+    capability = getattr(board, "compute_capability", None)
+    if MAX_THREADS_PER_MULTIPROCESSOR.get(capability) is None:
+        shown = "none" if capability is None else "{}.{}".format(*capability)
+        return f"compute capability {shown} of {board.name}: its threads per multiprocessor are not in resacct's table"
+    return None
 
 
 def _last_pow2(n: int) -> int:

@@ -44,6 +44,7 @@ from resacct.account.gpu.tracing.allocation_trace import AllocationRecorder
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig
 from resacct.account.gpu.tracing.cuda_composites import sdpa_math_region
 from resacct.account.gpu.tracing.op_costs import OpCostCounter
+from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 from resacct.errors import ResacctError
 from resacct.measurement.memory_timeline import copy_inputs, make_optimizer_state, run_training_step
 
@@ -223,7 +224,7 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, make_optimizer: Callable[[Any], torch.optim.Optimizer] | None = cuda_adamw,
                              *, attention: str | None = None, config: AllocatorConfig | None = None,
                              workspaces: tuple[int, ...] = (), ops: list[Any] | None = None,
-                             capability: tuple[int, int] | None = None) -> CudaStepPrediction:
+                             capability: tuple[int, int] | None = None, reductions: ReductionBoard | None = None) -> CudaStepPrediction:
     """Predict the CUDA caching allocator's peaks over one steady training step of ``model``
     (on the CPU or the meta device) on ``inputs`` (a tensor, tuple or mapping), ``loss_fn(model,
     inputs)`` the loss: forward, backward, ``optimizer.step()``, ``zero_grad`` — the optimizer's
@@ -237,6 +238,8 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     its FLOPs and bytes, as :func:`~resacct.account.gpu.timing.step_time.trace_step_ops` traces them (the
     step time's input from this same pass: one trace of the step, not two; issue 34). ``capability``: the board's compute
     capability (major, minor), where flash refuses some calls (:func:`flash_refusal`: they run the efficient kernel).
+    ``reductions``: the board's multiprocessors and threads (:meth:`ReductionBoard.of`), which size the staging buffer a
+    reduction over many rows takes inside its kernel (None: not predicted; :mod:`~resacct.account.gpu.tracing.cuda_scratch`).
 
     >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
     >>> prediction = predict_cuda_step_memory(model, torch.randn(64, 512), lambda m, x: m(x).square().mean())
@@ -248,6 +251,7 @@ def predict_cuda_step_memory(model: nn.Module, inputs: Any, loss_fn: LossFn, mak
     meta_model = _meta_copy(model)
     meta_inputs = copy_inputs(inputs, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
     recorder = AllocationRecorder(config, device="meta")
+    recorder.reduction_board = reductions
     routing: _CudaAttention | _SdpaCalls = _CudaAttention(attention, capability) if attention else _SdpaCalls()
     with recorder:
         for tensor in [*meta_model.parameters(), *meta_model.buffers()]:
