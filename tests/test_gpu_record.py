@@ -20,6 +20,7 @@ SCRIPT = REPO / "tools" / "gpu_record.py"
 sys.path.insert(0, str(REPO / "tools"))
 
 import gpu_record  # noqa: E402
+import gpu_record_origins  # noqa: E402
 import gpu_record_serve  # noqa: E402
 import gpu_record_step  # noqa: E402
 
@@ -111,8 +112,19 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert ceilings["matmul"]["fp32"]["max_flops_per_sec"] > 0 and ceilings["copy"]["bandwidth_bytes_per_sec"] > 0
     assert ceilings["launch"]["per_launch_sec"] > 0
     assert len(record["library_probe"]["stages"]) == 4 and record["library_probe"]["device"] == "cpu"  # the cuBLAS workspace probe
+    # sdpa's kernels over a sweep of shapes (a dry run: the CPU's math kernel on two tiny shapes), each timed forward and with its backward
+    attention = ceilings["attention"]["sweep"]
+    assert [(row["batch"], row["seq"]) for row in attention] == [(1, 16), (2, 32)] and ceilings["attention"]["skipped"] == 0
+    assert all(row["forward_backward_sec"] > row["forward_sec"] > 0 and row["forward_flops"] == 4 * row["batch"] * row["heads"] * row["seq"] ** 2
+               * row["head_size"] for row in attention)
+    # where a transformers step's process's first allocations come from: each with its Python frames, innermost first
+    origins = record["allocation_origins"]
+    assert origins["step"] == "hf-gpt2/fp32/efficient" and len(origins["allocations"]) == gpu_record_origins.KEPT_ALLOCATIONS
+    assert origins["allocations"][0]["size"] == origins["first_parameter_bytes"]  # on a CPU the model's embedding comes first
+    assert any(frame.startswith("transformers/models/gpt2/modeling_gpt2.py:") for frame in origins["allocations"][0]["frames"])
     summary = json.loads((out / "gpu-record-summary.json").read_text())
     assert summary["failed"] == [] and summary["record_bytes"] < 10 * 2**20 and summary["library_probe_status"] == "ok"
+    assert summary["allocation_origins_status"] == "ok"
     assert all(row["status"] == "ok" and row["replay"]["holds"] for row in summary["steps"])
     # the summary the commands read (board_record.board_ceilings): the record's own ceilings in brief, its date and board
     assert summary["ceilings"] == ceilings_in_brief(record["ceilings"]) and summary["when"] == record["when"] and summary["dry_run"] is True
@@ -354,3 +366,26 @@ def test_a_forced_kernel_that_refuses_the_token_is_recorded_as_its_error_and_the
     synced: list[int] = []
     forced = gpu_record_serve.forced_decode_times(Refusing(), torch.zeros(1, 1, dtype=torch.long), object(), "flash", True, 4, lambda: synced.append(1))
     assert forced == {"kernel": "flash", "error": "RuntimeError: No available kernel. Aborting execution."} and synced == [1]
+
+
+def test_the_origins_probe_keeps_the_boards_first_allocations_with_their_frames() -> None:
+    """On a board the probe reads the history's trace (``context="alloc"``): the first allocations, frees left out, each
+    with its frames shortened to the package's path (the 4-byte block of the H200 record is what it looks for)."""
+    frame = {"filename": "/opt/venv/lib/python3.12/site-packages/transformers/modeling_utils.py", "line": 1234, "name": "post_init"}
+    ours = {"filename": "/work/repo/resacct/account/load/hf_models.py", "line": 12, "name": "build_hf_model"}
+    trace = [{"action": "segment_alloc", "size": 2097152, "frames": []}, {"action": "alloc", "size": 512, "frames": [frame, ours]},
+             {"action": "free_requested", "size": 512, "frames": [frame]}]
+    trace += [{"action": "alloc", "size": 65536 * index, "frames": []} for index in range(1, 9)]
+    kept = gpu_record_origins._board_allocations({"device_traces": [trace]})
+    assert len(kept) == gpu_record_origins.KEPT_ALLOCATIONS and [row["size"] for row in kept[:3]] == [512, 65536, 131072]
+    assert kept[0]["frames"] == ["transformers/modeling_utils.py:1234 post_init", "resacct/account/load/hf_models.py:12 build_hf_model"]
+
+
+def test_the_attention_sweep_times_each_shape_forward_and_backward_within_its_budget() -> None:
+    import gpu_record_ceilings
+
+    swept = gpu_record_ceilings.attention_sweep(True, 60.0)
+    assert [(row["kernel"], row["batch"], row["seq"]) for row in swept["sweep"]] == [("math", 1, 16), ("math", 2, 32)]
+    assert all(row["forward_backward_sec"] > 0 and row["forward_sec"] > 0 for row in swept["sweep"])
+    spent = gpu_record_ceilings.attention_sweep(True, 0.0)  # no budget left: nothing timed, each shape counted as skipped
+    assert spent["sweep"] == [] and spent["skipped"] == 2

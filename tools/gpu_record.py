@@ -14,7 +14,8 @@ fp8 where the board has it (the MAMF method: the best of a sweep, not a datashee
 bandwidth (a 1 GiB copy) and the launch overhead of a tiny kernel; first, in a fresh process, the
 library probe (:func:`resacct.account.gpu.allocator.library_workspaces.probe_library_allocations`): what the
 first ``mm``, the first ``Linear`` with a bias and the first backward allocate — the cuBLAS/cuBLASLt
-workspaces the predictions take from PyTorch's source, unconfirmed until a record has it. Each step is replayed through
+workspaces the predictions take from PyTorch's source, unconfirmed until a record has it; then, in another, where a
+transformers step's process's first allocations come from (their Python frames: tools/gpu_record_origins.py). Each step is replayed through
 the allocator model at once, so the call's summary already says whether the model holds.
 
     python3 tools/gpu_record.py                  on the GPU machine: at most --budget seconds (540)
@@ -38,7 +39,7 @@ Models are built from configs only (no weights, no network). Exit status 1 if an
 Its parts are modules beside it (this file is the driver and the bundle): ``gpu_record_matrix.py``
 (the steps; their models built by resacct.account.gpu.records.record_models), ``gpu_record_step.py`` (one step recorded, in its own
 process), ``gpu_record_serve.py`` (one served model: prefill and decode), ``gpu_record_ceilings.py`` (the MAMF sweep, bandwidth, launch overhead) and
-``gpu_record_replay.py`` (``--replay``, ``--compare``); the library probe is library code,
+``gpu_record_replay.py`` (``--replay``, ``--compare``), ``gpu_record_origins.py`` (the first allocations' frames); the library probe is library code,
 :func:`resacct.account.gpu.allocator.library_workspaces.probe_library_allocations`, beside the workspaces it settles.
 """
 
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--ceilings", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--origins", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(record_step(args.one, args.dry_run), separators=(",", ":")))
@@ -199,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.library:  # a fresh process: what the first matmuls allocate (cuBLAS/cuBLASLt workspaces)
         from resacct.account.gpu.allocator.library_workspaces import probe_library_allocations
         print(json.dumps(probe_library_allocations("cpu" if args.dry_run else gpu_record_step.CUDA_DEVICE, cuda=not args.dry_run)))
+        return 0
+    if args.origins:  # a fresh process: the first allocations of a transformers step's process, with their Python frames
+        from gpu_record_origins import record_allocation_origins
+        print(json.dumps(record_allocation_origins(args.dry_run)))
         return 0
     chosen = [name for name in args.only.split(",") if name]
     unknown = [name for name in chosen if name not in MATRIX and name not in SERVING]
@@ -235,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         log.write("== library probe\n")
         library, library_status = _child(["--library"] + (["--dry-run"] if args.dry_run else []), 60, env, log)
         print(json.dumps({"library_probe": library_status, "stages": library and library["stages"]}), flush=True)
+        log.write("== allocation origins\n")
+        origins, origins_status = _child(["--origins"] + (["--dry-run"] if args.dry_run else []), 90, env, log)
+        print(json.dumps({"allocation_origins": origins_status, "sizes": origins and [a["size"] for a in origins["allocations"]]}), flush=True)
         # the training steps, then the served models (infer's prefill and decode): each in a fresh process
         for flag, name, entries, rows in [("--one", name, steps, summary) for name in names] + [("--serve", name, serving, serving_summary) for name in served]:
             left = args.budget - 130 - (time.perf_counter() - started)  # 130 s kept for the ceilings and the bundle
@@ -269,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"format": RECORD_FORMAT, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "dry_run": args.dry_run,
               **_board(args.dry_run), "allocator_settings": next((s["allocator_settings"] for s in steps if "allocator_settings" in s), {}),
               "steps": steps, "serving": serving, "ceilings": ceilings if ceilings is not None else {"error": status},
-              "library_probe": library if library is not None else {"error": library_status}, **({"wheels": wheels} if wheels else {})}
+              "library_probe": library if library is not None else {"error": library_status},
+              "allocation_origins": origins if origins is not None else {"error": origins_status}, **({"wheels": wheels} if wheels else {})}
     with gzip.open(args.out / "gpu-record.json.gz", "wt") as handle:
         handle.write(json.dumps(record, separators=(",", ":")))  # json.dumps takes the C encoder (json.dump never does)
     failed = ([row["name"] for row in summary + serving_summary if row["status"] != "ok"] + ([] if ceilings is not None else ["ceilings"])
@@ -278,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         {"board": record["board"], "when": record["when"], "torch": record["torch"], "capability": record.get("capability"),
          "total_memory_bytes": record.get("total_memory_bytes"), "dry_run": args.dry_run, "seconds": round(time.perf_counter() - started, 1),
          "ceilings": ceilings_in_brief(ceilings) if ceilings is not None else None,
-         "steps": summary, "serving": serving_summary, "ceilings_status": status, "library_probe_status": library_status, "failed": failed,
+         "steps": summary, "serving": serving_summary, "ceilings_status": status, "library_probe_status": library_status,
+         "allocation_origins_status": origins_status, "failed": failed,
          "record_bytes": (args.out / "gpu-record.json.gz").stat().st_size}, indent=1) + "\n")
     rows = summary + serving_summary
     print(f"== gpu_record: {sum(row['status'] == 'ok' for row in rows)} of {len(rows)} steps ok, {time.perf_counter() - started:.0f} s, files in {args.out}")

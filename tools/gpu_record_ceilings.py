@@ -1,6 +1,8 @@
 """The board's ceilings, as tools/gpu_record.py records them (issue 31): the most matmul FLOP/s over a
 sweep of shapes per dtype (the MAMF method: the best of a sweep, not a datasheet), the bandwidth of a
-large copy and the launch overhead of a tiny kernel.
+large copy and the launch overhead of a tiny kernel; and since round four, session 29, sdpa's fused kernels timed
+over a sweep of batch × sequence × head size (:func:`attention_sweep`): the training steps' attention calls are four
+shapes, too few to tell a per-call cost from a rate (docs/gpu.md, "How fast the board's attention kernels ran").
 """
 
 from __future__ import annotations
@@ -74,7 +76,63 @@ def record_ceilings(dry: bool, budget_sec: float) -> dict[str, Any]:
         for _ in range(launches):
             tiny.add_(1)
     launch_sec = time_it(launch_many, cuda, 3)
-    return {"matmul": matmul, "copy": {"bytes": nbytes, "seconds": copy_sec, "bandwidth_bytes_per_sec": 2 * nbytes / copy_sec,
+    attention = attention_sweep(dry, max(budget_sec - (time.perf_counter() - started), 0.0))
+    return {"matmul": matmul, "attention": attention, "copy": {"bytes": nbytes, "seconds": copy_sec, "bandwidth_bytes_per_sec": 2 * nbytes / copy_sec,
                                        "note": "read + write: 2 × bytes ÷ time"},
             "launch": {"kernels": launches, "seconds": launch_sec, "per_launch_sec": launch_sec / launches, "kernel": "tiny.add_(1), back to back"},
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+#: (batch, sequence) of the attention sweep on a board: the training steps' shapes (4 × 1,024, 2 × 1,024, 4 × 512, 1 × 256)
+#: among more, so a per-call term and a rate can be told apart; 16 heads, causal, head size 64 and 128
+ATTENTION_SHAPES = [(1, 256), (1, 512), (4, 512), (1, 1024), (2, 1024), (4, 1024), (8, 1024), (1, 2048), (4, 2048), (8, 2048), (1, 4096), (2, 4096)]
+ATTENTION_HEADS = 16
+
+
+def attention_sweep(dry: bool, budget_sec: float) -> dict[str, Any]:
+    """sdpa's flash kernel (bf16) and memory-efficient kernel (bf16 and fp32) timed over :data:`ATTENTION_SHAPES` × head
+    sizes 64 and 128, causal: forward alone and forward + backward (best of 5, CUDA-synchronised), with the FLOPs torch's
+    counter gives a causal call (the whole square: 4 × b × h × s² × d forward, 2.5 × that with the backward). A shape the
+    kernel refuses keeps its one-line error; shapes left when ``budget_sec`` is spent are not timed (``skipped``). In a
+    dry run: the CPU's math kernel on two tiny shapes (a layout check)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    cuda = not dry
+    device = "cuda" if cuda else "cpu"
+    started = time.perf_counter()
+    kernels = ([("flash", SDPBackend.FLASH_ATTENTION, torch.bfloat16), ("efficient", SDPBackend.EFFICIENT_ATTENTION, torch.bfloat16),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION, torch.float32)] if cuda else [("math", SDPBackend.MATH, torch.float32)])
+    shapes, heads, head_sizes = (ATTENTION_SHAPES, ATTENTION_HEADS, (64, 128)) if cuda else ([(1, 16), (2, 32)], 2, (8,))
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    for kernel, backend, dtype in kernels:
+        for head_size in head_sizes:
+            for batch, seq in shapes:
+                if time.perf_counter() - started > budget_sec:
+                    skipped += 1
+                    continue
+                row: dict[str, Any] = {"kernel": kernel, "dtype": str(dtype).removeprefix("torch."), "batch": batch, "seq": seq, "heads": heads,
+                                       "head_size": head_size, "causal": True, "forward_flops": 4 * batch * heads * seq * seq * head_size}
+                try:
+                    q, k, v = (torch.randn(batch, heads, seq, head_size, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+                    grad = torch.randn(batch, heads, seq, head_size, device=device, dtype=dtype)
+
+                    def forward(q: Any = q, k: Any = k, v: Any = v) -> Any:
+                        with sdpa_kernel(backend):
+                            return scaled_dot_product_attention(q, k, v, is_causal=True)
+
+                    def forward_backward(grad: Any = grad) -> None:
+                        forward().backward(grad)
+
+                    with torch.no_grad():
+                        row["forward_sec"] = time_it(forward, cuda, 5 if cuda else 2)
+                    row["forward_backward_sec"] = time_it(forward_backward, cuda, 5 if cuda else 2)
+                except RuntimeError as error:  # a kernel that refuses the shape or dtype (flash has no fp32)
+                    row["error"] = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+                finally:
+                    q = k = v = grad = None
+                rows.append(row)
+    return {"sweep": rows, "skipped": skipped, "seconds": round(time.perf_counter() - started, 2),
+            "flops": "torch's counter on a causal call: the whole square (4 × b × h × s² × d forward; the backward 2 × the forward)"}
