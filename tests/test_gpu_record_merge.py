@@ -116,3 +116,11 @@ def test_merge_without_out_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_record.py"), "--merge", str(H200)],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "--merge needs --out" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_allocation_origins_are_the_first_whole_sources() -> None:
+    origins = {"step": "hf-gpt2/fp32/efficient", "allocations": [{"size": 512, "frames": ["transformers/x.py:1 f"]}]}
+    failed = _record("t1", [_whole(FIRST, 1)], allocation_origins={"error": "timeout"})
+    whole = _record("t2", [_whole(SECOND, 2)], allocation_origins=origins)
+    assert merge_records([failed, whole])["allocation_origins"] == origins
+    assert "allocation_origins" not in merge_records([_record("t1", [_whole(FIRST, 1)])])  # a record from before the probe has none

@@ -4,7 +4,7 @@ A device call may leave steps failed (a kernel the board refused, a step out of 
 matrix corrected, records with ``--only``. The merge keeps, per step and per served model, the **last** source that
 recorded it whole (an entry without ``error``), in :data:`MATRIX`'s (:data:`SERVING`'s) order; a step no source recorded
 whole keeps its last error only while the matrix still names it (a renamed or reshaped step's failure is history, kept
-in ``merged_from``). The ceilings and the library probe are the first source's that has them; ``merged_from`` keeps, per
+in ``merged_from``). The ceilings, the library probe and the allocation origins are the first source's that has them; ``merged_from`` keeps, per
 source, when it ran, what each of its steps came to (status, the error's message) and its ceilings in brief — three
 sweeps of one board, side by side. Sources of different boards, torches, capabilities or allocator settings, or a dry
 run beside a board's, are refused: one record is one machine.
@@ -65,8 +65,10 @@ def merge_records(sources: list[dict[str, Any]]) -> dict[str, Any]:
                                    "expected records of one machine, one torch and one allocator setting")
     with_ceilings = next((s for s in sources if s.get("ceilings") and "error" not in s["ceilings"]), first)
     with_probe = next((s for s in sources if s.get("library_probe") and "error" not in s["library_probe"]), first)
+    with_origins = next((s for s in sources if s.get("allocation_origins") and "error" not in s["allocation_origins"]), first)
     return {**first, "steps": _merge_entries(sources, "steps", MATRIX), "serving": _merge_entries(sources, "serving", SERVING),
             "ceilings": with_ceilings.get("ceilings"), "library_probe": with_probe.get("library_probe"),
+            **({"allocation_origins": with_origins["allocation_origins"]} if "allocation_origins" in with_origins else {}),
             "merged_from": [_history(source) for source in sources]}
 
 
