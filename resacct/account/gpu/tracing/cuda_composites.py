@@ -27,6 +27,9 @@ Inside :func:`sdpa_math_region` (the routing modes of :mod:`~resacct.account.gpu
 that takes the math path) the recorder gives that ``add``'s output the scores' block (:func:`in_sdpa_math`): the same
 record shows one 268 MB scores block per layer where the trace on meta had two.
 
+``aten.embedding_dense_backward`` over more than 3,072 indices sorts them and sums partial segments around its output
+(:mod:`~resacct.account.gpu.tracing.cuda_embedding`).
+
 And the other way: outputs a meta kernel makes on the device that CUDA makes on the host (:func:`host_outputs`). The
 memory-efficient attention's philox ``seed`` and ``offset`` are CPU scalars on a GPU outside CUDA-graph capture
 (``_efficient_attention_forward``: ``at::empty({}, at::dtype(at::kLong))`` without dropout, ``at::scalar_tensor`` of
@@ -53,6 +56,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, no_type_check
 
 import torch
+
+from resacct.account.gpu.tracing.cuda_embedding import embedding_dense_backward
 
 __all__ = ["cuda_composite", "host_outputs", "sdpa_math_region", "in_sdpa_math", "mask_added_in_place", "accumulated_in_place",
            "sole_buffer_counts", "note_accumulating_add", "measure_sole_buffer_counts"]
@@ -87,7 +92,8 @@ def _ops(named: dict[str, Any]) -> dict[Any, Any]:
     return found
 
 
-_COMPOSITES: dict[Any, Callable[[tuple, dict, Track], Any]] = _ops({"_safe_softmax.default": _safe_softmax})
+_COMPOSITES: dict[Any, Callable[[tuple, dict, Track], Any]] = _ops({"_safe_softmax.default": _safe_softmax,
+                                                                     "embedding_dense_backward.default": embedding_dense_backward})
 
 
 def cuda_composite(func: Any) -> Callable[[tuple, dict, Track], Any] | None:
