@@ -113,6 +113,7 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
     assert ceilings["launch"]["per_launch_sec"] > 0
     assert len(record["library_probe"]["stages"]) == 4 and record["library_probe"]["device"] == "cpu"  # the cuBLAS workspace probe
     # sdpa's kernels over a sweep of shapes (a dry run: the CPU's math kernel on two tiny shapes), each timed forward and with its backward
+    assert [row["kernel"] for row in ceilings["attention"]["decode"]] == ["math"] and ceilings["attention"]["decode"][0]["growing_sec"] > 0
     attention = ceilings["attention"]["sweep"]
     assert [(row["batch"], row["seq"]) for row in attention] == [(1, 16), (2, 32)] and ceilings["attention"]["skipped"] == 0
     assert all(row["forward_backward_sec"] > row["forward_sec"] > 0 and row["forward_flops"] == 4 * row["batch"] * row["heads"] * row["seq"] ** 2
@@ -389,3 +390,7 @@ def test_the_attention_sweep_times_each_shape_forward_and_backward_within_its_bu
     assert all(row["forward_backward_sec"] > 0 and row["forward_sec"] > 0 for row in swept["sweep"])
     spent = gpu_record_ceilings.attention_sweep(True, 0.0)  # no budget left: nothing timed, each shape counted as skipped
     assert spent["sweep"] == [] and spent["skipped"] == 2
+    # one query over a cache of one length, then over a cache one position longer each call (a decode loop's shapes)
+    (decode,) = gpu_record_ceilings.decode_attention_calls(True, 60.0)
+    assert decode["kernel"] == "math" and decode["repeated_sec"] > 0 and decode["growing_sec"] > 0
+    assert gpu_record_ceilings.decode_attention_calls(True, 0.0) == [{"kernel": "math", "skipped": True}]

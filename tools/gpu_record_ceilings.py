@@ -77,6 +77,7 @@ def record_ceilings(dry: bool, budget_sec: float) -> dict[str, Any]:
             tiny.add_(1)
     launch_sec = time_it(launch_many, cuda, 3)
     attention = attention_sweep(dry, max(budget_sec - (time.perf_counter() - started), 0.0))
+    attention["decode"] = decode_attention_calls(dry, max(budget_sec - (time.perf_counter() - started), 0.0))
     return {"matmul": matmul, "attention": attention, "copy": {"bytes": nbytes, "seconds": copy_sec, "bandwidth_bytes_per_sec": 2 * nbytes / copy_sec,
                                        "note": "read + write: 2 × bytes ÷ time"},
             "launch": {"kernels": launches, "seconds": launch_sec, "per_launch_sec": launch_sec / launches, "kernel": "tiny.add_(1), back to back"},
@@ -136,3 +137,63 @@ def attention_sweep(dry: bool, budget_sec: float) -> dict[str, Any]:
                 rows.append(row)
     return {"sweep": rows, "skipped": skipped, "seconds": round(time.perf_counter() - started, 2),
             "flops": "torch's counter on a causal call: the whole square (4 × b × h × s² × d forward; the backward 2 × the forward)"}
+
+
+#: one generated token's attention calls, as generate makes them: one query over a cache of DECODE_CONTEXT positions
+DECODE_CONTEXT = 1024
+DECODE_CALLS = 16
+
+
+def decode_attention_calls(dry: bool, budget_sec: float) -> list[dict[str, Any]]:
+    """sdpa's kernels on one query over a bf16 cache (batch 1, 32 heads of 64: Llama-3.2-1B's, its 8 key/value heads
+    repeated to the query's as transformers' ``repeat_kv`` gives them), each call CUDA-synchronised: :data:`DECODE_CALLS` calls over the same cache length, then as many over a
+    cache one position longer each call — as a decode loop grows it. The 2026-11-30 record's served tokens spent 2.46 ms
+    of host time per cuDNN attention call; if cuDNN builds a graph per new shape, the growing calls pay it and the
+    repeated ones do not (docs/gpu.md). Per kernel: ``repeated_sec`` and ``growing_sec`` (medians), or ``error``. In a
+    dry run: the CPU's math kernel, tiny."""
+    import statistics
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    cuda = not dry
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    kernels = [(name, getattr(SDPBackend, backend)) for name, backend in
+               (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION")) if hasattr(SDPBackend, backend)]
+    if dry:
+        kernels = [("math", SDPBackend.MATH)]
+    heads, head_size, context, calls = (32, 64, DECODE_CONTEXT, DECODE_CALLS) if cuda else (4, 8, 16, 3)
+    started = time.perf_counter()
+    rows = []
+    for name, backend in kernels:
+        if time.perf_counter() - started > budget_sec:
+            rows.append({"kernel": name, "skipped": True})
+            continue
+        row: dict[str, Any] = {"kernel": name, "batch": 1, "heads": heads, "head_size": head_size, "context": context, "calls": calls}
+        try:
+            query = torch.randn(1, heads, 1, head_size, device=device, dtype=dtype)
+            # a new contiguous cache per length, made before the timing: transformers' cache grows by torch.cat
+            caches = {length: (torch.randn(1, heads, length, head_size, device=device, dtype=dtype),
+                               torch.randn(1, heads, length, head_size, device=device, dtype=dtype))
+                      for length in range(context, context + calls + 1)}
+
+            def timed(length: int) -> float:
+                keys, values = caches[length]
+                if cuda:
+                    torch.cuda.synchronize()
+                begin = time.perf_counter()
+                with sdpa_kernel(backend):
+                    scaled_dot_product_attention(query, keys, values)
+                if cuda:
+                    torch.cuda.synchronize()
+                return time.perf_counter() - begin
+
+            with torch.no_grad():
+                timed(context)  # its first call (a library's set-up) is not counted
+                row["repeated_sec"] = statistics.median(timed(context) for _ in range(calls))
+                row["growing_sec"] = statistics.median(timed(context + 1 + index) for index in range(calls))
+        except RuntimeError as error:  # a kernel that refuses one query
+            row["error"] = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        rows.append(row)
+    return rows
