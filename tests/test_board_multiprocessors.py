@@ -106,3 +106,14 @@ def test_devices_prints_the_count_and_where_it_was_read(capsys) -> None:  # type
     assert fields["multiprocessors"] == 132 and "multi_processor_count" in fields["multiprocessors_source"]
     assert main(["devices", "l4"]) == 0
     assert "multiprocessors" not in capsys.readouterr().out
+
+
+def test_the_answer_modules_still_load_without_torch() -> None:
+    """The --device answers' modules import the reduction model only when they trace (a cached answer renders without torch)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, resacct.account.gpu.answers.command_answers, resacct.account.gpu.answers.device_answer; "
+             "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]

@@ -32,7 +32,6 @@ from resacct.account.gpu.timing.board_rates import board_rates, with_decode_time
 from resacct.account.gpu.tracing.cuda_experts import group_experts, grouped_experts
 from resacct.account.gpu.answers.device_answer import GpuStepAnswer, attention_label, calibration_text, reductions_text, sdpa_kernel_for
 from resacct.account.gpu.allocator.library_workspaces import capability_major
-from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 from resacct.errors import ResacctError
 
 __all__ = ["CUDA_FAMILIES", "SERVED_FORMATS", "cuda_board_gap", "board_rates", "lora_gpu_answer", "infer_gpu_answer", "prefill_model", "predict_prefill",
@@ -98,6 +97,13 @@ def _predict(model: Any, inputs: Any, loss_fn: Any, make_optimizer: Any, kernel:
         raise
 
 
+def _reduction_board(board: Any) -> Any:
+    """:meth:`~resacct.account.gpu.tracing.cuda_scratch.ReductionBoard.of` ``board`` (imported here: this module loads without torch)."""
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
+
+    return ReductionBoard.of(board)
+
+
 def _unavailable(board: Any, gap: str) -> GpuStepAnswer:
     return GpuStepAnswer(board.name, None, None, None, calibration_text(board), gap=gap)
 
@@ -122,7 +128,7 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
 
     kernel = sdpa_kernel_for(board, parse_dtype(base))
     key = (config.to_json_string() if hasattr(config, "to_json_string") else repr(config), rank, targets, base, batch, seq, dropout, kernel,
-           board.compute_capability or capability_major(board), ReductionBoard.of(board))
+           board.compute_capability or capability_major(board), _reduction_board(board))
     try:
         if key not in _LORA_TRACES:  # the trace does not depend on the board beyond its sdpa kernel: once per process
             model = build_lora_model(config, rank=rank, targets=targets, base=base, dropout=dropout)
@@ -134,13 +140,13 @@ def lora_gpu_answer(config: Any, *, rank: int, targets: tuple[str, ...], base: s
                 del _LORA_TRACES[next(iter(_LORA_TRACES))]
             traced_ops: list | None = [] if timed else None
             _LORA_TRACES[key] = (_predict(model, inputs, lora_loss, adamw_over, kernel, workspaces.sizes, ops=traced_ops,
-                                          capability=board.compute_capability, reductions=ReductionBoard.of(board)),
+                                          capability=board.compute_capability, reductions=_reduction_board(board)),
                                  traced_ops, workspaces, experts, (model, inputs))
         predicted, ops, workspaces, experts, step = _LORA_TRACES[key]
         if timed and ops is None:  # traced for its peaks only before (a batch search): the same pass again, its ops kept
             ops = []
             _predict(*step, lora_loss, adamw_over, kernel, workspaces.sizes, ops=ops, capability=board.compute_capability,
-                     reductions=ReductionBoard.of(board))
+                     reductions=_reduction_board(board))
             _LORA_TRACES[key] = (predicted, ops, workspaces, experts, step)
         answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
                                calibration_text(board), workspaces=workspaces, experts=experts, reductions=reductions_text(board))
@@ -174,7 +180,7 @@ def infer_gpu_answer(config: Any, *, batch: int, context: int, weights: str, kv_
     try:
         kernel = sdpa_kernel_for(board, next(model.parameters()).dtype)
         predicted = predict_prefill(model, batch=batch, context=context, kernel=kernel, workspaces=workspaces.sizes, ops=ops,
-                                    capability=board.compute_capability, reductions=ReductionBoard.of(board))
+                                    capability=board.compute_capability, reductions=_reduction_board(board))
     except _UNTRACEABLE as error:
         return _unavailable(board, _why(error, "the prefill"))
     answer = GpuStepAnswer(board.name, predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, attention_label(predicted.attention, kernel),
