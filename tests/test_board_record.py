@@ -23,7 +23,7 @@ from resacct.account.gpu.records import board_record
 from resacct.account.gpu.timing.board_rates import board_rates
 from resacct.account.gpu.answers.device_answer import calibration_text
 from resacct.account.gpu.records.record import RECORD_FORMAT
-from resacct.checks.gpu_record_steps import board_step_peak, board_step_replay, board_step_time
+from resacct.checks.gpu_record_steps import board_step_events, board_step_peak, board_step_replay, board_step_time
 from resacct.cli import main
 from resacct.errors import ResacctError
 from resacct.facts.hardware import get_accelerator, peak_flops_per_sec
@@ -103,6 +103,28 @@ def test_the_peak_claim_rebuilds_the_step_the_record_describes(board_record_file
               "allocator_settings": {}, "steps": [larger], "ceilings": BOARD_CEILINGS}
     assert board_step_peak(_write(tmp_path / "larger-record.json.gz", record), STEP, "allocated").predicted > \
         board_step_peak(board_record_file, STEP, "allocated").predicted
+
+
+def test_the_events_claim_holds_only_where_every_event_is_predicted_in_order(board_record_file: str, dry_step: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    """A board trace made of the prediction's own events holds (the board's count); one event missing, one more, or two
+    swapped, and it does not — the law (``events_in_order`` equal to the board's count) fails, naming where."""
+    dry = board_step_events(board_record_file, STEP)  # the CPU's kernels made this trace, the prediction is CUDA's: they part
+    assert dry.measured == sum(row[0] in ("alloc", "free_completed") for row in dry_step["trace"][dry_step["window_start"]:])
+    assert dry.predicted < dry.measured and dry.quantities["first_difference"].startswith("event ")
+    from resacct.checks.gpu_record_steps import _prediction
+
+    events = [[action, 0, size, 0] for action, size, _ in _prediction(board_record_file, STEP)[4]]
+    swapped = [*events[:2], events[3], events[2], *events[4:]]
+    assert events[2][:3] != events[3][:3]
+    for name, trace, holds in (("same", events, True), ("missing", events[:5] + events[6:], False), ("extra", [*events, events[0]], False),
+                               ("swapped", swapped, False)):
+        step = dict(copy.deepcopy(dry_step), trace=trace, window_start=0)
+        record = {"format": RECORD_FORMAT, "when": "2026-12-01T09:00:00+00:00", "dry_run": False, "board": "NVIDIA H200",
+                  "torch": torch.__version__, "allocator_settings": {}, "steps": [step], "ceilings": BOARD_CEILINGS}
+        outcome = board_step_events(_write(tmp_path / f"{name}-record.json.gz", record), STEP)
+        assert (outcome.predicted == outcome.measured == len(trace)) is holds, (name, outcome)
+        assert (outcome.quantities["first_difference"] is None) is holds, (name, outcome)
 
 
 def test_the_time_claim_prices_the_steps_ops_by_the_records_own_ceilings(board_record_file: str, dry_step: dict[str, Any]) -> None:

@@ -67,20 +67,54 @@ def _replayed_step(record: str, step: str, mtime_ns: int) -> Any:
 
 
 @shared_measurement
-def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, list[Any], str]:
+def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, list[Any], str, tuple[tuple[str, int, str], ...]]:
     """The recorded step rebuilt on meta and predicted (allocated and reserved peaks, the aten ops with their
-    FLOPs and bytes, the attention traced): one pass serves the step's peak and time claims."""
+    FLOPs and bytes, the attention traced, the measured step's allocations and completed frees with the op of each): one
+    pass serves the step's peak, time and event claims."""
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
     from resacct.account.gpu.records.record_models import predict_step_of_record
 
     ops: list[Any] = []
-    predicted = predict_step_of_record(data, entry, ops=ops)
-    return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention
+    window: list[tuple[str, int, str]] = []
+    predicted = predict_step_of_record(data, entry, ops=ops, window=window)
+    events = tuple(event for event in window if event[0] in _COMPARED_EVENTS)
+    return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention, events
 
 
-def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str]:
+def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str, tuple[tuple[str, int, str], ...]]:
     return _predicted_step(record, step, record_path(record).stat().st_mtime_ns)
+
+
+_COMPARED_EVENTS = ("alloc", "free_completed")
+
+
+@check("gpu_recorded.board_step_events", evidence="recorded",
+       quantities=("events_in_order", "board_events", "predicted_events", "first_difference", *SOURCE), replay=record_contents)
+def board_step_events(record: str, step: str) -> Outcome:
+    """The board's allocations and completed frees over the measured step (action and size, in order) beside the
+    prediction's from the step rebuilt on meta: ``events_in_order`` is the board's count less the larger of the two
+    sides' events the other lacks (difflib's alignment) — the board's count exactly where the sequences are the same;
+    ``first_difference`` says where they part, with the predicted op."""
+    import difflib
+
+    data = read_board_record(record)
+    entry = board_record_step(record, data, step)
+    board = [(row[0], row[2]) for row in entry["trace"][entry["window_start"]:] if row[0] in _COMPARED_EVENTS]
+    ours = _prediction(record, step)[4]
+    matcher = difflib.SequenceMatcher(None, board, [(action, size) for action, size, _ in ours], autojunk=False)
+    differing = [opcode for opcode in matcher.get_opcodes() if opcode[0] != "equal"]
+    board_only = sum(board_to - board_from for _, board_from, board_to, _, _ in differing)
+    ours_only = sum(ours_to - ours_from for _, _, _, ours_from, ours_to in differing)
+    first = None
+    if differing:
+        _, board_from, board_to, ours_from, ours_to = differing[0]
+        first = (f"event {board_from}: board {board[board_from] if board_from < board_to else 'nothing'}, predicted "
+                 f"{ours[ours_from] if ours_from < ours_to else 'nothing'}")
+    in_order = len(board) - max(board_only, ours_only)
+    return Outcome(measured=len(board), predicted=in_order, quantities={
+        "events_in_order": in_order, "board_events": len(board), "predicted_events": len(ours), "first_difference": first,
+        **record_source(record, data)})
 
 
 @check("gpu_recorded.board_step_peak", evidence="recorded", quantities=("predicted_bytes", "attention", *SOURCE), replay=record_contents)
@@ -91,7 +125,7 @@ def board_step_peak(record: str, step: str, peak: str) -> Outcome:
     field = peak_field(peak)
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
-    allocated, reserved, _, attention = _prediction(record, step)
+    allocated, reserved, _, attention, _ = _prediction(record, step)
     predicted = allocated if peak == "allocated" else reserved
     return Outcome(measured=entry[field], predicted=predicted,
                    quantities={"predicted_bytes": predicted, "attention": attention, **record_source(record, data)})
