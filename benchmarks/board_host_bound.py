@@ -7,6 +7,11 @@ optimizer's host-side step counts waits for nothing). Nothing is predicted: the 
 
     python benchmarks/board_host_bound.py                                  # the committed H200 record
     python benchmarks/board_host_bound.py --record docs/gpu/<date>-<board>-record.json.gz
+    python benchmarks/board_host_bound.py --traced   # and the board's step time per aten op the prediction traces (~25 CPU s)
+
+``--traced`` adds each step's aten ops as resacct traces them on meta (``predict_step_of_record``) and the board's step time
+per traced op: on a step whose GPU was busy most of the step, the host took at most that per op — the bound a per-op host
+term would have to meet on every step at once.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def host_and_gpu(step: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", default=DEFAULT_RECORD, help=f"a board record (default {DEFAULT_RECORD})")
+    parser.add_argument("--traced", action="store_true", help="also the ops resacct traces per step and the board's step time per traced op")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from resacct.account.gpu.records.board_record import read_board_record
@@ -51,15 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"board_host_bound.py: {error}", file=sys.stderr)
         return 2
     print(f"{data['board']}, {data['when']}: {args.record}")
-    print(f"{'step':48s} {'board step':>10s} {'GPU busy':>9s} {'host':>9s} {'calls':>6s}  binds  device-waiting ops")
+    print(f"{'step':48s} {'board step':>10s} {'GPU busy':>9s} {'host':>9s} {'calls':>6s}  binds  "
+          + ("traced ops, step per op  " if args.traced else "") + "device-waiting ops")
     for step in data["steps"]:
         if "ops" not in step:
             print(f"{step['name']:48s} (not recorded: {step.get('error', 'no profile')})")
             continue
         row = host_and_gpu(step)
         waiting = ", ".join(f"{count} {name}" for name, count in sorted(row["waiting"].items()))
+        traced = ""
+        if args.traced:
+            from resacct.account.gpu.records.record_models import predict_step_of_record
+
+            ops: list[Any] = []
+            predict_step_of_record(data, step, ops=ops)
+            traced = f"{len(ops):6,d} {row['step_ms'] * 1e3 / len(ops):6.1f} µs      "
         print(f"{row['name']:48s} {row['step_ms']:8.2f} ms {row['gpu_busy_ms']:6.2f} ms {row['host_ms']:6.2f} ms {row['top_level_calls']:6,d}"
-              f"  {row['binds']:5s}  {waiting}")
+              f"  {row['binds']:5s}  {traced}{waiting}")
     return 0
 
 

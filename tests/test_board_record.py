@@ -240,18 +240,24 @@ def test_account_and_fit_on_a_board_give_the_step_time_from_its_record(committed
 
 @pytest.mark.slow  # a verify in its own process (~10 s): the generated YAML, loaded and decided as a shipped spec would be
 def test_a_records_generated_claims_are_decided_by_verify(board_record_file: str, tmp_path: Path) -> None:
-    """Five claims per recorded step (none for the step that failed), each decided — none skipped: the replays hold
-    (the model made this trace), the step-time claim is judged against the record's own ceilings."""
+    """Five claims per recorded step (none for the step that failed), each decided — none skipped (on torch < 2.8 the
+    predictions, which require 2.8, are; the replays are not): the replays hold (the model made this trace), the
+    step-time claim is judged against the record's own ceilings."""
     from tests.record_claims import generated_claims, verified
 
     claims = generated_claims(board_record_file)
     assert claims.count("  - id: recorded-h200-") == 10 and "# mixtral/timeout: not recorded (timeout): no claims" in claims
     report = verified(claims, tmp_path, "a synthetic record (tests/test_board_record.py)")
     outcomes = {claim["id"]: claim["outcome"] for claim in report["claims"]}
-    assert len(outcomes) == 10 and not any(outcome == "skipped" for outcome in outcomes.values()), outcomes
+    skipped = {claim for claim, outcome in outcomes.items() if outcome == "skipped"}
+    if torch.__version__ < "2.8":  # the generated predictions require torch >= 2.8 (no meta kernels for the board's attention before)
+        assert len(outcomes) == 10 and skipped == {claim for claim in outcomes if "replays-exactly" not in claim}, outcomes
+    else:
+        assert len(outcomes) == 10 and not skipped, outcomes
     assert outcomes["recorded-h200-gpt2-small-fp32-math-reserved-replays-exactly"] == "holds"
     assert outcomes["recorded-h200-gpt2-small-fp32-math-allocated-replays-exactly"] == "holds"
-    assert all(claim["evidence"] == "recorded" and claim["quantities"]["board"] == "NVIDIA H200" for claim in report["claims"])
+    assert all(claim["evidence"] == "recorded" for claim in report["claims"])
+    assert all(claim["quantities"]["board"] == "NVIDIA H200" for claim in report["claims"] if claim["id"] not in skipped)
 
 
 def test_claims_are_not_written_for_a_dry_run_or_an_unknown_board(tmp_path: Path, dry_step: dict[str, Any]) -> None:

@@ -16,11 +16,12 @@ staging buffers and flash's backward workspaces by reading exactly these (with o
 
 from __future__ import annotations
 
-import difflib
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from resacct.account.gpu.records.record import COMPARED_EVENTS, event_differences
 
 __all__ = ["diff_record"]
 
@@ -78,6 +79,10 @@ def _step_lines(name: str, step: dict[str, Any], predicted: Any, replayed: Any, 
     board_segments = Counter(size for action, size in board if action in ("segment_alloc", "segment_map"))
     our_segments = Counter(size for action, size, _ in ours if action in ("segment_alloc", "segment_map"))
     lines.append(f"  new segments, board only: {_sizes(board_segments - our_segments)}; predicted only: {_sizes(our_segments - board_segments)}")
+    compared = [event for event in board if event[0] in COMPARED_EVENTS]
+    apart = event_differences(compared, [(action, size) for action, size, _ in ours if action in COMPARED_EVENTS])
+    lines.append(f"  allocations and completed frees apart (gpu_recorded.board_step_events): board {apart.board_only:,} / predicted "
+                 f"{apart.ours_only:,} of the board's {len(compared):,}")
     differences = _aligned_differences(board, ours, limit)
     lines += ["  the event sequences differ at (board | predicted, with the op):", *differences] if differences else ["  the event sequences are the same"]
     return lines
@@ -85,11 +90,8 @@ def _step_lines(name: str, step: dict[str, Any], predicted: Any, replayed: Any, 
 
 def _aligned_differences(board: list[tuple[str, int]], ours: list[tuple[str, int, str]], limit: int) -> list[str]:
     """The first ``limit`` differing runs of the two ``(action, size)`` sequences, each line naming the board's event index."""
-    matcher = difflib.SequenceMatcher(None, board, [(action, size) for action, size, _ in ours], autojunk=False)
     lines: list[str] = []
-    for tag, board_from, board_to, our_from, our_to in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for board_from, board_to, our_from, our_to in event_differences(board, [(action, size) for action, size, _ in ours]).runs:
         if len(lines) >= limit:
             lines.append(f"  … and more (--diff prints the first {limit})")
             break

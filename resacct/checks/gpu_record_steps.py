@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from resacct.account.gpu.records.board_record import board_record_step, read_board_record
+from resacct.account.gpu.records.record import COMPARED_EVENTS
 from resacct.account.gpu.records.recorded import record_contents, record_path, record_source
 from resacct.errors import ResacctError
 from resacct.harness.registry import Outcome, check
@@ -78,15 +79,12 @@ def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, li
     ops: list[Any] = []
     window: list[tuple[str, int, str]] = []
     predicted = predict_step_of_record(data, entry, ops=ops, window=window)
-    events = tuple(event for event in window if event[0] in _COMPARED_EVENTS)
+    events = tuple(event for event in window if event[0] in COMPARED_EVENTS)
     return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention, events
 
 
 def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str, tuple[tuple[str, int, str], ...]]:
     return _predicted_step(record, step, record_path(record).stat().st_mtime_ns)
-
-
-_COMPARED_EVENTS = ("alloc", "free_completed")
 
 
 @check("gpu_recorded.board_step_events", evidence="recorded",
@@ -96,22 +94,19 @@ def board_step_events(record: str, step: str) -> Outcome:
     prediction's from the step rebuilt on meta: ``events_in_order`` is the board's count less the larger of the two
     sides' events the other lacks (difflib's alignment) — the board's count exactly where the sequences are the same;
     ``first_difference`` says where they part, with the predicted op."""
-    import difflib
+    from resacct.account.gpu.records.record import event_differences
 
     data = read_board_record(record)
     entry = board_record_step(record, data, step)
-    board = [(row[0], row[2]) for row in entry["trace"][entry["window_start"]:] if row[0] in _COMPARED_EVENTS]
+    board = [(row[0], row[2]) for row in entry["trace"][entry["window_start"]:] if row[0] in COMPARED_EVENTS]
     ours = _prediction(record, step)[4]
-    matcher = difflib.SequenceMatcher(None, board, [(action, size) for action, size, _ in ours], autojunk=False)
-    differing = [opcode for opcode in matcher.get_opcodes() if opcode[0] != "equal"]
-    board_only = sum(board_to - board_from for _, board_from, board_to, _, _ in differing)
-    ours_only = sum(ours_to - ours_from for _, _, _, ours_from, ours_to in differing)
+    differences = event_differences(board, [(action, size) for action, size, _ in ours])
     first = None
-    if differing:
-        _, board_from, board_to, ours_from, ours_to = differing[0]
+    if differences.runs:
+        board_from, board_to, ours_from, ours_to = differences.runs[0]
         first = (f"event {board_from}: board {board[board_from] if board_from < board_to else 'nothing'}, predicted "
                  f"{ours[ours_from] if ours_from < ours_to else 'nothing'}")
-    in_order = len(board) - max(board_only, ours_only)
+    in_order = len(board) - max(differences.board_only, differences.ours_only)
     return Outcome(measured=len(board), predicted=in_order, quantities={
         "events_in_order": in_order, "board_events": len(board), "predicted_events": len(ours), "first_difference": first,
         **record_source(record, data)})

@@ -36,7 +36,7 @@ from typing import Any
 from resacct.account.gpu.allocator.cuda_allocator import AllocatorConfig, CachingAllocatorModel
 from resacct.errors import ResacctError
 
-__all__ = ["RECORD_FORMAT", "SEGMENT_ACTIONS", "ReplayResult", "compact_snapshot", "replay_step", "recorded_reserved_peak_bytes",
+__all__ = ["RECORD_FORMAT", "SEGMENT_ACTIONS", "COMPARED_EVENTS", "EventDifferences", "event_differences", "ReplayResult", "compact_snapshot", "replay_step", "recorded_reserved_peak_bytes",
            "allocator_config_of", "check_record_layout"]
 
 RECORD_FORMAT = "resacct-gpu-record/1"
@@ -198,3 +198,31 @@ def check_record_layout(record: dict[str, Any]) -> list[str]:
             if key not in entry:
                 problems.append(f"serving {entry.get('name', '?')}: no {key!r}")
     return problems
+
+
+#: the allocator events a step's prediction is compared with the board's by: each allocation and each completed free
+COMPARED_EVENTS = ("alloc", "free_completed")
+
+
+@dataclass(frozen=True)
+class EventDifferences:
+    """Two ``(action, size)`` sequences aligned (difflib, no junk heuristic): the runs where they part
+    (``(board_from, board_to, ours_from, ours_to)``) and how many events each side has that the other lacks."""
+
+    runs: tuple[tuple[int, int, int, int], ...]
+    board_only: int
+    ours_only: int
+
+
+def event_differences(board: list[tuple[str, int]], ours: list[tuple[str, int]]) -> EventDifferences:
+    """Where the board's events and the prediction's part: the same sequence gives no runs and 0 on each side.
+
+    >>> event_differences([("alloc", 512), ("alloc", 1024), ("free_completed", 512)], [("alloc", 512), ("free_completed", 512)])
+    EventDifferences(runs=((1, 2, 1, 1),), board_only=1, ours_only=0)
+    """
+    import difflib
+
+    matcher = difflib.SequenceMatcher(None, board, ours, autojunk=False)
+    runs = tuple((board_from, board_to, ours_from, ours_to) for tag, board_from, board_to, ours_from, ours_to in matcher.get_opcodes()
+                 if tag != "equal")
+    return EventDifferences(runs, sum(b_to - b_from for b_from, b_to, _, _ in runs), sum(o_to - o_from for _, _, o_from, o_to in runs))

@@ -237,7 +237,7 @@ def predict_record_serving(entry: dict[str, Any], *, dry_run: bool, capability: 
         workspaces = step_workspaces(model, major=major_minor[0], backward=False, env=env or {}).sizes
     ops: list[Any] = []
     predicted = predict_prefill(model, batch=entry["batch"], context=entry["context"], kernel=kernel, workspaces=workspaces, ops=ops,
-                                capability=major_minor, reductions=ReductionBoard(multiprocessors) if multiprocessors and not dry_run else None)
+                                capability=major_minor, reductions=None if dry_run else ReductionBoard.sized(multiprocessors, major_minor))
     kv_cache = model_kv_cache_elements(model, entry["context"]) * entry["batch"] * next(model.parameters()).element_size()
     decode_ops = trace_decode_ops(model, batch=entry["batch"], context=entry["context"], kernel=kernel, capability=major_minor)
     return ServingPrediction(predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, predicted.attention, ops, weight_bytes(model), kv_cache,

@@ -85,7 +85,7 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
     workspaces of :class:`WorkspaceRecorder`, the sdpa ``kernel`` (``flash``/``efficient``; None: the step's own sdpa
     call, math on meta) on a board of ``capability``: a :class:`~resacct.account.gpu.tracing.cuda_step.CudaStepPrediction` of the
     measured step (the window after :data:`WARMUP_STEPS` steps). ``ops`` receives the measured step's aten ops.
-    ``multiprocessors``: the board's, for its reduction kernels' staging buffers (None: not modelled). ``window`` receives the
+    ``multiprocessors``: the board's, for its reduction kernels' staging buffers with ``capability``'s threads (None: not modelled). ``window`` receives the
     measured step's allocator events, each ``(action, size, op)`` — the last aten op begun before it (a free between two ops,
     a Python ``del`` or the engine dropping a node's inputs, is labelled with the op before it). ``replay`` (the default): the measured step is the last warm-up step's allocator calls
     replayed (:mod:`~resacct.account.gpu.records.steady_replay`) where that step was closed; False traces it (the check of the replay)."""
@@ -97,10 +97,9 @@ def predict_recorded_process(step: Mapping[str, Any], build: Callable[[], tuple[
 
     recorder = WorkspaceRecorder(config, cublas_bytes=cublas_bytes, cublaslt_bytes=cublaslt_bytes)
     recorder.op_starts = None if window is None else []
-    if multiprocessors:
-        from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
+    from resacct.account.gpu.tracing.cuda_scratch import ReductionBoard
 
-        recorder.reduction_board = ReductionBoard(multiprocessors)
+    recorder.reduction_board = ReductionBoard.sized(multiprocessors, capability)
     routing = sdpa_routing(kernel, capability, forced=True)  # the recorder forces the kernel (sdpa_kernel)
     chosen = parse_recipe(step["recipe"])
     with recorder:

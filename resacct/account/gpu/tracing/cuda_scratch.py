@@ -89,13 +89,17 @@ class ReductionBoard:
     max_threads_per_multiprocessor: int = 2048
 
     @classmethod
+    def sized(cls, multiprocessors: int | None, capability: tuple[int, int] | None) -> ReductionBoard | None:
+        """A board of ``multiprocessors`` and compute ``capability`` (its threads per multiprocessor from
+        :data:`MAX_THREADS_PER_MULTIPROCESSOR`); None where either is unknown: the staging is then not predicted."""
+        threads = MAX_THREADS_PER_MULTIPROCESSOR.get(capability)  # type: ignore[arg-type]
+        return None if not multiprocessors or threads is None else cls(multiprocessors, threads)
+
+    @classmethod
     def of(cls, board: Any) -> ReductionBoard | None:
         """The reduction kernels' view of ``board`` (an :class:`~resacct.facts.hardware.Accelerator`): its datasheet
-        entry's multiprocessors and its compute capability's threads per multiprocessor; None where either is unknown
-        (the staging is then not predicted: :func:`reduction_gap` says why)."""
-        threads = MAX_THREADS_PER_MULTIPROCESSOR.get(getattr(board, "compute_capability", None))
-        multiprocessors = getattr(board, "multiprocessors", None)
-        return None if multiprocessors is None or threads is None else cls(multiprocessors, threads)
+        entry's multiprocessors and compute capability (:meth:`sized`; :func:`reduction_gap` says why there is none)."""
+        return cls.sized(getattr(board, "multiprocessors", None), getattr(board, "compute_capability", None))
 
     def text(self) -> str:
         """One line: what the reduction kernels are sized by."""
