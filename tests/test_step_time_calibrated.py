@@ -153,3 +153,29 @@ def test_a_traced_fused_attention_op_carries_its_dtype_and_no_other_op_does() ->
     assert dtypes["aten._scaled_dot_product_flash_attention.default"] == "bfloat16"
     assert dtypes["aten._scaled_dot_product_flash_attention_backward.default"] == "bfloat16"
     assert all(dtype is None for name, dtype in dtypes.items() if "attention" not in name)
+
+
+def test_a_matmul_that_moves_more_than_it_computes_is_priced_at_its_bytes() -> None:
+    """The roofline's memory roof under every cuBLAS call: a mixture of experts' ``batched_mm`` outer products (512 tokens'
+    4,096 × 1 by 1 × 1,024 each, one call) compute 4.3 GFLOP — 43 µs at an unaligned call's 100 TFLOP/s — but write 4.3 GB, ~1 ms at
+    4 TB/s; FLOPs alone priced the H200 record's step at 0.89 of the board's (docs/gpu.md, session 30). Traced on meta,
+    the op's bytes are its operands' and output's; a compute-bound call keeps its FLOPs' price."""
+    from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, MatmulFit
+
+    with OpCosts() as costs:
+        left = torch.empty(512, 4096, 1, dtype=torch.bfloat16, device="meta")
+        right = torch.empty(512, 1, 1024, dtype=torch.bfloat16, device="meta")
+        torch.bmm(left, right)
+        torch.mm(torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta"), torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta"))
+    outer, square = [op for op in costs.ops if op.matmul is not None]
+    moved = 2 * (512 * 4096 + 512 * 1024 + 512 * 4096 * 1024)  # bf16 operands and output, counted from the shapes here
+    assert outer.bytes == moved and outer.flops == 2 * 512 * 4096 * 1024
+    fits = {"aligned": MatmulFit(RATE, PER_CALL), "unaligned": MatmulFit(SLOW, 0.0)}
+    times = CalibratedTimes(fits, 1.5, 0.0, 0.0, BANDWIDTH, ("a", "b"))
+    cls = matmul_class(outer.matmul[3], outer.matmul[4])
+    kernels, _ = predict_calibrated_seconds([outer], times, fallback_flops_per_sec=RATE)
+    assert kernels == pytest.approx(moved / BANDWIDTH + fits[cls].sec_per_call) and kernels > 20 * outer.flops / fits[cls].flops_per_sec
+    kernels, _ = predict_calibrated_seconds([square], times, fallback_flops_per_sec=RATE)
+    assert kernels == pytest.approx(2 * 4096**3 / RATE + PER_CALL)  # 275 µs of FLOPs against 25 µs of bytes: the FLOPs price it
+    bare, _ = predict_calibrated_seconds([outer], CalibratedTimes({}, 1.5, 0.0, 0.0, BANDWIDTH, ("a", "b")), fallback_flops_per_sec=RATE)
+    assert bare == pytest.approx(moved / BANDWIDTH)  # no fitted class: the fallback rate, under the same roof

@@ -2,7 +2,7 @@
 
 :mod:`~resacct.account.gpu.timing.step_time_calibrated` fits a model on recorded steps — per class of cuBLAS call a rate and a
 time per call, the other kernels' factor on the copy bandwidth and time per kernel, the host's idle time per op — and
-the record's ``recorded-…-step-time-calibrated`` claims judge it on steps it was not fitted on (9 of the H200 record's 13
+the record's ``recorded-…-step-time-calibrated`` claims judge it on steps it was not fitted on (11 of the H200 record's 13 since session 30
 within 10 %, where the per-op roofline on the record's ceilings held 4). The commands (``account``, ``lora``, ``shard``,
 ``infer`` with ``--device BOARD``) price a traced step by the same model fitted on **every** training step of the
 board's newest record (its dense ones, as the claims calibrate). Fitting traces each recorded step's whole process on meta (~15 CPU s for 13 steps), so it is done

@@ -9,7 +9,11 @@ own per-op profile of the **calibration steps** (never the judged one):
 
 - **matmuls** — per class (``fp32``; 16-bit ``aligned``: every leading dimension cuBLAS is given a multiple of 8 —
   a traced call knows its strides, a profile's row only its shapes; 16-bit ``unaligned``), a rate and a per-call time, ``t = FLOPs ÷ rate + t0``, least squares over the profile's rows of
-  every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error);
+  every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error). A call is priced
+  no faster than the roofline's memory roof — its operands' and output's bytes at the copy bandwidth —:
+  ``t = max(FLOPs ÷ rate, bytes ÷ bandwidth) + t0`` (since session 30: a mixture of experts' ``batched_mm`` runs 512
+  matrix-vector products and outer products per call, 8.6-17.2 GB each, that FLOPs alone priced at microseconds; on the
+  H200 record its step went from 0.89 to 1.03 of the board's, the dense steps moved by ≤ 0.7 % — docs/gpu.md);
 - **attention** — per fused kernel family (flash, memory-efficient) and precision (``fp32``, ``16-bit``), one rate: the
   calibration steps' traced attention FLOPs (torch's flop registry: a causal call counted whole) over their profile's
   attention kernels' device time (on the H200 record flash ran 285-316 TFLOP/s in every bf16 step, forward and backward
@@ -91,15 +95,19 @@ class CalibratedTimes:
     attention_flops_per_sec: dict[str, float] = field(default_factory=dict)  # per fused kernel family and precision (attention_class)
 
     def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
-        return _matmul_sec(self.matmul, op, fallback_flops_per_sec)
+        return _matmul_sec(self.matmul, op, fallback_flops_per_sec, self.bandwidth_bytes_per_sec)
 
 
 @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
-def _matmul_sec(fits: dict[str, MatmulFit], op: OpCost, fallback_flops_per_sec: float) -> float:
-    """A cuBLAS call's seconds by its class's fit (the fallback rate where its class has none)."""
+def _matmul_sec(fits: dict[str, MatmulFit], op: OpCost, fallback_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+    """A cuBLAS call's seconds by its class's fit (the fallback rate where its class has none), never under its bytes at
+    the copy bandwidth (the roofline's memory roof: a batch of matrix-vector products moves far more than it computes)."""
     *_, dtype, aligned = op.matmul  # type: ignore[misc]
     fit = fits.get(matmul_class(dtype, aligned))
-    return op.flops / fallback_flops_per_sec if fit is None else op.flops / fit.flops_per_sec + fit.sec_per_call
+    moving = op.bytes / bandwidth_bytes_per_sec
+    if fit is None:
+        return max(op.flops / fallback_flops_per_sec, moving)
+    return max(op.flops / fit.flops_per_sec, moving) + fit.sec_per_call
 
 
 def _fit_matmuls(rows: Iterable[tuple[str, int, int, float]]) -> dict[str, MatmulFit]:
@@ -161,7 +169,7 @@ def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback
         if not op.kernel:
             continue
         if op.matmul is not None:
-            compute += _matmul_sec(matmul_fits, op, fallback)
+            compute += _matmul_sec(matmul_fits, op, fallback, bandwidth)
         elif op.op in _ATTENTION_OP_FAMILY and (rate := attention.get(attention_class(_ATTENTION_OP_FAMILY[op.op], op.dtype))) is not None:
             compute += op.flops / rate
         elif op.flops and op.flops / fallback >= op.bytes / bandwidth:  # attention and the like: FLOP-bound at the best rate
