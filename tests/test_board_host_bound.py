@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "board_host_bound.py"
 
@@ -26,3 +28,24 @@ def test_a_file_that_is_not_a_record_is_refused_in_one_line(tmp_path: Path) -> N
     bad.write_bytes(b"not gzip")
     done = subprocess.run([sys.executable, str(SCRIPT), "--record", str(bad)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2 and done.stderr.startswith("board_host_bound.py: ") and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow  # a Llama stepped 5 times and a second process stepping it 18: ~13 s
+def test_local_steps_the_recorded_model_on_this_cpu_and_divides_the_boards_host_by_it() -> None:
+    """``--local``: the model code stepped here (its own depth, widths shrunk), its CPU time beside the board's profiled host."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import board_host_bound
+
+    from resacct.account.gpu.records.board_record import read_board_record
+
+    step = next(s for s in read_board_record(board_host_bound.DEFAULT_RECORD)["steps"] if s["name"] == "gqa-llama/bf16/flash")
+    seconds = board_host_bound.local_step_cpu_sec(step, steps=2)
+    assert 0 < seconds < 5
+    done = subprocess.run([sys.executable, str(SCRIPT), "--local", "--only", "gqa-llama/bf16/flash"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    (row,) = done.stdout.splitlines()[2:]
+    fields = row.split()
+    host_ms, local_ms, ratio = float(fields[5]), float(fields[9]), float(fields[11])
+    assert ratio == pytest.approx(host_ms / local_ms, abs=0.01) and fields[10] == "ms"
+    wrong = subprocess.run([sys.executable, str(SCRIPT), "--only", "no-such-step"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert wrong.returncode == 2 and "no such step" in wrong.stderr and "gqa-llama/bf16/flash" in wrong.stderr
