@@ -111,7 +111,10 @@ def test_the_committed_calibration_is_what_this_checkout_fits(tmp_path: Path) ->
     tolerance = 1e-9 if same_versions else 0.02
     assert fitted["calibrated_on"] == committed["calibrated_on"] and fitted["record_sha256"] == committed["record_sha256"]
     for key in ("memory_factor", "sec_per_kernel", "idle_sec_per_op", "bandwidth_bytes_per_sec"):
-        assert math.isclose(fitted[key], committed[key], rel_tol=tolerance), key
+        # the per-kernel time is an intercept of ~0.4 µs: transformers 5.23 fits it 2.1-2.7 % off 5.24's (session 30, the
+        # HF floor env; 0.43 against 0.42 µs, a step's prediction moved by < 0.1 %) — 5 % there, 2 % for the slopes
+        loose = 0.05 if key == "sec_per_kernel" and not same_versions else tolerance
+        assert math.isclose(fitted[key], committed[key], rel_tol=loose), (key, fitted[key], committed[key])
     for name, fit in committed["matmul"].items():
         assert math.isclose(fitted["matmul"][name]["flops_per_sec"], fit["flops_per_sec"], rel_tol=tolerance), name
     assert set(fitted["attention_flops_per_sec"]) == set(committed["attention_flops_per_sec"]) == {"flash/16-bit", "efficient/fp32"}
