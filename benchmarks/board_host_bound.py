@@ -3,7 +3,8 @@
 host binds"). Per training step: the board's median step time, the sum of its kernels' ``self_device_us`` (the GPU
 busy), the top-level aten ops' CPU time under the profiler (the host; the profiler inflates it), their calls, and the ops
 that wait for the device (``nonzero``, ``is_nonzero``, ``cumsum`` of a grouped matmul's offsets …; ``item`` of the
-optimizer's host-side step counts waits for nothing). Nothing is predicted: the record alone.
+optimizer's host-side step counts waits for nothing), and — in a record made since session 30 — the host's unprofiled time
+to the step's last launch (``host_enqueue_sec``). Nothing is predicted: the record alone.
 
     python benchmarks/board_host_bound.py                                  # the committed H200 record
     python benchmarks/board_host_bound.py --record docs/gpu/<date>-<board>-record.json.gz
@@ -43,7 +44,9 @@ def host_and_gpu(step: dict[str, Any]) -> dict[str, Any]:
             waiting[row["name"].removeprefix("aten::")] = waiting.get(row["name"].removeprefix("aten::"), 0) + row["calls"]
     busy_ms = sum(row["self_device_us"] for row in ops) / 1e3
     host_ms = sum(row["cpu_us"] for row in ops if row["top_level"]) / 1e3
+    enqueued = step.get("host_enqueue_sec")  # unprofiled (records since session 30)
     return {"name": step["name"], "step_ms": step["step_time_sec"]["median"] * 1e3, "gpu_busy_ms": busy_ms, "host_ms": host_ms,
+            "enqueue_ms": None if enqueued is None else enqueued["median"] * 1e3,
             "top_level_calls": sum(row["calls"] for row in ops if row["top_level"]), "waiting": waiting,
             "binds": "host" if host_ms > busy_ms else "GPU"}
 
@@ -125,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = host_and_gpu(step)
         waiting = ", ".join(f"{count} {name}" for name, count in sorted(row["waiting"].items()))
+        if row["enqueue_ms"] is not None:
+            waiting += f"; host unprofiled {row['enqueue_ms']:.2f} ms"
         traced = ""
         if args.traced:
             from resacct.account.gpu.records.record_models import predict_step_of_record

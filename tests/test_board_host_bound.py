@@ -50,3 +50,18 @@ def test_local_steps_the_recorded_model_on_this_cpu_and_divides_the_boards_host_
     assert ratio == pytest.approx(host_ms / local_ms, abs=0.01) and fields[10] == "ms"
     wrong = subprocess.run([sys.executable, str(SCRIPT), "--only", "no-such-step"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert wrong.returncode == 2 and "no such step" in wrong.stderr and "gqa-llama/bf16/flash" in wrong.stderr
+
+
+def test_a_record_with_the_hosts_unprofiled_time_shows_it() -> None:
+    """Records made since session 30 keep each step's host time to its last launch (``host_enqueue_sec``): shown beside
+    the profile's; the H200 record of 2026-11-30 has none, and its rows say nothing of it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import board_host_bound
+
+    step = {"name": "s", "step_time_sec": {"median": 0.02}, "host_enqueue_sec": {"median": 0.015, "all": [0.015]},
+            "ops": [{"name": "aten::mm", "cpu_us": 30.0, "top_level": True, "calls": 2, "self_device_us": 10_000.0},
+                    {"name": "aten::nonzero", "cpu_us": 20.0, "top_level": True, "calls": 1, "self_device_us": 5.0}]}
+    row = board_host_bound.host_and_gpu(step)
+    assert row["enqueue_ms"] == pytest.approx(15.0) and row["host_ms"] == pytest.approx(0.05) and row["waiting"] == {"nonzero": 1}
+    without = {key: value for key, value in step.items() if key != "host_enqueue_sec"}
+    assert board_host_bound.host_and_gpu(without)["enqueue_ms"] is None

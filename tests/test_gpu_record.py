@@ -105,6 +105,10 @@ def test_dry_run_writes_a_whole_record_that_replays(dry_run: tuple[subprocess.Co
         assert step["replay"]["holds"], step["name"]
         assert step["max_memory_reserved"] >= step["max_memory_allocated"] > 0
         assert step["step_time_sec"]["median"] > 0 and len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS_DRY
+        # the host's time to the step's last launch, each no longer than its step; each phase's, as the step marks them
+        enqueued = step["host_enqueue_sec"]["all"]
+        assert len(enqueued) == gpu_record.TIMED_STEPS_DRY and all(0 < host <= whole for host, whole in zip(enqueued, step["step_time_sec"]["all"]))
+        assert list(step["host_phase_sec"]) == ["forward", "backward", "optimizer step", "zero_grad"] and all(v > 0 for v in step["host_phase_sec"].values())
         mm = [op for op in step["ops"] if op["name"] in ("aten::mm", "aten::addmm", "aten::bmm")]
         assert mm and all(op["shapes"] and op["calls"] > 0 for op in mm)
     ceilings = record["ceilings"]
@@ -238,6 +242,7 @@ def test_the_cuda_branch_runs_against_a_stubbed_torch_cuda(stubbed_cuda: list[st
     assert step["allocator_settings"] == {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": 2**64 - 1, "expandable_segments": False}
     assert step["replay"]["holds"] and step["trace_complete"] and 0 < step["window_start"] < len(step["trace"])
     assert len(step["step_time_sec"]["all"]) == gpu_record.TIMED_STEPS and step["ops"]
+    assert len(step["host_enqueue_sec"]["all"]) == gpu_record.TIMED_STEPS and 0 < step["host_enqueue_sec"]["median"] <= max(step["step_time_sec"]["all"])
     assert json.loads(json.dumps(step)) == step  # what the child prints must be JSON
 
 

@@ -2,6 +2,12 @@
 trace starts from its first allocation: the CUDA caching allocator's trace (compacted), the peaks of
 one steady step, its time (median of :data:`TIMED_STEPS`) and every aten op's time with its shapes
 and dtypes. In a dry run resacct's allocation recorder and allocator model stand in for the GPU's.
+
+Beside each timed step's time (between ``synchronize()`` calls) the host's: the seconds until the step's last launch
+returned, before the synchronize (``host_enqueue_sec``), and when each phase (forward, backward, optimizer step,
+zero_grad) began (``host_phase_sec``: each phase's median) — unprofiled, the host time a host model is judged by (the
+profile's CPU times are the profiler's, inflated). Where the GPU holds the host back — a full launch queue, an op that
+waits for the device (``nonzero``) — the figure is an upper bound of the host's own work.
 """
 
 from __future__ import annotations
@@ -109,9 +115,9 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     del net  # a recipe in another dtype stepped a copy: the original must not stay allocated beside it
     optimizer = step.make_optimizer([p for p in step.model.parameters() if p.requires_grad])
 
-    def one_step() -> None:
+    def one_step(mark: Any = None) -> None:
         with attention_context(attention, dry or device != "cuda"):
-            run_training_step(step.model, step.inputs, step.loss_fn, optimizer)
+            run_training_step(step.model, step.inputs, step.loss_fn, optimizer, *(() if mark is None else (mark,)))
 
     def sync() -> None:
         if cuda:
@@ -131,13 +137,16 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
     peaks, snapshot, settings = stop_history(recorder)
     entries = len(snapshot["device_traces"][0])
     compacted = compact_snapshot(snapshot, window_start=window_start)
-    times = []
+    times, enqueued, phases = [], [], []
     for _ in range(TIMED_STEPS_DRY if dry else TIMED_STEPS):
+        marks: list[tuple[str, float]] = []
         sync()
         begin = time.perf_counter()
-        one_step()
+        one_step(lambda phase: marks.append((phase, time.perf_counter())))
+        enqueued.append(time.perf_counter() - begin)
         sync()
         times.append(time.perf_counter() - begin)
+        phases.append({phase: at_next - at for (phase, at), (_, at_next) in zip(marks, marks[1:])})
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []), record_shapes=True) as prof:
         one_step()
@@ -148,6 +157,8 @@ def record_step(name: str, dry: bool) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in step.model.parameters()), "allocator_settings": settings,
             "trace_complete": entries < MAX_TRACE_ENTRIES, **peaks, **compacted,
             "step_time_sec": {"median": statistics.median(times), "all": times}, "ops": op_times(prof),
+            "host_enqueue_sec": {"median": statistics.median(enqueued), "all": enqueued},
+            "host_phase_sec": {phase: statistics.median(each[phase] for each in phases) for phase in phases[0]},
             "replay": {"peak_allocated_bytes": replay.peak_allocated_bytes, "peak_reserved_bytes": replay.peak_reserved_bytes,
                        "first_segment_mismatch": replay.first_segment_mismatch, "holds": replay.holds},
             "seconds": round(time.perf_counter() - started, 2)}
