@@ -179,3 +179,32 @@ def test_a_matmul_that_moves_more_than_it_computes_is_priced_at_its_bytes() -> N
     assert kernels == pytest.approx(2 * 4096**3 / RATE + PER_CALL)  # 275 µs of FLOPs against 25 µs of bytes: the FLOPs price it
     bare, _ = predict_calibrated_seconds([outer], CalibratedTimes({}, 1.5, 0.0, 0.0, BANDWIDTH, ("a", "b")), fallback_flops_per_sec=RATE)
     assert bare == pytest.approx(moved / BANDWIDTH)  # no fitted class: the fallback rate, under the same roof
+
+
+def test_an_answer_says_which_of_its_ops_no_calibration_step_ran() -> None:
+    """A step with grouped GEMMs (a mixture of experts grouped by expert) or ops that wait for the device is priced by a
+    model fitted on dense steps only: the answer's lines say so, with the count, and point at the record's mixture-of-
+    experts claims; a dense step's lines do not."""
+    from resacct.account.gpu.timing.board_rates import step_seconds
+    from resacct.account.gpu.timing.step_time_calibrated import outside_calibration
+    from resacct.facts.hardware import get_accelerator
+
+    dense = [OpCost("aten.mm.default", 2 * 256**3, 3 * 2 * 256**2, True, (256, 256, 256, "bfloat16", True)),
+             OpCost("aten.add.Tensor", 0, 3 * 2 * 256**2, True)]
+    grouped = [OpCost("aten._grouped_mm.default", 2 * 256**3, 3 * 2 * 256**2, True) for _ in range(3)]
+    waiting = [OpCost("aten.nonzero.default", 0, 1024, True)]
+    assert outside_calibration(dense) == []
+    assert outside_calibration(dense + grouped + waiting) == [
+        "grouped GEMM calls ×3 (experts grouped by expert; priced at the best matmul rate: no dense step ran one)",
+        "ops that wait for the device ×1 (a routing's nonzero: the host stalls; not modelled)"]
+    h200 = get_accelerator("h200-sxm")
+    _, plain = step_seconds(dense, h200, "bf16")
+    _, flagged = step_seconds(dense + grouped, h200, "bf16")
+    assert not any("outside what it was fitted on" in line for line in plain)
+    (line,) = [line for line in flagged if "outside what it was fitted on" in line]
+    assert line.startswith("outside what it was fitted on: grouped GEMM calls ×3 (") and "-k mixtral-small" in line
+    # a mixture of experts whose experts the trace ran as plain matmuls (transformers' fallback): said as one
+    _, moe = step_seconds(dense, h200, "bf16", experts=True)
+    assert [line for line in moe if "outside what it was fitted on" in line] == [
+        "outside what it was fitted on: a mixture of experts' routing and experts (the model was fitted on dense steps only) — the record's "
+        "mixture-of-experts steps test the model there: `resacct verify --area gpu_recorded -k mixtral-small` (docs/gpu.md)"]

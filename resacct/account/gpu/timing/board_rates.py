@@ -23,7 +23,7 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
     (a V100 has no bf16) the peaks stand and the reason takes the time's place. MFU: the ops' FLOPs ÷ that time ÷ the
     datasheet's dense peak in ``fmt``."""
     try:
-        step_sec, detail = step_seconds(ops, board, fmt)
+        step_sec, detail = step_seconds(ops, board, fmt, experts=answer.experts is not None)
     except ResacctError as error:
         return replace(answer, step_time_basis=str(error))
     from resacct.facts.hardware import peak_flops_per_sec
@@ -37,16 +37,18 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
                    step_time_detail=detail)
 
 
-def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, tuple[str, ...]]:
+def step_seconds(ops: list[Any], board: Any, fmt: str, *, experts: bool = False) -> tuple[float, tuple[str, ...]]:
     """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on, as the
     lines a command prints under its time (``--json``'s ``step_time_basis``: them joined by "; "): where the
     board's newest record carries a calibration (:func:`~resacct.account.gpu.records.record_calibration.board_calibration`), the
     per-op model fitted on its dense steps — its matmuls per class, its other kernels' bandwidth factor and time per
     kernel, the host's idle time per op — with the per-op roofline on the record's ceilings beside it; else that
-    roofline (:func:`board_rates`: the record's ceilings, else the datasheet's). ResacctError: no rate in ``fmt``."""
+    roofline (:func:`board_rates`: the record's ceilings, else the datasheet's). ResacctError: no rate in ``fmt``.
+    Under the calibrated model, a line for each kind of op no calibration step ran, or for a mixture of experts
+    (``experts``) — :func:`~resacct.account.gpu.timing.step_time_calibrated.outside_calibration`."""
     from resacct.account.gpu.records.record_calibration import board_calibration
     from resacct.account.gpu.timing.step_time import predict_step_seconds
-    from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
+    from resacct.account.gpu.timing.step_time_calibrated import outside_calibration, predict_calibrated_seconds
 
     rates = board_rates(board, fmt)
     roofline = predict_step_seconds(ops, rates)
@@ -55,8 +57,10 @@ def step_seconds(ops: list[Any], board: Any, fmt: str) -> tuple[float, tuple[str
         return roofline.step_sec, (f"by the per-op roofline over {roofline.ops:,} ops, bound by the {roofline.bound}", f"rates: {rates.source}")
     fallback = calibration.matmul_flops_per_sec.get(fmt, rates.matmul_flops_per_sec)
     kernels_sec, step_sec = predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=fallback)
+    outside = tuple(f"outside what it was fitted on: {what} — the record's mixture-of-experts steps test the model there: `resacct verify "
+                    f"--area gpu_recorded -k mixtral-small` (docs/gpu.md)" for what in outside_calibration(ops, experts=experts))
     return step_sec, (f"= the kernels {kernels_sec * 1e3:.3g} ms + the host's idle {calibration.times.idle_sec_per_op * 1e6:.2g} µs × {len(ops):,} ops",
-                      f"by {calibration.source()}",
+                      f"by {calibration.source()}", *outside,
                       f"beside it, the per-op roofline on the record's ceilings: {roofline.step_sec * 1e3:.3g} ms, bound by the {roofline.bound}; "
                       f"{rates.source}")
 

@@ -42,7 +42,8 @@ import numpy as np
 from resacct.account.gpu.tracing.op_costs import OpCost
 from resacct.errors import ResacctError
 
-__all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "attention_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds"]
+__all__ = ["MatmulFit", "CalibratedTimes", "matmul_class", "attention_class", "profile_matmul_rows", "calibrate_step_times", "predict_calibrated_seconds",
+           "outside_calibration"]
 
 #: the profile's dtype names of a 32-bit float (TF32 off, PyTorch's default: the fp32 class)
 _FP32_NAMES = frozenset({"float", "float32", "Float"})
@@ -204,3 +205,27 @@ def predict_calibrated_seconds(ops: list[OpCost], times: CalibratedTimes, *, fal
     compute, memory, kernels = _kernel_parts(ops, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec, times.attention_flops_per_sec)
     gpu = compute + times.memory_factor * memory + times.sec_per_kernel * kernels
     return float(gpu), float(gpu + times.idle_sec_per_op * len(ops))
+
+
+#: traced ops the calibration's dense steps never run, and what the model does with them: a command's answer says so
+#: (the H200 record's mixture-of-experts steps, judged by their step-time-calibrated claims, are where it is tested)
+_OUTSIDE_CALIBRATION = {
+    "_grouped_mm": ("grouped GEMM calls", "experts grouped by expert; priced at the best matmul rate: no dense step ran one"),
+    "nonzero": ("ops that wait for the device", "a routing's nonzero: the host stalls; not modelled"),
+    "is_nonzero": ("ops that wait for the device", "a routing's nonzero: the host stalls; not modelled"),
+}
+
+
+def outside_calibration(ops: Iterable[OpCost], *, experts: bool = False) -> list[str]:
+    """What of a traced step lies outside the calibration steps' kind, as ``"grouped GEMM calls ×24 (…)"`` lines (none
+    for a dense step): the model prices such ops, but no step it was fitted on had them. ``experts``: the step is a
+    mixture of experts (its routing and experts traced as other ops: transformers' fallback runs a matmul per expert)."""
+    counts: dict[tuple[str, str], int] = {}
+    for op in ops:
+        name = op.op.split(".")[1] if op.op.startswith("aten.") else op.op
+        if (what := _OUTSIDE_CALIBRATION.get(name)) is not None:
+            counts[what] = counts.get(what, 0) + 1
+    lines = [f"{noun} ×{count:,} ({note})" for (noun, note), count in counts.items()]
+    if experts and not lines:
+        lines.append("a mixture of experts' routing and experts (the model was fitted on dense steps only)")
+    return lines
