@@ -1,8 +1,10 @@
 """A board's record (``resacct-gpu-record/1``, ``tools/gpu_record.py``) against torch's own tools (issue 31's anchors): per
 recorded training step, the allocated peak, the reserved peak and the step time — predicted by resacct (the
-``gpu_recorded`` claims' own code: ``board_step_peak``, ``board_step_time``), by torch's MemTracker (allocated only) and
-RuntimeEstimator (time only), and measured on the board — with each ratio predicted ÷ measured. The table docs/gpu.md
-gives per recorded step is this script's output.
+``gpu_recorded`` claims' own code: ``board_step_peak``, ``board_step_time`` — the per-op roofline on the record's
+ceilings — and ``board_step_time_calibrated`` — the model the ``--device`` commands print, calibrated on the record's
+other steps as its claim is, ``tools/gpu_record_claims.py``'s folds, never on the judged step), by torch's MemTracker
+(allocated only) and RuntimeEstimator (time only), and measured on the board — with each ratio predicted ÷ measured.
+The table docs/gpu.md gives per recorded step is this script's output.
 
     .venv/bin/python benchmarks/board_record_anchors.py --record docs/gpu/<date>-<board>-record.json.gz
     .venv/bin/python benchmarks/board_record_anchors.py --record FILE --only gqa-llama/bf16/flash --json
@@ -122,6 +124,11 @@ def step_rows(record_name: str, *, only: list[str] | None = None, allow_dry_run:
     rows = []
     from resacct.checks import gpu_record_steps
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from gpu_record_claims import calibration_sets
+
+    folds = calibration_sets(record["steps"])
+
     read = board_record.read_board_record  # the claims' code reads the record as a claim would: a dry run only when asked here
     with mock.patch.object(gpu_record_steps, "read_board_record", lambda name, allow_dry_run=allow_dry_run: read(name, allow_dry_run=allow_dry_run)):
         for entry in record["steps"]:
@@ -130,6 +137,8 @@ def step_rows(record_name: str, *, only: list[str] | None = None, allow_dry_run:
             name = entry["name"]
             predicted, predicted_error = _anchor(lambda: (*(board_step_peak(record_name, name, peak).predicted for peak in ("allocated", "reserved")),
                                                           board_step_time(record_name, name).quantities["predicted_step_sec"]))
+            calibrated, calibrated_error = (_anchor(lambda: gpu_record_steps.board_step_time_calibrated(record_name, name, folds[name]).quantities[
+                "predicted_step_sec"]) if name in folds else (None, "too few dense steps in the record to calibrate on others"))
             tracked, tracked_error = _anchor(memtracker_peak_bytes, entry)
             estimated, estimated_error = _anchor(runtime_estimator_sec, entry, board)
             allocated, reserved, seconds = predicted if predicted is not None else (None, None, None)
@@ -141,10 +150,12 @@ def step_rows(record_name: str, *, only: list[str] | None = None, allow_dry_run:
             rows.append({
                 "step": name, "recorded_allocated_bytes": measured["allocated"], "recorded_reserved_bytes": measured["reserved"],
                 "recorded_step_sec": measured["time"], "resacct_allocated_bytes": allocated, "resacct_reserved_bytes": reserved,
-                "resacct_step_sec": seconds, "resacct_error": predicted_error, "memtracker_allocated_bytes": tracked,
+                "resacct_step_sec": seconds, "resacct_error": predicted_error, "calibrated_step_sec": calibrated,
+                "calibrated_on": folds.get(name), "calibrated_error": calibrated_error, "memtracker_allocated_bytes": tracked,
                 "memtracker_error": tracked_error, "runtime_estimator_step_sec": estimated, "runtime_estimator_error": estimated_error,
                 "resacct_allocated_ratio": ratio(allocated, "allocated"), "memtracker_allocated_ratio": ratio(tracked, "allocated"),
                 "resacct_reserved_ratio": ratio(reserved, "reserved"), "resacct_time_ratio": ratio(seconds, "time"),
+                "calibrated_time_ratio": ratio(calibrated, "time"),
                 "runtime_estimator_time_ratio": ratio(estimated, "time")})
     return record, rows
 
@@ -180,14 +191,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{shown(row['memtracker_allocated_bytes'], ','):>14} {shown(row['memtracker_allocated_ratio'], '.3f'):>6} "
               f"{row['recorded_allocated_bytes']:>14,}  {shown(row['resacct_reserved_bytes'], ','):>17} {shown(row['resacct_reserved_ratio'], '.3f'):>6} "
               f"{row['recorded_reserved_bytes']:>14,}")
-    print(f"\n{'step':46} {'time: resacct ms':>16} {'ratio':>6} {'RuntimeEstimator ms':>19} {'ratio':>6} {'recorded ms':>12}")
+    print(f"\n{'step':46} {'time: roofline ms':>17} {'ratio':>6} {'calibrated ms':>13} {'ratio':>6} {'RuntimeEstimator ms':>19} {'ratio':>6} "
+          f"{'recorded ms':>12}")
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1e3
+
     for row in rows:
-        resacct_ms = None if row["resacct_step_sec"] is None else row["resacct_step_sec"] * 1e3
-        estimated_ms = None if row["runtime_estimator_step_sec"] is None else row["runtime_estimator_step_sec"] * 1e3
-        print(f"{row['step']:46} {shown(resacct_ms, '.3f'):>16} {shown(row['resacct_time_ratio'], '.3f'):>6} {shown(estimated_ms, '.3f'):>19} "
-              f"{shown(row['runtime_estimator_time_ratio'], '.3f'):>6} {row['recorded_step_sec'] * 1e3:>12.3f}")
+        print(f"{row['step']:46} {shown(ms(row['resacct_step_sec']), '.3f'):>17} {shown(row['resacct_time_ratio'], '.3f'):>6} "
+              f"{shown(ms(row['calibrated_step_sec']), '.3f'):>13} {shown(row['calibrated_time_ratio'], '.3f'):>6} "
+              f"{shown(ms(row['runtime_estimator_step_sec']), '.3f'):>19} {shown(row['runtime_estimator_time_ratio'], '.3f'):>6} "
+              f"{row['recorded_step_sec'] * 1e3:>12.3f}")
+    within = {key: sum(1 for row in rows if row[key] is not None and abs(row[key] - 1) <= 0.10)
+              for key in ("resacct_time_ratio", "calibrated_time_ratio", "runtime_estimator_time_ratio")}
+    print(f"within 10 % of the board: roofline {within['resacct_time_ratio']}, calibrated (held out) {within['calibrated_time_ratio']}, "
+          f"RuntimeEstimator {within['runtime_estimator_time_ratio']} of {len(rows)}")
     for row in rows:
-        for tool, key in (("resacct", "resacct"), ("MemTracker", "memtracker"), ("RuntimeEstimator", "runtime_estimator")):
+        for tool, key in (("resacct", "resacct"), ("resacct's calibrated model", "calibrated"), ("MemTracker", "memtracker"),
+                          ("RuntimeEstimator", "runtime_estimator")):
             if row[f"{key}_error"]:
                 print(f"  {tool} could not predict {row['step']}: {row[f'{key}_error']}")
     return 0

@@ -56,6 +56,30 @@ def test_each_recorded_step_gets_resacct_memtracker_and_runtime_estimator_beside
     else:
         assert row["runtime_estimator_step_sec"] is None and "ModuleNotFoundError" in row["runtime_estimator_error"]
     assert row["resacct_time_ratio"] == pytest.approx(row["resacct_step_sec"] / entry["step_time_sec"]["median"])
+    # one dense step: nothing to calibrate on but itself, so no calibrated time — said, not guessed
+    assert row["calibrated_step_sec"] is None and row["calibrated_error"] == "too few dense steps in the record to calibrate on others"
+
+
+@pytest.mark.slow  # the H200 record's step and its calibration fold traced on meta, and both anchors run on it (~15 s)
+@pytest.mark.skipif(not _has("transformers"), reason="the H200 record's steps are transformers models")
+def test_the_calibrated_column_is_the_claims_held_out_prediction() -> None:
+    """The calibrated time beside the board is what the step's ``…-step-time-calibrated`` claim judges: the same
+    calibration steps (the claim's ``calibrate_on``), never the judged one."""
+    import torch
+    import yaml
+
+    if torch.__version__ < "2.8":
+        pytest.skip("the H200 record's predictions need flash's meta kernel (torch >= 2.8)")
+    from resacct.checks.gpu_record_steps import board_step_time_calibrated
+
+    record = "docs/gpu/2026-11-30-h200-record.json.gz"
+    step = "gqa-llama/bf16/flash"
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "resacct" / "specs" / "gpu_recorded.claims.yaml").read_text(encoding="utf-8"))
+    (claim,) = [c for c in spec["claims"] if c["id"] == "recorded-h200-gqa-llama-bf16-flash-step-time-calibrated"]
+    _, (row,) = script_module("board_record_anchors").step_rows(record, only=[step])
+    assert row["calibrated_on"] == claim["given"]["calibrate_on"] and step not in row["calibrated_on"]
+    assert row["calibrated_step_sec"] == board_step_time_calibrated(record, step, claim["given"]["calibrate_on"]).quantities["predicted_step_sec"]
+    assert row["calibrated_time_ratio"] == pytest.approx(row["calibrated_step_sec"] / row["recorded_step_sec"])
 
 
 def test_a_dry_run_is_refused_in_one_line_unless_asked(tmp_path: Path, record_file: str, capsys: pytest.CaptureFixture[str]) -> None:
