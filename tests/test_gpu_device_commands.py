@@ -66,6 +66,7 @@ def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -
     pytest.importorskip("peft")
     from resacct.account.gpu.answers.command_answers import _LORA_TRACES, board_rates, lora_gpu_answer
     from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
+    from resacct.account.gpu.timing.board_rates import step_seconds
     from resacct.account.gpu.timing.step_time import predict_step_seconds, trace_step_ops
     from resacct.account.load.hf_models import load_hf_config, transformers_config
     from resacct.account.trace.lora_step import adamw_over, build_lora_model, lora_loss, lora_step_inputs
@@ -81,10 +82,13 @@ def test_the_lora_step_time_runs_attention_as_the_board_does(config_path: str) -
     flash: list = []
     predict_cuda_step_memory(model, inputs, lora_loss, adamw_over, attention="flash", ops=flash)
     assert any("flash_attention" in op.op for op in flash)
+    # priced as every --device answer prices a step (board_rates.step_seconds: since session 30 the H200's calibrated model
+    # moved to the H100), and the per-op roofline on the H100's rates beside it: the flash trace's ops, not the math path's
     rates = board_rates(board, "bf16")
-    assert answer.attention == "flash" and answer.step_sec == predict_step_seconds(flash, rates).step_sec
+    assert answer.attention == "flash" and answer.step_sec == step_seconds(flash, board, "bf16")[0]
     math = trace_step_ops(model, inputs, lora_loss, adamw_over)
-    assert not any("flash_attention" in op.op for op in math) and predict_step_seconds(math, rates).step_sec != answer.step_sec
+    assert not any("flash_attention" in op.op for op in math) and step_seconds(math, board, "bf16")[0] != answer.step_sec
+    assert predict_step_seconds(math, rates).step_sec != predict_step_seconds(flash, rates).step_sec
     # traced for its peaks only first (a batch search), then timed: the same pass again, the same step time
     _LORA_TRACES.clear()
     kwargs = dict(rank=8, targets=("q_proj", "v_proj"), base="bf16", batch=2, seq=64, dropout=0.0, gradient_checkpointing=False, board=board)

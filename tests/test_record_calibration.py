@@ -130,3 +130,39 @@ def test_calibrating_a_record_that_is_not_there_is_a_usage_error(tmp_path: Path,
     assert gpu_record.main(["--calibrate", str(tmp_path / "none.json.gz")]) == 2  # returned, not raised
     err = capsys.readouterr().err
     assert err.startswith("gpu_record.py: --calibrate ") and "no such file" in err and err.count("\n") == 1
+
+
+def test_a_board_without_its_own_calibration_takes_one_of_its_compute_capability_moved_by_the_datasheets() -> None:
+    """An H100 has no calibration of its own: the H200's (both sm90) moved to it — the bandwidth by the datasheets' memory
+    bandwidths (3.35 / 4.8 TB/s), each rate by the dense peaks in its format (equal for the SXM boards; an H100 PCIe's
+    lower), the per-call and host times as fitted; said in the answer. A board of another capability (A100, sm80; B200,
+    sm100) gets none, and the H200 keeps its own."""
+    from resacct.account.gpu.records.record_calibration import calibration_for, moved_calibration
+    from resacct.account.gpu.timing.board_rates import step_seconds
+    from resacct.account.gpu.tracing.op_costs import OpCost
+    from resacct.facts.hardware import peak_flops_per_sec
+
+    h200, h100, pcie = get_accelerator("h200-sxm"), get_accelerator("h100-sxm"), get_accelerator("h100-pcie")
+    own = board_calibration(h200)
+    assert own is not None and moved_calibration(h200) is None and calibration_for(h200) is own
+    moved = moved_calibration(h100)
+    assert moved is not None and calibration_for(h100) == moved and board_calibration(h100) is None
+    assert moved.times.bandwidth_bytes_per_sec == pytest.approx(own.times.bandwidth_bytes_per_sec * 3.35e12 / 4.8e12)
+    assert moved.times.matmul == own.times.matmul and moved.times.idle_sec_per_op == own.times.idle_sec_per_op  # same peaks: same rates
+    assert moved.source().endswith("`resacct verify -k moved-from`)") and "moved from h200-sxm to h100-sxm" in moved.source()
+    slower = moved_calibration(pcie)
+    assert slower is not None
+    sixteen = peak_flops_per_sec(pcie, "bf16") / peak_flops_per_sec(h200, "bf16")
+    assert slower.times.matmul["aligned"].flops_per_sec == pytest.approx(own.times.matmul["aligned"].flops_per_sec * sixteen)
+    assert slower.times.matmul["fp32"].flops_per_sec == pytest.approx(own.times.matmul["fp32"].flops_per_sec
+                                                                     * peak_flops_per_sec(pcie, "fp32") / peak_flops_per_sec(h200, "fp32"))
+    assert slower.times.attention_flops_per_sec["flash/16-bit"] == pytest.approx(own.times.attention_flops_per_sec["flash/16-bit"] * sixteen)
+    assert slower.matmul_flops_per_sec["bf16"] == pytest.approx(own.matmul_flops_per_sec["bf16"] * sixteen)
+    for other in ("a100-sxm-80gb", "b200"):
+        assert calibration_for(get_accelerator(other)) is None
+    ops = [OpCost("aten.mm.default", 2 * 4096**3, 3 * 4096 * 4096 * 2, matmul=(4096, 4096, 4096, "bfloat16", True)),
+           OpCost("aten.add.Tensor", 0, 3 * 4096 * 4096 * 2)]
+    seconds, detail = step_seconds(ops, h100, "bf16")
+    assert detail[0].startswith("= the kernels ") and "moved from h200-sxm to h100-sxm" in detail[1]
+    on_h200, _ = step_seconds(ops, h200, "bf16")
+    assert seconds > on_h200  # the same matmul, a slower memory

@@ -22,7 +22,7 @@ from resacct.account.gpu.allocator.cuda_allocator import CachingAllocatorModel
 from resacct.account.gpu.tracing.cuda_step import predict_cuda_step_memory
 from resacct.account.gpu.records.recorded import load_gpu_record, record_contents, record_source, recorded_step, recorded_value
 from resacct.errors import ResacctError
-from resacct.harness.registry import Outcome, check
+from resacct.harness.registry import NotMeasurable, Outcome, check
 from resacct.measurement.memo import shared_measurement
 
 SOURCE = ("board", "recorded_on", "record_file")
@@ -202,6 +202,45 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
         "matmul_flops_per_sec": matmul, "bandwidth_bytes_per_sec": bandwidth, "overhead_sec_per_op": overhead,
         "predicted_mfu": predicted.flops / predicted.step_sec / peak, "measured_mfu": predicted.flops / measured / peak,
         "calibrated_on": calibrate_on, **record_source(record, data)})
+
+
+_MOVED_QUANTITIES = ("predicted_step_sec", "kernels_sec", "ops", "calibration", "measured_mfu", *SOURCE)
+
+
+@check("gpu_recorded.step_time_moved", evidence="recorded", quantities=_MOVED_QUANTITIES, replay=record_contents)
+def step_time_moved(record: str, step: str | None = None, claim: str | None = None, model: str | None = None, batch: int | None = None,
+                    seq: int | None = None) -> Outcome:
+    """A recorded fp32 GPT training step's median seconds on the board (``step`` of the record's step_time, or the
+    ``claim`` of its gpu_claims for ``model``, ``batch`` × ``seq``), beside the time the ``--device`` commands print for
+    that board when its own record carries no calibration: the model calibrated on another board of its compute
+    capability, moved to it by the datasheets' ratios
+    (:func:`~resacct.account.gpu.records.record_calibration.moved_calibration`) — a second board's judgement of a
+    model fitted on the first."""
+    from resacct.account.gpu.records.record_calibration import moved_calibration
+    from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
+    from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
+    from resacct.training.gpt import get_gpt_config
+
+    data = load_gpu_record(record)
+    board = accelerator_for_cuda_name(data["board"])
+    if board is None:
+        raise ResacctError(f"GPU record {record}: board {data['board']!r} is not in resacct's datasheet table; expected a known board")
+    calibration = moved_calibration(board)
+    if calibration is None:
+        raise NotMeasurable(f"no calibration of another board with {board.name}'s compute capability is committed (or {board.name} has its own)")
+    if step is not None:
+        judged = recorded_step(record, data, step)
+        config, batch, seq, measured = judged["config"], judged["batch"], judged["seq"], judged["step_sec"]
+    else:
+        if claim is None or model is None or batch is None or seq is None:
+            raise ResacctError("step_time_moved: give step, or claim with model, batch and seq")
+        config, measured = vars(get_gpt_config(model)), recorded_value(record, data, "gpu_claims", claim, "step_sec")
+        config = {key: value for key, value in config.items() if key != "attention"}
+    ops = _gpt_ops(config, batch, seq)
+    kernels, predicted = predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=calibration.matmul_flops_per_sec["fp32"])
+    return Outcome(measured=measured, quantities={
+        "predicted_step_sec": predicted, "kernels_sec": kernels, "ops": len(ops), "calibration": calibration.source(),
+        "measured_mfu": sum(op.flops for op in ops) / measured / peak_flops_per_sec(board, "fp32"), **record_source(record, data)})
 
 
 @check("gpu_recorded.saved_activation_bytes", evidence="recorded", quantities=("formula_bytes", *SOURCE), replay=record_contents)

@@ -23,7 +23,8 @@ from typing import Any
 from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, MatmulFit
 from resacct.errors import ResacctError
 
-__all__ = ["CALIBRATION_FORMAT", "BoardCalibration", "calibration_file", "read_record_calibration", "board_calibration"]
+__all__ = ["CALIBRATION_FORMAT", "BoardCalibration", "calibration_file", "read_record_calibration", "board_calibration", "moved_calibration",
+           "calibration_for"]
 
 CALIBRATION_FORMAT = "resacct-gpu-calibration/1"
 
@@ -39,9 +40,12 @@ class BoardCalibration:
     traced_with: str  # the torch (and transformers) the steps were traced with when it was fitted
     matmul_flops_per_sec: dict[str, float]  # the record's best matmul rate per format: a FLOP-bound op that is not a cuBLAS call
 
+    moved_from: str | None = None  # the board it was fitted on, where moved to another (moved_calibration): how, in words
+
     def source(self) -> str:
-        return (f"a per-op model calibrated on the {len(self.times.calibrated_on)} dense training steps of record {self.record_file} "
-                f"({self.when[:10]}; fitted with {self.traced_with}; judged on held-out steps by its step-time-calibrated claims)")
+        fitted = (f"a per-op model calibrated on the {len(self.times.calibrated_on)} dense training steps of record {self.record_file} "
+                  f"({self.when[:10]}; fitted with {self.traced_with}; judged on held-out steps by its step-time-calibrated claims)")
+        return fitted if self.moved_from is None else f"{fitted}, {self.moved_from}"
 
 
 def calibration_file(record_file: str) -> Path:
@@ -84,3 +88,65 @@ def board_calibration(board: Any) -> BoardCalibration | None:
 @lru_cache(maxsize=4)
 def _read_cached(path: str, mtime_ns: int) -> BoardCalibration:
     return read_record_calibration(Path(path))
+
+
+def calibration_for(board: Any) -> BoardCalibration | None:
+    """The calibration that prices a step on ``board``: its own record's (:func:`board_calibration`), else one of a board of
+    the same compute capability moved to it (:func:`moved_calibration`), else None."""
+    return board_calibration(board) or moved_calibration(board)
+
+
+def moved_calibration(board: Any) -> BoardCalibration | None:
+    """A calibration fitted on another board of ``board``'s compute capability (the same kernels: an H200's for an H100),
+    moved to ``board`` by the datasheets' ratios: the copy bandwidth (the other kernels' and the matmuls' memory roof) by
+    the memory bandwidths', each matmul class's and attention family's rate — and the record's best rates — by the dense
+    peaks' in its format (fp32; bf16 for the 16-bit classes); the per-call, per-kernel and host times as fitted (the host
+    is another machine's: a host-bound step's time is the least sure). None where ``board`` has a calibration of its
+    own, no compute capability, or no calibrated board shares it. Judged on the H100 record's GPU-bound steps by the
+    ``recorded-h100-…-step-time-moved-from-h200`` claims (docs/gpu.md)."""
+    from dataclasses import replace
+
+    from resacct.account.gpu.records.board_record import committed_board_ceilings
+    from resacct.account.gpu.timing.step_time_calibrated import MatmulFit
+    from resacct.facts.hardware import get_accelerator
+
+    capability = getattr(board, "compute_capability", None)
+    if capability is None or board_calibration(board) is not None:
+        return None
+    for ceilings in reversed(committed_board_ceilings()):  # the newest first
+        source = get_accelerator(ceilings.accelerator)
+        if source.name == board.name or source.compute_capability != capability:
+            continue
+        fitted = board_calibration(source)
+        if fitted is None:
+            continue
+
+        ratios = {fmt: _peak_ratio(board, source, fmt) for fmt in ("fp32", "bf16", "fp16")}
+        sixteen = ratios["bf16"] if ratios["bf16"] is not None else ratios["fp16"]
+        if ratios["fp32"] is None or sixteen is None:  # a table without the peaks to move by (the H20 lists no bf16 peak; fp16 it has)
+            return None
+
+        def class_ratio(name: str) -> float:  # a matmul class's or attention key's: fp32, else the 16-bit classes'
+            return ratios["fp32"] if name == "fp32" or name.endswith("/fp32") else sixteen  # type: ignore[return-value]
+
+        bandwidth_ratio = board.memory_bandwidth_bytes_per_sec / source.memory_bandwidth_bytes_per_sec
+        times = fitted.times
+        moved = replace(times, bandwidth_bytes_per_sec=times.bandwidth_bytes_per_sec * bandwidth_ratio,
+                        matmul={name: MatmulFit(fit.flops_per_sec * class_ratio(name), fit.sec_per_call) for name, fit in times.matmul.items()},
+                        attention_flops_per_sec={key: rate * class_ratio(key) for key, rate in times.attention_flops_per_sec.items()})
+        rates = {fmt: rate * ratio for fmt, rate in fitted.matmul_flops_per_sec.items() if (ratio := _peak_ratio(board, source, fmt)) is not None}
+        how = (f"moved from {source.name} to {board.name} (compute capability {capability[0]}.{capability[1]} both) by the datasheets: bandwidth × "
+               f"{bandwidth_ratio:.3g}, 16-bit rates × {sixteen:.3g}, fp32 × {ratios['fp32']:.3g}; its host times as fitted there (a record of "
+               f"the board judges the move: `resacct verify -k moved-from`)")
+        return replace(fitted, times=moved, matmul_flops_per_sec=rates, moved_from=how)
+    return None
+
+
+def _peak_ratio(board: Any, source: Any, fmt: str) -> float | None:
+    """``board``'s dense peak in ``fmt`` over ``source``'s (datasheet table), or None where either has none."""
+    from resacct.facts.hardware import peak_flops_per_sec
+
+    try:
+        return peak_flops_per_sec(board, fmt) / peak_flops_per_sec(source, fmt)
+    except ResacctError:
+        return None

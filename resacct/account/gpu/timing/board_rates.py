@@ -40,19 +40,20 @@ def with_step_time(answer: Any, ops: list[Any], board: Any, fmt: str) -> Any:
 def step_seconds(ops: list[Any], board: Any, fmt: str, *, experts: bool = False) -> tuple[float, tuple[str, ...]]:
     """The predicted seconds of a traced step's ``ops`` on ``board`` (matmuls in ``fmt``) and what they rest on, as the
     lines a command prints under its time (``--json``'s ``step_time_basis``: them joined by "; "): where the
-    board's newest record carries a calibration (:func:`~resacct.account.gpu.records.record_calibration.board_calibration`), the
+    board's newest record carries a calibration, or a board of its compute capability does (moved to it by the
+    datasheets' ratios: :func:`~resacct.account.gpu.records.record_calibration.calibration_for`), the
     per-op model fitted on its dense steps — its matmuls per class, its other kernels' bandwidth factor and time per
     kernel, the host's idle time per op — with the per-op roofline on the record's ceilings beside it; else that
     roofline (:func:`board_rates`: the record's ceilings, else the datasheet's). ResacctError: no rate in ``fmt``.
     Under the calibrated model, a line for each kind of op no calibration step ran, or for a mixture of experts
     (``experts``) — :func:`~resacct.account.gpu.timing.step_time_calibrated.outside_calibration`."""
-    from resacct.account.gpu.records.record_calibration import board_calibration
+    from resacct.account.gpu.records.record_calibration import calibration_for
     from resacct.account.gpu.timing.step_time import predict_step_seconds
     from resacct.account.gpu.timing.step_time_calibrated import outside_calibration, predict_calibrated_seconds
 
     rates = board_rates(board, fmt)
     roofline = predict_step_seconds(ops, rates)
-    calibration = board_calibration(board)
+    calibration = calibration_for(board)
     if calibration is None:
         return roofline.step_sec, (f"by the per-op roofline over {roofline.ops:,} ops, bound by the {roofline.bound}", f"rates: {rates.source}")
     fallback = calibration.matmul_flops_per_sec.get(fmt, rates.matmul_flops_per_sec)
