@@ -164,6 +164,21 @@ def _gpt_ops(config: dict[str, Any], batch: int, seq: int) -> list:
     return _traced_cuda_step(_fields(GPTConfig(**config)), batch, seq, True)[2]  # the same key as the step peak's (every field)
 
 
+def _judged_gpt_step(record: str, data: dict[str, Any], check_name: str, step: str | None, claim: str | None, model: str | None,
+                     batch: int | None, seq: int | None) -> tuple[list, float]:
+    """(the traced ops, the board's median seconds) of the judged fp32 GPT step: ``step`` of the record's step_time, or the
+    ``claim`` of its gpu_claims for ``model``, ``batch`` × ``seq``."""
+    from resacct.training.gpt import get_gpt_config
+
+    if step is not None:
+        judged = recorded_step(record, data, step)
+        return _gpt_ops(judged["config"], judged["batch"], judged["seq"]), judged["step_sec"]
+    if claim is None or model is None or batch is None or seq is None:
+        raise ResacctError(f"{check_name}: give step, or claim with model, batch and seq")
+    config = {key: value for key, value in vars(get_gpt_config(model)).items() if key != "attention"}
+    return _gpt_ops(config, batch, seq), recorded_value(record, data, "gpu_claims", claim, "step_sec")
+
+
 @check("gpu_recorded.step_time", evidence="recorded", quantities=_STEP_TIME_QUANTITIES, replay=record_contents)
 def step_time(record: str, calibrate_on: str, step: str | None = None, claim: str | None = None, model: str | None = None,
               batch: int | None = None, seq: int | None = None) -> Outcome:
@@ -174,7 +189,6 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
     record's step ``calibrate_on`` (never the judged one)."""
     from resacct.account.gpu.timing.step_time import BANDWIDTH_EFFICIENCY, BoardRates, calibrate_overhead, predict_step_seconds
     from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
-    from resacct.training.gpt import get_gpt_config
 
     if calibrate_on in (step, model):
         raise ResacctError(f"calibrate_on {calibrate_on!r} is the step judged; expected another recorded step")
@@ -186,15 +200,7 @@ def step_time(record: str, calibrate_on: str, step: str | None = None, claim: st
     bandwidth = board.memory_bandwidth_bytes_per_sec * BANDWIDTH_EFFICIENCY
     calibration = recorded_step(record, data, calibrate_on)
     overhead = calibrate_overhead(_gpt_ops(calibration["config"], calibration["batch"], calibration["seq"]), calibration["step_sec"], matmul, bandwidth)
-    if step is not None:
-        judged = recorded_step(record, data, step)
-        config, batch, seq, measured = judged["config"], judged["batch"], judged["seq"], judged["step_sec"]
-    else:
-        if claim is None or model is None or batch is None or seq is None:
-            raise ResacctError("step_time: give step, or claim with model, batch and seq")
-        config, measured = vars(get_gpt_config(model)), recorded_value(record, data, "gpu_claims", claim, "step_sec")
-        config = {key: value for key, value in config.items() if key != "attention"}
-    ops = _gpt_ops(config, batch, seq)
+    ops, measured = _judged_gpt_step(record, data, "step_time", step, claim, model, batch, seq)
     predicted = predict_step_seconds(ops, BoardRates(matmul, bandwidth, overhead, f"calibrated on {calibrate_on}"))
     peak = peak_flops_per_sec(board, "fp32")
     return Outcome(measured=measured, quantities={
@@ -219,7 +225,6 @@ def step_time_moved(record: str, step: str | None = None, claim: str | None = No
     from resacct.account.gpu.records.record_calibration import moved_calibration
     from resacct.account.gpu.timing.step_time_calibrated import predict_calibrated_seconds
     from resacct.facts.hardware import accelerator_for_cuda_name, peak_flops_per_sec
-    from resacct.training.gpt import get_gpt_config
 
     data = load_gpu_record(record)
     board = accelerator_for_cuda_name(data["board"])
@@ -228,15 +233,7 @@ def step_time_moved(record: str, step: str | None = None, claim: str | None = No
     calibration = moved_calibration(board)
     if calibration is None:
         raise NotMeasurable(f"no calibration of another board with {board.name}'s compute capability is committed (or {board.name} has its own)")
-    if step is not None:
-        judged = recorded_step(record, data, step)
-        config, batch, seq, measured = judged["config"], judged["batch"], judged["seq"], judged["step_sec"]
-    else:
-        if claim is None or model is None or batch is None or seq is None:
-            raise ResacctError("step_time_moved: give step, or claim with model, batch and seq")
-        config, measured = vars(get_gpt_config(model)), recorded_value(record, data, "gpu_claims", claim, "step_sec")
-        config = {key: value for key, value in config.items() if key != "attention"}
-    ops = _gpt_ops(config, batch, seq)
+    ops, measured = _judged_gpt_step(record, data, "step_time_moved", step, claim, model, batch, seq)
     kernels, predicted = predict_calibrated_seconds(ops, calibration.times, fallback_flops_per_sec=calibration.matmul_flops_per_sec["fp32"])
     return Outcome(measured=measured, quantities={
         "predicted_step_sec": predicted, "kernels_sec": kernels, "ops": len(ops), "calibration": calibration.source(),
