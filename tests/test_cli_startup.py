@@ -22,6 +22,7 @@ NAPKIN_COMMANDS = [
     ["flops", "--params", "7B", "--tokens", "1T"],
     ["mfu", "--achieved-tflops", "400", "--device", "h100"],
     ["devices"],
+    ["devices", "h100"],  # its step-time model named from the calibration files, read without torch (calibrated_times.py)
     ["plan", "--help"],
     ["optimal", "--flops", "1e24"],
     ["run", "--params", "405B", "--tokens", "15.6T", "--device", "h100", "--devices", "16384", "--device-hours", "30.84M"],

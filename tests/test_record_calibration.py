@@ -166,3 +166,19 @@ def test_a_board_without_its_own_calibration_takes_one_of_its_compute_capability
     assert detail[0].startswith("= the kernels ") and "moved from h200-sxm to h100-sxm" in detail[1]
     on_h200, _ = step_seconds(ops, h200, "bf16")
     assert seconds > on_h200  # the same matmul, a slower memory
+
+
+def test_devices_names_what_prices_a_boards_step_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """``resacct devices NAME`` says which model its ``--device`` answers time a step by: the H200's own calibration, the
+    H200's moved to the H100, the per-op roofline for an A100 (no sm80 calibration)."""
+    from resacct.cli import main
+
+    models = {}
+    for name in ("h200", "h100", "a100-sxm-80gb"):
+        assert main(["devices", name, "--json"]) == 0
+        models[name] = json.loads(capsys.readouterr().out)["devices"][0]["step_time_model"]
+    assert models["h200"] == board_calibration(get_accelerator("h200")).source() and "moved" not in models["h200"]
+    assert "moved from h200-sxm to h100-sxm" in models["h100"]
+    assert models["a100-sxm-80gb"].startswith("the per-op roofline")
+    assert main(["devices", "h100"]) == 0
+    assert f"  step_time_model: {models['h100']}" in capsys.readouterr().out.splitlines()

@@ -76,6 +76,17 @@ def _device_fields(board: Any) -> dict[str, Any]:
     }
 
 
+def _step_time_model(board: Any) -> str:
+    """What prices a step's time on ``board`` in the ``--device`` answers (board_rates.step_seconds): a calibration (its own
+    record's, or one of its compute capability moved to it), else the per-op roofline on its record's or datasheet's rates."""
+    from resacct.account.gpu.records.record_calibration import calibration_for
+
+    calibration = calibration_for(board)
+    if calibration is not None:
+        return calibration.source()
+    return "the per-op roofline on the board's rates (no calibrated record of this board or of its compute capability is committed)"
+
+
 def _tera(board: Any, fmt: str, sparse: bool = False) -> str:
     peak = board.peaks.get(fmt)
     value = None if peak is None else (peak.sparse_flops_per_sec if sparse else peak.dense_flops_per_sec)
@@ -105,6 +116,8 @@ def _run_devices(args: argparse.Namespace) -> int:
         raise ResacctError(f"accelerator name {args.name!r} is empty; give a name such as h100, or none to list every board")
     boards = [get_accelerator(args.name)] if args.name else list(accelerators().values())
     fields: dict[str, Any] = {"devices": [_device_fields(board) for board in boards]}
+    if args.name:  # one board: what its --device answers price a step's time by (its record's calibration, one moved to it, or none)
+        fields["devices"][0]["step_time_model"] = _step_time_model(boards[0])
     scale, unit = unit_scale(args.units)
     header = (f"{'name':<15}{'memory ' + unit:>10}{'TB/s':>7}{'fp32':>7}{'tf32':>8}{'bf16':>8}{'bf16 2:4':>9}{'fp16':>7}{'fp8':>7}{'fp8 2:4':>8}"
               f"{'FLOP/B':>8}{'TDP W':>7}  {'int8, fp4, fp64':<26}  source")
@@ -122,6 +135,7 @@ def _run_devices(args: argparse.Namespace) -> int:
         lines += [f"  {key}: {value}" for key, value in _device_fields(boards[0]).items()
                   if key in ("display_name", "compute_capability", "multiprocessors", "multiprocessors_source", "cuda_names", "source", "note",
                              "tdp_source") and value]
+        lines.append(f"  step_time_model: {fields['devices'][0]['step_time_model']}")
     return emit(args, fields, "\n".join(lines))
 
 

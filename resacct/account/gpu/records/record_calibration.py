@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from resacct.account.gpu.timing.step_time_calibrated import CalibratedTimes, MatmulFit
+from resacct.account.gpu.timing.calibrated_times import CalibratedTimes, MatmulFit
 from resacct.errors import ResacctError
 
 __all__ = ["CALIBRATION_FORMAT", "BoardCalibration", "calibration_file", "read_record_calibration", "board_calibration", "moved_calibration",
@@ -107,7 +107,6 @@ def moved_calibration(board: Any) -> BoardCalibration | None:
     from dataclasses import replace
 
     from resacct.account.gpu.records.board_record import committed_board_ceilings
-    from resacct.account.gpu.timing.step_time_calibrated import MatmulFit
     from resacct.facts.hardware import get_accelerator
 
     capability = getattr(board, "compute_capability", None)

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, no_type_check
 
 import numpy as np
 
+from resacct.account.gpu.timing.calibrated_times import CalibratedTimes, MatmulFit
 from resacct.account.gpu.tracing.op_costs import OpCost
 from resacct.errors import ResacctError
 
@@ -74,29 +74,6 @@ def profile_matmul_rows(step: dict[str, Any]) -> list[tuple[str, int, int, float
         aligned = count % 8 == 0 and right[-1] % 8 == 0 and left[-1] % 8 == 0
         rows.append((matmul_class(str(dtype).removeprefix("c10::"), aligned), flops, int(row["calls"]), row["self_device_us"] * 1e-6))
     return rows
-
-
-@dataclass(frozen=True)
-class MatmulFit:
-    flops_per_sec: float
-    sec_per_call: float
-
-
-@dataclass(frozen=True)
-class CalibratedTimes:
-    """What the calibration steps gave: the matmul classes' fits, the other kernels' bandwidth factor and per-kernel
-    seconds, the host's idle seconds per op, and where each came from."""
-
-    matmul: dict[str, MatmulFit]
-    memory_factor: float  # × bytes ÷ the copy bandwidth
-    sec_per_kernel: float
-    idle_sec_per_op: float
-    bandwidth_bytes_per_sec: float
-    calibrated_on: tuple[str, ...]
-    attention_flops_per_sec: dict[str, float] = field(default_factory=dict)  # per fused kernel family and precision (attention_class)
-
-    def matmul_sec(self, op: OpCost, fallback_flops_per_sec: float) -> float:
-        return _matmul_sec(self.matmul, op, fallback_flops_per_sec, self.bandwidth_bytes_per_sec)
 
 
 @no_type_check  # per op or block of a traced step (docs/suite_time.md, session 24)
