@@ -9,7 +9,9 @@ board's newest record (its dense ones, as the claims calibrate). Fitting traces 
 once, when the record is committed — ``python tools/gpu_record.py --calibrate docs/gpu/<record>.json.gz`` writes
 ``docs/gpu/<record>-calibration.json`` (:mod:`~resacct.account.gpu.records.record_calibration_fit`; copied into
 ``resacct/specs/gpu_records/`` as the record is) — and read here by the commands: :func:`board_calibration`. ``tests/test_record_calibration.py`` fits it again with this checkout's torch and
-compares.
+compares. A board without a calibration of its own takes one of a board of its compute capability, moved to it by the
+datasheets' bandwidth and peak ratios (:func:`moved_calibration`, since session 30: the H200's on an H100, judged on the
+H100 record's steps); :func:`calibration_for` gives whichever applies.
 """
 
 from __future__ import annotations
