@@ -124,8 +124,8 @@ def moved_calibration(board: Any) -> BoardCalibration | None:
 
         ratios = {fmt: _peak_ratio(board, source, fmt) for fmt in ("fp32", "bf16", "fp16")}
         sixteen = ratios["bf16"] if ratios["bf16"] is not None else ratios["fp16"]
-        if ratios["fp32"] is None or sixteen is None:  # a table without the peaks to move by (the H20 lists no bf16 peak; fp16 it has)
-            return None
+        if ratios["fp32"] is None or sixteen is None:  # a table without the peaks to move by (neither bf16 nor fp16 on one side)
+            continue
 
         def class_ratio(name: str) -> float:  # a matmul class's or attention key's: fp32, else the 16-bit classes'
             return ratios["fp32"] if name == "fp32" or name.endswith("/fp32") else sixteen  # type: ignore[return-value]

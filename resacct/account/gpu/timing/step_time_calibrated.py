@@ -12,7 +12,7 @@ own per-op profile of the **calibration steps** (never the judged one):
   every cuBLAS call (their shapes give the FLOPs), each row weighted by its own time (relative error). A call is priced
   no faster than the roofline's memory roof — its operands' and output's bytes at the copy bandwidth —:
   ``t = max(FLOPs ÷ rate, bytes ÷ bandwidth) + t0`` (since session 30: a mixture of experts' ``batched_mm`` runs 512
-  matrix-vector products and outer products per call, 8.6-17.2 GB each, that FLOPs alone priced at microseconds; on the
+  matrix-vector products and outer products per call, 2.1-4.3 GB each, that FLOPs alone priced at microseconds; on the
   H200 record its step went from 0.89 to 1.03 of the board's, the dense steps moved by ≤ 0.7 % — docs/gpu.md);
 - **attention** — per fused kernel family (flash, memory-efficient) and precision (``fp32``, ``16-bit``), one rate: the
   calibration steps' traced attention FLOPs (torch's flop registry: a causal call counted whole) over their profile's
