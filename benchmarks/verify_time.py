@@ -14,7 +14,8 @@ Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis der
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall
 seconds; CPU seconds of the verify process itself (report.json's ``run.cpu_seconds``) and of
 everything it started (gloo ranks, background children: every process under verify, read from /proc
-every 0.2 s, since the forkserver they run under is killed unreaped); the
+every 0.2 s, since the forkserver they run under is killed unreaped); how busy the machine's CPUs were in each phase
+of verify's run (/proc/stat every 0.25 s laid against report.json's ``run.phases``: where a core idles); the
 claims and verdict counts, each area's seconds and those of the claims marked ``distributed`` (they
 launch gloo ranks or children, in verify's phase alone). With ``--baseline`` the trees take turns round by round (load moves
 both alike), each claim's outcome is compared between them (exit 1 if any differs), the claims
@@ -87,6 +88,40 @@ def _watch_tree_cpu(root: int, seen: dict[int, float], stop: threading.Event) ->
                 seen[pid] = table[pid][1]
 
 
+def _machine_ticks() -> tuple[int, int]:
+    """(all, idle) jiffies of every CPU together since boot (/proc/stat's first line; idle counts iowait too)."""
+    with open("/proc/stat", encoding="utf-8") as file:
+        values = [int(value) for value in file.readline().split()[1:]]
+    return sum(values), values[3] + values[4]
+
+
+def _watch_machine_busy(started: float, samples: list[tuple[float, float]], stop: threading.Event) -> None:
+    """Until ``stop``: every 0.25 s, (seconds since ``started``, the share of the machine's CPUs busy since the last sample)."""
+    before = _machine_ticks()
+    while not stop.wait(0.25):
+        now = _machine_ticks()
+        ticks, idle = now[0] - before[0], now[1] - before[1]
+        before = now
+        if ticks > 0:
+            samples.append((time.perf_counter() - started, 1.0 - idle / ticks))
+
+
+def busy_by_phase(samples: list[tuple[float, float]], phases: dict[str, float], cpus: int) -> list[tuple[str, float, float, float]]:
+    """Per phase of verify's report (its seconds, in order, laid end to end from the process's start): (phase, seconds, CPUs busy
+    on average — the whole machine's, whoever used them —, CPU-seconds left idle). A phase no sample fell in gets the nearest
+    sample's share. The layout is approximate by the interpreter's start (~0.1 s) and the sampling step (0.25 s)."""
+    rows = []
+    start = 0.0
+    for phase, seconds in phases.items():
+        inside = [share for at, share in samples if start < at <= start + seconds]
+        if not inside and samples:
+            inside = [min(samples, key=lambda sample: abs(sample[0] - (start + seconds / 2)))[1]]
+        busy = cpus * (sum(inside) / len(inside) if inside else 0.0)
+        rows.append((phase, seconds, busy, seconds * (cpus - busy)))
+        start += seconds
+    return rows
+
+
 def run_verify(tree: Path, extra: list[str], environment: dict[str, str] | None = None) -> dict[str, object]:
     """One `resacct verify` of ``tree``'s claims: wall and CPU seconds, outcome per claim. ``environment``: variables set for it
     (default: ``RESACCT_NO_CACHE=1``, every claim measured afresh — verify's stored measurements off, as in every figure before
@@ -98,13 +133,17 @@ def run_verify(tree: Path, extra: list[str], environment: dict[str, str] | None 
         process = subprocess.Popen([sys.executable, "-m", "resacct", "verify", "--quiet", "--report-dir", report_dir, *extra],
                                    cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         seen: dict[int, float] = {}
+        samples: list[tuple[float, float]] = []
         stop = threading.Event()
-        watcher = threading.Thread(target=_watch_tree_cpu, args=(process.pid, seen, stop), daemon=True)
-        watcher.start()
+        watchers = [threading.Thread(target=_watch_tree_cpu, args=(process.pid, seen, stop), daemon=True),
+                    threading.Thread(target=_watch_machine_busy, args=(started, samples, stop), daemon=True)]
+        for watcher in watchers:
+            watcher.start()
         _, stderr = process.communicate()
         wall = time.perf_counter() - started
         stop.set()
-        watcher.join()
+        for watcher in watchers:
+            watcher.join()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         completed = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
         report = Path(report_dir) / "report.json"
@@ -119,7 +158,8 @@ def run_verify(tree: Path, extra: list[str], environment: dict[str, str] | None 
                for record in document["claims"]}
     return {"wall": wall, "cpu": total_cpu, "own_cpu": own_cpu, "outcomes": outcomes, "records": records, "exit": completed.returncode,
             "areas": document["run"].get("seconds_by_area") or {}, "replayed": int(document["run"].get("replayed") or 0),
-            "launching": sum(float(record.get("seconds") or 0.0) for record in document["claims"] if "distributed" in (record.get("marks") or []))}
+            "launching": sum(float(record.get("seconds") or 0.0) for record in document["claims"] if "distributed" in (record.get("marks") or [])),
+            "busy": busy_by_phase(samples, document["run"].get("phases") or {}, os.cpu_count() or 1)}
 
 
 def _tree_of(commit: str, into: Path) -> Path:
@@ -136,8 +176,11 @@ def _line(name: str, run: dict[str, object]) -> str:
     split = f" ({own:.1f} verify + {float(run['cpu']) - own:.1f} ranks/children)" if own else ""  # type: ignore[arg-type]
     areas = "; by area " + ", ".join(f"{area} {float(seconds):.1f} s" for area, seconds in sorted(run["areas"].items())) if run.get("areas") else ""  # type: ignore[union-attr]
     replayed = f"; {run['replayed']} replayed" if run.get("replayed") else ""
+    busy = run.get("busy") or []
+    phases = ("; CPUs busy by phase (the machine's): " + ", ".join(f"{phase} {seconds:.1f} s × {cpus:.2f}" for phase, seconds, cpus, _ in busy)  # type: ignore[union-attr]
+              + f"; {sum(idle for *_, idle in busy):.1f} CPU-s idle") if busy else ""  # type: ignore[union-attr]
     return (f"{name:10s} {float(run['wall']):6.1f} s wall  {float(run['cpu']):6.1f} CPU s{split}  "  # type: ignore[arg-type]
-            f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s{replayed}")  # type: ignore[arg-type]
+            f"{len(run['outcomes'])} claims: {verdicts}{areas}; claims that launch ranks (phase alone) {float(run['launching']):.1f} s{replayed}{phases}")  # type: ignore[arg-type]
 
 
 def python_without_resacct() -> str | None:

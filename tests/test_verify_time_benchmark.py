@@ -29,3 +29,19 @@ def test_rounds_that_are_no_runs_are_a_usage_error(rounds, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         _script().main(["--rounds", rounds])
     assert exited.value.code == 2 and "--rounds" in capsys.readouterr().err
+
+
+def test_each_phase_gets_the_samples_that_fell_in_it_and_its_idle_cpu_seconds() -> None:
+    script = _script()
+    samples = [(0.5, 0.5), (1.0, 0.5), (1.5, 1.0), (2.0, 1.0), (3.5, 0.25)]
+    rows = script.busy_by_phase(samples, {"start": 1.0, "claims in parallel": 1.0, "figures": 2.0}, 2)
+    assert [row[0] for row in rows] == ["start", "claims in parallel", "figures"]
+    assert rows[0][1:] == (1.0, 1.0, 1.0)  # half the machine busy for 1 s of 2 CPUs: 1 CPU-second idle
+    assert rows[1][1:] == (1.0, 2.0, 0.0)
+    assert rows[2][1:] == (2.0, 0.5, 3.0)
+
+
+def test_a_phase_too_short_for_a_sample_takes_the_nearest_one() -> None:
+    rows = _script().busy_by_phase([(0.25, 1.0), (2.0, 0.5)], {"start": 0.1, "claims report": 0.1, "figures": 2.0}, 2)
+    assert rows[1][2] == 2.0  # nothing fell in 0.1-0.2 s: the sample at 0.25 s is the nearest
+    assert _script().busy_by_phase([], {"start": 1.0}, 2) == [("start", 1.0, 0.0, 2.0)]
