@@ -6,6 +6,7 @@
     python benchmarks/verify_time.py --workers 1                            # verify's claims all in one process
     python benchmarks/verify_time.py --baseline fea76ea --area sharding --area peak_sharded   # a partial run of both trees
     python benchmarks/verify_time.py --warm --rounds 3       # this tree measuring every claim, and replaying its stored measurements
+    python benchmarks/verify_time.py --warm --baseline 27b77d1 --rounds 3   # both trees replaying, each what its own first run stored
 
 Every run measures every claim afresh (``RESACCT_NO_CACHE=1``) but the ``--warm`` runs, which replay what one untimed run stored
 (resacct.harness.replay; timed, forall and GPU claims are measured all the same).
@@ -207,10 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip measuring what the CPUs deliver together before and after the runs (benchmarks/core_throughput.py, ~8 s)")
     parser.add_argument("--warm", action="store_true",
                         help="this tree cold (RESACCT_NO_CACHE=1) and warm (replaying the measurements one untimed run stored first in a "
-                             "temporary cache folder: resacct.harness.replay) taking turns, instead of a baseline")
+                             "temporary cache folder: resacct.harness.replay) taking turns; with --baseline, both trees warm, taking turns")
     args = parser.parse_args(argv)
-    if args.warm and args.baseline:
-        parser.error("--warm compares this tree cold and warm; drop --baseline")
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more (runs of each tree), got {args.rounds}")
     if (problem := python_without_resacct()) is not None:
@@ -226,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             trees = {args.baseline: (_tree_of(args.baseline, Path(folder) / "baseline"), selected, None), **trees}
         if args.warm:
             stored = {"RESACCT_CACHE_DIR": str(Path(folder) / "cache")}
-            trees = {"cold": (this, [*selected, *extra], None), "warm": (this, [*selected, *extra], stored)}
-            print(_line("(filling)", run_verify(this, [*selected, *extra], stored)), flush=True)
+            if args.baseline:  # both trees warm, each replaying what its own untimed run stored (their setups differ)
+                trees = {f"{args.baseline} warm": (trees[args.baseline][0], selected, stored), "warm": (this, [*selected, *extra], stored)}
+            else:
+                trees = {"cold": (this, [*selected, *extra], None), "warm": (this, [*selected, *extra], stored)}
+            for tree, options, _ in trees.values() if args.baseline else [trees["warm"]]:
+                print(_line("(filling)", run_verify(tree, options, stored)), flush=True)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, (tree, options, environment) in trees.items():

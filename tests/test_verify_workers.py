@@ -165,6 +165,55 @@ def test_timed_gpu_and_thread_dependent_claims_run_alone_and_areas_stay_whole() 
     assert [group.name for group in groups] == ["hf", "peak"]  # largest estimate first
 
 
+def test_claims_a_stored_measurement_judges_count_nothing_in_their_areas_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm run (most claims replayed) schedules by what is left to measure, and so skips the shared imports."""
+    from resacct.harness import workers
+
+    class Item:
+        def __init__(self, area: str, stored: bool) -> None:
+            self.loaded = type("Loaded", (), {"area": area, "claim": type("Claim", (), {"measure": f"{area}.x", "given": {}})()})()
+            self.extra_keyword_matches: set[str] = set()
+            self.stored = stored
+
+        def get_closest_marker(self, name: str) -> object:
+            return None
+
+    monkeypatch.setattr(workers, "will_replay", lambda item: item.stored)
+    items = [Item("hf", True), Item("hf", True), Item("peak", True), Item("peak", False), Item("flops", False)]
+    groups, _ = workers.item_groups(items)
+    seconds = {group.name: group.seconds for group in groups}
+    assert seconds == {"hf": 0.0, "peak": pytest.approx(workers.AREA_SECONDS["peak"] / 2), "flops": workers.AREA_SECONDS["flops"]}
+    assert [group.name for group in groups] == ["flops", "peak", "hf"]  # flops 1.4 s, half of peak's 2.2 s
+    assert sum(seconds.values()) < workers._SHARED_IMPORTS_FROM_SECONDS <= workers.AREA_SECONDS["hf"] + workers.AREA_SECONDS["peak"]
+
+
+def test_a_worker_replays_a_claim_whose_measurement_is_stored_for_one_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)  # the suite turns stored measurements off
+
+    from resacct.harness import replay
+    from resacct.harness.registry import Outcome
+    from resacct.harness.workers import will_replay
+
+    inputs = {"rows": 4, "cols": 4, "row_fraction": 0.25, "col_fraction": 0.5}
+
+    def item(forall: dict | None = None, marks: tuple[str, ...] = ()) -> object:
+        claim = type("Claim", (), {"measure": "tensors.element_offset", "given": inputs, "forall": forall, "marks": list(marks)})()
+        return type("Item", (), {"loaded": type("Loaded", (), {"claim": claim})()})()
+
+    threads = torch.get_num_threads()
+    with replay.replaying(False, folder=tmp_path):
+        assert not will_replay(item())
+        torch.set_num_threads(1)  # as a worker measures it
+        try:
+            replay.store_measurement("tensors.element_offset", inputs, Outcome(measured=6))
+        finally:
+            torch.set_num_threads(threads)
+        assert will_replay(item())  # asked from the parent, whatever its own thread count
+        assert not will_replay(item(forall={"rows": "dim"}))  # never replayed: new examples every run
+        assert not will_replay(item(marks=("gpu",)))
+    assert not will_replay(item())  # a run that does not replay (pytest's)
+
+
 def test_hypothesis_draws_no_constants_from_imported_modules_while_a_claims_examples_run() -> None:
     from hypothesis.internal.conjecture import providers
 

@@ -20,8 +20,8 @@ import regex
 
 from resacct.errors import ResacctError
 from resacct.harness.loader import LoadedClaim
-from resacct.harness.registry import NotMeasurable, Outcome, get_check
-from resacct.harness.schema import DEFAULT_TOLERANCE, Tolerance
+from resacct.harness.registry import Check, NotMeasurable, Outcome, get_check
+from resacct.harness.schema import DEFAULT_TOLERANCE, Claim, Tolerance
 
 __all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements",
            "measure_claim", "remember_measurement", "MATCH_TIMEOUT_SECONDS"]
@@ -178,6 +178,13 @@ def remember_measurement(claim: LoadedClaim, measurement: Measurement) -> None:
     _SESSION_MEASUREMENTS[_claim_key(claim)] = measurement
 
 
+def is_replayable(check: Check, claim: Claim) -> bool:
+    """Whether ``claim``'s measurement by ``check`` may be judged on a stored one (:mod:`resacct.harness.replay`): never a timed
+    check's (its value is this moment's), a ``forall`` claim's (new examples every run), a GPU claim's or a check's declared
+    ``replay=False``."""
+    return bool(check.replay) and not check.timing and not claim.forall and "gpu" not in claim.marks
+
+
 def measure_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
     """Run the claim's check once on ``inputs`` (an exception is the measurement when the claim expects one)."""
     return _measure(claim, inputs)
@@ -187,7 +194,7 @@ def _measure(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:
     spec = claim.claim
     check = get_check(spec.measure)
     expects_raise = spec.expect is not None and spec.expect.raises is not None
-    replayable = check.replay and not check.timing and not spec.forall and "gpu" not in spec.marks
+    replayable = is_replayable(check, spec)
     if replayable:
         from resacct.harness.replay import stored_measurement
 

@@ -52,8 +52,8 @@ from typing import Any
 
 from resacct.account.trace.cache import CACHE_DIR_ENV, cache_wanted, read_stored, user_cache_root, write_stored
 
-__all__ = ["KEPT_SETUPS", "StoredMeasurement", "measurements_dir", "replaying", "replay_folder", "replay_key", "setup_fingerprint",
-           "stored_measurement", "store_measurement"]
+__all__ = ["KEPT_SETUPS", "StoredMeasurement", "is_stored", "measurements_dir", "replaying", "replay_folder", "replay_key",
+           "setup_fingerprint", "stored_measurement", "store_measurement"]
 
 _FORMAT = 1
 #: How many setups' folders a cache keeps (the least recently used go first): every edit of resacct is a new setup.
@@ -151,12 +151,14 @@ def setup_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def replay_key(check: str, inputs: Mapping[str, Any]) -> str:
+def replay_key(check: str, inputs: Mapping[str, Any], *, threads: int | None = None) -> str:
     """The JSON text that names one measurement: the check, its inputs (anything not JSON by its ``repr``),
-    torch's thread count now and the setup's fingerprint."""
-    import torch
+    torch's thread count (``threads``, else this process's now) and the setup's fingerprint."""
+    if threads is None:
+        import torch
 
-    return json.dumps({"check": check, "inputs": dict(inputs), "threads": torch.get_num_threads(), "setup": setup_fingerprint(),
+        threads = torch.get_num_threads()
+    return json.dumps({"check": check, "inputs": dict(inputs), "threads": threads, "setup": setup_fingerprint(),
                        "format": _FORMAT}, sort_keys=True, default=repr)
 
 
@@ -186,6 +188,14 @@ def stored_measurement(check: str, inputs: Mapping[str, Any]) -> StoredMeasureme
     if not found or not isinstance(stored, dict) or "outcome" not in stored:
         return None
     return StoredMeasurement(stored["outcome"], str(stored.get("measured_at", "an unknown time")), stored.get("run") != _state["run"])
+
+
+def is_stored(check: str, inputs: Mapping[str, Any], *, threads: int) -> bool:
+    """Whether this setup holds a stored measurement for the check and inputs, made with ``threads`` torch threads — its
+    file is there (whether it reads back whole is found when the claim runs): the cheap question a run's scheduling asks
+    of every claim before any runs (:mod:`resacct.harness.workers`)."""
+    folder = replay_folder()
+    return folder is not None and _path(folder, replay_key(check, inputs, threads=threads)).is_file()
 
 
 def store_measurement(check: str, inputs: Mapping[str, Any], outcome: Any) -> bool:

@@ -48,14 +48,15 @@ from typing import Any
 
 import pytest
 
+from resacct.errors import ResacctError
 from resacct.harness.collector import freeze_alive
 from resacct.harness.early_ranks import WORKERS_PLUGIN_NAME, start_ranks_early
 from resacct.harness.phases import mark
 from resacct.harness.worker_count import default_workers, workers_count
-from resacct.harness.worker_process import Worker
+from resacct.harness.worker_process import WORKER_THREADS, Worker
 from resacct.harness.worker_scheduling import idle_priority, idle_priority_returns
 
-__all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "default_workers", "workers_count"]
+__all__ = ["ClaimWorkers", "WORKERS_PLUGIN_NAME", "AREA_SECONDS", "runs_alone", "item_groups", "will_replay", "default_workers", "workers_count"]
 
 #: Seconds each area's claims that run in parallel took in one worker (one torch thread), idle, at
 #: commit b628a3e (2026-11-28): only the order in which groups are handed out (largest first); an
@@ -67,7 +68,8 @@ AREA_SECONDS = {"hf": 11.5, "account": 7.3, "peak": 2.2, "gpu_recorded": 2.1, "f
                 "runs": 0.02, "formats": 0.01, "devices": 0.01, "sharding": 0.01, "peak_sharded": 0.01, "runtime_model": 0.01}
 
 #: Imported once in this process before the workers fork, when the claims to run are a long run's
-#: (their areas' :data:`AREA_SECONDS` past :data:`_SHARED_IMPORTS_FROM_SECONDS`): each worker would
+#: (their areas' :data:`AREA_SECONDS`, less the share of claims a stored measurement judges — :func:`will_replay` —,
+#: past :data:`_SHARED_IMPORTS_FROM_SECONDS`): each worker would
 #: import them again (torch's compiler stack on the first build on meta, ~1 s idle; transformers
 #: and its model classes, ~1 s), and the claims run here afterwards need them too.
 SHARED_IMPORTS = ("torch._dynamo", "transformers", "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2")
@@ -110,8 +112,28 @@ def item_groups(items: Sequence[pytest.Item]) -> tuple[list[_Group], list[pytest
         else:
             groups.setdefault(_area(item), _Group(_area(item))).items.append(item)
     for group in groups.values():
-        group.seconds = AREA_SECONDS.get(group.name, 0.02 * len(group.items))
+        measured = sum(1 for item in group.items if not will_replay(item))
+        group.seconds = AREA_SECONDS.get(group.name, 0.02 * len(group.items)) * measured / len(group.items)
     return sorted(groups.values(), key=lambda group: -group.seconds), alone
+
+
+def will_replay(item: pytest.Item) -> bool:
+    """Whether a claim a worker runs (one torch thread) will be judged on a measurement an earlier ``resacct verify`` stored
+    (:mod:`resacct.harness.replay`; never in a pytest run): its share of its area's estimate is then ~0 — a run that
+    replays most claims needs no :data:`SHARED_IMPORTS` first. An estimate only: a stored file that does not read
+    back whole is measured when the claim runs."""
+    from resacct.harness.evaluate import is_replayable
+    from resacct.harness.registry import get_check
+    from resacct.harness.replay import is_stored, replay_folder
+
+    claim = getattr(getattr(item, "loaded", None), "claim", None)
+    if claim is None or replay_folder() is None:
+        return False
+    try:
+        check = get_check(claim.measure)
+    except ResacctError:  # not registered: its claim fails on that when it runs
+        return False
+    return is_replayable(check, claim) and is_stored(claim.measure, check.replay_inputs(dict(claim.given)), threads=WORKER_THREADS)
 
 
 class ClaimWorkers:

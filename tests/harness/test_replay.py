@@ -267,3 +267,17 @@ def test_a_recorded_claims_key_holds_its_record_files_sha256(tmp_path):
     assert record_contents({"record": str(tmp_path / "missing.json")}) == {"record_sha256": None}
     assert registry.get_check("gpu_recorded.board_step_peak").replay_inputs({"record": str(record), "step": "s"})["replay_key"] == \
         {"record_sha256": hashlib.sha256(b"a record").hexdigest()}
+
+
+def test_is_stored_asks_for_the_file_of_this_setup_and_thread_count(tmp_path, cache):
+    import torch
+
+    inputs = {"rows": 4, "cols": 4, "row_fraction": 0.25, "col_fraction": 0.5}
+    threads = torch.get_num_threads()
+    assert not replay.is_stored("tensors.element_offset", inputs, threads=threads)  # replaying is off outside verify
+    with replay.replaying(False, folder=tmp_path):
+        assert not replay.is_stored("tensors.element_offset", inputs, threads=threads)
+        assert replay.store_measurement("tensors.element_offset", inputs, Outcome(measured=6))
+        assert replay.is_stored("tensors.element_offset", inputs, threads=threads)
+        assert not replay.is_stored("tensors.element_offset", inputs, threads=threads + 1)  # a worker's one thread is another key
+        assert not replay.is_stored("tensors.element_offset", {**inputs, "rows": 5}, threads=threads)
