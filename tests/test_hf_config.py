@@ -15,7 +15,7 @@ from resacct.formulas.hf_formulas import HfArchitecture, predict_active_paramete
 from resacct.account.load.hf_models import known_hf_configs, load_hf_config  # noqa: E402
 
 _SHIPPED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3-405b",
-            "mistral-7b", "mixtral-8x7b", "qwen2-7b-instruct", "qwen3-8b", "qwen3-30b-a3b", "gemma-2-9b", "gemma-3-12b", "phi-3-mini-4k",
+            "llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "mixtral-8x7b", "qwen2-7b-instruct", "qwen3-8b", "qwen3-30b-a3b", "gemma-2-9b", "gemma-3-12b", "phi-3-mini-4k",
             "olmo-2-0425-1b", "falcon-7b", "gpt-neox-20b", "bloom-560m", "deepseek-v3", "gpt-oss-20b", "gpt-oss-120b")
 
 
