@@ -104,3 +104,44 @@ def test_lora_on_a_board_judges_its_largest_batch_by_the_reserved_peak(tmp_path,
     assert all(reserved(each["batch"]) == each["reserved_bytes"] for each in search["traced"][:2])
     if search["exact"]:
         assert reserved(search["largest"]) <= 80e9 < reserved(search["largest"] + 1)
+
+
+def _found(search, gpu: object = object()) -> dict:  # noqa: ANN001
+    return {"gpu": gpu, "search": search}
+
+
+def test_fit_on_a_board_puts_the_boards_answer_first_and_says_how_sure_it_is() -> None:
+    from resacct.account.gpu.answers.device_answer import fit_gpu_headline
+    from resacct.account.gpu.answers.reserved_search import ReservedSearch
+
+    text = "{:.0f} B".format
+    exact = ReservedSearch(budget_bytes=1000, start=9, largest=7, exact=True, traced=((9, 1200), (7, 980), (8, 1010)))
+    assert fit_gpu_headline(_found(exact), "h100-sxm", text) == (
+        "  answer on h100-sxm: micro-batch 7, by the predicted reserved peak (980 B of the 1000 B budget; the board's step, below the CPU "
+        "kernels' search)")
+    open_above = ReservedSearch(budget_bytes=1000, start=3, largest=5, exact=False, traced=((3, 500), (5, 700)))
+    assert "micro-batch at least 5," in fit_gpu_headline(_found(open_above), "h100-sxm", text)
+    capped = ReservedSearch(budget_bytes=1000, start=3, largest=4, exact=False, traced=((3, 500), (4, 600)), limit=4)
+    assert "micro-batch 4," in fit_gpu_headline(_found(capped), "h100-sxm", text)  # the limit asked about: no "at least"
+    seq = ReservedSearch(budget_bytes=1000, start=512, largest=0, exact=True, traced=((1, 1500),), what="seq")
+    assert fit_gpu_headline(_found(seq), "a100-sxm-80gb", text) == (
+        "  answer on a100-sxm-80gb: no sequence length fits — seq 1 is predicted at 1500 B reserved, over the 1000 B budget (the board's step, below)")
+    unanswered = ReservedSearch(budget_bytes=1000, start=3, largest=None, exact=False, traced=((3, 1500),))
+    assert fit_gpu_headline(_found(unanswered), "h100-sxm", text) is None
+    assert fit_gpu_headline(_found(exact, gpu=None), "h100-sxm", text) is None  # no board step predicted
+    assert fit_gpu_headline({"gpu": object(), "search": None}, "h100-sxm", text) is None
+
+
+@pytest.mark.slow  # a fit search of a tiny GPT-2 and its board traces (~3 CPU s)
+def test_fit_device_prints_the_boards_answer_second_and_json_agrees(tmp_path, capsys) -> None:  # noqa: ANN001
+    pytest.importorskip("transformers")
+    from resacct.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 512}))
+    argv = ["fit", "--hf-config", str(path), "--seq", "512", "--reserve-gb", "79.88", "--device", "h100", "--no-cache", "--no-progress"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert main([*argv, "--json"]) == 0
+    largest = json.loads(capsys.readouterr().out)["gpu"]["largest_by_reserved_peak"]
+    assert lines[1].startswith(f"  answer on h100-sxm: micro-batch {largest:,}, by the predicted reserved peak")

@@ -129,6 +129,9 @@ def run_model_fit(args: argparse.Namespace) -> int:
                   "--no-cache searches afresh)", file=sys.stderr)
     fields = dict(answer.to_dict(), gpu=gpu.fit_gpu_fields(found) if gpu else None)
     text = _text(answer, args.units, on_board=gpu is not None) + ("".join("\n" + line for line in gpu.fit_gpu_lines(found, answer, lambda b: _bytes_text(b, args.units))) if gpu else "")
+    if gpu is not None and (headline := gpu.fit_gpu_headline(found, board.name, lambda b: _bytes_text(b, args.units))) is not None:
+        first, _, rest = text.partition("\n")
+        text = f"{first}\n{headline}\n{rest}"  # the board's answer first: what a GPU runs out of is its reserved peak
     return emit(args, fields, with_caveat(fields, text, board))
 
 
