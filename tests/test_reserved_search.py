@@ -79,7 +79,7 @@ def test_no_batch_above_the_limit_is_traced() -> None:
     assert largest_by_reserved(reserved, 60, 5_000, limit=20).largest == 20  # the CPU kernels' answer past the limit starts at it
 
 
-@pytest.mark.slow  # the tiny Llama's LoRA step on the CPU engine and a few traces of the board's step
+@pytest.mark.slow  # the tiny Llama's LoRA step on the CPU engine and a few traces of the board's step, twice (JSON, text): ~11 s
 def test_lora_on_a_board_judges_its_largest_batch_by_the_reserved_peak(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
@@ -104,6 +104,10 @@ def test_lora_on_a_board_judges_its_largest_batch_by_the_reserved_peak(tmp_path,
     assert all(reserved(each["batch"]) == each["reserved_bytes"] for each in search["traced"][:2])
     if search["exact"]:
         assert reserved(search["largest"]) <= 80e9 < reserved(search["largest"] + 1)
+    assert main(["lora", "--hf-config", str(path), "--seq", "2048", "--device", "h100"]) == 0  # the text (traced again: the suite caches nothing)
+    second = capsys.readouterr().out.splitlines()[1]
+    at_least = "" if search["exact"] or search["largest"] == search["limit"] else " at least"
+    assert second.startswith(f"  answer on h100-sxm: batch{at_least} {search['largest']:,} at seq 2048, by the predicted reserved peak")
 
 
 def _found(search, gpu: object = object()) -> dict:  # noqa: ANN001
@@ -118,7 +122,7 @@ def test_fit_on_a_board_puts_the_boards_answer_first_and_says_how_sure_it_is() -
     exact = ReservedSearch(budget_bytes=1000, start=9, largest=7, exact=True, traced=((9, 1200), (7, 980), (8, 1010)))
     assert fit_gpu_headline(_found(exact), "h100-sxm", text) == (
         "  answer on h100-sxm: micro-batch 7, by the predicted reserved peak (980 B of the 1000 B budget; the board's step, below the CPU "
-        "kernels' search)")
+        "kernels' answer)")
     open_above = ReservedSearch(budget_bytes=1000, start=3, largest=5, exact=False, traced=((3, 500), (5, 700)))
     assert "micro-batch at least 5," in fit_gpu_headline(_found(open_above), "h100-sxm", text)
     capped = ReservedSearch(budget_bytes=1000, start=3, largest=4, exact=False, traced=((3, 500), (4, 600)), limit=4)

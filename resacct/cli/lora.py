@@ -284,6 +284,8 @@ def _answer(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             found = largest_by_reserved(lambda batch: board_steps(batch, timed=False).reserved_bytes, largest, memory_bytes - reserved)
             fields["gpu"]["largest_batch_by_reserved"] = None if found is None else found.to_dict()
             lines += [] if found is None else ["  " + found.line(lambda value: gigabytes_text(value, units))]
+            if found is not None and (headline := found.headline(board.name, lambda value: gigabytes_text(value, units), at=f" at seq {args.seq}")):
+                lines.insert(1, headline)  # the board's answer first: what a GPU runs out of is its reserved peak
     return fields, with_caveat(fields, "\n".join(lines), board)
 
 

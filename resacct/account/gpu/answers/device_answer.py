@@ -307,20 +307,12 @@ def fit_gpu_lines(found: dict[str, Any], answer: Any, bytes_text: Callable[[floa
 
 
 def fit_gpu_headline(found: dict[str, Any], board_name: str, bytes_text: Callable[[float], str]) -> str | None:
-    """The line ``resacct fit --device BOARD`` puts first: the board's answer (the largest size by the predicted reserved peak,
-    what a GPU runs out of), ahead of the CPU kernels' search that the lines below give first. None where the board's
-    search has no answer (its step could not be predicted)."""
+    """The line ``resacct fit --device BOARD`` puts first: the board's answer (:meth:`ReservedSearch.headline`), ahead of the CPU
+    kernels' search that the lines below give first. None where the board's search has no answer (its step could not be predicted)."""
     search = found.get("search") if found.get("gpu") is not None else None
-    if search is None or search.largest is None:
+    if search is None:
         return None
-    what = "micro-batch" if search.what == "batch" else "sequence length"
-    budget = bytes_text(search.budget_bytes)
-    if search.largest == 0:
-        return (f"  answer on {board_name}: no {what} fits — {search.what} 1 is predicted at {bytes_text(search.reserved_of(1) or 0)} reserved, "
-                f"over the {budget} budget (the board's step, below)")
-    qualifier = "" if search.exact or search.at_limit else " at least"
-    return (f"  answer on {board_name}: {what}{qualifier} {search.largest:,}, by the predicted reserved peak "
-            f"({bytes_text(search.reserved_of(search.largest) or 0)} of the {budget} budget; the board's step, below the CPU kernels' search)")
+    return search.headline(board_name, bytes_text, noun="micro-batch" if search.what == "batch" else "sequence length")
 
 
 def fit_gpu_fields(found: dict[str, Any]) -> dict[str, Any] | None:

@@ -83,6 +83,21 @@ class ReservedSearch:
         after = self.reserved_of(self.largest + 1) or 0
         return f"{head}; {what} {self.largest + 1:,} does not ({bytes_text(after)}){said}"
 
+    def headline(self, board_name: str, bytes_text: Callable[[float], str], *, noun: str | None = None, at: str = "") -> str | None:
+        """The line a command puts first under ``--device BOARD``: this search's answer — what a GPU runs out of is its reserved
+        memory — ahead of the CPU kernels' answer, which the command's lines give first. ``noun``: the size's name
+        ("micro-batch"; default: ``what``), ``at``: what is fixed (" at seq 2048"). None where nothing was answered."""
+        if self.largest is None:
+            return None
+        noun = noun or ("batch" if self.what == "batch" else "sequence length")
+        budget = bytes_text(self.budget_bytes)
+        if self.largest == 0:
+            return (f"  answer on {board_name}: no {noun}{at} fits — {self.what} 1 is predicted at {bytes_text(self.reserved_of(1) or 0)} "
+                    f"reserved, over the {budget} budget (the board's step, below)")
+        qualifier = "" if self.exact or self.at_limit else " at least"
+        return (f"  answer on {board_name}: {noun}{qualifier} {self.largest:,}{at}, by the predicted reserved peak "
+                f"({bytes_text(self.reserved_of(self.largest) or 0)} of the {budget} budget; the board's step, below the CPU kernels' answer)")
+
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "cpu_engine_largest": self.start, "largest": self.largest, "exact": self.exact,
                 "limit": self.limit, "traced": [{self.what: size, "reserved_bytes": reserved} for size, reserved in self.traced]}
