@@ -163,6 +163,12 @@ def run_verify(tree: Path, extra: list[str], environment: dict[str, str] | None 
             "busy": busy_by_phase(samples, document["run"].get("phases") or {}, os.cpu_count() or 1)}
 
 
+def commit_problem(commit: str) -> str | None:
+    """Why ``commit`` names no commit of this repository (git's own words), or None."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True, text=True)
+    return None if found.returncode == 0 else f"{commit!r} is not a commit of {ROOT} (git rev-parse found none): expected a hash, a branch or HEAD~N"
+
+
 def _tree_of(commit: str, into: Path) -> Path:
     archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -214,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be 1 or more (runs of each tree), got {args.rounds}")
     if (problem := python_without_resacct()) is not None:
         parser.error(problem)
+    for option, commit in (("--baseline", args.baseline), ("--commit", args.commit)):
+        if commit is not None and (problem := commit_problem(commit)) is not None:
+            parser.error(f"{option} {problem}")
     selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")

@@ -45,3 +45,12 @@ def test_a_phase_too_short_for_a_sample_takes_the_nearest_one() -> None:
     rows = _script().busy_by_phase([(0.25, 1.0), (2.0, 0.5)], {"start": 0.1, "claims report": 0.1, "figures": 2.0}, 2)
     assert rows[1][2] == 2.0  # nothing fell in 0.1-0.2 s: the sample at 0.25 s is the nearest
     assert _script().busy_by_phase([], {"start": 1.0}, 2) == [("start", 1.0, 0.0, 2.0)]
+
+
+@pytest.mark.parametrize("option", ["--baseline", "--commit"])
+def test_a_commit_that_is_none_is_a_usage_error_naming_it(option, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _script().main([option, "no-such-commit-31", "--no-core-probe"])
+    assert stopped.value.code == 2
+    assert f"{option} 'no-such-commit-31' is not a commit of" in capsys.readouterr().err
+    assert _script().commit_problem("HEAD") is None
