@@ -169,7 +169,7 @@ def commit_problem(commit: str) -> str | None:
     return None if found.returncode == 0 else f"{commit!r} is not a commit of {ROOT} (git rev-parse found none): expected a hash, a branch or HEAD~N"
 
 
-def _tree_of(commit: str, into: Path) -> Path:
+def tree_of(commit: str, into: Path) -> Path:
     archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
@@ -228,10 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")
     print_probe("before", skip=args.no_core_probe)
     with tempfile.TemporaryDirectory() as folder:
-        this = _tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT
+        this = tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT
         trees: dict[str, tuple[Path, list[str], dict[str, str] | None]] = {"this tree": (this, [*selected, *extra], None)}
         if args.baseline:
-            trees = {args.baseline: (_tree_of(args.baseline, Path(folder) / "baseline"), selected, None), **trees}
+            trees = {args.baseline: (tree_of(args.baseline, Path(folder) / "baseline"), selected, None), **trees}
         if args.warm:
             stored = {"RESACCT_CACHE_DIR": str(Path(folder) / "cache")}
             if args.baseline:  # both trees warm, each replaying what its own untimed run stored (their setups differ)

@@ -4,6 +4,7 @@ a benchmark, not a test): a Python without torch (its children run ``python -m r
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -53,4 +54,33 @@ def test_a_commit_that_is_none_is_a_usage_error_naming_it(option, capsys) -> Non
         _script().main([option, "no-such-commit-31", "--no-core-probe"])
     assert stopped.value.code == 2
     assert f"{option} 'no-such-commit-31' is not a commit of" in capsys.readouterr().err
-    assert _script().commit_problem("HEAD") is None
+
+
+def test_head_names_a_commit_in_a_git_checkout() -> None:
+    """HEAD is a commit where the tree is a git checkout; a tree without git (a release tarball, a ``git archive``
+    copy: benchmarks/quick_tier_time.py's baseline) has none to name, and says so."""
+    script = _script()
+    in_checkout = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=script.ROOT, capture_output=True).returncode == 0
+    problem = script.commit_problem("HEAD")
+    assert (problem is None) if in_checkout else ("'HEAD' is not a commit of" in str(problem))
+
+
+def _quick_tier_script():  # type: ignore[no-untyped-def]
+    return load_script("benchmarks/quick_tier_time.py")
+
+
+@pytest.mark.parametrize(("argv", "named"), [(["--rounds", "0"], "--rounds"), (["--baseline", "no-such-commit-32"], "no-such-commit-32"),
+                                              (["--commit", "no-such-commit-32"], "--commit")])
+def test_the_quick_tier_benchmark_refuses_what_it_cannot_run(argv, named, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _quick_tier_script().main(argv)
+    assert stopped.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("output", "summary"), [
+    ("....\n4880 passed, 67 skipped in 104.93s (0:01:44)\n", "4880 passed, 67 skipped"),
+    ("F.\n=== 2 failed, 4877 passed, 67 skipped in 113.19s (0:01:53) ===\n", "2 failed, 4877 passed, 67 skipped"),
+    ("no tests ran in 0.01s\n", "(no summary)"),
+])
+def test_the_quick_tier_benchmark_reads_pytests_summary_line(output, summary) -> None:
+    assert _quick_tier_script().pytest_summary(output) == summary
