@@ -17,8 +17,9 @@ what runs is exactly what each would have compiled. A module whose pyc is not th
 the importer as before. Outside an xdist run nothing changes. ``rm -rf .bytecode`` forgets it all; a folder
 grown past ``KEPT_LIMIT_BYTES`` (modules renamed and deleted over time) is emptied at a run's start.
 
-Measured (the plain quick tier's worker start, ``-k`` one claim, 2026-12-01): 4.4-4.7 CPU s of compiling
-in each worker on every run before; 0 modules compiled on a run after one that filled the folder.
+Measured (``python benchmarks/quick_tier_time.py --baseline 10f023c --rounds 3 -- -k lecture-tensor-literal-is-float32``,
+the workers' start alone, 2026-12-02): 20.8, 21.1, 20.1 s wall (39.3, 39.7, 37.4 CPU s) with the folder made afresh
+each run, 16.7, 16.8, 14.2 s (30.9, 31.1, 25.3) with it kept; docs/suite_time.md, session 32.
 """
 
 from __future__ import annotations
