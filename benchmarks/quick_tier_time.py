@@ -11,6 +11,9 @@ next (tests/run_bytecode.py's ``.bytecode/``), so every timed round
 finds the caches of a working checkout; then the trees take turns, round by round (the machine's speed drifts
 over minutes: a pair measured in one turn is the fair comparison). Prints each run's wall seconds, the CPU
 seconds of pytest and its workers, and pytest's own summary line; then the medians' ratio and the bar.
+Compare commits with ``--commit HEAD`` beside ``--baseline``: the working tree carries what a fresh copy has not
+(its own ``.hypothesis/`` examples, reports), and ran 4-6 s slower than a copy of the same code (docs/suite_time.md,
+session 32).
 """
 
 from __future__ import annotations
