@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from verify_time import ROOT, commit_problem, tree_of  # noqa: E402
+from verify_time import ROOT, refuse_unknown_commits, tree_of  # noqa: E402
 
 BAR_SECONDS = 60.0
 README_TEST_OPTIONS = ["-n", "auto", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"]
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more (timed runs of each tree), got {args.rounds}")
-    for option, commit in (("--baseline", args.baseline), ("--commit", args.commit)):
-        if commit is not None and (problem := commit_problem(commit)) is not None:
-            parser.error(f"{option} {problem}")
+    refuse_unknown_commits(parser, baseline=args.baseline, commit=args.commit)
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         trees = {"this tree": tree_of(args.commit, Path(folder) / "this") if args.commit else ROOT}

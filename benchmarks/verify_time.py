@@ -169,6 +169,13 @@ def commit_problem(commit: str) -> str | None:
     return None if found.returncode == 0 else f"{commit!r} is not a commit of {ROOT} (git rev-parse found none): expected a hash, a branch or HEAD~N"
 
 
+def refuse_unknown_commits(parser: argparse.ArgumentParser, **commits: str | None) -> None:
+    """A usage error (exit 2) naming the first option whose value names no commit (``baseline="HEAD~1"``: ``--baseline``)."""
+    for option, commit in commits.items():
+        if commit is not None and (problem := commit_problem(commit)) is not None:
+            parser.error(f"--{option} {problem}")
+
+
 def tree_of(commit: str, into: Path) -> Path:
     archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -220,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be 1 or more (runs of each tree), got {args.rounds}")
     if (problem := python_without_resacct()) is not None:
         parser.error(problem)
-    for option, commit in (("--baseline", args.baseline), ("--commit", args.commit)):
-        if commit is not None and (problem := commit_problem(commit)) is not None:
-            parser.error(f"{option} {problem}")
+    refuse_unknown_commits(parser, baseline=args.baseline, commit=args.commit)
     selected = [option for area in args.area for option in ("--area", area)]
     extra = ["--workers", str(args.workers)] if args.workers else []
     print(f"load average before: {' '.join(f'{value:.1f}' for value in os.getloadavg())}  ({os.cpu_count()} CPUs)")

@@ -136,19 +136,23 @@ def share_with_other_worker(config: pytest.Config, *, type_checked: bool) -> int
 
 
 def is_current(pyc: str, source: str, *, hooked: bool) -> bool:
-    """Whether ``pyc`` holds today's ``source`` as its loader checks it: the hook's timestamp pyc by the source's
-    mtime and size, pytest's checked-hash pyc by the source's hash (both: this Python's magic number)."""
+    """Whether ``pyc`` holds today's ``source`` as its loader checks it: the hook's timestamp pyc by importlib's own
+    validators (the source's mtime and size), pytest's checked-hash pyc by the header test of
+    ``_pytest.assertion.rewrite._read_pyc`` (magic, flags, the source's hash), without unmarshalling the code as it does."""
+    from importlib import _bootstrap_external
+
     try:
         with open(pyc, "rb") as handle:
             header = handle.read(16)
-        if len(header) != 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        if not hooked:
+            return (len(header) == 16 and header[:4] == importlib.util.MAGIC_NUMBER and header[4:8] == b"\x03\x00\x00\x00"
+                    and header[8:16] == importlib.util.source_hash(Path(source).read_bytes())[:8])
+        if _bootstrap_external._classify_pyc(header, pyc, {}) != 0:  # a hash-based pyc: not what the hook writes
             return False
-        if hooked:
-            stat = os.stat(source)
-            return (header[4:8] == b"\x00\x00\x00\x00" and int.from_bytes(header[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
-                    and int.from_bytes(header[12:16], "little") == stat.st_size & 0xFFFFFFFF)
-        return header[4:8] == b"\x03\x00\x00\x00" and header[8:16] == importlib.util.source_hash(Path(source).read_bytes())[:8]
-    except OSError:
+        stat = os.stat(source)
+        _bootstrap_external._validate_timestamp_pyc(header, int(stat.st_mtime), stat.st_size, pyc, {})  # as SourceLoader.get_code passes them
+        return True
+    except (OSError, ImportError, EOFError):  # no pyc, another magic number, too short, out of date
         return False
 
 

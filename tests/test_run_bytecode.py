@@ -59,6 +59,8 @@ def test_a_module_compiled_by_one_worker_is_read_by_the_other_with_its_checks(fo
         manager.uninstall()
         sys.modules.pop(name, None)
     assert not list((tmp_path / "src").rglob("*.pyc")), "a pyc was written beside the source"
+    source.write_text("def double(x: int) -> int:\n    return x + x  # edited\n")
+    assert not run_bytecode.is_current(pyc, str(source), hooked=True)  # the loader would refuse it: compiled again
 
 
 def test_a_test_module_rewritten_by_one_worker_is_read_by_pytest(folder: str, tmp_path: Path,
