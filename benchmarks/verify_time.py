@@ -9,7 +9,8 @@
     python benchmarks/verify_time.py --warm --baseline 27b77d1 --rounds 3   # both trees replaying, each what its own first run stored
 
 Every run measures every claim afresh (``RESACCT_NO_CACHE=1``) but the ``--warm`` runs, which replay what one untimed run stored
-(resacct.harness.replay; timed, forall and GPU claims are measured all the same).
+(resacct.harness.replay; timed and GPU claims are measured all the same; since session 33 a forall claim's examples, the same
+every run under CI=true, replay one by one).
 
 Each run is `resacct verify --quiet` in a fresh process (CI=true: hypothesis derandomized, so
 every run draws the same examples) with its report in a temporary folder. Printed per run: wall

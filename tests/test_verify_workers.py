@@ -191,25 +191,34 @@ def test_a_worker_replays_a_claim_whose_measurement_is_stored_for_one_thread(tmp
     monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)  # the suite turns stored measurements off
 
     from resacct.harness import replay
+    from resacct.harness.evaluate import FORALL_EXAMPLES_NOTE, forall_examples_inputs
     from resacct.harness.registry import Outcome
     from resacct.harness.workers import will_replay
 
     inputs = {"rows": 4, "cols": 4, "row_fraction": 0.25, "col_fraction": 0.5}
 
     def item(forall: dict | None = None, marks: tuple[str, ...] = ()) -> object:
-        claim = type("Claim", (), {"measure": "tensors.element_offset", "given": inputs, "forall": forall, "marks": list(marks)})()
+        claim = type("Claim", (), {"id": "offset", "measure": "tensors.element_offset", "given": inputs, "forall": forall,
+                                   "examples": None, "marks": list(marks)})()
         return type("Item", (), {"loaded": type("Loaded", (), {"claim": claim})()})()
 
     threads = torch.get_num_threads()
+    monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "dev")
+    drawn = item(forall={"rows": "dim"})
     with replay.replaying(False, folder=tmp_path):
         assert not will_replay(item())
         torch.set_num_threads(1)  # as a worker measures it
         try:
             replay.store_measurement("tensors.element_offset", inputs, Outcome(measured=6))
+            monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "ci")
+            assert not will_replay(drawn)  # no earlier run's note that its examples ran through
+            replay.store_measurement(FORALL_EXAMPLES_NOTE, forall_examples_inputs(drawn.loaded.claim), 25)
         finally:
             torch.set_num_threads(threads)
         assert will_replay(item())  # asked from the parent, whatever its own thread count
-        assert not will_replay(item(forall={"rows": "dim"}))  # never replayed: new examples every run
+        assert will_replay(drawn)  # its examples repeat, and ran through in an earlier run
+        monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "dev")
+        assert not will_replay(drawn)  # new examples every run: measured
         assert not will_replay(item(marks=("gpu",)))
     assert not will_replay(item())  # a run that does not replay (pytest's)
 

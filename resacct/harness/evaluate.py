@@ -24,7 +24,7 @@ from resacct.harness.registry import Check, NotMeasurable, Outcome, get_check
 from resacct.harness.schema import DEFAULT_TOLERANCE, Claim, Tolerance
 
 __all__ = ["ClaimFailure", "Verdict", "Measurement", "evaluate_claim", "agrees", "remembered_measurement", "forget_measurements",
-           "measure_claim", "remember_measurement", "MATCH_TIMEOUT_SECONDS"]
+           "measure_claim", "remember_measurement", "MATCH_TIMEOUT_SECONDS", "is_replayable", "FORALL_EXAMPLES_NOTE", "forall_examples_inputs"]
 
 
 class ClaimFailure(AssertionError):
@@ -180,9 +180,30 @@ def remember_measurement(claim: LoadedClaim, measurement: Measurement) -> None:
 
 def is_replayable(check: Check, claim: Claim) -> bool:
     """Whether ``claim``'s measurement by ``check`` may be judged on a stored one (:mod:`resacct.harness.replay`): never a timed
-    check's (its value is this moment's), a ``forall`` claim's (new examples every run), a GPU claim's or a check's declared
-    ``replay=False``."""
-    return bool(check.replay) and not check.timing and not claim.forall and "gpu" not in claim.marks
+    check's (its value is this moment's), a GPU claim's or a check's declared ``replay=False``; a ``forall`` claim's examples
+    only where they repeat from run to run (:func:`~resacct.harness.pytest_settings.examples_repeat`: the derandomised
+    ``ci`` profile; ``dev`` draws new ones every run)."""
+    if not check.replay or check.timing or "gpu" in claim.marks:
+        return False
+    if claim.forall:
+        from resacct.harness.pytest_settings import examples_repeat
+
+        return examples_repeat()
+    return True
+
+
+#: The check name under which a run notes that a ``forall`` claim's examples ran through on this setup (their measurements
+#: are stored one by one under the claim's own check): what lets a later run's scheduling count the claim as replayed.
+FORALL_EXAMPLES_NOTE = "harness.forall_examples"
+
+
+def forall_examples_inputs(claim: Claim) -> dict[str, Any]:
+    """What names one ``forall`` claim's run of examples: the claim, its check, fixed inputs, strategies, example count and
+    the Hypothesis profile that drew them."""
+    from resacct.harness.pytest_settings import hypothesis_profile_name
+
+    return {"claim": claim.id, "measure": claim.measure, "given": dict(claim.given), "forall": dict(claim.forall),
+            "examples": claim.examples, "profile": hypothesis_profile_name()}
 
 
 def measure_claim(claim: LoadedClaim, inputs: Mapping[str, Any]) -> Measurement:

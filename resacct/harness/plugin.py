@@ -17,7 +17,8 @@ import pytest
 from resacct.errors import ResacctError, SpecError
 from resacct.harness.evaluate import ClaimFailure, Verdict, evaluate_claim
 from resacct.harness.loader import LoadedClaim, load_claims_file
-from resacct.harness.pytest_settings import CLAIM_PROPERTY, claim_hypothesis_settings, claims_hypothesis_home, examples_independent_of_imports
+from resacct.harness.pytest_settings import (CLAIM_PROPERTY, claim_hypothesis_settings, claims_hypothesis_home, examples_independent_of_imports,
+                                             examples_repeat)
 from resacct.harness.timing import INCONCLUSIVE_PREFIX
 
 __all__ = ["ClaimsFile", "ClaimItem", "SpecErrorItem", "finish_record", "spec_group", "is_machine_dependent", "MACHINE_DEPENDENT_KEYWORD", "TIMED_KEYWORD"]
@@ -221,6 +222,11 @@ class ClaimItem(pytest.Item):
         with claims_hypothesis_home(), examples_independent_of_imports():  # nothing of Hypothesis' lands in a .hypothesis/ where the run started
             test()
         self.record["examples"] = examples[0]
+        if examples_repeat():  # the next verify on this setup finds these examples stored: its scheduling counts the claim as replayed
+            from resacct.harness.evaluate import FORALL_EXAMPLES_NOTE, forall_examples_inputs
+            from resacct.harness.replay import store_measurement
+
+            store_measurement(FORALL_EXAMPLES_NOTE, forall_examples_inputs(claim), examples[0])
 
     def _remember(self, verdict: Verdict, *, failing: bool = False) -> None:
         """Record the example to show: the failing one, else (forall) the one farthest from the law."""

@@ -26,6 +26,7 @@ __all__ = [
     "claims_cache_folder",
     "claims_hypothesis_home",
     "examples_independent_of_imports",
+    "examples_repeat",
 ]
 
 CLAIM_PROPERTY = "resacct_claim"
@@ -74,6 +75,14 @@ def hypothesis_profile_name() -> str:
     if name not in CLAIM_HYPOTHESIS_SETTINGS:
         raise pytest.UsageError(f"{HYPOTHESIS_PROFILE_VARIABLE}={name!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)}")
     return name
+
+
+def examples_repeat() -> bool:
+    """Whether a ``forall`` claim draws the same examples every run: the profile in force is derandomised (``ci``'s).
+    Then each example's measurement is a function of its inputs and the setup, like a ``given`` claim's, and
+    ``resacct verify`` may judge it on the one an earlier run stored (:mod:`resacct.harness.replay`); ``dev``'s examples
+    are new every run and always measured."""
+    return bool(CLAIM_HYPOTHESIS_SETTINGS[hypothesis_profile_name()].get("derandomize", False))
 
 
 def claims_cache_folder():  # type: ignore[no-untyped-def]

@@ -119,10 +119,11 @@ def item_groups(items: Sequence[pytest.Item]) -> tuple[list[_Group], list[pytest
 
 def will_replay(item: pytest.Item) -> bool:
     """Whether a claim a worker runs (one torch thread) will be judged on a measurement an earlier ``resacct verify`` stored
-    (:mod:`resacct.harness.replay`; never in a pytest run): its share of its area's estimate is then ~0 — a run that
+    (:mod:`resacct.harness.replay`; never in a pytest run; a ``forall`` claim's examples where they repeat, noted as run through
+    by an earlier run): its share of its area's estimate is then ~0 — a run that
     replays most claims needs no :data:`SHARED_IMPORTS` first. An estimate only: a stored file that does not read
     back whole is measured when the claim runs."""
-    from resacct.harness.evaluate import is_replayable
+    from resacct.harness.evaluate import FORALL_EXAMPLES_NOTE, forall_examples_inputs, is_replayable
     from resacct.harness.registry import get_check
     from resacct.harness.replay import is_stored, replay_folder
 
@@ -133,7 +134,11 @@ def will_replay(item: pytest.Item) -> bool:
         check = get_check(claim.measure)
     except ResacctError:  # not registered: its claim fails on that when it runs
         return False
-    return is_replayable(check, claim) and is_stored(claim.measure, check.replay_inputs(dict(claim.given)), threads=WORKER_THREADS)
+    if not is_replayable(check, claim):
+        return False
+    if claim.forall:  # its examples are drawn as it runs: an earlier run's note that they ran through here stands for them
+        return is_stored(FORALL_EXAMPLES_NOTE, forall_examples_inputs(claim), threads=WORKER_THREADS)
+    return is_stored(claim.measure, check.replay_inputs(dict(claim.given)), threads=WORKER_THREADS)
 
 
 class ClaimWorkers:

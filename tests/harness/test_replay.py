@@ -1,7 +1,8 @@
 """``resacct verify`` replays the measurements an earlier run stored on the same setup (resacct.harness.replay):
 the check is not called again, the claim is judged afresh (an edited law fails on the stored value), the
 report names what was replayed and when; ``--no-cache`` and ``RESACCT_NO_CACHE=1`` measure afresh and store
-nothing; a forall claim is never replayed; a changed setup, a corrupt file or an outcome that does not read
+nothing; a forall claim's examples are replayed only where they repeat (the derandomised ``ci`` profile), never
+``dev``'s new ones; a changed setup, a corrupt file or an outcome that does not read
 back equal is measured again."""
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ claims:
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Stored measurements on (the test suite turns them off) in a temporary folder."""
+    """Stored measurements on (the test suite turns them off) in a temporary folder; the ``dev`` Hypothesis profile
+    whatever ``CI`` says (a forall claim draws new examples every run) unless a test sets ``ci``."""
     monkeypatch.delenv("RESACCT_NO_CACHE", raising=False)
     monkeypatch.setenv("RESACCT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "dev")
     return tmp_path / "cache" / "measurements"
 
 
@@ -93,6 +96,40 @@ def test_the_second_run_judges_the_stored_measurement_without_measuring_it(tmp_p
     assert "--no-cache" in out and "--no-cache" in markdown
     assert f"replayed: measured {replayed['replayed_from']}" in markdown  # beside the claim, in its evidence
     assert f"replayed: measured {replayed['replayed_from']}" in (tmp_path / "reports" / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_forall_claims_repeating_examples_are_replayed_one_by_one(tmp_path, cache, monkeypatch, capsys):
+    """Under the derandomised ``ci`` profile a forall claim draws the same examples every run: each example's measurement is
+    stored under its check and inputs and the next run judges them all without measuring; a note says the claim's
+    examples ran through (what the next run's scheduling reads); the ``dev`` profile's examples are measured every run."""
+    from resacct.harness.evaluate import FORALL_EXAMPLES_NOTE
+
+    drawn: list[dict] = []
+    original = registry.get_check("tensors.strides")
+
+    @functools.wraps(original.function)
+    def counted(**inputs):
+        drawn.append(inputs)
+        return original.function(**inputs)
+
+    monkeypatch.setitem(registry._REGISTRY, "tensors.strides", dataclasses.replace(original, function=counted))
+    monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "ci")
+    code, first, _ = _verify(tmp_path)
+    examples = _record(first, "strides-drawn")["examples"]
+    assert code == 0 and examples == len(drawn) == 5 and first["run"]["replayed"] == 0
+    stored = list(cache.glob("*/*.pickle"))
+    assert len(stored) == 1 + len({json.dumps(inputs, sort_keys=True) for inputs in drawn}) + 1  # the given claim, each example, the note
+
+    code, second, _ = _verify(tmp_path)
+    assert code == 0 and len(drawn) == 5  # not one example measured again
+    record = _record(second, "strides-drawn")
+    assert record["examples"] == 5 and record["replayed_from"] and record["outcome"] == "holds" and second["run"]["replayed"] == 2
+    assert record["inputs"] == _record(first, "strides-drawn")["inputs"]  # the same example shown
+
+    monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "dev")
+    code, third, _ = _verify(tmp_path)
+    assert code == 0 and len(drawn) == 10 and "replayed_from" not in _record(third, "strides-drawn")  # new examples, measured
+    assert FORALL_EXAMPLES_NOTE.startswith("harness.")
 
 
 def test_an_edited_law_is_judged_afresh_against_the_stored_measurement(tmp_path, cache, calls, capsys):
