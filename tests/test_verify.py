@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -348,6 +349,34 @@ def test_bad_arguments_exit_2_with_one_line(arguments, message, capsys):
     assert main(["verify", *arguments]) == 2
     error = capsys.readouterr().err
     assert message in error and len(error.strip().splitlines()) == 1 and "Traceback" not in error
+
+
+def test_verify_draws_the_fixed_examples_unless_told_to_explore(monkeypatch, capsys):
+    """``resacct verify``'s forall claims draw the derandomised ``ci`` examples (a repeatable verdict, replayed by the next
+    run); ``--explore`` the ``dev`` profile's new ones; ``RESACCT_HYPOTHESIS_PROFILE`` chooses where set; a contradiction or
+    an unknown profile is a one-line error before any claim runs; the variable is restored after the run."""
+    from resacct.harness.pytest_settings import HYPOTHESIS_PROFILE_VARIABLE, examples_repeat, hypothesis_profile_name, verify_examples_profile
+
+    monkeypatch.delenv(HYPOTHESIS_PROFILE_VARIABLE, raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    assert hypothesis_profile_name() == "dev"  # a pytest run's rule, outside verify
+    with verify_examples_profile(explore=False):
+        assert hypothesis_profile_name() == "ci" and examples_repeat()
+    assert HYPOTHESIS_PROFILE_VARIABLE not in os.environ
+    with verify_examples_profile(explore=True):
+        assert hypothesis_profile_name() == "dev" and not examples_repeat()
+    monkeypatch.setenv(HYPOTHESIS_PROFILE_VARIABLE, "dev")
+    with verify_examples_profile(explore=False):
+        assert hypothesis_profile_name() == "dev"  # the user's choice stands
+    assert os.environ[HYPOTHESIS_PROFILE_VARIABLE] == "dev"
+    for value, message in (("ci", "--explore draws new examples (the dev profile), but RESACCT_HYPOTHESIS_PROFILE='ci' asks for fixed"),
+                           ("banana", "RESACCT_HYPOTHESIS_PROFILE='banana': expected one of ['ci', 'dev'] (or unset)")):
+        monkeypatch.setenv(HYPOTHESIS_PROFILE_VARIABLE, value)
+        assert main(["verify", "--specs", str(SPECS), "--explore", "--area", "dtypes"]) == 2
+        error = capsys.readouterr().err
+        assert message in error and len(error.strip().splitlines()) == 1 and "Traceback" not in error
+    assert main(["verify", "--last", "--explore"]) == 2
+    assert "--explore chooses or runs claims, and --last runs none" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ __all__ = ["RUN_ONLY_OPTIONS", "last_report", "refuse_run_options"]
 #: ``verify``'s options that choose or run claims, by their ``args`` attribute: refused with ``--last``.
 RUN_ONLY_OPTIONS = {"specs": "--specs", "area": "--area", "pattern": "-k", "machine_dependent": "--machine-dependent",
                     "gpu_required": "--gpu-required", "workers": "--workers", "no_roofline": "--no-roofline",
-                    "no_timeline": "--no-timeline", "merge": "--merge"}
+                    "no_timeline": "--no-timeline", "merge": "--merge", "explore": "--explore"}
 
 
 def refuse_run_options(args: argparse.Namespace) -> None:

@@ -70,8 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: 2 on a Linux machine with 2 cores or more, else 1; 1: every claim in this process)")
     parser.add_argument("--no-cache", action="store_true",
                         help="measure every claim afresh: neither replay nor store the measurements an earlier verify made on this same "
-                             "setup (same resacct source, packages, machine and settings; timed, forall and GPU claims are always measured; "
-                             "RESACCT_NO_CACHE=1 does the same)")
+                             "setup (same resacct source, packages, machine and settings; timed and GPU claims are always measured, "
+                             "and forall claims' examples under --explore; RESACCT_NO_CACHE=1 does the same)")
+    parser.add_argument("--explore", action="store_true",
+                        help="draw new examples for every forall claim (Hypothesis' dev profile: 40 a claim, random, each measured) "
+                             "instead of the 25 fixed ones a run draws by default (the ci profile: the same every run, so a verdict "
+                             "repeats and a second run replays them); RESACCT_HYPOTHESIS_PROFILE=dev|ci chooses too")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring this machine's roofline for roofline.png (~1 s)")
     parser.add_argument("--no-timeline", action="store_true",
                         help="skip step-timeline.png: one training step's memory, predicted beside the CPU allocator's measurement (~1 s)")
@@ -135,7 +139,9 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.merge:
         return run_merge(args.merge, args.report_dir, quiet=args.quiet, json_output=args.json)
     _check_switch_variables()
-    with InterruptLatch().installed() as latch:
+    from resacct.harness.pytest_settings import verify_examples_profile
+
+    with verify_examples_profile(explore=args.explore), InterruptLatch().installed() as latch:
         return _run_verify(args, latch)
 
 

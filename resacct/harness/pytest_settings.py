@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from resacct.errors import ResacctError
 
 __all__ = [
     "CLAIM_PROPERTY",
@@ -27,6 +30,7 @@ __all__ = [
     "claims_hypothesis_home",
     "examples_independent_of_imports",
     "examples_repeat",
+    "verify_examples_profile",
 ]
 
 CLAIM_PROPERTY = "resacct_claim"
@@ -155,6 +159,28 @@ def examples_independent_of_imports():  # type: ignore[no-untyped-def]
     finally:
         providers._get_local_constants = local_pool
         cache.clear()
+
+
+@contextlib.contextmanager
+def verify_examples_profile(*, explore: bool) -> Iterator[None]:
+    """``resacct verify``'s Hypothesis profile for its ``forall`` claims: ``RESACCT_HYPOTHESIS_PROFILE`` where set, else ``dev`` with
+    ``--explore`` (new examples) and ``ci`` without (derandomised: the same examples, a repeatable verdict, replayed by the
+    next run on this setup). pytest runs keep their own rule (``ci`` under ``CI``, else ``dev``). Set in this process's
+    environment for the run (the forked workers inherit it), then restored."""
+    chosen = os.environ.get(HYPOTHESIS_PROFILE_VARIABLE)
+    if chosen is not None:
+        if chosen not in CLAIM_HYPOTHESIS_SETTINGS:
+            raise ResacctError(f"{HYPOTHESIS_PROFILE_VARIABLE}={chosen!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)} (or unset)")
+        if explore and chosen != "dev":
+            raise ResacctError(f"--explore draws new examples (the dev profile), but {HYPOTHESIS_PROFILE_VARIABLE}={chosen!r} asks for "
+                               f"fixed ones; drop one of the two")
+        yield
+        return
+    os.environ[HYPOTHESIS_PROFILE_VARIABLE] = "dev" if explore else "ci"
+    try:
+        yield
+    finally:
+        os.environ.pop(HYPOTHESIS_PROFILE_VARIABLE, None)
 
 
 def claim_hypothesis_settings(max_examples: int | None = None):  # type: ignore[no-untyped-def]

@@ -63,8 +63,9 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 #: Environment variables whose values can change what a check measures (kernels, threads, allocators, resacct's switches).
 _STEERING_PREFIXES = ("ONEDNN_", "DNNL_", "ATEN_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_",
                       "HF_", "TRANSFORMERS_", "RESACCT_", "LD_PRELOAD", "LD_LIBRARY_PATH", "MALLOC_", "PYTHONPATH", "PYTHONHASHSEED")
-#: Of those, the ones that only say where files go or whether to replay: not part of the setup.
-_NOT_STEERING = {CACHE_DIR_ENV, "RESACCT_NO_CACHE"}
+#: Of those, the ones that only say where files go, whether to replay, or which examples a forall claim draws (each
+#: example's measurement is keyed by its own inputs): not part of the setup.
+_NOT_STEERING = {CACHE_DIR_ENV, "RESACCT_NO_CACHE", "RESACCT_HYPOTHESIS_PROFILE"}
 
 #: Fields of the machine profile that describe the moment, not the machine (the load when the run began).
 _MOMENTARY_PROFILE_FIELDS = {"load_average_start"}

@@ -194,7 +194,7 @@ def test_the_key_names_the_check_its_inputs_and_the_thread_count(monkeypatch):
 
 def test_the_setup_leaves_out_the_moment_and_the_cache_switches(monkeypatch):
     environment = replay._steering_environment()
-    assert "RESACCT_CACHE_DIR" not in environment and "RESACCT_NO_CACHE" not in environment
+    assert "RESACCT_CACHE_DIR" not in environment and "RESACCT_NO_CACHE" not in environment and "RESACCT_HYPOTHESIS_PROFILE" not in environment
     for name, value in (("OMP_NUM_THREADS", "1"), ("LD_LIBRARY_PATH", "/opt/other"), ("PYTHONPATH", "/tmp/another-tree")):
         monkeypatch.setenv(name, value)
         assert replay._steering_environment()[name] == value
