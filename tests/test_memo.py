@@ -48,6 +48,45 @@ def test_a_caller_cannot_change_what_the_next_caller_gets(monkeypatch: pytest.Mo
     assert again is not first and again.quantities is not first.quantities
 
 
+def test_a_result_nothing_can_change_is_handed_out_itself_and_anything_else_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    from typing import NamedTuple
+
+    from resacct.measurement.memo import is_frozen
+
+    @dataclasses.dataclass(frozen=True)
+    class Cost:
+        op: str
+        shape: tuple[int, ...]
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        sizes: list[int]
+
+    class Pair(NamedTuple):
+        left: int
+        right: tuple[int, ...]
+
+    assert is_frozen((1, 2.5, "a", None, b"x", torch.float32, torch.device("cpu"), Cost("mm", (2, 3)), Pair(1, (2,)), frozenset({1})))
+    for changeable in ([1], {"a": 1}, (1, [2]), Holder([1]), Pair(1, [2]), torch.zeros(1), dataclasses.make_dataclass("Open", ["x"])(1)):
+        assert not is_frozen(changeable), changeable
+    monkeypatch.delenv(MEMO_VARIABLE, raising=False)
+
+    @shared_measurement
+    def ops(size: int) -> tuple:
+        return tuple(Cost("mm", (size, size)) for _ in range(3))
+
+    @shared_measurement
+    def sizes(size: int) -> tuple:
+        return (size, [size])
+
+    assert ops(2) is ops(2)  # shared, not copied: nothing in it can change
+    first = sizes(2)
+    assert first is not sizes(2) and first == sizes(2)
+    first[1].append(99)
+    assert sizes(2) == (2, [2])  # the list inside was the caller's copy
+
+
 def test_torch_threads_are_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MEMO_VARIABLE, raising=False)
     calls, measure = _counting()

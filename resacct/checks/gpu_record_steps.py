@@ -68,7 +68,7 @@ def _replayed_step(record: str, step: str, mtime_ns: int) -> Any:
 
 
 @shared_measurement
-def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, list[Any], str, tuple[tuple[str, int, str], ...]]:
+def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, tuple[Any, ...], str, tuple[tuple[str, int, str], ...]]:
     """The recorded step rebuilt on meta and predicted (allocated and reserved peaks, the aten ops with their
     FLOPs and bytes, the attention traced, the measured step's allocations and completed frees with the op of each): one
     pass serves the step's peak, time and event claims."""
@@ -80,10 +80,10 @@ def _predicted_step(record: str, step: str, mtime_ns: int) -> tuple[int, int, li
     window: list[tuple[str, int, str]] = []
     predicted = predict_step_of_record(data, entry, ops=ops, window=window)
     events = tuple(event for event in window if event[0] in COMPARED_EVENTS)
-    return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, ops, predicted.attention, events
+    return predicted.peak_allocated_bytes, predicted.peak_reserved_bytes, tuple(ops), predicted.attention, events  # frozen: shared uncopied
 
 
-def _prediction(record: str, step: str) -> tuple[int, int, list[Any], str, tuple[tuple[str, int, str], ...]]:
+def _prediction(record: str, step: str) -> tuple[int, int, tuple[Any, ...], str, tuple[tuple[str, int, str], ...]]:
     return _predicted_step(record, step, record_path(record).stat().st_mtime_ns)
 
 

@@ -4,7 +4,10 @@ Several claims often measure one model: four claims on a tiny architecture (its 
 its saved activations, its peak), a claim and its phase twin on one step. :func:`shared_measurement`
 makes such a measuring function pay once per process: the first call measures, the next ones
 with the same inputs get a **copy** of that result (``copy.deepcopy``: a caller that changes what
-it got changes nothing another caller sees).
+it got changes nothing another caller sees) — or the result itself where nothing in it can be changed
+(numbers, strings, tuples, frozensets and frozen dataclasses of them, dtypes: :func:`is_frozen`, asked
+once when it is stored; a recorded GPU step's thousands of ops and events were copied for each of its
+claims, 1.4 CPU s of a verify run, session 33).
 
 The key is everything that decides the result: the function, its arguments bound to its
 signature with the defaults filled in (``f(m, 2)`` and ``f(m, 2, recipe="fp32")`` are one key when
@@ -36,6 +39,8 @@ test that patches what the measurement calls).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import enum
 import functools
 import inspect
 import os
@@ -46,7 +51,8 @@ from typing import Any, TypeVar
 
 from resacct.errors import ResacctError
 
-__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "on_forget", "MemoStats", "MEMO_VARIABLE"]
+__all__ = ["shared_measurement", "memo_enabled", "memo_stats", "forget_shared_measurements", "on_forget", "MemoStats", "MEMO_VARIABLE",
+           "is_frozen"]
 
 MEMO_VARIABLE = "RESACCT_MEMO"
 _Result = TypeVar("_Result")
@@ -67,6 +73,37 @@ def memo_enabled() -> bool:
     return os.environ.get(MEMO_VARIABLE, "").strip().lower() not in {"0", "off", "false", "no"}
 
 
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), range, enum.Enum)
+
+
+def is_frozen(value: Any, _depth: int = 0) -> bool:
+    """Whether nothing reachable from ``value`` can be changed in place: a number, string, bytes, None, enum member, torch
+    dtype or device, or a tuple, frozenset or frozen dataclass (no attribute beyond its fields) of such. A caller may then
+    share it instead of copying it.
+
+    >>> is_frozen((1, "a", (2.5, None))), is_frozen((1, [2])), is_frozen({"a": 1})
+    (True, False, False)
+    """
+    if isinstance(value, _ATOMS) or _is_torch_atom(value):
+        return True
+    if _depth > 50:  # a structure that deep is copied rather than walked
+        return False
+    if type(value) is tuple or type(value) is frozenset or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        return all(is_frozen(item, _depth + 1) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        names = {field.name for field in dataclasses.fields(value)}
+        extra = set(getattr(value, "__dict__", {})) - names
+        return not extra and all(is_frozen(getattr(value, name), _depth + 1) for name in names)
+    return False
+
+
+def _is_torch_atom(value: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, (torch.dtype, torch.device))
+
+
 class _Memo:
     def __init__(self, function: Callable[..., Any], switchable: bool = True) -> None:
         self.function = function
@@ -74,6 +111,7 @@ class _Memo:
         self.name = f"{function.__module__}.{function.__qualname__}"
         self.signature = inspect.signature(function)
         self.results: dict[tuple[Any, ...], Any] = {}
+        self.frozen: dict[tuple[Any, ...], bool] = {}  # per key: nothing in the result can change (handed out uncopied)
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
@@ -104,16 +142,23 @@ class _Memo:
         with self.lock:
             if key in self.results:
                 self.hits += 1
-                return copy.deepcopy(self.results[key])
+                return self._handed_out(key)
         result = self.function(*args, **kwargs)  # outside the lock: a measurement may call another memoised one
         with self.lock:
             self.misses += 1
-            self.results.setdefault(key, result)
-            return copy.deepcopy(self.results[key])
+            if key not in self.results:
+                self.results[key] = result
+                self.frozen[key] = is_frozen(result)
+            return self._handed_out(key)
+
+    def _handed_out(self, key: tuple[Any, ...]) -> Any:
+        """The stored result itself where nothing in it can change, else a deep copy for this caller."""
+        return self.results[key] if self.frozen[key] else copy.deepcopy(self.results[key])
 
     def clear(self) -> None:
         with self.lock:
             self.results.clear()
+            self.frozen.clear()
             self.hits = self.misses = 0
 
     def stats(self) -> MemoStats:
