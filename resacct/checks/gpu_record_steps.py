@@ -150,7 +150,7 @@ def _matmul_format(recipe: str) -> str:
     return peak_format(parse_recipe(recipe).computes_in)
 
 
-def predicted_step_ops(record: str, step: str) -> tuple[list[Any], str]:
+def predicted_step_ops(record: str, step: str) -> tuple[tuple[Any, ...], str]:
     """The recorded training step's aten ops as ``board_step_time`` prices them (traced on meta, each with its FLOPs
     and bytes) and the format its matmuls run in — for a per-op comparison with the record's profile
     (``benchmarks/board_op_times.py``)."""

@@ -18,8 +18,9 @@ The key names the whole setup, and anything else makes a new key:
   ``PYTHONPATH``…).
 
 A ``forall`` claim's examples are replayed one by one, each under its own inputs, where they repeat from run to run (the
-derandomised ``ci`` Hypothesis profile, ``CI=true``'s); the ``dev`` profile's are new every run and always measured.
-Never replayed: a timed claim (its value is this moment's), a GPU claim, a check declared ``replay=False``, and a measurement that raised (a check declared ``replay=f`` adds
+derandomised ``ci`` Hypothesis profile: ``resacct verify``'s default, ``CI=true``'s); the ``dev`` profile's (``verify
+--explore``) are new every run and always measured. Never replayed: a timed claim (its value is this moment's), a GPU
+claim, a check declared ``replay=False``, and a measurement that raised (a check declared ``replay=f`` adds
 ``f(inputs)`` to its key: the recorded claims, the sha256 of the record file they name). ``resacct verify
 --no-cache`` (or ``RESACCT_NO_CACHE=1``) measures every claim afresh and stores nothing; pytest runs
 (the test suite, ``.ci/run``) never replay. Each report names the claims replayed and when their

@@ -18,7 +18,7 @@ the GPU, so they overlap).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,12 +73,12 @@ def trace_step_ops(model: nn.Module, inputs: Any, loss_fn: Callable[[nn.Module, 
     return ops
 
 
-def predict_step_seconds(ops: list[OpCost], rates: BoardRates) -> StepTimePrediction:
+def predict_step_seconds(ops: Sequence[OpCost], rates: BoardRates) -> StepTimePrediction:
     gpu = sum(max(op.flops / rates.matmul_flops_per_sec, op.bytes / rates.bandwidth_bytes_per_sec) for op in ops)
     return StepTimePrediction(gpu_sec=gpu, host_sec=len(ops) * rates.overhead_sec_per_op, ops=len(ops), flops=sum(op.flops for op in ops))
 
 
-def calibrate_overhead(ops: list[OpCost], measured_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+def calibrate_overhead(ops: Sequence[OpCost], measured_sec: float, matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
     """Seconds per op from a recorded host-bound step: its measured time ÷ its ops. Refused where the
     step's own GPU time is over a tenth of the measured one (not host-bound: it would not calibrate the host)."""
     gpu = predict_step_seconds(ops, BoardRates(matmul_flops_per_sec, bandwidth_bytes_per_sec, 0.0, "")).gpu_sec
@@ -107,7 +107,7 @@ class DecodePrediction:
                 else "compute")
 
 
-def predict_decode_seconds(decode_ops: list[OpCost], rates: BoardRates, *, read_bytes: int) -> DecodePrediction:
+def predict_decode_seconds(decode_ops: Sequence[OpCost], rates: BoardRates, *, read_bytes: int) -> DecodePrediction:
     """A decode step — one forward of one token a sequence, its ops traced on meta
     (:func:`~resacct.account.gpu.tracing.decode_trace.trace_decode_ops`) — bounded three ways: it reads the weights and the
     whole KV cache (``read_bytes``) ÷ the bandwidth, its FLOPs (attention of one query to the whole context included)

@@ -33,7 +33,7 @@ routed by ``nonzero``: the host stalls, the GPU idles far longer than per op) �
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, no_type_check
 
 import numpy as np
@@ -120,7 +120,7 @@ def attention_class(family: str, dtype: str | None) -> str:
     return f"{family}/{'fp32' if name in _FP32_NAMES else '16-bit'}"
 
 
-def _attention_rates(steps: list[tuple[str, dict[str, Any], list[OpCost], float]]) -> dict[str, float]:
+def _attention_rates(steps: list[tuple[str, dict[str, Any], Sequence[OpCost], float]]) -> dict[str, float]:
     """Per family and precision, the calibration steps' traced attention FLOPs over their profile's attention kernel seconds."""
     flops: dict[str, float] = {}
     seconds: dict[str, float] = {}
@@ -137,7 +137,7 @@ def _attention_rates(steps: list[tuple[str, dict[str, Any], list[OpCost], float]
     return {key: flops[key] / seconds[key] for key in sorted(flops) if flops[key] > 0 and seconds.get(key, 0.0) > 0}
 
 
-def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float,
+def _kernel_parts(ops: Sequence[OpCost], matmul_fits: dict[str, MatmulFit], fallback: float, bandwidth: float,
                   attention: dict[str, float] | None = None) -> tuple[float, float, int]:
     """(matmul and FLOP-bound seconds, other kernels' bytes ÷ bandwidth, other kernels) of a traced step."""
     compute = memory = 0.0
@@ -158,7 +158,7 @@ def _kernel_parts(ops: list[OpCost], matmul_fits: dict[str, MatmulFit], fallback
     return compute, memory, kernels
 
 
-def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], float]], *, bandwidth_bytes_per_sec: float) -> CalibratedTimes:
+def calibrate_step_times(steps: list[tuple[str, dict[str, Any], Sequence[OpCost], float]], *, bandwidth_bytes_per_sec: float) -> CalibratedTimes:
     """Fit the model on ``steps``: each (name, its record entry — profile and median step time —, its traced ops, the record's
     best matmul rate in its format: the price of a FLOP-bound op that is not a cuBLAS call, flash attention's kernels)."""
     if len(steps) < 2:
@@ -177,7 +177,7 @@ def calibrate_step_times(steps: list[tuple[str, dict[str, Any], list[OpCost], fl
                            bandwidth_bytes_per_sec, tuple(name for name, *_ in steps), {family: float(rate) for family, rate in attention.items()})
 
 
-def predict_calibrated_seconds(ops: list[OpCost], times: CalibratedTimes, *, fallback_flops_per_sec: float) -> tuple[float, float]:
+def predict_calibrated_seconds(ops: Sequence[OpCost], times: CalibratedTimes, *, fallback_flops_per_sec: float) -> tuple[float, float]:
     """(the kernels' seconds, the step's seconds: the kernels plus the host's idle per op) of a traced step."""
     compute, memory, kernels = _kernel_parts(ops, times.matmul, fallback_flops_per_sec, times.bandwidth_bytes_per_sec, times.attention_flops_per_sec)
     gpu = compute + times.memory_factor * memory + times.sec_per_kernel * kernels
