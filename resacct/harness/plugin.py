@@ -209,11 +209,14 @@ class ClaimItem(pytest.Item):
         claim = self.loaded.claim
         strategies = {name: get_strategy(spec) for name, spec in claim.forall.items()}
         examples: list[int] = [0]
+        replayed: list[int] = [0]  # of them, judged on a measurement an earlier run stored (resacct.harness.replay)
 
         def law_for_drawn_inputs(**drawn: Any) -> None:
             examples[0] += 1
             self.last_inputs = {**claim.given, **drawn}  # after a failure, hypothesis replays the smallest example last
-            self._remember(evaluate_claim(self.loaded, self.last_inputs, remember=True))
+            verdict = evaluate_claim(self.loaded, self.last_inputs, remember=True)
+            replayed[0] += verdict.replayed_from is not None
+            self._remember(verdict)
 
         # Each claim keeps its own entry in hypothesis' example database.
         law_for_drawn_inputs._hypothesis_internal_add_digest = self.nodeid.encode()  # type: ignore[attr-defined]
@@ -222,6 +225,8 @@ class ClaimItem(pytest.Item):
         with claims_hypothesis_home(), examples_independent_of_imports():  # nothing of Hypothesis' lands in a .hypothesis/ where the run started
             test()
         self.record["examples"] = examples[0]
+        if replayed[0] < examples[0]:  # "replayed" only where no example was measured now
+            self.record.pop("replayed_from", None)
         if examples_repeat():  # the next verify on this setup finds these examples stored: its scheduling counts the claim as replayed
             from resacct.harness.evaluate import FORALL_EXAMPLES_NOTE, forall_examples_inputs
             from resacct.harness.replay import store_measurement

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import pickle
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,15 @@ def test_a_forall_claims_repeating_examples_are_replayed_one_by_one(tmp_path, ca
     assert record["examples"] == 5 and record["replayed_from"] and record["outcome"] == "holds" and second["run"]["replayed"] == 2
     assert record["inputs"] == _record(first, "strides-drawn")["inputs"]  # the same example shown
 
+    one_example = next(path for path in cache.glob("*/*.pickle") if '"check": "tensors.strides"' in pickle.loads(path.read_bytes())["key"])
+    one_example.unlink()
+    code, partly, _ = _verify(tmp_path)
+    assert code == 0 and len(drawn) == 6  # the one example no longer stored, measured again
+    assert "replayed_from" not in _record(partly, "strides-drawn") and partly["run"]["replayed"] == 1  # not all replayed: not "replayed"
+
     monkeypatch.setenv("RESACCT_HYPOTHESIS_PROFILE", "dev")
     code, third, _ = _verify(tmp_path)
-    assert code == 0 and len(drawn) == 10 and "replayed_from" not in _record(third, "strides-drawn")  # new examples, measured
+    assert code == 0 and len(drawn) == 11 and "replayed_from" not in _record(third, "strides-drawn")  # new examples, measured
     assert FORALL_EXAMPLES_NOTE.startswith("harness.")
 
 
