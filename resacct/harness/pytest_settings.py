@@ -77,8 +77,12 @@ def hypothesis_profile_name() -> str:
     default = "ci" if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else "dev"
     name = os.environ.get(HYPOTHESIS_PROFILE_VARIABLE, default)
     if name not in CLAIM_HYPOTHESIS_SETTINGS:
-        raise pytest.UsageError(f"{HYPOTHESIS_PROFILE_VARIABLE}={name!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)}")
+        raise pytest.UsageError(_unknown_profile(name))
     return name
+
+
+def _unknown_profile(name: str) -> str:
+    return f"{HYPOTHESIS_PROFILE_VARIABLE}={name!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)} (or unset)"
 
 
 def examples_repeat() -> bool:
@@ -170,7 +174,7 @@ def verify_examples_profile(*, explore: bool) -> Iterator[None]:
     chosen = os.environ.get(HYPOTHESIS_PROFILE_VARIABLE)
     if chosen is not None:
         if chosen not in CLAIM_HYPOTHESIS_SETTINGS:
-            raise ResacctError(f"{HYPOTHESIS_PROFILE_VARIABLE}={chosen!r}: expected one of {sorted(CLAIM_HYPOTHESIS_SETTINGS)} (or unset)")
+            raise ResacctError(_unknown_profile(chosen))
         if explore and chosen != "dev":
             raise ResacctError(f"--explore draws new examples (the dev profile), but {HYPOTHESIS_PROFILE_VARIABLE}={chosen!r} asks for "
                                f"fixed ones; drop one of the two")

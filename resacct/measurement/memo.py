@@ -6,8 +6,8 @@ makes such a measuring function pay once per process: the first call measures, t
 with the same inputs get a **copy** of that result (``copy.deepcopy``: a caller that changes what
 it got changes nothing another caller sees) — or the result itself where nothing in it can be changed
 (numbers, strings, tuples, frozensets and frozen dataclasses of them, dtypes: :func:`is_frozen`, asked
-once when it is stored; a recorded GPU step's thousands of ops and events were copied for each of its
-claims, 1.4 CPU s of a verify run, session 33).
+once when it is stored: a recorded GPU step's thousands of ops and events were copied for each of its
+claims, session 33).
 
 The key is everything that decides the result: the function, its arguments bound to its
 signature with the defaults filled in (``f(m, 2)`` and ``f(m, 2, recipe="fp32")`` are one key when
@@ -44,6 +44,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def memo_enabled() -> bool:
     return os.environ.get(MEMO_VARIABLE, "").strip().lower() not in {"0", "off", "false", "no"}
 
 
-_ATOMS = (int, float, complex, str, bytes, bool, type(None), range, enum.Enum)
+_ATOMS = (int, float, complex, str, bytes, type(None), range, enum.Enum)  # bool is an int
 
 
 def is_frozen(value: Any, _depth: int = 0) -> bool:
@@ -98,9 +99,7 @@ def is_frozen(value: Any, _depth: int = 0) -> bool:
 
 
 def _is_torch_atom(value: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # a dtype or device exists only where torch is imported already
     return torch is not None and isinstance(value, (torch.dtype, torch.device))
 
 
@@ -110,8 +109,7 @@ class _Memo:
         self.switchable = switchable  # False: shared whatever RESACCT_MEMO says (a launch one run pays once by design)
         self.name = f"{function.__module__}.{function.__qualname__}"
         self.signature = inspect.signature(function)
-        self.results: dict[tuple[Any, ...], Any] = {}
-        self.frozen: dict[tuple[Any, ...], bool] = {}  # per key: nothing in the result can change (handed out uncopied)
+        self.results: dict[tuple[Any, ...], tuple[Any, bool]] = {}  # key → (result, nothing in it can change: handed out uncopied)
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
@@ -147,18 +145,17 @@ class _Memo:
         with self.lock:
             self.misses += 1
             if key not in self.results:
-                self.results[key] = result
-                self.frozen[key] = is_frozen(result)
+                self.results[key] = (result, is_frozen(result))
             return self._handed_out(key)
 
     def _handed_out(self, key: tuple[Any, ...]) -> Any:
         """The stored result itself where nothing in it can change, else a deep copy for this caller."""
-        return self.results[key] if self.frozen[key] else copy.deepcopy(self.results[key])
+        result, frozen = self.results[key]
+        return result if frozen else copy.deepcopy(result)
 
     def clear(self) -> None:
         with self.lock:
             self.results.clear()
-            self.frozen.clear()
             self.hits = self.misses = 0
 
     def stats(self) -> MemoStats:
