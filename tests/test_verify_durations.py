@@ -66,7 +66,8 @@ def test_every_claim_has_its_seconds_and_the_slowest_are_printed(specs_dir, tmp_
     phases = document["run"]["phases"]  # 2 workers by default on a Linux machine with 2 cores, else every claim here
     expected = ["start", "claims in parallel", "claims alone", "claims report"] if default_workers() > 1 else ["start", "claims"]
     assert list(phases) == expected and all(seconds >= 0 for seconds in phases.values()), phases
-    assert sum(phases.values()) <= document["run"]["seconds"] + 0.05  # no figures: the phases end with the claims
+    # no figures: the phases end with the claims (the run's seconds are rounded to 0.1, each phase's to 0.01)
+    assert sum(phases.values()) <= document["run"]["seconds"] + 0.05 + 0.005 * len(phases)
     main_phase = "claims in parallel" if default_workers() > 1 else "claims"
     assert phases[main_phase] >= by_id["strides-drawn-300-times"] - 0.05  # the claim ran inside that phase
     cpu = document["run"]["phase_cpu_seconds"]
